@@ -1,0 +1,23 @@
+# The two commands: `make up` brings the lab up on this machine, `make test` runs the tests.
+# Both create and fill the virtualenv (.venv) first, and build the model artifacts if needed.
+PY := .venv/bin/python
+# Passed through to `servelab artifacts` to serve a trained checkpoint instead of untrained weights.
+export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256
+
+.PHONY: up test setup artifacts clean
+
+up: artifacts  ## start FastAPI (PyTorch, ONNX), Triton and GourmetGram on 127.0.0.1; Ctrl-C stops all
+	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
+
+test: artifacts  ## unit and integration tests (real servers on 127.0.0.1)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+setup:  ## virtualenv, Python packages and the system libraries perf_analyzer and Triton need
+	@bash scripts/bootstrap.sh
+
+artifacts: setup  ## food11.pth, food11.onnx and the shared modules, placed in every service folder
+	$(PY) -m servelab artifacts
+
+clean:  ## remove generated files (artifacts, staged Triton repository, logs); keeps .venv
+	rm -rf .lab
+	git clean -fX -- fastapi_pt fastapi_onnx gourmetgram models_staging

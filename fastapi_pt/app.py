@@ -1,0 +1,46 @@
+"""Food-11 classifier served with PyTorch behind FastAPI.
+
+Run: uvicorn app:app --host 0.0.0.0 --port 8000   (from this folder, after `make artifacts`)
+"""
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torchvision.models import mobilenet_v2
+
+from food11 import LABELS
+from predict_api import ServedModel, create_app
+
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+MODEL_PATH = Path(os.environ.get("FOOD11_MODEL_PATH", Path(__file__).parent / "food11.pth"))
+if not MODEL_PATH.is_file():
+    raise SystemExit(f"{MODEL_PATH} is missing: run `make artifacts` in the repository root to build it.")
+
+# Chosen once at start-up: the GPU when PyTorch can see one, the CPU otherwise.
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+# The checkpoint is a state_dict, loaded with weights_only=True: no pickled code is executed.
+model = mobilenet_v2(num_classes=len(LABELS))
+model.load_state_dict(torch.load(MODEL_PATH, map_location=device, weights_only=True))
+model.to(device).eval()
+
+
+def run_model(batch: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        return model(torch.from_numpy(batch).to(device)).float().cpu().numpy()
+
+
+app = create_app(
+    ServedModel(
+        model_file=MODEL_PATH,
+        runtime=f"torch {torch.__version__}",
+        device=str(device) if device.type == "cpu" else f"cuda ({torch.cuda.get_device_name(device)})",
+        run=run_model,
+    ),
+    title="Food-11 classifier (PyTorch)",
+    description="POST a base64-encoded food photo to /predict; get its Food-11 class and probability.",
+)

@@ -1,0 +1,582 @@
+"""GourmetGram: a small web page in front of the Food-11 classifier.
+
+Upload a food photo, get its Food-11 class. The page does no inference itself: it forwards the
+image to one of three backends, chosen by environment variables at start-up.
+
+    TRITON_SERVER_URL=host:port, FOOD11_MODEL_NAME=food_classifier (the default)
+        "triton": Triton runs a Python model that decodes, preprocesses and classifies;
+        the page sends the file's bytes, base64-encoded, as input INPUT_IMAGE.
+    TRITON_SERVER_URL=host:port, FOOD11_MODEL_NAME=food_classifier_onnx
+        "triton-onnx": Triton runs only the ONNX network; the page decodes and preprocesses
+        the image itself and sends a float tensor [1, 3, 224, 224] as input `input`.
+    FASTAPI_SERVER_URL=http://host:port
+        "fastapi": the page POSTs {"image": base64} to {url}/predict.
+
+If both URLs are set, Triton wins. If neither is, FASTAPI_SERVER_URL defaults to
+http://127.0.0.1:8000. Other settings: MAX_UPLOAD_BYTES (default 8 MiB), BACKEND_TIMEOUT_S
+(default 30), WEIGHTS_TIMEOUT_S (2) and WEIGHTS_CACHE_S (10) for the weights banner lookup,
+SAMPLES_DIR (default static/samples), HOST (default 0.0.0.0), PORT (default 5000).
+
+Run from this folder with `python app.py` or `python -m flask --app app run`.
+`food11.py` beside this file is a copy of servelab/food11.py made by `make artifacts`.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import requests
+import tritonclient.http as triton_http
+from flask import Flask, jsonify, render_template, request
+from PIL import Image
+from tritonclient.utils import InferenceServerException
+from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.utils import secure_filename
+
+try:
+    import food11
+except ImportError as exc:  # the copy is generated, so a fresh checkout does not have it yet
+    raise ImportError(
+        "gourmetgram/food11.py is missing: run `make artifacts` in the repository root "
+        "(or `cp servelab/food11.py gourmetgram/food11.py`)."
+    ) from exc
+
+log = logging.getLogger("gourmetgram")
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_FASTAPI_URL = "http://127.0.0.1:8000"
+# Triton model name -> backend kind. The two models want different inputs, so the name decides.
+TRITON_MODELS = {"food_classifier": "triton", "food_classifier_onnx": "triton-onnx"}
+ALLOWED_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp"})
+DEFAULT_MAX_UPLOAD_BYTES = 8 * 1024 * 1024
+DEFAULT_BACKEND_TIMEOUT_S = 30.0
+# The weights lookup runs while a page renders, so it gets a short timeout and a short cache:
+# a dead backend must not make every page wait, and a restarted one is noticed within seconds.
+DEFAULT_WEIGHTS_TIMEOUT_S = 2.0
+DEFAULT_WEIGHTS_CACHE_S = 10.0
+PREVIEW_SIZE = (512, 512)
+
+
+class ConfigError(ValueError):
+    """An environment variable (or create_app config key) has a value the app cannot use."""
+
+
+class BackendUnavailable(Exception):
+    """The backend could not be reached, or did not answer in time: the page answers 503."""
+
+
+class BackendFailed(Exception):
+    """The backend answered, but with an error or a malformed reply: the page answers 502."""
+
+
+# --- Settings ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    kind: str  # "fastapi", "triton" or "triton-onnx"
+    url: str  # fastapi: "http://host:port"; triton: "host:port", as tritonclient wants it
+    model: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    backend: BackendChoice
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    backend_timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S
+    weights_timeout_s: float = DEFAULT_WEIGHTS_TIMEOUT_S
+    weights_cache_s: float = DEFAULT_WEIGHTS_CACHE_S
+    samples_dir: Path = HERE / "static" / "samples"
+
+
+def _setting(source: Mapping[str, Any], name: str) -> str | None:
+    """A setting as a stripped string; None, "" and absent all mean "not set"."""
+    value = source.get(name)
+    if value is None or str(value).strip() == "":
+        return None
+    return str(value).strip()
+
+
+def select_backend(source: Mapping[str, Any]) -> BackendChoice:
+    """Pick the backend from TRITON_SERVER_URL, FOOD11_MODEL_NAME and FASTAPI_SERVER_URL."""
+    triton_url = _setting(source, "TRITON_SERVER_URL")
+    if triton_url is not None:
+        # tritonclient wants "host:port"; people often paste a URL, so a scheme is tolerated.
+        for scheme in ("http://", "https://"):
+            if triton_url.startswith(scheme):
+                if scheme == "https://":
+                    raise ConfigError(f"TRITON_SERVER_URL={triton_url!r}: this app talks plain HTTP to Triton.")
+                triton_url = triton_url[len(scheme):]
+        triton_url = triton_url.rstrip("/")
+        model = _setting(source, "FOOD11_MODEL_NAME") or "food_classifier"
+        if model not in TRITON_MODELS:
+            raise ConfigError(f"FOOD11_MODEL_NAME={model!r} is not one of {sorted(TRITON_MODELS)}.")
+        return BackendChoice(kind=TRITON_MODELS[model], url=triton_url, model=model)
+    url = (_setting(source, "FASTAPI_SERVER_URL") or DEFAULT_FASTAPI_URL).rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    return BackendChoice(kind="fastapi", url=url, model="food11")
+
+
+def _positive_number(source: Mapping[str, Any], name: str, default: float, kind: type) -> Any:
+    raw = _setting(source, name)
+    if raw is None:
+        return kind(default)
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a {kind.__name__}.") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be greater than 0.")
+    return value
+
+
+def load_settings(source: Mapping[str, Any]) -> Settings:
+    return Settings(
+        backend=select_backend(source),
+        max_upload_bytes=_positive_number(source, "MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES, int),
+        backend_timeout_s=_positive_number(source, "BACKEND_TIMEOUT_S", DEFAULT_BACKEND_TIMEOUT_S, float),
+        weights_timeout_s=_positive_number(source, "WEIGHTS_TIMEOUT_S", DEFAULT_WEIGHTS_TIMEOUT_S, float),
+        weights_cache_s=_positive_number(source, "WEIGHTS_CACHE_S", DEFAULT_WEIGHTS_CACHE_S, float),
+        samples_dir=Path(_setting(source, "SAMPLES_DIR") or HERE / "static" / "samples"),
+    )
+
+
+# --- Backends ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class WeightsStatus:
+    """What the backend says about its weights: "trained", "untrained" or "unknown"."""
+
+    weights: str
+    note: str
+    reachable: bool
+
+    @property
+    def banner(self) -> str | None:
+        """The warning every page shows, or None when the weights are known to be trained."""
+        if self.weights == "trained":
+            return None
+        if self.weights == "untrained":
+            return (
+                "Untrained weights: the model is running untrained (random) weights, "
+                f"so its predictions are not meaningful. {self.note}"
+            ).strip()
+        if not self.reachable:
+            return (
+                "Weights status unknown (backend unreachable): if the model is running untrained "
+                "weights, its predictions are not meaningful."
+            )
+        return (
+            "Weights status unknown: the backend does not know, or did not say, whether its weights are trained; "
+            f"if they are not, its predictions are not meaningful. {self.note}"
+        ).strip()
+
+
+@dataclass
+class Backend:
+    """How to classify an image, and how to ask about weights, for one kind of backend."""
+
+    choice: BackendChoice
+    timeout_s: float
+    weights_timeout_s: float
+    hint: str = ""
+
+    def predict(self, raw: bytes, image: Image.Image) -> Prediction:
+        raise NotImplementedError
+
+    def fetch_weights(self) -> WeightsStatus:
+        raise NotImplementedError
+
+    def _weights_from_http(self, url: str, what: str) -> WeightsStatus:
+        """GET a JSON document that describes the weights; any failure means "unknown"."""
+        try:
+            response = requests.get(url, timeout=self.weights_timeout_s)
+        except requests.RequestException as exc:
+            return WeightsStatus("unknown", f"could not reach {url} ({type(exc).__name__}).", reachable=False)
+        if response.status_code != 200:
+            return WeightsStatus("unknown", f"{what} answered HTTP {response.status_code}.", reachable=True)
+        try:
+            return self._parse_weights(response.json())
+        except (ValueError, AttributeError, TypeError):
+            return WeightsStatus("unknown", f"{what} did not answer with the JSON expected.", reachable=True)
+
+    def _parse_weights(self, body: Any) -> WeightsStatus:
+        raise NotImplementedError
+
+
+class FastAPIBackend(Backend):
+    def predict(self, raw: bytes, image: Image.Image) -> Prediction:
+        url = f"{self.choice.url}/predict"
+        try:
+            response = requests.post(url, json={"image": base64.b64encode(raw).decode()}, timeout=self.timeout_s)
+        # ConnectTimeout is both a Timeout and a ConnectionError; either way the answer is 503.
+        except requests.Timeout as exc:
+            raise BackendUnavailable(f"{url} did not answer within {self.timeout_s:g} s.") from exc
+        except requests.ConnectionError as exc:
+            raise BackendUnavailable(f"could not connect to {url} ({type(exc).__name__}).") from exc
+        except requests.RequestException as exc:
+            raise BackendFailed(f"request to {url} failed ({type(exc).__name__}: {exc}).") from exc
+        if response.status_code != 200:
+            try:
+                detail = response.json().get("detail", response.text[:300])
+            except (ValueError, AttributeError):
+                detail = response.text[:300]
+            error = BackendUnavailable if response.status_code == 503 else BackendFailed
+            raise error(f"{url} answered HTTP {response.status_code}: {detail}")
+        try:
+            body = response.json()
+            return Prediction(label=str(body["prediction"]), probability=float(body["probability"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BackendFailed(f"{url} answered 200 without 'prediction' and 'probability'.") from exc
+
+    def fetch_weights(self) -> WeightsStatus:
+        return self._weights_from_http(f"{self.choice.url}/health", "FastAPI /health")
+
+    def _parse_weights(self, body: Any) -> WeightsStatus:
+        weights, note = body.get("weights"), str(body.get("weights_note", ""))
+        if weights not in ("trained", "untrained"):
+            weights, note = "unknown", note or "/health has no 'weights' field."
+        return WeightsStatus(weights, note, reachable=True)
+
+
+class TritonBackend(Backend):
+    """Triton over KServe v2 HTTP, with the Python model doing all the image work server-side."""
+
+    def _infer(self, inputs: list[Any], output_names: list[str]) -> Any:
+        # One client per call: a tritonclient.http client is not safe to share between the
+        # threads Flask serves requests on, and opening a local connection costs well under 1 ms.
+        try:
+            client = triton_http.InferenceServerClient(
+                self.choice.url, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
+            )
+            try:
+                outputs = [triton_http.InferRequestedOutput(name) for name in output_names]
+                return client.infer(self.choice.model, inputs, outputs=outputs)
+            finally:
+                client.close()
+        except InferenceServerException as exc:
+            raise BackendFailed(
+                f"Triton at {self.choice.url} refused model '{self.choice.model}': {exc.message()}"
+            ) from exc
+        except TimeoutError as exc:
+            raise BackendUnavailable(
+                f"Triton at {self.choice.url} did not answer within {self.timeout_s:g} s."
+            ) from exc
+        except OSError as exc:  # connection refused, unknown host, reset
+            raise BackendUnavailable(
+                f"could not connect to Triton at {self.choice.url} ({type(exc).__name__})."
+            ) from exc
+
+    def predict(self, raw: bytes, image: Image.Image) -> Prediction:
+        encoded = triton_http.InferInput("INPUT_IMAGE", [1, 1], "BYTES")
+        encoded.set_data_from_numpy(np.array([[base64.b64encode(raw).decode()]], dtype=object))
+        result = self._infer([encoded], ["FOOD_LABEL", "PROBABILITY"])
+        label, probability = result.as_numpy("FOOD_LABEL"), result.as_numpy("PROBABILITY")
+        if label is None or probability is None or label.size != 1 or probability.size != 1:
+            raise BackendFailed(f"model '{self.choice.model}' did not return one FOOD_LABEL and one PROBABILITY.")
+        value = label.reshape(-1)[0]
+        return Prediction(
+            label=value.decode() if isinstance(value, bytes) else str(value),
+            probability=float(probability.reshape(-1)[0]),
+        )
+
+    def fetch_weights(self) -> WeightsStatus:
+        # The model config carries the weights record as parameters, set when the model was staged.
+        return self._weights_from_http(
+            f"http://{self.choice.url}/v2/models/{self.choice.model}/config", "Triton model config"
+        )
+
+    def _parse_weights(self, body: Any) -> WeightsStatus:
+        parameters = body.get("parameters") or {}
+        weights = (parameters.get("weights") or {}).get("string_value")
+        note = (parameters.get("weights_note") or {}).get("string_value", "")
+        if weights not in ("trained", "untrained"):
+            weights, note = "unknown", note or "the model config has no 'weights' parameter."
+        return WeightsStatus(weights, note, reachable=True)
+
+
+class TritonOnnxBackend(TritonBackend):
+    """Triton running the bare ONNX network: preprocessing and softmax happen here, in the page."""
+
+    def predict(self, raw: bytes, image: Image.Image) -> Prediction:
+        batch = food11.preprocess(image)[np.newaxis]  # [1, 3, 224, 224] float32
+        tensor = triton_http.InferInput("input", list(batch.shape), "FP32")
+        tensor.set_data_from_numpy(batch)
+        logits = self._infer([tensor], ["output"]).as_numpy("output")
+        if logits is None or logits.shape != (1, len(food11.LABELS)):
+            shape = None if logits is None else logits.shape
+            raise BackendFailed(f"model '{self.choice.model}' returned output of shape {shape}, not [1, 11].")
+        label, probability = food11.top_prediction(logits)[0]
+        return Prediction(label=label, probability=probability)
+
+
+def make_backend(settings: Settings) -> Backend:
+    choice = settings.backend
+    if choice.kind == "fastapi":
+        cls, hint = FastAPIBackend, (
+            f"Is the FastAPI service running at {choice.url}? Start the lab with `make up`, "
+            "or point FASTAPI_SERVER_URL at the service."
+        )
+    else:
+        cls = TritonOnnxBackend if choice.kind == "triton-onnx" else TritonBackend
+        hint = (
+            f"Is Triton running at {choice.url} with model '{choice.model}' loaded? "
+            "Start the lab with `make up`, or point TRITON_SERVER_URL at the server."
+        )
+    return cls(
+        choice=choice, timeout_s=settings.backend_timeout_s, weights_timeout_s=settings.weights_timeout_s, hint=hint
+    )
+
+
+class WeightsCache:
+    """Remembers the backend's weights status for a few seconds, so pages do not ask every time."""
+
+    def __init__(self, backend: Backend, ttl_s: float) -> None:
+        self._backend, self._ttl_s = backend, ttl_s
+        self._lock = threading.Lock()
+        self._status: WeightsStatus | None = None
+        self._expires = 0.0
+
+    def get(self) -> WeightsStatus:
+        # The lock is held during the lookup on purpose: concurrent pages wait for one answer
+        # rather than all asking a possibly dead backend at once.
+        with self._lock:
+            if self._status is None or time.monotonic() >= self._expires:
+                self._remember(self._backend.fetch_weights())
+            assert self._status is not None
+            return self._status
+
+    def mark_unreachable(self, reason: str) -> None:
+        """A prediction just failed to connect: say so at once instead of after the cache expires."""
+        with self._lock:
+            self._remember(WeightsStatus("unknown", reason, reachable=False))
+
+    def _remember(self, status: WeightsStatus) -> None:
+        if status != self._status:
+            log.info("backend weights: %s (reachable=%s) %s", status.weights, status.reachable, status.note)
+        self._status, self._expires = status, time.monotonic() + self._ttl_s
+
+
+# --- The web app -------------------------------------------------------------------------------
+
+
+@dataclass
+class GourmetGram:
+    """Everything a request needs; kept on app.extensions["gourmetgram"] so tests can look at it."""
+
+    settings: Settings
+    backend: Backend
+    weights: WeightsCache
+    samples: dict[str, Path] = field(default_factory=dict)
+
+
+def list_samples(samples_dir: Path) -> dict[str, Path]:
+    """The whitelist /test chooses from: file name -> path, fixed at start-up.
+
+    /test looks a requested name up in this dict and never joins it onto a path, so a name like
+    "../../etc/passwd" simply is not found.
+    """
+    if not samples_dir.is_dir():
+        return {}
+    return {
+        p.name: p
+        for p in sorted(samples_dir.iterdir())
+        if p.is_file() and p.suffix.lower().lstrip(".") in ALLOWED_EXTENSIONS
+    }
+
+
+def preview_data_url(image: Image.Image) -> str:
+    """A small JPEG of the image as a data: URL, for the result page.
+
+    Uploads are never written to disk: no file names to sanitise into paths, nothing to clean
+    up, no disk to fill. The page shows a re-encoded thumbnail rather than the upload itself,
+    which keeps the page small and sends back only pixels, never the uploaded file's bytes.
+    """
+    thumbnail = image.copy()
+    thumbnail.thumbnail(PREVIEW_SIZE)
+    buffer = io.BytesIO()
+    thumbnail.save(buffer, format="JPEG", quality=85)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _configure_logging() -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def create_app(config: Mapping[str, Any] | None = None) -> Flask:
+    """Build the app. `config` entries override environment variables of the same name
+    (None or "" unsets one) and are also copied into app.config (e.g. TESTING=True).
+    """
+    _configure_logging()
+    config = dict(config or {})
+    source = {**os.environ, **config}
+    settings = load_settings(source)
+    backend = make_backend(settings)
+    weights_cache = WeightsCache(backend, settings.weights_cache_s)
+    state = GourmetGram(settings, backend, weights_cache, list_samples(settings.samples_dir))
+
+    app = Flask(__name__)
+    app.config.update(config)
+    # Flask refuses larger bodies with 413 before they are parsed; the handler below renders it.
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes
+    app.extensions["gourmetgram"] = state
+
+    choice = settings.backend
+    if choice.kind != "fastapi" and _setting(source, "FASTAPI_SERVER_URL"):
+        log.info("both TRITON_SERVER_URL and FASTAPI_SERVER_URL are set: Triton wins")
+    log.info(
+        "backend=%s url=%s model=%s timeout=%gs max_upload=%d bytes samples=%s",
+        choice.kind, choice.url, choice.model, settings.backend_timeout_s,
+        settings.max_upload_bytes, list(state.samples) or "none",
+    )
+
+    def page(template: str, status: int, **context: Any) -> tuple[str, int]:
+        return render_template(template, **context), status
+
+    def error_page(status: int, title: str, message: str) -> tuple[str, int]:
+        return page("error.html", status, title=title, message=message)
+
+    def classify(raw: bytes, name: str, origin: str) -> tuple[str, int]:
+        """Validate the bytes, ask the backend, and render the result (or the failure)."""
+        try:
+            image = food11.decode_image_bytes(raw)
+        except food11.InvalidImageError as exc:
+            log.info("rejected %s: %s", origin, exc)
+            return error_page(400, "That is not an image we can read", str(exc))
+        context: dict[str, Any] = {"name": name, "image_url": preview_data_url(image)}
+        started = time.perf_counter()
+        try:
+            prediction = backend.predict(raw, image)
+        except BackendUnavailable as exc:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            log.warning("backend=%s url=%s unreachable after %.1f ms: %s", choice.kind, choice.url, elapsed_ms, exc)
+            state.weights.mark_unreachable(str(exc))
+            error = f"The {choice.kind} backend is unavailable: {exc}"
+            return page("result.html", 503, error=error, hint=backend.hint, **context)
+        except BackendFailed as exc:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            log.warning("backend=%s url=%s failed after %.1f ms: %s", choice.kind, choice.url, elapsed_ms, exc)
+            error = f"The {choice.kind} backend answered with an error: {exc}"
+            return page("result.html", 502, error=error, hint=backend.hint, **context)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        log.info(
+            "backend=%s url=%s origin=%s latency=%.1f ms -> %s (%.3f)",
+            choice.kind, choice.url, origin, elapsed_ms, prediction.label, prediction.probability,
+        )
+        return page("result.html", 200, prediction=prediction, latency_ms=elapsed_ms, **context)
+
+    @app.context_processor
+    def inject_status() -> dict[str, Any]:
+        # Every page, error pages included, shows the weights banner and names the backend.
+        return {"weights": state.weights.get(), "backend": choice}
+
+    @app.after_request
+    def security_headers(response: Any) -> Any:
+        # Pages load only our own stylesheet and show images from data: URLs; nothing else.
+        response.headers.setdefault("Content-Security-Policy", "default-src 'self'; img-src 'self' data:")
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        return response
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def too_large(_: RequestEntityTooLarge) -> tuple[str, int]:
+        limit_mib = settings.max_upload_bytes / (1024 * 1024)
+        log.info("rejected an upload over %d bytes", settings.max_upload_bytes)
+        return error_page(
+            413, "That file is too large",
+            f"Uploads are limited to {limit_mib:.1f} MiB ({settings.max_upload_bytes} bytes). "
+            "Choose a smaller image: the model only sees 224x224 pixels anyway.",
+        )
+
+    @app.get("/")
+    def index() -> tuple[str, int]:
+        return page(
+            "index.html", 200, samples=list(state.samples),
+            extensions=sorted(ALLOWED_EXTENSIONS), max_mib=settings.max_upload_bytes / (1024 * 1024),
+        )
+
+    @app.post("/predict")
+    def predict() -> tuple[str, int]:
+        upload = request.files.get("file")
+        if upload is None or not upload.filename:
+            return error_page(400, "No file chosen", "Choose an image file to upload, then press Classify.")
+        # Check the extension on the name as sent: secure_filename may drop the dot of "食事.jpg".
+        extension = upload.filename.rsplit(".", 1)[-1].lower() if "." in upload.filename else ""
+        name = secure_filename(upload.filename) or "upload"
+        if extension not in ALLOWED_EXTENSIONS:
+            return error_page(
+                400, "That file type is not accepted",
+                f"'{name}' does not end in one of: {', '.join(sorted(ALLOWED_EXTENSIONS))}.",
+            )
+        return classify(upload.read(), name, origin=f"upload {name}")
+
+    @app.get("/test")
+    def test_sample() -> tuple[str, int]:
+        if not state.samples:
+            return error_page(404, "No samples bundled", "Run `python gourmetgram/make_samples.py` to draw them.")
+        name = request.args.get("sample", next(iter(state.samples)))
+        path = state.samples.get(name)
+        if path is None:
+            return error_page(
+                404, "No such sample",
+                f"There is no sample named '{secure_filename(name) or '?'}'. Valid names: {', '.join(state.samples)}.",
+            )
+        return classify(path.read_bytes(), name, origin=f"sample {name}")
+
+    @app.get("/healthz")
+    def healthz() -> Any:
+        # Always 200: this reports on the page itself; the backend's state is in the fields.
+        weights = state.weights.get()
+        return jsonify(
+            status="ok", backend=choice.kind, backend_url=choice.url, model=choice.model,
+            backend_reachable=weights.reachable, weights=weights.weights, weights_note=weights.note,
+        )
+
+    return app
+
+
+_app: Flask | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """Build the module-level `app` on first use (PEP 562).
+
+    `flask --app app run` and WSGI servers (`gunicorn app:app`) look up `app`; building it only
+    then keeps `import app` free of side effects, so tests can call create_app themselves.
+    """
+    global _app
+    if name == "app":
+        if _app is None:
+            _app = create_app()
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if __name__ == "__main__":
+    try:
+        web_app = create_app()
+    except ConfigError as exc:
+        sys.exit(f"gourmetgram: {exc}")
+    web_app.run(host=os.environ.get("HOST", "0.0.0.0"), port=int(os.environ.get("PORT", "5000")))

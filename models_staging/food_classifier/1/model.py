@@ -1,0 +1,64 @@
+"""Triton Python-backend model: base64 image in, Food-11 label and softmax probability out.
+
+Triton hands `execute` every request its scheduler has gathered (one, or several when dynamic
+batching is on, each with up to max_batch_size images). All their images go through MobileNetV2
+in one forward pass. An image that cannot be decoded fails only its own request.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+from torchvision.models import mobilenet_v2
+
+# food11.py (labels and preprocessing shared with every other service) sits beside this file.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction  # noqa: E402
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if args["model_instance_kind"] == "GPU":
+            self.device = torch.device(f"cuda:{args['model_instance_device_id']}")
+        else:
+            self.device = torch.device("cpu")
+        weights_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
+        self.model = mobilenet_v2(num_classes=len(LABELS))
+        self.model.load_state_dict(torch.load(weights_file, map_location=self.device, weights_only=True))
+        self.model.to(self.device).eval()
+        pb_utils.Logger.log_info(
+            f"food_classifier instance {args['model_instance_name']} on {self.device}, "
+            f"max_batch_size {json.loads(args['model_config'])['max_batch_size']}"
+        )
+
+    def _images_of(self, request):
+        """The request's images as a [n, 3, 224, 224] array (n = the client's own batch size)."""
+        encoded = pb_utils.get_input_tensor_by_name(request, "INPUT_IMAGE").as_numpy()
+        return np.stack([preprocess(decode_base64_image(item)) for item in encoded.reshape(-1)])
+
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        batches, owners = [], []
+        for index, request in enumerate(requests):
+            try:
+                batches.append(self._images_of(request))
+                owners.append(index)
+            except InvalidImageError as exc:
+                responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+
+        if batches:
+            with torch.inference_mode():
+                logits = self.model(torch.from_numpy(np.concatenate(batches)).to(self.device)).float().cpu().numpy()
+            start = 0
+            for index, batch in zip(owners, batches):
+                predictions = top_prediction(logits[start : start + len(batch)])
+                start += len(batch)
+                labels = np.array([[label.encode()] for label, _ in predictions], dtype=object)
+                probabilities = np.array([[probability] for _, probability in predictions], dtype=np.float32)
+                responses[index] = pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor("FOOD_LABEL", labels), pb_utils.Tensor("PROBABILITY", probabilities)]
+                )
+        return responses

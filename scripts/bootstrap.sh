@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Create the lab's virtualenv (.venv) and install everything it needs; safe to run again:
+# it does nothing when requirements.txt, pyproject.toml and this script are unchanged.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+STAMP="$VENV/.servelab-installed"
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  say "Python 3.10 or newer is needed; '$PYTHON' is $("$PYTHON" --version 2>&1 || echo missing). Set PYTHON=/path/to/python3.11."
+  exit 1
+fi
+
+# System libraries the pip-installed tools load. perf_analyzer needs libb64; Triton's Python
+# backend stub embeds the system libpython of the venv's Python version.
+py_version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info.major}.{sys.version_info.minor}")')
+missing=()
+ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d' || missing+=(libb64-0d)
+ldconfig -p 2>/dev/null | grep -q "libpython${py_version}\.so\.1\.0" || missing+=("libpython${py_version}")
+if [ ${#missing[@]} -gt 0 ]; then
+  if command -v apt-get >/dev/null; then
+    sudo_cmd=()
+    [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo -n)
+    say "installing system packages: ${missing[*]}"
+    if ! { "${sudo_cmd[@]}" apt-get update -qq && "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null; }; then
+      say "WARNING: could not install ${missing[*]} (no root or sudo without password?)."
+      say "Run: sudo apt-get install -y ${missing[*]}   -- until then perf_analyzer and/or the local Triton will not start."
+    fi
+  else
+    say "WARNING: ${missing[*]} missing and this is not a Debian/Ubuntu system; the local Triton and perf_analyzer need them (Linux only)."
+  fi
+fi
+
+wanted=$(cat requirements.txt pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$wanted" ] && [ -x "$VENV/bin/python" ]; then
+  say "virtualenv $VENV is up to date"
+  exit 0
+fi
+
+[ -x "$VENV/bin/python" ] || { say "creating virtualenv $VENV with $("$PYTHON" --version)"; "$PYTHON" -m venv "$VENV"; }
+say "installing Python packages into $VENV (first time: a few minutes, several GB for PyTorch)"
+"$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar on -r requirements.txt
+"$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-deps -e .
+echo "$wanted" > "$STAMP"
+say "virtualenv $VENV is ready"

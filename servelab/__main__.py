@@ -1,0 +1,90 @@
+"""Command line of the lab's tooling.
+
+    python -m servelab artifacts [--checkpoint PATH_OR_URL --sha256 HEX] [--force]
+    python -m servelab up [--ui-backend fastapi_pt|fastapi_onnx|food_classifier|food_classifier_onnx]
+
+`make up` and `make artifacts` in the repository root call these inside the lab's virtualenv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+
+from servelab import artifacts, paths
+from servelab.stack import UI_BACKENDS, LocalStack, Ports, StackError, lab_services
+
+log = logging.getLogger("servelab")
+
+
+def _print_urls(ports: Ports, ui_backend: str, weights_info: dict) -> None:
+    rows = [
+        ("GourmetGram web UI", f"http://127.0.0.1:{ports.gourmetgram}/", f"backend: {ui_backend}"),
+        ("FastAPI (PyTorch)", f"http://127.0.0.1:{ports.fastapi_pt}/docs", "POST /predict, GET /health"),
+        ("FastAPI (ONNX Runtime)", f"http://127.0.0.1:{ports.fastapi_onnx}/docs", "POST /predict, GET /health"),
+        ("Triton HTTP (KServe v2)", f"http://127.0.0.1:{ports.triton_http}/v2", "food_classifier, food_classifier_onnx"),
+        ("Triton gRPC", f"127.0.0.1:{ports.triton_grpc}", ""),
+        ("Triton metrics", f"http://127.0.0.1:{ports.triton_metrics}/metrics", ""),
+    ]
+    width = max(len(name) for name, _, _ in rows)
+    lines = [f"  {name:<{width}}  {url:<44} {note}" for name, url, note in rows]
+    print("\nThe lab is up:\n" + "\n".join(lines), file=sys.stderr)
+    if weights_info["weights"] != "trained":
+        print(f"\n  NOTE: {weights_info['note']}", file=sys.stderr)
+    print(f"\n  Logs: {paths.LOG_DIR}\n  Press Ctrl-C to stop everything.\n", file=sys.stderr, flush=True)
+
+
+def _stop_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def up(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m servelab up", description="Start the local serving stack.")
+    parser.add_argument("--ui-backend", choices=UI_BACKENDS, default="fastapi_pt", help="what GourmetGram calls")
+    args = parser.parse_args(argv)
+
+    try:
+        built = artifacts.ensure_artifacts()
+    except artifacts.ArtifactError as exc:
+        log.error("%s", exc)
+        return 2
+    ports = Ports.from_env()
+    # SIGTERM (from a process manager or `kill`) takes the same clean path as Ctrl-C.
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    stack = LocalStack(lab_services(ports, args.ui_backend))
+    try:
+        stack.start()
+        _print_urls(ports, args.ui_backend, built.weights_info)
+        while not stack.dead():
+            time.sleep(1)
+        for managed in stack.dead():
+            log.error(
+                "%s exited unexpectedly (code %s); stopping the lab. Last lines of %s:\n%s",
+                managed.spec.name, managed.process.returncode, managed.log_path, managed.log_tail(),
+            )
+        return 1
+    except StackError as exc:
+        log.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        log.info("stopping the lab...")
+        return 0
+    finally:
+        stack.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"artifacts": artifacts.main, "up": up}
+    if not argv or argv[0] not in commands:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

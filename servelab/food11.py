@@ -1,0 +1,114 @@
+"""Food-11 labels, image decoding and preprocessing: the one definition every service uses.
+
+This file is the source of truth. `python -m servelab artifacts` copies it, unchanged, into each
+service folder and Triton model version that needs it, so that every Docker build context stays
+self-contained. Edit it here, never in a copy.
+
+It needs only numpy and Pillow, so that services without PyTorch (ONNX Runtime, the web UI) can
+use it too.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+LABELS: tuple[str, ...] = (
+    "Bread",
+    "Dairy product",
+    "Dessert",
+    "Egg",
+    "Fried food",
+    "Meat",
+    "Noodles/Pasta",
+    "Rice",
+    "Seafood",
+    "Soup",
+    "Vegetable/Fruit",
+)
+IMAGE_SIZE = 224
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+# An upload larger than this many pixels is refused before it is decoded in full: a small,
+# highly compressed file can otherwise expand into gigabytes of memory.
+MAX_IMAGE_PIXELS = 40_000_000
+
+WEIGHTS_INFO_SUFFIX = ".weights.json"
+
+
+class InvalidImageError(ValueError):
+    """The request carried something that is not a decodable image; the message says what to do."""
+
+
+def decode_base64_image(encoded: str | bytes) -> Image.Image:
+    """Decode a base64 string holding a JPEG/PNG (or any format Pillow reads) into an RGB image."""
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidImageError(
+            "The 'image' field is not valid base64. Send the file's bytes base64-encoded, "
+            "for example base64.b64encode(open('food.jpg', 'rb').read()).decode()."
+        ) from exc
+    return decode_image_bytes(raw)
+
+
+def decode_image_bytes(raw: bytes) -> Image.Image:
+    """Decode image file bytes into an RGB image, refusing empty, unreadable or oversized images."""
+    if not raw:
+        raise InvalidImageError("The image is empty. Send the bytes of a JPEG or PNG file.")
+    try:
+        image = Image.open(io.BytesIO(raw))
+        width, height = image.size
+        if width * height > MAX_IMAGE_PIXELS:
+            raise InvalidImageError(
+                f"The image is {width}x{height} pixels, more than the {MAX_IMAGE_PIXELS} allowed. "
+                "Resize it before sending; the model only sees 224x224 anyway."
+            )
+        return image.convert("RGB")
+    except InvalidImageError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise InvalidImageError(
+            f"The bytes are not an image Pillow can read ({type(exc).__name__}). Send a JPEG or PNG file."
+        ) from exc
+
+
+def preprocess(image: Image.Image) -> np.ndarray:
+    """RGB image -> float32 array [3, 224, 224]: resize, scale to [0, 1], ImageNet mean/std."""
+    resized = image.convert("RGB").resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR)
+    pixels = np.asarray(resized, dtype=np.float32) / 255.0
+    normalized = (pixels - IMAGENET_MEAN) / IMAGENET_STD
+    return np.ascontiguousarray(normalized.transpose(2, 0, 1), dtype=np.float32)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of a [N, classes] array, stable for large logits."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def top_prediction(logits: np.ndarray) -> list[tuple[str, float]]:
+    """[N, 11] logits -> one (label, softmax probability) pair per row."""
+    probabilities = softmax(np.asarray(logits, dtype=np.float64))
+    best = probabilities.argmax(axis=-1)
+    return [(LABELS[index], float(probabilities[row, index])) for row, index in enumerate(best)]
+
+
+def read_weights_info(model_file: str | Path) -> dict:
+    """Read the record that says whether a model file holds trained or untrained weights.
+
+    `artifacts` writes it beside every model file it places. A model file without one is
+    reported as of unknown origin rather than guessed at.
+    """
+    info_path = Path(str(model_file) + WEIGHTS_INFO_SUFFIX)
+    if not info_path.is_file():
+        return {"weights": "unknown", "note": f"no {info_path.name} beside the model file"}
+    return json.loads(info_path.read_text())

@@ -1,0 +1,21 @@
+"""Where things live, relative to the repository: a clone in any directory works."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Everything the lab generates at run time (artifacts, staged Triton repository, logs) lives
+# under one git-ignored folder, so `rm -rf .lab` is a full reset.
+LAB_DIR = Path(os.environ.get("SERVELAB_DIR", REPO_ROOT / ".lab")).resolve()
+ARTIFACTS_DIR = LAB_DIR / "artifacts"
+LOG_DIR = LAB_DIR / "logs"
+TRITON_DIR = LAB_DIR / "triton"
+
+FASTAPI_PT_DIR = REPO_ROOT / "fastapi_pt"
+FASTAPI_ONNX_DIR = REPO_ROOT / "fastapi_onnx"
+GOURMETGRAM_DIR = REPO_ROOT / "gourmetgram"
+MODELS_STAGING_DIR = REPO_ROOT / "models_staging"
+SHARED_SOURCE_DIR = Path(__file__).resolve().parent

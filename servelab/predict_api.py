@@ -1,0 +1,221 @@
+"""The HTTP side of a Food-11 prediction service, shared by the PyTorch and the ONNX FastAPI apps.
+
+Each app loads its own model and hands `create_app` a `ServedModel` whose `run` turns a batch
+[N, 3, 224, 224] into logits [N, 11]. Everything else (request and response schemas, error
+codes, the request size limit, where decoding and inference run) is defined here once.
+`python -m servelab artifacts` copies this file into each service folder; edit it here.
+
+Where the work runs, and why:
+- Base64 and image decoding plus preprocessing run in a thread pool, off the event loop, so a
+  slow decode never blocks other requests from being accepted, and several decodes can overlap
+  with an inference in progress.
+- Only the model call is guarded, by a semaphore of PREDICT_CONCURRENCY slots (default 1), and
+  runs in a pool of that many threads. Requests beyond that wait for a slot: that wait is the
+  queueing delay the lab measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+import numpy as np
+from fastapi import FastAPI, HTTPException, status
+from pydantic import BaseModel, Field
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from food11 import InvalidImageError, decode_base64_image, preprocess, read_weights_info, top_prediction
+
+log = logging.getLogger("food11.service")
+
+DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+
+
+def _positive_int_from_env(name: str, default: int) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not a whole number; set it to a positive integer.") from None
+    if value < 1:
+        raise SystemExit(f"{name}={value} must be at least 1.")
+    return value
+
+
+@dataclass
+class ServiceSettings:
+    """Tunables read from the environment at start-up."""
+
+    predict_concurrency: int = field(default_factory=lambda: _positive_int_from_env("PREDICT_CONCURRENCY", 1))
+    preprocess_workers: int = field(
+        default_factory=lambda: _positive_int_from_env("PREPROCESS_WORKERS", os.cpu_count() or 1)
+    )
+    max_request_bytes: int = field(
+        default_factory=lambda: _positive_int_from_env("MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES)
+    )
+
+
+@dataclass
+class ServedModel:
+    """What a service needs to know about the model it serves."""
+
+    model_file: Path
+    runtime: str
+    device: str
+    run: Callable[[np.ndarray], np.ndarray]
+
+
+class PredictRequest(BaseModel):
+    image: str = Field(..., min_length=1, description="A JPEG or PNG file, base64-encoded.")
+
+
+class PredictResponse(BaseModel):
+    prediction: str = Field(..., description="The most likely Food-11 class.")
+    probability: float = Field(..., ge=0, le=1, description="Its softmax probability.")
+
+
+class ErrorResponse(BaseModel):
+    detail: str
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ready"]
+    model_file: str
+    weights: str = Field(..., description="'trained', 'untrained' or 'unknown'.")
+    weights_note: str
+    runtime: str
+    device: str
+    predict_concurrency: int
+    preprocess_workers: int
+    max_request_bytes: int
+
+
+class RequestBodyLimit:
+    """Refuse request bodies over a byte limit with 413, before they are read into memory.
+
+    A declared Content-Length over the limit is refused at once; a body sent without one
+    (chunked) is counted as it arrives and refused when it crosses the limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self) -> HTTPException:
+        return HTTPException(
+            status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            detail=f"Request body is larger than {self.max_bytes} bytes. Send a smaller image "
+            "(the model only sees 224x224 pixels) or raise MAX_REQUEST_BYTES on the server.",
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await _send_json_error(send, self._too_large())
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise self._too_large()
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+async def _send_json_error(send: Send, error: HTTPException) -> None:
+    body = ErrorResponse(detail=str(error.detail)).model_dump_json().encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": error.status_code,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _decode_and_preprocess(encoded: str) -> np.ndarray:
+    return preprocess(decode_base64_image(encoded))[np.newaxis]
+
+
+def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
+    settings = ServiceSettings()
+    weights = read_weights_info(model.model_file)
+    weights_note = weights.get("note", "")
+    if weights.get("weights") != "trained":
+        log.warning("Serving %s with %s weights: %s", model.model_file.name, weights.get("weights"), weights_note)
+    preprocess_pool = ThreadPoolExecutor(settings.preprocess_workers, thread_name_prefix="preprocess")
+    inference_pool = ThreadPoolExecutor(settings.predict_concurrency, thread_name_prefix="inference")
+    inference_slots = asyncio.Semaphore(settings.predict_concurrency)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        log.info(
+            "%s on %s (%s), predict_concurrency=%d, preprocess_workers=%d",
+            model.model_file.name, model.device, model.runtime,
+            settings.predict_concurrency, settings.preprocess_workers,
+        )
+        yield
+        preprocess_pool.shutdown(cancel_futures=True)
+        inference_pool.shutdown(cancel_futures=True)
+
+    app = FastAPI(title=title, description=description, version="1.0.0", lifespan=lifespan)
+    app.add_middleware(RequestBodyLimit, max_bytes=settings.max_request_bytes)
+
+    @app.post(
+        "/predict",
+        response_model=PredictResponse,
+        responses={
+            status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "Not a decodable image"},
+            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE: {"model": ErrorResponse, "description": "Body too large"},
+            status.HTTP_500_INTERNAL_SERVER_ERROR: {"model": ErrorResponse, "description": "Inference failed"},
+        },
+    )
+    async def predict(request: PredictRequest) -> PredictResponse:
+        loop = asyncio.get_running_loop()
+        try:
+            batch = await loop.run_in_executor(preprocess_pool, _decode_and_preprocess, request.image)
+        except InvalidImageError as exc:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+        async with inference_slots:
+            try:
+                logits = await loop.run_in_executor(inference_pool, model.run, batch)
+            except Exception as exc:
+                log.exception("Inference failed on a batch of shape %s", batch.shape)
+                raise HTTPException(
+                    status.HTTP_500_INTERNAL_SERVER_ERROR,
+                    f"Inference failed ({type(exc).__name__}); the server log has the traceback.",
+                ) from exc
+        label, probability = top_prediction(logits)[0]
+        return PredictResponse(prediction=label, probability=probability)
+
+    @app.get("/health", response_model=HealthResponse)
+    @app.get("/healthz", response_model=HealthResponse, include_in_schema=False)
+    async def health() -> HealthResponse:
+        return HealthResponse(
+            status="ready",
+            model_file=model.model_file.name,
+            weights=weights.get("weights", "unknown"),
+            weights_note=weights_note,
+            runtime=model.runtime,
+            device=model.device,
+            predict_concurrency=settings.predict_concurrency,
+            preprocess_workers=settings.preprocess_workers,
+            max_request_bytes=settings.max_request_bytes,
+        )
+
+    return app

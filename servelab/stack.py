@@ -1,0 +1,272 @@
+"""Start and stop the lab's services as real processes on 127.0.0.1.
+
+Each service is a child process in its own process group, with its output in a log file. Start-up
+waits until the service answers its readiness URL; shut-down (also on Ctrl-C or SIGTERM) stops
+the whole group, so Triton's Python-backend stubs go too, and the ports are free again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from servelab import paths, triton_local
+
+log = logging.getLogger(__name__)
+
+
+class StackError(RuntimeError):
+    """A service could not start; the message says why and where its log is."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Every port the local stack uses; each can be moved with SERVELAB_PORT_<NAME>."""
+
+    fastapi_pt: int = 8100
+    fastapi_onnx: int = 8101
+    triton_http: int = 8200
+    triton_grpc: int = 8201
+    triton_metrics: int = 8202
+    gourmetgram: int = 8300
+
+    @classmethod
+    def from_env(cls) -> "Ports":
+        overrides = {}
+        for name in cls.__dataclass_fields__:
+            raw = os.environ.get(f"SERVELAB_PORT_{name.upper()}")
+            if raw:
+                overrides[name] = int(raw)
+        return cls(**overrides)
+
+    @classmethod
+    def free(cls) -> "Ports":
+        """Ports the OS says are free now: for tests that must not clash with a running lab."""
+        sockets = [socket.socket() for _ in cls.__dataclass_fields__]
+        try:
+            for sock in sockets:
+                sock.bind(("127.0.0.1", 0))
+            return cls(*(sock.getsockname()[1] for sock in sockets))
+        finally:
+            for sock in sockets:
+                sock.close()
+
+    @property
+    def triton(self) -> triton_local.TritonPorts:
+        return triton_local.TritonPorts(self.triton_http, self.triton_grpc, self.triton_metrics)
+
+
+@dataclass
+class ServiceSpec:
+    name: str
+    command: list[str]
+    cwd: Path
+    ports: list[int]
+    ready_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    ready_timeout_s: float = 120.0
+
+
+def port_is_free(port: int) -> bool:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        # As the servers themselves do: connections of a stopped server lingering in TIME_WAIT
+        # do not make a port taken; only a listener does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+class ManagedProcess:
+    def __init__(self, spec: ServiceSpec, log_dir: Path) -> None:
+        self.spec = spec
+        self.log_path = log_dir / f"{spec.name}.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        taken = [port for port in self.spec.ports if not port_is_free(port)]
+        if taken:
+            raise StackError(
+                f"{self.spec.name}: port {', '.join(map(str, taken))} on 127.0.0.1 is already in use. "
+                f"Stop whatever holds it (`ss -ltnp | grep :{taken[0]}` shows it; an earlier `make up` "
+                f"still running?) or move this service with SERVELAB_PORT_<NAME>=<port>."
+            )
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = self.log_path.open("wb")
+        log.info("starting %s: %s", self.spec.name, " ".join(self.spec.command))
+        self.process = subprocess.Popen(
+            self.spec.command,
+            cwd=self.spec.cwd,
+            env={**os.environ, **self.spec.env},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, so stop() reaches its children too
+        )
+        log_file.close()
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.spec.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise StackError(
+                    f"{self.spec.name} exited with code {self.process.returncode} before it was ready.\n"
+                    f"Last lines of {self.log_path}:\n{self.log_tail()}"
+                )
+            if _answers(self.spec.ready_url):
+                log.info("%s is ready at %s", self.spec.name, self.spec.ready_url)
+                return
+            time.sleep(0.25)
+        raise StackError(
+            f"{self.spec.name} was not ready at {self.spec.ready_url} after {self.spec.ready_timeout_s:.0f} s.\n"
+            f"Last lines of {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.process is None:
+            return
+        try:
+            pgid = os.getpgid(self.process.pid)
+        except ProcessLookupError:
+            pgid = None
+        if pgid is not None:
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0f s; killing it", self.spec.name, grace_s)
+            # Children (Triton's backend stubs) may outlive the leader: clear the whole group.
+            _signal_group(pgid, signal.SIGKILL)
+        self.process.wait()
+        log.info("stopped %s", self.spec.name)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LocalStack:
+    """Start services in order, stop them in reverse; a context manager that always cleans up."""
+
+    def __init__(self, specs: Iterable[ServiceSpec], log_dir: Path = paths.LOG_DIR) -> None:
+        self.processes = [ManagedProcess(spec, log_dir) for spec in specs]
+
+    def start(self) -> "LocalStack":
+        try:
+            for managed in self.processes:
+                managed.start()
+            for managed in self.processes:
+                managed.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for managed in reversed(self.processes):
+            managed.stop()
+
+    def __enter__(self) -> "LocalStack":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def dead(self) -> list[ManagedProcess]:
+        return [managed for managed in self.processes if not managed.alive()]
+
+
+# ---- the lab's services --------------------------------------------------------------------
+
+
+def fastapi_service(flavor: str, port: int, env: dict[str, str] | None = None) -> ServiceSpec:
+    """flavor: "pt" (PyTorch) or "onnx" (ONNX Runtime)."""
+    folder = {"pt": paths.FASTAPI_PT_DIR, "onnx": paths.FASTAPI_ONNX_DIR}[flavor]
+    return ServiceSpec(
+        name=f"fastapi_{flavor}",
+        command=[sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=folder,
+        ports=[port],
+        ready_url=f"http://127.0.0.1:{port}/health",
+        env=env or {},
+    )
+
+
+def triton_service(ports: triton_local.TritonPorts, work_dir: Path = paths.TRITON_DIR) -> ServiceSpec:
+    """Stage the adapted model repository, print what changed, and describe the server process."""
+    repository = work_dir / "models"
+    backends = triton_local.build_backend_dir(work_dir / "backends")
+    for staged in triton_local.stage_model_repository(repository):
+        log.info("Triton model %s, adapted for this machine:\n%s", staged.name, staged.changes)
+    return ServiceSpec(
+        name="triton",
+        command=triton_local.server_command(repository, backends, ports),
+        cwd=work_dir,
+        ports=[ports.http, ports.grpc, ports.metrics],
+        ready_url=f"http://127.0.0.1:{ports.http}/v2/health/ready",
+        env=triton_local.server_environment(),
+        ready_timeout_s=240.0,
+    )
+
+
+# Which backend the web UI talks to: the same environment variables as in the Docker stacks.
+UI_BACKENDS = ("fastapi_pt", "fastapi_onnx", "food_classifier", "food_classifier_onnx")
+
+
+def gourmetgram_service(port: int, backend: str, ports: Ports) -> ServiceSpec:
+    if backend in ("fastapi_pt", "fastapi_onnx"):
+        backend_env = {"FASTAPI_SERVER_URL": f"http://127.0.0.1:{getattr(ports, backend)}"}
+    elif backend in ("food_classifier", "food_classifier_onnx"):
+        backend_env = {"TRITON_SERVER_URL": f"127.0.0.1:{ports.triton_http}", "FOOD11_MODEL_NAME": backend}
+    else:
+        raise ValueError(f"unknown UI backend {backend!r}; choose one of {', '.join(UI_BACKENDS)}")
+    return ServiceSpec(
+        name="gourmetgram",
+        command=[sys.executable, "app.py"],
+        cwd=paths.GOURMETGRAM_DIR,
+        ports=[port],
+        ready_url=f"http://127.0.0.1:{port}/healthz",
+        env={"HOST": "127.0.0.1", "PORT": str(port), **backend_env},
+    )
+
+
+def lab_services(ports: Ports, ui_backend: str = "fastapi_pt") -> list[ServiceSpec]:
+    return [
+        fastapi_service("pt", ports.fastapi_pt),
+        fastapi_service("onnx", ports.fastapi_onnx),
+        triton_service(ports.triton),
+        gourmetgram_service(ports.gourmetgram, ui_backend, ports),
+    ]

@@ -1,0 +1,121 @@
+"""Both FastAPI services, as real processes over real HTTP: good requests and every bad one."""
+
+import base64
+
+import pytest
+import requests
+
+from servelab.food11 import LABELS
+from tests.conftest import TEST_MAX_REQUEST_BYTES
+
+FLAVORS = ["pt", "onnx"]
+
+
+@pytest.fixture(params=FLAVORS)
+def service_url(request, fastapi_urls) -> str:
+    return fastapi_urls[request.param]
+
+
+def _still_serves(url: str, image_b64: str) -> None:
+    response = requests.post(f"{url}/predict", json={"image": image_b64}, timeout=30)
+    assert response.status_code == 200, response.text
+
+
+def test_predict_returns_a_label_and_a_probability(service_url, image_b64):
+    response = requests.post(f"{service_url}/predict", json={"image": image_b64}, timeout=30)
+    assert response.status_code == 200
+    body = response.json()
+    assert set(body) == {"prediction", "probability"}
+    assert body["prediction"] in LABELS
+    # Softmax over 11 classes: the top class has at least 1/11 of the mass.
+    assert 1 / 11 - 1e-6 <= body["probability"] <= 1
+
+
+def test_png_is_accepted(service_url, test_images):
+    from tests.conftest import make_image_bytes
+
+    png = base64.b64encode(make_image_bytes(7, fmt="PNG")).decode()
+    assert requests.post(f"{service_url}/predict", json={"image": png}, timeout=30).status_code == 200
+
+
+def test_health_reports_model_weights_device_and_runtime(service_url):
+    body = requests.get(f"{service_url}/health", timeout=5).json()
+    assert body["status"] == "ready"
+    assert body["model_file"] in ("food11.pth", "food11.onnx")
+    assert body["weights"] in ("trained", "untrained")
+    assert body["device"] == "cpu" or body["device"].startswith("cuda")
+    assert body["runtime"].split()[0] in ("torch", "onnxruntime")
+    assert body["predict_concurrency"] == 1
+    assert requests.get(f"{service_url}/healthz", timeout=5).json() == body
+
+
+def test_health_says_loudly_when_weights_are_untrained(service_url, built_artifacts):
+    body = requests.get(f"{service_url}/health", timeout=5).json()
+    assert body["weights"] == built_artifacts.weights_info["weights"]
+    if body["weights"] == "untrained":
+        assert "UNTRAINED" in body["weights_note"]
+
+
+def test_swagger_ui_and_openapi_schema_are_served(service_url):
+    assert "swagger" in requests.get(f"{service_url}/docs", timeout=5).text.lower()
+    schema = requests.get(f"{service_url}/openapi.json", timeout=5).json()
+    assert {"400", "413", "422"} <= set(schema["paths"]["/predict"]["post"]["responses"])
+
+
+@pytest.mark.parametrize(
+    "body, headers, status",
+    [
+        (b"{not json", {"content-type": "application/json"}, 422),
+        (b'{"picture": "abc"}', {"content-type": "application/json"}, 422),
+        (b'{"image": 12}', {"content-type": "application/json"}, 422),
+        (b'{"image": ""}', {"content-type": "application/json"}, 422),
+        (b'{"image": "%%% not base64 %%%"}', {"content-type": "application/json"}, 400),
+        (b'{"image": "' + base64.b64encode(b"hello, I am text") + b'"}', {"content-type": "application/json"}, 400),
+    ],
+    ids=["malformed-json", "missing-field", "wrong-type", "empty-image", "bad-base64", "not-an-image"],
+)
+def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(service_url, image_b64, body, headers, status):
+    response = requests.post(f"{service_url}/predict", data=body, headers=headers, timeout=30)
+    assert response.status_code == status
+    detail = response.json()["detail"]
+    assert detail, "the error must say what went wrong"
+    if status == 400:
+        assert "JPEG or PNG" in detail or "base64" in detail
+    _still_serves(service_url, image_b64)
+
+
+def test_a_body_over_the_limit_is_refused_with_413(service_url, image_b64):
+    oversized = b'{"image": "' + b"A" * (TEST_MAX_REQUEST_BYTES + 10) + b'"}'
+    response = requests.post(
+        f"{service_url}/predict", data=oversized, headers={"content-type": "application/json"}, timeout=30
+    )
+    assert response.status_code == 413
+    assert "MAX_REQUEST_BYTES" in response.json()["detail"]
+    _still_serves(service_url, image_b64)
+
+
+def test_a_chunked_body_over_the_limit_is_refused_with_413(service_url, image_b64):
+    def chunks():  # no Content-Length: the limit must be enforced while the body streams in
+        yield b'{"image": "'
+        for _ in range(TEST_MAX_REQUEST_BYTES // 65536 + 2):
+            yield b"A" * 65536
+        yield b'"}'
+
+    response = requests.post(
+        f"{service_url}/predict", data=chunks(), headers={"content-type": "application/json"}, timeout=30
+    )
+    assert response.status_code == 413
+    _still_serves(service_url, image_b64)
+
+
+def test_wrong_method_and_unknown_path_get_proper_codes(service_url):
+    assert requests.get(f"{service_url}/predict", timeout=5).status_code == 405
+    assert requests.get(f"{service_url}/no-such-endpoint", timeout=5).status_code == 404
+
+
+def test_pytorch_and_onnx_services_agree_on_every_image(fastapi_urls, test_images):
+    for raw in test_images:
+        payload = {"image": base64.b64encode(raw).decode()}
+        answers = [requests.post(f"{fastapi_urls[f]}/predict", json=payload, timeout=30).json() for f in FLAVORS]
+        assert answers[0]["prediction"] == answers[1]["prediction"]
+        assert answers[0]["probability"] == pytest.approx(answers[1]["probability"], abs=1e-4)

@@ -1,0 +1,347 @@
+"""Unit tests for the GourmetGram web UI (gourmetgram/app.py), with no backend running.
+
+Every app here points its backend at a closed port, so each backend call fails fast with
+"connection refused". That is enough to test the page itself: forms, upload validation, limits,
+the /test whitelist, error statuses and the weights banner. Tests against real servers live
+elsewhere.
+
+Run from the repository root:  .venv/bin/python -m pytest tests/test_gourmetgram_unit.py
+Needs gourmetgram/food11.py, which `make artifacts` copies from servelab/food11.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+GOURMETGRAM_DIR = Path(__file__).resolve().parents[1] / "gourmetgram"
+if not (GOURMETGRAM_DIR / "food11.py").is_file():
+    pytest.fail("gourmetgram/food11.py is missing: run `make artifacts` first.", pytrace=False)
+
+# app.py imports its sibling food11.py, so its folder goes on sys.path. The module itself is
+# loaded under a unique name: other services also have an `app.py`, and a plain `import app`
+# could pick up whichever one another test imported first.
+sys.path.insert(0, str(GOURMETGRAM_DIR))
+_spec = importlib.util.spec_from_file_location("gourmetgram_app", GOURMETGRAM_DIR / "app.py")
+assert _spec is not None and _spec.loader is not None
+gg = importlib.util.module_from_spec(_spec)
+sys.modules["gourmetgram_app"] = gg
+_spec.loader.exec_module(gg)
+
+BACKEND_ENV = (
+    "FASTAPI_SERVER_URL", "TRITON_SERVER_URL", "FOOD11_MODEL_NAME", "MAX_UPLOAD_BYTES",
+    "BACKEND_TIMEOUT_S", "WEIGHTS_TIMEOUT_S", "WEIGHTS_CACHE_S", "SAMPLES_DIR",
+)
+
+
+def closed_port() -> int:
+    """A local port nothing listens on: bind to get a free one, then close it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def jpeg_bytes(size: tuple[int, int] = (64, 48)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (200, 120, 40)).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ignore whatever backend settings the shell running the tests happens to have."""
+    for name in BACKEND_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def make_app(**config: Any) -> Any:
+    return gg.create_app({"TESTING": True, **config})
+
+
+BACKEND_CONFIGS = {
+    "fastapi": lambda port: {"FASTAPI_SERVER_URL": f"http://127.0.0.1:{port}"},
+    "triton": lambda port: {"TRITON_SERVER_URL": f"127.0.0.1:{port}"},
+    "triton-onnx": lambda port: {"TRITON_SERVER_URL": f"127.0.0.1:{port}", "FOOD11_MODEL_NAME": "food_classifier_onnx"},
+}
+
+
+@pytest.fixture
+def port() -> int:
+    return closed_port()
+
+
+@pytest.fixture
+def client(port: int) -> Any:
+    return make_app(FASTAPI_SERVER_URL=f"http://127.0.0.1:{port}").test_client()
+
+
+# --- Pages and upload validation ---------------------------------------------------------------
+
+
+def test_upload_form_renders(client: Any) -> None:
+    response = client.get("/")
+    body = response.get_data(as_text=True)
+    assert response.status_code == 200
+    assert 'enctype="multipart/form-data"' in body
+    assert 'action="/predict"' in body
+    assert 'type="file" name="file"' in body
+    assert "/test?sample=bread.jpg" in body  # the bundled samples are offered
+
+
+def test_non_image_bytes_are_rejected_with_400(client: Any) -> None:
+    response = client.post("/predict", data={"file": (io.BytesIO(b"this is not a picture"), "food.jpg")})
+    assert response.status_code == 400
+    assert "not an image Pillow can read" in response.get_data(as_text=True)
+
+
+def test_empty_file_is_rejected_with_400(client: Any) -> None:
+    response = client.post("/predict", data={"file": (io.BytesIO(b""), "food.jpg")})
+    assert response.status_code == 400
+    assert "The image is empty" in response.get_data(as_text=True)
+
+
+def test_oversize_upload_gets_413_page(port: int) -> None:
+    client = make_app(FASTAPI_SERVER_URL=f"http://127.0.0.1:{port}", MAX_UPLOAD_BYTES=2048).test_client()
+    response = client.post("/predict", data={"file": (io.BytesIO(b"\xff" * 10_000), "big.jpg")})
+    body = response.get_data(as_text=True)
+    assert response.status_code == 413
+    assert "too large" in body and "2048 bytes" in body
+    # A body under the limit is parsed normally (and here refused as not an image, not as too big).
+    response = client.post("/predict", data={"file": (io.BytesIO(b"\xff" * 100), "small.jpg")})
+    assert response.status_code == 400
+
+
+def test_missing_file_field_gets_400(client: Any) -> None:
+    response = client.post("/predict", data={"other": "value"})
+    assert response.status_code == 400
+    assert "No file chosen" in response.get_data(as_text=True)
+
+
+def test_empty_filename_gets_400(client: Any) -> None:
+    response = client.post("/predict", data={"file": (io.BytesIO(jpeg_bytes()), "")})
+    assert response.status_code == 400
+    assert "No file chosen" in response.get_data(as_text=True)
+
+
+@pytest.mark.parametrize("filename", ["food.exe", "food.svg", "food", "food.jpg.html"])
+def test_disallowed_extension_gets_400(client: Any, filename: str) -> None:
+    response = client.post("/predict", data={"file": (io.BytesIO(jpeg_bytes()), filename)})
+    assert response.status_code == 400
+    assert "not accepted" in response.get_data(as_text=True)
+
+
+def test_displayed_filename_is_sanitised(client: Any) -> None:
+    response = client.post("/predict", data={"file": (io.BytesIO(b"nope"), "../../<b>evil</b>.exe")})
+    body = response.get_data(as_text=True)
+    assert response.status_code == 400
+    assert "<b>evil" not in body and "../" not in body
+
+
+# --- /test and its whitelist -------------------------------------------------------------------
+
+
+def test_sample_path_traversal_is_404(client: Any) -> None:
+    response = client.get("/test", query_string={"sample": "../../etc/passwd"})
+    body = response.get_data(as_text=True)
+    assert response.status_code == 404
+    assert "Valid names: bread.jpg, fried_egg.jpg, soup.jpg" in body
+    assert "root:" not in body
+
+
+def test_unknown_sample_is_404(client: Any) -> None:
+    response = client.get("/test", query_string={"sample": "pizza.jpg"})
+    assert response.status_code == 404
+    assert "No such sample" in response.get_data(as_text=True)
+
+
+def test_samples_whitelist_lists_only_images(tmp_path: Path) -> None:
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes())
+    (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / "sub.png").mkdir()
+    assert list(gg.list_samples(tmp_path)) == ["a.jpg"]
+    assert gg.list_samples(tmp_path / "missing") == {}
+
+
+def test_bundled_samples_are_real_images() -> None:
+    samples = gg.list_samples(GOURMETGRAM_DIR / "static" / "samples")
+    assert len(samples) >= 3
+    for path in samples.values():
+        assert gg.food11.decode_image_bytes(path.read_bytes()).size == (512, 384)
+
+
+# --- Backend down ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(BACKEND_CONFIGS))
+def test_backend_unreachable_gives_503_and_app_keeps_serving(kind: str, port: int) -> None:
+    client = make_app(**BACKEND_CONFIGS[kind](port)).test_client()
+    response = client.get("/test", query_string={"sample": "soup.jpg"})
+    body = response.get_data(as_text=True)
+    assert response.status_code == 503
+    assert f"127.0.0.1:{port}" in body
+    assert "make up" in body
+    assert "data:image/jpeg;base64," in body  # the image is shown inline, never stored
+
+    # The failure did not take the app down: the form still renders, and an upload fails the same way.
+    assert client.get("/").status_code == 200
+    response = client.post("/predict", data={"file": (io.BytesIO(jpeg_bytes()), "lunch.png")})
+    assert response.status_code == 503
+    assert f"127.0.0.1:{port}" in response.get_data(as_text=True)
+
+
+def test_banner_says_unknown_when_backend_unreachable(client: Any) -> None:
+    body = client.get("/").get_data(as_text=True)
+    assert "Weights status unknown (backend unreachable)" in body
+    assert "not meaningful" in body
+
+
+def test_healthz_is_200_and_reports_backend_down(client: Any, port: int) -> None:
+    response = client.get("/healthz")
+    data = response.get_json()
+    assert response.status_code == 200
+    assert data["status"] == "ok"
+    assert data["backend"] == "fastapi"
+    assert data["backend_url"] == f"http://127.0.0.1:{port}"
+    assert data["backend_reachable"] is False
+    assert data["weights"] == "unknown"
+    assert "model" in data
+
+
+def test_healthz_for_triton_names_the_model(port: int) -> None:
+    data = make_app(**BACKEND_CONFIGS["triton-onnx"](port)).test_client().get("/healthz").get_json()
+    assert data["backend"] == "triton-onnx"
+    assert data["backend_url"] == f"127.0.0.1:{port}"
+    assert data["model"] == "food_classifier_onnx"
+    assert data["backend_reachable"] is False
+
+
+# --- Weights banner logic ----------------------------------------------------------------------
+
+
+def test_banner_text_for_each_weights_status() -> None:
+    assert gg.WeightsStatus("trained", "", reachable=True).banner is None
+    untrained = gg.WeightsStatus("untrained", "random init, seed 0", reachable=True).banner
+    assert untrained is not None and "not meaningful" in untrained and "random init, seed 0" in untrained
+    unreported = gg.WeightsStatus("unknown", "", reachable=True).banner
+    assert unreported is not None and "did not say" in unreported and "not meaningful" in unreported
+
+
+def test_weights_parsed_from_fastapi_health_and_triton_config() -> None:
+    settings = gg.load_settings({})
+    fastapi = gg.make_backend(settings)
+    untrained = fastapi._parse_weights({"weights": "untrained", "weights_note": "n"})
+    assert untrained == gg.WeightsStatus("untrained", "n", True)
+    assert fastapi._parse_weights({"status": "ready"}).weights == "unknown"
+
+    triton = gg.make_backend(gg.load_settings({"TRITON_SERVER_URL": "localhost:8200"}))
+    config = {"name": "food_classifier", "parameters": {
+        "weights": {"string_value": "trained"}, "weights_note": {"string_value": "Food-11 fine-tuned"}}}
+    assert triton._parse_weights(config) == gg.WeightsStatus("trained", "Food-11 fine-tuned", True)
+    assert triton._parse_weights({"name": "food_classifier"}).weights == "unknown"
+    assert triton._parse_weights({"parameters": {"weights": {"string_value": "bogus"}}}).weights == "unknown"
+
+
+class CountingBackend:
+    """Stands in for a Backend in WeightsCache: counts lookups, contacts nothing."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def fetch_weights(self) -> Any:
+        self.calls += 1
+        return gg.WeightsStatus("untrained", "", reachable=True)
+
+
+def test_weights_cache_asks_once_within_ttl_and_unreachable_overrides() -> None:
+    backend = CountingBackend()
+    cache = gg.WeightsCache(backend, ttl_s=60)  # type: ignore[arg-type]
+    assert cache.get().weights == "untrained"
+    assert cache.get().weights == "untrained"
+    assert backend.calls == 1
+    cache.mark_unreachable("connection refused")
+    assert cache.get().reachable is False
+    assert backend.calls == 1
+    expired = gg.WeightsCache(backend, ttl_s=1e-9)  # type: ignore[arg-type]
+    expired.get()
+    expired.get()
+    assert backend.calls == 3
+
+
+# --- Backend selection -------------------------------------------------------------------------
+
+
+def test_no_url_defaults_to_local_fastapi() -> None:
+    choice = gg.select_backend({})
+    assert (choice.kind, choice.url) == ("fastapi", "http://127.0.0.1:8000")
+
+
+def test_fastapi_url_is_used_and_normalised() -> None:
+    assert gg.select_backend({"FASTAPI_SERVER_URL": "http://fastapi:8100/"}).url == "http://fastapi:8100"
+    assert gg.select_backend({"FASTAPI_SERVER_URL": "fastapi:8100"}).url == "http://fastapi:8100"
+
+
+def test_triton_defaults_to_the_python_model_and_strips_scheme() -> None:
+    choice = gg.select_backend({"TRITON_SERVER_URL": "http://127.0.0.1:8200/"})
+    assert choice == gg.BackendChoice(kind="triton", url="127.0.0.1:8200", model="food_classifier")
+
+
+def test_triton_onnx_model_selects_client_side_preprocessing() -> None:
+    choice = gg.select_backend({"TRITON_SERVER_URL": "127.0.0.1:8200", "FOOD11_MODEL_NAME": "food_classifier_onnx"})
+    assert choice == gg.BackendChoice(kind="triton-onnx", url="127.0.0.1:8200", model="food_classifier_onnx")
+
+
+def test_triton_wins_when_both_urls_are_set() -> None:
+    choice = gg.select_backend({"TRITON_SERVER_URL": "triton:8000", "FASTAPI_SERVER_URL": "http://fastapi:8000"})
+    assert choice.kind == "triton" and choice.url == "triton:8000"
+
+
+def test_model_name_is_ignored_without_triton() -> None:
+    choice = gg.select_backend({"FASTAPI_SERVER_URL": "http://f:1", "FOOD11_MODEL_NAME": "food_classifier_onnx"})
+    assert choice.kind == "fastapi"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"TRITON_SERVER_URL": "t:8000", "FOOD11_MODEL_NAME": "resnet"},
+        {"TRITON_SERVER_URL": "https://t:8000"},
+        {"MAX_UPLOAD_BYTES": "lots"},
+        {"BACKEND_TIMEOUT_S": "0"},
+    ],
+)
+def test_bad_settings_raise_config_error(source: dict[str, str]) -> None:
+    with pytest.raises(gg.ConfigError):
+        gg.load_settings(source)
+
+
+@pytest.mark.parametrize(
+    ("kind", "backend_class"),
+    [("fastapi", "FastAPIBackend"), ("triton", "TritonBackend"), ("triton-onnx", "TritonOnnxBackend")],
+)
+def test_create_app_builds_the_backend_from_env(
+    kind: str, backend_class: str, port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in BACKEND_CONFIGS[kind](port).items():
+        monkeypatch.setenv(name, value)
+    state = gg.create_app().extensions["gourmetgram"]
+    assert type(state.backend) is getattr(gg, backend_class)
+    assert state.settings.backend.kind == kind
+
+
+def test_create_app_contacts_no_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("create_app must not contact a server")
+
+    monkeypatch.setattr(gg.requests.Session, "request", refuse)
+    monkeypatch.setattr(gg.triton_http, "InferenceServerClient", refuse)
+    for config in ({}, {"TRITON_SERVER_URL": "127.0.0.1:1"}):
+        app = gg.create_app(config)
+        assert app.config["MAX_CONTENT_LENGTH"] == 8 * 1024 * 1024
+    assert "_app" in vars(gg) and gg._app is None  # the module-level app is built only on demand

@@ -1,0 +1,106 @@
+"""The real Triton 2.51 server serving both models, read through its own APIs, and perf_analyzer."""
+
+import base64
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from servelab import food11, perf_analyzer
+
+
+def _image_inputs(encoded: list[str]):
+    inputs = [httpclient.InferInput("INPUT_IMAGE", [len(encoded), 1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([[item] for item in encoded], dtype=object))
+    return inputs
+
+
+def test_both_models_are_ready(triton_http_url):
+    client = httpclient.InferenceServerClient(triton_http_url)
+    assert client.is_server_ready()
+    for model in ("food_classifier", "food_classifier_onnx"):
+        assert client.is_model_ready(model)
+
+
+def test_model_metadata_shows_what_actually_serves_each_model(triton_http_url):
+    client = httpclient.InferenceServerClient(triton_http_url)
+    onnx_config = client.get_model_config("food_classifier_onnx")
+    # The shipped config says onnxruntime; locally the Python backend serves it, and says so.
+    assert onnx_config["backend"] == "python"
+    assert "ONNX Runtime" in onnx_config["parameters"]["served_by"]["string_value"]
+    assert client.get_model_metadata("food_classifier_onnx")["platform"] == "python"
+    for model in ("food_classifier", "food_classifier_onnx"):
+        config = client.get_model_config(model)
+        assert config["instance_group"][0]["kind"] == "KIND_CPU"
+        assert config["max_batch_size"] == 16
+        assert config["parameters"]["weights"]["string_value"] in ("trained", "untrained")
+
+
+def test_food_classifier_batches_a_multi_image_request_and_agrees_with_fastapi(
+    triton_http_url, fastapi_urls, test_images
+):
+    encoded = [base64.b64encode(raw).decode() for raw in test_images[:4]]
+    client = httpclient.InferenceServerClient(triton_http_url)
+    result = client.infer("food_classifier", _image_inputs(encoded))
+    labels = [item.decode() for item in result.as_numpy("FOOD_LABEL").reshape(-1)]
+    probabilities = result.as_numpy("PROBABILITY").reshape(-1)
+    assert len(labels) == 4 and set(labels) <= set(food11.LABELS)
+    assert ((probabilities >= 1 / 11 - 1e-6) & (probabilities <= 1)).all()
+    for image, label, probability in zip(encoded, labels, probabilities):
+        answer = requests.post(f"{fastapi_urls['pt']}/predict", json={"image": image}, timeout=30).json()
+        assert answer["prediction"] == label
+        assert answer["probability"] == pytest.approx(float(probability), abs=1e-4)
+
+
+def test_a_bad_image_fails_only_its_own_request(triton_http_url, image_b64):
+    client = httpclient.InferenceServerClient(triton_http_url)
+    with pytest.raises(InferenceServerException, match="not an image"):
+        client.infer("food_classifier", _image_inputs([base64.b64encode(b"no image here").decode()]))
+    result = client.infer("food_classifier", _image_inputs([image_b64]))
+    assert result.as_numpy("FOOD_LABEL")[0, 0].decode() in food11.LABELS
+
+
+def test_onnx_model_over_grpc_matches_the_onnx_fastapi_service(triton_grpc_url, fastapi_urls, test_images):
+    client = grpcclient.InferenceServerClient(triton_grpc_url)
+    batch = np.stack([food11.preprocess(food11.decode_image_bytes(raw)) for raw in test_images[:3]])
+    model_input = grpcclient.InferInput("input", list(batch.shape), "FP32")
+    model_input.set_data_from_numpy(batch)
+    logits = client.infer("food_classifier_onnx", [model_input]).as_numpy("output")
+    assert logits.shape == (3, 11)
+    for raw, (label, probability) in zip(test_images, food11.top_prediction(logits)):
+        answer = requests.post(
+            f"{fastapi_urls['onnx']}/predict", json={"image": base64.b64encode(raw).decode()}, timeout=30
+        ).json()
+        assert (answer["prediction"], answer["probability"]) == (label, pytest.approx(probability, abs=1e-4))
+
+
+def test_unknown_model_is_an_error_not_a_crash(triton_http_url):
+    client = httpclient.InferenceServerClient(triton_http_url)
+    with pytest.raises(InferenceServerException):
+        client.get_model_metadata("no_such_model")
+    assert client.is_server_live()
+
+
+def test_explicit_model_control_reloads_one_model_while_the_other_serves(triton_http_url, image_b64):
+    client = httpclient.InferenceServerClient(triton_http_url)
+    client.unload_model("food_classifier_onnx")
+    assert not client.is_model_ready("food_classifier_onnx")
+    assert client.infer("food_classifier", _image_inputs([image_b64])).as_numpy("FOOD_LABEL").shape == (1, 1)
+    client.load_model("food_classifier_onnx")
+    assert client.is_model_ready("food_classifier_onnx")
+
+
+def test_perf_analyzer_measures_the_local_server(triton_http_url):
+    result = perf_analyzer.run(
+        triton_http_url, "food_classifier_onnx", concurrency=2, shape=["input:3,224,224"], request_count=20
+    )
+    (row,) = result.rows
+    assert row["Concurrency"] == 2
+    assert row["Inferences/Second"] > 0
+    assert 0 < row["p50 latency"] <= row["p99 latency"]
+    # The server-side breakdown is there: time spent computing must be measured.
+    assert row["Server Compute Infer"] > 0
+    assert "Request concurrency: 2" in result.stdout
