@@ -52,7 +52,9 @@ def up(argv: list[str]) -> int:
         log.error("%s", exc)
         return 2
     ports = Ports.from_env()
-    # SIGTERM (from a process manager or `kill`) takes the same clean path as Ctrl-C.
+    # Ctrl-C, and SIGTERM from a process manager or `kill`, take the same clean path. SIGINT is set
+    # explicitly because a shell starts background jobs with it ignored, and Python keeps that.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     stack = LocalStack(lab_services(ports, args.ui_backend))
     try:

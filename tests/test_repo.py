@@ -1,0 +1,35 @@
+"""The repository's promises to a student and to CI."""
+
+import re
+import subprocess
+
+from servelab import paths
+
+
+def test_readme_gives_the_two_commands_and_ci_runs_the_test_one():
+    readme = (paths.REPO_ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", readme, re.S).group(1)
+    assert "make up" in block and "make test" in block
+    ci = (paths.REPO_ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^make test$", ci, re.M)
+
+
+def test_makefile_targets_bootstrap_their_own_environment():
+    dry_run = subprocess.run(["make", "-n", "test"], cwd=paths.REPO_ROOT, capture_output=True, text=True, check=True)
+    assert "scripts/bootstrap.sh" in dry_run.stdout
+    assert "servelab artifacts" in dry_run.stdout
+    assert "pytest" in dry_run.stdout
+
+
+def test_no_tracked_source_names_an_absolute_host_path():
+    # Tests that check for such paths necessarily spell them; every other tracked file must not.
+    tracked = subprocess.run(["git", "ls-files"], cwd=paths.REPO_ROOT, capture_output=True, text=True, check=True)
+    offenders = []
+    for name in tracked.stdout.split():
+        path = paths.REPO_ROOT / name
+        if name.startswith("tests/") or path.suffix in {".jpg", ".png"} or not path.is_file():
+            continue
+        text = path.read_text(errors="ignore")
+        if re.search(r"/home/cc/|/work/main|/root/", text):
+            offenders.append(name)
+    assert offenders == []
