@@ -4,13 +4,22 @@ PY := .venv/bin/python
 # Passed through to `servelab artifacts` to serve a trained checkpoint instead of untrained weights.
 export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256
 
-.PHONY: up test setup artifacts clean
+.PHONY: up test bench bench-quick notebooks setup artifacts clean
 
-up: artifacts  ## start FastAPI (PyTorch, ONNX), Triton and GourmetGram on 127.0.0.1; Ctrl-C stops all
+up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton and GourmetGram on 127.0.0.1; Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
 
-test: artifacts  ## unit and integration tests (real servers on 127.0.0.1)
+test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: artifacts  ## the headline benchmark (about 8 minutes); report in results/bench-<time>-full/
+	$(PY) -m servelab bench --profile full
+
+bench-quick: artifacts  ## the same steps, briefly (about 1 minute): proves the pipeline, not the speed
+	$(PY) -m servelab bench --profile quick
+
+notebooks: setup  ## regenerate notebooks/*.ipynb from their sources (notebooks/*.py)
+	$(PY) scripts/build_notebooks.py
 
 setup:  ## virtualenv, Python packages and the system libraries perf_analyzer and Triton need
 	@bash scripts/bootstrap.sh

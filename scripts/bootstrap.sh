@@ -42,7 +42,7 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$wanted" ] && [ -x "$VENV/bin/pytho
 fi
 
 [ -x "$VENV/bin/python" ] || { say "creating virtualenv $VENV with $("$PYTHON" --version)"; "$PYTHON" -m venv "$VENV"; }
-say "installing Python packages into $VENV (first time: a few minutes, several GB for PyTorch)"
+say "installing Python packages into $VENV from requirements.txt (the first time: a few minutes, several GB for PyTorch)"
 "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar on -r requirements.txt
 "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-deps -e .
 echo "$wanted" > "$STAMP"

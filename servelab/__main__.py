@@ -2,14 +2,18 @@
 
     python -m servelab artifacts [--checkpoint PATH_OR_URL --sha256 HEX] [--force]
     python -m servelab up [--ui-backend fastapi_pt|fastapi_onnx|food_classifier|food_classifier_onnx]
+    python -m servelab bench [--profile full|quick] [--out DIR]
+    python -m servelab loadgen --target fastapi|triton-http|triton-grpc --address ADDRESS ...   (--help)
 
-`make up` and `make artifacts` in the repository root call these inside the lab's virtualenv.
+`make up`, `make artifacts` and `make bench` in the repository root call these inside the lab's
+virtualenv.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import secrets
 import signal
 import sys
 import time
@@ -20,8 +24,9 @@ from servelab.stack import UI_BACKENDS, LocalStack, Ports, StackError, lab_servi
 log = logging.getLogger("servelab")
 
 
-def _print_urls(ports: Ports, ui_backend: str, weights_info: dict) -> None:
+def _print_urls(ports: Ports, ui_backend: str, weights_info: dict, jupyter_token: str) -> None:
     rows = [
+        ("JupyterLab (the notebooks)", f"http://127.0.0.1:{ports.jupyter}/lab?token={jupyter_token}", ""),
         ("GourmetGram web UI", f"http://127.0.0.1:{ports.gourmetgram}/", f"backend: {ui_backend}"),
         ("FastAPI (PyTorch)", f"http://127.0.0.1:{ports.fastapi_pt}/docs", "POST /predict, GET /health"),
         ("FastAPI (ONNX Runtime)", f"http://127.0.0.1:{ports.fastapi_onnx}/docs", "POST /predict, GET /health"),
@@ -30,7 +35,7 @@ def _print_urls(ports: Ports, ui_backend: str, weights_info: dict) -> None:
         ("Triton metrics", f"http://127.0.0.1:{ports.triton_metrics}/metrics", ""),
     ]
     width = max(len(name) for name, _, _ in rows)
-    lines = [f"  {name:<{width}}  {url:<44} {note}" for name, url, note in rows]
+    lines = [f"  {name:<{width}}  {url:<44} {note}".rstrip() for name, url, note in rows]
     print("\nThe lab is up:\n" + "\n".join(lines), file=sys.stderr)
     if weights_info["weights"] != "trained":
         print(f"\n  NOTE: {weights_info['note']}", file=sys.stderr)
@@ -56,10 +61,12 @@ def up(argv: list[str]) -> int:
     # explicitly because a shell starts background jobs with it ignored, and Python keeps that.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    stack = LocalStack(lab_services(ports, args.ui_backend))
+    # A fresh token each time: the notebooks server runs code, so only whoever sees this output gets in.
+    jupyter_token = secrets.token_hex(16)
+    stack = LocalStack(lab_services(ports, jupyter_token, args.ui_backend))
     try:
         stack.start()
-        _print_urls(ports, args.ui_backend, built.weights_info)
+        _print_urls(ports, args.ui_backend, built.weights_info, jupyter_token)
         while not stack.dead():
             time.sleep(1)
         for managed in stack.dead():
@@ -78,10 +85,22 @@ def up(argv: list[str]) -> int:
         stack.stop()
 
 
+def _bench(argv: list[str]) -> int:
+    from servelab import bench  # imports matplotlib and the clients: only when benchmarking
+
+    return bench.main(argv)
+
+
+def _loadgen(argv: list[str]) -> int:
+    from servelab import loadgen
+
+    return loadgen.main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"artifacts": artifacts.main, "up": up}
+    commands = {"artifacts": artifacts.main, "up": up, "bench": _bench, "loadgen": _loadgen}
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2

@@ -1,5 +1,9 @@
 """Run NVIDIA's perf_analyzer (from the tritonclient 2.51.0 wheel) and read its CSV report.
 
+Every run comes back as the lab's `RunResult`, with perf_analyzer's server-side breakdown
+(queue, compute input, compute infer, compute output) in `server_breakdown`, so its numbers sit in
+the same tables and plots as the lab's own load generator.
+
 perf_analyzer needs libcudart.so.12 even without a GPU (from the nvidia-cuda-runtime-cu12 wheel,
 put on LD_LIBRARY_PATH here) and libb64 (the Debian/Ubuntu package libb64-0d, which
 `make setup` installs).
@@ -11,6 +15,7 @@ import csv
 import io
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +23,20 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servelab.results import LatencySummary, RunResult
+
 log = logging.getLogger(__name__)
+
+# CSV column -> server_breakdown key; perf_analyzer reports these in microseconds.
+SERVER_COLUMNS = {
+    "Client Send": "client_send_us",
+    "Network+Server Send/Recv": "network_server_send_recv_us",
+    "Server Queue": "server_queue_us",
+    "Server Compute Input": "server_compute_input_us",
+    "Server Compute Infer": "server_compute_infer_us",
+    "Server Compute Output": "server_compute_output_us",
+    "Client Recv": "client_recv_us",
+}
 
 
 class PerfAnalyzerError(RuntimeError):
@@ -46,43 +64,122 @@ class PerfAnalyzerRun:
     command: list[str]
     rows: list[dict[str, float]] = field(default_factory=list)  # one per concurrency or rate
     stdout: str = ""
+    results: list[RunResult] = field(default_factory=list)  # the rows as the lab's record type
 
 
 def run(
     url: str,
     model: str,
-    concurrency: int = 1,
+    concurrency: int | None = 1,
+    request_rate: float | None = None,
+    request_distribution: str = "constant",
     batch_size: int = 1,
     shape: list[str] | None = None,
-    input_data: str | None = None,
+    input_data: str | Path | None = None,
     protocol: str = "http",
     request_count: int = 50,
+    measurement_interval_ms: int | None = None,
+    max_trials: int = 10,
+    stability_percentage: float = 10,
     extra_args: list[str] | None = None,
     timeout_s: float = 300,
 ) -> PerfAnalyzerRun:
-    """One perf_analyzer measurement at a fixed concurrency, in count windows of `request_count`."""
+    """One perf_analyzer measurement at a fixed concurrency, or at a fixed request rate.
+
+    Measurement windows are `request_count` requests each (count_windows), or
+    `measurement_interval_ms` long when that is given (time_windows). perf_analyzer repeats
+    windows, up to `max_trials`, until three in a row agree within `stability_percentage`, and
+    reports the last three. Poisson arrivals in short windows rarely agree within the default 10%:
+    give them longer windows or a larger percentage.
+    """
+    if (concurrency is None) == (request_rate is None):
+        raise ValueError("give exactly one of concurrency or request_rate")
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.csv"
-        command = [
-            str(binary()), "-u", url, "-i", protocol, "-m", model, "-b", str(batch_size),
-            "--concurrency-range", str(concurrency),
-            "--measurement-mode", "count_windows", "--measurement-request-count", str(request_count),
-            "-f", str(report),
-        ]
+        command = [str(binary()), "-u", url, "-i", protocol, "-m", model, "-b", str(batch_size), "-f", str(report)]
+        if concurrency is not None:
+            command += ["--concurrency-range", str(concurrency)]
+        else:
+            command += ["--request-rate-range", f"{request_rate:g}", "--request-distribution", request_distribution]
+        if measurement_interval_ms is not None:
+            command += ["--measurement-mode", "time_windows", "-p", str(measurement_interval_ms)]
+        else:
+            command += ["--measurement-mode", "count_windows", "--measurement-request-count", str(request_count)]
+        command += ["--max-trials", str(max_trials), "--stability-percentage", f"{stability_percentage:g}"]
         for item in shape or []:
             command += ["--shape", item]
         if input_data:
-            command += ["--input-data", input_data]
+            command += ["--input-data", str(input_data)]
         command += extra_args or []
         log.info("running %s", " ".join(command))
         completed = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=timeout_s)
         if completed.returncode != 0:
-            raise PerfAnalyzerError(
+            hint = ""
+            if "Failed to obtain stable measurement" in completed.stdout:
+                hint = "\nThe load never settled: use longer windows or a larger stability_percentage.\n"
+            raise PerfAnalyzerError(hint + 
                 f"perf_analyzer exited with {completed.returncode}:\n{completed.stdout[-2000:]}\n{completed.stderr[-2000:]}"
             )
-        return PerfAnalyzerRun(command, parse_csv(report.read_text()), completed.stdout)
+        rows = parse_csv(report.read_text())
+    target = f"triton/{model} ({protocol})"
+    results = [
+        to_run_result(row, target, batch_size, request_rate, request_distribution, completed.stdout) for row in rows
+    ]
+    return PerfAnalyzerRun(command, rows, completed.stdout, results)
 
 
 def parse_csv(text: str) -> list[dict[str, float]]:
     """perf_analyzer's -f report: one row per measured load level, latencies in microseconds."""
     return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(io.StringIO(text))]
+
+
+def _request_count(stdout: str) -> int:
+    """The client request count of the reported windows, from perf_analyzer's console summary."""
+    match = re.search(r"Request count: (\d+)", stdout)
+    return int(match.group(1)) if match else 0
+
+
+def _mean_latency_us(row: dict[str, float], stdout: str) -> float:
+    """The CSV has no mean latency in request-rate mode; the console summary always does."""
+    if "Avg latency" in row:
+        return row["Avg latency"]
+    match = re.search(r"Avg latency: (\d+) usec", stdout)
+    return float(match.group(1)) if match else float("nan")
+
+
+def to_run_result(
+    row: dict[str, float],
+    target: str,
+    batch_size: int = 1,
+    request_rate: float | None = None,
+    request_distribution: str = "constant",
+    stdout: str = "",
+) -> RunResult:
+    """One CSV row as a RunResult. perf_analyzer reports no maximum latency, so max_ms is its p99."""
+    ms = 1 / 1000
+    latency = LatencySummary(
+        mean_ms=_mean_latency_us(row, stdout) * ms,
+        p50_ms=row["p50 latency"] * ms,
+        p90_ms=row["p90 latency"] * ms,
+        p95_ms=row["p95 latency"] * ms,
+        p99_ms=row["p99 latency"] * ms,
+        max_ms=row["p99 latency"] * ms,
+    )
+    open_loop = request_rate is not None
+    throughput_rps = row["Inferences/Second"] / batch_size  # requests/s; each request carries batch_size images
+    return RunResult(
+        target=target,
+        tool="perf_analyzer",
+        mode="open" if open_loop else "closed",
+        requests=_request_count(stdout),
+        throughput_rps=throughput_rps,
+        latency=latency,
+        wall_s=_request_count(stdout) / throughput_rps if throughput_rps else 0.0,
+        concurrency=None if open_loop else int(row["Concurrency"]),
+        rate_rps=request_rate,
+        arrival=request_distribution if open_loop else None,
+        batch_size=batch_size,
+        server_breakdown={key: row[column] for column, key in SERVER_COLUMNS.items() if column in row},
+        notes=["perf_analyzer reports p99, not the maximum: max_ms is p99_ms",
+               f"throughput is requests/s; images/s = {row['Inferences/Second']:.1f}"],
+    )

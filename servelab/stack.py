@@ -40,6 +40,7 @@ class Ports:
     triton_grpc: int = 8201
     triton_metrics: int = 8202
     gourmetgram: int = 8300
+    jupyter: int = 8888
 
     @classmethod
     def from_env(cls) -> "Ports":
@@ -263,10 +264,30 @@ def gourmetgram_service(port: int, backend: str, ports: Ports) -> ServiceSpec:
     )
 
 
-def lab_services(ports: Ports, ui_backend: str = "fastapi_pt") -> list[ServiceSpec]:
+def jupyter_service(port: int, token: str) -> ServiceSpec:
+    """JupyterLab on the notebooks, for the local path; reachable from this machine only."""
+    command = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={paths.REPO_ROOT / 'notebooks'}",
+    ]
+    if os.geteuid() == 0:
+        command.append("--allow-root")  # containers and CI machines often run as root; Jupyter refuses by default
+    return ServiceSpec(
+        name="jupyterlab",
+        command=command,
+        cwd=paths.REPO_ROOT / "notebooks",
+        ports=[port],
+        ready_url=f"http://127.0.0.1:{port}/api",
+        env={"LAB_TARGET": "local"},
+    )
+
+
+def lab_services(ports: Ports, jupyter_token: str, ui_backend: str = "fastapi_pt") -> list[ServiceSpec]:
     return [
         fastapi_service("pt", ports.fastapi_pt),
         fastapi_service("onnx", ports.fastapi_onnx),
         triton_service(ports.triton),
         gourmetgram_service(ports.gourmetgram, ui_backend, ports),
+        jupyter_service(ports.jupyter, jupyter_token),
     ]

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import subprocess
 
 import numpy as np
 import onnxruntime as ort
@@ -117,9 +118,10 @@ def test_an_unreachable_checkpoint_url_fails_with_an_offline_hint(tmp_path):
 
 
 def test_shared_logic_is_defined_once():
-    # Labels and preprocessing live in servelab/food11.py; every other source imports them.
-    skipped = {".venv", ".lab", "tests"}
-    tracked = [p for p in paths.REPO_ROOT.rglob("*.py") if not skipped & set(p.relative_to(paths.REPO_ROOT).parts)]
+    # Labels and preprocessing live in servelab/food11.py; every other tracked source imports them.
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+                            cwd=paths.REPO_ROOT, capture_output=True, text=True, check=True).stdout.split()
+    tracked = [paths.REPO_ROOT / name for name in listed if not name.startswith("tests/")]
     generated = {destination for _, destination in artifacts.placements(artifacts.BuiltArtifacts(None, None, {}))}
     defining = sorted(
         p.relative_to(paths.REPO_ROOT).as_posix()

@@ -1,0 +1,160 @@
+# %% [markdown]
+# # 1. Reserve a GPU node on Chameleon
+#
+# *Chameleon path only. On the local path, skip to `3_fastapi.ipynb`.*
+#
+# Chameleon's bare-metal nodes are reserved before they are used: you ask for a node type and a
+# time window, and Chameleon's reservation service (Blazar) gives you a **lease**. While the lease
+# is active, the node is yours alone. When it ends, the node is wiped and handed to the next user.
+#
+# For this lab you need one node of type **`gpu_p100`** (two NVIDIA P100 GPUs) at the **CHI@TACC**
+# site, for about **3 hours**. Plan to use all of it: read notebooks 2 to 6 before your lease
+# starts.
+#
+# There are two ways to make the reservation. Use one of them, not both:
+#
+# - **in code, with python-chi** (Chameleon's Python library), in the cells below;
+# - **in the web interface (Horizon)**, following the steps at the end of this notebook.
+#
+# **Where the cells run:** in Chameleon's Jupyter server (the "Jupyter" entry of the Chameleon
+# site), which already has your credentials. On any other machine the cells that talk to
+# Chameleon are skipped and say so.
+
+# %% [markdown]
+# ## Set up python-chi
+#
+# The first cell loads python-chi and decides the target. On Chameleon's Jupyter server (a
+# JupyterHub, which sets `JUPYTERHUB_API_URL`), it sets `LAB_TARGET=chameleon`, unless you set
+# `LAB_TARGET` yourself.
+
+# %%
+import os
+from datetime import datetime, timedelta, timezone
+
+from chi import context, hardware, lease
+
+import sys
+from pathlib import Path
+
+# The repository root, so `servelab` imports where the lab is not pip-installed (Chameleon's
+# Jupyter server). servelab.environment needs nothing beyond the standard library.
+if (Path.cwd().parent / "servelab").is_dir():
+    sys.path.insert(0, str(Path.cwd().parent))
+from servelab.environment import chameleon_only, current_target
+
+if os.environ.get("JUPYTERHUB_API_URL"):
+    os.environ.setdefault("LAB_TARGET", "chameleon")
+print(f"Target: {current_target()}")
+
+# %% [markdown]
+# Now choose the project to charge the lease to, and the site. Two drop-down menus appear: check
+# that the project is the one for this course, and that the site is CHI@TACC.
+
+# %%
+if chameleon_only("choose the Chameleon project and site"):
+    # Pin python-chi's API generation, so that these cells keep the behaviour they were written for.
+    context.version = "1.0"
+    context.choose_project()
+    context.choose_site(default="CHI@TACC")
+
+# %% [markdown]
+# ## What to reserve
+#
+# The next cell holds the lease's settings. The lease is named after you, so that you (and the
+# course staff) can tell it apart from everyone else's: on Chameleon's Jupyter server, `USER` is
+# your Chameleon user name. If your course asks for another name (your university ID, say), change
+# `LEASE_NAME`, and use the same name in notebook 2.
+#
+# `LEASE_START = None` starts the lease now. To reserve a later window, set it to that time in
+# **UTC**, for example `datetime(2030, 1, 31, 14, 0, tzinfo=timezone.utc)` for 14:00 UTC on
+# 31 January 2030. The next-but-one cell shows when nodes are free.
+
+# %%
+USERNAME = os.getenv("USER", "student")
+LEASE_NAME = f"serve_system_{USERNAME}"
+LEASE_HOURS = 3
+LEASE_START = None
+
+print(f"Lease {LEASE_NAME!r}: one gpu_p100 node for {LEASE_HOURS} hours, "
+      f"starting {'now' if LEASE_START is None else f'{LEASE_START:%Y-%m-%d %H:%M} UTC'}")
+
+# %% [markdown]
+# ## When is a P100 node free?
+#
+# Other people reserve these nodes too. This cell asks Chameleon's hardware catalogue for every
+# `gpu_p100` node at the site, and Blazar for the next window of at least `LEASE_HOURS` hours in
+# which each one is free. A window that starts now means the node is free right away; "no end"
+# means nobody has reserved it after that.
+
+# %%
+if chameleon_only("list the gpu_p100 nodes and when each one is next free"):
+    p100_nodes = hardware.get_nodes(node_type="gpu_p100")
+    print(f"{len(p100_nodes)} gpu_p100 nodes at this site")
+    for node in p100_nodes:
+        if not node.reservable:
+            continue
+        free_from, free_until = node.next_free_timeslot(minimum_hours=LEASE_HOURS)
+        until = "no end" if free_until is None else f"{free_until:%Y-%m-%d %H:%M} UTC"
+        print(f"  {node.name}: free from {free_from:%Y-%m-%d %H:%M} UTC until {until}")
+
+# %% [markdown]
+# ## Create the lease
+#
+# The lease asks for one node (`amount=1`) of type `gpu_p100`. Its end is `LEASE_HOURS` after its
+# start. (We give python-chi the end time rather than a duration, because it counts a duration
+# from *now*, which would shorten a lease that starts later.)
+#
+# `idempotent=True` makes the cell safe to run twice: if a lease with this name already exists
+# (and has not ended), python-chi uses it instead of creating a second one. For a lease that starts
+# now, the cell waits until it is active; a lease that starts later stays "PENDING" until then.
+
+# %%
+if chameleon_only("create the lease"):
+    start = LEASE_START or datetime.now(timezone.utc)
+    gpu_lease = lease.Lease(LEASE_NAME, start_date=LEASE_START, end_date=start + timedelta(hours=LEASE_HOURS))
+    gpu_lease.add_node_reservation(amount=1, node_type="gpu_p100")
+    gpu_lease.submit(wait_for_active=LEASE_START is None, idempotent=True)
+
+# %% [markdown]
+# ## Check on the lease
+#
+# Run this cell whenever you want to see the lease as Chameleon has it: its status, start and end
+# (in UTC), and its node reservation. It works in a fresh kernel too, since it looks the lease up by
+# name.
+
+# %%
+if chameleon_only("look the lease up by name and show it"):
+    gpu_lease = lease.get_lease(LEASE_NAME)
+    gpu_lease.show()
+    print(f"Status: {gpu_lease.status}")
+
+# %% [markdown]
+# ## The other route: reserve in Horizon
+#
+# If you prefer the web interface (or python-chi gave you an error you cannot solve), make the same
+# lease in Horizon instead:
+#
+# 1. On [chameleoncloud.org](https://chameleoncloud.org), open **Experiment** > **CHI@TACC** and
+#    log in. At the top left, check that the project is the one for this course.
+# 2. In the menu on the left, open **Reservations** > **Leases**, then click **+ Create Lease**.
+# 3. On the **General** tab, name the lease `serve_system_` followed by your user name (the name
+#    notebook 2 will look for). Set a start date and time, or leave them empty to start now, and
+#    an end about 3 hours after the start. The form shows which time zone it uses: check it.
+# 4. On the **Hosts** tab, tick **Reserve Hosts**, keep the minimum and maximum number of hosts at
+#    1, and under **Resource Properties** choose `node_type` and then `gpu_p100`.
+# 5. Leave the **Networks** and **Devices** tabs as they are, and click **Create**.
+#
+# The new lease is listed as "Pending" until it starts, then as "Active". Click its name to check
+# the details: the start and end times, and the node Chameleon set aside for you. If the form
+# reports that no host is available, pick a later window (the **Host Calendar** under
+# Reservations shows when `gpu_p100` nodes are taken).
+#
+# ## Next
+#
+# At the start of your lease, open **`2_bring_up_node.ipynb`** (in Chameleon's Jupyter server
+# again) to start the node and set it up.
+#
+# When you have finished the whole lab, give the node back early, so that someone else can use it:
+# delete the lease in Horizon (Reservations > Leases, **Delete Lease**), or call `delete()` on the
+# lease that `lease.get_lease(LEASE_NAME)` returns. Deleting the lease deletes the server on it,
+# and everything stored there.

@@ -1,0 +1,305 @@
+# %% [markdown]
+# # 2. Bring up the GPU node
+#
+# *Chameleon path only. On the local path, skip to `3_fastapi.ipynb`.*
+#
+# Your lease from notebook 1 has started: the `gpu_p100` node is yours until it ends. In this
+# notebook you start an operating system on it and prepare it for the lab:
+#
+# 1. a server on the node, from the `CC-Ubuntu24.04-CUDA` image (Ubuntu with the NVIDIA driver and
+#    CUDA already installed), and a floating IP address, so that you can reach it;
+# 2. this repository, cloned on the node;
+# 3. Docker, and the NVIDIA container toolkit, which lets containers use the GPUs;
+# 4. `nvtop`, a terminal monitor of GPU use, handy to watch a benchmark from an SSH session;
+# 5. the model files (`make artifacts`), from which the service containers are built;
+# 6. the FastAPI stack, with the Jupyter container in which notebooks 3 and 4 run.
+#
+# **Where the cells run:** in Chameleon's Jupyter server, like notebook 1. The commands for the
+# node go to it over SSH, through python-chi's `execute`, and their output appears below each cell.
+# On any other machine these cells are skipped and say so.
+#
+# After you have checked the first few cells (project, lease), the rest runs without your help:
+# click the code cell under "Start the server" and use **Run > Run Selected Cell and All Below**. Keep an eye
+# on it: bringing up a bare-metal node and installing everything takes a while, and you want to see
+# an error when it happens.
+
+# %% [markdown]
+# ## Set up python-chi
+#
+# As in notebook 1: load python-chi, decide the target (on Chameleon's Jupyter server, `chameleon`
+# unless you set `LAB_TARGET` yourself), then choose the project and the site of your lease.
+
+# %%
+import os
+import re
+import shlex
+import subprocess
+
+from chi import context, lease, server
+
+import sys
+from pathlib import Path
+
+# The repository root, so `servelab` imports where the lab is not pip-installed (Chameleon's
+# Jupyter server). servelab.environment needs nothing beyond the standard library.
+if (Path.cwd().parent / "servelab").is_dir():
+    sys.path.insert(0, str(Path.cwd().parent))
+from servelab.environment import chameleon_only, current_target
+
+if os.environ.get("JUPYTERHUB_API_URL"):
+    os.environ.setdefault("LAB_TARGET", "chameleon")
+print(f"Target: {current_target()}")
+
+# %%
+if chameleon_only("choose the Chameleon project and site"):
+    # Pin python-chi's API generation, so that these cells keep the behaviour they were written for.
+    context.version = "1.0"
+    context.choose_project()
+    context.choose_site(default="CHI@TACC")
+
+# %% [markdown]
+# ## Settings
+#
+# `LEASE_NAME` must be the name you gave the lease in notebook 1. The server is named after you as
+# well.
+#
+# `REPO_URL` is the repository the node clones: by default, the one this notebook was opened from
+# (its `origin` remote, written as an `https://` address, since the node has no key to clone over
+# SSH). If that is not the repository you want (you work on a fork, say), or the cell finds none,
+# set `REPO_URL` to the repository's `https://` address yourself.
+
+# %%
+USERNAME = os.getenv("USER", "student")
+LEASE_NAME = f"serve_system_{USERNAME}"
+NODE_NAME = f"node-serve-system-{USERNAME}"
+NODE_IMAGE = "CC-Ubuntu24.04-CUDA"
+REPO_DIR = "serve-system"  # the clone's folder on the node, in the home directory of user cc
+
+REPO_URL = ""
+if not REPO_URL:
+    origin = subprocess.run(["git", "remote", "get-url", "origin"], capture_output=True, text=True)
+    REPO_URL = re.sub(r"^git@([^:]+):", r"https://\1/", origin.stdout.strip())
+
+print(f"Lease: {LEASE_NAME}")
+print(f"Server: {NODE_NAME}, image {NODE_IMAGE}")
+print(f"Repository: {REPO_URL or '(none found: set REPO_URL above)'} -> ~/{REPO_DIR} on the node")
+
+# %% [markdown]
+# ## Find the lease
+#
+# The server has to be started *inside* the lease, so first look the lease up by name. Its status
+# must be "ACTIVE" now that its start time has passed; the cell stops with an explanation if it
+# is not.
+
+# %%
+if chameleon_only("look the lease up and check that it is active"):
+    gpu_lease = lease.get_lease(LEASE_NAME)
+    gpu_lease.show()
+    lease_status = gpu_lease.status  # asks Chameleon again each time it is read
+    if lease_status != "ACTIVE":
+        raise RuntimeError(f"Lease {LEASE_NAME} is {lease_status}, not ACTIVE: "
+                           "wait until it starts, then run this cell again.")
+
+# %% [markdown]
+# ## Start the server
+#
+# A server is an operating system running on the reserved node. python-chi asks for one from the
+# lease's node reservation, with the `CC-Ubuntu24.04-CUDA` image, and waits until it is running.
+# A bare-metal server boots like a real machine (firmware, network boot, copying the image to disk),
+# so this takes several minutes, sometimes more than ten.
+#
+# `idempotent=True` makes the cell safe to run again: if a server with this name exists already,
+# python-chi uses it instead of starting a second one, *whatever its state*. So if a previous
+# attempt left a server in the "ERROR" state, delete it first (Horizon: **Compute** > **Instances**,
+# **Delete Instance**), then run the cell again.
+
+# %%
+if chameleon_only("start a server on the reserved node"):
+    node = server.Server(NODE_NAME, reservation_id=gpu_lease.node_reservations[0]["id"], image_name=NODE_IMAGE)
+    node.submit(idempotent=True)
+
+# %% [markdown]
+# ## Give it a public address
+#
+# The server is on Chameleon's shared network, which cannot be reached from outside. A floating IP
+# is a public address that Chameleon routes to it. (Chameleon's bare-metal sites have no security
+# groups, so there is no firewall rule to add.) The cell attaches one, unless the server already
+# has one, then waits until the server answers on the SSH port.
+
+# %%
+if chameleon_only("attach a floating IP and wait for SSH"):
+    node.refresh()
+    if node.get_floating_ip() is None:
+        node.associate_floating_ip()
+    node.check_connectivity()
+    FLOATING_IP = node.get_floating_ip()
+    node.show(type="widget")
+    print(f"Floating IP: {FLOATING_IP}")
+
+# %% [markdown]
+# Note the floating IP: you will use it to open an SSH session, the web UI and Jupyter on the node.
+#
+# ## Clone the repository on the node
+#
+# From here on, `node.execute(...)` runs a shell command on the node over SSH, as user `cc`, and
+# shows its output. A command that fails stops the cell with its error message.
+
+# %%
+if chameleon_only("clone the repository on the node"):
+    if not REPO_URL:
+        raise ValueError("REPO_URL is empty: set it in the Settings cell to the repository's https:// address.")
+    node.execute(f"test -d {REPO_DIR} || git clone {shlex.quote(REPO_URL)} {REPO_DIR}")
+    node.execute(f"git -C {REPO_DIR} log -1 --format='Cloned at commit %h: %s'")
+
+# %% [markdown]
+# ## Install Docker
+#
+# Every service of the lab (the FastAPI model server, Triton, the GourmetGram web UI, Jupyter) runs
+# in a container on the node, so each one brings its own libraries and nothing on the host needs
+# them. Docker's installation script sets up the Docker engine and Compose. Adding `cc` to the
+# `docker` group lets it use Docker without `sudo`; that takes effect at the next login, and since
+# each `execute` logs in again, the very next cell already benefits.
+
+# %%
+if chameleon_only("install Docker on the node"):
+    node.execute("command -v docker >/dev/null || curl -fsSL https://get.docker.com | sudo sh")
+    node.execute("sudo usermod -aG docker cc")
+    node.execute("docker --version && docker compose version")
+
+# %% [markdown]
+# ## Let containers use the GPUs
+#
+# The node's image has the NVIDIA driver, but a container cannot see the GPUs unless Docker is told
+# how to hand them over. That is the job of the NVIDIA container toolkit: the cell adds NVIDIA's
+# package repository (and its signing key), installs the toolkit, and registers its runtime with
+# Docker.
+#
+# One more setting avoids a known problem
+# ([NVIDIA/nvidia-container-toolkit#48](https://github.com/NVIDIA/nvidia-container-toolkit/issues/48)):
+# with Docker's default `systemd` cgroup driver, a running container can lose access to its GPUs
+# when systemd reloads its configuration, and then fails with "Failed to initialize NVML". Docker
+# is switched to the `cgroupfs` driver, which does not have that problem, and restarted.
+#
+# The last command starts a throwaway container with every GPU and runs `nvidia-smi` in it. If the
+# toolkit works, it lists the node's two P100s.
+
+# %%
+NVIDIA_APT_SOURCE = (
+    "curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey"
+    " | sudo gpg --batch --yes --dearmor -o /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+    " && curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list"
+    " | sed 's#deb https://#deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] https://#g'"
+    " | sudo tee /etc/apt/sources.list.d/nvidia-container-toolkit.list"
+)
+# Adds the cgroup driver setting to the Docker configuration that nvidia-ctk just wrote.
+USE_CGROUPFS = (
+    "import json, pathlib\n"
+    "path = pathlib.Path('/etc/docker/daemon.json')\n"
+    "config = json.loads(path.read_text()) if path.exists() else {}\n"
+    "config['exec-opts'] = ['native.cgroupdriver=cgroupfs']\n"
+    "path.write_text(json.dumps(config, indent=2))\n"
+)
+
+if chameleon_only("install the NVIDIA container toolkit on the node"):
+    node.execute(NVIDIA_APT_SOURCE)
+    node.execute("sudo apt-get update -q")
+    node.execute("sudo apt-get install -y -q nvidia-container-toolkit")
+    node.execute("sudo nvidia-ctk runtime configure --runtime=docker")
+    node.execute(f"sudo python3 -c {shlex.quote(USE_CGROUPFS)}")
+    node.execute("sudo systemctl restart docker")
+    node.execute("docker run --rm --gpus all ubuntu:24.04 nvidia-smi")
+
+# %% [markdown]
+# ## Install nvtop and the build tools
+#
+# `nvtop` shows, live, how busy each GPU is and how much of its memory is used: run it in an SSH
+# session on the node during a benchmark to watch the GPUs work (the notebooks also record and
+# plot GPU use themselves). `make`, `python3-venv` and the compiler and Python headers are what
+# `make artifacts` needs in the next step to create its virtual environment.
+
+# %%
+if chameleon_only("install nvtop and the build tools on the node"):
+    node.execute("sudo apt-get install -y -q nvtop make python3-venv python3-dev build-essential")
+
+# %% [markdown]
+# ## Build the model files
+#
+# `make artifacts` (in the repository root on the node) creates the repository's own virtual
+# environment (`.venv`, with PyTorch and the other libraries the lab's tools use), builds the
+# Food-11 model in PyTorch and ONNX form, and copies the files into each service folder and into
+# Triton's model repository. The Docker images are built from those folders. The first run
+# downloads several gigabytes of Python packages, so it takes a few minutes.
+
+# %%
+if chameleon_only("build the model files on the node (make artifacts)"):
+    node.execute(f"cd {REPO_DIR} && make artifacts")
+
+# %% [markdown]
+# ## Open an SSH session
+#
+# Some steps of the lab are shell commands on the node (starting and stopping containers, watching
+# `nvtop`). Run them in an SSH session from a terminal on your own computer:
+#
+# ```bash
+# ssh -i ~/.ssh/id_rsa_chameleon cc@A.B.C.D
+# ```
+#
+# where `~/.ssh/id_rsa_chameleon` is the private key of the key pair you added to CHI@TACC (use
+# your own path if it is somewhere else), and `A.B.C.D` is the node's floating IP. The next cell
+# prints the command with the real address.
+
+# %%
+if chameleon_only("print the SSH command for this node"):
+    print(f"ssh -i ~/.ssh/id_rsa_chameleon cc@{FLOATING_IP}")
+
+# %% [markdown]
+# ## Start the FastAPI stack and its Jupyter container
+#
+# Notebooks 3 and 4 run in a Jupyter server *on the node*, in a container next to the services they
+# measure. It comes with the FastAPI stack, which you start on the node from the repository root:
+#
+# ```bash
+# # runs on the node, in ~/serve-system
+# docker compose -f docker/docker-compose-fastapi.yaml up -d --build
+# ```
+#
+# The first start builds the images, which takes a few minutes. Jupyter is protected by a random
+# token; the container tells you its URL, with the token, when you ask it:
+#
+# ```bash
+# # runs on the node
+# docker exec jupyter jupyter server list
+# ```
+#
+# The next cell does both for you over SSH, and prints the address to open in your browser (the
+# URL the container prints says `localhost` or the container's name, because that is where the
+# container sees itself: from your browser, the address is the node's floating IP).
+#
+# The compose file sets `LAB_TARGET=chameleon` in the Jupyter container, so the notebooks there
+# know that they run on the node and reach the services by their Docker names (`fastapi_server`,
+# `flask`). You do not need to set anything.
+
+# %%
+if chameleon_only("start the FastAPI stack and read the Jupyter token"):
+    node.execute(f"cd {REPO_DIR} && docker compose -f docker/docker-compose-fastapi.yaml up -d --build")
+    # Jupyter writes its URL a few seconds after its container starts: ask until it is there.
+    servers = node.execute(
+        "for attempt in $(seq 30); do"
+        " docker exec jupyter jupyter server list 2>/dev/null | grep -q 'token=' && break; sleep 2; done;"
+        " docker exec jupyter jupyter server list"
+    )
+    token = re.search(r"token=(\w+)", servers.stdout)
+    if token is None:
+        raise RuntimeError("The Jupyter container printed no token: check `docker logs jupyter` on the node.")
+    print(f"Open in your browser: http://{FLOATING_IP}:8888/lab?token={token.group(1)}")
+
+# %% [markdown]
+# ## Next
+#
+# Open the Jupyter URL printed above. In its file browser, open the repository's `notebooks`
+# folder (inside `work/` if you see that folder first), then **`3_fastapi.ipynb`**. From there on,
+# the notebooks' code cells run in that container on the node, and the shell commands in them run
+# in your SSH session.
+#
+# Keep this notebook's tab around until the end of the lab: if the node needs another command, a
+# new cell here can send it with `node.execute(...)` (after running the cells that define `node`).

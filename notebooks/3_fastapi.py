@@ -1,0 +1,235 @@
+# %% [markdown]
+# # 3. Wrapping the model in FastAPI
+#
+# GourmetGram, our food photo app, needs a model behind it that answers one question: *what food
+# is in this picture?* In this notebook you meet the service that answers it: a small
+# [FastAPI](https://fastapi.tiangolo.com/) app that wraps the Food-11 classifier (MobileNetV2) and
+# answers HTTP requests. By the end you should be able to say:
+#
+# - what a request to the model service looks like, and what comes back (including the errors);
+# - where inside the service the work happens, and which part of it is allowed to run in parallel;
+# - why the web UI and the model service are two separate processes;
+# - how to bring the FastAPI stack up, and how to check that it serves the model you think it does.
+#
+# **Where the cells run.** On Chameleon, the code cells run *in the Jupyter container on the node*
+# (it has the repository mounted and can reach the services by their Docker names). Notebook 2
+# started that container and printed its address: open this notebook there and run it from the top.
+# The section "Bring the FastAPI stack up" below shows the commands it ran, for when you start the
+# stack yourself. On your laptop (the local target) every cell runs right here, and the notebook
+# starts the services it needs itself.
+
+# %% [markdown]
+# ## The service, file by file
+#
+# Two files make up the PyTorch service:
+#
+# - `fastapi_pt/app.py` loads the model and says how to run it on a batch of images. That is all
+#   it does. Its twin, `fastapi_onnx/app.py`, does the same with ONNX Runtime, and you will switch
+#   to it in the next notebook.
+# - `servelab/predict_api.py` is the HTTP side that both apps share: the request and response
+#   schemas, the error codes, the size limit, and where decoding and inference run. (`make artifacts`
+#   copies it next to each `app.py`, so that each service folder is a self-contained Docker build
+#   context. Edit the original in `servelab/`, never the copies.)
+#
+# The next cell prints the first file as it is on disk.
+
+# %%
+from pathlib import Path
+
+from servelab import paths
+
+print((paths.FASTAPI_PT_DIR / "app.py").read_text())
+
+# %% [markdown]
+# Notice what is *not* in there: no routes, no JSON, no error handling. `run_model` takes a NumPy
+# batch of shape `[N, 3, 224, 224]` and returns logits `[N, 11]`; the device (GPU when PyTorch sees
+# one, CPU otherwise) is chosen once at start-up. Everything about HTTP lives in the shared file:
+
+# %%
+print((paths.SHARED_SOURCE_DIR / "predict_api.py").read_text())
+
+# %% [markdown]
+# ### What to take from it
+#
+# **Request and response.** `POST /predict` takes a JSON body with one field,
+# `{"image": "<the JPEG or PNG file, base64-encoded>"}`, and answers
+# `{"prediction": "<one of the 11 Food-11 classes>", "probability": <its softmax probability>}`.
+# Base64 turns the binary file into text, so it fits in JSON, at the price of a body about a third
+# larger than the file. Both shapes are Pydantic models (`PredictRequest`, `PredictResponse`), so
+# FastAPI validates every request against them and publishes them in an OpenAPI schema, which the
+# next notebook reads.
+#
+# **Error codes.** A failed request says what went wrong, and what to do about it, in a `detail`
+# field:
+#
+# | status | when |
+# | --- | --- |
+# | 422 | the body is not JSON, or has no `image` string (FastAPI's own validation) |
+# | 400 | `image` is there, but it is not base64 of an image the service can decode |
+# | 413 | the body is larger than `MAX_REQUEST_BYTES` (refused before it is read into memory) |
+# | 500 | the model itself failed; the traceback is in the server's log, not in the answer |
+#
+# **Where the work runs.** The handler is `async`, so one event loop accepts every connection. It
+# never does heavy work itself:
+#
+# 1. Base64 and image decoding and the preprocessing (resize, crop, normalise) run in the
+#    *preprocessing pool*, a thread pool with `PREPROCESS_WORKERS` threads (one per CPU core by
+#    default). Several requests can be decoded at once, and while the model is busy.
+# 2. The model call waits for one of `PREDICT_CONCURRENCY` *inference slots* (default: 1), then runs
+#    in a thread of its own. With one slot, the model sees one image at a time. Every other request
+#    that is ready waits in line for the slot.
+#
+# That wait in line is **queueing delay**, and it is the subject of the rest of the lab: a request's
+# latency is the time it waits plus the time it is served. With one sender there is nobody to wait
+# behind. With many, the wait can be far longer than the inference itself.
+#
+# `/health` reports the service's settings, and whether its weights are trained, so you never have
+# to guess what a service is running.
+
+# %% [markdown]
+# ## Why the UI and the model are separate services
+#
+# An earlier version of GourmetGram loaded the model inside the Flask web app. Here the web app does
+# no inference at all: it forwards each uploaded photo to the model service over HTTP. Splitting
+# them costs one extra network hop per prediction, and buys a lot:
+#
+# - **Scale them separately.** The web UI is light and mostly waits; the model is heavy and needs a
+#   GPU. With two services you can run one small UI and several model servers (or one model
+#   server on a big GPU), instead of copying the model into every web server.
+# - **Optimise them separately.** You can swap PyTorch for ONNX Runtime, or FastAPI for Triton
+#   (later in this lab), without touching one line of the UI, as long as the API stays the same.
+# - **Isolate them.** A model that crashes, or is restarting with new weights, does not take the
+#   web page down with it. The page says "backend unavailable" instead.
+#
+# Here is the whole of GourmetGram's side of the conversation, taken from `gourmetgram/app.py`: it
+# base64-encodes the uploaded file, posts it to `{FASTAPI_SERVER_URL}/predict`, and turns every
+# failure into a page the user can read.
+
+# %%
+import ast
+
+
+def show_method(path: Path, class_name: str, method_name: str) -> None:
+    """Print one method of a class, exactly as it is written in the source file."""
+    source = path.read_text()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == method_name:
+                    print(f"# {path.relative_to(paths.REPO_ROOT)}, {class_name}.{method_name}")
+                    print("    " + ast.get_source_segment(source, item, padded=False))
+                    return
+    raise LookupError(f"{class_name}.{method_name} is not in {path}")
+
+
+show_method(paths.GOURMETGRAM_DIR / "app.py", "FastAPIBackend", "predict")
+
+# %% [markdown]
+# The UI learns where the model lives from one environment variable, `FASTAPI_SERVER_URL`. In the
+# Docker Compose stack it is `http://fastapi_server:8000`: Compose puts the containers on one
+# network where each service is reachable by its name.
+#
+# ## Bring the FastAPI stack up
+#
+# ### On Chameleon (in your SSH session on the node)
+#
+# Notebook 2 already did this for you; here is what it ran, so you can do it yourself (running it
+# again is harmless: Compose only starts what is not running yet). The containers are built from
+# the model files that `make artifacts` places in each service folder, so that comes first:
+#
+# ```bash
+# # runs on the node, in the repository clone (~/serve-system)
+# make artifacts
+# docker compose -f docker/docker-compose-fastapi.yaml up -d --build
+# ```
+#
+# This builds and starts three containers:
+#
+# - `fastapi_server`: the model service above (PyTorch by default), on port 8000, with the GPUs;
+# - `flask`: GourmetGram, on port 80, talking to `http://fastapi_server:8000`;
+# - `jupyter`: a Jupyter server on port 8888, with the repository mounted at `work/`. This is where
+#   the code cells of notebooks 3 and 4 run.
+#
+# `docker compose -f docker/docker-compose-fastapi.yaml ps` shows them; `fastapi_server` reports
+# `healthy` once its model is loaded. Jupyter is protected by a random token. Ask the container for it:
+#
+# ```bash
+# # runs on the node
+# docker exec jupyter jupyter server list
+# ```
+#
+# It prints a line like `http://127.0.0.1:8888/?token=0123abcd...`. Paste that address into your
+# browser, with your node's floating IP in place of `127.0.0.1`, then open
+# `work/notebooks/3_fastapi.ipynb` and run it from the top.
+#
+# The notebook cannot run these commands for you: it runs *inside* one of those containers, and
+# the container has no access to Docker on the host.
+#
+# ### On your laptop (the local target)
+#
+# No Docker needed. `Lab.connect()` uses the lab if `make up` is already running it, and otherwise
+# starts the services this notebook needs (FastAPI with PyTorch and with ONNX Runtime; Triton comes
+# in notebook 5) as local processes, and stops them when the notebook's kernel exits. On
+# Chameleon the same line just finds the containers by name.
+
+# %%
+from servelab.lab import Lab
+
+lab = Lab.connect(triton=False)  # these notebooks use FastAPI only
+
+# %% [markdown]
+# ## Is it up, and what is it serving?
+#
+# Ask each FastAPI service for `/health`. Look at three fields in particular: `device` (CPU or
+# which GPU), `runtime` (PyTorch or ONNX Runtime), and `weights`. The lab cannot download trained
+# weights, so unless someone built the artifacts from a trained Food-11 checkpoint, the model is
+# a seeded, **untrained** MobileNetV2. It costs exactly as much to run as a trained one, so every
+# latency and throughput you measure is real, but the labels it predicts are meaningless.
+
+# %%
+import json
+
+import requests
+
+for flavor, url in lab.fastapi_urls.items():
+    health = requests.get(f"{url}/health", timeout=10).json()
+    print(f"FastAPI ({flavor}) at {url}/health:")
+    print(json.dumps(health, indent=2))
+    if health["weights"] != "trained":
+        rule = "!" * 78
+        print(f"\n{rule}\n!! WEIGHTS: {health['weights'].upper()}. Latency and throughput are real; "
+              f"predicted labels are NOT.\n!! {health['weights_note']}\n{rule}\n")
+
+# %% [markdown]
+# ## The error paths, for real
+#
+# The table of error codes above is a promise; here the service keeps it. Each request below is
+# wrong in a different way. The 413 case sends a body just over the service's own limit, read from
+# `/health`, so nothing is guessed.
+
+# %%
+service_url = next(iter(lab.fastapi_urls.values()))
+limit = requests.get(f"{service_url}/health", timeout=10).json()["max_request_bytes"]
+bad_requests = {
+    "no 'image' field": {"json": {"picture": "abc"}},
+    "not JSON at all": {"data": b"hello", "headers": {"Content-Type": "application/json"}},
+    "base64 of text, not an image": {"json": {"image": "aGVsbG8gd29ybGQ="}},
+    "body over the size limit": {"json": {"image": "A" * (limit + 1)}},
+}
+for what, request_kwargs in bad_requests.items():
+    response = requests.post(f"{service_url}/predict", timeout=30, **request_kwargs)
+    detail = response.json()["detail"]
+    shown = detail if isinstance(detail, str) else json.dumps(detail)[:160]
+    print(f"{what:30s} -> HTTP {response.status_code}: {shown}")
+
+# %% [markdown]
+# Every failure is refused with a status code the caller can act on (4xx: fix your request), never
+# with a 200 that hides an error message in the body.
+#
+# Next, in `4_fastapi_bench.ipynb`, you send real predictions, through the API and through the web
+# UI, and measure how fast the service answers one user, then sixteen. On Chameleon, leave the stack
+# running. Locally, the next cell stops the services this notebook started; the next notebook starts
+# its own.
+
+# %%
+lab.stop()

@@ -1,0 +1,381 @@
+# %% [markdown]
+# # 4. Benchmarking the FastAPI service
+#
+# The FastAPI service from notebook 3 is up. In this notebook you:
+#
+# 1. send it a real request, the way its interactive documentation (`/docs`) would;
+# 2. follow one photo through the whole system: browser form, GourmetGram, FastAPI, model, and back;
+# 3. measure how fast it answers **one** user (PyTorch, then ONNX Runtime);
+# 4. measure what happens when **sixteen** users send at once, and see where the extra time goes.
+#
+# **Where the cells run.** On Chameleon: in the Jupyter container on the node (open
+# `work/notebooks/4_fastapi_bench.ipynb` there), with the Compose stack from notebook 3 running. One
+# step asks you to run a command in your SSH session on the node; the notebook says when. On your
+# laptop: right here. The notebook starts its own local services, and stops them at the end.
+#
+# Every number in this notebook is printed by a cell from a measurement made during your run.
+# Expect different numbers on a GPU node and on a laptop: the *trends* are what the lab is about.
+
+# %%
+import base64
+import html
+import json
+import re
+import threading
+import time
+
+import numpy as np
+import psutil
+import requests
+
+from servelab import plots
+from servelab.lab import SAMPLE_IMAGE, Lab, chameleon_only
+from servelab.resources import ResourceSampler
+
+lab = Lab.connect(triton=False)  # these notebooks use FastAPI only
+
+# %% [markdown]
+# ## The API's own documentation: `/docs`
+#
+# FastAPI builds a documentation page from the request and response models in `predict_api.py`.
+# Open it in your browser (the cell prints where), click **POST /predict**, then **Try it out**:
+# you can send requests from the page.
+#
+# On Chameleon, your browser reaches the service through the node's floating IP. The name
+# `fastapi_server` only exists inside the Docker network, where this notebook runs.
+
+# %%
+for flavor, url in lab.fastapi_urls.items():
+    if lab.on_chameleon:
+        print(f"FastAPI ({flavor}): open http://<your floating IP>:8000/docs in your browser "
+              f"(this notebook itself reaches it as {url}).")
+    else:
+        print(f"FastAPI ({flavor}): {url}/docs")
+
+# %% [markdown]
+# The page is drawn from a machine-readable description of the API, `/openapi.json`. Here is what
+# it says about `/predict`: the request body it accepts, and each answer it can give.
+
+# %%
+fastapi_url = next(iter(lab.fastapi_urls.values()))
+openapi = requests.get(f"{fastapi_url}/openapi.json", timeout=10).json()
+
+
+def resolve(schema: dict) -> dict:
+    """Follow a '$ref' into the document's components/schemas."""
+    while "$ref" in schema:
+        schema = openapi["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    return schema
+
+
+predict_operation = openapi["paths"]["/predict"]["post"]
+request_schema = resolve(predict_operation["requestBody"]["content"]["application/json"]["schema"])
+print("POST /predict, request body:")
+print(json.dumps(request_schema, indent=2))
+print("\nAnswers:")
+for status_code, answer in predict_operation["responses"].items():
+    body = answer.get("content", {}).get("application/json", {}).get("schema", {})
+    fields = ", ".join(resolve(body).get("properties", {})) or "no body"
+    print(f"  {status_code}: {answer['description']} (fields: {fields})")
+
+# %% [markdown]
+# ## One real request
+#
+# The body needs the image as a base64 string. Here is the sample photo GourmetGram ships with,
+# encoded, and the shape of the JSON body (truncated: the full string is long). To try it in the
+# Swagger page yourself, run `print(image_b64)` in a new cell, and paste the output in place of
+# `"string"`.
+
+# %%
+image_bytes = lab.sample_image()
+image_b64 = base64.b64encode(image_bytes).decode()
+body = json.dumps({"image": image_b64})
+print(f"{SAMPLE_IMAGE.name}: {len(image_bytes)} bytes as a file, {len(image_b64)} characters in base64 "
+      f"({len(image_b64) / len(image_bytes):.2f}x the file)")
+print(f"JSON body, {len(body)} characters: {body[:60]}...{body[-12:]}")
+
+# %% [markdown]
+# `lab.predict` posts exactly that body to `/predict`, as the Swagger page would, and returns the
+# JSON answer. (If `/health` said the weights are untrained, the label is arbitrary, but the request
+# costs what a real one costs.)
+
+# %%
+api_answer = lab.predict("pt")
+print(f"FastAPI (PyTorch) answered: {api_answer}")
+
+# %% [markdown]
+# ## The whole path: GourmetGram in front
+#
+# Now the way a user gets there: upload a photo in the web page. GourmetGram receives the
+# upload, forwards it to FastAPI, and renders the answer as HTML. Open the page in your browser to
+# click through it yourself. The next cell does the same as the browser: it posts the photo as a
+# multipart form upload to GourmetGram's `/predict`, and reads the label out of the page it gets
+# back. On Chameleon the page is the `flask` container (port 80 on the node's floating IP); locally,
+# `lab.ui` starts GourmetGram in front of the PyTorch service.
+
+# %%
+ui_url = lab.ui("fastapi_pt")
+print(f"GourmetGram: {ui_url}" + ("  (in your browser: http://<your floating IP>/)" if lab.on_chameleon else ""))
+
+upload = {"file": (SAMPLE_IMAGE.name, image_bytes, "image/jpeg")}
+page = requests.post(f"{ui_url}/predict", files=upload, timeout=60)
+page.raise_for_status()
+
+
+def page_text(pattern: str) -> str:
+    """The text of the first match of `pattern` in the result page, without markup."""
+    match = re.search(pattern, page.text, re.S)
+    return html.unescape(re.sub(r"<[^>]+>", "", match.group(1))).strip() if match else "(not on the page)"
+
+
+ui_label = page_text(r"<h1>(.*?)</h1>")
+ui_probability = page_text(r'class="probability">(.*?)</p>')
+ui_banner = page_text(r'role="alert">(.*?)</div>')
+print(f"HTTP {page.status_code}; the page says: {ui_label}, {ui_probability}")
+print(f"  {page_text(r'(answered by .*?)</p>')}")
+print(f"  banner: {ui_banner}")
+print(f"Same label as the direct API call: {ui_label == api_answer['prediction']}")
+
+# %% [markdown]
+# ## How fast for one user? Sequential latency
+#
+# Now measure. `lab.sequential` sends requests one at a time: each is sent as soon as the previous
+# one has its answer, so no request ever waits behind another. What you measure is the time to
+# serve one request: HTTP, JSON, base64 and JPEG decoding, preprocessing, the model, and the way
+# back. With one request in flight, throughput is just the inverse of the mean latency.
+#
+# We look at the median (p50, the typical request) and at the tail (p95, p99: the slowest 5% and 1%),
+# because users notice the slow requests.
+
+# %%
+def report(result) -> None:
+    latency = result.latency
+    print(f"  median {latency.p50_ms:.1f} ms | p95 {latency.p95_ms:.1f} ms | p99 {latency.p99_ms:.1f} ms | "
+          f"throughput {result.throughput_rps:.1f} req/s over {result.requests} requests"
+          + (f" | 1000 / mean latency = {1000 / latency.mean_ms:.1f} req/s" if result.concurrency == 1 else ""))
+
+
+sequential_pt = lab.sequential("pt")
+report(sequential_pt)
+
+# %% [markdown]
+# ## Switch to ONNX Runtime
+#
+# The same model, exported to ONNX and run by ONNX Runtime, usually takes less time per inference
+# than PyTorch's eager mode: ONNX Runtime optimises the whole graph ahead of time (fusing layers,
+# folding constants), while eager PyTorch runs one operator after the other as Python calls them.
+# The service around the model is the same code (`predict_api.py`), so any difference comes from
+# the runtime.
+#
+# **On Chameleon**, one variable picks which app the `fastapi_server` container runs. In your SSH
+# session on the node, in the repository clone, run:
+#
+# ```bash
+# # runs on the node, in the repository clone (~/serve-system)
+# FASTAPI_SERVICE=fastapi_onnx docker compose -f docker/docker-compose-fastapi.yaml up -d --build fastapi_server
+# ```
+#
+# Naming `fastapi_server` at the end rebuilds and restarts only that container, so this Jupyter
+# container, its kernel and the PyTorch measurement above stay as they are. GourmetGram needs no change: it
+# still talks to `http://fastapi_server:8000`, which now answers with ONNX Runtime.
+#
+# **Locally**, both services are already running side by side, so there is nothing to switch.
+
+# %%
+def served_runtime(url: str) -> str | None:
+    """The runtime a FastAPI service reports in /health; None while it is down or restarting."""
+    try:
+        return requests.get(f"{url}/health", timeout=5).json()["runtime"]
+    except (requests.RequestException, ValueError, KeyError):
+        return None
+
+
+if chameleon_only("wait for the ONNX Runtime server you start on the node, then point this notebook at it"):
+    print("This notebook runs inside the jupyter container, which cannot run docker on the host: run the "
+          "command above in your SSH session on the node. Waiting for fastapi_server to answer with ONNX Runtime...")
+    node_url = next(iter(lab.fastapi_urls.values()))
+    deadline = time.monotonic() + 900  # a first build of the ONNX image takes a few minutes
+    while not (served_runtime(node_url) or "").startswith("onnxruntime"):
+        if time.monotonic() > deadline:
+            raise TimeoutError("fastapi_server did not come back with ONNX Runtime within 15 minutes; "
+                               "check `docker compose -f docker/docker-compose-fastapi.yaml logs fastapi_server`.")
+        time.sleep(5)
+    lab.fastapi_urls = {"onnx": node_url}
+print(f"ONNX Runtime service: {lab.fastapi_url('onnx')} ({served_runtime(lab.fastapi_url('onnx'))})")
+
+# %% [markdown]
+# Same measurement, ONNX Runtime this time. Then the comparison, with the prediction stated first
+# and judged by the two medians you just measured.
+
+# %%
+sequential_onnx = lab.sequential("onnx")
+report(sequential_onnx)
+
+# %%
+pt_p50, onnx_p50 = sequential_pt.latency.p50_ms, sequential_onnx.latency.p50_ms
+lab.check(
+    "ONNX Runtime serves faster than PyTorch eager (lower median latency, one request at a time)",
+    held=onnx_p50 < pt_p50,
+    evidence=f"median {onnx_p50:.1f} ms with ONNX Runtime vs {pt_p50:.1f} ms with PyTorch "
+             f"(PyTorch / ONNX = {pt_p50 / onnx_p50:.2f}x)",
+    reason="the model call is only part of each request: HTTP, JSON, base64 and JPEG decoding and "
+           "preprocessing cost the same in both services, and on a small CPU PyTorch's own optimised CPU "
+           "kernels leave ONNX Runtime little to gain on MobileNetV2 at batch size 1",
+);
+
+# %% [markdown]
+# ## Sixteen users at once
+#
+# The service answers one user quickly. Now start 16 *senders* at the same time, each sending its
+# next request as soon as it gets an answer (a closed loop): there are always 16 requests in the
+# system. The service has **one inference slot** (`PREDICT_CONCURRENCY=1`), so the model still
+# handles one image at a time, and the other requests wait in line.
+#
+# What should happen? The service cannot finish requests faster than one inference at a time, so
+# throughput should stay about where it was with one sender. And by *Little's law*
+# (requests in the system = throughput × time each spends in it), 16 requests in the system at an
+# unchanged throughput means each request spends about 16 times as long in it: its own service
+# time, plus waiting for the 15 ahead of it. That waiting is **queueing delay**: no faster model can
+# remove it, only more capacity or fewer requests in line.
+#
+# Two extras run alongside the measurement:
+#
+# - **Resource sampling** records CPU (and GPU, where it can see one) use, in place of watching `nvtop`.
+#   Locally the server process's own CPU use is drawn too: the load generator runs on the same
+#   machine and uses CPU as well.
+# - **Does the queue block everything?** A background thread asks `/health` for its answer ten times a
+#   second. `/health` does no model work, and the event loop only *awaits* the inference slot, so
+#   a health check should not wait behind the sixteen predictions. Computation queues; other I/O
+#   does not.
+
+# %%
+def listening_pids(url: str) -> list[int]:
+    """Locally, the process serving `url`, so the sampler can show its own CPU use. On Chameleon the
+    server is in another container, out of this one's sight: the sampler then shows the whole node."""
+    if lab.on_chameleon:
+        return []
+    port = int(url.rsplit(":", 1)[1])
+    return sorted({conn.pid for conn in psutil.net_connections("tcp")
+                   if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid})
+
+
+def health_check_ms(url: str) -> float:
+    started = time.perf_counter()
+    requests.get(f"{url}/health", timeout=10).raise_for_status()
+    return (time.perf_counter() - started) * 1000
+
+
+def poll_health(url: str, stop: threading.Event, into: list[float]) -> None:
+    """Time a health check ten times a second until `stop` is set."""
+    while not stop.is_set():
+        into.append(health_check_ms(url))
+        stop.wait(0.1)
+
+
+onnx_url = lab.fastapi_url("onnx")
+health_idle_ms = [health_check_ms(onnx_url) for _ in range(10)]
+
+health_loaded_ms: list[float] = []
+stop_polling = threading.Event()
+poller = threading.Thread(target=poll_health, args=(onnx_url, stop_polling, health_loaded_ms), daemon=True)
+with ResourceSampler(interval_s=0.25, pids=listening_pids(onnx_url)) as sampler:
+    poller.start()
+    concurrent_onnx = lab.concurrent("onnx", 16)
+    stop_polling.set()
+    poller.join()
+concurrent_onnx.resources = sampler.series()
+report(concurrent_onnx)
+
+# %% [markdown]
+# Compare with the sequential run. The cell states the prediction, then computes the two ratios it is
+# about. "Roughly 16x" is taken as within a factor of 1.5 either side of 16, and "barely changes"
+# as within ±25%. The cell also prints Little's law's estimate from the measured throughput, and the
+# share of each request's time that was spent waiting rather than being served.
+
+# %%
+senders = concurrent_onnx.concurrency
+latency_ratio = concurrent_onnx.latency.p50_ms / sequential_onnx.latency.p50_ms
+throughput_ratio = concurrent_onnx.throughput_rps / sequential_onnx.throughput_rps
+littles_law_ms = 1000 * senders / concurrent_onnx.throughput_rps
+waiting_ms = concurrent_onnx.latency.mean_ms - sequential_onnx.latency.mean_ms
+print(f"Little's law: {senders} in the system / {concurrent_onnx.throughput_rps:.1f} req/s = {littles_law_ms:.1f} ms "
+      f"per request; measured mean {concurrent_onnx.latency.mean_ms:.1f} ms")
+print(f"Of that mean, about {waiting_ms:.1f} ms ({100 * waiting_ms / concurrent_onnx.latency.mean_ms:.0f}%) is time "
+      f"beyond the sequential mean of {sequential_onnx.latency.mean_ms:.1f} ms: waiting in line, not being served.")
+lab.check(
+    f"with {senders} senders and one inference slot, latency grows roughly {senders}x the sequential latency "
+    "while throughput barely changes",
+    held=senders / 1.5 <= latency_ratio <= senders * 1.5 and 0.75 <= throughput_ratio <= 1.25,
+    evidence=f"p50 {concurrent_onnx.latency.p50_ms:.1f} ms at c={senders} vs {sequential_onnx.latency.p50_ms:.1f} ms "
+             f"at c=1 ({latency_ratio:.1f}x); throughput {concurrent_onnx.throughput_rps:.1f} vs "
+             f"{sequential_onnx.throughput_rps:.1f} req/s ({throughput_ratio:.2f}x)",
+    reason="only the model call is limited to one at a time: with requests waiting, the preprocessing pool "
+           "decodes the next images while the model runs, so throughput can rise and latency grow less "
+           "than the sender count; on a 2-core machine the load generator also competes with the server "
+           "for the same cores",
+);
+
+# %% [markdown]
+# And the health checks that ran during those 16 senders, next to health checks on the idle service:
+
+# %%
+health_idle_p50 = float(np.median(health_idle_ms))
+health_loaded_p50 = float(np.median(health_loaded_ms))
+print(f"/health median: {health_idle_p50:.1f} ms idle ({len(health_idle_ms)} checks), "
+      f"{health_loaded_p50:.1f} ms during the c={senders} run ({len(health_loaded_ms)} checks)")
+lab.check(
+    f"/health does not wait in the inference queue: under {senders} senders it answers faster than one "
+    "sequential prediction",
+    held=health_loaded_p50 < sequential_onnx.latency.p50_ms,
+    evidence=f"/health median {health_loaded_p50:.1f} ms under load vs one prediction's median "
+             f"{sequential_onnx.latency.p50_ms:.1f} ms (and {concurrent_onnx.latency.p50_ms:.1f} ms for "
+             f"/predict under the same load)",
+    reason="the event loop does not queue /health behind the model, but on a machine with few cores it still "
+           "waits for a free core: the inference threads, the preprocessing pool and the load generator "
+           "keep every core busy",
+);
+
+# %% [markdown]
+# ### What the machine was doing
+#
+# The resources sampled during the 16-sender run. Locally there is no GPU, so the plot says so, and
+# shows CPU: see how busy all cores were, and how much of that was the server process (the rest is
+# the load generator, and anything else running on this machine).
+#
+# On the GPU node, the sampler reads the GPUs only if the container it runs in can see them (the
+# plot's title says how they were read, or that none was found). If it found none, watch
+# `nvtop` in your SSH session on the node while you re-run the 16-sender cell. Either way, ask of
+# the GPU utilization: with one inference slot and one image per model call, is the GPU busy all
+# the time, or does it sit idle between images while sixteen requests wait in line?
+
+# %%
+print(json.dumps(sampler.summary(), indent=1))
+plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concurrent_onnx.label}");
+
+# %% [markdown]
+# ## Results
+#
+# Every run of this notebook, in one table, and the latency distribution of each run: for each
+# latency on the x-axis, the fraction of requests that were at least that fast. Where a curve crosses
+# the dotted p50/p95/p99 lines is that run's percentile. The 16-sender curve sits far to the right
+# of the sequential ones: that gap is the queueing delay. The next notebooks try to close it
+# with Triton Inference Server: several model instances, and dynamic batching.
+
+# %%
+lab.table();
+
+# %%
+plots.plot_latency_cdf(lab.results, log_x=True, title="FastAPI: latency per request, every run of this notebook");
+
+# %% [markdown]
+# On Chameleon, bring this stack down before starting Triton in the next notebook (both use port 8000):
+#
+# ```bash
+# # runs on the node, in the repository clone (~/serve-system)
+# docker compose -f docker/docker-compose-fastapi.yaml down
+# ```
+#
+# Locally, the next cell stops the services this notebook started.
+
+# %%
+lab.stop()

@@ -1,0 +1,369 @@
+# %% [markdown]
+# # 5. Serving the model with Triton Inference Server
+#
+# FastAPI gave us one Python process that answers one request at a time. When many requests
+# arrive together, each one waits in line behind the others: that waiting, the *queueing
+# delay*, is what made the FastAPI latencies grow with concurrency, even though the model itself
+# did not get any slower.
+#
+# [NVIDIA Triton Inference Server](https://github.com/triton-inference-server/server) is a
+# server built for exactly this problem. It can run several copies ("instances") of a model
+# side by side, merge waiting requests into batches, and serve models through fast,
+# specialized backends (ONNX Runtime, TensorRT, PyTorch...) as well as plain Python.
+#
+# In this notebook we
+#
+# 1. bring up Triton with our food classifier (and the GourmetGram web UI in front of it),
+# 2. take apart a Triton *model repository*: the folder layout, `config.pbtxt`, and the
+#    `model.py` of a Python-backend model,
+# 3. look at what the running server says it serves, and
+# 4. classify a photo through the web UI, which now talks to Triton.
+#
+# The benchmarks come in the next notebook, `6_triton_bench.ipynb`.
+#
+# **Where things run.** On Chameleon, the shell commands below run on the GPU node
+# (`node-serve-system`, in your SSH session), and the Python cells run in the Jupyter
+# container on that node. On your own machine, every cell runs locally: the notebook starts
+# its own Triton server, CPU only, on 127.0.0.1.
+
+# %% [markdown]
+# ## Bring up the Triton stack
+#
+# **On Chameleon**, the FastAPI containers from the previous notebook use the same ports, so
+# stop them first. Then, on the node host, in the repository clone:
+#
+# ```bash
+# # runs on node-serve-system
+# docker compose -f docker/docker-compose-fastapi.yaml down
+# docker compose -f docker/docker-compose-triton.yaml up -d --build
+# ```
+#
+# This builds and starts three containers: `triton_server` (Triton 24.10 with PyTorch added
+# for the Python backend), `flask` (GourmetGram, published on port 80) and `jupyter`. The
+# first build downloads a large image and installs PyTorch into it, which takes many minutes;
+# later starts are quick. Follow the server as it loads the models:
+#
+# ```bash
+# # runs on node-serve-system
+# docker logs -f triton_server
+# ```
+#
+# Wait for a table that lists `food_classifier` and `food_classifier_onnx` as `READY`, and for
+# `Started HTTPService at 0.0.0.0:8000`; then Ctrl-C stops following the log (the server keeps
+# running). Get the new Jupyter container's address with
+# `docker exec jupyter jupyter server list`, open it with your node's floating IP in place of
+# `localhost`, and open `work/notebooks/5_triton.ipynb` there.
+#
+# **On your own machine**, there is nothing to start by hand: `Lab.connect()` uses a stack
+# already started with `make up`, or starts a private one for this notebook (FastAPI and Triton)
+# and stops it when the notebook's kernel shuts down.
+
+# %%
+# runs in the Jupyter container on the node (Chameleon) or on your machine (local)
+import base64
+import difflib
+import html
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import requests
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
+
+from servelab import paths
+from servelab.lab import Lab, chameleon_only
+
+lab = Lab.connect()
+triton = triton_http.InferenceServerClient(lab.triton_http)
+
+# %% [markdown]
+# The compose command itself has to run on the host: this Jupyter container is one of the
+# containers it creates, and it has no Docker inside. What the notebook *can* do on Chameleon
+# is wait until the server it talks to is up, which is useful right after a first build, when
+# Triton is still loading models. (Locally, `Lab.connect()` already waited.)
+
+# %%
+def server_ready(client: triton_http.InferenceServerClient) -> bool:
+    try:
+        return client.is_server_ready()
+    except (OSError, InferenceServerException):  # not listening yet, or still starting up
+        return False
+
+
+if chameleon_only("wait for the Triton container started by docker compose on the node"):
+    deadline = time.monotonic() + 600
+    while not server_ready(triton):
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"Triton at {lab.triton_http} is not ready after 10 minutes: check `docker logs triton_server` on the node."
+            )
+        print("Triton is not ready yet (still starting, or still loading models); checking again in 10 s...")
+        time.sleep(10)
+    print(f"Triton at {lab.triton_http} is ready.")
+
+# %% [markdown]
+# ## Anatomy of a Triton model repository
+#
+# Triton serves the models it finds in a *model repository*: a folder with one sub-folder per
+# model. Each model folder holds a `config.pbtxt` that describes the model, and one numbered
+# sub-folder per model version (we have only version `1`) with the model's files.
+#
+# Our repository is `models_staging/` in the lab's repository. On Chameleon it is mounted into
+# the Triton container as `/models`. Here is our first model, `food_classifier`, which runs the
+# PyTorch MobileNetV2 inside Triton's **Python backend**:
+
+# %%
+def show_tree(folder: Path) -> None:
+    """Print a folder the way the `tree` command does, with each file's size."""
+    print(f"{folder.name}/")
+
+    def walk(directory: Path, indent: str) -> None:
+        entries = sorted(entry for entry in directory.iterdir() if entry.name != "__pycache__")
+        for position, entry in enumerate(entries):
+            last = position == len(entries) - 1
+            branch = "└── " if last else "├── "
+            if entry.is_dir():
+                print(f"{indent}{branch}{entry.name}/")
+                walk(entry, indent + ("    " if last else "│   "))
+            else:
+                print(f"{indent}{branch}{entry.name} ({entry.stat().st_size / 1024:,.1f} KiB)")
+
+    walk(folder, "")
+
+
+show_tree(paths.MODELS_STAGING_DIR / "food_classifier")
+
+# %% [markdown]
+# - `config.pbtxt`: what the model is called, which backend runs it, its inputs and outputs,
+#   how large a batch it accepts, and how many instances of it to run, where.
+# - `1/model.py`: the Python backend's entry point, the code that runs for each request.
+# - `1/food11.pth`: the MobileNetV2 weights that `model.py` loads.
+# - `1/food11.py`: the lab's labels, image decoding and preprocessing, shared by every service.
+# - `1/food11.pth.weights.json`: a record of whether those weights are trained (see the
+#   README: without a downloadable checkpoint, the lab builds an *untrained* model, so its
+#   timing is real but its labels are not meaningful).
+#
+# The last three are generated by `make artifacts` and are not committed to git.
+#
+# ### `config.pbtxt`
+#
+# The configuration is written in protobuf's text format:
+
+# %%
+print(lab.config_text("food_classifier"))
+
+# %% [markdown]
+# What each part means:
+#
+# - **`backend: "python"`**: Triton starts a separate Python process (a "stub") for each model
+#   instance and calls `model.py` in it.
+# - **`max_batch_size: 16`**: the model accepts a leading batch dimension, up to 16 images per
+#   execution. Because of it, the `dims` below leave the batch dimension out: an input with
+#   `dims: [ 1 ]` really has shape `[batch, 1]`. A client can send up to 16 images in one
+#   request; with dynamic batching (next notebook) Triton can also merge several requests into
+#   one execution, still up to 16 images in total.
+# - **`input`**: one tensor, `INPUT_IMAGE`, of type `TYPE_STRING`: each element is a byte
+#   string, here an image file encoded in base64. (On the wire, Triton's HTTP/gRPC protocol
+#   calls this type `BYTES`.) The model does its own decoding and preprocessing.
+# - **`output`**: two tensors per image: `FOOD_LABEL` (a string such as `"Soup"`) and
+#   `PROBABILITY` (a 32-bit float).
+# - **`instance_group`**: how many copies of the model to run, and on what. `count: 1`,
+#   `kind: KIND_GPU`, `gpus: [ 0 ]` asks for one instance on GPU 0. For a GPU group, `count` is
+#   the number of instances *on each GPU listed*. With `kind: KIND_CPU` (and no `gpus`), the
+#   instances run on the CPU. Each instance handles one execution at a time; requests that
+#   arrive while every instance is busy wait in Triton's queue.
+#
+# ### `model.py`
+#
+# A Python-backend model is a class named `TritonPythonModel`. Triton calls its `initialize`
+# once per instance when the model loads, and its `execute` for every batch of work:
+
+# %%
+print((paths.MODELS_STAGING_DIR / "food_classifier" / "1" / "model.py").read_text())
+
+# %% [markdown]
+# - **`initialize(args)`** learns from `args` which kind of instance it is (`GPU` or `CPU`, and
+#   which GPU), loads the weights onto that device once, and keeps the model in memory for all
+#   later requests.
+# - **`execute(requests)`** receives a *list* of requests. Without dynamic batching, Triton
+#   hands each instance one request at a time, so the list has one element (which may itself
+#   carry up to 16 images if the client batched them). With dynamic batching on, Triton puts
+#   every request it has gathered into the list. Either way, `execute` decodes and preprocesses
+#   every image of every request, stacks them into one tensor, runs **one** forward pass on the
+#   whole stack, and then slices the output back into one response per request, in the same
+#   order. A request whose image cannot be decoded gets an error response of its own without
+#   failing its neighbours.
+#
+# Running the network once on a stack of images is what makes batching pay on a GPU: the GPU
+# works on all the images in parallel, so a batch of 8 costs little more time than a batch of 1.
+#
+# ### The ONNX model
+#
+# Our second model, `food_classifier_onnx`, serves the same network exported to ONNX through
+# Triton's **ONNX Runtime backend**. It has no `model.py` at all: Triton runs `model.onnx`
+# directly.
+
+# %%
+show_tree(paths.MODELS_STAGING_DIR / "food_classifier_onnx")
+print()
+print(lab.config_text("food_classifier_onnx"))
+
+# %% [markdown]
+# The input is no longer an image file but the preprocessed tensor itself: 32-bit floats of
+# shape `[3, 224, 224]` (plus the batch dimension), named `input` as in the ONNX graph. The
+# output is the network's 11 raw scores, `output`. Decoding, resizing, normalizing, softmax and
+# picking the label all move to the *client*. The input and output names and shapes must match
+# the ONNX graph exactly, since Triton feeds the tensors to it unchanged.
+#
+# ## Explicit model control: changing a model without restarting the server
+#
+# By default Triton loads every model in its repository at start-up and never looks again. Our
+# server runs with `--model-control-mode=explicit` instead: a model is loaded (or unloaded)
+# only when a client asks, through the model repository API
+# (`POST /v2/repository/models/<name>/load`). Asking to load a model that is already loaded
+# *reloads* it from disk: Triton reads its `config.pbtxt` again and brings up the new instances
+# before retiring the old ones, while every other model keeps serving.
+#
+# That is how the next notebook changes a model's configuration: it edits `config.pbtxt` in
+# the repository and reloads just that model. (The original version of this lab rebuilt and
+# restarted the whole Triton container for each change.)
+#
+# The repository index shows each model Triton knows about and its state:
+
+# %%
+for entry in triton.get_model_repository_index():
+    print(f"{entry['name']:<22} version {entry.get('version', '-'):<3} {entry.get('state', 'not loaded')}")
+
+# %% [markdown]
+# ## What the running server actually serves
+#
+# `config.pbtxt` is what we *asked* for. Triton's model configuration endpoint
+# (`GET /v2/models/<name>/config`) reports what it is *actually* running, with all its own
+# defaults filled in. That is worth checking, because it can differ from the file.
+#
+# It does differ on your own machine, and the lab does not hide it. The local stack runs the
+# same Triton release (2.51) from a pip package, with no GPU and no ONNX Runtime backend, so it
+# serves an adapted copy of the repository:
+#
+# - every `KIND_GPU` instance group becomes `KIND_CPU`;
+# - `food_classifier_onnx` is served by a Python-backend model that runs the same `model.onnx`
+#   with ONNX Runtime on the CPU, and its config carries a `served_by` parameter that says so;
+# - both configs carry a `weights` parameter saying whether the weights are trained;
+# - each staged `model.py` starts with one added line that puts the lab's virtualenv on
+#   `sys.path`, because the pip-installed Triton runs `model.py` in an interpreter that ignores
+#   `PYTHONPATH`.
+#
+# On Chameleon, the configs are served as written: `KIND_GPU` and the real `onnxruntime`
+# backend.
+
+# %%
+def describe_served(model: str) -> None:
+    """What Triton reports for `model`, beside what its config.pbtxt asked for."""
+    served = lab.served_config(model)
+    asked_backend = re.search(r'backend:\s*"([^"]+)"', lab.config_text(model)).group(1)
+    print(f"{model}")
+    print(f"  backend:        config.pbtxt asks for {asked_backend!r}; Triton runs {served.get('backend')!r}")
+    print(f"  max_batch_size: {served.get('max_batch_size')}")
+    for group in served.get("instance_group", []):
+        gpus = f" on GPUs {group['gpus']}" if group.get("gpus") else ""
+        print(f"  instance group: {group['count']} x {group['kind']}{gpus}")
+    print(f"  dynamic batching: {'on' if 'dynamic_batching' in served else 'off'}")
+    # weights_note is a long explanation of the weights parameter; GourmetGram shows it below.
+    for key, value in served.get("parameters", {}).items():
+        if key != "weights_note":
+            print(f"  parameter {key}: {value.get('string_value')}")
+
+
+for model in ("food_classifier", "food_classifier_onnx"):
+    describe_served(model)
+    print()
+
+# %% [markdown]
+# Locally you can also compare the file the server loads with the one in `models_staging/`,
+# line by line (on Chameleon they are the same file, so there is no difference to show):
+
+# %%
+for model in ("food_classifier", "food_classifier_onnx"):
+    served_file = lab.repository / model / "config.pbtxt"
+    changes = "".join(
+        difflib.unified_diff(
+            lab.config_text(model).splitlines(True), served_file.read_text().splitlines(True),
+            f"models_staging/{model}/config.pbtxt", f"{served_file} (what Triton loads)",
+        )
+    )
+    print(changes or f"{model}: Triton loads models_staging/{model}/config.pbtxt unchanged.\n")
+
+# %% [markdown]
+# ## One request to Triton, by hand
+#
+# Before putting the web UI in front of it, here is the request GourmetGram sends to the
+# Python-backend model, made with Triton's own client library: one image, base64-encoded, in a
+# `[1, 1]` tensor of type `BYTES` (a batch of one, with one string in it).
+
+# %%
+image_input = triton_http.InferInput("INPUT_IMAGE", [1, 1], "BYTES")
+image_input.set_data_from_numpy(np.array([[base64.b64encode(lab.sample_image()).decode()]], dtype=object))
+answer = triton.infer(
+    "food_classifier", [image_input],
+    outputs=[triton_http.InferRequestedOutput("FOOD_LABEL"), triton_http.InferRequestedOutput("PROBABILITY")],
+)
+label = answer.as_numpy("FOOD_LABEL")[0, 0].decode()
+probability = float(answer.as_numpy("PROBABILITY")[0, 0])
+weights = lab.served_config("food_classifier").get("parameters", {}).get("weights", {}).get("string_value", "unknown")
+print(f"food_classifier says: {label} (probability {probability:.3f}); weights: {weights}")
+
+# %% [markdown]
+# If the weights are `untrained`, the label is arbitrary: only the timing of this model means
+# anything. With a trained checkpoint (see the README) the label is the real prediction.
+#
+# ## The web UI, now in front of Triton
+#
+# GourmetGram has not changed: it still takes a photo upload, but now it forwards the image to
+# Triton's `food_classifier` model instead of to FastAPI.
+#
+# - **On Chameleon**, open `http://A.B.C.D` in your browser (your node's floating IP in place
+#   of `A.B.C.D`), upload a food photo and press the button to classify it.
+# - **Locally**, the next cell starts GourmetGram on 127.0.0.1 and prints its address; open it
+#   in a browser on this machine while the notebook's kernel is running.
+#
+# Either way, the cell then does what your browser does: it uploads a photo to `/predict` as an
+# HTTP multipart form, and reads the label from the page that comes back.
+
+# %%
+def upload_to_ui(ui_url: str, image_name: str, image: bytes) -> None:
+    """POST an image to GourmetGram as its upload form does, and print what the result page says."""
+    page = requests.post(f"{ui_url}/predict", files={"file": (image_name, image, "image/jpeg")}, timeout=60)
+    heading = re.search(r"<h1>(.*?)</h1>", page.text, re.S)
+    probability = re.search(r'class="probability">(.*?)</p>', page.text, re.S)
+    answered = re.search(r"answered by (.*?)</p>", page.text, re.S)
+    banner = re.search(r'class="banner[^"]*"[^>]*>(.*?)</div>', page.text, re.S)
+    print(f"HTTP {page.status_code}; label shown: {html.unescape(heading.group(1)) if heading else '(none)'}")
+    for name, match in (("probability", probability), ("answered by", answered), ("banner", banner)):
+        if match:
+            print(f"  {name}: {html.unescape(' '.join(match.group(1).split()))}")
+
+
+ui_url = lab.ui("food_classifier")
+print(f"GourmetGram: {ui_url}")
+print("It reports:", json.dumps(requests.get(f"{ui_url}/healthz", timeout=10).json(), indent=1))
+upload_to_ui(ui_url, "soup.jpg", lab.sample_image())
+
+# %% [markdown]
+# The page names the backend it used (`triton`, model `food_classifier`): GourmetGram sent the
+# file's bytes and Triton's `model.py` did the decoding, preprocessing and inference.
+#
+# ## Wrapping up
+#
+# The Triton stack stays up for the next notebook, `6_triton_bench.ipynb`, where we measure
+# it: queueing under concurrency, more model instances, the ONNX Runtime backend, bursty
+# arrivals and dynamic batching.
+#
+# Locally, the services this notebook started stop with its kernel; the next cell stops them
+# right away, to free the CPU for the benchmarks (on Chameleon it does nothing: the containers
+# keep running).
+
+# %%
+lab.stop()

@@ -1,0 +1,399 @@
+"""The lab's figures and tables, drawn from `RunResult`s whichever tool measured them.
+
+Every plot function returns its matplotlib Figure and, given `path`, also saves it as a PNG. In
+Jupyter a figure shows inline by itself; end the line with `;` so that the returned Figure is
+not shown a second time. In a script, `plt.close(fig)` a figure once it is saved.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from itertools import cycle
+from pathlib import Path
+from typing import Any, Union
+
+import matplotlib
+
+# Without a display (a server, CI, the GPU node over SSH) draw into files only. A backend chosen
+# through MPLBACKEND is left alone: that is how Jupyter selects its inline backend.
+if (
+    sys.platform.startswith("linux")
+    and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    and "MPLBACKEND" not in os.environ
+    and "ipykernel" not in sys.modules
+):
+    matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend choice)
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator, ScalarFormatter  # noqa: E402
+
+from servelab import queueing  # noqa: E402
+from servelab.results import RunResult  # noqa: E402
+from servelab.triton_stats import StatsDelta  # noqa: E402
+
+PathLike = Union[str, Path, None]
+# What plot_batch_sizes accepts as one set of batch statistics.
+BatchStats = Union[StatsDelta, Mapping[str, Any], Mapping[int, int]]
+
+PERCENTILE_STYLES = {"p50": "-", "p95": "--", "p99": ":"}
+DPI = 120
+
+
+def _colors() -> Iterable[str]:
+    return cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])
+
+
+def _finish(fig: Figure, path: PathLike) -> Figure:
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=DPI)
+    return fig
+
+
+def _group(results: Iterable[RunResult], key: Callable[[RunResult], Hashable]) -> dict[Hashable, list[RunResult]]:
+    groups: dict[Hashable, list[RunResult]] = {}
+    for result in results:
+        groups.setdefault(key(result), []).append(result)
+    return groups
+
+
+def _series_name(target: str, tool: str, batch_size: int = 1) -> str:
+    return f"{target} [{tool}]" + (f", batch {batch_size}" if batch_size != 1 else "")
+
+
+def _concurrency_axis(ax: Any, values: Iterable[int]) -> None:
+    """Log scale (base 2) when concurrency spans a wide range, with a tick at each measured value."""
+    ticks = sorted(set(values))
+    if ticks[0] > 0 and ticks[-1] / ticks[0] >= 8:
+        ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("concurrency (requests in flight)")
+
+
+def plot_latency_throughput_vs_concurrency(
+    results: Sequence[RunResult], path: PathLike = None, title: str = "Latency and throughput vs concurrency"
+) -> Figure:
+    """p50/p95/p99 latency (left) and throughput (right) vs concurrency, one colour per target and tool.
+
+    Only closed-loop results (those with a concurrency) are drawn.
+    """
+    closed = [result for result in results if result.concurrency is not None]
+    if not closed:
+        raise ValueError("no closed-loop results (with a concurrency) to plot")
+    fig, (ax_latency, ax_throughput) = plt.subplots(1, 2, figsize=(13, 5.2), layout="constrained")
+    groups = _group(closed, lambda r: (r.target, r.tool, r.batch_size))
+    for color, ((target, tool, batch_size), runs) in zip(_colors(), groups.items()):
+        runs = sorted(runs, key=lambda r: r.concurrency)
+        concurrency = [r.concurrency for r in runs]
+        for percentile, style in PERCENTILE_STYLES.items():
+            latencies = [getattr(r.latency, f"{percentile}_ms") for r in runs]
+            ax_latency.plot(concurrency, latencies, linestyle=style, marker="o", markersize=4, color=color)
+        ax_throughput.plot(
+            concurrency,
+            [r.throughput_rps for r in runs],
+            marker="o",
+            color=color,
+            label=_series_name(target, tool, batch_size),
+        )
+    all_concurrency = [r.concurrency for r in closed]
+    for ax in (ax_latency, ax_throughput):
+        _concurrency_axis(ax, all_concurrency)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    ax_latency.set_ylabel("latency (ms)")
+    ax_latency.set_title("Latency percentiles")
+    # Colours name the targets (legend on the right plot); line styles name the percentiles.
+    ax_latency.legend(
+        handles=[Line2D([], [], color="black", linestyle=style, label=p) for p, style in PERCENTILE_STYLES.items()],
+        loc="upper left",
+        title="percentile",
+    )
+    throughput_unit = "req/s" if all(r.batch_size == 1 for r in closed) else "req/s; images/s when batched"
+    ax_throughput.set_ylabel(f"throughput ({throughput_unit})")
+    ax_throughput.set_title("Throughput")
+    ax_throughput.legend(loc="best", fontsize="small")
+    fig.suptitle(title)
+    return _finish(fig, path)
+
+
+def plot_latency_cdf(
+    results: Sequence[RunResult],
+    path: PathLike = None,
+    log_x: bool = False,
+    title: str = "Latency distribution (empirical CDF)",
+) -> Figure:
+    """Empirical CDF of each run's raw latencies; `log_x` spreads out runs of very different speed."""
+    runs = [result for result in results if result.latencies_ms]
+    if not runs:
+        raise ValueError("none of the results has raw latencies (latencies_ms) to plot")
+    fig, ax = plt.subplots(figsize=(10, 5.5), layout="constrained")
+    for color, result in zip(_colors(), runs):
+        latencies = np.sort(np.asarray(result.latencies_ms, dtype=float))
+        fraction = np.arange(1, latencies.size + 1) / latencies.size
+        ax.step(latencies, fraction, where="post", color=color, label=f"{result.label} (n={latencies.size})")
+    # Where each curve crosses these lines is that run's p50, p95 and p99.
+    for level, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+        ax.axhline(level, color="gray", linewidth=0.8, linestyle=":")
+        ax.annotate(name, (1, level), xycoords=("axes fraction", "data"), xytext=(4, 0),
+                    textcoords="offset points", va="center", fontsize="small", color="gray")
+    if log_x:
+        ax.set_xscale("log")
+        # Plain millisecond numbers at 1-2-5 steps read better than powers of ten.
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("latency (ms)" + (", log scale" if log_x else ""))
+    ax.set_ylabel("fraction of requests at or below")
+    ax.grid(True, which="both" if log_x else "major", alpha=0.3)
+    ax.legend(loc="upper left", fontsize="small")  # a CDF leaves the upper left empty
+    ax.set_title(title)
+    return _finish(fig, path)
+
+
+def _histogram(stats: BatchStats) -> tuple[str | None, dict[int, int], float | None]:
+    """(model name, executions by batch size, average batch size) of one set of batch statistics."""
+    data = stats.to_dict() if isinstance(stats, StatsDelta) else stats
+    if "executions_by_batch_size" in data:
+        # JSON turns the integer batch sizes into strings: accept both.
+        counts = {int(size): int(count) for size, count in data["executions_by_batch_size"].items()}
+        return data.get("model"), counts, data.get("avg_batch_size")
+    return None, {int(size): int(count) for size, count in data.items()}, None
+
+
+def _is_one_set(stats: Any) -> bool:
+    """A StatsDelta, its dict, or a {batch size: count} mapping, rather than a {label: stats} mapping."""
+    if isinstance(stats, StatsDelta):
+        return True
+    if not isinstance(stats, Mapping):
+        return False
+    labelled = all(isinstance(value, (StatsDelta, Mapping)) for value in stats.values())
+    return "executions_by_batch_size" in stats or not labelled
+
+
+def plot_batch_sizes(
+    stats: BatchStats | Sequence[BatchStats] | Mapping[str, BatchStats],
+    labels: Sequence[str] | None = None,
+    path: PathLike = None,
+    title: str = "Executions per batch size",
+) -> Figure:
+    """Bar chart: how many model executions ran at each batch size.
+
+    `stats`: a `StatsDelta`, its `to_dict()` (e.g. a RunResult's `triton_stats`), or a plain
+    {batch size: executions} mapping; or several of these, as a list (with `labels`) or as a
+    {label: stats} mapping, to compare e.g. before/after enabling dynamic batching.
+    """
+    if _is_one_set(stats):
+        items: list[BatchStats] = [stats]
+    elif isinstance(stats, Mapping):
+        labels = labels or list(stats)
+        items = list(stats.values())
+    else:
+        items = list(stats)
+    histograms = [_histogram(item) for item in items]
+    if not any(counts for _, counts, _ in histograms):
+        raise ValueError("nothing to plot: no executions recorded")
+    if labels is None:
+        models = [model for model, _, _ in histograms]
+        unique = None not in models and len(set(models)) == len(models)
+        labels = models if unique else [f"run {i + 1}" for i in range(len(histograms))]
+    if len(labels) != len(histograms):
+        raise ValueError(f"{len(labels)} labels for {len(histograms)} sets of statistics")
+
+    sizes = sorted({size for _, counts, _ in histograms for size in counts})
+    positions = np.arange(len(sizes))
+    width = 0.8 / len(histograms)
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.55 * len(sizes) * len(histograms) + 3), 4.8), layout="constrained")
+    for i, (color, label, (_, counts, avg_batch)) in enumerate(zip(_colors(), labels, histograms)):
+        offset = (i - (len(histograms) - 1) / 2) * width
+        if avg_batch is not None and not math.isnan(avg_batch):
+            label = f"{label} (avg batch {avg_batch:.2f})"
+        bars = ax.bar(positions + offset, [counts.get(size, 0) for size in sizes], width, color=color, label=label)
+        ax.bar_label(bars, labels=[str(counts[size]) if counts.get(size) else "" for size in sizes], fontsize="small")
+    ax.set_xticks(positions, [str(size) for size in sizes])
+    ax.set_xlabel("batch size executed (inferences per model execution)")
+    ax.set_ylabel("executions")
+    ax.margins(y=0.12)  # room for the count above the tallest bar
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.legend(fontsize="small")
+    ax.set_title(title)
+    return _finish(fig, path)
+
+
+def plot_resources(series: Mapping[str, Any], path: PathLike = None, title: str = "Resource utilization") -> Figure:
+    """CPU (total and per core), memory, and each GPU's utilization and memory over time.
+
+    `series`: `ResourceSampler.series()`, e.g. a RunResult's `resources`.
+    """
+    t = series["t_s"]
+    if not t:
+        raise ValueError("the resource series has no samples (was the run shorter than one interval?)")
+    gpus = series["gpus"]
+    rows = 3 if gpus else 1
+    fig, axes = plt.subplots(rows, 1, figsize=(11, 3.3 * rows + 0.6), sharex=True, layout="constrained", squeeze=False)
+    ax_cpu = axes[0][0]
+
+    per_core = np.asarray(series["cpu_per_core"], dtype=float)  # samples x cores
+    for core in range(per_core.shape[1]):
+        ax_cpu.plot(t, per_core[:, core], color="tab:blue", linewidth=0.7, alpha=0.35,
+                    label="each core" if core == 0 else None)
+    ax_cpu.plot(t, series["cpu_percent"], color="tab:blue", linewidth=2.2, label="all cores")
+    if "process_cpu_percent" in series:
+        # Per-process CPU is in % of one core; divided by the core count it is on the same scale.
+        share = np.asarray(series["process_cpu_percent"], dtype=float) / series["cpu_count"]
+        ax_cpu.plot(t, share, color="tab:orange", linewidth=1.8, label="watched processes (% of all cores)")
+    ax_cpu.plot(t, series["memory_percent"], color="tab:gray", linestyle="--", linewidth=1.5, label="memory used")
+    ax_cpu.set_ylim(0, 105)
+    ax_cpu.set_ylabel("% of machine")
+    cpu_title = f"CPU ({series.get('cpu_count', per_core.shape[1])} cores) and memory"
+    ax_cpu.set_title(cpu_title if gpus else f"{cpu_title}; GPU: {series['gpu_source']}")
+    ax_cpu.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+
+    if gpus:
+        ax_util, ax_memory = axes[1][0], axes[2][0]
+        for color, gpu in zip(_colors(), gpus):
+            name = f"GPU {gpu['index']}: {gpu['name']}"
+            ax_util.plot(t, gpu["util_percent"], color=color, linewidth=1.8, label=name)
+            ax_memory.plot(t, gpu["memory_used_mib"], color=color, linewidth=1.8, label=f"{name}, used")
+            ax_memory.axhline(gpu["memory_total_mib"], color=color, linestyle=":", linewidth=1.2,
+                              label=f"{name}, total ({gpu['memory_total_mib']:.0f} MiB)")
+        ax_util.set_ylim(0, 105)
+        ax_util.set_ylabel("GPU utilization (%)")
+        ax_util.set_title(f"GPU utilization (read with {series['gpu_source']})")
+        ax_memory.set_ylim(bottom=0)
+        ax_memory.set_ylabel("GPU memory (MiB)")
+        ax_memory.set_title("GPU memory")
+        for ax in (ax_util, ax_memory):
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    for row in axes:
+        row[0].grid(True, alpha=0.3)
+    axes[-1][0].set_xlabel("time since the start of sampling (s)")
+    fig.suptitle(title)
+    return _finish(fig, path)
+
+
+def plot_queueing(
+    measured: Sequence[RunResult],
+    service_time_s: float,
+    path: PathLike = None,
+    log_y: bool = False,
+    title: str | None = None,
+) -> Figure:
+    """Measured latency vs offered rate beside what queueing theory predicts for service time S.
+
+    `measured`: open-loop results (with `rate_rps`). Poisson arrivals are what M/D/1 assumes;
+    constant arrivals are closer to D/D/1, drawn too for contrast.
+    """
+    runs = [result for result in measured if result.rate_rps is not None]
+    if not runs:
+        raise ValueError("no open-loop results (with a rate_rps) to plot")
+    capacity = queueing.capacity_rps(service_time_s)
+    service_ms = service_time_s * 1000
+    fig, ax = plt.subplots(figsize=(10, 5.8), layout="constrained")
+
+    # Up to 99.5 % of capacity: the M/D/1 curve is infinite at capacity itself.
+    rates = np.linspace(0, 0.995 * capacity, 400)
+    predicted = [row["latency_ms"] for row in queueing.md1_prediction(rates, service_time_s)]
+    ax.plot(rates, predicted, color="black", linewidth=2, label="M/D/1 prediction (Poisson arrivals), mean")
+    ax.plot([0, capacity], [service_ms, service_ms], color="black", linestyle=":", linewidth=1.5,
+            label="D/D/1 prediction (constant arrivals): no queueing")
+    ax.axvline(capacity, color="tab:red", linestyle="--", linewidth=1.2,
+               label=f"capacity 1/S = {capacity:.1f} req/s")
+
+    groups = _group(runs, lambda r: (r.target, r.tool, r.arrival))
+    for color, ((target, tool, arrival), group) in zip(_colors(), groups.items()):
+        group = sorted(group, key=lambda r: r.rate_rps)
+        offered = [r.rate_rps for r in group]
+        name = f"{_series_name(target, tool)}, {arrival or 'unknown'} arrivals"
+        ax.plot(offered, [r.latency.mean_ms for r in group], color=color, marker="o", label=f"{name}: mean")
+        ax.plot(offered, [r.latency.p50_ms for r in group], color=color, marker="s", markersize=4,
+                linestyle="--", alpha=0.7, label=f"{name}: p50")
+
+    ax.set_xlim(0, max(max(r.rate_rps for r in runs), capacity) * 1.05)
+    if log_y:
+        ax.set_yscale("log")
+    else:
+        # Keep the interesting part readable: the prediction shoots up near capacity.
+        measured_max = max((v for r in runs for v in (r.latency.mean_ms, r.latency.p50_ms) if math.isfinite(v)),
+                           default=service_ms)
+        ax.set_ylim(0, max(measured_max, 10 * service_ms) * 1.1)
+    utilization_axis = ax.secondary_xaxis(
+        "top", functions=(lambda rate: rate * service_time_s, lambda rho: rho / service_time_s)
+    )
+    utilization_axis.set_xlabel("utilization ρ = λ·S")
+    ax.set_xlabel("offered rate λ (req/s)")
+    ax.set_ylabel("latency (ms)" + (", log scale" if log_y else ""))
+    ax.grid(True, which="both" if log_y else "major", alpha=0.3)
+    ax.legend(loc="upper left", fontsize="small")
+    ax.set_title(title or f"Latency vs offered load, against queueing theory (S = {service_ms:.1f} ms)")
+    return _finish(fig, path)
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _number(value: float, digits: int = 1) -> str:
+    return f"{value:.{digits}f}" if math.isfinite(value) else "n/a"
+
+
+def _load(result: RunResult) -> str:
+    if result.concurrency is not None:
+        load = f"c={result.concurrency}"
+    elif result.rate_rps is not None:
+        load = f"{result.rate_rps:g} req/s" + (f" {result.arrival}" if result.arrival else "")
+    else:
+        load = "n/a"
+    return load + (f", batch {result.batch_size}" if result.batch_size != 1 else "")
+
+
+def _errors(result: RunResult) -> str:
+    if not result.error_count:
+        return "0"
+    kinds = ", ".join(f"{kind}: {count}" for kind, count in sorted(result.errors.items()) if count)
+    return f"{result.error_count} ({kinds})"
+
+
+def results_table(results: Sequence[RunResult], baseline_rps: float | Mapping[str, float] | None = None) -> str:
+    """A Markdown table, one row per result; with `baseline_rps` (the in-process throughput), a
+    last column gives each throughput as a percentage of it. A mapping gives each target its own
+    baseline (a PyTorch service against in-process PyTorch, say)."""
+    # (heading, Markdown alignment): numbers are right-aligned so their digits line up.
+    columns = [("target", "---"), ("tool", "---"), ("load", "---"), ("requests", "---:"),
+               ("throughput (req/s)", "---:"), ("p50 (ms)", "---:"), ("p95 (ms)", "---:"), ("p99 (ms)", "---:"),
+               ("errors", "---")]
+    baselines = baseline_rps if isinstance(baseline_rps, Mapping) else None
+    if baseline_rps is not None:
+        if any(value <= 0 for value in (baselines.values() if baselines else [baseline_rps])):
+            raise ValueError("baseline_rps must be positive")
+        columns.append(("vs in-process", "---:"))
+    lines = [
+        "| " + " | ".join(heading for heading, _ in columns) + " |",
+        "|" + "|".join(alignment for _, alignment in columns) + "|",
+    ]
+    for result in results:
+        cells = [
+            result.target,
+            result.tool,
+            _load(result),
+            str(result.requests),
+            _number(result.throughput_rps),
+            _number(result.latency.p50_ms),
+            _number(result.latency.p95_ms),
+            _number(result.latency.p99_ms),
+            _errors(result),
+        ]
+        if baseline_rps is not None:
+            baseline = baselines.get(result.target) if baselines else baseline_rps
+            cells.append(f"{100 * result.throughput_rps / baseline:.0f}%" if baseline else "n/a")
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    return "\n".join(lines) + "\n"

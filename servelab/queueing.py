@@ -1,0 +1,94 @@
+"""Queueing models for the arrival-pattern lesson: why latency explodes before 100 % load.
+
+A server that needs S seconds per request can serve at most 1/S requests per second (its
+capacity). The models below predict the mean time a request waits in the queue before service,
+at an offered rate of lambda requests per second, i.e. at utilization rho = lambda * S:
+
+- M/D/1: random (Poisson) arrivals, constant service time. Requests sometimes arrive in clumps,
+  and a clump queues even when the server is idle on average, so waiting grows smoothly with
+  load and without bound as rho approaches 1 (Pollaczek-Khinchine formula).
+- D/D/1: perfectly regular arrivals, constant service time. Every request arrives after the
+  previous one has finished, so nobody waits at all, right up to capacity.
+
+Measured latency between these two curves shows how much of the queueing comes from the
+*randomness* of arrivals, not from the load itself.
+
+Both models assume one server handling one request at a time in arrival (FIFO) order, an
+unlimited queue, and a steady state (a long run). A Triton model with several instances or with
+dynamic batching serves requests in parallel or together, so its capacity is higher than 1/S and
+these formulas only describe it with S replaced by its effective time per request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+
+def _check(rate_rps: float, service_time_s: float) -> None:
+    if service_time_s <= 0:
+        raise ValueError(f"service time must be positive, got {service_time_s}")
+    if rate_rps < 0:
+        raise ValueError(f"arrival rate must not be negative, got {rate_rps}")
+
+
+def capacity_rps(service_time_s: float) -> float:
+    """The most requests per second one server can complete: 1 / S."""
+    _check(0.0, service_time_s)
+    return 1.0 / service_time_s
+
+
+def utilization(rate_rps: float, service_time_s: float) -> float:
+    """rho = lambda * S = lambda / mu: the fraction of time the server is busy (above 1: overloaded)."""
+    _check(rate_rps, service_time_s)
+    return rate_rps * service_time_s
+
+
+def md1_mean_wait_s(rate_rps: float, service_time_s: float) -> float:
+    """Mean queueing delay Wq of M/D/1: Poisson arrivals at `rate_rps`, constant service time.
+
+    Pollaczek-Khinchine with a deterministic service time: Wq = rho / (2 * mu * (1 - rho)),
+    with mu = 1 / S. Infinite at rho >= 1: the queue then grows for as long as the load lasts.
+    """
+    rho = utilization(rate_rps, service_time_s)
+    if rho >= 1:
+        return math.inf
+    return rho * service_time_s / (2 * (1 - rho))
+
+
+def dd1_mean_wait_s(rate_rps: float, service_time_s: float) -> float:
+    """Mean queueing delay of D/D/1: arrivals exactly 1/rate apart, constant service time.
+
+    Zero up to capacity, since each request finds the previous one finished. Above it every
+    request adds S - 1/rate to the backlog, which grows without bound: infinite.
+    """
+    rho = utilization(rate_rps, service_time_s)
+    return 0.0 if rho <= 1 else math.inf
+
+
+def _prediction(
+    wait_s: Callable[[float, float], float], rates: Iterable[float], service_time_s: float
+) -> list[dict[str, Any]]:
+    rows = []
+    for rate in rates:
+        wait = wait_s(rate, service_time_s)
+        rows.append(
+            {
+                "rate_rps": float(rate),
+                "utilization": utilization(rate, service_time_s),
+                "queueing_delay_ms": wait * 1000,
+                "latency_ms": (wait + service_time_s) * 1000,  # time in the system: wait + service
+            }
+        )
+    return rows
+
+
+def md1_prediction(rates: Iterable[float], service_time_s: float) -> list[dict[str, Any]]:
+    """M/D/1 predictions at each offered rate: rate_rps, utilization, queueing_delay_ms, latency_ms."""
+    return _prediction(md1_mean_wait_s, rates, service_time_s)
+
+
+def dd1_prediction(rates: Iterable[float], service_time_s: float) -> list[dict[str, Any]]:
+    """D/D/1 predictions at each offered rate, in the same form as `md1_prediction`."""
+    return _prediction(dd1_mean_wait_s, rates, service_time_s)

@@ -1,0 +1,108 @@
+"""One record type for every measurement the lab makes, whoever made it.
+
+The lab's load generator, perf_analyzer and the in-process baseline all produce a `RunResult`,
+so a table, a plot or a comparison never has to care which tool measured. Results are saved as
+JSON (raw latencies included, for CDF plots) and can be loaded back to compare runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class LatencySummary:
+    """Latency statistics in milliseconds."""
+
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+
+    @classmethod
+    def of(cls, latencies_ms: list[float] | np.ndarray) -> "LatencySummary":
+        values = np.asarray(latencies_ms, dtype=float)
+        if values.size == 0:
+            return cls(*(math.nan,) * 6)
+        p50, p90, p95, p99 = np.percentile(values, [50, 90, 95, 99])
+        return cls(float(values.mean()), float(p50), float(p90), float(p95), float(p99), float(values.max()))
+
+
+@dataclass
+class RunResult:
+    target: str  # what was measured, e.g. "fastapi_onnx" or "triton/food_classifier_onnx (grpc)"
+    tool: str  # "loadgen", "perf_analyzer" or "in-process"
+    mode: str  # "closed" (N concurrent senders) or "open" (requests at a target rate)
+    requests: int  # measured requests that completed, successful or not (warm-up excluded)
+    throughput_rps: float  # successful requests per second of measurement (see images_per_s)
+    latency: LatencySummary
+    wall_s: float  # length of the measurement (warm-up excluded)
+    concurrency: int | None = None
+    rate_rps: float | None = None  # offered rate (open loop)
+    arrival: str | None = None  # "constant" or "poisson" (open loop)
+    batch_size: int = 1
+    errors: dict[str, int] = field(default_factory=dict)  # error kind -> count
+    latencies_ms: list[float] = field(default_factory=list)  # raw, successful requests only
+    # Open loop: how late the generator sent requests relative to their schedule.
+    schedule_lag: dict[str, Any] | None = None
+    # perf_analyzer: server-side breakdown, microseconds (queue, compute input/infer/output...).
+    server_breakdown: dict[str, float] | None = None
+    triton_stats: dict[str, Any] | None = None  # difference of /v2/models/<m>/stats over the run
+    resources: dict[str, Any] | None = None  # resource utilization time series sampled during the run
+    notes: list[str] = field(default_factory=list)
+    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    @property
+    def images_per_s(self) -> float:
+        return self.throughput_rps * self.batch_size
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+    @property
+    def label(self) -> str:
+        load = f"c={self.concurrency}" if self.mode == "closed" else f"{self.rate_rps:g} req/s {self.arrival}"
+        batch = f", batch {self.batch_size}" if self.batch_size != 1 else ""
+        return f"{self.target} [{self.tool}, {load}{batch}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunResult":
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        values["latency"] = LatencySummary(**values["latency"])
+        return cls(**values)
+
+
+def save_results(results: list[RunResult], path: Path, metadata: dict[str, Any] | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"metadata": metadata or {}, "results": [result.to_dict() for result in results]}
+    path.write_text(json.dumps(document, indent=1, default=_json_default) + "\n")
+    return path
+
+
+def load_results(path: Path) -> tuple[list[RunResult], dict[str, Any]]:
+    document = json.loads(Path(path).read_text())
+    return [RunResult.from_dict(item) for item in document["results"]], document.get("metadata", {})
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot save {type(value).__name__} as JSON")

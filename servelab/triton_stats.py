@@ -1,0 +1,196 @@
+"""What Triton itself says it did: its per-model statistics, read before and after a run.
+
+Triton keeps cumulative counters for every model since it loaded it, at
+`GET /v2/models/<model>/stats` (the KServe v2 statistics extension). Two snapshots and their
+difference tell, for exactly the requests of one run:
+
+- how many inferences (images) and how many executions (model runs) there were: their ratio is
+  the average batch size the server really ran, so it shows whether dynamic batching happened;
+- how many executions ran at each batch size (`batch_stats`);
+- where a request's time went inside the server: waiting in the queue, preparing inputs, running
+  the model, collecting outputs.
+
+The counters cover every client, so a run measures only its own requests when nothing else is
+sending to that model at the same time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import requests
+
+class TritonStatsError(RuntimeError):
+    """The statistics could not be read, or two snapshots cannot be compared."""
+
+
+@dataclass
+class StatsDelta:
+    """Difference of two statistics snapshots of one model: what happened in between.
+
+    Averages are in microseconds, per request that went through that stage, which is per
+    successful request unless Triton's response cache answered some (cache hits are queued but
+    not computed). An average over no requests is NaN, like an empty `LatencySummary`.
+    """
+
+    model: str
+    inference_count: int  # inferences (images): a request with 3 images counts 3
+    execution_count: int  # model executions: one per batch the backend ran
+    success_count: int  # successful requests
+    fail_count: int  # failed requests
+    avg_request_us: float  # whole time a successful request spent inside the server
+    avg_queue_us: float
+    avg_compute_input_us: float
+    avg_compute_infer_us: float
+    avg_compute_output_us: float
+    executions_by_batch_size: dict[int, int] = field(default_factory=dict)
+    avg_batch_size: float = math.nan  # inference_count / execution_count
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _base_url(address: str) -> str:
+    """Accept "host:port", as tritonclient does, or a full http(s) URL."""
+    address = address.rstrip("/")
+    return address if address.startswith(("http://", "https://")) else f"http://{address}"
+
+
+def fetch(address: str, model: str, version: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The raw statistics response of `model` (all its loaded versions unless `version` is given)."""
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/stats"
+    url = _base_url(address) + path
+    try:
+        response = requests.get(url, timeout=timeout_s)
+    except requests.RequestException as exc:
+        raise TritonStatsError(f"cannot read Triton statistics at {url}: {exc}") from exc
+    if response.status_code != 200:
+        # Triton answers an unknown model with 400 and {"error": "requested model '...' is not available"}.
+        try:
+            reason = response.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            reason = response.text.strip() or response.reason
+        raise TritonStatsError(
+            f"Triton at {address} has no statistics for model '{model}'"
+            + (f" version {version}" if version else "")
+            + f" (HTTP {response.status_code}: {reason})"
+        )
+    return response.json()
+
+
+def _model_stat(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The one `model_stats` entry of a snapshot from `fetch`."""
+    entries = snapshot.get("model_stats", [])
+    if len(entries) != 1:
+        names = [f"{entry.get('name')} v{entry.get('version')}" for entry in entries]
+        raise TritonStatsError(
+            f"expected statistics of exactly one model version, got {len(entries)} ({', '.join(names)});"
+            " pass version= to fetch() when several versions are loaded"
+        )
+    return entries[0]
+
+
+def _duration(stats: dict[str, Any], name: str) -> tuple[int, int]:
+    """(count, ns) of one duration statistic; absent means none recorded."""
+    value = stats.get(name) or {}
+    return int(value.get("count", 0)), int(value.get("ns", 0))
+
+
+def _average_us(before: dict[str, Any], after: dict[str, Any], name: str) -> float:
+    count_before, ns_before = _duration(before, name)
+    count_after, ns_after = _duration(after, name)
+    count = count_after - count_before
+    return (ns_after - ns_before) / count / 1000 if count else math.nan
+
+
+def _executions_by_batch_size(model_stat: dict[str, Any]) -> dict[int, int]:
+    return {
+        int(entry["batch_size"]): _duration(entry, "compute_infer")[0] for entry in model_stat.get("batch_stats", [])
+    }
+
+
+def diff(before: dict[str, Any], after: dict[str, Any]) -> StatsDelta:
+    """What happened between two `fetch` snapshots of the same model (before taken first)."""
+    old, new = _model_stat(before), _model_stat(after)
+    if (old.get("name"), old.get("version")) != (new.get("name"), new.get("version")):
+        raise TritonStatsError(
+            f"snapshots of different models: {old.get('name')} v{old.get('version')}"
+            f" and {new.get('name')} v{new.get('version')}"
+        )
+    inferences = int(new["inference_count"]) - int(old["inference_count"])
+    executions = int(new["execution_count"]) - int(old["execution_count"])
+    if inferences < 0 or executions < 0:
+        # Counters only grow while a model stays loaded; a reload starts them from zero again.
+        raise TritonStatsError(
+            f"statistics of '{new.get('name')}' went backwards: the model was reloaded between the snapshots"
+        )
+    old_infer, new_infer = old.get("inference_stats", {}), new.get("inference_stats", {})
+    old_batches = _executions_by_batch_size(old)
+    by_batch_size = {
+        size: count - old_batches.get(size, 0)
+        for size, count in sorted(_executions_by_batch_size(new).items())
+        if count > old_batches.get(size, 0)
+    }
+    return StatsDelta(
+        model=str(new.get("name")),
+        inference_count=inferences,
+        execution_count=executions,
+        success_count=_duration(new_infer, "success")[0] - _duration(old_infer, "success")[0],
+        fail_count=_duration(new_infer, "fail")[0] - _duration(old_infer, "fail")[0],
+        avg_request_us=_average_us(old_infer, new_infer, "success"),
+        avg_queue_us=_average_us(old_infer, new_infer, "queue"),
+        avg_compute_input_us=_average_us(old_infer, new_infer, "compute_input"),
+        avg_compute_infer_us=_average_us(old_infer, new_infer, "compute_infer"),
+        avg_compute_output_us=_average_us(old_infer, new_infer, "compute_output"),
+        executions_by_batch_size=by_batch_size,
+        avg_batch_size=inferences / executions if executions else math.nan,
+    )
+
+
+@dataclass
+class Measurement:
+    """Snapshots around a block of code; `delta` is set when the block ends without an error."""
+
+    address: str
+    model: str
+    before: dict[str, Any]
+    after: dict[str, Any] | None = None
+    delta: StatsDelta | None = None
+
+
+@contextmanager
+def measure(address: str, model: str, version: str | None = None) -> Iterator[Measurement]:
+    """Statistics of `model` over the `with` block:
+
+        with triton_stats.measure("127.0.0.1:8200", "food_classifier") as stats:
+            run_load()
+        print(stats.delta.avg_batch_size)
+    """
+    measurement = Measurement(address, model, before=fetch(address, model, version))
+    # No snapshot after an error in the block: reading the server again could hide that error.
+    yield measurement
+    measurement.after = fetch_settled(address, model, version)
+    measurement.delta = diff(measurement.before, measurement.after)
+
+
+def fetch_settled(address: str, model: str, version: str | None = None, timeout_s: float = 2.0) -> dict[str, Any]:
+    """Like `fetch`, once the counters have stopped moving.
+
+    Triton records a request's statistics just after sending its response, so a snapshot taken
+    the moment the last answer arrives can miss that request. Two equal snapshots in a row mean
+    everything that was answered has been counted.
+    """
+    previous = fetch(address, model, version)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        current = fetch(address, model, version)
+        if current == previous:
+            return current
+        previous = current
+    return previous

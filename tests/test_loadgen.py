@@ -1,0 +1,442 @@
+"""The load generator against a synthetic server whose latency we control, then against the real ones.
+
+The synthetic server is a real aiohttp server in its own process (run this file as a script to
+start one). It answers POST /predict after sleeping a time set per test through POST /control:
+a fixed sleep, a slow request every k-th or for the first n, a one-off stall, failures with a
+given status, and a "serial" mode in which one request is served at a time. It logs when each
+request arrived, so tests can check the generator's arrival process from the server's side.
+"""
+
+from __future__ import annotations
+
+import _thread
+import asyncio
+import base64
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+from aiohttp import web
+
+from servelab import food11, loadgen
+from servelab.food11 import LABELS
+from servelab.loadgen import FastAPITarget, TritonHttpTarget, closed_loop, open_loop
+from servelab.results import RunResult, load_results
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+IMAGE = b"not really a JPEG: the synthetic server does not look"
+
+
+# ---- the synthetic server (runs in a child process) ----------------------------------------
+
+DEFAULTS = {
+    "sleep_ms": 0.0,  # every request sleeps this long...
+    "slow_ms": 0.0,  # ...except slow ones:
+    "slow_every": 0,  # every k-th request (the k-th, 2k-th, ...),
+    "slow_first": 0,  # and the first n requests
+    "stall_at": -1,  # this request (0-based) sleeps stall_s instead
+    "stall_s": 0.0,
+    "fail_every": 0,  # every k-th request answers fail_status
+    "fail_status": 503,
+    "serial": False,  # one request at a time: the others queue behind a lock
+}
+
+
+def _serve() -> None:
+    state = {"config": dict(DEFAULTS), "count": 0, "arrivals": []}
+    lock = asyncio.Lock()
+
+    def delay_s(index: int, config: dict) -> float:
+        if index == config["stall_at"]:
+            return config["stall_s"]
+        number = index + 1
+        slow = index < config["slow_first"] or (config["slow_every"] and number % config["slow_every"] == 0)
+        return (config["slow_ms"] if slow else config["sleep_ms"]) / 1000.0
+
+    async def predict(request: web.Request) -> web.Response:
+        index = state["count"]
+        state["count"] += 1
+        state["arrivals"].append(time.monotonic())
+        await request.read()
+        config = state["config"]
+        if config["serial"]:
+            async with lock:  # FIFO: a stalled request holds up every later one
+                await asyncio.sleep(delay_s(index, config))
+        else:
+            await asyncio.sleep(delay_s(index, config))
+        if config["fail_every"] and (index + 1) % config["fail_every"] == 0:
+            return web.json_response({"detail": "synthetic failure"}, status=config["fail_status"])
+        return web.json_response({"prediction": "Soup", "probability": 0.9})
+
+    async def control(request: web.Request) -> web.Response:
+        state.update(config={**DEFAULTS, **await request.json()}, count=0, arrivals=[])
+        return web.json_response(state["config"])
+
+    async def arrivals(request: web.Request) -> web.Response:
+        return web.json_response(state["arrivals"])
+
+    app = web.Application()
+    app.add_routes([web.post("/predict", predict), web.post("/control", control), web.get("/arrivals", arrivals)])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)  # before the port is announced: connections wait in the backlog until the app runs
+    print(sock.getsockname()[1], flush=True)
+    web.run_app(app, sock=sock, print=None, access_log=None, backlog=1024)
+
+
+class SyntheticServer:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def configure(self, **settings) -> None:
+        """New settings (the rest back to defaults); also resets the request counter and log."""
+        unknown = set(settings) - set(DEFAULTS)
+        assert not unknown, f"unknown server settings {unknown}"
+        requests.post(f"{self.url}/control", json=settings, timeout=5).raise_for_status()
+
+    def arrivals(self) -> np.ndarray:
+        return np.array(requests.get(f"{self.url}/arrivals", timeout=5).json())
+
+
+@pytest.fixture(scope="module")
+def server():
+    process = subprocess.Popen([sys.executable, __file__], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(process.stdout.readline())
+        yield SyntheticServer(f"http://127.0.0.1:{port}")
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        process.stdout.close()
+
+
+def closed(server: SyntheticServer, concurrency: int, **kwargs) -> RunResult:
+    return closed_loop("fastapi", server.url, concurrency, image_bytes=IMAGE, progress=False, **kwargs)
+
+
+def opened(server: SyntheticServer, rate_rps: float, **kwargs) -> RunResult:
+    return open_loop("fastapi", server.url, rate_rps, image_bytes=IMAGE, progress=False, **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---- closed loop ---------------------------------------------------------------------------
+
+
+def test_closed_loop_one_sender_measures_the_server_latency(server):
+    server.configure(sleep_ms=20)
+    result = closed(server, 1, requests=50)
+    assert (result.tool, result.mode, result.concurrency) == ("loadgen", "closed", 1)
+    assert result.requests == 50 and len(result.latencies_ms) == 50 and result.errors == {}
+    assert len(server.arrivals()) == 50
+    assert 20 <= result.latency.p50_ms <= 35
+    # One sender: one request at a time, so throughput is the inverse of latency.
+    assert result.throughput_rps == pytest.approx(1000 / result.latency.mean_ms, rel=0.25)
+
+
+def test_closed_loop_throughput_grows_with_concurrency_when_the_server_serves_in_parallel(server):
+    server.configure(sleep_ms=20)
+    one = closed(server, 1, requests=40)
+    four = closed(server, 4, requests=160)
+    assert four.errors == {} and four.requests == 160
+    assert four.throughput_rps / one.throughput_rps == pytest.approx(4, rel=0.3)
+
+
+def test_percentiles_follow_the_server_latency_distribution(server):
+    server.configure(sleep_ms=10, slow_ms=100, slow_every=10)  # 90% at 10 ms, 10% at 100 ms
+    result = closed(server, 1, requests=100)
+    assert 10 <= result.latency.p50_ms <= 20
+    assert result.latency.p95_ms >= 90 and result.latency.max_ms >= 100
+    assert sum(latency >= 100 for latency in result.latencies_ms) == 10
+    assert result.latency.mean_ms == pytest.approx(0.9 * 10 + 0.1 * 100, abs=8)
+
+
+def test_duration_bounds_the_run(server):
+    server.configure(sleep_ms=20)
+    result = closed(server, 2, duration_s=1.0)
+    assert 0.95 <= result.wall_s <= 1.3
+    assert 50 <= result.requests <= 110  # about 2 senders x 1 s / 20 ms
+    # With both bounds, the first reached ends the run.
+    assert closed(server, 2, requests=5, duration_s=30).requests == 5
+
+
+def test_warmup_requests_are_not_measured(server):
+    server.configure(sleep_ms=5, slow_ms=300, slow_first=5)
+    result = closed(server, 2, requests=20, warmup_requests=5)
+    assert result.requests == 20 and len(server.arrivals()) == 25
+    assert result.latency.max_ms < 150
+
+
+def test_open_loop_warmup_seconds_are_not_measured(server):
+    server.configure(sleep_ms=5, slow_ms=300, slow_first=9)  # the 9 arrivals before 0.5 s at 20 req/s
+    result = opened(server, 20, requests=10, warmup_s=0.5)
+    assert result.requests == 10 and len(server.arrivals()) == 19
+    assert result.latency.max_ms < 150
+
+
+# ---- open loop -----------------------------------------------------------------------------
+
+
+def test_open_loop_keeps_a_constant_rate(server):
+    server.configure(sleep_ms=5)
+    result = opened(server, 50, requests=100)
+    assert (result.mode, result.rate_rps, result.arrival) == ("open", 50, "constant")
+    assert result.requests == 100 and result.errors == {}
+    assert result.throughput_rps == pytest.approx(50, rel=0.1)
+    lag = result.schedule_lag
+    assert lag["fell_behind"] is False and lag["mean_ms"] < 3, lag["message"]
+    assert "kept to its schedule" in lag["message"]
+
+
+class BlockingTarget(loadgen.Target):
+    """A target whose every request blocks the event loop for 5 ms: a generator that is too slow."""
+
+    name = "blocking"
+
+    async def open(self, connections: int) -> None:
+        pass
+
+    async def send(self) -> None:
+        time.sleep(0.005)
+
+    async def close(self) -> None:
+        pass
+
+
+def test_open_loop_says_when_the_generator_falls_behind():
+    result = asyncio.run(loadgen.run_open(BlockingTarget(), 500, requests=100, progress=False))
+    assert result.errors == {} and result.requests == 100
+    assert result.schedule_lag["fell_behind"] is True
+    assert result.schedule_lag["max_ms"] > 200  # 100 x 5 ms of work scheduled within 200 ms
+    assert "fell behind" in result.schedule_lag["message"]
+
+
+def _gaps(arrivals: np.ndarray) -> np.ndarray:
+    return np.diff(np.sort(arrivals))
+
+
+def test_poisson_arrivals_seen_by_the_server_are_exponential(server):
+    rate = 100.0
+    server.configure(sleep_ms=1)
+    result = opened(server, rate, arrival="poisson", requests=400, seed=3)
+    assert result.errors == {} and result.arrival == "poisson"
+    gaps = _gaps(server.arrivals())
+    assert len(gaps) >= 300
+    assert gaps.mean() == pytest.approx(1 / rate, rel=0.15)
+    assert 0.75 <= gaps.std() / gaps.mean() <= 1.25  # an exponential's std equals its mean
+
+    # A slower constant rate, so that scheduling jitter on a busy machine stays small beside the gaps.
+    server.configure(sleep_ms=1)
+    opened(server, rate / 2, requests=150)
+    constant = _gaps(server.arrivals())
+    assert constant.mean() == pytest.approx(2 / rate, rel=0.15)
+    assert constant.std() / constant.mean() < 0.25  # about 0: only scheduling jitter
+
+
+def test_arrival_schedules():
+    constant = np.fromiter(loadgen.arrival_offsets(20, "constant"), float, count=5)
+    assert constant == pytest.approx([0.05, 0.10, 0.15, 0.20, 0.25])
+    poisson = np.fromiter(loadgen.arrival_offsets(50, "poisson", seed=1), float, count=20_000)
+    gaps = np.diff(poisson, prepend=0.0)
+    assert gaps.mean() == pytest.approx(0.02, rel=0.03) and gaps.std() / gaps.mean() == pytest.approx(1, abs=0.03)
+    again = np.fromiter(loadgen.arrival_offsets(50, "poisson", seed=1), float, count=20_000)
+    assert (poisson == again).all()  # the seed makes a run repeatable
+    with pytest.raises(ValueError, match="poisson"):
+        next(loadgen.arrival_offsets(50, "bursty"))
+
+
+def test_open_loop_shows_a_stall_that_a_closed_loop_hides(server):
+    """Coordinated omission: a closed loop stops sending while the server stalls, so only one
+    request sees the stall. Users keep arriving, and an open loop measures their wait too."""
+    server.configure(sleep_ms=5, serial=True, stall_at=50, stall_s=1.0)
+    open_result = opened(server, 50, duration_s=3.0)
+    assert open_result.errors == {}
+    assert open_result.latency.max_ms >= 900
+    assert sum(latency > 300 for latency in open_result.latencies_ms) >= 20
+    assert open_result.latency.p99_ms >= 500
+    # The generator did not wait for the server: had it done so, a third of the requests would
+    # have gone out up to a second late.
+    assert open_result.schedule_lag["p99_ms"] < 300
+
+    server.configure(sleep_ms=5, serial=True, stall_at=20, stall_s=1.0)
+    closed_result = closed(server, 1, requests=100)
+    assert closed_result.latency.max_ms >= 900
+    assert sum(latency > 300 for latency in closed_result.latencies_ms) == 1
+    assert closed_result.latency.p99_ms < 100
+
+
+def test_open_loop_drops_and_reports_arrivals_beyond_max_outstanding(server):
+    server.configure(sleep_ms=1000)
+    result = opened(server, 100, requests=30, max_outstanding=5)
+    assert result.errors == {"generator_overload": 25} and result.requests == 30
+    assert len(result.latencies_ms) == 5
+    assert any("could not keep up" in note for note in result.notes)
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+
+def test_http_errors_are_counted_by_status(server):
+    server.configure(sleep_ms=1, fail_every=4, fail_status=503)
+    result = closed(server, 2, requests=40)
+    assert result.errors == {"http_503": 10} and result.requests == 40
+    assert len(result.latencies_ms) == 30  # latencies are of successful requests only
+    server.configure(fail_every=1, fail_status=400)
+    assert closed(server, 1, requests=3).errors == {"http_400": 3}
+
+
+def test_connection_refused_and_timeouts_are_counted():
+    nobody = f"http://127.0.0.1:{free_port()}"
+    refused = closed_loop("fastapi", nobody, 2, requests=5, image_bytes=IMAGE, progress=False)
+    assert refused.errors == {"connection": 5} and refused.throughput_rps == 0
+    grpc = closed_loop(
+        "triton-grpc", nobody.removeprefix("http://"), 1, requests=3, model="food_classifier", progress=False
+    )
+    assert grpc.errors == {"grpc_UNAVAILABLE": 3}
+
+
+def test_a_request_slower_than_the_timeout_counts_as_a_timeout(server):
+    server.configure(sleep_ms=2000)
+    result = closed(server, 2, requests=2, timeout_s=0.3)
+    assert result.errors == {"timeout": 2}
+
+
+# ---- stopping early --------------------------------------------------------------------------
+
+
+def test_cancelling_a_run_returns_what_was_measured(server):
+    server.configure(sleep_ms=10)
+    target = FastAPITarget(server.url, IMAGE)
+
+    async def cancel_after(coroutine, seconds):
+        task = asyncio.create_task(coroutine)
+        await asyncio.sleep(seconds)
+        task.cancel()
+        return await task
+
+    for run in (
+        loadgen.run_closed(target, 2, requests=100_000, progress=False),
+        loadgen.run_open(target, 100, requests=100_000, progress=False),
+    ):
+        result = asyncio.run(cancel_after(run, 0.6))
+        assert result.requests > 10 and len(result.latencies_ms) == result.requests
+        assert result.notes == [f"stopped early by Ctrl-C after {result.requests} requests"]
+        assert 0.4 < result.wall_s < 1.0
+        assert target._session is None  # closed
+
+
+def test_ctrl_c_stops_the_synchronous_run_and_keeps_the_result(server):
+    server.configure(sleep_ms=10)
+    timer = threading.Timer(0.8, _thread.interrupt_main)
+    timer.start()
+    try:
+        result = closed(server, 2, requests=100_000, duration_s=30)
+    finally:
+        timer.cancel()
+    assert result.wall_s < 5 and result.requests > 10
+    assert result.notes == [f"stopped early by Ctrl-C after {result.requests} requests"]
+
+
+def test_the_synchronous_api_works_where_an_event_loop_is_already_running(server):
+    """As in a Jupyter notebook, whose cells run while the kernel's event loop runs."""
+    server.configure(sleep_ms=1)
+
+    async def notebook_cell():
+        return closed(server, 2, requests=10)
+
+    assert asyncio.run(notebook_cell()).errors == {}
+
+
+def test_cli_saves_the_partial_result_on_sigint(server, tmp_path):
+    server.configure(sleep_ms=10)
+    out = tmp_path / "partial.json"
+    command = [
+        sys.executable, "-m", "servelab.loadgen", "--target", "fastapi", "--address", server.url,
+        "--concurrency", "2", "--requests", "1000000", "--out", str(out),
+    ]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while len(server.arrivals()) < 20 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130, stderr
+    [result], metadata = load_results(out)
+    assert result.requests >= 20 and result.latencies_ms
+    assert result.notes == [f"stopped early by Ctrl-C after {result.requests} requests"]
+    assert "Stopped early by Ctrl-C" in stdout and "Closed loop, 2 concurrent senders" in stdout
+    assert metadata["command"][0] == "loadgen"
+
+
+def test_cli_refuses_a_run_without_bounds():
+    with pytest.raises(SystemExit):
+        loadgen.main(["--target", "fastapi", "--address", "http://127.0.0.1:1", "--concurrency", "1"])
+
+
+# ---- the real servers ----------------------------------------------------------------------
+
+TRITON_MODELS = ["food_classifier", "food_classifier_onnx"]
+
+
+@pytest.mark.parametrize("flavor", ["pt", "onnx"])
+def test_fastapi_services_answer_every_request(fastapi_urls, flavor):
+    result = closed_loop("fastapi", fastapi_urls[flavor], 2, requests=10, progress=False)
+    assert result.errors == {} and result.requests == 10
+
+
+@pytest.mark.parametrize("model", TRITON_MODELS)
+@pytest.mark.parametrize("kind", ["triton-http", "triton-grpc"])
+def test_triton_answers_every_request(triton_http_url, triton_grpc_url, kind, model):
+    address = triton_http_url if kind == "triton-http" else triton_grpc_url
+    result = closed_loop(kind, address, 2, requests=10, model=model, progress=False)
+    assert result.errors == {} and result.requests == 10, result.errors
+    assert result.target == f"triton/{model} ({kind.split('-')[1]})"
+
+
+def _post_binary(target: TritonHttpTarget) -> httpclient.InferResult:
+    response = requests.post(str(target.url), data=target.body, headers=target.headers, timeout=30)
+    assert response.status_code == 200, response.text
+    header_length = response.headers.get("Inference-Header-Content-Length")
+    return httpclient.InferResult.from_response_body(response.content, header_length=int(header_length))
+
+
+def test_binary_http_requests_are_understood_by_triton(triton_http_url, fastapi_urls, test_images):
+    """The hand-built binary bodies give the same answers as the FastAPI services."""
+    image = test_images[1]
+    expected = {
+        flavor: requests.post(
+            f"{fastapi_urls[flavor]}/predict", json={"image": base64.b64encode(image).decode()}, timeout=30
+        ).json()
+        for flavor in ("pt", "onnx")
+    }
+    answer = _post_binary(TritonHttpTarget(triton_http_url, "food_classifier", image))
+    assert answer.as_numpy("FOOD_LABEL").reshape(-1)[0].decode() == expected["pt"]["prediction"]
+    assert answer.as_numpy("PROBABILITY").reshape(-1)[0] == pytest.approx(expected["pt"]["probability"], abs=1e-4)
+
+    logits = _post_binary(TritonHttpTarget(triton_http_url, "food_classifier_onnx", image)).as_numpy("output")
+    assert logits.shape == (1, 11)
+    [(label, probability)] = food11.top_prediction(logits)
+    assert label in LABELS and label == expected["onnx"]["prediction"]
+    assert probability == pytest.approx(expected["onnx"]["probability"], abs=1e-4)
+
+
+def test_triton_errors_are_counted_by_status(triton_http_url, triton_grpc_url):
+    # The Python backend reports a bad image as an internal error: HTTP 500, gRPC INTERNAL.
+    bad = {"model": "food_classifier", "image_bytes": b"no image", "progress": False}
+    assert closed_loop("triton-http", triton_http_url, 1, requests=2, **bad).errors == {"http_500": 2}
+    assert closed_loop("triton-grpc", triton_grpc_url, 1, requests=2, **bad).errors == {"grpc_INTERNAL": 2}
+
+if __name__ == "__main__":
+    _serve()

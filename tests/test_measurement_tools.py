@@ -1,0 +1,441 @@
+"""The measurement helpers: Triton statistics, resource sampling, queueing theory, plots, tables."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from servelab import plots, queueing, triton_stats
+from servelab.resources import NO_GPU, ResourceSampler, summarize
+from servelab.results import LatencySummary, RunResult, load_results, save_results
+from servelab.triton_stats import StatsDelta, TritonStatsError
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ---- Triton statistics ---------------------------------------------------------------------
+
+
+def _classify(address: str, images: list[bytes]) -> None:
+    encoded = [base64.b64encode(raw).decode() for raw in images]
+    model_input = httpclient.InferInput("INPUT_IMAGE", [len(encoded), 1], "BYTES")
+    model_input.set_data_from_numpy(np.array([[item] for item in encoded], dtype=object))
+    httpclient.InferenceServerClient(address).infer("food_classifier", [model_input])
+
+
+def _one_batch_of_three_and_two_singles(address: str, images: list[bytes]) -> None:
+    _classify(address, images[:3])
+    _classify(address, images[3:4])
+    _classify(address, images[4:5])
+
+
+def _check_three_requests_five_images(delta: StatsDelta) -> None:
+    counts = (delta.model, delta.inference_count, delta.execution_count, delta.success_count, delta.fail_count)
+    # The whole delta in every message: should this fail, it shows what the server did instead.
+    assert counts == ("food_classifier", 5, 3, 3, 0), delta
+    assert delta.executions_by_batch_size == {3: 1, 1: 2}, delta
+    assert delta.avg_batch_size == pytest.approx(5 / 3)
+    averages = (delta.avg_queue_us, delta.avg_compute_input_us, delta.avg_compute_infer_us,
+                delta.avg_compute_output_us)
+    assert all(average > 0 for average in averages), delta
+    # Running the model is part of a request's time in the server.
+    assert delta.avg_compute_infer_us < delta.avg_request_us, delta
+
+
+def test_stats_difference_counts_images_executions_and_batch_sizes(triton_http_url, test_images):
+    before = triton_stats.fetch(triton_http_url, "food_classifier")
+    _one_batch_of_three_and_two_singles(triton_http_url, test_images)
+    after = triton_stats.fetch_settled(triton_http_url, "food_classifier")
+    delta = triton_stats.diff(before, after)
+    _check_three_requests_five_images(delta)
+    assert delta.to_dict()["executions_by_batch_size"] == {3: 1, 1: 2}
+
+
+def test_measure_context_manager_gives_the_same_difference(triton_http_url, test_images):
+    with triton_stats.measure(f"http://{triton_http_url}", "food_classifier") as stats:
+        assert stats.delta is None
+        _one_batch_of_three_and_two_singles(triton_http_url, test_images)
+    _check_three_requests_five_images(stats.delta)
+
+
+def test_measure_leaves_no_delta_when_the_block_fails(triton_http_url):
+    with pytest.raises(KeyError):
+        with triton_stats.measure(triton_http_url, "food_classifier") as stats:
+            raise KeyError("the load generator failed")
+    assert stats.delta is None
+
+
+def test_unknown_model_is_a_clear_error(triton_http_url):
+    with pytest.raises(TritonStatsError, match=r"no statistics for model 'no_such_model'.*not available"):
+        triton_stats.fetch(triton_http_url, "no_such_model")
+
+
+def test_unreachable_server_is_a_clear_error():
+    with pytest.raises(TritonStatsError, match="cannot read Triton statistics"):
+        triton_stats.fetch("127.0.0.1:1", "food_classifier", timeout_s=2)
+
+
+def _duration(count: int, ns: int) -> dict:
+    return {"count": count, "ns": ns}
+
+
+def _snapshot(inferences: int, executions: int, requests: int, ms_each: float, batches: dict[int, int]) -> dict:
+    """A statistics response as Triton writes it, every stage taking `ms_each` per request."""
+    ns = int(requests * ms_each * 1e6)
+    inference_stats = {stage: _duration(requests, ns) for stage in
+                       ("success", "queue", "compute_input", "compute_infer", "compute_output")}
+    inference_stats["fail"] = _duration(1, 5_000)
+    return {
+        "model_stats": [
+            {
+                "name": "m",
+                "version": "1",
+                "inference_count": inferences,
+                "execution_count": executions,
+                "inference_stats": inference_stats,
+                "batch_stats": [
+                    {"batch_size": size, **{stage: _duration(count, count * 1000) for stage in
+                                            ("compute_input", "compute_infer", "compute_output")}}
+                    for size, count in batches.items()
+                ],
+            }
+        ]
+    }
+
+
+def test_diff_of_synthetic_snapshots():
+    before = _snapshot(inferences=10, executions=6, requests=8, ms_each=2.0, batches={1: 4, 2: 2})
+    # 12 more requests, 4 ms each, made 20 more inferences in 8 more executions; batch size 4 is new.
+    after = _snapshot(inferences=30, executions=14, requests=20, ms_each=(8 * 2.0 + 12 * 4.0) / 20,
+                      batches={1: 6, 2: 2, 4: 6})
+    delta = triton_stats.diff(before, after)
+    assert (delta.model, delta.inference_count, delta.execution_count) == ("m", 20, 8)
+    assert (delta.success_count, delta.fail_count) == (12, 0)
+    assert delta.avg_queue_us == pytest.approx(4000)
+    assert delta.avg_compute_infer_us == pytest.approx(4000)
+    assert delta.avg_request_us == pytest.approx(4000)
+    assert delta.executions_by_batch_size == {1: 2, 4: 6}  # batch size 2 did not run in between
+    assert delta.avg_batch_size == pytest.approx(2.5)
+
+
+def test_diff_of_an_idle_interval_has_no_averages():
+    snapshot = _snapshot(inferences=3, executions=3, requests=3, ms_each=1.0, batches={1: 3})
+    delta = triton_stats.diff(snapshot, copy.deepcopy(snapshot))
+    assert (delta.inference_count, delta.execution_count, delta.executions_by_batch_size) == (0, 0, {})
+    assert math.isnan(delta.avg_queue_us) and math.isnan(delta.avg_batch_size)
+
+
+def test_diff_refuses_snapshots_it_cannot_compare():
+    earlier = _snapshot(inferences=10, executions=10, requests=10, ms_each=1.0, batches={1: 10})
+    reloaded = _snapshot(inferences=2, executions=2, requests=2, ms_each=1.0, batches={1: 2})
+    with pytest.raises(TritonStatsError, match="reloaded"):
+        triton_stats.diff(earlier, reloaded)
+    two_versions = {"model_stats": earlier["model_stats"] * 2}
+    with pytest.raises(TritonStatsError, match="version="):
+        triton_stats.diff(two_versions, two_versions)
+
+
+# ---- resource sampling ---------------------------------------------------------------------
+
+BURN_CPU = "import time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def test_sampler_sees_a_busy_core_and_stops_its_thread():
+    with ResourceSampler(interval_s=0.2, pids=[os.getpid()]) as sampler:
+        subprocess.run([sys.executable, "-c", BURN_CPU], check=True)
+    assert not sampler.running
+    series = sampler.series()
+    assert len(series["t_s"]) >= 5
+    assert series["t_s"] == sorted(series["t_s"])
+    assert max(series["cpu_percent"]) > 30
+    assert all(len(cores) == series["cpu_count"] for cores in series["cpu_per_core"])
+    assert len(series["memory_percent"]) == len(series["t_s"])
+    # The burning child belongs to this test's process tree: up to one whole core (less on a busy machine).
+    assert max(series["process_cpu_percent"]) > 20
+    assert series["errors"] == []
+    summary = sampler.summary()
+    assert summary["samples"] == len(series["t_s"])
+    assert summary["cpu_percent_max"] == max(series["cpu_percent"])
+
+
+def test_sampler_stops_when_the_measured_block_raises():
+    with pytest.raises(ZeroDivisionError):
+        with ResourceSampler(interval_s=0.05) as sampler:
+            time.sleep(0.2)
+            1 / 0
+    assert not sampler.running
+    assert len(sampler.series()["t_s"]) >= 2
+
+
+def _gpu_tools_present() -> bool:
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        return shutil.which("nvidia-smi") is not None
+    return True
+
+
+@pytest.mark.skipif(_gpu_tools_present(), reason="NVML or nvidia-smi is present: this machine may have a GPU")
+def test_sampler_says_when_there_is_no_gpu():
+    with ResourceSampler(interval_s=0.1) as sampler:
+        time.sleep(0.3)
+    series = sampler.series()
+    assert series["gpus"] == []
+    assert series["gpu_source"] == NO_GPU
+    assert summarize(series)["gpus"] == []
+
+
+def _fake_nvidia_smi(monkeypatch, folder, script: str) -> None:
+    """Put a stand-in `nvidia-smi` first on PATH, and hide NVML, so the nvidia-smi path is taken."""
+    binary = folder / "nvidia-smi"
+    binary.write_text(f"#!/bin/sh\n{script}\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
+
+
+def test_sampler_parses_nvidia_smi_output(monkeypatch, tmp_path):
+    # Two GPUs; the second one (a MIG slice, say) has no utilization counter.
+    _fake_nvidia_smi(monkeypatch, tmp_path, "printf '0, NVIDIA H100 80GB HBM3, 37, 1024, 81559\\n"
+                                            "1, NVIDIA A100-SXM4-40GB, [N/A], 2048, 40960\\n'")
+    with ResourceSampler(interval_s=0.1) as sampler:
+        time.sleep(0.35)
+    series = sampler.series()
+    assert series["gpu_source"] == "nvidia-smi"
+    first, second = series["gpus"]
+    assert (first["index"], first["name"], first["memory_total_mib"]) == (0, "NVIDIA H100 80GB HBM3", 81559.0)
+    assert set(first["util_percent"]) == {37.0} and set(first["memory_used_mib"]) == {1024.0}
+    assert len(first["util_percent"]) == len(series["t_s"]) >= 3
+    assert all(math.isnan(value) for value in second["util_percent"])
+    summary = summarize(series)["gpus"]
+    assert summary[0]["util_percent_mean"] == 37.0 and math.isnan(summary[1]["util_percent_mean"])
+
+
+def test_sampler_says_why_a_present_nvidia_smi_gave_no_gpu(monkeypatch, tmp_path):
+    _fake_nvidia_smi(monkeypatch, tmp_path, "echo 'NVIDIA-SMI has failed: no driver'; exit 9")
+    with ResourceSampler(interval_s=0.1) as sampler:
+        time.sleep(0.15)
+    series = sampler.series()
+    assert series["gpus"] == []
+    assert series["gpu_source"].startswith("none (no NVIDIA GPU found; nvidia-smi: ")
+    assert "no driver" in series["gpu_source"]
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="no nvidia-smi: no GPU to sample")
+def test_sampler_reads_every_gpu_when_there_is_one():
+    with ResourceSampler(interval_s=0.2) as sampler:
+        time.sleep(0.7)
+    series = sampler.series()
+    assert series["gpu_source"] in ("nvml", "nvidia-smi")
+    assert series["gpus"], "nvidia-smi is installed but no GPU was sampled"
+    for gpu in series["gpus"]:
+        assert len(gpu["util_percent"]) == len(gpu["memory_used_mib"]) == len(series["t_s"])
+        assert gpu["memory_total_mib"] > 0
+
+
+# ---- queueing theory -----------------------------------------------------------------------
+
+
+def test_md1_known_value_half_load():
+    # rho = 50 req/s * 10 ms = 0.5: Wq = 0.5 / (2 * 100/s * 0.5) = 5 ms.
+    assert queueing.md1_mean_wait_s(50, 0.010) == pytest.approx(0.005)
+    (row,) = queueing.md1_prediction([50], 0.010)
+    assert row == pytest.approx(
+        {"rate_rps": 50.0, "utilization": 0.5, "queueing_delay_ms": 5.0, "latency_ms": 15.0}
+    )
+
+
+def test_md1_wait_grows_with_load_and_is_infinite_at_capacity():
+    waits = [queueing.md1_mean_wait_s(rate, 0.010) for rate in range(0, 100, 5)]
+    assert waits[0] == 0
+    assert all(a < b for a, b in zip(waits, waits[1:]))
+    assert queueing.md1_mean_wait_s(100, 0.010) == math.inf
+    assert queueing.md1_mean_wait_s(150, 0.010) == math.inf
+    assert queueing.capacity_rps(0.010) == pytest.approx(100)
+
+
+def test_dd1_has_no_queueing_below_saturation():
+    assert [row["queueing_delay_ms"] for row in queueing.dd1_prediction([10, 50, 99], 0.010)] == [0, 0, 0]
+    assert queueing.dd1_mean_wait_s(101, 0.010) == math.inf
+    with pytest.raises(ValueError):
+        queueing.md1_mean_wait_s(10, 0)
+
+
+# ---- plots and tables ----------------------------------------------------------------------
+
+
+def _result(target: str, tool: str = "loadgen", concurrency: int | None = None, rate: float | None = None,
+            arrival: str | None = None, center_ms: float = 20.0, throughput: float = 100.0, seed: int = 0,
+            errors: dict[str, int] | None = None) -> RunResult:
+    latencies = np.random.default_rng(seed).gamma(4.0, center_ms / 4.0, size=400).tolist()
+    return RunResult(
+        target=target,
+        tool=tool,
+        mode="closed" if concurrency is not None else "open",
+        requests=len(latencies),
+        throughput_rps=throughput,
+        latency=LatencySummary.of(latencies),
+        wall_s=len(latencies) / throughput,
+        concurrency=concurrency,
+        rate_rps=rate,
+        arrival=arrival,
+        errors=errors or {},
+        latencies_ms=latencies,
+    )
+
+
+def _closed_results() -> list[RunResult]:
+    results = []
+    for i, concurrency in enumerate((1, 2, 4, 8, 16)):
+        results.append(_result("fastapi_onnx", concurrency=concurrency, center_ms=12 * concurrency ** 0.8,
+                               throughput=80 * min(concurrency, 2) + 3 * i, seed=i))
+        results.append(_result("triton/food_classifier_onnx (grpc)", tool="perf_analyzer", concurrency=concurrency,
+                               center_ms=10 * concurrency ** 0.5, throughput=90 * concurrency ** 0.6, seed=10 + i))
+    return results
+
+
+def _open_results(service_ms: float = 20.0) -> list[RunResult]:
+    results = []
+    for arrival, factor in (("poisson", 1.0), ("constant", 0.0)):
+        for i, rate in enumerate((10, 20, 30, 40, 45)):
+            predicted = queueing.md1_prediction([rate], service_ms / 1000)[0]["latency_ms"]
+            center = service_ms + factor * (predicted - service_ms)
+            results.append(_result("fastapi_onnx", rate=rate, arrival=arrival, center_ms=center,
+                                   throughput=rate, seed=20 + i))
+    return results
+
+
+def _resource_series(gpus: bool) -> dict:
+    t = np.arange(0.5, 12.5, 0.5)
+    busy = 20 + 60 * (np.sin(t / 2) ** 2)
+    series = {
+        "interval_s": 0.5,
+        "t_s": t.tolist(),
+        "cpu_count": 4,
+        "cpu_percent": busy.tolist(),
+        "cpu_per_core": [[min(100.0, b * f) for f in (0.6, 0.9, 1.1, 1.4)] for b in busy],
+        "memory_percent": (40 + t).tolist(),
+        "process_cpu_percent": (busy * 3).tolist(),
+        "gpus": [],
+        "gpu_source": NO_GPU,
+        "errors": [],
+    }
+    if gpus:
+        series["gpus"] = [{"index": 0, "name": "NVIDIA A100", "util_percent": (busy * 0.9).tolist(),
+                           "memory_used_mib": (3000 + 100 * t).tolist(), "memory_total_mib": 40960.0}]
+        series["gpu_source"] = "nvidia-smi"
+    return series
+
+
+def _check_png(path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert len(data) > 5_000
+
+
+@pytest.fixture
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def test_every_plot_writes_a_png(tmp_path, close_figures):
+    closed, opened = _closed_results(), _open_results()
+    batches = {
+        "no dynamic batching": {"model": "food_classifier", "executions_by_batch_size": {1: 40},
+                                "avg_batch_size": 1.0},
+        "dynamic batching": StatsDelta(
+            model="food_classifier", inference_count=40, execution_count=9, success_count=40, fail_count=0,
+            avg_request_us=9000.0, avg_queue_us=300.0, avg_compute_input_us=20.0, avg_compute_infer_us=8000.0,
+            avg_compute_output_us=30.0, executions_by_batch_size={1: 2, 4: 3, 5: 2, 8: 2}, avg_batch_size=40 / 9,
+        ),
+    }
+    drawings = {
+        "concurrency.png": lambda p: plots.plot_latency_throughput_vs_concurrency(closed, path=p),
+        "cdf.png": lambda p: plots.plot_latency_cdf(closed[:4], path=p, log_x=True),
+        "batches.png": lambda p: plots.plot_batch_sizes(batches, path=p),
+        "batches_single.png": lambda p: plots.plot_batch_sizes({1: 5, 3: 2}, path=p),
+        "resources.png": lambda p: plots.plot_resources(_resource_series(gpus=False), path=p),
+        "resources_gpu.png": lambda p: plots.plot_resources(_resource_series(gpus=True), path=p),
+        "queueing.png": lambda p: plots.plot_queueing(opened, 0.020, path=p),
+    }
+    for name, draw in drawings.items():
+        figure = draw(tmp_path / "figures" / name)
+        assert figure.axes
+        _check_png(tmp_path / "figures" / name)
+
+
+def test_measurements_saved_in_a_run_result_plot_after_loading(tmp_path, close_figures):
+    before = _snapshot(inferences=0, executions=0, requests=0, ms_each=0.0, batches={})
+    after = _snapshot(inferences=7, executions=3, requests=7, ms_each=2.0, batches={1: 1, 2: 1, 4: 1})
+    result = _result("triton/food_classifier", concurrency=4)
+    result.triton_stats = triton_stats.diff(before, after).to_dict()
+    with ResourceSampler(interval_s=0.05) as sampler:
+        time.sleep(0.2)
+    result.resources = sampler.series()
+    save_results([result], tmp_path / "run.json")
+    (loaded,), _ = load_results(tmp_path / "run.json")
+    # JSON keys are strings: {"1": 1, ...}; the plot reads them back as batch sizes.
+    plots.plot_batch_sizes(loaded.triton_stats, path=tmp_path / "batches.png")
+    _check_png(tmp_path / "batches.png")
+    reloaded, original = summarize(loaded.resources), sampler.summary()
+    assert (reloaded["samples"], reloaded["cpu_percent_max"]) == (original["samples"], original["cpu_percent_max"])
+
+
+def test_plot_batch_sizes_takes_a_list_with_labels(close_figures):
+    figure = plots.plot_batch_sizes([{1: 5}, {2: 4}], labels=["before", "after"])
+    legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    assert legend == ["before", "after"]
+    with pytest.raises(ValueError, match="labels"):
+        plots.plot_batch_sizes([{1: 5}, {2: 4}], labels=["only one"])
+
+
+def test_plots_refuse_results_they_cannot_draw(close_figures):
+    with pytest.raises(ValueError, match="closed-loop"):
+        plots.plot_latency_throughput_vs_concurrency(_open_results())
+    with pytest.raises(ValueError, match="open-loop"):
+        plots.plot_queueing(_closed_results(), 0.02)
+
+
+def test_results_table_has_one_row_per_result_with_formatted_numbers():
+    results = [
+        _result("in-process onnx", tool="in-process", concurrency=1, throughput=200.0),
+        _result("fastapi_onnx", concurrency=4, throughput=123.44),
+        _result("fast|api", rate=50, arrival="poisson", throughput=49.96, errors={"timeout": 2, "http_503": 1}),
+    ]
+    table = plots.results_table(results, baseline_rps=200.0)
+    lines = table.strip().splitlines()
+    assert len(lines) == 2 + len(results)
+    assert lines[0].startswith("| target | tool | load |") and lines[0].endswith("| vs in-process |")
+    assert all(line.count(" | ") == lines[0].count(" | ") for line in lines[2:])
+    row = lines[3]
+    assert "| fastapi_onnx | loadgen | c=4 | 400 | 123.4 |" in row
+    assert f"| {results[1].latency.p50_ms:.1f} | {results[1].latency.p95_ms:.1f} |" in row
+    assert row.endswith("| 0 | 62% |")
+    assert "| fast\\|api | loadgen | 50 req/s poisson |" in lines[4]
+    assert "| 3 (http_503: 1, timeout: 2) | 25% |" in lines[4]
+    assert "vs in-process" not in plots.results_table(results)
+
+
+def test_results_table_compares_each_target_with_its_own_baseline():
+    from servelab.plots import results_table
+    from servelab.results import LatencySummary, RunResult
+
+    def result(target, rps):
+        return RunResult(target=target, tool="loadgen", mode="closed", requests=10, throughput_rps=rps,
+                         latency=LatencySummary.of([10.0]), wall_s=1.0, concurrency=1)
+
+    table = results_table([result("a", 50.0), result("b", 30.0), result("c", 5.0)], {"a": 100.0, "b": 60.0})
+    rows = table.strip().splitlines()[2:]
+    assert rows[0].endswith("| 50% |") and rows[1].endswith("| 50% |") and rows[2].endswith("| n/a |")

@@ -1,0 +1,69 @@
+"""perf_analyzer runs against the real local Triton, read back as the lab's RunResult.
+
+Runs here accept windows that differ by up to 50%: these tests check what is measured and how it
+is read, on a 2-core machine that may be busy, not how steady the machine is.
+"""
+
+import json
+
+import pytest
+
+from servelab import perf_analyzer
+from servelab.results import RunResult
+
+SAMPLE_CSV = """Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency,Avg latency,request/response,response wait
+2,77.4522,585,1962,10238,266,12097,422,0,25254,29286,31307,38699,25573,585,24953
+"""
+
+
+def test_csv_rows_become_run_results_with_a_server_breakdown():
+    (row,) = perf_analyzer.parse_csv(SAMPLE_CSV)
+    result = perf_analyzer.to_run_result(row, "triton/m (http)", stdout="    Request count: 233\n")
+    assert (result.mode, result.concurrency, result.requests) == ("closed", 2, 233)
+    assert result.throughput_rps == pytest.approx(77.4522)
+    assert (result.latency.p50_ms, result.latency.p99_ms, result.latency.mean_ms) == pytest.approx((25.254, 38.699, 25.573))
+    assert result.server_breakdown["server_queue_us"] == 10238
+    assert result.server_breakdown["server_compute_infer_us"] == 12097
+
+
+def test_closed_loop_run_against_the_local_triton(triton_http_url):
+    run = perf_analyzer.run(
+        triton_http_url, "food_classifier_onnx", concurrency=2, shape=["input:3,224,224"], request_count=20,
+        stability_percentage=50,
+    )
+    (row,), (result,) = run.rows, run.results
+    assert row["Concurrency"] == 2 and "Request concurrency: 2" in run.stdout
+    assert result.tool == "perf_analyzer" and result.target == "triton/food_classifier_onnx (http)"
+    assert result.requests >= 20 and result.throughput_rps > 0
+    assert 0 < result.latency.p50_ms <= result.latency.p99_ms
+    breakdown = result.server_breakdown
+    assert breakdown["server_compute_infer_us"] > 0
+    # The server-side parts cannot add up to more than what the client waited for.
+    server_side = sum(breakdown[k] for k in ("server_queue_us", "server_compute_input_us",
+                                              "server_compute_infer_us", "server_compute_output_us"))
+    assert server_side / 1000 <= result.latency.mean_ms
+    assert RunResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+
+
+def test_batched_requests_over_grpc_count_requests_and_images(triton_grpc_url):
+    (result,) = perf_analyzer.run(
+        triton_grpc_url, "food_classifier_onnx", concurrency=1, batch_size=4, protocol="grpc",
+        shape=["input:3,224,224"], request_count=10, stability_percentage=50,
+    ).results
+    assert result.batch_size == 4 and result.target.endswith("(grpc)")
+    assert result.images_per_s == pytest.approx(4 * result.throughput_rps)
+
+
+def test_request_rate_mode_with_poisson_arrivals(triton_http_url):
+    (result,) = perf_analyzer.run(
+        triton_http_url, "food_classifier_onnx", concurrency=None, request_rate=10, request_distribution="poisson",
+        shape=["input:3,224,224"], measurement_interval_ms=2000, stability_percentage=60,
+    ).results
+    assert (result.mode, result.rate_rps, result.arrival) == ("open", 10, "poisson")
+    assert result.throughput_rps == pytest.approx(10, rel=0.5)
+    assert result.latency.mean_ms > 0
+
+
+def test_a_model_the_server_does_not_have_is_a_clear_error(triton_http_url):
+    with pytest.raises(perf_analyzer.PerfAnalyzerError, match="exited with"):
+        perf_analyzer.run(triton_http_url, "no_such_model", concurrency=1, request_count=5, timeout_s=60)
