@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -294,8 +295,14 @@ class Lab:
     # ---- Triton model configs ----------------------------------------------------------------
 
     def config_text(self, model: str) -> str:
-        """The config as shipped for the GPU node (the text a student edits)."""
-        return (paths.MODELS_STAGING_DIR / model / "config.pbtxt").read_text()
+        """The config as shipped for the GPU node (the text a student edits).
+
+        Read from git, not from the file: on Chameleon the server loads models_staging/ itself,
+        so after an edit the file no longer holds the shipped text, and a restore must.
+        """
+        relative = f"models_staging/{model}/config.pbtxt"
+        shipped = subprocess.run(["git", "show", f"HEAD:{relative}"], cwd=paths.REPO_ROOT, capture_output=True, text=True)
+        return shipped.stdout if shipped.returncode == 0 else (paths.REPO_ROOT / relative).read_text()
 
     def apply_config(self, model: str, edited: str) -> None:
         """Show the edit as a diff, write it where the server reads it, and reload that one model."""

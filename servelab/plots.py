@@ -99,7 +99,7 @@ def plot_latency_throughput_vs_concurrency(
             ax_latency.plot(concurrency, latencies, linestyle=style, marker="o", markersize=4, color=color)
         ax_throughput.plot(
             concurrency,
-            [r.throughput_rps for r in runs],
+            [r.images_per_s for r in runs],
             marker="o",
             color=color,
             label=_series_name(target, tool, batch_size),
@@ -117,7 +117,7 @@ def plot_latency_throughput_vs_concurrency(
         loc="upper left",
         title="percentile",
     )
-    throughput_unit = "req/s" if all(r.batch_size == 1 for r in closed) else "req/s; images/s when batched"
+    throughput_unit = "req/s" if all(r.batch_size == 1 for r in closed) else "images/s; = req/s at batch 1"
     ax_throughput.set_ylabel(f"throughput ({throughput_unit})")
     ax_throughput.set_title("Throughput")
     ax_throughput.legend(loc="best", fontsize="small")
