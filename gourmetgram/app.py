@@ -1,14 +1,13 @@
 """GourmetGram: a small web page in front of the Food-11 classifier.
 
 Upload a food photo, get its Food-11 class. The page does no inference itself: it forwards the
-image to one of three backends, chosen by environment variables at start-up.
+image to a backend chosen by environment variables at start-up (the backends are in backends.py).
 
-    TRITON_SERVER_URL=host:port, FOOD11_MODEL_NAME=food_classifier (the default)
-        "triton": Triton runs a Python model that decodes, preprocesses and classifies;
-        the page sends the file's bytes, base64-encoded, as input INPUT_IMAGE.
-    TRITON_SERVER_URL=host:port, FOOD11_MODEL_NAME=food_classifier_onnx
-        "triton-onnx": Triton runs only the ONNX network; the page decodes and preprocesses
-        the image itself and sends a float tensor [1, 3, 224, 224] as input `input`.
+    TRITON_SERVER_URL=host:port, FOOD11_MODEL_NAME=<model> (default food_classifier)
+        "triton": any model Triton serves whose inputs and outputs have one of the two shapes
+        the page knows, recognised from Triton's model metadata on the first request: an image
+        file (the page sends the file's bytes, base64-encoded) or a preprocessed tensor (the page
+        decodes and preprocesses the image itself and sends a float tensor [1, 3, 224, 224]).
     FASTAPI_SERVER_URL=http://host:port
         "fastapi": the page POSTs {"image": base64} to {url}/predict.
 
@@ -28,18 +27,13 @@ import io
 import logging
 import os
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-import requests
-import tritonclient.http as triton_http
 from flask import Flask, jsonify, render_template, request
 from PIL import Image
-from tritonclient.utils import InferenceServerException
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.utils import secure_filename
 
@@ -51,12 +45,21 @@ except ImportError as exc:  # the copy is generated, so a fresh checkout does no
         "(or `cp servelab/food11.py gourmetgram/food11.py`)."
     ) from exc
 
+# After food11, so that a missing copy is reported by the message above.
+from backends import (  # noqa: E402
+    Backend,
+    BackendChoice,
+    BackendFailed,
+    BackendUnavailable,
+    WeightsCache,
+    make_backend,
+)
+
 log = logging.getLogger("gourmetgram")
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_FASTAPI_URL = "http://127.0.0.1:8000"
-# Triton model name -> backend kind. The two models want different inputs, so the name decides.
-TRITON_MODELS = {"food_classifier": "triton", "food_classifier_onnx": "triton-onnx"}
+DEFAULT_TRITON_MODEL = "food_classifier"
 ALLOWED_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp"})
 DEFAULT_MAX_UPLOAD_BYTES = 8 * 1024 * 1024
 DEFAULT_BACKEND_TIMEOUT_S = 30.0
@@ -71,22 +74,7 @@ class ConfigError(ValueError):
     """An environment variable (or create_app config key) has a value the app cannot use."""
 
 
-class BackendUnavailable(Exception):
-    """The backend could not be reached, or did not answer in time: the page answers 503."""
-
-
-class BackendFailed(Exception):
-    """The backend answered, but with an error or a malformed reply: the page answers 502."""
-
-
 # --- Settings ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BackendChoice:
-    kind: str  # "fastapi", "triton" or "triton-onnx"
-    url: str  # fastapi: "http://host:port"; triton: "host:port", as tritonclient wants it
-    model: str
 
 
 @dataclass(frozen=True)
@@ -118,10 +106,10 @@ def select_backend(source: Mapping[str, Any]) -> BackendChoice:
                     raise ConfigError(f"TRITON_SERVER_URL={triton_url!r}: this app talks plain HTTP to Triton.")
                 triton_url = triton_url[len(scheme):]
         triton_url = triton_url.rstrip("/")
-        model = _setting(source, "FOOD11_MODEL_NAME") or "food_classifier"
-        if model not in TRITON_MODELS:
-            raise ConfigError(f"FOOD11_MODEL_NAME={model!r} is not one of {sorted(TRITON_MODELS)}.")
-        return BackendChoice(kind=TRITON_MODELS[model], url=triton_url, model=model)
+        # Any name: whether Triton has the model, and how to call it, is asked of Triton itself on
+        # the first request (Triton may still be starting now), and a wrong name gets a clear page.
+        model = _setting(source, "FOOD11_MODEL_NAME") or DEFAULT_TRITON_MODEL
+        return BackendChoice(kind="triton", url=triton_url, model=model)
     url = (_setting(source, "FASTAPI_SERVER_URL") or DEFAULT_FASTAPI_URL).rstrip("/")
     if "://" not in url:
         url = "http://" + url
@@ -150,229 +138,6 @@ def load_settings(source: Mapping[str, Any]) -> Settings:
         weights_cache_s=_positive_number(source, "WEIGHTS_CACHE_S", DEFAULT_WEIGHTS_CACHE_S, float),
         samples_dir=Path(_setting(source, "SAMPLES_DIR") or HERE / "static" / "samples"),
     )
-
-
-# --- Backends ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prediction:
-    label: str
-    probability: float
-
-
-@dataclass(frozen=True)
-class WeightsStatus:
-    """What the backend says about its weights: "trained", "untrained" or "unknown"."""
-
-    weights: str
-    note: str
-    reachable: bool
-
-    @property
-    def banner(self) -> str | None:
-        """The warning every page shows, or None when the weights are known to be trained."""
-        if self.weights == "trained":
-            return None
-        if self.weights == "untrained":
-            return (
-                "Untrained weights: the model is running untrained (random) weights, "
-                f"so its predictions are not meaningful. {self.note}"
-            ).strip()
-        if not self.reachable:
-            return (
-                "Weights status unknown (backend unreachable): if the model is running untrained "
-                "weights, its predictions are not meaningful."
-            )
-        return (
-            "Weights status unknown: the backend does not know, or did not say, whether its weights are trained; "
-            f"if they are not, its predictions are not meaningful. {self.note}"
-        ).strip()
-
-
-@dataclass
-class Backend:
-    """How to classify an image, and how to ask about weights, for one kind of backend."""
-
-    choice: BackendChoice
-    timeout_s: float
-    weights_timeout_s: float
-    hint: str = ""
-
-    def predict(self, raw: bytes, image: Image.Image) -> Prediction:
-        raise NotImplementedError
-
-    def fetch_weights(self) -> WeightsStatus:
-        raise NotImplementedError
-
-    def _weights_from_http(self, url: str, what: str) -> WeightsStatus:
-        """GET a JSON document that describes the weights; any failure means "unknown"."""
-        try:
-            response = requests.get(url, timeout=self.weights_timeout_s)
-        except requests.RequestException as exc:
-            return WeightsStatus("unknown", f"could not reach {url} ({type(exc).__name__}).", reachable=False)
-        if response.status_code != 200:
-            return WeightsStatus("unknown", f"{what} answered HTTP {response.status_code}.", reachable=True)
-        try:
-            return self._parse_weights(response.json())
-        except (ValueError, AttributeError, TypeError):
-            return WeightsStatus("unknown", f"{what} did not answer with the JSON expected.", reachable=True)
-
-    def _parse_weights(self, body: Any) -> WeightsStatus:
-        raise NotImplementedError
-
-
-class FastAPIBackend(Backend):
-    def predict(self, raw: bytes, image: Image.Image) -> Prediction:
-        url = f"{self.choice.url}/predict"
-        try:
-            response = requests.post(url, json={"image": base64.b64encode(raw).decode()}, timeout=self.timeout_s)
-        # ConnectTimeout is both a Timeout and a ConnectionError; either way the answer is 503.
-        except requests.Timeout as exc:
-            raise BackendUnavailable(f"{url} did not answer within {self.timeout_s:g} s.") from exc
-        except requests.ConnectionError as exc:
-            raise BackendUnavailable(f"could not connect to {url} ({type(exc).__name__}).") from exc
-        except requests.RequestException as exc:
-            raise BackendFailed(f"request to {url} failed ({type(exc).__name__}: {exc}).") from exc
-        if response.status_code != 200:
-            try:
-                detail = response.json().get("detail", response.text[:300])
-            except (ValueError, AttributeError):
-                detail = response.text[:300]
-            error = BackendUnavailable if response.status_code == 503 else BackendFailed
-            raise error(f"{url} answered HTTP {response.status_code}: {detail}")
-        try:
-            body = response.json()
-            return Prediction(label=str(body["prediction"]), probability=float(body["probability"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BackendFailed(f"{url} answered 200 without 'prediction' and 'probability'.") from exc
-
-    def fetch_weights(self) -> WeightsStatus:
-        return self._weights_from_http(f"{self.choice.url}/health", "FastAPI /health")
-
-    def _parse_weights(self, body: Any) -> WeightsStatus:
-        weights, note = body.get("weights"), str(body.get("weights_note", ""))
-        if weights not in ("trained", "untrained"):
-            weights, note = "unknown", note or "/health has no 'weights' field."
-        return WeightsStatus(weights, note, reachable=True)
-
-
-class TritonBackend(Backend):
-    """Triton over KServe v2 HTTP, with the Python model doing all the image work server-side."""
-
-    def _infer(self, inputs: list[Any], output_names: list[str]) -> Any:
-        # One client per call: a tritonclient.http client is not safe to share between the
-        # threads Flask serves requests on, and opening a local connection costs well under 1 ms.
-        try:
-            client = triton_http.InferenceServerClient(
-                self.choice.url, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
-            )
-            try:
-                outputs = [triton_http.InferRequestedOutput(name) for name in output_names]
-                return client.infer(self.choice.model, inputs, outputs=outputs)
-            finally:
-                client.close()
-        except InferenceServerException as exc:
-            raise BackendFailed(
-                f"Triton at {self.choice.url} refused model '{self.choice.model}': {exc.message()}"
-            ) from exc
-        except TimeoutError as exc:
-            raise BackendUnavailable(
-                f"Triton at {self.choice.url} did not answer within {self.timeout_s:g} s."
-            ) from exc
-        except OSError as exc:  # connection refused, unknown host, reset
-            raise BackendUnavailable(
-                f"could not connect to Triton at {self.choice.url} ({type(exc).__name__})."
-            ) from exc
-
-    def predict(self, raw: bytes, image: Image.Image) -> Prediction:
-        encoded = triton_http.InferInput("INPUT_IMAGE", [1, 1], "BYTES")
-        encoded.set_data_from_numpy(np.array([[base64.b64encode(raw).decode()]], dtype=object))
-        result = self._infer([encoded], ["FOOD_LABEL", "PROBABILITY"])
-        label, probability = result.as_numpy("FOOD_LABEL"), result.as_numpy("PROBABILITY")
-        if label is None or probability is None or label.size != 1 or probability.size != 1:
-            raise BackendFailed(f"model '{self.choice.model}' did not return one FOOD_LABEL and one PROBABILITY.")
-        value = label.reshape(-1)[0]
-        return Prediction(
-            label=value.decode() if isinstance(value, bytes) else str(value),
-            probability=float(probability.reshape(-1)[0]),
-        )
-
-    def fetch_weights(self) -> WeightsStatus:
-        # The model config carries the weights record as parameters, set when the model was staged.
-        return self._weights_from_http(
-            f"http://{self.choice.url}/v2/models/{self.choice.model}/config", "Triton model config"
-        )
-
-    def _parse_weights(self, body: Any) -> WeightsStatus:
-        parameters = body.get("parameters") or {}
-        weights = (parameters.get("weights") or {}).get("string_value")
-        note = (parameters.get("weights_note") or {}).get("string_value", "")
-        if weights not in ("trained", "untrained"):
-            weights, note = "unknown", note or "the model config has no 'weights' parameter."
-        return WeightsStatus(weights, note, reachable=True)
-
-
-class TritonOnnxBackend(TritonBackend):
-    """Triton running the bare ONNX network: preprocessing and softmax happen here, in the page."""
-
-    def predict(self, raw: bytes, image: Image.Image) -> Prediction:
-        batch = food11.preprocess(image)[np.newaxis]  # [1, 3, 224, 224] float32
-        tensor = triton_http.InferInput("input", list(batch.shape), "FP32")
-        tensor.set_data_from_numpy(batch)
-        logits = self._infer([tensor], ["output"]).as_numpy("output")
-        if logits is None or logits.shape != (1, len(food11.LABELS)):
-            shape = None if logits is None else logits.shape
-            raise BackendFailed(f"model '{self.choice.model}' returned output of shape {shape}, not [1, 11].")
-        label, probability = food11.top_prediction(logits)[0]
-        return Prediction(label=label, probability=probability)
-
-
-def make_backend(settings: Settings) -> Backend:
-    choice = settings.backend
-    if choice.kind == "fastapi":
-        cls, hint = FastAPIBackend, (
-            f"Is the FastAPI service running at {choice.url}? Start the lab with `make up`, "
-            "or point FASTAPI_SERVER_URL at the service."
-        )
-    else:
-        cls = TritonOnnxBackend if choice.kind == "triton-onnx" else TritonBackend
-        hint = (
-            f"Is Triton running at {choice.url} with model '{choice.model}' loaded? "
-            "Start the lab with `make up`, or point TRITON_SERVER_URL at the server."
-        )
-    return cls(
-        choice=choice, timeout_s=settings.backend_timeout_s, weights_timeout_s=settings.weights_timeout_s, hint=hint
-    )
-
-
-class WeightsCache:
-    """Remembers the backend's weights status for a few seconds, so pages do not ask every time."""
-
-    def __init__(self, backend: Backend, ttl_s: float) -> None:
-        self._backend, self._ttl_s = backend, ttl_s
-        self._lock = threading.Lock()
-        self._status: WeightsStatus | None = None
-        self._expires = 0.0
-
-    def get(self) -> WeightsStatus:
-        # The lock is held during the lookup on purpose: concurrent pages wait for one answer
-        # rather than all asking a possibly dead backend at once.
-        with self._lock:
-            if self._status is None or time.monotonic() >= self._expires:
-                self._remember(self._backend.fetch_weights())
-            assert self._status is not None
-            return self._status
-
-    def mark_unreachable(self, reason: str) -> None:
-        """A prediction just failed to connect: say so at once instead of after the cache expires."""
-        with self._lock:
-            self._remember(WeightsStatus("unknown", reason, reachable=False))
-
-    def _remember(self, status: WeightsStatus) -> None:
-        if status != self._status:
-            log.info("backend weights: %s (reachable=%s) %s", status.weights, status.reachable, status.note)
-        self._status, self._expires = status, time.monotonic() + self._ttl_s
 
 
 # --- The web app -------------------------------------------------------------------------------
@@ -434,7 +199,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     config = dict(config or {})
     source = {**os.environ, **config}
     settings = load_settings(source)
-    backend = make_backend(settings)
+    backend = make_backend(settings.backend, settings.backend_timeout_s, settings.weights_timeout_s)
     weights_cache = WeightsCache(backend, settings.weights_cache_s)
     state = GourmetGram(settings, backend, weights_cache, list_samples(settings.samples_dir))
 
@@ -486,7 +251,10 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
             "backend=%s url=%s origin=%s latency=%.1f ms -> %s (%.3f)",
             choice.kind, choice.url, origin, elapsed_ms, prediction.label, prediction.probability,
         )
-        return page("result.html", 200, prediction=prediction, latency_ms=elapsed_ms, **context)
+        return page(
+            "result.html", 200, prediction=prediction, latency_ms=elapsed_ms,
+            model_input=backend.model_input, **context,
+        )
 
     @app.context_processor
     def inject_status() -> dict[str, Any]:
@@ -549,9 +317,11 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     def healthz() -> Any:
         # Always 200: this reports on the page itself; the backend's state is in the fields.
         weights = state.weights.get()
+        # model_input is null until the first prediction has asked Triton how to call the model.
         return jsonify(
             status="ok", backend=choice.kind, backend_url=choice.url, model=choice.model,
-            backend_reachable=weights.reachable, weights=weights.weights, weights_note=weights.note,
+            model_input=backend.model_input, backend_reachable=weights.reachable,
+            weights=weights.weights, weights_note=weights.note,
         )
 
     return app

@@ -1,7 +1,7 @@
 """Command line of the lab's tooling.
 
     python -m servelab artifacts [--checkpoint PATH_OR_URL --sha256 HEX] [--force]
-    python -m servelab up [--ui-backend fastapi_pt|fastapi_onnx|food_classifier|food_classifier_onnx]
+    python -m servelab up [--ui-backend fastapi_pt|fastapi_onnx|<a Triton model that classifies photos>]
     python -m servelab bench [--profile full|quick] [--out DIR]
     python -m servelab loadgen --target fastapi|triton-http|triton-grpc --address ADDRESS ...   (--help)
 
@@ -19,7 +19,9 @@ import sys
 import time
 
 from servelab import artifacts, paths
-from servelab.stack import UI_BACKENDS, LocalStack, Ports, StackError, lab_services
+from servelab.models import ModelError, ModelRepository
+from servelab.stack import LocalStack, Ports, StackError, lab_services
+from servelab.triton_local import StagingError
 
 log = logging.getLogger("servelab")
 
@@ -30,7 +32,7 @@ def _print_urls(ports: Ports, ui_backend: str, weights_info: dict, jupyter_token
         ("GourmetGram web UI", f"http://127.0.0.1:{ports.gourmetgram}/", f"backend: {ui_backend}"),
         ("FastAPI (PyTorch)", f"http://127.0.0.1:{ports.fastapi_pt}/docs", "POST /predict, GET /health"),
         ("FastAPI (ONNX Runtime)", f"http://127.0.0.1:{ports.fastapi_onnx}/docs", "POST /predict, GET /health"),
-        ("Triton HTTP (KServe v2)", f"http://127.0.0.1:{ports.triton_http}/v2", "food_classifier, food_classifier_onnx"),
+        ("Triton HTTP (KServe v2)", f"http://127.0.0.1:{ports.triton_http}/v2", ", ".join(ModelRepository().names())),
         ("Triton gRPC", f"127.0.0.1:{ports.triton_grpc}", ""),
         ("Triton metrics", f"http://127.0.0.1:{ports.triton_metrics}/metrics", ""),
     ]
@@ -48,7 +50,9 @@ def _stop_on_sigterm(signum, frame) -> None:
 
 def up(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m servelab up", description="Start the local serving stack.")
-    parser.add_argument("--ui-backend", choices=UI_BACKENDS, default="fastapi_pt", help="what GourmetGram calls")
+    parser.add_argument(
+        "--ui-backend", default="fastapi_pt", help="what GourmetGram calls: fastapi_pt, fastapi_onnx or a Triton model"
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -63,7 +67,11 @@ def up(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     # A fresh token each time: the notebooks server runs code, so only whoever sees this output gets in.
     jupyter_token = secrets.token_hex(16)
-    stack = LocalStack(lab_services(ports, jupyter_token, args.ui_backend))
+    try:
+        stack = LocalStack(lab_services(ports, jupyter_token, args.ui_backend))
+    except (ValueError, ModelError, StagingError) as exc:  # a bad --ui-backend, or a model folder to fix
+        log.error("%s", exc)
+        return 2
     try:
         stack.start()
         _print_urls(ports, args.ui_backend, built.weights_info, jupyter_token)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from servelab import paths
 from servelab.food11 import IMAGE_SIZE, LABELS, WEIGHTS_INFO_SUFFIX
+from servelab.models import ENTRIES
 
 log = logging.getLogger(__name__)
 
@@ -244,19 +245,24 @@ def build_artifacts(out_dir: Path, source: WeightsSource, force: bool = False) -
 def placements(built: BuiltArtifacts) -> list[tuple[Path, Path]]:
     """(source, destination) for every generated file a service or Triton model reads."""
     shared = paths.SHARED_SOURCE_DIR
-    staging = paths.MODELS_STAGING_DIR
-    return [
+    pairs = [
         (built.pth, paths.FASTAPI_PT_DIR / "food11.pth"),
-        (built.pth, staging / "food_classifier" / "1" / "food11.pth"),
         (built.onnx, paths.FASTAPI_ONNX_DIR / "food11.onnx"),
-        (built.onnx, staging / "food_classifier_onnx" / "1" / "model.onnx"),
-        (shared / "food11.py", paths.FASTAPI_PT_DIR / "food11.py"),
-        (shared / "food11.py", paths.FASTAPI_ONNX_DIR / "food11.py"),
+        *((shared / module, folder / module) for module in ("food11.py", "predict_api.py")
+          for folder in (paths.FASTAPI_PT_DIR, paths.FASTAPI_ONNX_DIR)),
         (shared / "food11.py", paths.GOURMETGRAM_DIR / "food11.py"),
-        (shared / "food11.py", staging / "food_classifier" / "1" / "food11.py"),
-        (shared / "predict_api.py", paths.FASTAPI_PT_DIR / "predict_api.py"),
-        (shared / "predict_api.py", paths.FASTAPI_ONNX_DIR / "predict_api.py"),
     ]
+    # Each Triton model's generated files, as its registry entry lists them, in its version 1.
+    generated = {"pytorch weights": built.pth, "onnx graph": built.onnx, "food11.py": shared / "food11.py"}
+    for name, entry in ENTRIES.items():
+        for file_name, kind in entry.artifacts.items():
+            if kind not in generated:
+                raise ArtifactError(
+                    f"servelab/models.py: {name}'s artifact {file_name} is a {kind!r}; "
+                    f"`make artifacts` builds: {', '.join(generated)}."
+                )
+            pairs.append((generated[kind], paths.MODELS_STAGING_DIR / name / "1" / file_name))
+    return pairs
 
 
 def _copy_if_changed(source: Path, destination: Path) -> bool:

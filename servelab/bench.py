@@ -32,6 +32,8 @@ import requests
 
 from servelab import artifacts, inprocess, loadgen, paths, perf_analyzer, plots, triton_stats
 from servelab.environment import machine_info
+from servelab.models import ModelRepository
+from servelab.profiles import PROFILES, Profile
 from servelab.resources import ResourceSampler
 from servelab.results import RunResult, save_results
 from servelab.stack import LocalStack, Ports, fastapi_service, triton_service
@@ -39,25 +41,9 @@ from servelab.stack import LocalStack, Ports, fastapi_service, triton_service
 log = logging.getLogger(__name__)
 
 RESULTS_DIR = paths.REPO_ROOT / "results"
-PAYLOAD_IMAGE = paths.GOURMETGRAM_DIR / "static" / "samples" / "soup.jpg"
 AGREEMENT_MODEL = "food_classifier_onnx"
 AGREEMENT_CONCURRENCY = 8
 AGREEMENT_LIMITS = {"throughput": 0.10, "p50": 0.15}
-
-
-@dataclass(frozen=True)
-class Profile:
-    duration_s: float  # measured seconds per load point
-    warmup_s: float  # unmeasured seconds before each
-    agreement_pairs: int  # alternating load generator / perf_analyzer runs
-    concurrencies: tuple[int, ...] = (1, 8, 16)
-
-
-PROFILES = {
-    "full": Profile(duration_s=15.0, warmup_s=3.0, agreement_pairs=3),
-    # For CI: every step runs, briefly. Its numbers prove the pipeline works, nothing more.
-    "quick": Profile(duration_s=2.0, warmup_s=0.5, agreement_pairs=1),
-}
 
 
 @dataclass(frozen=True)
@@ -144,8 +130,9 @@ def _agreement(endpoints: Endpoints, profile: Profile, image: bytes) -> dict:
             progress=False,
         ))
         reference.append(perf_analyzer.run(
-            endpoints.triton_http, AGREEMENT_MODEL, concurrency=AGREEMENT_CONCURRENCY, shape=["input:3,224,224"],
+            endpoints.triton_http, AGREEMENT_MODEL, concurrency=AGREEMENT_CONCURRENCY,
             measurement_interval_ms=int(profile.duration_s * 1000 / 4), stability_percentage=25,
+            **ModelRepository().get(AGREEMENT_MODEL).perf_analyzer_input(image, paths.LAB_DIR),
         ).results[0])
     median = statistics.median
     ours = {"throughput_rps": median(r.throughput_rps for r in generator), "p50_ms": median(r.latency.p50_ms for r in generator)}
@@ -176,7 +163,7 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
     out_dir = out_dir or RESULTS_DIR / f"bench-{stamp}-{profile_name}"
     out_dir.mkdir(parents=True, exist_ok=True)
     built = artifacts.ensure_artifacts()
-    image = PAYLOAD_IMAGE.read_bytes()
+    image = paths.SAMPLE_IMAGE.read_bytes()
 
     with contextlib.ExitStack() as cleanup:
         if endpoints is None:
@@ -212,11 +199,11 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
         agreement = _agreement(endpoints, profile, image)
         metadata_ = {
             "profile": profile_name,
-            "profile_settings": profile.__dict__,
+            "profile_settings": {"duration_s": profile.duration_s, "warmup_s": profile.warmup_s},
             "machine": machine_info(),
             "versions": runtime_versions(endpoints),
             "weights": built.weights_info,
-            "payload": {"image": PAYLOAD_IMAGE.name, "bytes": len(image)},
+            "payload": {"image": paths.SAMPLE_IMAGE.name, "bytes": len(image)},
             "baselines_rps": baselines,
             "agreement": agreement,
         }

@@ -9,109 +9,82 @@ LAB_TARGET chooses the target:
 - `chameleon`: the Docker Compose services on the GPU node, reached by their service names from
   the Jupyter container.
 
-LAB_PROFILE chooses how long each measurement runs: `full` (the default) or `quick` (CI; every
-experiment still runs, with short windows).
+LAB_PROFILE chooses how long each measurement runs (servelab.profiles): `full` (the default) or
+`quick` (CI; every experiment still runs, with short windows).
 
-A Triton config change is shown as the exact text change to `config.pbtxt`, written by code (so
-a notebook runs unattended and the student still sees the edit), and applied by reloading that
-one model through Triton's model-control API (the server runs with explicit model control, on
-both targets). Locally the edited config is adapted to the CPU first, and that adaptation is
-printed too.
+A Triton config change is made on the config as shipped (`lab.config(model)`, a
+`servelab.triton_config.TritonConfig`), shown as the exact text change to `config.pbtxt`, and
+applied by reloading that one model through Triton's model-control API (the server runs with
+explicit model control, on both targets). Locally the edited config is adapted to the CPU first,
+and that adaptation is printed too.
 """
 
 from __future__ import annotations
 
 import atexit
 import base64
-import difflib
-import json
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
 
-from servelab import loadgen, paths, perf_analyzer, plots, triton_local
+from servelab import loadgen, paths, perf_analyzer, plots, triton_local, ui
 from servelab.environment import chameleon_only, current_target  # noqa: F401 (notebooks import them from here too)
+from servelab.expectations import Expectation, ExpectationLog
+from servelab.models import ModelRepository
+from servelab.profiles import Profile, profile
 from servelab.results import RunResult
-from servelab.stack import LocalStack, Ports, fastapi_service, gourmetgram_service, triton_service
+from servelab.stack import LocalStack, Ports, answers, fastapi_service, gourmetgram_service, triton_service
+from servelab.triton_config import ConfigError, TritonConfig
 
 log = logging.getLogger(__name__)
 
-SAMPLE_IMAGE = paths.GOURMETGRAM_DIR / "static" / "samples" / "soup.jpg"
 NOTEBOOK_STACK_DIR = paths.LAB_DIR / "notebook-stack"
-
-
-@dataclass(frozen=True)
-class Profile:
-    duration_s: float  # measured seconds of one load-generator run
-    warmup_s: float
-    sequential_requests: int  # requests in a one-at-a-time latency measurement
-    perf_window_ms: int  # perf_analyzer measurement window
-
-
-PROFILES = {
-    "full": Profile(duration_s=20.0, warmup_s=3.0, sequential_requests=100, perf_window_ms=5000),
-    "quick": Profile(duration_s=2.0, warmup_s=0.5, sequential_requests=20, perf_window_ms=1500),
-}
-
-
-@dataclass
-class Prediction:
-    claim: str
-    held: bool
-    evidence: str
-    reason: str = ""
-
-    def __str__(self) -> str:
-        verdict = "HELD" if self.held else "DID NOT HOLD"
-        text = f"Prediction: {self.claim}\n  -> {verdict} on this machine: {self.evidence}"
-        return text + (f"\n  Why: {self.reason}" if self.reason and not self.held else "")
 
 
 @dataclass
 class Lab:
     target: str
-    profile_name: str
+    profile: Profile
     fastapi_urls: dict[str, str]  # flavor ("pt"/"onnx") -> http://host:port
-    triton_http: str  # host:port
-    triton_grpc: str
-    repository: Path  # the model repository the running Triton loads
+    triton_http: str | None  # host:port; None when this notebook runs without Triton
+    triton_grpc: str | None
+    repository: Path | None  # the model repository the running Triton loads
+    source: Path = paths.MODELS_STAGING_DIR  # the models as shipped
     gourmetgram_url: str | None = None
     has_gpu: bool = False
     results: list[RunResult] = field(default_factory=list)
-    predictions: list[Prediction] = field(default_factory=list)
+    expectations: ExpectationLog = field(default_factory=ExpectationLog)
     _stacks: list[LocalStack] = field(default_factory=list, repr=False)
 
     # ---- connecting ------------------------------------------------------------------------
 
     @classmethod
-    def connect(cls, triton: bool = True) -> "Lab":
+    def connect(cls, triton: bool = True) -> Lab:
         """Connect to the target's services; locally, `triton=False` starts FastAPI only (faster)."""
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-        target = current_target()
-        profile = os.environ.get("LAB_PROFILE", "full")
-        if profile not in PROFILES:
-            raise ValueError(f"LAB_PROFILE={profile!r}: use one of {sorted(PROFILES)}")
-        lab = cls._chameleon(profile) if target == "chameleon" else cls._local(profile, triton)
+        chosen = profile()
+        lab = cls._chameleon(chosen) if current_target() == "chameleon" else cls._local(chosen, triton)
         print(lab.describe())
         return lab
 
     @classmethod
-    def _chameleon(cls, profile: str) -> "Lab":
+    def _chameleon(cls, chosen: Profile) -> Lab:
         triton = os.environ.get("TRITON_SERVER_URL", "triton_server:8000")
         fastapi = os.environ.get("FASTAPI_SERVER_URL", "http://fastapi_server:8000")
         return cls(
             target="chameleon",
-            profile_name=profile,
-            fastapi_urls={_fastapi_flavor(fastapi): fastapi} if _answers(f"{fastapi}/health") else {},
+            profile=chosen,
+            fastapi_urls={_fastapi_flavor(fastapi): fastapi} if answers(f"{fastapi}/health") else {},
             triton_http=triton,
             triton_grpc=triton.rsplit(":", 1)[0] + ":8001",
             repository=paths.MODELS_STAGING_DIR,  # mounted into the Triton container as /models
@@ -120,11 +93,10 @@ class Lab:
         )
 
     @classmethod
-    def _local(cls, profile: str, triton: bool) -> "Lab":
+    def _local(cls, chosen: Profile, triton: bool) -> Lab:
         default = Ports.from_env()
-        if _answers(f"http://127.0.0.1:{default.triton_http}/v2/health/ready") and _answers(
-            f"http://127.0.0.1:{default.fastapi_pt}/health"
-        ):
+        running = answers(f"http://127.0.0.1:{default.fastapi_pt}/health")
+        if running and answers(f"http://127.0.0.1:{default.triton_http}/v2/health/ready"):
             ports, repository, stacks = default, paths.TRITON_DIR / "models", []
             print("Using the lab already running on this machine (`make up`).")
         else:
@@ -137,13 +109,14 @@ class Lab:
             print(f"Starting the local serving stack for this notebook ({', '.join(s.name for s in services)})...")
             stack.start()
             atexit.register(_stop_and_clean, stack, work)
-            repository, stacks = work / "triton" / "models", [stack]
+            repository, stacks = (work / "triton" / "models" if triton else None), [stack]
+        with_triton = triton or not stacks
         return cls(
             target="local",
-            profile_name=profile,
+            profile=chosen,
             fastapi_urls={"pt": f"http://127.0.0.1:{ports.fastapi_pt}", "onnx": f"http://127.0.0.1:{ports.fastapi_onnx}"},
-            triton_http=f"127.0.0.1:{ports.triton_http}",
-            triton_grpc=f"127.0.0.1:{ports.triton_grpc}",
+            triton_http=f"127.0.0.1:{ports.triton_http}" if with_triton else None,
+            triton_grpc=f"127.0.0.1:{ports.triton_grpc}" if with_triton else None,
             repository=repository,
             _stacks=stacks,
         )
@@ -153,16 +126,17 @@ class Lab:
         return self.target == "chameleon"
 
     @property
-    def profile(self) -> Profile:
-        return PROFILES[self.profile_name]
+    def models(self) -> ModelRepository:
+        return ModelRepository(self.source)
 
     def describe(self) -> str:
         where = "Chameleon GPU node (Docker Compose services)" if self.on_chameleon else "this machine, CPU only (local stack)"
         lines = [
-            f"Target: {self.target} -- {where}; profile: {self.profile_name}",
+            f"Target: {self.target} -- {where}; profile: {self.profile.name}",
             *(f"  FastAPI ({flavor}): {url}" for flavor, url in self.fastapi_urls.items()),
-            f"  Triton: HTTP {self.triton_http}, gRPC {self.triton_grpc}",
         ]
+        if self.triton_http:
+            lines.append(f"  Triton: HTTP {self.triton_http}, gRPC {self.triton_grpc}")
         return "\n".join(lines)
 
     def stop(self) -> None:
@@ -175,13 +149,13 @@ class Lab:
 
     @staticmethod
     def sample_image() -> bytes:
-        return SAMPLE_IMAGE.read_bytes()
+        return paths.SAMPLE_IMAGE.read_bytes()
 
     def fastapi_url(self, flavor: str) -> str:
         if flavor not in self.fastapi_urls and self.on_chameleon:
             # The student may have switched the server since connecting: ask it what it runs now.
             url = os.environ.get("FASTAPI_SERVER_URL", "http://fastapi_server:8000")
-            if _answers(f"{url}/health"):
+            if answers(f"{url}/health"):
                 self.fastapi_urls = {_fastapi_flavor(url): url}
         if flavor not in self.fastapi_urls:
             raise RuntimeError(
@@ -190,6 +164,11 @@ class Lab:
                 "-f docker/docker-compose-fastapi.yaml up -d --build fastapi_server"
             )
         return self.fastapi_urls[flavor]
+
+    def _triton(self) -> str:
+        if not self.triton_http:
+            raise RuntimeError("This notebook connected without Triton (Lab.connect(triton=False)).")
+        return self.triton_http
 
     def predict(self, flavor: str, image: bytes | None = None) -> dict:
         """One real request to FastAPI's /predict, as the Swagger page would send it."""
@@ -214,34 +193,46 @@ class Lab:
         return self._keep(result, f"fastapi_{flavor}")
 
     def perf(self, model: str, concurrency: int | None = 1, batch_size: int = 1, rate: float | None = None,
-             distribution: str = "constant") -> RunResult:
-        """perf_analyzer against Triton, with this profile's measurement windows."""
-        kwargs = {}
-        if model == "food_classifier":
-            kwargs["input_data"] = self.image_input_data()
-        else:
-            kwargs["shape"] = ["input:3,224,224"]
+             distribution: str = "constant", **options) -> RunResult:
+        """perf_analyzer against Triton, with this profile's measurement windows. `options` go to
+        servelab.perf_analyzer.run (e.g. shape=[...]) and override the model's defaults."""
+        model_input = self.models.get(model).perf_analyzer_input(self.sample_image(), paths.LAB_DIR)
         result = perf_analyzer.run(
-            self.triton_http, model, concurrency=None if rate else concurrency, request_rate=rate,
+            self._triton(), model, concurrency=None if rate else concurrency, request_rate=rate,
             request_distribution=distribution, batch_size=batch_size,
             measurement_interval_ms=self.profile.perf_window_ms, stability_percentage=50, max_trials=5,
-            timeout_s=600, **kwargs,
+            timeout_s=600, **{**model_input, **options},
         ).results[0]
         return self._keep(result, result.target)
 
-    def image_input_data(self) -> Path:
-        """perf_analyzer's --input-data file for food_classifier: the sample image, base64-encoded."""
-        path = paths.LAB_DIR / "perf_input_food_classifier.json"
-        encoded = base64.b64encode(self.sample_image()).decode()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"data": [{"INPUT_IMAGE": {"content": [encoded], "shape": [1]}}]}))
-        return path
+    def measure(self, model: str, attempts: int = 2, **load) -> RunResult | None:
+        """`perf`, tried up to `attempts` times while perf_analyzer finds no stable measurement;
+        None (said in the output) when no attempt gave a number. The result's target names the
+        model's current instance count, so runs under different configurations stay apart."""
+        for attempt in range(1, attempts + 1):
+            try:
+                result = self.perf(model, **load)
+                break
+            except perf_analyzer.NoStableMeasurement as unstable:
+                print(f"{model} {load}: {unstable.meaning} (attempt {attempt} of {attempts}).")
+        else:
+            print(f"{model} {load}: perf_analyzer gave up every time, so this run has no result.")
+            return None
+        instances = self.served_instances(model)
+        result.target += f", {instances} instance{'s' if instances > 1 else ''}"
+        return result
 
     def _keep(self, result: RunResult, target: str) -> RunResult:
         result.target = target
         self.results.append(result)
         print(summary_line(result))
         return result
+
+    def breakdown(self, results: Mapping[str, RunResult | None]) -> str:
+        """Print where the time went (Triton's breakdown) for named perf_analyzer runs."""
+        table = plots.breakdown_table(results)
+        print(table)
+        return table
 
     def scale_rates(self, rates: list[float], model: str = "food_classifier_onnx") -> list[float]:
         """The request rates to use here for an experiment written for two P100 GPUs.
@@ -253,8 +244,8 @@ class Lab:
         if self.on_chameleon:
             return list(rates)
         capacity = perf_analyzer.run(
-            self.triton_http, model, concurrency=4, shape=["input:3,224,224"],
-            measurement_interval_ms=self.profile.perf_window_ms, stability_percentage=50, max_trials=5,
+            self._triton(), model, concurrency=4, measurement_interval_ms=self.profile.perf_window_ms,
+            stability_percentage=50, max_trials=5, **self.models.get(model).perf_analyzer_input(self.sample_image(), paths.LAB_DIR),
         ).results[0].throughput_rps
         factor = 0.9 * capacity / max(rates)
         scaled = [round(rate * factor, 1) for rate in rates]
@@ -263,17 +254,26 @@ class Lab:
               f"{factor:.3f} to {scaled} req/s, so the highest is 90% of this machine's capacity.")
         return scaled
 
-    def check(self, claim: str, held: bool, evidence: str, reason: str = "") -> Prediction:
-        """State a predicted trend, and whether this run's numbers bore it out."""
-        prediction = Prediction(claim, bool(held), evidence, reason)
-        self.predictions.append(prediction)
-        print(prediction)
-        return prediction
-
     def table(self, results: list[RunResult] | None = None) -> str:
         table = plots.results_table(results if results is not None else self.results)
         print(table)
         return table
+
+    # ---- lesson checks ---------------------------------------------------------------------
+
+    def expect(self, claim: str, held: bool, evidence: str, reason: str = "") -> Expectation:
+        """Record what the lesson expected, and whether this run's numbers (the evidence) bore it out."""
+        return self.expectations.judge(claim, bool(held), evidence, reason)
+
+    def not_checked(self, claim: str, missing: list[str]) -> Expectation:
+        """Record that an expectation could not be judged: these runs gave no number."""
+        return self.expectations.not_checked(claim, f"no stable measurement for {', '.join(missing)}")
+
+    def verdicts(self) -> str:
+        """Every expectation of this notebook and its outcome, one line each."""
+        summary = self.expectations.summary()
+        print(summary)
+        return summary
 
     # ---- the web UI -----------------------------------------------------------------------
 
@@ -285,68 +285,76 @@ class Lab:
         ports = Ports(
             fastapi_pt=int(self.fastapi_urls["pt"].rsplit(":", 1)[1]),
             fastapi_onnx=int(self.fastapi_urls["onnx"].rsplit(":", 1)[1]),
-            triton_http=int(self.triton_http.rsplit(":", 1)[1]),
+            triton_http=int(self.triton_http.rsplit(":", 1)[1]) if self.triton_http else Ports().triton_http,
         )
         stack = LocalStack([gourmetgram_service(port, backend, ports)], log_dir=NOTEBOOK_STACK_DIR / "ui-logs").start()
         self._stacks.append(stack)
         atexit.register(stack.stop)
         return f"http://127.0.0.1:{port}"
 
+    @staticmethod
+    def upload_to_ui(ui_url: str, image_name: str, image: bytes) -> ui.PageAnswer:
+        """Upload a photo as GourmetGram's form does, and print what the result page says."""
+        answer = ui.upload(ui_url, image_name, image)
+        print(answer)
+        return answer
+
     # ---- Triton model configs ----------------------------------------------------------------
 
-    def config_text(self, model: str) -> str:
-        """The config as shipped for the GPU node (the text a student edits).
+    def config(self, model: str) -> TritonConfig:
+        """The model's config as shipped for the GPU node (what a student edits).
 
-        Read from git, not from the file: on Chameleon the server loads models_staging/ itself,
-        so after an edit the file no longer holds the shipped text, and a restore must.
+        On Chameleon it is read from git, not from the file: the server there loads
+        models_staging/ itself, so after an edit the file no longer holds the shipped text.
         """
-        relative = f"models_staging/{model}/config.pbtxt"
-        shipped = subprocess.run(["git", "show", f"HEAD:{relative}"], cwd=paths.REPO_ROOT, capture_output=True, text=True)
-        return shipped.stdout if shipped.returncode == 0 else (paths.REPO_ROOT / relative).read_text()
+        info = self.models.get(model)
+        if self.on_chameleon:
+            relative = f"models_staging/{model}/config.pbtxt"
+            shipped = subprocess.run(["git", "show", f"HEAD:{relative}"], cwd=paths.REPO_ROOT, capture_output=True, text=True)
+            if shipped.returncode == 0:
+                return TritonConfig(shipped.stdout, origin=relative)
+        return info.config
 
-    def apply_config(self, model: str, edited: str) -> None:
-        """Show the edit as a diff, write it where the server reads it, and reload that one model."""
-        shipped = self.config_text(model)
-        print(_diff(shipped, edited, f"{model}/config.pbtxt (as shipped)", f"{model}/config.pbtxt (edited)") or
-              f"{model}/config.pbtxt: back to the config as shipped")
+    def served_config(self, model: str) -> dict:
+        """What Triton reports it runs for `model` (its own defaults filled in)."""
+        return triton_http.InferenceServerClient(self._triton()).get_model_config(model)
+
+    def served_instances(self, model: str) -> int:
+        """How many instances of `model` Triton runs now, from what the server itself reports."""
+        groups = self.served_config(model).get("instance_group", [])
+        # On a GPU group, `count` instances run on *each* listed GPU.
+        return sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in groups)
+
+    def apply_config(self, model: str, edited: TritonConfig | str) -> None:
+        """Show the edit as a diff, write it where the server reads it, and reload that one model.
+
+        `edited` is a TritonConfig (e.g. `lab.config(model).with_dynamic_batching(...)`) or the
+        text of one; either way it is checked against Triton's schema before Triton sees it.
+        """
+        info = self.models.get(model)
+        if isinstance(edited, str):
+            edited = TritonConfig(edited, origin=f"{model}/config.pbtxt (edited)")
+        if edited.name not in ("", model):
+            raise ConfigError(f'The edited config says name: "{edited.name}", but it is applied to {model}.')
+        shipped = self.config(model)
+        print(shipped.diff(edited, f"{model}/config.pbtxt (as shipped)", f"{model}/config.pbtxt (edited)")
+              or f"{model}/config.pbtxt: back to the config as shipped")
         served = edited
         if not self.on_chameleon:
-            weights = json.loads(Path(str(paths.MODELS_STAGING_DIR / model / "1" / _model_file(model)) + ".weights.json").read_text())
-            served = triton_local.adapt_config_for_cpu(edited, weights)
-            cpu_changes = _diff(edited, served, "edited", "served on this CPU-only machine")
-            print("Adapted for this machine (no GPU, pip-installed Triton):\n" + cpu_changes)
-        (self.repository / model / "config.pbtxt").write_text(served)
-        client = triton_http.InferenceServerClient(self.triton_http)
+            served = triton_local.served_config(info, edited, self.repository / model)
+            print("Adapted for this machine (no GPU, pip-installed Triton):\n"
+                  + edited.diff(served, "edited", "served on this CPU-only machine"))
+        (self.repository / model / "config.pbtxt").write_text(served.text)
+        client = triton_http.InferenceServerClient(self._triton())
         started = time.monotonic()
-        client.load_model(model)  # in explicit mode, loading a loaded model reloads it from disk
+        try:
+            client.load_model(model)  # in explicit mode, loading a loaded model reloads it from disk
+        except InferenceServerException as exc:
+            raise ConfigError(f"Triton refused the edited config of {model}: {exc.message()}") from None
         print(f"Reloaded {model} in {time.monotonic() - started:.1f} s; ready: {client.is_model_ready(model)}")
 
     def restore_config(self, model: str) -> None:
-        self.apply_config(model, self.config_text(model))
-
-    def served_config(self, model: str) -> dict:
-        return triton_http.InferenceServerClient(self.triton_http).get_model_config(model)
-
-
-def with_instance_groups(config: str, groups: list[tuple[int, list[int]]]) -> str:
-    """Replace instance_group with `count` instances on each listed GPU, e.g. [(2, [0]), (2, [1])]."""
-    entries = ",\n".join(
-        f"  {{\n    count: {count}\n    kind: KIND_GPU\n    gpus: [ {', '.join(map(str, gpus))} ]\n  }}" for count, gpus in groups
-    )
-    replaced, found = re.subn(r"instance_group\s*\[.*?\n\]", f"instance_group [\n{entries}\n]", config, flags=re.S)
-    if not found:
-        raise ValueError("config has no instance_group block")
-    return replaced
-
-
-def with_dynamic_batching(config: str, preferred: list[int], max_queue_delay_us: int) -> str:
-    """Add (or replace) a dynamic_batching block at the end of the config."""
-    without = re.sub(r"\ndynamic_batching\s*\{.*?\}\n", "\n", config, flags=re.S)
-    block = (
-        f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
-        f"  max_queue_delay_microseconds: {max_queue_delay_us}\n}}\n"
-    )
-    return without.rstrip("\n") + "\n" + block
+        self.apply_config(model, self.config(model))
 
 
 def summary_line(result: RunResult) -> str:
@@ -365,19 +373,3 @@ def _fastapi_flavor(url: str) -> str:
 def _stop_and_clean(stack: LocalStack, work: Path) -> None:
     stack.stop()
     shutil.rmtree(work, ignore_errors=True)
-
-
-def _model_file(model: str) -> str:
-    return "food11.pth" if model == "food_classifier" else "model.onnx"
-
-
-def _diff(before: str, after: str, before_name: str, after_name: str) -> str:
-    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), before_name, after_name))
-
-
-def _answers(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
-

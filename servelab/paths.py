@@ -19,3 +19,6 @@ FASTAPI_ONNX_DIR = REPO_ROOT / "fastapi_onnx"
 GOURMETGRAM_DIR = REPO_ROOT / "gourmetgram"
 MODELS_STAGING_DIR = REPO_ROOT / "models_staging"
 SHARED_SOURCE_DIR = Path(__file__).resolve().parent
+
+# The photo every measurement sends unless told otherwise: one of GourmetGram's bundled samples.
+SAMPLE_IMAGE = GOURMETGRAM_DIR / "static" / "samples" / "soup.jpg"

@@ -40,7 +40,23 @@ SERVER_COLUMNS = {
 
 
 class PerfAnalyzerError(RuntimeError):
-    pass
+    """perf_analyzer could not run, or failed; the message carries the end of its output."""
+
+
+class NoStableMeasurement(PerfAnalyzerError):
+    """perf_analyzer ran, but gave no number it trusts at this load: its windows never agreed, or
+    no request completed within one. Not a fault: longer windows, or another attempt, may settle."""
+
+    def __init__(self, meaning: str, output: str) -> None:
+        super().__init__(f"no stable measurement: {meaning}.\n{output}")
+        self.meaning = meaning
+
+
+# perf_analyzer's ways of saying "no trustworthy number at this load", and what each means.
+UNSTABLE_MESSAGES = {
+    "Failed to obtain stable measurement": "the windows never agreed within the stability percentage",
+    "No valid requests recorded": "no request completed within a measurement window",
+}
 
 
 def binary() -> Path:
@@ -114,12 +130,11 @@ def run(
         log.info("running %s", " ".join(command))
         completed = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=timeout_s)
         if completed.returncode != 0:
-            hint = ""
-            if "Failed to obtain stable measurement" in completed.stdout:
-                hint = "\nThe load never settled: use longer windows or a larger stability_percentage.\n"
-            raise PerfAnalyzerError(hint + 
-                f"perf_analyzer exited with {completed.returncode}:\n{completed.stdout[-2000:]}\n{completed.stderr[-2000:]}"
-            )
+            output = f"perf_analyzer exited with {completed.returncode}:\n{completed.stdout[-2000:]}\n{completed.stderr[-2000:]}"
+            for message, meaning in UNSTABLE_MESSAGES.items():
+                if message in completed.stdout + completed.stderr:
+                    raise NoStableMeasurement(meaning, output)
+            raise PerfAnalyzerError(output)
         rows = parse_csv(report.read_text())
     target = f"triton/{model} ({protocol})"
     results = [

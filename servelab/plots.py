@@ -397,3 +397,18 @@ def results_table(results: Sequence[RunResult], baseline_rps: float | Mapping[st
             cells.append(f"{100 * result.throughput_rps / baseline:.0f}%" if baseline else "n/a")
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def breakdown_table(results: Mapping[str, RunResult | None]) -> str:
+    """Where each named perf_analyzer run spent its time: throughput, latency, and Triton's queue
+    and compute-infer per request. A None result is a run that gave no stable measurement."""
+    lines = [f"{'run':>18} | {'req/s':>7} | {'mean ms':>8} | {'p95 ms':>7} | {'queue ms':>8} | {'compute infer ms':>16}"]
+    for name, result in results.items():
+        if result is None:
+            lines.append(f"{name:>18} | no stable measurement")
+            continue
+        lines.append(
+            f"{name:>18} | {result.throughput_rps:7.1f} | {result.latency.mean_ms:8.1f} | {result.latency.p95_ms:7.1f} | "
+            f"{result.server_ms('queue'):8.1f} | {result.server_ms('compute_infer'):16.1f}"
+        )
+    return "\n".join(lines)

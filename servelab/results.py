@@ -65,6 +65,14 @@ class RunResult:
     def images_per_s(self) -> float:
         return self.throughput_rps * self.batch_size
 
+    def server_ms(self, stage: str) -> float:
+        """One stage of Triton's server-side breakdown, in milliseconds per request: "queue",
+        "compute_input", "compute_infer" or "compute_output" (perf_analyzer runs only)."""
+        key = f"server_{stage}_us"
+        if not self.server_breakdown or key not in self.server_breakdown:
+            raise ValueError(f"{self.label} has no server-side {stage!r} time: only perf_analyzer runs report one")
+        return self.server_breakdown[key] / 1000
+
     @property
     def error_count(self) -> int:
         return sum(self.errors.values())

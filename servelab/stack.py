@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterable
 
 from servelab import paths, triton_local
+from servelab.models import ModelRepository
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
+    """The readiness probe: does `url` answer 200 right now?"""
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return response.status == 200
@@ -135,7 +137,7 @@ class ManagedProcess:
                     f"{self.spec.name} exited with code {self.process.returncode} before it was ready.\n"
                     f"Last lines of {self.log_path}:\n{self.log_tail()}"
                 )
-            if _answers(self.spec.ready_url):
+            if answers(self.spec.ready_url):
                 log.info("%s is ready at %s", self.spec.name, self.spec.ready_url)
                 return
             time.sleep(0.25)
@@ -226,15 +228,19 @@ def fastapi_service(flavor: str, port: int, env: dict[str, str] | None = None) -
     )
 
 
-def triton_service(ports: triton_local.TritonPorts, work_dir: Path = paths.TRITON_DIR) -> ServiceSpec:
-    """Stage the adapted model repository, print what changed, and describe the server process."""
+def triton_service(
+    ports: triton_local.TritonPorts, work_dir: Path = paths.TRITON_DIR, source: Path = paths.MODELS_STAGING_DIR
+) -> ServiceSpec:
+    """Stage every model of `source` adapted to this machine, log what changed, and describe the
+    server process. A model folder that cannot be staged raises StagingError, naming it."""
     repository = work_dir / "models"
     backends = triton_local.build_backend_dir(work_dir / "backends")
-    for staged in triton_local.stage_model_repository(repository):
-        log.info("Triton model %s, adapted for this machine:\n%s", staged.name, staged.changes)
+    staged = triton_local.stage_model_repository(repository, source)
+    for model in staged:
+        log.info("Triton model %s, adapted for this machine:\n%s", model.name, model.changes)
     return ServiceSpec(
         name="triton",
-        command=triton_local.server_command(repository, backends, ports),
+        command=triton_local.server_command(repository, backends, ports, [model.name for model in staged]),
         cwd=work_dir,
         ports=[ports.http, ports.grpc, ports.metrics],
         ready_url=f"http://127.0.0.1:{ports.http}/v2/health/ready",
@@ -243,17 +249,23 @@ def triton_service(ports: triton_local.TritonPorts, work_dir: Path = paths.TRITO
     )
 
 
-# Which backend the web UI talks to: the same environment variables as in the Docker stacks.
-UI_BACKENDS = ("fastapi_pt", "fastapi_onnx", "food_classifier", "food_classifier_onnx")
+FASTAPI_SERVICES = ("fastapi_pt", "fastapi_onnx")
+
+
+def ui_backends() -> list[str]:
+    """What the web UI can talk to: a FastAPI service, or a Triton model that classifies photos."""
+    photo_models = [model.name for model in ModelRepository() if model.entry and model.entry.image_request]
+    return [*FASTAPI_SERVICES, *photo_models]
 
 
 def gourmetgram_service(port: int, backend: str, ports: Ports) -> ServiceSpec:
-    if backend in ("fastapi_pt", "fastapi_onnx"):
+    """GourmetGram in front of `backend` (see ui_backends), configured as in the Docker stacks."""
+    if backend in FASTAPI_SERVICES:
         backend_env = {"FASTAPI_SERVER_URL": f"http://127.0.0.1:{getattr(ports, backend)}"}
-    elif backend in ("food_classifier", "food_classifier_onnx"):
+    elif backend in ui_backends():
         backend_env = {"TRITON_SERVER_URL": f"127.0.0.1:{ports.triton_http}", "FOOD11_MODEL_NAME": backend}
     else:
-        raise ValueError(f"unknown UI backend {backend!r}; choose one of {', '.join(UI_BACKENDS)}")
+        raise ValueError(f"GourmetGram cannot use {backend!r}: choose one of {', '.join(ui_backends())}")
     return ServiceSpec(
         name="gourmetgram",
         command=[sys.executable, "app.py"],

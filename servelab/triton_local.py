@@ -3,23 +3,24 @@
 The `nvidia-pytriton` wheel ships the same `tritonserver` binary as the 24.10 container image,
 with its Python backend, but no other backend. This module
 - builds a backend directory from the wheel's files,
-- stages a copy of `models_staging/` adapted to a CPU-only machine, and prints each change:
-  * every `instance_group` becomes `KIND_CPU` (a `KIND_GPU` model fails to load without a GPU);
-  * `food_classifier_onnx` is served by the Python backend running the same `model.onnx` with
-    ONNX Runtime (`servelab/triton_onnx_model.py`), because the onnxruntime backend is not in
-    the wheel. Its config says so in a `served_by` parameter, and Triton's own model config
-    endpoint reports `backend: "python"`: the difference is visible, not hidden;
-  * the weights status (trained/untrained) is added as config parameters, which Triton reports.
+- stages a copy of every model folder in `models_staging/` adapted to a CPU-only machine
+  (`servelab.triton_config.adapt_for_local_cpu`), and returns each change as a diff to print:
+  * every `KIND_GPU` instance group becomes `KIND_CPU` (a `KIND_GPU` model fails to load without a GPU);
+  * a model for the ONNX Runtime backend is served by the Python backend running the same
+    `model.onnx` with ONNX Runtime (`servelab/triton_onnx_model.py`), because the onnxruntime
+    backend is not in the wheel. Its config says so in a `served_by` parameter, and Triton's own
+    model config endpoint reports `backend: "python"`: the difference is visible, not hidden;
+  * the weights status (trained/untrained) is added as config parameters, which Triton reports;
+  * each `model.py` gets one first line that puts the lab's virtualenv on `sys.path`.
+  A folder it cannot adapt stops the start-up with a message naming the folder and what to do.
 - builds the `tritonserver` command line, with explicit model control so a single model can be
-  reloaded after a config change without restarting the server.
+  reloaded after a config change without restarting the server, and every staged model loaded.
 """
 
 from __future__ import annotations
 
 import difflib
-import json
 import logging
-import re
 import shutil
 import sys
 import sysconfig
@@ -27,12 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab import paths
-from servelab.food11 import WEIGHTS_INFO_SUFFIX
+from servelab.models import Model, ModelError, ModelRepository
+from servelab.triton_config import LOCAL_BACKEND, ONNX_BACKEND, ConfigError, TritonConfig, adapt_for_local_cpu
 
 log = logging.getLogger(__name__)
 
-MODEL_NAMES = ("food_classifier", "food_classifier_onnx")
 ONNX_RUNNER_SOURCE = paths.SHARED_SOURCE_DIR / "triton_onnx_model.py"
+
+
+class StagingError(RuntimeError):
+    """A model folder the local stack cannot serve; the message names it and says what to do."""
 
 
 def pytriton_server_dir() -> Path:
@@ -72,26 +77,6 @@ def server_binary() -> Path:
     return pytriton_server_dir() / "bin" / "tritonserver"
 
 
-def _config_parameter(key: str, value: str) -> str:
-    return f'parameters {{\n  key: "{key}"\n  value: {{ string_value: {json.dumps(value)} }}\n}}\n'
-
-
-def adapt_config_for_cpu(config_text: str, weights_info: dict) -> str:
-    """The staged config.pbtxt for a CPU-only machine with the pip-shipped Triton."""
-    adapted = re.sub(r"\bKIND_GPU\b", "KIND_CPU", config_text)
-    adapted = re.sub(r"^\s*gpus\s*:\s*\[[^\]]*\]\s*\n", "", adapted, flags=re.MULTILINE)
-    if re.search(r'backend\s*:\s*"onnxruntime"', adapted):
-        adapted = re.sub(r'backend\s*:\s*"onnxruntime"', 'backend: "python"', adapted)
-        adapted += _config_parameter(
-            "served_by",
-            "Python backend running model.onnx with ONNX Runtime (CPU). Local adaptation: the shipped "
-            'config asks for backend "onnxruntime", which the pip-installed Triton does not include.',
-        )
-    adapted += _config_parameter("weights", weights_info.get("weights", "unknown"))
-    adapted += _config_parameter("weights_note", weights_info.get("note", ""))
-    return adapted
-
-
 @dataclass(frozen=True)
 class StagedModel:
     name: str
@@ -117,40 +102,54 @@ def _diff(before: str, after: str, name: str) -> str:
     )
 
 
-def _weights_info_for(version_dir: Path) -> dict:
-    for info_path in sorted(version_dir.glob(f"*{WEIGHTS_INFO_SUFFIX}")):
-        return json.loads(info_path.read_text())
-    return {"weights": "unknown", "note": f"no weights record in {version_dir}"}
+def served_config(model: Model, config: TritonConfig, staged_folder: Path | None = None) -> TritonConfig:
+    """`config` (the shipped one, or a student's edit of it) as the local stack serves `model`."""
+    try:
+        return adapt_for_local_cpu(config, model.weights_info(staged_folder))
+    except ConfigError as exc:
+        raise StagingError(f"models_staging/{model.name} cannot be served by the local Triton: {exc}") from None
+
+
+def stage_model(model: Model, destination: Path) -> StagedModel:
+    """Copy one model folder to `destination`, adapted to this machine; returns what changed."""
+    where = f"models_staging/{model.name}"
+    shutil.copytree(model.folder, destination, ignore=shutil.ignore_patterns("__pycache__"))
+    adapted = served_config(model, model.config, destination)
+    (destination / "config.pbtxt").write_text(adapted.text)
+    changes = [model.config.diff(adapted, f"{where}/config.pbtxt", f"staged/{model.name}/config.pbtxt (this machine)")]
+    for version in model.version_folders(destination):
+        for artifact in model.entry.artifacts if model.entry else ():
+            if not (version / artifact).is_file():
+                raise StagingError(f"{where}/{version.name}/{artifact} is missing: run `make artifacts`, which builds it.")
+        model_py = version / "model.py"
+        if model.backend == ONNX_BACKEND:
+            if not (version / "model.onnx").is_file():
+                raise StagingError(f"{where}/{version.name}/model.onnx is missing: an ONNX Runtime model needs its graph.")
+            original = ONNX_RUNNER_SOURCE.read_text()
+            changes.append(f"+ {model.name}/{version.name}/model.py: added, a copy of servelab/{ONNX_RUNNER_SOURCE.name}\n")
+        elif model.backend == LOCAL_BACKEND and model_py.is_file():
+            original = model_py.read_text()
+        else:
+            raise StagingError(f"{where}/{version.name} has no model.py: a Python-backend model needs one (see Triton's "
+                               "python_backend README: a class TritonPythonModel with initialize and execute).")
+        staged = _site_packages_prelude() + original
+        model_py.write_text(staged)
+        changes.append(_diff(original, staged, f"{model.name}/{version.name}/model.py"))
+    return StagedModel(model.name, "".join(changes))
 
 
 def stage_model_repository(destination: Path, source: Path = paths.MODELS_STAGING_DIR) -> list[StagedModel]:
-    """Copy `source` to `destination`, adapting each model to this machine; returns what changed."""
+    """Stage every model folder of `source` into `destination` (replaced); returns what changed."""
     if destination.exists():
         shutil.rmtree(destination)
-    staged = []
-    for model_name in MODEL_NAMES:
-        model_src, model_dst = source / model_name, destination / model_name
-        if not (model_src / "config.pbtxt").is_file():
-            raise RuntimeError(f"{model_src}/config.pbtxt is missing.")
-        shutil.copytree(model_src, model_dst, ignore=shutil.ignore_patterns("__pycache__"))
-        version_dir = model_dst / "1"
-        original = (model_src / "config.pbtxt").read_text()
-        adapted = adapt_config_for_cpu(original, _weights_info_for(version_dir))
-        (model_dst / "config.pbtxt").write_text(adapted)
-        changes = [_diff(original, adapted, f"{model_name}/config.pbtxt")]
-
-        model_py = version_dir / "model.py"
-        if model_py.is_file():
-            original_py = model_py.read_text()
-        else:
-            # food_classifier_onnx now runs on the Python backend: it gets the ONNX Runtime runner.
-            original_py = ONNX_RUNNER_SOURCE.read_text()
-            changes.append(f"+ {model_name}/1/model.py: added, a copy of servelab/{ONNX_RUNNER_SOURCE.name}\n")
-        staged_py = _site_packages_prelude() + original_py
-        model_py.write_text(staged_py)
-        changes.append(_diff(original_py, staged_py, f"{model_name}/1/model.py"))
-        staged.append(StagedModel(model_name, "".join(changes)))
-    return staged
+    destination.mkdir(parents=True)
+    try:
+        models = ModelRepository(source).check()
+    except ModelError as exc:
+        raise StagingError(str(exc)) from None
+    if not models:
+        raise StagingError(f"{source} holds no model folder: there is nothing for Triton to serve.")
+    return [stage_model(model, destination / model.name) for model in models]
 
 
 @dataclass(frozen=True)
@@ -160,7 +159,7 @@ class TritonPorts:
     metrics: int
 
 
-def server_command(model_repository: Path, backend_dir: Path, ports: TritonPorts) -> list[str]:
+def server_command(model_repository: Path, backend_dir: Path, ports: TritonPorts, models: list[str]) -> list[str]:
     command = [
         str(server_binary()),
         f"--model-repository={model_repository}",
@@ -173,7 +172,8 @@ def server_command(model_repository: Path, backend_dir: Path, ports: TritonPorts
         "--grpc-address=127.0.0.1",
         "--log-verbose=0",
     ]
-    command += [f"--load-model={name}" for name in MODEL_NAMES]
+    # In explicit mode nothing loads unless named; the Docker image uses --load-model=* to the same end.
+    command += [f"--load-model={name}" for name in models]
     return command
 
 

@@ -1,11 +1,12 @@
 """Triton Python-backend model that runs `model.onnx` with ONNX Runtime on the CPU.
 
 Used only by the local stack, in place of Triton's onnxruntime backend, which the pip-installed
-Triton does not ship. Same inputs and outputs as the onnxruntime-backend model (`input`
-[N,3,224,224] -> `output` [N,11]), same graph file; the requests Triton gathers are run as one
-ONNX Runtime call.
+Triton does not ship. It serves any ONNX model folder with the same inputs and outputs as its
+config declares (the names must be the ONNX graph's, as the onnxruntime backend requires too);
+the requests Triton gathers are run as one ONNX Runtime call.
 """
 
+import json
 import os
 
 import numpy as np
@@ -15,18 +16,26 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.input_names = [tensor["name"] for tensor in config["input"]]
+        self.output_names = [tensor["name"] for tensor in config["output"]]
         model_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.onnx")
         self.session = ort.InferenceSession(model_file, providers=["CPUExecutionProvider"])
         pb_utils.Logger.log_info(
-            f"food_classifier_onnx instance {args['model_instance_name']}: onnxruntime {ort.__version__} on CPU"
+            f"{config['name']} instance {args['model_instance_name']}: onnxruntime {ort.__version__} on CPU"
         )
 
     def execute(self, requests):
-        inputs = [pb_utils.get_input_tensor_by_name(request, "input").as_numpy() for request in requests]
-        outputs = self.session.run(["output"], {"input": np.concatenate(inputs)})[0]
+        batches = [
+            {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in self.input_names}
+            for request in requests
+        ]
+        feed = {name: np.concatenate([batch[name] for batch in batches]) for name in self.input_names}
+        outputs = self.session.run(self.output_names, feed)
         responses, start = [], 0
-        for batch in inputs:
-            chunk = outputs[start : start + len(batch)]
-            start += len(batch)
-            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("output", chunk)]))
+        for batch in batches:
+            size = len(batch[self.input_names[0]])
+            tensors = [pb_utils.Tensor(name, value[start : start + size]) for name, value in zip(self.output_names, outputs)]
+            start += size
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses

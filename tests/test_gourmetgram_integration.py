@@ -1,5 +1,6 @@
 """GourmetGram as a real process, against each real backend, through real HTTP (form upload included)."""
 
+import dataclasses
 import html
 import re
 
@@ -7,10 +8,18 @@ import pytest
 import requests
 
 from servelab.food11 import LABELS
-from servelab.stack import Ports
+from servelab.stack import LocalStack, Ports, gourmetgram_service
 from tests.conftest import make_image_bytes
 
 BACKENDS = ["fastapi_pt", "fastapi_onnx", "food_classifier", "food_classifier_onnx"]
+# What /healthz reports for each: the backend kind, and what the page sends the model. For Triton
+# both are read from the model's metadata, not from its name.
+EXPECTED_HEALTH = {
+    "fastapi_pt": ("fastapi", "image file (base64)"),
+    "fastapi_onnx": ("fastapi", "image file (base64)"),
+    "food_classifier": ("triton", "image file (base64)"),
+    "food_classifier_onnx": ("triton", "preprocessed tensor"),
+}
 
 
 def _predicted_label(page: str) -> str:
@@ -24,18 +33,24 @@ def test_upload_form_classifies_an_image_through_each_backend(start_gourmetgram,
     url = start_gourmetgram(backend)
     form = requests.get(f"{url}/", timeout=10)
     assert form.status_code == 200 and 'type="file"' in form.text and 'name="file"' in form.text
+    kind, model_input = EXPECTED_HEALTH[backend]
+    before = requests.get(f"{url}/healthz", timeout=10).json()
+    assert before["backend"] == kind
+    assert before["model_input"] == (model_input if kind == "fastapi" else None)  # Triton: not asked yet
 
     upload = {"file": ("my lunch.jpg", make_image_bytes(3), "image/jpeg")}
     result = requests.post(f"{url}/predict", files=upload, timeout=60)
     assert result.status_code == 200, result.text[-1000:]
     assert _predicted_label(result.text) in LABELS
     assert re.search(r"\d+\.\d% probability", result.text)
+    assert f"answered by {kind} in" in result.text and f"request: {model_input}" in html.unescape(result.text)
     if built_artifacts.weights_info["weights"] == "untrained":
         assert "Untrained weights" in result.text and "not meaningful" in result.text
 
     health = requests.get(f"{url}/healthz", timeout=10).json()
     assert health["backend_reachable"] is True
     assert health["weights"] == built_artifacts.weights_info["weights"]
+    assert (health["backend"], health["model_input"]) == (kind, model_input)
 
 
 @pytest.mark.parametrize("backend", ["fastapi_pt", "food_classifier_onnx"])
@@ -73,3 +88,27 @@ def test_backend_down_shows_a_clear_message_and_the_app_keeps_running(start_gour
         assert response.status_code == 503
         assert "make up" in response.text
     assert requests.get(f"{url}/healthz", timeout=10).json()["backend_reachable"] is False
+
+
+def test_unknown_triton_model_gets_a_clear_error_and_the_app_keeps_serving(model_servers, ports, tmp_path):
+    port = Ports.free().gourmetgram
+    spec = gourmetgram_service(port, "food_classifier", ports)
+    spec = dataclasses.replace(spec, env={**spec.env, "FOOD11_MODEL_NAME": "no_such_model"})
+    with LocalStack([spec], log_dir=tmp_path / "logs"):
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(2):  # the same clear answer each time, not a crash or a stale state
+            upload = {"file": ("a.jpg", make_image_bytes(7), "image/jpeg")}
+            response = requests.post(f"{url}/predict", files=upload, timeout=60)
+            page = html.unescape(response.text)
+            assert response.status_code == 502, page[-1000:]
+            assert "has no model 'no_such_model'" in page
+            available = re.search(r"Models in its repository: ([^.]*)\.", page)
+            assert available, page[-1000:]
+            assert {"food_classifier", "food_classifier_onnx"} <= set(available.group(1).split(", "))
+            assert "FOOD11_MODEL_NAME" in page
+        health = requests.get(f"{url}/healthz", timeout=10)
+        assert health.status_code == 200
+        data = health.json()
+        assert (data["backend"], data["model"], data["model_input"]) == ("triton", "no_such_model", None)
+        assert data["backend_reachable"] is True
+        assert requests.get(f"{url}/", timeout=10).status_code == 200

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from servelab import triton_local
+from servelab import paths, triton_local
+from servelab.models import ModelRepository
 from servelab.stack import LocalStack, Ports, ServiceSpec, StackError, port_is_free
 
 SERVER_WITH_A_CHILD = textwrap.dedent(
@@ -112,19 +113,25 @@ def test_up_stops_everything_on_ctrl_c(tmp_path):
 
 def test_staged_configs_are_adapted_for_the_cpu_and_the_difference_is_printed(tmp_path, built_artifacts):
     staged = {model.name: model for model in triton_local.stage_model_repository(tmp_path / "models")}
+    assert sorted(staged) == ModelRepository().names(), "every model folder is staged, none skipped"
     onnx_config = (tmp_path / "models" / "food_classifier_onnx" / "config.pbtxt").read_text()
     assert 'backend: "python"' in onnx_config and "served_by" in onnx_config
-    assert "-backend: \"onnxruntime\"" in staged["food_classifier_onnx"].changes
-    for name in triton_local.MODEL_NAMES:
+    assert '-backend: "onnxruntime"' in staged["food_classifier_onnx"].changes
+    for name in staged:
         config = (tmp_path / "models" / name / "config.pbtxt").read_text()
         assert "KIND_CPU" in config and "KIND_GPU" not in config and "gpus" not in config
         assert "+    kind: KIND_CPU" in staged[name].changes
-        assert (tmp_path / "models" / name / "1" / "model.py").is_file()
+        assert (tmp_path / "models" / name / "1" / "model.py").read_text().startswith("# Added by servelab")
+        # The shipped comments are teaching material: staging keeps every one of them.
+        shipped = (paths.MODELS_STAGING_DIR / name / "config.pbtxt").read_text()
+        assert [line for line in shipped.splitlines() if line.startswith("#")] == [
+            line for line in config.splitlines() if line.startswith("#")
+        ]
 
 
 def test_shipped_configs_target_the_gpu_node():
-    for name in triton_local.MODEL_NAMES:
-        config = (triton_local.paths.MODELS_STAGING_DIR / name / "config.pbtxt").read_text()
-        assert f'name: "{name}"' in config and "max_batch_size: 16" in config and "KIND_GPU" in config
-    onnx = (triton_local.paths.MODELS_STAGING_DIR / "food_classifier_onnx" / "config.pbtxt").read_text()
-    assert 'backend: "onnxruntime"' in onnx
+    for model in ModelRepository():
+        config = model.config.proto
+        assert config.name == model.name and config.max_batch_size == 16
+        assert all(group.kind == group.KIND_GPU for group in config.instance_group)
+    assert ModelRepository().get("food_classifier_onnx").backend == "onnxruntime"

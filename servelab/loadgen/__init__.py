@@ -1,0 +1,33 @@
+"""The lab's load generator: closed loop (N users) and open loop (a request rate), in asyncio.
+
+- `targets`: what a run sends requests to (FastAPI, or a Triton model over HTTP or gRPC), with
+  one request prepared up front and sent again and again;
+- `runners`: the closed and the open loop, and the `RunResult` each run returns;
+- `sync`: the same from synchronous code (`closed_loop`, `open_loop`), as notebooks call them;
+- `cli`: the command line.
+
+From the shell:
+
+    python -m servelab loadgen --target triton-http --address 127.0.0.1:8200 \
+        --model food_classifier_onnx --concurrency 8 --requests 500 --out results.json
+"""
+
+from servelab.loadgen.cli import main
+from servelab.loadgen.runners import ARRIVALS, arrival_offsets, run_closed, run_open
+from servelab.loadgen.sync import closed_loop, open_loop, summarize
+from servelab.loadgen.targets import (
+    DEFAULT_TIMEOUT_S,
+    TARGET_KINDS,
+    FastAPITarget,
+    RequestError,
+    Target,
+    TritonGrpcTarget,
+    TritonHttpTarget,
+    make_target,
+)
+
+__all__ = [
+    "ARRIVALS", "DEFAULT_TIMEOUT_S", "TARGET_KINDS", "FastAPITarget", "RequestError", "Target", "TritonGrpcTarget",
+    "TritonHttpTarget", "arrival_offsets", "closed_loop", "main", "make_target", "open_loop", "run_closed", "run_open",
+    "summarize",
+]

@@ -1,0 +1,327 @@
+"""The runners: closed loop (N senders) and open loop (a request rate), in asyncio.
+
+- Closed loop (`run_closed`): N concurrent senders, each sending its next request as soon as
+  the previous one is answered. It measures what the server does at a fixed number of requests
+  in flight. When the server slows down, the senders slow down with it.
+- Open loop (`run_open`): requests arrive on a schedule (a constant rate, or a Poisson process
+  like independent users), whether or not earlier ones were answered. Latency is measured from
+  each request's *scheduled* time, not from when the generator got round to sending it:
+  measuring from the send time would hide the wait of every request queued behind a stall
+  ("coordinated omission").
+
+Each run returns one `RunResult`. Cancelling a run (Ctrl-C) returns what it had measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from servelab.loadgen.targets import RequestError, Target
+from servelab.results import LatencySummary, RunResult
+
+log = logging.getLogger(__name__)
+
+ARRIVALS = ("constant", "poisson")
+
+# An open-loop run fell behind its schedule when its p99 lag exceeds both of these. A lag has to
+# be large compared with the gap between arrivals to change the offered load, and large in
+# absolute terms to change latencies. Below 10 ms it is noise: asyncio's timers already wake up
+# to about 1 ms late (epoll counts in milliseconds), and on a busy 2-core machine the OS often
+# runs the generator a few milliseconds after its timer fired. A generator that cannot keep up
+# falls further behind with every request, and soon passes both.
+LAG_LIMIT_S = 0.010
+LAG_LIMIT_FRACTION = 0.1
+
+
+
+class _Recorder:
+    """Outcomes of one phase of a run (warm-up or measurement), and its progress bar."""
+
+    def __init__(self, description: str, total: int | None, progress: bool) -> None:
+        self.latencies_ms: list[float] = []
+        self.errors: Counter[str] = Counter()
+        self.started = time.perf_counter()
+        self.ended: float | None = None
+        self.bar = tqdm(total=total, desc=description, unit="req", file=sys.stderr, disable=not progress, leave=False)
+
+    def success(self, latency_s: float) -> None:
+        self.latencies_ms.append(latency_s * 1000.0)
+        self.bar.update()
+
+    def failure(self, error: RequestError) -> None:
+        if error.kind not in self.errors:  # the first of each kind says what went wrong
+            log.warning("request failed (%s)%s", error.kind, f": {error.detail}" if error.detail else "")
+        self.errors[error.kind] += 1
+        self.bar.update()
+
+    @property
+    def count(self) -> int:
+        return len(self.latencies_ms) + sum(self.errors.values())
+
+    def finish(self) -> None:
+        if self.ended is None:
+            self.ended = time.perf_counter()
+        self.bar.close()
+
+    @property
+    def wall_s(self) -> float:
+        return max((self.ended or time.perf_counter()) - self.started, 0.0)
+
+
+async def _timed_send(target: Target, since: float, recorder: _Recorder) -> None:
+    """Send once; the latency runs from `since` (the send time, or the scheduled time)."""
+    try:
+        await target.send()
+    except RequestError as error:
+        recorder.failure(error)
+    else:
+        recorder.success(time.perf_counter() - since)
+
+
+def _check_bounds(requests: int | None, duration_s: float | None) -> None:
+    if requests is None and duration_s is None:
+        raise ValueError("give requests, duration_s or both: the run stops at whichever comes first")
+    if (requests is not None and requests < 1) or (duration_s is not None and duration_s <= 0):
+        raise ValueError("requests and duration_s must be positive")
+
+
+def _interrupted_note(recorder: _Recorder) -> str:
+    return f"stopped early by Ctrl-C after {recorder.count} requests"
+
+
+def _result(target: Target, mode: str, recorder: _Recorder, notes: list[str], **load: Any) -> RunResult:
+    successes = len(recorder.latencies_ms)
+    wall_s = recorder.wall_s
+    return RunResult(
+        target=target.name,
+        tool="loadgen",
+        mode=mode,
+        requests=recorder.count,
+        throughput_rps=successes / wall_s if wall_s > 0 else 0.0,
+        latency=LatencySummary.of(recorder.latencies_ms),
+        wall_s=wall_s,
+        errors=dict(recorder.errors),
+        latencies_ms=recorder.latencies_ms,
+        notes=notes,
+        **load,
+    )
+
+
+async def _closed_phase(
+    target: Target, concurrency: int, requests: int | None, duration_s: float | None, recorder: _Recorder
+) -> None:
+    """`concurrency` senders, each sending again as soon as it has its answer."""
+    limit = math.inf if requests is None else requests
+    deadline = math.inf if duration_s is None else recorder.started + duration_s
+    issued = 0
+
+    async def sender() -> None:
+        nonlocal issued
+        # Requests already sent when the deadline passes are waited for and counted.
+        while issued < limit and time.perf_counter() < deadline:
+            issued += 1  # no await between check and increment: no other sender can interleave
+            await _timed_send(target, time.perf_counter(), recorder)
+
+    try:
+        # If this is cancelled (Ctrl-C), gather cancels the senders and their requests in flight.
+        await asyncio.gather(*(sender() for _ in range(concurrency)))
+    finally:
+        recorder.finish()
+
+
+async def run_closed(
+    target: Target,
+    concurrency: int,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    warmup_requests: int = 0,
+    warmup_s: float = 0.0,
+    progress: bool = True,
+) -> RunResult:
+    """Closed loop: `concurrency` senders until `requests` are answered or `duration_s` has passed.
+
+    Warm-up (up to `warmup_requests` requests or `warmup_s` seconds, whichever comes first) runs
+    at the same concurrency and is finished before measurement starts, so none of it is counted.
+    Cancelling the run (Ctrl-C) returns what was measured until then, with a note saying so.
+    """
+    _check_bounds(requests, duration_s)
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    log.info("closed loop against %s: concurrency %d, %s", target.name, concurrency, _bounds(requests, duration_s))
+    notes: list[str] = []
+    recorder: _Recorder | None = None
+    await target.open(connections=concurrency)
+    try:
+        if warmup_requests or warmup_s:
+            warmup = _Recorder("warm-up", warmup_requests or None, progress)
+            await _closed_phase(target, concurrency, warmup_requests or None, warmup_s or None, warmup)
+        recorder = _Recorder(f"c={concurrency}", requests, progress)
+        await _closed_phase(target, concurrency, requests, duration_s, recorder)
+    except asyncio.CancelledError:
+        # Deliberately not re-raised: stopping early is how a user ends a long run, and what
+        # was measured so far is the result they asked for.
+        recorder = recorder or _Recorder(f"c={concurrency}", requests, progress=False)
+        recorder.finish()
+        notes.append(_interrupted_note(recorder))
+        log.warning("%s", notes[-1])
+    finally:
+        await target.close()
+    return _result(target, "closed", recorder, notes, concurrency=concurrency)
+
+
+def arrival_offsets(rate_rps: float, arrival: str = "constant", seed: int = 0) -> Iterator[float]:
+    """Endless arrival times in seconds from the start: cumulative sums of inter-arrival gaps,
+    either all 1/rate ("constant") or exponential with mean 1/rate ("poisson", seeded)."""
+    if rate_rps <= 0:
+        raise ValueError("rate_rps must be positive")
+    if arrival == "constant":
+        index = 1
+        while True:
+            yield index / rate_rps  # multiplied, not summed, so rounding errors do not pile up
+            index += 1
+    if arrival != "poisson":
+        raise ValueError(f"unknown arrival process {arrival!r}; choose one of {', '.join(ARRIVALS)}")
+    rng = np.random.default_rng(seed)
+    elapsed = 0.0
+    while True:
+        for gap in rng.exponential(1.0 / rate_rps, size=1024):
+            elapsed += float(gap)
+            yield elapsed
+
+
+def _schedule_lag(lags_s: list[float], rate_rps: float) -> dict[str, Any]:
+    if not lags_s:
+        message = "No request was sent, so there is no schedule lag to report."
+        return {"mean_ms": math.nan, "p99_ms": math.nan, "max_ms": math.nan, "fell_behind": False, "message": message}
+    lags_ms = np.asarray(lags_s) * 1000.0
+    mean_ms, p99_ms, max_ms = float(lags_ms.mean()), float(np.percentile(lags_ms, 99)), float(lags_ms.max())
+    limit_ms = max(LAG_LIMIT_S, LAG_LIMIT_FRACTION / rate_rps) * 1000.0
+    fell_behind = p99_ms > limit_ms
+    if fell_behind:
+        message = (
+            f"The generator fell behind its schedule: 1% of requests went out more than {p99_ms:.1f} ms late "
+            f"(worst {max_ms:.1f} ms; the limit is {limit_ms:.1f} ms). The server was offered less than "
+            f"{rate_rps:g} req/s, and the latencies include the lag. Try a lower rate, or perf_analyzer."
+        )
+    else:
+        message = (
+            f"The generator kept to its schedule: requests went out {mean_ms:.2f} ms late on average "
+            f"(p99 {p99_ms:.2f} ms, worst {max_ms:.2f} ms)."
+        )
+    return {"mean_ms": mean_ms, "p99_ms": p99_ms, "max_ms": max_ms, "fell_behind": fell_behind, "message": message}
+
+
+async def run_open(
+    target: Target,
+    rate_rps: float,
+    arrival: str = "constant",
+    requests: int | None = None,
+    duration_s: float | None = None,
+    warmup_s: float = 0.0,
+    seed: int = 0,
+    max_outstanding: int = 1000,
+    progress: bool = True,
+) -> RunResult:
+    """Open loop: requests at `rate_rps` on a schedule, each sent at its time whatever the others do.
+
+    Arrivals in the first `warmup_s` seconds are sent but not counted. After them come `requests`
+    measured arrivals, or `duration_s` seconds of them, whichever ends first. Latency runs from
+    the scheduled time. If `max_outstanding` requests are already waiting for answers, a new
+    arrival is dropped and counted as a "generator_overload" error. Cancelling the run (Ctrl-C)
+    returns what was measured until then, with a note saying so.
+    """
+    _check_bounds(requests, duration_s)
+    if max_outstanding < 1 or warmup_s < 0:
+        raise ValueError("max_outstanding must be at least 1, and warmup_s not negative")
+    schedule = arrival_offsets(rate_rps, arrival, seed)
+    limit = math.inf if requests is None else requests
+    end_s = math.inf if duration_s is None else warmup_s + duration_s
+    log.info("open loop against %s: %g req/s %s, %s", target.name, rate_rps, arrival, _bounds(requests, duration_s))
+    if warmup_s:
+        log.info("warming up for %g s", warmup_s)
+    warmup = _Recorder("warm-up", None, progress=False)
+    recorder: _Recorder | None = None  # created when the first measured request is due
+    measured = 0  # measured arrivals so far, sent or dropped
+    in_flight: set[asyncio.Task] = set()
+    lags_s: list[float] = []
+    notes: list[str] = []
+
+    async def scheduled_send(scheduled: float, phase: _Recorder) -> None:
+        if phase is not warmup:
+            lags_s.append(time.perf_counter() - scheduled)
+        await _timed_send(target, scheduled, phase)
+
+    await target.open(connections=max_outstanding)
+    started = time.perf_counter()
+    try:
+        for offset in schedule:
+            if offset >= end_s or measured >= limit:
+                break
+            if offset < warmup_s:
+                phase = warmup
+            else:
+                if recorder is None:
+                    warmup.finish()
+                    recorder = _Recorder(f"{rate_rps:g} req/s", requests, progress)
+                    recorder.started = started + warmup_s
+                phase = recorder
+                measured += 1
+            scheduled = started + offset
+            # sleep(0) when late still yields, so that answers are handled between arrivals.
+            await asyncio.sleep(max(scheduled - time.perf_counter(), 0.0))
+            if len(in_flight) >= max_outstanding:
+                phase.failure(RequestError("generator_overload", f"{max_outstanding} requests already outstanding"))
+                continue
+            task = asyncio.create_task(scheduled_send(scheduled, phase))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+        await asyncio.gather(*in_flight)
+    except asyncio.CancelledError:
+        # As in run_closed, stopping early keeps what was measured. The requests in flight
+        # are cancelled, not waited for: their answers may never come.
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+        recorder = recorder or _Recorder(f"{rate_rps:g} req/s", requests, progress=False)
+        notes.append(_interrupted_note(recorder))
+        log.warning("%s", notes[-1])
+    finally:
+        warmup.finish()
+        if recorder is not None:
+            recorder.finish()
+        await target.close()
+    if recorder is None:  # the run ended within its warm-up
+        recorder = _Recorder(f"{rate_rps:g} req/s", requests, progress=False)
+        recorder.finish()
+    overloaded = recorder.errors.get("generator_overload", 0)
+    if overloaded:
+        notes.append(
+            f"{overloaded} requests were not sent because {max_outstanding} were already waiting for answers: "
+            f"the server could not keep up with {rate_rps:g} req/s. The latencies understate what users "
+            "would have seen; lower the rate, or raise max_outstanding."
+        )
+        log.warning("%s", notes[-1])
+    lag = _schedule_lag(lags_s, rate_rps)
+    if lag["fell_behind"]:
+        log.warning("%s", lag["message"])
+    result = _result(target, "open", recorder, notes, rate_rps=rate_rps, arrival=arrival)
+    result.schedule_lag = lag
+    return result
+
+
+def _bounds(requests: int | None, duration_s: float | None) -> str:
+    parts = ([f"{requests} requests"] if requests is not None else []) + (
+        [f"{duration_s:g} s"] if duration_s is not None else []
+    )
+    return " or ".join(parts) + (", whichever comes first" if len(parts) == 2 else "")
+

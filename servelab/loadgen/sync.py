@@ -1,0 +1,134 @@
+"""The load generator from synchronous code: scripts, notebooks, the command line.
+
+`closed_loop` and `open_loop` run a measurement to its end and return its `RunResult`; Ctrl-C
+stops a run and returns what it had measured so far. `summarize` says a result in words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+from servelab.loadgen.runners import run_closed, run_open
+from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, make_target
+from servelab.models import ModelRepository
+from servelab.results import RunResult
+
+log = logging.getLogger(__name__)
+
+
+def _run_sync(run: Coroutine[Any, Any, RunResult]) -> RunResult:
+    """Run a measurement to its end from synchronous code, and keep its result on Ctrl-C.
+
+    The event loop runs in a worker thread, in a script and in a notebook alike: in Jupyter
+    the main thread's loop is already running, and no second loop can run there. The main thread
+    only waits, so it is the one that gets Ctrl-C (KeyboardInterrupt). It then cancels the run,
+    which closes its target and returns what it had measured.
+    """
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="servelab-loadgen", daemon=True)
+    thread.start()
+    try:
+        task = asyncio.run_coroutine_threadsafe(_start_task(run), loop).result()
+        outcome = asyncio.run_coroutine_threadsafe(_wait_for(task), loop)
+        try:
+            return _interruptible_result(outcome)
+        except KeyboardInterrupt:
+            log.warning("Ctrl-C: stopping the run (press it again to abandon it)")
+            loop.call_soon_threadsafe(task.cancel)
+            return _interruptible_result(outcome)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+def _interruptible_result(outcome: concurrent.futures.Future[RunResult]) -> RunResult:
+    # Python raises KeyboardInterrupt only when the main thread runs Python code. A wait that
+    # never times out would not notice a SIGINT that the OS delivered to another thread.
+    while True:
+        try:
+            return outcome.result(timeout=0.1)
+        except concurrent.futures.TimeoutError:
+            continue
+
+
+async def _start_task(run: Coroutine[Any, Any, RunResult]) -> asyncio.Task:
+    return asyncio.ensure_future(run)
+
+
+async def _wait_for(task: asyncio.Task) -> RunResult:
+    # Awaited from a second coroutine so that cancelling `task` leaves this one waiting for the
+    # partial result that the cancelled run returns.
+    return await task
+
+
+def closed_loop(
+    kind: str,
+    address: str,
+    concurrency: int,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    warmup_requests: int = 0,
+    warmup_s: float = 0.0,
+    progress: bool = True,
+    model: str | None = None,
+    image_bytes: bytes | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    models: ModelRepository | None = None,
+) -> RunResult:
+    """`run_closed` against `make_target(kind, address, model, image_bytes, timeout_s, models)`,
+    from synchronous code (a script or a notebook cell). Ctrl-C returns the partial result."""
+    target = make_target(kind, address, model, image_bytes, timeout_s, models)
+    return _run_sync(run_closed(target, concurrency, requests, duration_s, warmup_requests, warmup_s, progress))
+
+
+def open_loop(
+    kind: str,
+    address: str,
+    rate_rps: float,
+    arrival: str = "constant",
+    requests: int | None = None,
+    duration_s: float | None = None,
+    warmup_s: float = 0.0,
+    seed: int = 0,
+    max_outstanding: int = 1000,
+    progress: bool = True,
+    model: str | None = None,
+    image_bytes: bytes | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    models: ModelRepository | None = None,
+) -> RunResult:
+    """`run_open` against `make_target(kind, address, model, image_bytes, timeout_s, models)`,
+    from synchronous code (a script or a notebook cell). Ctrl-C returns the partial result."""
+    target = make_target(kind, address, model, image_bytes, timeout_s, models)
+    return _run_sync(
+        run_open(target, rate_rps, arrival, requests, duration_s, warmup_s, seed, max_outstanding, progress)
+    )
+
+
+def summarize(result: RunResult) -> str:
+    """One paragraph in words: load, throughput, latency percentiles, errors, and any notes."""
+    latency = result.latency
+    if result.mode == "closed":
+        load = f"Closed loop, {result.concurrency} concurrent senders"
+    else:
+        load = f"Open loop, {result.rate_rps:g} req/s offered ({result.arrival} arrivals)"
+    errors = ", ".join(f"{count} {kind}" for kind, count in sorted(result.errors.items())) or "none"
+    parts = [
+        f"{load}, against {result.target}: {result.requests} requests in {result.wall_s:.1f} s, "
+        f"{result.throughput_rps:.1f} successful req/s.",
+        f"Latency{' from the scheduled send time' if result.mode == 'open' else ''}: "
+        f"p50 {latency.p50_ms:.1f} ms, p95 {latency.p95_ms:.1f} ms, p99 {latency.p99_ms:.1f} ms, "
+        f"max {latency.max_ms:.1f} ms (mean {latency.mean_ms:.1f} ms).",
+        f"Errors: {errors}.",
+    ]
+    if result.schedule_lag:
+        parts.append(result.schedule_lag["message"])
+    parts += [note[0].upper() + note[1:] + ("" if note.endswith(".") else ".") for note in result.notes]
+    return " ".join(parts)
+

@@ -1,0 +1,240 @@
+"""Targets: a server endpoint with one prepared request, sent again and again.
+
+Every request of a run sends the same image, prepared once per target: the request body (or gRPC
+tensors) is built up front and reused, connections are reused, and only the response status is
+checked. This keeps the generator cheap enough to keep up with perf_analyzer (C++) on a small
+machine. What a Triton model's request holds comes from the lab's model registry
+(servelab.models), so any model in models_staging/ can be a target.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from abc import ABC, abstractmethod
+
+import aiohttp
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcclient_aio
+from tritonclient.utils import InferenceServerException
+from yarl import URL
+
+from servelab import paths
+from servelab.models import ModelRepository, ModelRequest
+
+log = logging.getLogger(__name__)
+
+TARGET_KINDS = ("fastapi", "triton-http", "triton-grpc")
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class RequestError(Exception):
+    """One request failed; `kind` is the name it is counted under in `RunResult.errors`."""
+
+    def __init__(self, kind: str, detail: str = "") -> None:
+        super().__init__(f"{kind}: {detail}" if detail else kind)
+        self.kind = kind
+        self.detail = detail
+
+
+
+
+class Target(ABC):
+    """A server endpoint with one prepared request. `open` before sending, `close` after.
+
+    The runners open and close the target themselves, so one target can serve several runs.
+    """
+
+    name: str
+
+    @abstractmethod
+    async def open(self, connections: int) -> None:
+        """Connect; up to `connections` requests will be in flight at once."""
+
+    @abstractmethod
+    async def send(self) -> None:
+        """Send the request and wait for the whole answer; raise `RequestError` if it failed."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release the connections."""
+
+
+class _HttpTarget(Target):
+    """POST the same body to the same URL, over a pool of kept-alive connections."""
+
+    def __init__(self, name: str, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
+        self.name = name
+        self.url = URL(url)  # parsed once, not on every request
+        self.body = body
+        self.headers = headers
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self, connections: int) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections),
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            # Without Accept-Encoding, servers do not compress their answers (Triton would gzip
+            # them, spending server CPU that perf_analyzer's requests do not ask for).
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            auto_decompress=False,
+        )
+
+    async def send(self) -> None:
+        try:
+            async with self._session.post(self.url, data=self.body, headers=self.headers) as response:
+                answer = await response.read()
+        except TimeoutError as exc:  # before ClientConnectionError: aiohttp's timeouts are both
+            raise RequestError("timeout", f"no complete answer within {self.timeout_s:g} s") from exc
+        except aiohttp.ClientConnectionError as exc:  # refused, reset, closed mid-answer
+            raise RequestError("connection", str(exc)) from exc
+        except aiohttp.ClientError as exc:
+            raise RequestError("http_client_error", str(exc)) from exc
+        if response.status != 200:
+            raise RequestError(f"http_{response.status}", answer[:300].decode(errors="replace"))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class FastAPITarget(_HttpTarget):
+    """POST {base_url}/predict with {"image": "<base64 JPEG>"}."""
+
+    def __init__(
+        self, base_url: str, image_bytes: bytes, timeout_s: float = DEFAULT_TIMEOUT_S, name: str | None = None
+    ) -> None:
+        body = json.dumps({"image": base64.b64encode(image_bytes).decode()}).encode()
+        super().__init__(
+            name or f"fastapi ({base_url})",
+            f"{base_url.rstrip('/')}/predict",
+            body,
+            {"Content-Type": "application/json"},
+            timeout_s,
+        )
+
+
+class TritonHttpTarget(_HttpTarget):
+    """KServe v2 inference over HTTP, with Triton's binary tensor extension.
+
+    The body is a JSON header describing the tensors, followed directly by the raw tensor
+    bytes. `Inference-Header-Content-Length` tells Triton where the JSON ends. Asking for binary
+    outputs also spares the server from writing numbers as JSON text. perf_analyzer sends the
+    same kind of request.
+    """
+
+    def __init__(
+        self,
+        host_port: str,
+        model: str,
+        image_bytes: bytes,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        name: str | None = None,
+        models: ModelRepository | None = None,
+    ) -> None:
+        request = _model_request(model, image_bytes, models)
+        raw = [tensor.binary() for tensor in request.inputs]
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": tensor.name,
+                        "shape": list(tensor.array.shape),
+                        "datatype": tensor.datatype,
+                        "parameters": {"binary_data_size": len(data)},
+                    }
+                    for tensor, data in zip(request.inputs, raw)
+                ],
+                "outputs": [{"name": output, "parameters": {"binary_data": True}} for output in request.outputs],
+            }
+        ).encode()
+        super().__init__(
+            name or f"triton/{model} (http)",
+            f"http://{_host_port(host_port)}/v2/models/{model}/infer",
+            header + b"".join(raw),
+            {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
+            timeout_s,
+        )
+
+
+class TritonGrpcTarget(Target):
+    """KServe v2 inference over gRPC, through tritonclient's asyncio client on one channel."""
+
+    def __init__(
+        self,
+        host_port: str,
+        model: str,
+        image_bytes: bytes,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        name: str | None = None,
+        models: ModelRepository | None = None,
+    ) -> None:
+        request = _model_request(model, image_bytes, models)
+        self.name = name or f"triton/{model} (grpc)"
+        self.host_port = _host_port(host_port)
+        self.model = model
+        self.timeout_s = timeout_s
+        self.inputs = []
+        for tensor in request.inputs:
+            self.inputs.append(grpcclient.InferInput(tensor.name, list(tensor.array.shape), tensor.datatype))
+            self.inputs[-1].set_data_from_numpy(tensor.array)  # serialised here, once
+        self.outputs = [grpcclient.InferRequestedOutput(output) for output in request.outputs]
+        self._client: grpcclient_aio.InferenceServerClient | None = None
+
+    async def open(self, connections: int) -> None:
+        # gRPC multiplexes every request over the channel's one HTTP/2 connection.
+        self._client = grpcclient_aio.InferenceServerClient(self.host_port)
+
+    async def send(self) -> None:
+        try:
+            await self._client.infer(self.model, self.inputs, outputs=self.outputs, client_timeout=self.timeout_s)
+        except InferenceServerException as exc:
+            raise RequestError(_grpc_error_kind(exc), exc.message() or "") from exc
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+def _grpc_error_kind(exc: InferenceServerException) -> str:
+    status = exc.status()  # e.g. "StatusCode.UNAVAILABLE"; None when the client itself refused
+    if status is None:
+        return "triton_error"
+    code = status.rsplit(".", 1)[-1]
+    return "timeout" if code == "DEADLINE_EXCEEDED" else f"grpc_{code}"
+
+
+def _model_request(model: str, image_bytes: bytes, models: ModelRepository | None) -> ModelRequest:
+    """The request for `model`, as the registry says to build it (an unknown model is an error)."""
+    return (models or ModelRepository()).get(model).request(image_bytes)
+
+
+def _host_port(address: str) -> str:
+    """Triton addresses are host:port; accept a pasted http:// URL too."""
+    return address.split("://", 1)[-1].rstrip("/")
+
+
+def make_target(
+    kind: str,
+    address: str,
+    model: str | None = None,
+    image_bytes: bytes | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    models: ModelRepository | None = None,
+) -> Target:
+    """kind: "fastapi" (address: base URL), "triton-http" or "triton-grpc" (address: host:port,
+    and a model of `models`, the lab's registry by default). The image defaults to the soup sample."""
+    image = paths.SAMPLE_IMAGE.read_bytes() if image_bytes is None else image_bytes
+    if kind == "fastapi":
+        return FastAPITarget(address, image, timeout_s)
+    if kind not in TARGET_KINDS:
+        raise ValueError(f"unknown target kind {kind!r}; choose one of {', '.join(TARGET_KINDS)}")
+    if not model:
+        raise ValueError(f"a {kind} target needs a model: one of {', '.join((models or ModelRepository()).names())}")
+    target_class = TritonHttpTarget if kind == "triton-http" else TritonGrpcTarget
+    return target_class(address, model, image, timeout_s, models=models)

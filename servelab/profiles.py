@@ -1,0 +1,38 @@
+"""How long the lab measures: one set of profiles for the notebooks and the benchmark.
+
+`full` is for real runs (a student's notebook, `make bench`); `quick` is for CI, where every
+experiment still runs, with short windows, to prove that it works, never to judge speed. The
+notebooks read LAB_PROFILE (default full); `python -m servelab bench --profile` picks one too.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    duration_s: float  # measured seconds of one load-generator run (one load point)
+    warmup_s: float  # unmeasured seconds before each
+    sequential_requests: int  # requests in a one-at-a-time latency measurement
+    perf_window_ms: int  # one perf_analyzer measurement window
+    agreement_pairs: int  # the benchmark's alternating load generator / perf_analyzer runs
+    concurrencies: tuple[int, ...] = (1, 8, 16)  # the benchmark's load points
+
+
+PROFILES = {
+    "full": Profile("full", duration_s=20.0, warmup_s=3.0, sequential_requests=100, perf_window_ms=5000,
+                    agreement_pairs=3),
+    "quick": Profile("quick", duration_s=2.0, warmup_s=0.5, sequential_requests=20, perf_window_ms=1500,
+                     agreement_pairs=1),
+}
+
+
+def profile(name: str | None = None) -> Profile:
+    """The profile called `name`, or LAB_PROFILE's (default full); an unknown name is an error."""
+    name = name or os.environ.get("LAB_PROFILE", "full")
+    if name not in PROFILES:
+        raise ValueError(f"LAB_PROFILE={name!r}: use one of {', '.join(sorted(PROFILES))}")
+    return PROFILES[name]

@@ -1,0 +1,54 @@
+"""Use the GourmetGram web UI as a browser does: upload a photo, read what the result page says."""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+
+import requests
+
+
+@dataclass(frozen=True)
+class PageAnswer:
+    """What a GourmetGram result page shows (None for what it does not)."""
+
+    status: int
+    label: str | None  # the heading: the predicted class, or "No prediction"
+    probability: str | None  # as shown, e.g. "23.4% probability"
+    answered_by: str | None  # e.g. "answered by triton in 41 ms"
+    error: str | None
+    banner: str | None  # the weights warning every page carries unless the weights are trained
+
+    def __str__(self) -> str:
+        lines = [f"HTTP {self.status}; label shown: {self.label or '(none)'}"]
+        for name in ("probability", "answered_by", "error", "banner"):
+            value = getattr(self, name)
+            if value:
+                lines.append(f"  {name.replace('_', ' ')}: {value}")
+        return "\n".join(lines)
+
+
+def _text(pattern: str, page: str) -> str | None:
+    """The text of the first match of `pattern`, without markup and with whitespace collapsed."""
+    match = re.search(pattern, page, re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", match.group(1))).split()) if match else None
+
+
+def read_result_page(status: int, page: str) -> PageAnswer:
+    return PageAnswer(
+        status=status,
+        label=_text(r"<h1>(.*?)</h1>", page),
+        probability=_text(r'class="probability">(.*?)</p>', page),
+        answered_by=_text(r">(answered by .*?)</p>", page),
+        error=_text(r'class="error">(.*?)</p>', page),
+        banner=_text(r'role="alert">(.*?)</div>', page),
+    )
+
+
+def upload(ui_url: str, image_name: str, image: bytes, timeout_s: float = 60) -> PageAnswer:
+    """POST a photo to GourmetGram's /predict as its upload form does, and read the result page."""
+    page = requests.post(
+        f"{ui_url.rstrip('/')}/predict", files={"file": (image_name, image, "image/jpeg")}, timeout=timeout_s
+    )
+    return read_result_page(page.status_code, page.text)
