@@ -4,7 +4,7 @@ PY := .venv/bin/python
 # Passed through to `servelab artifacts` to serve a trained checkpoint instead of untrained weights.
 export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256
 
-.PHONY: up test bench bench-quick notebooks setup artifacts clean
+.PHONY: up test bench bench-quick notebooks format setup artifacts clean
 
 up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton and GourmetGram on 127.0.0.1; Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
@@ -12,7 +12,7 @@ up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton and GourmetG
 test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: artifacts  ## the headline benchmark (about 8 minutes); report in results/bench-<time>-full/
+bench: artifacts  ## the headline benchmark (about 9 minutes); report in results/bench-<time>-full/
 	$(PY) -m servelab bench --profile full
 
 bench-quick: artifacts  ## the same steps, briefly (about 1 minute): proves the pipeline, not the speed
@@ -20,6 +20,10 @@ bench-quick: artifacts  ## the same steps, briefly (about 1 minute): proves the 
 
 notebooks: setup  ## regenerate notebooks/*.ipynb from their sources (notebooks/*.py)
 	$(PY) scripts/build_notebooks.py
+
+format: setup  ## fix what ruff can (lint and format); `make test` checks that nothing is left
+	.venv/bin/ruff check --fix .
+	.venv/bin/ruff format .
 
 setup:  ## virtualenv, Python packages and the system libraries perf_analyzer and Triton need
 	@bash scripts/bootstrap.sh

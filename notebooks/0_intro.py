@@ -54,7 +54,7 @@
 #
 # Every number a notebook shows is measured in the run you are looking at; the text never quotes
 # results from somewhere else. Where the lesson predicts a trend (for example, "latency grows with
-# concurrency"), a cell states the prediction, measures, and tells you whether it held on *your*
+# concurrency"), a cell states the expectation, measures, and tells you whether it held on *your*
 # hardware, and why it may not have.
 #
 # The model's weights are, by default, a seeded *untrained* MobileNetV2: it costs exactly as much
@@ -90,7 +90,7 @@
 # **`3_fastapi.ipynb`**. Ctrl-C in the terminal running `make up` stops everything.
 #
 # The lessons are the same on both paths. The numbers are not: a CPU is much slower than a P100,
-# and it runs the load generator, the servers and the model all at once, so a few predictions may
+# and it runs the load generator, the servers and the model all at once, so a few expectations may
 # not hold there. The notebooks say when that happens and why.
 
 # %% [markdown]

@@ -101,7 +101,7 @@ print((paths.SHARED_SOURCE_DIR / "predict_api.py").read_text())
 # - **Isolate them.** A model that crashes, or is restarting with new weights, does not take the
 #   web page down with it. The page says "backend unavailable" instead.
 #
-# Here is the whole of GourmetGram's side of the conversation, taken from `gourmetgram/app.py`: it
+# Here is the whole of GourmetGram's side of the conversation, taken from `gourmetgram/backends.py`: it
 # base64-encodes the uploaded file, posts it to `{FASTAPI_SERVER_URL}/predict`, and turns every
 # failure into a page the user can read.
 
@@ -122,7 +122,7 @@ def show_method(path: Path, class_name: str, method_name: str) -> None:
     raise LookupError(f"{class_name}.{method_name} is not in {path}")
 
 
-show_method(paths.GOURMETGRAM_DIR / "app.py", "FastAPIBackend", "predict")
+show_method(paths.GOURMETGRAM_DIR / "backends.py", "FastAPIBackend", "predict")
 
 # %% [markdown]
 # The UI learns where the model lives from one environment variable, `FASTAPI_SERVER_URL`. In the

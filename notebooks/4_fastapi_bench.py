@@ -18,9 +18,7 @@
 
 # %%
 import base64
-import html
 import json
-import re
 import threading
 import time
 
@@ -28,8 +26,8 @@ import numpy as np
 import psutil
 import requests
 
-from servelab import plots
-from servelab.lab import SAMPLE_IMAGE, Lab, chameleon_only
+from servelab import paths, plots
+from servelab.lab import Lab, chameleon_only
 from servelab.resources import ResourceSampler
 
 lab = Lab.connect(triton=False)  # these notebooks use FastAPI only
@@ -90,7 +88,7 @@ for status_code, answer in predict_operation["responses"].items():
 image_bytes = lab.sample_image()
 image_b64 = base64.b64encode(image_bytes).decode()
 body = json.dumps({"image": image_b64})
-print(f"{SAMPLE_IMAGE.name}: {len(image_bytes)} bytes as a file, {len(image_b64)} characters in base64 "
+print(f"{paths.SAMPLE_IMAGE.name}: {len(image_bytes)} bytes as a file, {len(image_b64)} characters in base64 "
       f"({len(image_b64) / len(image_bytes):.2f}x the file)")
 print(f"JSON body, {len(body)} characters: {body[:60]}...{body[-12:]}")
 
@@ -117,24 +115,8 @@ print(f"FastAPI (PyTorch) answered: {api_answer}")
 ui_url = lab.ui("fastapi_pt")
 print(f"GourmetGram: {ui_url}" + ("  (in your browser: http://<your floating IP>/)" if lab.on_chameleon else ""))
 
-upload = {"file": (SAMPLE_IMAGE.name, image_bytes, "image/jpeg")}
-page = requests.post(f"{ui_url}/predict", files=upload, timeout=60)
-page.raise_for_status()
-
-
-def page_text(pattern: str) -> str:
-    """The text of the first match of `pattern` in the result page, without markup."""
-    match = re.search(pattern, page.text, re.S)
-    return html.unescape(re.sub(r"<[^>]+>", "", match.group(1))).strip() if match else "(not on the page)"
-
-
-ui_label = page_text(r"<h1>(.*?)</h1>")
-ui_probability = page_text(r'class="probability">(.*?)</p>')
-ui_banner = page_text(r'role="alert">(.*?)</div>')
-print(f"HTTP {page.status_code}; the page says: {ui_label}, {ui_probability}")
-print(f"  {page_text(r'(answered by .*?)</p>')}")
-print(f"  banner: {ui_banner}")
-print(f"Same label as the direct API call: {ui_label == api_answer['prediction']}")
+ui_answer = lab.upload_to_ui(ui_url, paths.SAMPLE_IMAGE.name, image_bytes)
+print(f"Same label as the direct API call: {ui_answer.label == api_answer['prediction']}")
 
 # %% [markdown]
 # ## How fast for one user? Sequential latency
@@ -204,7 +186,7 @@ if chameleon_only("wait for the ONNX Runtime server you start on the node, then 
 print(f"ONNX Runtime service: {lab.fastapi_url('onnx')} ({served_runtime(lab.fastapi_url('onnx'))})")
 
 # %% [markdown]
-# Same measurement, ONNX Runtime this time. Then the comparison, with the prediction stated first
+# Same measurement, ONNX Runtime this time. Then the comparison, with the expectation stated first
 # and judged by the two medians you just measured.
 
 # %%
@@ -213,7 +195,7 @@ report(sequential_onnx)
 
 # %%
 pt_p50, onnx_p50 = sequential_pt.latency.p50_ms, sequential_onnx.latency.p50_ms
-lab.check(
+lab.expect(
     "ONNX Runtime serves faster than PyTorch eager (lower median latency, one request at a time)",
     held=onnx_p50 < pt_p50,
     evidence=f"median {onnx_p50:.1f} ms with ONNX Runtime vs {pt_p50:.1f} ms with PyTorch "
@@ -287,7 +269,7 @@ concurrent_onnx.resources = sampler.series()
 report(concurrent_onnx)
 
 # %% [markdown]
-# Compare with the sequential run. The cell states the prediction, then computes the two ratios it is
+# Compare with the sequential run. The cell states the expectation, then computes the two ratios it is
 # about. "Roughly 16x" is taken as within a factor of 1.5 either side of 16, and "barely changes"
 # as within ±25%. The cell also prints Little's law's estimate from the measured throughput, and the
 # share of each request's time that was spent waiting rather than being served.
@@ -302,7 +284,7 @@ print(f"Little's law: {senders} in the system / {concurrent_onnx.throughput_rps:
       f"per request; measured mean {concurrent_onnx.latency.mean_ms:.1f} ms")
 print(f"Of that mean, about {waiting_ms:.1f} ms ({100 * waiting_ms / concurrent_onnx.latency.mean_ms:.0f}%) is time "
       f"beyond the sequential mean of {sequential_onnx.latency.mean_ms:.1f} ms: waiting in line, not being served.")
-lab.check(
+lab.expect(
     f"with {senders} senders and one inference slot, latency grows roughly {senders}x the sequential latency "
     "while throughput barely changes",
     held=senders / 1.5 <= latency_ratio <= senders * 1.5 and 0.75 <= throughput_ratio <= 1.25,
@@ -323,7 +305,7 @@ health_idle_p50 = float(np.median(health_idle_ms))
 health_loaded_p50 = float(np.median(health_loaded_ms))
 print(f"/health median: {health_idle_p50:.1f} ms idle ({len(health_idle_ms)} checks), "
       f"{health_loaded_p50:.1f} ms during the c={senders} run ({len(health_loaded_ms)} checks)")
-lab.check(
+lab.expect(
     f"/health does not wait in the inference queue: under {senders} senders it answers faster than one "
     "sequential prediction",
     held=health_loaded_p50 < sequential_onnx.latency.p50_ms,

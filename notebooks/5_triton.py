@@ -61,10 +61,7 @@
 # %%
 # runs in the Jupyter container on the node (Chameleon) or on your machine (local)
 import base64
-import difflib
-import html
 import json
-import re
 import time
 from pathlib import Path
 
@@ -75,6 +72,7 @@ from tritonclient.utils import InferenceServerException
 
 from servelab import paths
 from servelab.lab import Lab, chameleon_only
+from servelab.triton_config import TritonConfig
 
 lab = Lab.connect()
 triton = triton_http.InferenceServerClient(lab.triton_http)
@@ -153,7 +151,7 @@ show_tree(paths.MODELS_STAGING_DIR / "food_classifier")
 # The configuration is written in protobuf's text format:
 
 # %%
-print(lab.config_text("food_classifier"))
+print(lab.config("food_classifier"))
 
 # %% [markdown]
 # What each part means:
@@ -209,7 +207,7 @@ print((paths.MODELS_STAGING_DIR / "food_classifier" / "1" / "model.py").read_tex
 # %%
 show_tree(paths.MODELS_STAGING_DIR / "food_classifier_onnx")
 print()
-print(lab.config_text("food_classifier_onnx"))
+print(lab.config("food_classifier_onnx"))
 
 # %% [markdown]
 # The input is no longer an image file but the preprocessed tensor itself: 32-bit floats of
@@ -263,9 +261,8 @@ for entry in triton.get_model_repository_index():
 def describe_served(model: str) -> None:
     """What Triton reports for `model`, beside what its config.pbtxt asked for."""
     served = lab.served_config(model)
-    asked_backend = re.search(r'backend:\s*"([^"]+)"', lab.config_text(model)).group(1)
     print(f"{model}")
-    print(f"  backend:        config.pbtxt asks for {asked_backend!r}; Triton runs {served.get('backend')!r}")
+    print(f"  backend:        config.pbtxt asks for {lab.models.get(model).backend!r}; Triton runs {served.get('backend')!r}")
     print(f"  max_batch_size: {served.get('max_batch_size')}")
     for group in served.get("instance_group", []):
         gpus = f" on GPUs {group['gpus']}" if group.get("gpus") else ""
@@ -277,7 +274,7 @@ def describe_served(model: str) -> None:
             print(f"  parameter {key}: {value.get('string_value')}")
 
 
-for model in ("food_classifier", "food_classifier_onnx"):
+for model in lab.models.names():
     describe_served(model)
     print()
 
@@ -286,14 +283,9 @@ for model in ("food_classifier", "food_classifier_onnx"):
 # line by line (on Chameleon they are the same file, so there is no difference to show):
 
 # %%
-for model in ("food_classifier", "food_classifier_onnx"):
-    served_file = lab.repository / model / "config.pbtxt"
-    changes = "".join(
-        difflib.unified_diff(
-            lab.config_text(model).splitlines(True), served_file.read_text().splitlines(True),
-            f"models_staging/{model}/config.pbtxt", f"{served_file} (what Triton loads)",
-        )
-    )
+for model in lab.models.names():
+    served = TritonConfig.read(lab.repository / model / "config.pbtxt", f"{lab.repository / model}/config.pbtxt")
+    changes = lab.config(model).diff(served, after=f"{served.origin} (what Triton loads)")
     print(changes or f"{model}: Triton loads models_staging/{model}/config.pbtxt unchanged.\n")
 
 # %% [markdown]
@@ -333,23 +325,10 @@ print(f"food_classifier says: {label} (probability {probability:.3f}); weights: 
 # HTTP multipart form, and reads the label from the page that comes back.
 
 # %%
-def upload_to_ui(ui_url: str, image_name: str, image: bytes) -> None:
-    """POST an image to GourmetGram as its upload form does, and print what the result page says."""
-    page = requests.post(f"{ui_url}/predict", files={"file": (image_name, image, "image/jpeg")}, timeout=60)
-    heading = re.search(r"<h1>(.*?)</h1>", page.text, re.S)
-    probability = re.search(r'class="probability">(.*?)</p>', page.text, re.S)
-    answered = re.search(r"answered by (.*?)</p>", page.text, re.S)
-    banner = re.search(r'class="banner[^"]*"[^>]*>(.*?)</div>', page.text, re.S)
-    print(f"HTTP {page.status_code}; label shown: {html.unescape(heading.group(1)) if heading else '(none)'}")
-    for name, match in (("probability", probability), ("answered by", answered), ("banner", banner)):
-        if match:
-            print(f"  {name}: {html.unescape(' '.join(match.group(1).split()))}")
-
-
 ui_url = lab.ui("food_classifier")
 print(f"GourmetGram: {ui_url}")
 print("It reports:", json.dumps(requests.get(f"{ui_url}/healthz", timeout=10).json(), indent=1))
-upload_to_ui(ui_url, "soup.jpg", lab.sample_image())
+lab.upload_to_ui(ui_url, "soup.jpg", lab.sample_image())
 
 # %% [markdown]
 # The page names the backend it used (`triton`, model `food_classifier`): GourmetGram sent the

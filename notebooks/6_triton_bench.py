@@ -34,76 +34,26 @@
 
 # %%
 # runs in the Jupyter container on the node (Chameleon) or on your machine (local)
-import html
-import re
-
 import matplotlib.pyplot as plt
 import requests
 
 from servelab import plots, resources, triton_stats
-from servelab.lab import Lab, with_dynamic_batching, with_instance_groups
-from servelab.perf_analyzer import PerfAnalyzerError
+from servelab.lab import Lab
 from servelab.resources import ResourceSampler
 
 lab = Lab.connect()
 
-
-def served_instances(model: str) -> int:
-    """How many instances of `model` Triton runs now, from what the server itself reports."""
-    groups = lab.served_config(model).get("instance_group", [])
-    # On a GPU group, `count` instances run on *each* listed GPU.
-    return sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in groups)
-
-
-# perf_analyzer's ways of saying "no trustworthy number at this load", and what they mean.
-MEASUREMENT_FAILURES = {
-    "Failed to obtain stable measurement": "did not stabilize at this load",
-    "No valid requests recorded": "no request completed within a measurement window",
-}
-
-
-def measure(model: str, attempts: int = 2, **load):
-    """One perf_analyzer run of `model`, tried up to `attempts` times; None if none gave a number.
-
-    The result's target names the model's current instance count, so that the table and the
-    plots at the end keep runs under different configurations apart.
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            result = lab.perf(model, **load)
-            break
-        except PerfAnalyzerError as error:
-            failures = [meaning for message, meaning in MEASUREMENT_FAILURES.items() if message in str(error)]
-            if not failures:
-                raise
-            print(f"{model} {load}: {failures[0]} (attempt {attempt} of {attempts}).")
-    else:
-        print(f"{model} {load}: perf_analyzer gave up every time, so this run has no result.")
-        return None
-    instances = served_instances(model)
-    result.target += f", {instances} instance{'s' if instances > 1 else ''}"
-    return result
-
-
-def ms(result, stage: str) -> float:
-    """A stage of Triton's breakdown, in milliseconds per request."""
-    return result.server_breakdown[f"server_{stage}_us"] / 1000
-
-
-def show_breakdown(results: dict) -> None:
-    print(f"{'load':>18} | {'req/s':>7} | {'mean ms':>8} | {'p95 ms':>7} | {'queue ms':>8} | {'compute infer ms':>16}")
-    for name, result in results.items():
-        if result is None:
-            print(f"{name:>18} | no stable measurement")
-            continue
-        print(f"{name:>18} | {result.throughput_rps:7.1f} | {result.latency.mean_ms:8.1f} | "
-              f"{result.latency.p95_ms:7.1f} | {ms(result, 'queue'):8.1f} | {ms(result, 'compute_infer'):16.1f}")
-
-
-def untestable(claim: str, missing: list[str]) -> None:
-    """Say plainly that a prediction could not be checked, rather than count it as held or not."""
-    print(f"Prediction: {claim}\n  -> NOT CHECKED on this run: no stable measurement for {', '.join(missing)}.")
-
+# %% [markdown]
+# Three helpers of `lab` do the bookkeeping in every experiment below:
+#
+# - `lab.measure(model, ...)` runs perf_analyzer, and tries once more when it finds no stable
+#   measurement; if no attempt settles, it says so and returns `None` instead of a number. Each
+#   result is labelled with the model's current number of instances.
+# - `lab.breakdown({...})` prints, for named runs, throughput, latency, and the two server-side
+#   stages that matter here: time in Triton's queue and time computing (`compute infer`).
+# - `lab.expect(claim, held, evidence)` records an expectation and this run's verdict on it, with
+#   the numbers it was judged on; `lab.not_checked(claim, missing)` records one that could not be
+#   judged because a run gave no number. All of them are listed at the end.
 
 # %% [markdown]
 # ## 1. The Python-backend model under concurrency
@@ -111,7 +61,7 @@ def untestable(claim: str, missing: list[str]) -> None:
 # `food_classifier` runs PyTorch inside Triton's Python backend, one instance, no dynamic
 # batching: it executes one request at a time.
 #
-# **Prediction.** With one client, a request never waits: its latency is its compute time.
+# **Expectation.** With one client, a request never waits: its latency is its compute time.
 # With 8 or 16 clients, each request finds the others ahead of it, so it waits in Triton's
 # queue for roughly (clients - 1) service times. The time spent *computing* each request should
 # stay about the same; the time spent *queueing* should grow with the number of clients.
@@ -121,22 +71,22 @@ python_backend = {}
 sampled = {}  # resource samples of the runs at concurrency 8, by number of instances
 for concurrency in (1, 8, 16):
     with ResourceSampler() as sampler:
-        python_backend[f"c={concurrency}"] = measure("food_classifier", concurrency=concurrency)
+        python_backend[f"c={concurrency}"] = lab.measure("food_classifier", concurrency=concurrency)
     if concurrency == 8:
-        sampled[served_instances("food_classifier")] = sampler.series()
-show_breakdown(python_backend)
+        sampled[lab.served_instances("food_classifier")] = sampler.series()
+lab.breakdown(python_backend);
 
 # %%
 claim = "queueing delay grows with concurrency while compute infer stays about the same"
 missing = [name for name, result in python_backend.items() if result is None]
 if missing:
-    untestable(claim, missing)
+    lab.not_checked(claim, missing)
 else:
-    queue = [ms(result, "queue") for result in python_backend.values()]
-    infer = [ms(result, "compute_infer") for result in python_backend.values()]
+    queue = [result.server_ms("queue") for result in python_backend.values()]
+    infer = [result.server_ms("compute_infer") for result in python_backend.values()]
     queue_grows = queue[0] < queue[1] < queue[2]
     infer_similar = max(infer) <= 1.5 * min(infer)  # "about the same": within 50 %
-    lab.check(
+    lab.expect(
         claim,
         held=queue_grows and infer_similar,
         evidence=", ".join(
@@ -153,20 +103,20 @@ else:
 # Now one client sends batches of 16 images per request. `model.py` stacks them and runs
 # MobileNetV2 once on the whole stack.
 #
-# **Prediction.** On a GPU, a batch of 16 costs little more time than a batch of 1: the GPU
+# **Expectation.** On a GPU, a batch of 16 costs little more time than a batch of 1: the GPU
 # processes the 16 images in parallel, and a single image leaves most of it idle. So a batched
 # request should take not much longer than a single one, and the images per second should jump.
 
 # %%
-batch_of_16 = measure("food_classifier", concurrency=1, batch_size=16)
+batch_of_16 = lab.measure("food_classifier", concurrency=1, batch_size=16)
 single = python_backend["c=1"]
 
 claim = "a batch of 16 costs little more than a batch of 1 (less than twice the latency)"
 if batch_of_16 is None or single is None:
-    untestable(claim, [name for name, result in (("batch 16", batch_of_16), ("batch 1", single)) if result is None])
+    lab.not_checked(claim, [name for name, result in (("batch 16", batch_of_16), ("batch 1", single)) if result is None])
 else:
     ratio = batch_of_16.latency.mean_ms / single.latency.mean_ms
-    lab.check(
+    lab.expect(
         claim,
         held=ratio < 2,
         evidence=f"one request of 16 images takes {batch_of_16.latency.mean_ms:.1f} ms, one of 1 image "
@@ -196,12 +146,13 @@ else:
 # has no access to the GPUs, so the resource plots here show its CPU and memory only.
 
 # %%
-lab.apply_config("food_classifier", with_instance_groups(lab.config_text("food_classifier"), [(2, [0]), (2, [1])]))
-print(f"Triton now runs {served_instances('food_classifier')} instances of food_classifier")
+two_per_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_GPU", "gpus": [1]}]
+lab.apply_config("food_classifier", lab.config("food_classifier").with_instance_groups(two_per_gpu))
+print(f"Triton now runs {lab.served_instances('food_classifier')} instances of food_classifier")
 
 with ResourceSampler() as sampler:
-    four_instances = measure("food_classifier", concurrency=8)
-sampled[served_instances("food_classifier")] = sampler.series()
+    four_instances = lab.measure("food_classifier", concurrency=8)
+sampled[lab.served_instances("food_classifier")] = sampler.series()
 
 # %% [markdown]
 # Eight clients and four instances: each request should wait for less, as long as the
@@ -209,15 +160,16 @@ sampled[served_instances("food_classifier")] = sampler.series()
 # instances per GPU (eight in all):
 
 # %%
-lab.apply_config("food_classifier", with_instance_groups(lab.config_text("food_classifier"), [(4, [0]), (4, [1])]))
-print(f"Triton now runs {served_instances('food_classifier')} instances of food_classifier")
+four_per_gpu = [{"count": 4, "kind": "KIND_GPU", "gpus": [0]}, {"count": 4, "kind": "KIND_GPU", "gpus": [1]}]
+lab.apply_config("food_classifier", lab.config("food_classifier").with_instance_groups(four_per_gpu))
+print(f"Triton now runs {lab.served_instances('food_classifier')} instances of food_classifier")
 
 with ResourceSampler() as sampler:
-    eight_instances = measure("food_classifier", concurrency=8)
-sampled[served_instances("food_classifier")] = sampler.series()
+    eight_instances = lab.measure("food_classifier", concurrency=8)
+sampled[lab.served_instances("food_classifier")] = sampler.series()
 
 # %% [markdown]
-# **Prediction.** Going from one instance to a few helps, because requests no longer wait for
+# **Expectation.** Going from one instance to a few helps, because requests no longer wait for
 # a single model. But each Python-backend instance is a whole Python process with its own
 # PyTorch, its own decoding and preprocessing, and a copy of every tensor through shared
 # memory; past some point more instances only fight over the same processors. On the original
@@ -231,17 +183,17 @@ sampled[served_instances("food_classifier")] = sampler.series()
 
 # %%
 scaling = {"1 instance, c=8": python_backend["c=8"], "4 instances, c=8": four_instances, "8 instances, c=8": eight_instances}
-show_breakdown(scaling)
+lab.breakdown(scaling)
 
 claim = "more Python-backend instances stop helping (the most instances give no more than 5 % over fewer)"
 fewer = {name: result for name, result in list(scaling.items())[:-1] if result is not None}
 most_name, most = list(scaling.items())[-1]
 if most is None or not fewer:
-    untestable(claim, [name for name, result in scaling.items() if result is None])
+    lab.not_checked(claim, [name for name, result in scaling.items() if result is None])
 else:
     best_fewer = max(result.throughput_rps for result in fewer.values())
     unmeasured = [name for name, result in scaling.items() if result is None]
-    lab.check(
+    lab.expect(
         claim,
         held=most.throughput_rps <= 1.05 * best_fewer,
         evidence=", ".join(
@@ -283,24 +235,24 @@ lab.restore_config("food_classifier")
 # The comparison below is then ONNX Runtime without image decoding against PyTorch with image
 # decoding, both behind a Python process, rather than a native backend against Python.
 #
-# **Prediction.** For one client at a time, the ONNX model serves requests faster than the
+# **Expectation.** For one client at a time, the ONNX model serves requests faster than the
 # Python-backend model: more requests per second and a lower latency.
 
 # %%
-onnx_single = measure("food_classifier_onnx", concurrency=1)
+onnx_single = lab.measure("food_classifier_onnx", concurrency=1)
 python_single = python_backend["c=1"]
 
 claim = "the ONNX Runtime model beats the Python-backend model at concurrency 1"
 if onnx_single is None or python_single is None:
-    untestable(claim, [name for name, result in (("ONNX c=1", onnx_single), ("Python c=1", python_single)) if result is None])
+    lab.not_checked(claim, [name for name, result in (("ONNX c=1", onnx_single), ("Python c=1", python_single)) if result is None])
 else:
-    lab.check(
+    lab.expect(
         claim,
         held=onnx_single.throughput_rps > python_single.throughput_rps,
         evidence=f"ONNX: {onnx_single.throughput_rps:.1f} req/s, mean {onnx_single.latency.mean_ms:.1f} ms "
-        f"(compute infer {ms(onnx_single, 'compute_infer'):.1f} ms); Python backend: "
+        f"(compute infer {onnx_single.server_ms('compute_infer'):.1f} ms); Python backend: "
         f"{python_single.throughput_rps:.1f} req/s, mean {python_single.latency.mean_ms:.1f} ms "
-        f"(compute infer {ms(python_single, 'compute_infer'):.1f} ms)",
+        f"(compute infer {python_single.server_ms('compute_infer'):.1f} ms)",
         reason="locally the ONNX model also runs behind the Python backend, and each of its requests "
         "carries 600 KB of float32 pixels instead of a compressed JPEG",
     )
@@ -314,15 +266,16 @@ else:
 # clients.
 
 # %%
-lab.apply_config("food_classifier_onnx", with_instance_groups(lab.config_text("food_classifier_onnx"), [(2, [0, 1])]))
-print(f"Triton now runs {served_instances('food_classifier_onnx')} instances of food_classifier_onnx")
+two_on_each_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]
+lab.apply_config("food_classifier_onnx", lab.config("food_classifier_onnx").with_instance_groups(two_on_each_gpu))
+print(f"Triton now runs {lab.served_instances('food_classifier_onnx')} instances of food_classifier_onnx")
 
 onnx_scaled = {
     "c=1 (1 instance)": onnx_single,
-    "c=8": measure("food_classifier_onnx", concurrency=8),
-    "c=16": measure("food_classifier_onnx", concurrency=16),
+    "c=8": lab.measure("food_classifier_onnx", concurrency=8),
+    "c=16": lab.measure("food_classifier_onnx", concurrency=16),
 }
-show_breakdown(onnx_scaled)
+lab.breakdown(onnx_scaled);
 
 # %% [markdown]
 # Compare the queue column with the compute column at 16 clients. When requests arrive faster
@@ -349,28 +302,19 @@ show_breakdown(onnx_scaled)
 # and uploads a photo to it, as a browser would.
 
 # %%
-def upload_to_ui(ui_url: str, image_name: str, image: bytes) -> None:
-    """POST an image to GourmetGram as its upload form does, and print what the result page says."""
-    page = requests.post(f"{ui_url}/predict", files={"file": (image_name, image, "image/jpeg")}, timeout=60)
-    heading = re.search(r"<h1>(.*?)</h1>", page.text, re.S)
-    print(f"HTTP {page.status_code}; label shown: {html.unescape(heading.group(1)) if heading else '(none)'}")
-    for name, pattern in (("probability", r'class="probability">(.*?)</p>'), ("answered by", r"answered by (.*?)</p>")):
-        match = re.search(pattern, page.text, re.S)
-        if match:
-            print(f"  {name}: {html.unescape(' '.join(match.group(1).split()))}")
-
-
 onnx_ui = lab.ui("food_classifier_onnx")
 health = requests.get(f"{onnx_ui}/healthz", timeout=10).json()
 print(f"GourmetGram at {onnx_ui}: backend {health['backend']!r}, model {health['model']!r}, weights {health['weights']}")
 if health["model"] != "food_classifier_onnx":
     print("This UI still talks to another model: run the docker compose command above on the node, then this cell again.")
-upload_to_ui(onnx_ui, "soup.jpg", lab.sample_image())
+lab.upload_to_ui(onnx_ui, "soup.jpg", lab.sample_image())
+print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()["model_input"])
 
 # %% [markdown]
-# The backend kind is now `triton-onnx`: GourmetGram decoded and preprocessed the photo itself,
-# sent Triton a `[1, 3, 224, 224]` float tensor, and turned the 11 scores into a label and a
-# probability. (With untrained weights, the label is arbitrary; the plumbing is what we checked.)
+# GourmetGram read the model's metadata from Triton, saw that it takes a preprocessed tensor
+# (the `model_input` above, and the result page's "request: ..." line), so it decoded and
+# preprocessed the photo itself, sent Triton a `[1, 3, 224, 224]` float tensor, and turned the 11
+# scores into a label and a probability. (With untrained weights, the label is arbitrary; the plumbing is what we checked.)
 #
 # ## 5. Bursty arrivals: constant vs Poisson
 #
@@ -385,7 +329,7 @@ upload_to_ui(onnx_ui, "soup.jpg", lab.sample_image())
 #
 # In open-loop mode the throughput just follows the rate we chose, so we look at latency only.
 #
-# **Prediction.** At the same average rate, Poisson arrivals queue more than evenly spaced
+# **Expectation.** At the same average rate, Poisson arrivals queue more than evenly spaced
 # ones: with even spacing each request finds the previous one finished, while random spacing
 # produces clumps that have to wait.
 
@@ -394,22 +338,22 @@ lab.restore_config("food_classifier_onnx")
 rates = lab.scale_rates([120, 180, 240, 300])
 
 arrivals = {
-    distribution: measure("food_classifier_onnx", rate=rates[0], distribution=distribution)
+    distribution: lab.measure("food_classifier_onnx", rate=rates[0], distribution=distribution)
     for distribution in ("constant", "poisson")
 }
-show_breakdown(arrivals)
+lab.breakdown(arrivals);
 
 claim = "Poisson arrivals queue more than constant arrivals at the same average rate"
 missing = [name for name, result in arrivals.items() if result is None]
 if missing:
-    untestable(claim, missing)
+    lab.not_checked(claim, missing)
 else:
     constant, poisson = arrivals["constant"], arrivals["poisson"]
-    lab.check(
+    lab.expect(
         claim,
-        held=ms(poisson, "queue") > ms(constant, "queue"),
-        evidence=f"at {rates[0]:g} req/s, server queue {ms(poisson, 'queue'):.2f} ms (Poisson) vs "
-        f"{ms(constant, 'queue'):.2f} ms (constant); p95 latency {poisson.latency.p95_ms:.1f} ms vs "
+        held=poisson.server_ms("queue") > constant.server_ms("queue"),
+        evidence=f"at {rates[0]:g} req/s, server queue {poisson.server_ms('queue'):.2f} ms (Poisson) vs "
+        f"{constant.server_ms('queue'):.2f} ms (constant); p95 latency {poisson.latency.p95_ms:.1f} ms vs "
         f"{constant.latency.p95_ms:.1f} ms",
         reason="at this light load clumps are rare, and the load generator, sharing the CPU with the server, "
         "cannot keep its constant schedule exactly either",
@@ -434,7 +378,7 @@ def poisson_sweep() -> dict:
     sweep = {}
     for rate in rates:
         with triton_stats.measure(lab.triton_http, "food_classifier_onnx") as stats:
-            result = measure("food_classifier_onnx", rate=rate, distribution="poisson")
+            result = lab.measure("food_classifier_onnx", rate=rate, distribution="poisson")
         if result is not None:
             result.triton_stats = stats.delta.to_dict()
         sweep[f"{rate:g} req/s"] = (result, stats.delta)
@@ -444,7 +388,7 @@ def poisson_sweep() -> dict:
 
 
 without_batching = poisson_sweep()
-show_breakdown({name: result for name, (result, _) in without_batching.items()})
+lab.breakdown({name: result for name, (result, _) in without_batching.items()});
 
 # %% [markdown]
 # Now we turn dynamic batching on. The block we add says: batches of 4, 6 or 8 are preferred,
@@ -452,13 +396,14 @@ show_breakdown({name: result for name, (result, _) in without_batching.items()})
 # batch. Then the same four runs:
 
 # %%
-lab.apply_config(
-    "food_classifier_onnx", with_dynamic_batching(lab.config_text("food_classifier_onnx"), [4, 6, 8], 100)
+batching = lab.config("food_classifier_onnx").with_dynamic_batching(
+    preferred_batch_size=[4, 6, 8], max_queue_delay_microseconds=100
 )
+lab.apply_config("food_classifier_onnx", batching)
 print("dynamic_batching in the served config:", lab.served_config("food_classifier_onnx").get("dynamic_batching"))
 
 with_batching = poisson_sweep()
-show_breakdown({name: result for name, (result, _) in with_batching.items()})
+lab.breakdown({name: result for name, (result, _) in with_batching.items()});
 
 # %% [markdown]
 # How many executions ran at each batch size? Every client sent a single image per request, so
@@ -472,7 +417,7 @@ plots.plot_batch_sizes(batch_histograms, title="food_classifier_onnx: executions
 plt.show()
 
 # %% [markdown]
-# **Prediction.** Without dynamic batching, latency climbs steeply as the rate approaches
+# **Expectation.** Without dynamic batching, latency climbs steeply as the rate approaches
 # capacity, because the clumps of a Poisson process queue up one behind another. With dynamic
 # batching, latency stays nearly flat: whatever clump has formed is served in one execution. We
 # compare how much the mean latency grows from the lowest rate to the highest, with and without.
@@ -488,13 +433,13 @@ ends = {
 }
 missing = [name for name, result in ends.items() if result is None]
 if missing:
-    untestable(claim, missing)
+    lab.not_checked(claim, missing)
 else:
     growth = {
         label: sweep[highest][0].latency.mean_ms / sweep[lowest][0].latency.mean_ms
         for label, sweep in (("without", without_batching), ("with", with_batching))
     }
-    lab.check(
+    lab.expect(
         claim,
         held=growth["with"] < growth["without"] and growth["with"] <= 1.5,
         evidence=", ".join(
@@ -540,14 +485,13 @@ lab.restore_config("food_classifier_onnx")
 lab.restore_config("food_classifier")
 
 # %% [markdown]
-# All of this notebook's measurements, and the verdict on each prediction. The `target` column
+# All of this notebook's measurements, and the verdict on each expectation. The `target` column
 # names the model and how many instances served it; `load` is the concurrency (closed loop) or
 # the offered rate and arrival pattern (open loop).
 
 # %%
 lab.table()
-for prediction in lab.predictions:
-    print(f"{'HELD' if prediction.held else 'DID NOT HOLD':>12}: {prediction.claim}")
+lab.verdicts();
 
 # %% [markdown]
 # Finally, the closed-loop runs side by side: latency percentiles (left) and throughput (right)

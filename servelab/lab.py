@@ -294,9 +294,12 @@ class Lab:
 
     @staticmethod
     def upload_to_ui(ui_url: str, image_name: str, image: bytes) -> ui.PageAnswer:
-        """Upload a photo as GourmetGram's form does, and print what the result page says."""
+        """Upload a photo as GourmetGram's form does, and print what the result page says; a page
+        that is not a prediction (the backend down, say) is an error that quotes the page."""
         answer = ui.upload(ui_url, image_name, image)
         print(answer)
+        if answer.status != 200:
+            raise RuntimeError(f"GourmetGram at {ui_url} answered HTTP {answer.status}: {answer.error}")
         return answer
 
     # ---- Triton model configs ----------------------------------------------------------------
