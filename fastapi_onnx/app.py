@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-
 from predict_api import ServedModel, create_app
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

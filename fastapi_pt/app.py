@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torchvision.models import mobilenet_v2
-
 from food11 import LABELS
 from predict_api import ServedModel, create_app
+from torchvision.models import mobilenet_v2
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

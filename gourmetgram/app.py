@@ -28,9 +28,10 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from flask import Flask, jsonify, render_template, request
 from PIL import Image
@@ -104,7 +105,7 @@ def select_backend(source: Mapping[str, Any]) -> BackendChoice:
             if triton_url.startswith(scheme):
                 if scheme == "https://":
                     raise ConfigError(f"TRITON_SERVER_URL={triton_url!r}: this app talks plain HTTP to Triton.")
-                triton_url = triton_url[len(scheme):]
+                triton_url = triton_url[len(scheme) :]
         triton_url = triton_url.rstrip("/")
         # Any name: whether Triton has the model, and how to call it, is asked of Triton itself on
         # the first request (Triton may still be starting now), and a wrong name gets a clear page.
@@ -214,8 +215,12 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         log.info("both TRITON_SERVER_URL and FASTAPI_SERVER_URL are set: Triton wins")
     log.info(
         "backend=%s url=%s model=%s timeout=%gs max_upload=%d bytes samples=%s",
-        choice.kind, choice.url, choice.model, settings.backend_timeout_s,
-        settings.max_upload_bytes, list(state.samples) or "none",
+        choice.kind,
+        choice.url,
+        choice.model,
+        settings.backend_timeout_s,
+        settings.max_upload_bytes,
+        list(state.samples) or "none",
     )
 
     def page(template: str, status: int, **context: Any) -> tuple[str, int]:
@@ -249,11 +254,20 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         elapsed_ms = (time.perf_counter() - started) * 1000
         log.info(
             "backend=%s url=%s origin=%s latency=%.1f ms -> %s (%.3f)",
-            choice.kind, choice.url, origin, elapsed_ms, prediction.label, prediction.probability,
+            choice.kind,
+            choice.url,
+            origin,
+            elapsed_ms,
+            prediction.label,
+            prediction.probability,
         )
         return page(
-            "result.html", 200, prediction=prediction, latency_ms=elapsed_ms,
-            model_input=backend.model_input, **context,
+            "result.html",
+            200,
+            prediction=prediction,
+            latency_ms=elapsed_ms,
+            model_input=backend.model_input,
+            **context,
         )
 
     @app.context_processor
@@ -273,7 +287,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         limit_mib = settings.max_upload_bytes / (1024 * 1024)
         log.info("rejected an upload over %d bytes", settings.max_upload_bytes)
         return error_page(
-            413, "That file is too large",
+            413,
+            "That file is too large",
             f"Uploads are limited to {limit_mib:.1f} MiB ({settings.max_upload_bytes} bytes). "
             "Choose a smaller image: the model only sees 224x224 pixels anyway.",
         )
@@ -281,8 +296,11 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     @app.get("/")
     def index() -> tuple[str, int]:
         return page(
-            "index.html", 200, samples=list(state.samples),
-            extensions=sorted(ALLOWED_EXTENSIONS), max_mib=settings.max_upload_bytes / (1024 * 1024),
+            "index.html",
+            200,
+            samples=list(state.samples),
+            extensions=sorted(ALLOWED_EXTENSIONS),
+            max_mib=settings.max_upload_bytes / (1024 * 1024),
         )
 
     @app.post("/predict")
@@ -295,7 +313,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         name = secure_filename(upload.filename) or "upload"
         if extension not in ALLOWED_EXTENSIONS:
             return error_page(
-                400, "That file type is not accepted",
+                400,
+                "That file type is not accepted",
                 f"'{name}' does not end in one of: {', '.join(sorted(ALLOWED_EXTENSIONS))}.",
             )
         return classify(upload.read(), name, origin=f"upload {name}")
@@ -308,7 +327,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         path = state.samples.get(name)
         if path is None:
             return error_page(
-                404, "No such sample",
+                404,
+                "No such sample",
                 f"There is no sample named '{secure_filename(name) or '?'}'. Valid names: {', '.join(state.samples)}.",
             )
         return classify(path.read_bytes(), name, origin=f"sample {name}")
@@ -319,9 +339,14 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         weights = state.weights.get()
         # model_input is null until the first prediction has asked Triton how to call the model.
         return jsonify(
-            status="ok", backend=choice.kind, backend_url=choice.url, model=choice.model,
-            model_input=backend.model_input, backend_reachable=weights.reachable,
-            weights=weights.weights, weights_note=weights.note,
+            status="ok",
+            backend=choice.kind,
+            backend_url=choice.url,
+            model=choice.model,
+            model_input=backend.model_input,
+            backend_reachable=weights.reachable,
+            weights=weights.weights,
+            weights_note=weights.note,
         )
 
     return app

@@ -23,17 +23,17 @@ import base64
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, TypeVar, Union
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
 
+import food11  # app.py imports it first, with a message saying how to generate it if missing
 import numpy as np
 import requests
 import tritonclient.http as triton_http
 from PIL import Image
 from tritonclient.utils import InferenceServerException
-
-import food11  # app.py imports it first, with a message saying how to generate it if missing
 
 log = logging.getLogger("gourmetgram.backends")
 
@@ -165,7 +165,7 @@ class TensorCall:
         return Prediction(label=label, probability=probability)
 
 
-ModelCall = Union[ImageFileCall, TensorCall]
+ModelCall = ImageFileCall | TensorCall
 
 
 def _describe(tensors: list[Mapping[str, Any]]) -> str:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from PIL import Image, ImageDraw, ImageFilter
 
@@ -56,7 +56,7 @@ def vertical_gradient(top: RGB, bottom: RGB) -> Image.Image:
     gradient = Image.new("RGB", (1, H))
     for y in range(H):
         t = y / (H - 1)
-        gradient.putpixel((0, y), tuple(round(a + (b - a) * t) for a, b in zip(top, bottom)))
+        gradient.putpixel((0, y), tuple(round(a + (b - a) * t) for a, b in zip(top, bottom, strict=True)))
     return gradient.resize((W, H))
 
 
@@ -95,8 +95,7 @@ def draw_soup(rng: random.Random) -> Image.Image:
     draw.ellipse(ellipse_box(cx, cy + 8, 320, 185), outline=(222, 100, 56), width=14)
     # A swirl of cream: a spiral of short, fat line segments.
     spiral = [
-        (cx + 12 * t * math.cos(t) * 1.5, cy + 8 + 12 * t * math.sin(t))
-        for t in [i * 0.12 for i in range(1, 110)]
+        (cx + 12 * t * math.cos(t) * 1.5, cy + 8 + 12 * t * math.sin(t)) for t in [i * 0.12 for i in range(1, 110)]
     ]
     draw.line(spiral, fill=(250, 238, 220), width=16, joint="curve")
     # Herbs: small green flecks scattered over the soup surface.

@@ -106,7 +106,6 @@
 
 # %%
 import os
-
 import sys
 from pathlib import Path
 

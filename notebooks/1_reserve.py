@@ -29,12 +29,11 @@
 
 # %%
 import os
+import sys
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 from chi import context, hardware, lease
-
-import sys
-from pathlib import Path
 
 # The repository root, so `servelab` imports where the lab is not pip-installed (Chameleon's
 # Jupyter server). servelab.environment needs nothing beyond the standard library.
@@ -75,8 +74,10 @@ LEASE_NAME = f"serve_system_{USERNAME}"
 LEASE_HOURS = 3
 LEASE_START = None
 
-print(f"Lease {LEASE_NAME!r}: one gpu_p100 node for {LEASE_HOURS} hours, "
-      f"starting {'now' if LEASE_START is None else f'{LEASE_START:%Y-%m-%d %H:%M} UTC'}")
+print(
+    f"Lease {LEASE_NAME!r}: one gpu_p100 node for {LEASE_HOURS} hours, "
+    f"starting {'now' if LEASE_START is None else f'{LEASE_START:%Y-%m-%d %H:%M} UTC'}"
+)
 
 # %% [markdown]
 # ## When is a P100 node free?

@@ -34,11 +34,10 @@ import os
 import re
 import shlex
 import subprocess
-
-from chi import context, lease, server
-
 import sys
 from pathlib import Path
+
+from chi import context, lease, server
 
 # The repository root, so `servelab` imports where the lab is not pip-installed (Chameleon's
 # Jupyter server). servelab.environment needs nothing beyond the standard library.
@@ -97,8 +96,9 @@ if chameleon_only("look the lease up and check that it is active"):
     gpu_lease.show()
     lease_status = gpu_lease.status  # asks Chameleon again each time it is read
     if lease_status != "ACTIVE":
-        raise RuntimeError(f"Lease {LEASE_NAME} is {lease_status}, not ACTIVE: "
-                           "wait until it starts, then run this cell again.")
+        raise RuntimeError(
+            f"Lease {LEASE_NAME} is {lease_status}, not ACTIVE: wait until it starts, then run this cell again."
+        )
 
 # %% [markdown]
 # ## Start the server

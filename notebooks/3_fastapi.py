@@ -197,8 +197,10 @@ for flavor, url in lab.fastapi_urls.items():
     print(json.dumps(health, indent=2))
     if health["weights"] != "trained":
         rule = "!" * 78
-        print(f"\n{rule}\n!! WEIGHTS: {health['weights'].upper()}. Latency and throughput are real; "
-              f"predicted labels are NOT.\n!! {health['weights_note']}\n{rule}\n")
+        print(
+            f"\n{rule}\n!! WEIGHTS: {health['weights'].upper()}. Latency and throughput are real; "
+            f"predicted labels are NOT.\n!! {health['weights_note']}\n{rule}\n"
+        )
 
 # %% [markdown]
 # ## The error paths, for real

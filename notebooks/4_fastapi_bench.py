@@ -45,8 +45,10 @@ lab = Lab.connect(triton=False)  # these notebooks use FastAPI only
 # %%
 for flavor, url in lab.fastapi_urls.items():
     if lab.on_chameleon:
-        print(f"FastAPI ({flavor}): open http://<your floating IP>:8000/docs in your browser "
-              f"(this notebook itself reaches it as {url}).")
+        print(
+            f"FastAPI ({flavor}): open http://<your floating IP>:8000/docs in your browser "
+            f"(this notebook itself reaches it as {url})."
+        )
     else:
         print(f"FastAPI ({flavor}): {url}/docs")
 
@@ -88,8 +90,10 @@ for status_code, answer in predict_operation["responses"].items():
 image_bytes = lab.sample_image()
 image_b64 = base64.b64encode(image_bytes).decode()
 body = json.dumps({"image": image_b64})
-print(f"{paths.SAMPLE_IMAGE.name}: {len(image_bytes)} bytes as a file, {len(image_b64)} characters in base64 "
-      f"({len(image_b64) / len(image_bytes):.2f}x the file)")
+print(
+    f"{paths.SAMPLE_IMAGE.name}: {len(image_bytes)} bytes as a file, {len(image_b64)} characters in base64 "
+    f"({len(image_b64) / len(image_bytes):.2f}x the file)"
+)
 print(f"JSON body, {len(body)} characters: {body[:60]}...{body[-12:]}")
 
 # %% [markdown]
@@ -129,12 +133,15 @@ print(f"Same label as the direct API call: {ui_answer.label == api_answer['predi
 # We look at the median (p50, the typical request) and at the tail (p95, p99: the slowest 5% and 1%),
 # because users notice the slow requests.
 
+
 # %%
 def report(result) -> None:
     latency = result.latency
-    print(f"  median {latency.p50_ms:.1f} ms | p95 {latency.p95_ms:.1f} ms | p99 {latency.p99_ms:.1f} ms | "
-          f"throughput {result.throughput_rps:.1f} req/s over {result.requests} requests"
-          + (f" | 1000 / mean latency = {1000 / latency.mean_ms:.1f} req/s" if result.concurrency == 1 else ""))
+    print(
+        f"  median {latency.p50_ms:.1f} ms | p95 {latency.p95_ms:.1f} ms | p99 {latency.p99_ms:.1f} ms | "
+        f"throughput {result.throughput_rps:.1f} req/s over {result.requests} requests"
+        + (f" | 1000 / mean latency = {1000 / latency.mean_ms:.1f} req/s" if result.concurrency == 1 else "")
+    )
 
 
 sequential_pt = lab.sequential("pt")
@@ -163,6 +170,7 @@ report(sequential_pt)
 #
 # **Locally**, both services are already running side by side, so there is nothing to switch.
 
+
 # %%
 def served_runtime(url: str) -> str | None:
     """The runtime a FastAPI service reports in /health; None while it is down or restarting."""
@@ -173,14 +181,18 @@ def served_runtime(url: str) -> str | None:
 
 
 if chameleon_only("wait for the ONNX Runtime server you start on the node, then point this notebook at it"):
-    print("This notebook runs inside the jupyter container, which cannot run docker on the host: run the "
-          "command above in your SSH session on the node. Waiting for fastapi_server to answer with ONNX Runtime...")
+    print(
+        "This notebook runs inside the jupyter container, which cannot run docker on the host: run the "
+        "command above in your SSH session on the node. Waiting for fastapi_server to answer with ONNX Runtime..."
+    )
     node_url = next(iter(lab.fastapi_urls.values()))
     deadline = time.monotonic() + 900  # a first build of the ONNX image takes a few minutes
     while not (served_runtime(node_url) or "").startswith("onnxruntime"):
         if time.monotonic() > deadline:
-            raise TimeoutError("fastapi_server did not come back with ONNX Runtime within 15 minutes; "
-                               "check `docker compose -f docker/docker-compose-fastapi.yaml logs fastapi_server`.")
+            raise TimeoutError(
+                "fastapi_server did not come back with ONNX Runtime within 15 minutes; "
+                "check `docker compose -f docker/docker-compose-fastapi.yaml logs fastapi_server`."
+            )
         time.sleep(5)
     lab.fastapi_urls = {"onnx": node_url}
 print(f"ONNX Runtime service: {lab.fastapi_url('onnx')} ({served_runtime(lab.fastapi_url('onnx'))})")
@@ -199,11 +211,11 @@ lab.expect(
     "ONNX Runtime serves faster than PyTorch eager (lower median latency, one request at a time)",
     held=onnx_p50 < pt_p50,
     evidence=f"median {onnx_p50:.1f} ms with ONNX Runtime vs {pt_p50:.1f} ms with PyTorch "
-             f"(PyTorch / ONNX = {pt_p50 / onnx_p50:.2f}x)",
+    f"(PyTorch / ONNX = {pt_p50 / onnx_p50:.2f}x)",
     reason="the model call is only part of each request: HTTP, JSON, base64 and JPEG decoding and "
-           "preprocessing cost the same in both services, and on a small CPU PyTorch's own optimised CPU "
-           "kernels leave ONNX Runtime little to gain on MobileNetV2 at batch size 1",
-);
+    "preprocessing cost the same in both services, and on a small CPU PyTorch's own optimised CPU "
+    "kernels leave ONNX Runtime little to gain on MobileNetV2 at batch size 1",
+)
 
 # %% [markdown]
 # ## Sixteen users at once
@@ -230,6 +242,7 @@ lab.expect(
 #   a health check should not wait behind the sixteen predictions. Computation queues; other I/O
 #   does not.
 
+
 # %%
 def listening_pids(url: str) -> list[int]:
     """Locally, the process serving `url`, so the sampler can show its own CPU use. On Chameleon the
@@ -237,8 +250,13 @@ def listening_pids(url: str) -> list[int]:
     if lab.on_chameleon:
         return []
     port = int(url.rsplit(":", 1)[1])
-    return sorted({conn.pid for conn in psutil.net_connections("tcp")
-                   if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid})
+    return sorted(
+        {
+            conn.pid
+            for conn in psutil.net_connections("tcp")
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid
+        }
+    )
 
 
 def health_check_ms(url: str) -> float:
@@ -280,43 +298,47 @@ latency_ratio = concurrent_onnx.latency.p50_ms / sequential_onnx.latency.p50_ms
 throughput_ratio = concurrent_onnx.throughput_rps / sequential_onnx.throughput_rps
 littles_law_ms = 1000 * senders / concurrent_onnx.throughput_rps
 waiting_ms = concurrent_onnx.latency.mean_ms - sequential_onnx.latency.mean_ms
-print(f"Little's law: {senders} in the system / {concurrent_onnx.throughput_rps:.1f} req/s = {littles_law_ms:.1f} ms "
-      f"per request; measured mean {concurrent_onnx.latency.mean_ms:.1f} ms")
-print(f"Of that mean, about {waiting_ms:.1f} ms ({100 * waiting_ms / concurrent_onnx.latency.mean_ms:.0f}%) is time "
-      f"beyond the sequential mean of {sequential_onnx.latency.mean_ms:.1f} ms: waiting in line, not being served.")
+print(
+    f"Little's law: {senders} in the system / {concurrent_onnx.throughput_rps:.1f} req/s = {littles_law_ms:.1f} ms "
+    f"per request; measured mean {concurrent_onnx.latency.mean_ms:.1f} ms"
+)
+print(
+    f"Of that mean, about {waiting_ms:.1f} ms ({100 * waiting_ms / concurrent_onnx.latency.mean_ms:.0f}%) is time "
+    f"beyond the sequential mean of {sequential_onnx.latency.mean_ms:.1f} ms: waiting in line, not being served."
+)
 lab.expect(
     f"with {senders} senders and one inference slot, latency grows roughly {senders}x the sequential latency "
     "while throughput barely changes",
     held=senders / 1.5 <= latency_ratio <= senders * 1.5 and 0.75 <= throughput_ratio <= 1.25,
     evidence=f"p50 {concurrent_onnx.latency.p50_ms:.1f} ms at c={senders} vs {sequential_onnx.latency.p50_ms:.1f} ms "
-             f"at c=1 ({latency_ratio:.1f}x); throughput {concurrent_onnx.throughput_rps:.1f} vs "
-             f"{sequential_onnx.throughput_rps:.1f} req/s ({throughput_ratio:.2f}x)",
+    f"at c=1 ({latency_ratio:.1f}x); throughput {concurrent_onnx.throughput_rps:.1f} vs "
+    f"{sequential_onnx.throughput_rps:.1f} req/s ({throughput_ratio:.2f}x)",
     reason="only the model call is limited to one at a time: with requests waiting, the preprocessing pool "
-           "decodes the next images while the model runs, so throughput can rise and latency grow less "
-           "than the sender count; on a 2-core machine the load generator also competes with the server "
-           "for the same cores",
-);
-
+    "decodes the next images while the model runs, so throughput can rise and latency grow less "
+    "than the sender count; on a 2-core machine the load generator also competes with the server "
+    "for the same cores",
+)
 # %% [markdown]
 # And the health checks that ran during those 16 senders, next to health checks on the idle service:
 
 # %%
 health_idle_p50 = float(np.median(health_idle_ms))
 health_loaded_p50 = float(np.median(health_loaded_ms))
-print(f"/health median: {health_idle_p50:.1f} ms idle ({len(health_idle_ms)} checks), "
-      f"{health_loaded_p50:.1f} ms during the c={senders} run ({len(health_loaded_ms)} checks)")
+print(
+    f"/health median: {health_idle_p50:.1f} ms idle ({len(health_idle_ms)} checks), "
+    f"{health_loaded_p50:.1f} ms during the c={senders} run ({len(health_loaded_ms)} checks)"
+)
 lab.expect(
     f"/health does not wait in the inference queue: under {senders} senders it answers faster than one "
     "sequential prediction",
     held=health_loaded_p50 < sequential_onnx.latency.p50_ms,
     evidence=f"/health median {health_loaded_p50:.1f} ms under load vs one prediction's median "
-             f"{sequential_onnx.latency.p50_ms:.1f} ms (and {concurrent_onnx.latency.p50_ms:.1f} ms for "
-             f"/predict under the same load)",
+    f"{sequential_onnx.latency.p50_ms:.1f} ms (and {concurrent_onnx.latency.p50_ms:.1f} ms for "
+    f"/predict under the same load)",
     reason="the event loop does not queue /health behind the model, but on a machine with few cores it still "
-           "waits for a free core: the inference threads, the preprocessing pool and the load generator "
-           "keep every core busy",
-);
-
+    "waits for a free core: the inference threads, the preprocessing pool and the load generator "
+    "keep every core busy",
+)
 # %% [markdown]
 # ### What the machine was doing
 #
@@ -332,8 +354,7 @@ lab.expect(
 
 # %%
 print(json.dumps(sampler.summary(), indent=1))
-plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concurrent_onnx.label}");
-
+plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concurrent_onnx.label}")
 # %% [markdown]
 # ## Results
 #
@@ -344,11 +365,9 @@ plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concur
 # with Triton Inference Server: several model instances, and dynamic batching.
 
 # %%
-lab.table();
-
+lab.table()
 # %%
-plots.plot_latency_cdf(lab.results, log_x=True, title="FastAPI: latency per request, every run of this notebook");
-
+plots.plot_latency_cdf(lab.results, log_x=True, title="FastAPI: latency per request, every run of this notebook")
 # %% [markdown]
 # On Chameleon, bring this stack down before starting Triton in the next notebook (both use port 8000):
 #

@@ -83,6 +83,7 @@ triton = triton_http.InferenceServerClient(lab.triton_http)
 # is wait until the server it talks to is up, which is useful right after a first build, when
 # Triton is still loading models. (Locally, `Lab.connect()` already waited.)
 
+
 # %%
 def server_ready(client: triton_http.InferenceServerClient) -> bool:
     try:
@@ -96,7 +97,8 @@ if chameleon_only("wait for the Triton container started by docker compose on th
     while not server_ready(triton):
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"Triton at {lab.triton_http} is not ready after 10 minutes: check `docker logs triton_server` on the node."
+                f"Triton at {lab.triton_http} is not ready after 10 minutes: "
+                "check `docker logs triton_server` on the node."
             )
         print("Triton is not ready yet (still starting, or still loading models); checking again in 10 s...")
         time.sleep(10)
@@ -112,6 +114,7 @@ if chameleon_only("wait for the Triton container started by docker compose on th
 # Our repository is `models_staging/` in the lab's repository. On Chameleon it is mounted into
 # the Triton container as `/models`. Here is our first model, `food_classifier`, which runs the
 # PyTorch MobileNetV2 inside Triton's **Python backend**:
+
 
 # %%
 def show_tree(folder: Path) -> None:
@@ -257,12 +260,14 @@ for entry in triton.get_model_repository_index():
 # On Chameleon, the configs are served as written: `KIND_GPU` and the real `onnxruntime`
 # backend.
 
+
 # %%
 def describe_served(model: str) -> None:
     """What Triton reports for `model`, beside what its config.pbtxt asked for."""
     served = lab.served_config(model)
     print(f"{model}")
-    print(f"  backend:        config.pbtxt asks for {lab.models.get(model).backend!r}; Triton runs {served.get('backend')!r}")
+    asked = lab.models.get(model).backend
+    print(f"  backend:        config.pbtxt asks for {asked!r}; Triton runs {served.get('backend')!r}")
     print(f"  max_batch_size: {served.get('max_batch_size')}")
     for group in served.get("instance_group", []):
         gpus = f" on GPUs {group['gpus']}" if group.get("gpus") else ""
@@ -299,7 +304,8 @@ for model in lab.models.names():
 image_input = triton_http.InferInput("INPUT_IMAGE", [1, 1], "BYTES")
 image_input.set_data_from_numpy(np.array([[base64.b64encode(lab.sample_image()).decode()]], dtype=object))
 answer = triton.infer(
-    "food_classifier", [image_input],
+    "food_classifier",
+    [image_input],
     outputs=[triton_http.InferRequestedOutput("FOOD_LABEL"), triton_http.InferRequestedOutput("PROBABILITY")],
 )
 label = answer.as_numpy("FOOD_LABEL")[0, 0].decode()

@@ -74,8 +74,7 @@ for concurrency in (1, 8, 16):
         python_backend[f"c={concurrency}"] = lab.measure("food_classifier", concurrency=concurrency)
     if concurrency == 8:
         sampled[lab.served_instances("food_classifier")] = sampler.series()
-lab.breakdown(python_backend);
-
+lab.breakdown(python_backend)
 # %%
 claim = "queueing delay grows with concurrency while compute infer stays about the same"
 missing = [name for name, result in python_backend.items() if result is None]
@@ -90,7 +89,8 @@ else:
         claim,
         held=queue_grows and infer_similar,
         evidence=", ".join(
-            f"{name}: queue {q:.1f} ms, compute infer {i:.1f} ms" for name, q, i in zip(python_backend, queue, infer)
+            f"{name}: queue {q:.1f} ms, compute infer {i:.1f} ms"
+            for name, q, i in zip(python_backend, queue, infer, strict=True)
         ),
         reason="perf_analyzer runs on the same few CPU cores as the server; at high concurrency its own "
         "work (and the stub's decoding of the images) competes with the model for the CPU, which "
@@ -113,7 +113,9 @@ single = python_backend["c=1"]
 
 claim = "a batch of 16 costs little more than a batch of 1 (less than twice the latency)"
 if batch_of_16 is None or single is None:
-    lab.not_checked(claim, [name for name, result in (("batch 16", batch_of_16), ("batch 1", single)) if result is None])
+    lab.not_checked(
+        claim, [name for name, result in (("batch 16", batch_of_16), ("batch 1", single)) if result is None]
+    )
 else:
     ratio = batch_of_16.latency.mean_ms / single.latency.mean_ms
     lab.expect(
@@ -182,7 +184,11 @@ sampled[lab.served_instances("food_classifier")] = sampler.series()
 # cells say so when that happens, and the comparison uses the runs that did produce a number.
 
 # %%
-scaling = {"1 instance, c=8": python_backend["c=8"], "4 instances, c=8": four_instances, "8 instances, c=8": eight_instances}
+scaling = {
+    "1 instance, c=8": python_backend["c=8"],
+    "4 instances, c=8": four_instances,
+    "8 instances, c=8": eight_instances,
+}
 lab.breakdown(scaling)
 
 claim = "more Python-backend instances stop helping (the most instances give no more than 5 % over fewer)"
@@ -199,7 +205,8 @@ else:
         evidence=", ".join(
             f"{name}: {result.throughput_rps:.1f} req/s, p50 {result.latency.p50_ms:.1f} ms"
             for name, result in [*fewer.items(), (most_name, most)]
-        ) + (f" ({', '.join(unmeasured)}: no stable measurement)" if unmeasured else ""),
+        )
+        + (f" ({', '.join(unmeasured)}: no stable measurement)" if unmeasured else ""),
         reason="the most instances still found idle processor time to use on this machine",
     )
 
@@ -211,8 +218,10 @@ else:
 # %%
 for instances, series in sampled.items():
     summary = resources.summarize(series)
-    print(f"{instances} instance(s), c=8: CPU mean {summary['cpu_percent_mean']}%, peak {summary['cpu_percent_max']}%; "
-          f"GPU: {summary['gpus'] or series['gpu_source']}")
+    print(
+        f"{instances} instance(s), c=8: CPU mean {summary['cpu_percent_mean']}%, peak {summary['cpu_percent_max']}%; "
+        f"GPU: {summary['gpus'] or series['gpu_source']}"
+    )
     plots.plot_resources(series, title=f"food_classifier, {instances} instance(s), concurrency 8")
     plt.show()
 
@@ -244,7 +253,9 @@ python_single = python_backend["c=1"]
 
 claim = "the ONNX Runtime model beats the Python-backend model at concurrency 1"
 if onnx_single is None or python_single is None:
-    lab.not_checked(claim, [name for name, result in (("ONNX c=1", onnx_single), ("Python c=1", python_single)) if result is None])
+    lab.not_checked(
+        claim, [name for name, result in (("ONNX c=1", onnx_single), ("Python c=1", python_single)) if result is None]
+    )
 else:
     lab.expect(
         claim,
@@ -275,8 +286,7 @@ onnx_scaled = {
     "c=8": lab.measure("food_classifier_onnx", concurrency=8),
     "c=16": lab.measure("food_classifier_onnx", concurrency=16),
 }
-lab.breakdown(onnx_scaled);
-
+lab.breakdown(onnx_scaled)
 # %% [markdown]
 # Compare the queue column with the compute column at 16 clients. When requests arrive faster
 # than the instances can serve them, the average request spends longer waiting in the queue
@@ -304,9 +314,13 @@ lab.breakdown(onnx_scaled);
 # %%
 onnx_ui = lab.ui("food_classifier_onnx")
 health = requests.get(f"{onnx_ui}/healthz", timeout=10).json()
-print(f"GourmetGram at {onnx_ui}: backend {health['backend']!r}, model {health['model']!r}, weights {health['weights']}")
+print(
+    f"GourmetGram at {onnx_ui}: backend {health['backend']!r}, model {health['model']!r}, weights {health['weights']}"
+)
 if health["model"] != "food_classifier_onnx":
-    print("This UI still talks to another model: run the docker compose command above on the node, then this cell again.")
+    print(
+        "This UI still talks to another model: run the docker compose command above on the node, then this cell again."
+    )
 lab.upload_to_ui(onnx_ui, "soup.jpg", lab.sample_image())
 print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()["model_input"])
 
@@ -314,7 +328,8 @@ print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()[
 # GourmetGram read the model's metadata from Triton, saw that it takes a preprocessed tensor
 # (the `model_input` above, and the result page's "request: ..." line), so it decoded and
 # preprocessed the photo itself, sent Triton a `[1, 3, 224, 224]` float tensor, and turned the 11
-# scores into a label and a probability. (With untrained weights, the label is arbitrary; the plumbing is what we checked.)
+# scores into a label and a probability. (With untrained weights, the label is arbitrary; the
+# plumbing is what we checked.)
 #
 # ## 5. Bursty arrivals: constant vs Poisson
 #
@@ -341,8 +356,7 @@ arrivals = {
     distribution: lab.measure("food_classifier_onnx", rate=rates[0], distribution=distribution)
     for distribution in ("constant", "poisson")
 }
-lab.breakdown(arrivals);
-
+lab.breakdown(arrivals)
 claim = "Poisson arrivals queue more than constant arrivals at the same average rate"
 missing = [name for name, result in arrivals.items() if result is None]
 if missing:
@@ -372,6 +386,7 @@ else:
 # Around each run we read Triton's statistics (`/v2/models/food_classifier_onnx/stats`) before
 # and after, which tell us how many executions ran at each batch size.
 
+
 # %%
 def poisson_sweep() -> dict:
     """Poisson runs at every rate, each with the server's statistics over that run."""
@@ -382,14 +397,15 @@ def poisson_sweep() -> dict:
         if result is not None:
             result.triton_stats = stats.delta.to_dict()
         sweep[f"{rate:g} req/s"] = (result, stats.delta)
-        print(f"    server: {stats.delta.inference_count} inferences in {stats.delta.execution_count} executions "
-              f"(average batch {stats.delta.avg_batch_size:.2f})")
+        print(
+            f"    server: {stats.delta.inference_count} inferences in {stats.delta.execution_count} executions "
+            f"(average batch {stats.delta.avg_batch_size:.2f})"
+        )
     return sweep
 
 
 without_batching = poisson_sweep()
-lab.breakdown({name: result for name, (result, _) in without_batching.items()});
-
+lab.breakdown({name: result for name, (result, _) in without_batching.items()})
 # %% [markdown]
 # Now we turn dynamic batching on. The block we add says: batches of 4, 6 or 8 are preferred,
 # and a request may be held back for at most 100 microseconds waiting for others to join its
@@ -403,8 +419,7 @@ lab.apply_config("food_classifier_onnx", batching)
 print("dynamic_batching in the served config:", lab.served_config("food_classifier_onnx").get("dynamic_batching"))
 
 with_batching = poisson_sweep()
-lab.breakdown({name: result for name, (result, _) in with_batching.items()});
-
+lab.breakdown({name: result for name, (result, _) in with_batching.items()})
 # %% [markdown]
 # How many executions ran at each batch size? Every client sent a single image per request, so
 # any execution with a batch larger than 1 was formed by the server:
@@ -423,8 +438,10 @@ plt.show()
 # compare how much the mean latency grows from the lowest rate to the highest, with and without.
 
 # %%
-claim = ("dynamic batching keeps latency flat as the rate rises (mean latency grows less than "
-         "without batching, and by at most 1.5x from the lowest rate to the highest)")
+claim = (
+    "dynamic batching keeps latency flat as the rate rises (mean latency grows less than "
+    "without batching, and by at most 1.5x from the lowest rate to the highest)"
+)
 lowest = f"{rates[0]:g} req/s"
 ends = {
     f"{label}, {name}": sweep[name][0]
@@ -469,8 +486,10 @@ if onnx_single is None or not open_loop_without_batching:
     print("No queueing plot: the single-client run or every open-loop run lacks a stable measurement.")
 else:
     service_time_s = onnx_single.server_breakdown["server_compute_infer_us"] / 1e6
-    print(f"service time S = compute infer at concurrency 1 = {service_time_s * 1000:.1f} ms "
-          f"-> capacity 1/S = {1 / service_time_s:.1f} req/s")
+    print(
+        f"service time S = compute infer at concurrency 1 = {service_time_s * 1000:.1f} ms "
+        f"-> capacity 1/S = {1 / service_time_s:.1f} req/s"
+    )
     plots.plot_queueing(open_loop_without_batching, service_time_s)
     plt.show()
 
@@ -491,8 +510,7 @@ lab.restore_config("food_classifier")
 
 # %%
 lab.table()
-lab.verdicts();
-
+lab.verdicts()
 # %% [markdown]
 # Finally, the closed-loop runs side by side: latency percentiles (left) and throughput (right)
 # against the number of clients, one colour per model and instance count.

@@ -80,7 +80,10 @@ def up(argv: list[str]) -> int:
         for managed in stack.dead():
             log.error(
                 "%s exited unexpectedly (code %s); stopping the lab. Last lines of %s:\n%s",
-                managed.spec.name, managed.process.returncode, managed.log_path, managed.log_tail(),
+                managed.spec.name,
+                managed.process.returncode,
+                managed.log_path,
+                managed.log_tail(),
             )
         return 1
     except StackError as exc:

@@ -50,7 +50,7 @@ class WeightsSource:
     sha256: str | None = None
 
     @classmethod
-    def from_env(cls) -> "WeightsSource":
+    def from_env(cls) -> WeightsSource:
         return cls(os.environ.get("FOOD11_CHECKPOINT") or None, os.environ.get("FOOD11_CHECKPOINT_SHA256") or None)
 
     @property
@@ -58,7 +58,11 @@ class WeightsSource:
         return self.checkpoint is not None
 
     def describe(self) -> str:
-        return f"checkpoint {self.checkpoint} (sha256 {self.sha256})" if self.trained else f"untrained, seed {UNTRAINED_SEED}"
+        return (
+            f"checkpoint {self.checkpoint} (sha256 {self.sha256})"
+            if self.trained
+            else f"untrained, seed {UNTRAINED_SEED}"
+        )
 
 
 UNTRAINED_NOTE = (
@@ -248,8 +252,11 @@ def placements(built: BuiltArtifacts) -> list[tuple[Path, Path]]:
     pairs = [
         (built.pth, paths.FASTAPI_PT_DIR / "food11.pth"),
         (built.onnx, paths.FASTAPI_ONNX_DIR / "food11.onnx"),
-        *((shared / module, folder / module) for module in ("food11.py", "predict_api.py")
-          for folder in (paths.FASTAPI_PT_DIR, paths.FASTAPI_ONNX_DIR)),
+        *(
+            (shared / module, folder / module)
+            for module in ("food11.py", "predict_api.py")
+            for folder in (paths.FASTAPI_PT_DIR, paths.FASTAPI_ONNX_DIR)
+        ),
         (shared / "food11.py", paths.GOURMETGRAM_DIR / "food11.py"),
     ]
     # Each Triton model's generated files, as its registry entry lists them, in its version 1.

@@ -21,8 +21,8 @@ import json
 import logging
 import platform
 import statistics
-import tempfile
 import sys
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -53,9 +53,11 @@ class Endpoints:
     triton_http: str  # host:port
 
     @classmethod
-    def of(cls, ports: Ports) -> "Endpoints":
+    def of(cls, ports: Ports) -> Endpoints:
         return cls(
-            f"http://127.0.0.1:{ports.fastapi_pt}", f"http://127.0.0.1:{ports.fastapi_onnx}", f"127.0.0.1:{ports.triton_http}"
+            f"http://127.0.0.1:{ports.fastapi_pt}",
+            f"http://127.0.0.1:{ports.fastapi_onnx}",
+            f"127.0.0.1:{ports.triton_http}",
         )
 
 
@@ -81,13 +83,25 @@ TARGETS = (
     ServedTarget("triton/food_classifier_onnx", "triton-http", "food_classifier_onnx", "onnxruntime-inference-only"),
 )
 # (runtime, decode per request?) for each in-process limit
-BASELINES = {"pytorch": ("pytorch", True), "onnxruntime": ("onnxruntime", True),
-             "onnxruntime-inference-only": ("onnxruntime", False)}
+BASELINES = {
+    "pytorch": ("pytorch", True),
+    "onnxruntime": ("onnxruntime", True),
+    "onnxruntime-inference-only": ("onnxruntime", False),
+}
 
 
 def runtime_versions(endpoints: Endpoints) -> dict:
     versions = {"python": platform.python_version()}
-    for package in ("torch", "torchvision", "onnxruntime", "numpy", "fastapi", "uvicorn", "tritonclient", "nvidia-pytriton"):
+    for package in (
+        "torch",
+        "torchvision",
+        "onnxruntime",
+        "numpy",
+        "fastapi",
+        "uvicorn",
+        "tritonclient",
+        "nvidia-pytriton",
+    ):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[package] = metadata.version(package)
     with contextlib.suppress(requests.RequestException, ValueError):
@@ -124,19 +138,37 @@ def _agreement(endpoints: Endpoints, profile: Profile, image: bytes) -> dict:
     target = next(t for t in TARGETS if t.model == AGREEMENT_MODEL)
     generator, reference = [], []
     for _ in range(profile.agreement_pairs):
-        generator.append(loadgen.closed_loop(
-            target.kind, target.address(endpoints), model=target.model, image_bytes=image,
-            concurrency=AGREEMENT_CONCURRENCY, duration_s=profile.duration_s / 2, warmup_s=profile.warmup_s,
-            progress=False,
-        ))
-        reference.append(perf_analyzer.run(
-            endpoints.triton_http, AGREEMENT_MODEL, concurrency=AGREEMENT_CONCURRENCY,
-            measurement_interval_ms=int(profile.duration_s * 1000 / 4), stability_percentage=25,
-            **ModelRepository().get(AGREEMENT_MODEL).perf_analyzer_input(image, paths.LAB_DIR),
-        ).results[0])
+        generator.append(
+            loadgen.closed_loop(
+                target.kind,
+                target.address(endpoints),
+                model=target.model,
+                image_bytes=image,
+                concurrency=AGREEMENT_CONCURRENCY,
+                duration_s=profile.duration_s / 2,
+                warmup_s=profile.warmup_s,
+                progress=False,
+            )
+        )
+        reference.append(
+            perf_analyzer.run(
+                endpoints.triton_http,
+                AGREEMENT_MODEL,
+                concurrency=AGREEMENT_CONCURRENCY,
+                measurement_interval_ms=int(profile.duration_s * 1000 / 4),
+                stability_percentage=25,
+                **ModelRepository().get(AGREEMENT_MODEL).perf_analyzer_input(image, paths.LAB_DIR),
+            ).results[0]
+        )
     median = statistics.median
-    ours = {"throughput_rps": median(r.throughput_rps for r in generator), "p50_ms": median(r.latency.p50_ms for r in generator)}
-    theirs = {"throughput_rps": median(r.throughput_rps for r in reference), "p50_ms": median(r.latency.p50_ms for r in reference)}
+    ours = {
+        "throughput_rps": median(r.throughput_rps for r in generator),
+        "p50_ms": median(r.latency.p50_ms for r in generator),
+    }
+    theirs = {
+        "throughput_rps": median(r.throughput_rps for r in reference),
+        "p50_ms": median(r.latency.p50_ms for r in reference),
+    }
     throughput_gap = abs(ours["throughput_rps"] / theirs["throughput_rps"] - 1)
     p50_gap = abs(ours["p50_ms"] / theirs["p50_ms"] - 1)
     return {
@@ -234,12 +266,17 @@ def write_report(results: list[RunResult], meta: dict, runtime_of: dict[str, str
         f"# Headline benchmark ({meta['profile']} profile)",
         "",
         f"- Machine: {machine['cpu']}, {machine['cores']} cores; GPU: {', '.join(machine['gpus'])}",
-        f"- Weights: **{weights['weights']}**" + ("" if weights["weights"] == "trained" else
-            " (serving cost is that of a trained model; the predicted labels are not meaningful)"),
+        f"- Weights: **{weights['weights']}**"
+        + (
+            ""
+            if weights["weights"] == "trained"
+            else " (serving cost is that of a trained model; the predicted labels are not meaningful)"
+        ),
         "- Versions: " + ", ".join(f"{name} {version}" for name, version in meta["versions"].items()),
         f"- Each load point: {meta['profile_settings']['warmup_s']:g} s warm-up, then "
         f"{meta['profile_settings']['duration_s']:g} s measured; closed loop (each sender sends its next "
-        f"request when the last one is answered); payload {meta['payload']['image']} ({meta['payload']['bytes']} bytes).",
+        f"request when the last one is answered); payload {meta['payload']['image']} "
+        f"({meta['payload']['bytes']} bytes).",
         "- 'vs in-process' is throughput as a fraction of the in-process limit of the same work: "
         "PyTorch with decoding for fastapi_pt and food_classifier, ONNX Runtime with decoding for "
         "fastapi_onnx, ONNX Runtime inference alone for food_classifier_onnx (its clients send "
@@ -255,13 +292,16 @@ def write_report(results: list[RunResult], meta: dict, runtime_of: dict[str, str
         "| tool | throughput (req/s) | p50 (ms) |",
         "| --- | ---: | ---: |",
         f"| servelab.loadgen | {agreement['loadgen']['throughput_rps']:.1f} | {agreement['loadgen']['p50_ms']:.1f} |",
-        f"| perf_analyzer | {agreement['perf_analyzer']['throughput_rps']:.1f} | {agreement['perf_analyzer']['p50_ms']:.1f} |",
+        f"| perf_analyzer | {agreement['perf_analyzer']['throughput_rps']:.1f} "
+        f"| {agreement['perf_analyzer']['p50_ms']:.1f} |",
         "",
         f"Throughput differs by {agreement['throughput_gap']:.1%} (limit {AGREEMENT_LIMITS['throughput']:.0%}), "
         f"p50 by {agreement['p50_gap']:.1%} (limit {AGREEMENT_LIMITS['p50']:.0%}): "
-        + ("**they agree**, so the generator is not what limits these numbers."
-           if agreement["within_limits"] else
-           "**they do not agree within the limits**; treat the generator's numbers for this machine with care."),
+        + (
+            "**they agree**, so the generator is not what limits these numbers."
+            if agreement["within_limits"]
+            else "**they do not agree within the limits**; treat the generator's numbers for this machine with care."
+        ),
         "",
         "## Plots",
         "",

@@ -46,7 +46,10 @@ def machine_info() -> dict:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         listing = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         )
         gpus = [line.strip() for line in listing.stdout.splitlines() if line.strip()]
     return {"cpu": cpu_model, "cores": os.cpu_count(), "gpus": gpus or ["none"], "platform": platform.platform()}

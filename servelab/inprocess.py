@@ -14,7 +14,7 @@ import os
 import queue
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

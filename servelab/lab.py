@@ -114,7 +114,10 @@ class Lab:
         return cls(
             target="local",
             profile=chosen,
-            fastapi_urls={"pt": f"http://127.0.0.1:{ports.fastapi_pt}", "onnx": f"http://127.0.0.1:{ports.fastapi_onnx}"},
+            fastapi_urls={
+                "pt": f"http://127.0.0.1:{ports.fastapi_pt}",
+                "onnx": f"http://127.0.0.1:{ports.fastapi_onnx}",
+            },
             triton_http=f"127.0.0.1:{ports.triton_http}" if with_triton else None,
             triton_grpc=f"127.0.0.1:{ports.triton_grpc}" if with_triton else None,
             repository=repository,
@@ -130,7 +133,11 @@ class Lab:
         return ModelRepository(self.source)
 
     def describe(self) -> str:
-        where = "Chameleon GPU node (Docker Compose services)" if self.on_chameleon else "this machine, CPU only (local stack)"
+        where = (
+            "Chameleon GPU node (Docker Compose services)"
+            if self.on_chameleon
+            else "this machine, CPU only (local stack)"
+        )
         lines = [
             f"Target: {self.target} -- {where}; profile: {self.profile.name}",
             *(f"  FastAPI ({flavor}): {url}" for flavor, url in self.fastapi_urls.items()),
@@ -180,28 +187,52 @@ class Lab:
     def sequential(self, flavor: str) -> RunResult:
         """One request at a time, as many as the profile says: the latency without queueing."""
         result = loadgen.closed_loop(
-            "fastapi", self.fastapi_url(flavor), concurrency=1, requests=self.profile.sequential_requests,
-            warmup_requests=3, image_bytes=self.sample_image(), progress=False,
+            "fastapi",
+            self.fastapi_url(flavor),
+            concurrency=1,
+            requests=self.profile.sequential_requests,
+            warmup_requests=3,
+            image_bytes=self.sample_image(),
+            progress=False,
         )
         return self._keep(result, f"fastapi_{flavor}")
 
     def concurrent(self, flavor: str, concurrency: int) -> RunResult:
         result = loadgen.closed_loop(
-            "fastapi", self.fastapi_url(flavor), concurrency=concurrency, duration_s=self.profile.duration_s,
-            warmup_s=self.profile.warmup_s, image_bytes=self.sample_image(), progress=False,
+            "fastapi",
+            self.fastapi_url(flavor),
+            concurrency=concurrency,
+            duration_s=self.profile.duration_s,
+            warmup_s=self.profile.warmup_s,
+            image_bytes=self.sample_image(),
+            progress=False,
         )
         return self._keep(result, f"fastapi_{flavor}")
 
-    def perf(self, model: str, concurrency: int | None = 1, batch_size: int = 1, rate: float | None = None,
-             distribution: str = "constant", **options) -> RunResult:
+    def perf(
+        self,
+        model: str,
+        concurrency: int | None = 1,
+        batch_size: int = 1,
+        rate: float | None = None,
+        distribution: str = "constant",
+        **options,
+    ) -> RunResult:
         """perf_analyzer against Triton, with this profile's measurement windows. `options` go to
         servelab.perf_analyzer.run (e.g. shape=[...]) and override the model's defaults."""
         model_input = self.models.get(model).perf_analyzer_input(self.sample_image(), paths.LAB_DIR)
         result = perf_analyzer.run(
-            self._triton(), model, concurrency=None if rate else concurrency, request_rate=rate,
-            request_distribution=distribution, batch_size=batch_size,
-            measurement_interval_ms=self.profile.perf_window_ms, stability_percentage=50, max_trials=5,
-            timeout_s=600, **{**model_input, **options},
+            self._triton(),
+            model,
+            concurrency=None if rate else concurrency,
+            request_rate=rate,
+            request_distribution=distribution,
+            batch_size=batch_size,
+            measurement_interval_ms=self.profile.perf_window_ms,
+            stability_percentage=50,
+            max_trials=5,
+            timeout_s=600,
+            **{**model_input, **options},
         ).results[0]
         return self._keep(result, result.target)
 
@@ -243,15 +274,26 @@ class Lab:
         """
         if self.on_chameleon:
             return list(rates)
-        capacity = perf_analyzer.run(
-            self._triton(), model, concurrency=4, measurement_interval_ms=self.profile.perf_window_ms,
-            stability_percentage=50, max_trials=5, **self.models.get(model).perf_analyzer_input(self.sample_image(), paths.LAB_DIR),
-        ).results[0].throughput_rps
+        capacity = (
+            perf_analyzer.run(
+                self._triton(),
+                model,
+                concurrency=4,
+                measurement_interval_ms=self.profile.perf_window_ms,
+                stability_percentage=50,
+                max_trials=5,
+                **self.models.get(model).perf_analyzer_input(self.sample_image(), paths.LAB_DIR),
+            )
+            .results[0]
+            .throughput_rps
+        )
         factor = 0.9 * capacity / max(rates)
         scaled = [round(rate * factor, 1) for rate in rates]
-        print(f"This machine serves about {capacity:.1f} req/s with one {model} instance (measured just now). "
-              f"The lab's rates {rates} req/s were chosen for a P100 GPU; here they are scaled by "
-              f"{factor:.3f} to {scaled} req/s, so the highest is 90% of this machine's capacity.")
+        print(
+            f"This machine serves about {capacity:.1f} req/s with one {model} instance (measured just now). "
+            f"The lab's rates {rates} req/s were chosen for a P100 GPU; here they are scaled by "
+            f"{factor:.3f} to {scaled} req/s, so the highest is 90% of this machine's capacity."
+        )
         return scaled
 
     def table(self, results: list[RunResult] | None = None) -> str:
@@ -313,7 +355,9 @@ class Lab:
         info = self.models.get(model)
         if self.on_chameleon:
             relative = f"models_staging/{model}/config.pbtxt"
-            shipped = subprocess.run(["git", "show", f"HEAD:{relative}"], cwd=paths.REPO_ROOT, capture_output=True, text=True)
+            shipped = subprocess.run(
+                ["git", "show", f"HEAD:{relative}"], cwd=paths.REPO_ROOT, capture_output=True, text=True
+            )
             if shipped.returncode == 0:
                 return TritonConfig(shipped.stdout, origin=relative)
         return info.config
@@ -340,13 +384,17 @@ class Lab:
         if edited.name not in ("", model):
             raise ConfigError(f'The edited config says name: "{edited.name}", but it is applied to {model}.')
         shipped = self.config(model)
-        print(shipped.diff(edited, f"{model}/config.pbtxt (as shipped)", f"{model}/config.pbtxt (edited)")
-              or f"{model}/config.pbtxt: back to the config as shipped")
+        print(
+            shipped.diff(edited, f"{model}/config.pbtxt (as shipped)", f"{model}/config.pbtxt (edited)")
+            or f"{model}/config.pbtxt: back to the config as shipped"
+        )
         served = edited
         if not self.on_chameleon:
             served = triton_local.served_config(info, edited, self.repository / model)
-            print("Adapted for this machine (no GPU, pip-installed Triton):\n"
-                  + edited.diff(served, "edited", "served on this CPU-only machine"))
+            print(
+                "Adapted for this machine (no GPU, pip-installed Triton):\n"
+                + edited.diff(served, "edited", "served on this CPU-only machine")
+            )
         (self.repository / model / "config.pbtxt").write_text(served.text)
         client = triton_http.InferenceServerClient(self._triton())
         started = time.monotonic()
@@ -363,8 +411,10 @@ class Lab:
 def summary_line(result: RunResult) -> str:
     latency = result.latency
     errors = f", {result.error_count} errors" if result.error_count else ""
-    return (f"{result.label}: {result.throughput_rps:.1f} req/s, p50 {latency.p50_ms:.1f} ms, "
-            f"p95 {latency.p95_ms:.1f} ms, p99 {latency.p99_ms:.1f} ms ({result.requests} requests{errors})")
+    return (
+        f"{result.label}: {result.throughput_rps:.1f} req/s, p50 {latency.p50_ms:.1f} ms, "
+        f"p95 {latency.p95_ms:.1f} ms, p99 {latency.p99_ms:.1f} ms ({result.requests} requests{errors})"
+    )
 
 
 def _fastapi_flavor(url: str) -> str:

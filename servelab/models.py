@@ -139,7 +139,9 @@ class Model:
 
     @property
     def outputs(self) -> tuple[Tensor, ...]:
-        return tuple(Tensor(item.name, _datatype(item.data_type), tuple(item.dims)) for item in self.config.proto.output)
+        return tuple(
+            Tensor(item.name, _datatype(item.data_type), tuple(item.dims)) for item in self.config.proto.output
+        )
 
     @property
     def stateful(self) -> bool:
@@ -192,7 +194,9 @@ class Model:
                 )
             shape = (1, *declared.dims)
             values = rng.standard_normal(shape) if declared.datatype.startswith("FP") else rng.integers(0, 2, shape)
-            tensors.append(RequestTensor(declared.name, declared.datatype, values.astype(_NUMPY_TYPES[declared.datatype])))
+            tensors.append(
+                RequestTensor(declared.name, declared.datatype, values.astype(_NUMPY_TYPES[declared.datatype]))
+            )
         return ModelRequest(tuple(tensors), outputs)
 
     def perf_analyzer_input(self, image: bytes, work_dir: Path) -> dict:
@@ -270,9 +274,13 @@ def _check_folder(model: Model) -> None:
         )
     if model.entry is not None and model.entry.image_request is not None:
         if model.entry.image_request not in (IMAGE_FILE, PREPROCESSED):
-            raise ModelError(f"servelab/models.py: {model.name}'s image_request must be IMAGE_FILE, PREPROCESSED or None.")
+            raise ModelError(
+                f"servelab/models.py: {model.name}'s image_request must be IMAGE_FILE, PREPROCESSED or None."
+            )
         if len(model.inputs) != 1:
-            raise ModelError(f"{where}: a photo classifier takes one input, but its config declares {len(model.inputs)}.")
+            raise ModelError(
+                f"{where}: a photo classifier takes one input, but its config declares {len(model.inputs)}."
+            )
 
 
 def default_repository() -> ModelRepository:

@@ -63,7 +63,9 @@ def binary() -> Path:
     candidate = Path(sys.executable).parent / "perf_analyzer"
     found = candidate if candidate.is_file() else shutil.which("perf_analyzer")
     if not found:
-        raise PerfAnalyzerError("perf_analyzer is not installed; run `make setup` (it comes with tritonclient[all]==2.51.0).")
+        raise PerfAnalyzerError(
+            "perf_analyzer is not installed; run `make setup` (it comes with tritonclient[all]==2.51.0)."
+        )
     return Path(found)
 
 
@@ -130,7 +132,10 @@ def run(
         log.info("running %s", " ".join(command))
         completed = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=timeout_s)
         if completed.returncode != 0:
-            output = f"perf_analyzer exited with {completed.returncode}:\n{completed.stdout[-2000:]}\n{completed.stderr[-2000:]}"
+            output = (
+                f"perf_analyzer exited with {completed.returncode}:\n"
+                f"{completed.stdout[-2000:]}\n{completed.stderr[-2000:]}"
+            )
             for message, meaning in UNSTABLE_MESSAGES.items():
                 if message in completed.stdout + completed.stderr:
                     raise NoStableMeasurement(meaning, output)
@@ -195,6 +200,8 @@ def to_run_result(
         arrival=request_distribution if open_loop else None,
         batch_size=batch_size,
         server_breakdown={key: row[column] for column, key in SERVER_COLUMNS.items() if column in row},
-        notes=["perf_analyzer reports p99, not the maximum: max_ms is p99_ms",
-               f"throughput is requests/s; images/s = {row['Inferences/Second']:.1f}"],
+        notes=[
+            "perf_analyzer reports p99, not the maximum: max_ms is p99_ms",
+            f"throughput is requests/s; images/s = {row['Inferences/Second']:.1f}",
+        ],
     )

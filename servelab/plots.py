@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from itertools import cycle
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import matplotlib
 
@@ -37,15 +37,16 @@ from servelab import queueing  # noqa: E402
 from servelab.results import RunResult  # noqa: E402
 from servelab.triton_stats import StatsDelta  # noqa: E402
 
-PathLike = Union[str, Path, None]
+PathLike = str | Path | None
 # What plot_batch_sizes accepts as one set of batch statistics.
-BatchStats = Union[StatsDelta, Mapping[str, Any], Mapping[int, int]]
+BatchStats = StatsDelta | Mapping[str, Any] | Mapping[int, int]
 
 PERCENTILE_STYLES = {"p50": "-", "p95": "--", "p99": ":"}
 DPI = 120
 
 
 def _colors() -> Iterable[str]:
+    """Matplotlib's colour cycle, repeating without end (so zip it with strict=False)."""
     return cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])
 
 
@@ -91,7 +92,7 @@ def plot_latency_throughput_vs_concurrency(
         raise ValueError("no closed-loop results (with a concurrency) to plot")
     fig, (ax_latency, ax_throughput) = plt.subplots(1, 2, figsize=(13, 5.2), layout="constrained")
     groups = _group(closed, lambda r: (r.target, r.tool, r.batch_size))
-    for color, ((target, tool, batch_size), runs) in zip(_colors(), groups.items()):
+    for color, ((target, tool, batch_size), runs) in zip(_colors(), groups.items(), strict=False):
         runs = sorted(runs, key=lambda r: r.concurrency)
         concurrency = [r.concurrency for r in runs]
         for percentile, style in PERCENTILE_STYLES.items():
@@ -136,15 +137,23 @@ def plot_latency_cdf(
     if not runs:
         raise ValueError("none of the results has raw latencies (latencies_ms) to plot")
     fig, ax = plt.subplots(figsize=(10, 5.5), layout="constrained")
-    for color, result in zip(_colors(), runs):
+    for color, result in zip(_colors(), runs, strict=False):
         latencies = np.sort(np.asarray(result.latencies_ms, dtype=float))
         fraction = np.arange(1, latencies.size + 1) / latencies.size
         ax.step(latencies, fraction, where="post", color=color, label=f"{result.label} (n={latencies.size})")
     # Where each curve crosses these lines is that run's p50, p95 and p99.
     for level, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
         ax.axhline(level, color="gray", linewidth=0.8, linestyle=":")
-        ax.annotate(name, (1, level), xycoords=("axes fraction", "data"), xytext=(4, 0),
-                    textcoords="offset points", va="center", fontsize="small", color="gray")
+        ax.annotate(
+            name,
+            (1, level),
+            xycoords=("axes fraction", "data"),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize="small",
+            color="gray",
+        )
     if log_x:
         ax.set_xscale("log")
         # Plain millisecond numbers at 1-2-5 steps read better than powers of ten.
@@ -212,7 +221,7 @@ def plot_batch_sizes(
     positions = np.arange(len(sizes))
     width = 0.8 / len(histograms)
     fig, ax = plt.subplots(figsize=(max(7.0, 0.55 * len(sizes) * len(histograms) + 3), 4.8), layout="constrained")
-    for i, (color, label, (_, counts, avg_batch)) in enumerate(zip(_colors(), labels, histograms)):
+    for i, (color, label, (_, counts, avg_batch)) in enumerate(zip(_colors(), labels, histograms, strict=False)):
         offset = (i - (len(histograms) - 1) / 2) * width
         if avg_batch is not None and not math.isnan(avg_batch):
             label = f"{label} (avg batch {avg_batch:.2f})"
@@ -244,8 +253,9 @@ def plot_resources(series: Mapping[str, Any], path: PathLike = None, title: str 
 
     per_core = np.asarray(series["cpu_per_core"], dtype=float)  # samples x cores
     for core in range(per_core.shape[1]):
-        ax_cpu.plot(t, per_core[:, core], color="tab:blue", linewidth=0.7, alpha=0.35,
-                    label="each core" if core == 0 else None)
+        ax_cpu.plot(
+            t, per_core[:, core], color="tab:blue", linewidth=0.7, alpha=0.35, label="each core" if core == 0 else None
+        )
     ax_cpu.plot(t, series["cpu_percent"], color="tab:blue", linewidth=2.2, label="all cores")
     if "process_cpu_percent" in series:
         # Per-process CPU is in % of one core; divided by the core count it is on the same scale.
@@ -260,12 +270,17 @@ def plot_resources(series: Mapping[str, Any], path: PathLike = None, title: str 
 
     if gpus:
         ax_util, ax_memory = axes[1][0], axes[2][0]
-        for color, gpu in zip(_colors(), gpus):
+        for color, gpu in zip(_colors(), gpus, strict=False):
             name = f"GPU {gpu['index']}: {gpu['name']}"
             ax_util.plot(t, gpu["util_percent"], color=color, linewidth=1.8, label=name)
             ax_memory.plot(t, gpu["memory_used_mib"], color=color, linewidth=1.8, label=f"{name}, used")
-            ax_memory.axhline(gpu["memory_total_mib"], color=color, linestyle=":", linewidth=1.2,
-                              label=f"{name}, total ({gpu['memory_total_mib']:.0f} MiB)")
+            ax_memory.axhline(
+                gpu["memory_total_mib"],
+                color=color,
+                linestyle=":",
+                linewidth=1.2,
+                label=f"{name}, total ({gpu['memory_total_mib']:.0f} MiB)",
+            )
         ax_util.set_ylim(0, 105)
         ax_util.set_ylabel("GPU utilization (%)")
         ax_util.set_title(f"GPU utilization (read with {series['gpu_source']})")
@@ -304,27 +319,41 @@ def plot_queueing(
     rates = np.linspace(0, 0.995 * capacity, 400)
     predicted = [row["latency_ms"] for row in queueing.md1_prediction(rates, service_time_s)]
     ax.plot(rates, predicted, color="black", linewidth=2, label="M/D/1 prediction (Poisson arrivals), mean")
-    ax.plot([0, capacity], [service_ms, service_ms], color="black", linestyle=":", linewidth=1.5,
-            label="D/D/1 prediction (constant arrivals): no queueing")
-    ax.axvline(capacity, color="tab:red", linestyle="--", linewidth=1.2,
-               label=f"capacity 1/S = {capacity:.1f} req/s")
+    ax.plot(
+        [0, capacity],
+        [service_ms, service_ms],
+        color="black",
+        linestyle=":",
+        linewidth=1.5,
+        label="D/D/1 prediction (constant arrivals): no queueing",
+    )
+    ax.axvline(capacity, color="tab:red", linestyle="--", linewidth=1.2, label=f"capacity 1/S = {capacity:.1f} req/s")
 
     groups = _group(runs, lambda r: (r.target, r.tool, r.arrival))
-    for color, ((target, tool, arrival), group) in zip(_colors(), groups.items()):
+    for color, ((target, tool, arrival), group) in zip(_colors(), groups.items(), strict=False):
         group = sorted(group, key=lambda r: r.rate_rps)
         offered = [r.rate_rps for r in group]
         name = f"{_series_name(target, tool)}, {arrival or 'unknown'} arrivals"
         ax.plot(offered, [r.latency.mean_ms for r in group], color=color, marker="o", label=f"{name}: mean")
-        ax.plot(offered, [r.latency.p50_ms for r in group], color=color, marker="s", markersize=4,
-                linestyle="--", alpha=0.7, label=f"{name}: p50")
+        ax.plot(
+            offered,
+            [r.latency.p50_ms for r in group],
+            color=color,
+            marker="s",
+            markersize=4,
+            linestyle="--",
+            alpha=0.7,
+            label=f"{name}: p50",
+        )
 
     ax.set_xlim(0, max(max(r.rate_rps for r in runs), capacity) * 1.05)
     if log_y:
         ax.set_yscale("log")
     else:
         # Keep the interesting part readable: the prediction shoots up near capacity.
-        measured_max = max((v for r in runs for v in (r.latency.mean_ms, r.latency.p50_ms) if math.isfinite(v)),
-                           default=service_ms)
+        measured_max = max(
+            (v for r in runs for v in (r.latency.mean_ms, r.latency.p50_ms) if math.isfinite(v)), default=service_ms
+        )
         ax.set_ylim(0, max(measured_max, 10 * service_ms) * 1.1)
     utilization_axis = ax.secondary_xaxis(
         "top", functions=(lambda rate: rate * service_time_s, lambda rho: rho / service_time_s)
@@ -368,9 +397,17 @@ def results_table(results: Sequence[RunResult], baseline_rps: float | Mapping[st
     last column gives each throughput as a percentage of it. A mapping gives each target its own
     baseline (a PyTorch service against in-process PyTorch, say)."""
     # (heading, Markdown alignment): numbers are right-aligned so their digits line up.
-    columns = [("target", "---"), ("tool", "---"), ("load", "---"), ("requests", "---:"),
-               ("throughput (req/s)", "---:"), ("p50 (ms)", "---:"), ("p95 (ms)", "---:"), ("p99 (ms)", "---:"),
-               ("errors", "---")]
+    columns = [
+        ("target", "---"),
+        ("tool", "---"),
+        ("load", "---"),
+        ("requests", "---:"),
+        ("throughput (req/s)", "---:"),
+        ("p50 (ms)", "---:"),
+        ("p95 (ms)", "---:"),
+        ("p99 (ms)", "---:"),
+        ("errors", "---"),
+    ]
     baselines = baseline_rps if isinstance(baseline_rps, Mapping) else None
     if baseline_rps is not None:
         if any(value <= 0 for value in (baselines.values() if baselines else [baseline_rps])):
@@ -402,13 +439,16 @@ def results_table(results: Sequence[RunResult], baseline_rps: float | Mapping[st
 def breakdown_table(results: Mapping[str, RunResult | None]) -> str:
     """Where each named perf_analyzer run spent its time: throughput, latency, and Triton's queue
     and compute-infer per request. A None result is a run that gave no stable measurement."""
-    lines = [f"{'run':>18} | {'req/s':>7} | {'mean ms':>8} | {'p95 ms':>7} | {'queue ms':>8} | {'compute infer ms':>16}"]
+    lines = [
+        f"{'run':>18} | {'req/s':>7} | {'mean ms':>8} | {'p95 ms':>7} | {'queue ms':>8} | {'compute infer ms':>16}"
+    ]
     for name, result in results.items():
         if result is None:
             lines.append(f"{name:>18} | no stable measurement")
             continue
+        latency, queue, infer = result.latency, result.server_ms("queue"), result.server_ms("compute_infer")
         lines.append(
-            f"{name:>18} | {result.throughput_rps:7.1f} | {result.latency.mean_ms:8.1f} | {result.latency.p95_ms:7.1f} | "
-            f"{result.server_ms('queue'):8.1f} | {result.server_ms('compute_infer'):16.1f}"
+            f"{name:>18} | {result.throughput_rps:7.1f} | {latency.mean_ms:8.1f} | {latency.p95_ms:7.1f} | "
+            f"{queue:8.1f} | {infer:16.1f}"
         )
     return "\n".join(lines)

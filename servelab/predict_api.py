@@ -19,18 +19,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, status
+from food11 import InvalidImageError, decode_base64_image, preprocess, read_weights_info, top_prediction
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from food11 import InvalidImageError, decode_base64_image, preprocess, read_weights_info, top_prediction
 
 log = logging.getLogger("food11.service")
 
@@ -166,8 +166,11 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
     async def lifespan(_: FastAPI):
         log.info(
             "%s on %s (%s), predict_concurrency=%d, preprocess_workers=%d",
-            model.model_file.name, model.device, model.runtime,
-            settings.predict_concurrency, settings.preprocess_workers,
+            model.model_file.name,
+            model.device,
+            model.runtime,
+            settings.predict_concurrency,
+            settings.preprocess_workers,
         )
         yield
         preprocess_pool.shutdown(cancel_futures=True)

@@ -23,10 +23,12 @@ class Profile:
 
 
 PROFILES = {
-    "full": Profile("full", duration_s=20.0, warmup_s=3.0, sequential_requests=100, perf_window_ms=5000,
-                    agreement_pairs=3),
-    "quick": Profile("quick", duration_s=2.0, warmup_s=0.5, sequential_requests=20, perf_window_ms=1500,
-                     agreement_pairs=1),
+    "full": Profile(
+        "full", duration_s=20.0, warmup_s=3.0, sequential_requests=100, perf_window_ms=5000, agreement_pairs=3
+    ),
+    "quick": Profile(
+        "quick", duration_s=2.0, warmup_s=0.5, sequential_requests=20, perf_window_ms=1500, agreement_pairs=1
+    ),
 }
 
 

@@ -198,7 +198,7 @@ class ResourceSampler:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> "ResourceSampler":
+    def start(self) -> ResourceSampler:
         if self._thread is not None:
             raise RuntimeError("a ResourceSampler samples once; create a new one for another run")
         self._gpu_reader, self._gpu_source = open_gpu_reader()
@@ -224,7 +224,7 @@ class ResourceSampler:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def __enter__(self) -> "ResourceSampler":
+    def __enter__(self) -> ResourceSampler:
         return self.start()
 
     def __exit__(
@@ -263,7 +263,7 @@ class ResourceSampler:
         with self._lock:
             self._t_s.append(round(time.monotonic() - start, 3))
             self._cpu.append(_percent(total_before, total))
-            self._per_core.append([_percent(b, a) for b, a in zip(per_core_before, per_core)])
+            self._per_core.append([_percent(b, a) for b, a in zip(per_core_before, per_core, strict=True)])
             self._memory.append(memory)
             if process_cpu is not None:
                 self._process_cpu.append(process_cpu)

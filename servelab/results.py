@@ -29,7 +29,7 @@ class LatencySummary:
     max_ms: float
 
     @classmethod
-    def of(cls, latencies_ms: list[float] | np.ndarray) -> "LatencySummary":
+    def of(cls, latencies_ms: list[float] | np.ndarray) -> LatencySummary:
         values = np.asarray(latencies_ms, dtype=float)
         if values.size == 0:
             return cls(*(math.nan,) * 6)
@@ -87,7 +87,7 @@ class RunResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunResult":
+    def from_dict(cls, data: dict[str, Any]) -> RunResult:
         known = {f.name for f in fields(cls)}
         values = {key: value for key, value in data.items() if key in known}
         values["latency"] = LatencySummary(**values["latency"])

@@ -16,10 +16,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from servelab import paths, triton_local
 from servelab.models import ModelRepository
@@ -44,7 +44,7 @@ class Ports:
     jupyter: int = 8888
 
     @classmethod
-    def from_env(cls) -> "Ports":
+    def from_env(cls) -> Ports:
         overrides = {}
         for name in cls.__dataclass_fields__:
             raw = os.environ.get(f"SERVELAB_PORT_{name.upper()}")
@@ -53,7 +53,7 @@ class Ports:
         return cls(**overrides)
 
     @classmethod
-    def free(cls) -> "Ports":
+    def free(cls) -> Ports:
         """Ports the OS says are free now: for tests that must not clash with a running lab."""
         sockets = [socket.socket() for _ in cls.__dataclass_fields__]
         try:
@@ -187,7 +187,7 @@ class LocalStack:
     def __init__(self, specs: Iterable[ServiceSpec], log_dir: Path = paths.LOG_DIR) -> None:
         self.processes = [ManagedProcess(spec, log_dir) for spec in specs]
 
-    def start(self) -> "LocalStack":
+    def start(self) -> LocalStack:
         try:
             for managed in self.processes:
                 managed.start()
@@ -202,7 +202,7 @@ class LocalStack:
         for managed in reversed(self.processes):
             managed.stop()
 
-    def __enter__(self) -> "LocalStack":
+    def __enter__(self) -> LocalStack:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -279,8 +279,14 @@ def gourmetgram_service(port: int, backend: str, ports: Ports) -> ServiceSpec:
 def jupyter_service(port: int, token: str) -> ServiceSpec:
     """JupyterLab on the notebooks, for the local path; reachable from this machine only."""
     command = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={paths.REPO_ROOT / 'notebooks'}",
     ]
     if os.geteuid() == 0:

@@ -314,7 +314,9 @@ def _check_semantics(config: Message, origin: str) -> None:
     problems = []
     for size in config.dynamic_batching.preferred_batch_size:
         if not 0 < size <= config.max_batch_size:
-            problems.append(f"preferred_batch_size {size} must be between 1 and max_batch_size ({config.max_batch_size})")
+            problems.append(
+                f"preferred_batch_size {size} must be between 1 and max_batch_size ({config.max_batch_size})"
+            )
     for group in config.instance_group:
         if group.count < 0:
             problems.append(f"instance_group count {group.count} is negative (Triton would quietly run 1 instance)")

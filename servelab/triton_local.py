@@ -120,18 +120,26 @@ def stage_model(model: Model, destination: Path) -> StagedModel:
     for version in model.version_folders(destination):
         for artifact in model.entry.artifacts if model.entry else ():
             if not (version / artifact).is_file():
-                raise StagingError(f"{where}/{version.name}/{artifact} is missing: run `make artifacts`, which builds it.")
+                raise StagingError(
+                    f"{where}/{version.name}/{artifact} is missing: run `make artifacts`, which builds it."
+                )
         model_py = version / "model.py"
         if model.backend == ONNX_BACKEND:
             if not (version / "model.onnx").is_file():
-                raise StagingError(f"{where}/{version.name}/model.onnx is missing: an ONNX Runtime model needs its graph.")
+                raise StagingError(
+                    f"{where}/{version.name}/model.onnx is missing: an ONNX Runtime model needs its graph."
+                )
             original = ONNX_RUNNER_SOURCE.read_text()
-            changes.append(f"+ {model.name}/{version.name}/model.py: added, a copy of servelab/{ONNX_RUNNER_SOURCE.name}\n")
+            changes.append(
+                f"+ {model.name}/{version.name}/model.py: added, a copy of servelab/{ONNX_RUNNER_SOURCE.name}\n"
+            )
         elif model.backend == LOCAL_BACKEND and model_py.is_file():
             original = model_py.read_text()
         else:
-            raise StagingError(f"{where}/{version.name} has no model.py: a Python-backend model needs one (see Triton's "
-                               "python_backend README: a class TritonPythonModel with initialize and execute).")
+            raise StagingError(
+                f"{where}/{version.name} has no model.py: a Python-backend model needs one (see Triton's "
+                "python_backend README: a class TritonPythonModel with initialize and execute)."
+            )
         staged = _site_packages_prelude() + original
         model_py.write_text(staged)
         changes.append(_diff(original, staged, f"{model.name}/{version.name}/model.py"))

@@ -35,7 +35,10 @@ class TritonPythonModel:
         responses, start = [], 0
         for batch in batches:
             size = len(batch[self.input_names[0]])
-            tensors = [pb_utils.Tensor(name, value[start : start + size]) for name, value in zip(self.output_names, outputs)]
+            tensors = [
+                pb_utils.Tensor(name, value[start : start + size])
+                for name, value in zip(self.output_names, outputs, strict=True)
+            ]
             start += size
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses

@@ -25,6 +25,7 @@ from typing import Any
 
 import requests
 
+
 class TritonStatsError(RuntimeError):
     """The statistics could not be read, or two snapshots cannot be compared."""
 
@@ -167,9 +168,9 @@ class Measurement:
 def measure(address: str, model: str, version: str | None = None) -> Iterator[Measurement]:
     """Statistics of `model` over the `with` block:
 
-        with triton_stats.measure("127.0.0.1:8200", "food_classifier") as stats:
-            run_load()
-        print(stats.delta.avg_batch_size)
+    with triton_stats.measure("127.0.0.1:8200", "food_classifier") as stats:
+        run_load()
+    print(stats.delta.avg_batch_size)
     """
     measurement = Measurement(address, model, before=fetch(address, model, version))
     # No snapshot after an error in the block: reading the server again could hide that error.

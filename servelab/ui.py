@@ -14,7 +14,8 @@ class PageAnswer:
     """What a GourmetGram result page shows (None for what it does not)."""
 
     status: int
-    label: str | None  # the heading: the predicted class, or "No prediction"
+    heading: str | None  # the predicted class, or what went wrong ("No prediction", "That file is too large"...)
+    label: str | None  # the predicted class, when the page shows a prediction
     probability: str | None  # as shown, e.g. "23.4% probability"
     answered_by: str | None  # e.g. "answered by triton in 41 ms"
     error: str | None
@@ -22,6 +23,8 @@ class PageAnswer:
 
     def __str__(self) -> str:
         lines = [f"HTTP {self.status}; label shown: {self.label or '(none)'}"]
+        if self.label is None and self.heading:
+            lines.append(f"  page heading: {self.heading}")
         for name in ("probability", "answered_by", "error", "banner"):
             value = getattr(self, name)
             if value:
@@ -36,10 +39,13 @@ def _text(pattern: str, page: str) -> str | None:
 
 
 def read_result_page(status: int, page: str) -> PageAnswer:
+    heading = _text(r"<h1>(.*?)</h1>", page)
+    probability = _text(r'class="probability">(.*?)</p>', page)
     return PageAnswer(
         status=status,
-        label=_text(r"<h1>(.*?)</h1>", page),
-        probability=_text(r'class="probability">(.*?)</p>', page),
+        heading=heading,
+        label=heading if probability else None,
+        probability=probability,
         answered_by=_text(r">(answered by .*?)</p>", page),
         error=_text(r'class="error">(.*?)</p>', page),
         banner=_text(r'role="alert">(.*?)</div>', page),

@@ -119,8 +119,13 @@ def test_an_unreachable_checkpoint_url_fails_with_an_offline_hint(tmp_path):
 
 def test_shared_logic_is_defined_once():
     # Labels and preprocessing live in servelab/food11.py; every other tracked source imports them.
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
-                            cwd=paths.REPO_ROOT, capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+        cwd=paths.REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     tracked = [paths.REPO_ROOT / name for name in listed if not name.startswith("tests/")]
     generated = {destination for _, destination in artifacts.placements(artifacts.BuiltArtifacts(None, None, {}))}
     defining = sorted(

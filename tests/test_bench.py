@@ -23,7 +23,9 @@ def test_every_target_is_measured_at_every_concurrency_without_errors(quick_repo
     served = {(r.target, r.concurrency) for r in results if r.tool == "loadgen"}
     assert served == {(t.name, c) for t in bench.TARGETS for c in bench.PROFILES["quick"].concurrencies}
     assert {r.target for r in results if r.tool == "in-process"} == {
-        "in-process/onnxruntime", "in-process/pytorch", "in-process/onnxruntime (inference only)"
+        "in-process/onnxruntime",
+        "in-process/pytorch",
+        "in-process/onnxruntime (inference only)",
     }
     for result in results:
         assert result.requests > 0 and result.throughput_rps > 0, result.label

@@ -275,9 +275,13 @@ def test_container_names(compose):
 @pytest.mark.parametrize(
     ("compose", "env", "service", "context_dir", "dockerfile"),
     all_build_targets(),
-    ids=lambda v: v.name if isinstance(v, Path) else (",".join(f"{k}={x}" for k, x in v.items()) or "defaults")
-    if isinstance(v, dict)
-    else str(v),
+    ids=lambda v: (
+        v.name
+        if isinstance(v, Path)
+        else (",".join(f"{k}={x}" for k, x in v.items()) or "defaults")
+        if isinstance(v, dict)
+        else str(v)
+    ),
 )
 def test_build_context_and_dockerfile_exist(compose, env, service, context_dir, dockerfile):
     assert context_dir.is_dir(), f"{compose.name} {service} {env}: build context {context_dir} does not exist"
@@ -340,7 +344,9 @@ def test_copy_sources_exist_in_context_or_are_generated(context_dir, dockerfile)
             continue
         for source in copy_sources(args):
             resolved = (context_dir / source).resolve()
-            assert resolved.is_relative_to(context_dir), f"{relative(dockerfile)}: COPY {source} leaves the build context"
+            assert resolved.is_relative_to(context_dir), (
+                f"{relative(dockerfile)}: COPY {source} leaves the build context"
+            )
             assert resolved.exists() or Path(source).name in GENERATED_ARTIFACTS, (
                 f"{relative(dockerfile)}: COPY source {source} is neither in {relative(context_dir)} "
                 f"nor a generated artifact"

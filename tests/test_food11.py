@@ -13,8 +13,17 @@ from tests.conftest import make_image_bytes
 
 def test_labels_are_the_eleven_food11_classes_in_order():
     assert food11.LABELS == (
-        "Bread", "Dairy product", "Dessert", "Egg", "Fried food", "Meat",
-        "Noodles/Pasta", "Rice", "Seafood", "Soup", "Vegetable/Fruit",
+        "Bread",
+        "Dairy product",
+        "Dessert",
+        "Egg",
+        "Fried food",
+        "Meat",
+        "Noodles/Pasta",
+        "Rice",
+        "Seafood",
+        "Soup",
+        "Vegetable/Fruit",
     )
 
 

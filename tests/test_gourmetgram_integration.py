@@ -73,9 +73,13 @@ def test_all_backends_give_the_same_answer_for_the_same_upload(start_gourmetgram
 
 def test_non_image_upload_is_refused_and_the_app_keeps_serving(start_gourmetgram):
     url = start_gourmetgram("fastapi_onnx")
-    bad = requests.post(f"{url}/predict", files={"file": ("fake.jpg", b"%PDF-1.4 not an image", "image/jpeg")}, timeout=30)
+    bad = requests.post(
+        f"{url}/predict", files={"file": ("fake.jpg", b"%PDF-1.4 not an image", "image/jpeg")}, timeout=30
+    )
     assert bad.status_code == 400 and "JPEG or PNG" in bad.text
-    good = requests.post(f"{url}/predict", files={"file": ("ok.png", make_image_bytes(5, fmt="PNG"), "image/png")}, timeout=60)
+    good = requests.post(
+        f"{url}/predict", files={"file": ("ok.png", make_image_bytes(5, fmt="PNG"), "image/png")}, timeout=60
+    )
     assert good.status_code == 200
 
 
@@ -84,7 +88,9 @@ def test_backend_down_shows_a_clear_message_and_the_app_keeps_running(start_gour
     nobody_listens = Ports.free()
     url = start_gourmetgram(backend, backend_ports=nobody_listens)
     for _ in range(2):
-        response = requests.post(f"{url}/predict", files={"file": ("a.jpg", make_image_bytes(6), "image/jpeg")}, timeout=60)
+        response = requests.post(
+            f"{url}/predict", files={"file": ("a.jpg", make_image_bytes(6), "image/jpeg")}, timeout=60
+        )
         assert response.status_code == 503
         assert "make up" in response.text
     assert requests.get(f"{url}/healthz", timeout=10).json()["backend_reachable"] is False

@@ -42,8 +42,14 @@ bk = sys.modules["backends"]  # the very module app.py imported
 assert Path(bk.__file__).resolve().parent == GOURMETGRAM_DIR
 
 BACKEND_ENV = (
-    "FASTAPI_SERVER_URL", "TRITON_SERVER_URL", "FOOD11_MODEL_NAME", "MAX_UPLOAD_BYTES",
-    "BACKEND_TIMEOUT_S", "WEIGHTS_TIMEOUT_S", "WEIGHTS_CACHE_S", "SAMPLES_DIR",
+    "FASTAPI_SERVER_URL",
+    "TRITON_SERVER_URL",
+    "FOOD11_MODEL_NAME",
+    "MAX_UPLOAD_BYTES",
+    "BACKEND_TIMEOUT_S",
+    "WEIGHTS_TIMEOUT_S",
+    "WEIGHTS_CACHE_S",
+    "SAMPLES_DIR",
 )
 
 
@@ -79,7 +85,9 @@ BACKEND_CONFIGS = {
 
 # What Triton's GET /v2/models/{model} answers for the lab's two models (max_batch_size 16).
 FOOD_CLASSIFIER_METADATA = {
-    "name": "food_classifier", "versions": ["1"], "platform": "python",
+    "name": "food_classifier",
+    "versions": ["1"],
+    "platform": "python",
     "inputs": [{"name": "INPUT_IMAGE", "datatype": "BYTES", "shape": [-1, 1]}],
     "outputs": [
         {"name": "FOOD_LABEL", "datatype": "BYTES", "shape": [-1, 1]},
@@ -87,7 +95,9 @@ FOOD_CLASSIFIER_METADATA = {
     ],
 }
 FOOD_CLASSIFIER_ONNX_METADATA = {
-    "name": "food_classifier_onnx", "versions": ["1"], "platform": "onnxruntime_onnx",
+    "name": "food_classifier_onnx",
+    "versions": ["1"],
+    "platform": "onnxruntime_onnx",
     "inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 3, 224, 224]}],
     "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, 11]}],
 }
@@ -271,8 +281,10 @@ def test_weights_parsed_from_fastapi_health_and_triton_config() -> None:
     assert fastapi._parse_weights({"status": "ready"}).weights == "unknown"
 
     triton = backend_for({"TRITON_SERVER_URL": "localhost:8200"})
-    config = {"name": "food_classifier", "parameters": {
-        "weights": {"string_value": "trained"}, "weights_note": {"string_value": "Food-11 fine-tuned"}}}
+    config = {
+        "name": "food_classifier",
+        "parameters": {"weights": {"string_value": "trained"}, "weights_note": {"string_value": "Food-11 fine-tuned"}},
+    }
     assert triton._parse_weights(config) == bk.WeightsStatus("trained", "Food-11 fine-tuned", True)
     assert triton._parse_weights({"name": "food_classifier"}).weights == "unknown"
     assert triton._parse_weights({"parameters": {"weights": {"string_value": "bogus"}}}).weights == "unknown"
@@ -354,8 +366,11 @@ def test_bad_settings_raise_config_error(source: dict[str, str]) -> None:
 
 @pytest.mark.parametrize(
     ("config", "kind", "backend_class"),
-    [("fastapi", "fastapi", "FastAPIBackend"), ("triton", "triton", "TritonBackend"),
-     ("triton_onnx", "triton", "TritonBackend")],
+    [
+        ("fastapi", "fastapi", "FastAPIBackend"),
+        ("triton", "triton", "TritonBackend"),
+        ("triton_onnx", "triton", "TritonBackend"),
+    ],
 )
 def test_create_app_builds_the_backend_from_env(
     config: str, kind: str, backend_class: str, port: int, monkeypatch: pytest.MonkeyPatch
@@ -424,19 +439,36 @@ def test_recognition_goes_by_datatype_and_shape_not_by_name() -> None:
     "metadata",
     [
         # A third kind of model: token ids in, something else out.
-        {"name": "text_model", "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, 128]}],
-         "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 2]}]},
+        {
+            "name": "text_model",
+            "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, 128]}],
+            "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 2]}],
+        },
         # The right inputs, but not the outputs the page reads.
-        {"name": "text_model", "inputs": [{"name": "input_ids", "datatype": "BYTES", "shape": [-1, 1]}],
-         "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 512]}]},
-        {"name": "text_model", "inputs": [{"name": "input_ids", "datatype": "FP32", "shape": [-1, 3, 224, 224]}],
-         "outputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 1000]}]},
+        {
+            "name": "text_model",
+            "inputs": [{"name": "input_ids", "datatype": "BYTES", "shape": [-1, 1]}],
+            "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 512]}],
+        },
+        {
+            "name": "text_model",
+            "inputs": [{"name": "input_ids", "datatype": "FP32", "shape": [-1, 3, 224, 224]}],
+            "outputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 1000]}],
+        },
         # No batch dimension (max_batch_size 0) and a second input: neither shape either.
-        {"name": "text_model", "inputs": [{"name": "input_ids", "datatype": "FP32", "shape": [3, 224, 224]}],
-         "outputs": [{"name": "output", "datatype": "FP32", "shape": [11]}]},
-        {"name": "text_model", "inputs": [{"name": "input_ids", "datatype": "BYTES", "shape": [-1, 1]},
-                                          {"name": "mask", "datatype": "BYTES", "shape": [-1, 1]}],
-         "outputs": FOOD_CLASSIFIER_METADATA["outputs"]},
+        {
+            "name": "text_model",
+            "inputs": [{"name": "input_ids", "datatype": "FP32", "shape": [3, 224, 224]}],
+            "outputs": [{"name": "output", "datatype": "FP32", "shape": [11]}],
+        },
+        {
+            "name": "text_model",
+            "inputs": [
+                {"name": "input_ids", "datatype": "BYTES", "shape": [-1, 1]},
+                {"name": "mask", "datatype": "BYTES", "shape": [-1, 1]},
+            ],
+            "outputs": FOOD_CLASSIFIER_METADATA["outputs"],
+        },
     ],
 )
 def test_a_model_of_another_shape_is_refused_with_what_it_takes(metadata: dict[str, Any]) -> None:
@@ -460,7 +492,7 @@ class FakeTriton:
         self.metadata_calls = 0
         self.sent: list[Any] = []
 
-    def __call__(self, url: str, **kwargs: Any) -> "FakeTriton":  # the constructor's place
+    def __call__(self, url: str, **kwargs: Any) -> FakeTriton:  # the constructor's place
         return self
 
     def get_model_metadata(self, model: str) -> dict[str, Any]:
@@ -471,8 +503,9 @@ class FakeTriton:
 
     def get_model_repository_index(self) -> list[dict[str, Any]]:
         ready = [{"name": name, "version": "1", "state": "READY"} for name in self.models]
-        failed = [{"name": name, "version": "1", "state": "UNAVAILABLE", "reason": "load failed"}
-                  for name in self.unavailable]
+        failed = [
+            {"name": name, "version": "1", "state": "UNAVAILABLE", "reason": "load failed"} for name in self.unavailable
+        ]
         return ready + failed
 
     def infer(self, model: str, inputs: list[Any], outputs: list[Any]) -> Any:
@@ -503,8 +536,10 @@ def triton_app(monkeypatch: pytest.MonkeyPatch, port: int, model: str, fake: Fak
 
 @pytest.mark.parametrize(
     ("model", "takes", "label", "sent"),
-    [("food_classifier", "image file (base64)", "Soup", ("INPUT_IMAGE", "BYTES", [1, 1])),
-     ("food_classifier_onnx", "preprocessed tensor", "Egg", ("input", "FP32", [1, 3, 224, 224]))],
+    [
+        ("food_classifier", "image file (base64)", "Soup", ("INPUT_IMAGE", "BYTES", [1, 1])),
+        ("food_classifier_onnx", "preprocessed tensor", "Egg", ("input", "FP32", [1, 3, 224, 224])),
+    ],
 )
 def test_triton_model_is_looked_up_on_the_first_request_and_remembered(
     model: str, takes: str, label: str, sent: tuple[Any, ...], port: int, monkeypatch: pytest.MonkeyPatch
@@ -555,8 +590,11 @@ def test_triton_model_that_failed_to_load_is_reported_as_such(port: int, monkeyp
 def test_triton_model_of_another_shape_gets_502_saying_what_it_takes(
     port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    text_model = {"name": "text_model", "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, 128]}],
-                  "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 2]}]}
+    text_model = {
+        "name": "text_model",
+        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, 128]}],
+        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 2]}],
+    }
     response = triton_app(monkeypatch, port, "text_model", FakeTriton(text_model)).get("/test")
     body = html.unescape(response.get_data(as_text=True))
     assert response.status_code == 502

@@ -363,8 +363,19 @@ def test_cli_saves_the_partial_result_on_sigint(server, tmp_path):
     server.configure(sleep_ms=10)
     out = tmp_path / "partial.json"
     command = [
-        sys.executable, "-m", "servelab.loadgen", "--target", "fastapi", "--address", server.url,
-        "--concurrency", "2", "--requests", "1000000", "--out", str(out),
+        sys.executable,
+        "-m",
+        "servelab.loadgen",
+        "--target",
+        "fastapi",
+        "--address",
+        server.url,
+        "--concurrency",
+        "2",
+        "--requests",
+        "1000000",
+        "--out",
+        str(out),
     ]
     process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
@@ -437,6 +448,7 @@ def test_triton_errors_are_counted_by_status(triton_http_url, triton_grpc_url):
     bad = {"model": "food_classifier", "image_bytes": b"no image", "progress": False}
     assert closed_loop("triton-http", triton_http_url, 1, requests=2, **bad).errors == {"http_500": 2}
     assert closed_loop("triton-grpc", triton_grpc_url, 1, requests=2, **bad).errors == {"grpc_INTERNAL": 2}
+
 
 if __name__ == "__main__":
     _serve()

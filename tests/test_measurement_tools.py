@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import itertools
 import math
 import os
 import shutil
@@ -46,8 +47,7 @@ def _check_three_requests_five_images(delta: StatsDelta) -> None:
     assert counts == ("food_classifier", 5, 3, 3, 0), delta
     assert delta.executions_by_batch_size == {3: 1, 1: 2}, delta
     assert delta.avg_batch_size == pytest.approx(5 / 3)
-    averages = (delta.avg_queue_us, delta.avg_compute_input_us, delta.avg_compute_infer_us,
-                delta.avg_compute_output_us)
+    averages = (delta.avg_queue_us, delta.avg_compute_input_us, delta.avg_compute_infer_us, delta.avg_compute_output_us)
     assert all(average > 0 for average in averages), delta
     # Running the model is part of a request's time in the server.
     assert delta.avg_compute_infer_us < delta.avg_request_us, delta
@@ -93,8 +93,10 @@ def _duration(count: int, ns: int) -> dict:
 def _snapshot(inferences: int, executions: int, requests: int, ms_each: float, batches: dict[int, int]) -> dict:
     """A statistics response as Triton writes it, every stage taking `ms_each` per request."""
     ns = int(requests * ms_each * 1e6)
-    inference_stats = {stage: _duration(requests, ns) for stage in
-                       ("success", "queue", "compute_input", "compute_infer", "compute_output")}
+    inference_stats = {
+        stage: _duration(requests, ns)
+        for stage in ("success", "queue", "compute_input", "compute_infer", "compute_output")
+    }
     inference_stats["fail"] = _duration(1, 5_000)
     return {
         "model_stats": [
@@ -105,8 +107,13 @@ def _snapshot(inferences: int, executions: int, requests: int, ms_each: float, b
                 "execution_count": executions,
                 "inference_stats": inference_stats,
                 "batch_stats": [
-                    {"batch_size": size, **{stage: _duration(count, count * 1000) for stage in
-                                            ("compute_input", "compute_infer", "compute_output")}}
+                    {
+                        "batch_size": size,
+                        **{
+                            stage: _duration(count, count * 1000)
+                            for stage in ("compute_input", "compute_infer", "compute_output")
+                        },
+                    }
                     for size, count in batches.items()
                 ],
             }
@@ -117,8 +124,9 @@ def _snapshot(inferences: int, executions: int, requests: int, ms_each: float, b
 def test_diff_of_synthetic_snapshots():
     before = _snapshot(inferences=10, executions=6, requests=8, ms_each=2.0, batches={1: 4, 2: 2})
     # 12 more requests, 4 ms each, made 20 more inferences in 8 more executions; batch size 4 is new.
-    after = _snapshot(inferences=30, executions=14, requests=20, ms_each=(8 * 2.0 + 12 * 4.0) / 20,
-                      batches={1: 6, 2: 2, 4: 6})
+    after = _snapshot(
+        inferences=30, executions=14, requests=20, ms_each=(8 * 2.0 + 12 * 4.0) / 20, batches={1: 6, 2: 2, 4: 6}
+    )
     delta = triton_stats.diff(before, after)
     assert (delta.model, delta.inference_count, delta.execution_count) == ("m", 20, 8)
     assert (delta.success_count, delta.fail_count) == (12, 0)
@@ -173,7 +181,7 @@ def test_sampler_stops_when_the_measured_block_raises():
     with pytest.raises(ZeroDivisionError):
         with ResourceSampler(interval_s=0.05) as sampler:
             time.sleep(0.2)
-            1 / 0
+            raise ZeroDivisionError
     assert not sampler.running
     assert len(sampler.series()["t_s"]) >= 2
 
@@ -207,8 +215,11 @@ def _fake_nvidia_smi(monkeypatch, folder, script: str) -> None:
 
 def test_sampler_parses_nvidia_smi_output(monkeypatch, tmp_path):
     # Two GPUs; the second one (a MIG slice, say) has no utilization counter.
-    _fake_nvidia_smi(monkeypatch, tmp_path, "printf '0, NVIDIA H100 80GB HBM3, 37, 1024, 81559\\n"
-                                            "1, NVIDIA A100-SXM4-40GB, [N/A], 2048, 40960\\n'")
+    _fake_nvidia_smi(
+        monkeypatch,
+        tmp_path,
+        "printf '0, NVIDIA H100 80GB HBM3, 37, 1024, 81559\\n1, NVIDIA A100-SXM4-40GB, [N/A], 2048, 40960\\n'",
+    )
     with ResourceSampler(interval_s=0.1) as sampler:
         time.sleep(0.35)
     series = sampler.series()
@@ -251,15 +262,13 @@ def test_md1_known_value_half_load():
     # rho = 50 req/s * 10 ms = 0.5: Wq = 0.5 / (2 * 100/s * 0.5) = 5 ms.
     assert queueing.md1_mean_wait_s(50, 0.010) == pytest.approx(0.005)
     (row,) = queueing.md1_prediction([50], 0.010)
-    assert row == pytest.approx(
-        {"rate_rps": 50.0, "utilization": 0.5, "queueing_delay_ms": 5.0, "latency_ms": 15.0}
-    )
+    assert row == pytest.approx({"rate_rps": 50.0, "utilization": 0.5, "queueing_delay_ms": 5.0, "latency_ms": 15.0})
 
 
 def test_md1_wait_grows_with_load_and_is_infinite_at_capacity():
     waits = [queueing.md1_mean_wait_s(rate, 0.010) for rate in range(0, 100, 5)]
     assert waits[0] == 0
-    assert all(a < b for a, b in zip(waits, waits[1:]))
+    assert all(a < b for a, b in itertools.pairwise(waits))
     assert queueing.md1_mean_wait_s(100, 0.010) == math.inf
     assert queueing.md1_mean_wait_s(150, 0.010) == math.inf
     assert queueing.capacity_rps(0.010) == pytest.approx(100)
@@ -275,9 +284,17 @@ def test_dd1_has_no_queueing_below_saturation():
 # ---- plots and tables ----------------------------------------------------------------------
 
 
-def _result(target: str, tool: str = "loadgen", concurrency: int | None = None, rate: float | None = None,
-            arrival: str | None = None, center_ms: float = 20.0, throughput: float = 100.0, seed: int = 0,
-            errors: dict[str, int] | None = None) -> RunResult:
+def _result(
+    target: str,
+    tool: str = "loadgen",
+    concurrency: int | None = None,
+    rate: float | None = None,
+    arrival: str | None = None,
+    center_ms: float = 20.0,
+    throughput: float = 100.0,
+    seed: int = 0,
+    errors: dict[str, int] | None = None,
+) -> RunResult:
     latencies = np.random.default_rng(seed).gamma(4.0, center_ms / 4.0, size=400).tolist()
     return RunResult(
         target=target,
@@ -298,10 +315,25 @@ def _result(target: str, tool: str = "loadgen", concurrency: int | None = None, 
 def _closed_results() -> list[RunResult]:
     results = []
     for i, concurrency in enumerate((1, 2, 4, 8, 16)):
-        results.append(_result("fastapi_onnx", concurrency=concurrency, center_ms=12 * concurrency ** 0.8,
-                               throughput=80 * min(concurrency, 2) + 3 * i, seed=i))
-        results.append(_result("triton/food_classifier_onnx (grpc)", tool="perf_analyzer", concurrency=concurrency,
-                               center_ms=10 * concurrency ** 0.5, throughput=90 * concurrency ** 0.6, seed=10 + i))
+        results.append(
+            _result(
+                "fastapi_onnx",
+                concurrency=concurrency,
+                center_ms=12 * concurrency**0.8,
+                throughput=80 * min(concurrency, 2) + 3 * i,
+                seed=i,
+            )
+        )
+        results.append(
+            _result(
+                "triton/food_classifier_onnx (grpc)",
+                tool="perf_analyzer",
+                concurrency=concurrency,
+                center_ms=10 * concurrency**0.5,
+                throughput=90 * concurrency**0.6,
+                seed=10 + i,
+            )
+        )
     return results
 
 
@@ -311,8 +343,9 @@ def _open_results(service_ms: float = 20.0) -> list[RunResult]:
         for i, rate in enumerate((10, 20, 30, 40, 45)):
             predicted = queueing.md1_prediction([rate], service_ms / 1000)[0]["latency_ms"]
             center = service_ms + factor * (predicted - service_ms)
-            results.append(_result("fastapi_onnx", rate=rate, arrival=arrival, center_ms=center,
-                                   throughput=rate, seed=20 + i))
+            results.append(
+                _result("fastapi_onnx", rate=rate, arrival=arrival, center_ms=center, throughput=rate, seed=20 + i)
+            )
     return results
 
 
@@ -332,8 +365,15 @@ def _resource_series(gpus: bool) -> dict:
         "errors": [],
     }
     if gpus:
-        series["gpus"] = [{"index": 0, "name": "NVIDIA A100", "util_percent": (busy * 0.9).tolist(),
-                           "memory_used_mib": (3000 + 100 * t).tolist(), "memory_total_mib": 40960.0}]
+        series["gpus"] = [
+            {
+                "index": 0,
+                "name": "NVIDIA A100",
+                "util_percent": (busy * 0.9).tolist(),
+                "memory_used_mib": (3000 + 100 * t).tolist(),
+                "memory_total_mib": 40960.0,
+            }
+        ]
         series["gpu_source"] = "nvidia-smi"
     return series
 
@@ -353,12 +393,20 @@ def close_figures():
 def test_every_plot_writes_a_png(tmp_path, close_figures):
     closed, opened = _closed_results(), _open_results()
     batches = {
-        "no dynamic batching": {"model": "food_classifier", "executions_by_batch_size": {1: 40},
-                                "avg_batch_size": 1.0},
+        "no dynamic batching": {"model": "food_classifier", "executions_by_batch_size": {1: 40}, "avg_batch_size": 1.0},
         "dynamic batching": StatsDelta(
-            model="food_classifier", inference_count=40, execution_count=9, success_count=40, fail_count=0,
-            avg_request_us=9000.0, avg_queue_us=300.0, avg_compute_input_us=20.0, avg_compute_infer_us=8000.0,
-            avg_compute_output_us=30.0, executions_by_batch_size={1: 2, 4: 3, 5: 2, 8: 2}, avg_batch_size=40 / 9,
+            model="food_classifier",
+            inference_count=40,
+            execution_count=9,
+            success_count=40,
+            fail_count=0,
+            avg_request_us=9000.0,
+            avg_queue_us=300.0,
+            avg_compute_input_us=20.0,
+            avg_compute_infer_us=8000.0,
+            avg_compute_output_us=30.0,
+            executions_by_batch_size={1: 2, 4: 3, 5: 2, 8: 2},
+            avg_batch_size=40 / 9,
         ),
     }
     drawings = {
@@ -433,8 +481,16 @@ def test_results_table_compares_each_target_with_its_own_baseline():
     from servelab.results import LatencySummary, RunResult
 
     def result(target, rps):
-        return RunResult(target=target, tool="loadgen", mode="closed", requests=10, throughput_rps=rps,
-                         latency=LatencySummary.of([10.0]), wall_s=1.0, concurrency=1)
+        return RunResult(
+            target=target,
+            tool="loadgen",
+            mode="closed",
+            requests=10,
+            throughput_rps=rps,
+            latency=LatencySummary.of([10.0]),
+            wall_s=1.0,
+            concurrency=1,
+        )
 
     table = results_table([result("a", 50.0), result("b", 30.0), result("c", 5.0)], {"a": 100.0, "b": 60.0})
     rows = table.strip().splitlines()[2:]

@@ -41,8 +41,13 @@ TOY_MODEL_PY = textwrap.dedent(
 
 
 def add_toy_model(
-    repository: Path, name: str = "toy", backend: str = "python", dtype: str = "TYPE_FP32", dims: str = "4",
-    model_py: bool = True, config_name: str | None = None,
+    repository: Path,
+    name: str = "toy",
+    backend: str = "python",
+    dtype: str = "TYPE_FP32",
+    dims: str = "4",
+    model_py: bool = True,
+    config_name: str | None = None,
 ) -> Path:
     folder = repository / name
     (folder / "1").mkdir(parents=True)
@@ -93,8 +98,23 @@ def test_an_unknown_model_is_a_clear_error_everywhere(tmp_path):
         lab.config("nope")
     with pytest.raises(ValueError, match="cannot use 'nope'.*food_classifier"):
         gourmetgram_service(1, "nope", Ports())
-    assert loadgen.main(["--target", "triton-http", "--address", "127.0.0.1:1", "--model", "nope", "--requests", "1",
-                         "--concurrency", "1"]) == 2
+    assert (
+        loadgen.main(
+            [
+                "--target",
+                "triton-http",
+                "--address",
+                "127.0.0.1:1",
+                "--model",
+                "nope",
+                "--requests",
+                "1",
+                "--concurrency",
+                "1",
+            ]
+        )
+        == 2
+    )
 
 
 def test_a_model_without_an_entry_gets_requests_from_its_own_config(repository):
@@ -179,12 +199,26 @@ def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_fi
         tensor.set_data_from_numpy(values)
         assert (client.infer("scale_vector", [tensor]).as_numpy("Y") == 2 * values).all()
 
-        lab = Lab("local", profile("quick"), {}, f"127.0.0.1:{ports.triton_http}", f"127.0.0.1:{ports.triton_grpc}",
-                  repository=work / "models", source=repository)
+        lab = Lab(
+            "local",
+            profile("quick"),
+            {},
+            f"127.0.0.1:{ports.triton_http}",
+            f"127.0.0.1:{ports.triton_grpc}",
+            repository=work / "models",
+            source=repository,
+        )
         measured = lab.perf("scale_vector", concurrency=2)
         assert measured.throughput_rps > 0 and measured.requests > 0 and measured.error_count == 0
-        generated = loadgen.closed_loop("triton-grpc", lab.triton_grpc, concurrency=2, requests=20, progress=False,
-                                        model="scale_vector", models=lab.models)
+        generated = loadgen.closed_loop(
+            "triton-grpc",
+            lab.triton_grpc,
+            concurrency=2,
+            requests=20,
+            progress=False,
+            model="scale_vector",
+            models=lab.models,
+        )
         assert len(generated.latencies_ms) == 20 and not generated.errors
 
         edited = lab.config("scale_vector").with_instance_groups([{"count": 2, "kind": "KIND_GPU", "gpus": [0]}])
@@ -193,8 +227,11 @@ def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_fi
         assert "dynamic_batching" in lab.served_config("scale_vector")
         assert lab.measure("scale_vector", concurrency=4).target.endswith("2 instances")
         with pytest.raises(ConfigError, match="between 1 and max_batch_size"):
-            lab.apply_config("scale_vector", lab.config("scale_vector").with_fields(max_batch_size=2).text
-                             + "dynamic_batching { preferred_batch_size: [ 4 ] }\n")
+            lab.apply_config(
+                "scale_vector",
+                lab.config("scale_vector").with_fields(max_batch_size=2).text
+                + "dynamic_batching { preferred_batch_size: [ 4 ] }\n",
+            )
         lab.restore_config("scale_vector")
         assert lab.served_instances("scale_vector") == 1
     assert _tracked_changes() == before, "serving a new model changed files outside its folder"

@@ -121,8 +121,12 @@ def instance_attributes(cls: type) -> frozenset[str]:
         except (OSError, TypeError):
             continue
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-                    and isinstance(node.value, ast.Name) and node.value.id == "self"):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
                 names.add(node.attr)
     return frozenset(names)
 
@@ -299,9 +303,12 @@ class ChiUseChecker:
             return Method(base, name) if found and callable(getattr(base, name)) else None
         if isinstance(base, Instance):
             found = name in instance_attributes(base.cls)
-            self._record(node, f"{verb} {base.cls.__qualname__}().{name}",
-                         None if found else f"{base.cls.__qualname__} objects have no attribute {name!r}",
-                         is_chi=_is_chi(base))
+            self._record(
+                node,
+                f"{verb} {base.cls.__qualname__}().{name}",
+                None if found else f"{base.cls.__qualname__} objects have no attribute {name!r}",
+                is_chi=_is_chi(base),
+            )
             on_class = inspect.getattr_static(base.cls, name, None)
             is_method = inspect.isfunction(on_class) or isinstance(on_class, (staticmethod, classmethod))
             return Method(base.cls, name) if is_method else None
@@ -332,7 +339,9 @@ class ChiUseChecker:
             # A keyword that only lands in **kwargs binds whatever it is (Server.submit passes them on
             # to Nova, Server.execute to fabric): it could be a typo, and nothing here can tell.
             passed_on = [
-                keyword for parameter in signature.parameters.values() if parameter.kind is parameter.VAR_KEYWORD
+                keyword
+                for parameter in signature.parameters.values()
+                if parameter.kind is parameter.VAR_KEYWORD
                 for keyword in bound.arguments.get(parameter.name, {})
             ]
             problem = f"{', '.join(passed_on)}: not a named parameter, only **kwargs takes it" if passed_on else None
@@ -345,7 +354,9 @@ class ChiUseChecker:
 
     # ---- results ------------------------------------------------------------------------
 
-    def _record(self, node: ast.AST, what: str, problem: str | None, is_chi: bool = True, guarded: bool = False) -> None:
+    def _record(
+        self, node: ast.AST, what: str, problem: str | None, is_chi: bool = True, guarded: bool = False
+    ) -> None:
         """One checked use. Imports count as guarded: importing python-chi needs no credentials."""
         where = f"{self.name}, code cell {self._cell}, line {getattr(node, 'lineno', '?')}"
         self.uses.append(Use(where, what, problem, guarded or self._guarded(node), is_chi))
@@ -463,11 +474,17 @@ def test_the_checker_accepts_correct_guarded_calls():
         ("lease.no_such_function('x')", "has no attribute 'no_such_function'"),
         ("from chi import no_such_module", "chi has no 'no_such_module'"),
         ('context.no_such_setting = "x"', "has no attribute 'no_such_setting'"),
-        ('node = server.Server("n")\n    node.check_connectivity(no_such_option=True)', "unexpected keyword argument 'no_such_option'"),
+        (
+            'node = server.Server("n")\n    node.check_connectivity(no_such_option=True)',
+            "unexpected keyword argument 'no_such_option'",
+        ),
         ('node = server.Server("n")\n    node.submit(no_such_option=True)', "no_such_option: not a named parameter"),
         ('node = server.Server("n")\n    node.no_such_method()', "objects have no attribute 'no_such_method'"),
         ('found = lease.get_lease("x")\n    print(found.no_such_field)', "objects have no attribute 'no_such_field'"),
-        ("for n in hardware.get_nodes():\n        n.next_free_timeslot(hours=3)", "unexpected keyword argument 'hours'"),
+        (
+            "for n in hardware.get_nodes():\n        n.next_free_timeslot(hours=3)",
+            "unexpected keyword argument 'hours'",
+        ),
         ('node = server.Server("n")\n    node.execute("true").stdout.strip()', None),
         ("lease.get_lease(*names)", "cannot bind"),
         ('lease.Lease("x").submit().anything()', "add its return type to RETURN_TYPES"),

@@ -12,7 +12,7 @@ SOURCES = sorted(NOTEBOOKS.glob("[0-9]*.py"))
 
 
 def test_every_numbered_notebook_has_a_source_and_the_sequence_is_complete():
-    assert [source.name.split("_")[0] for source in SOURCES] == [str(n) for n in range(7)]
+    assert [source.name.split("_")[0] for source in SOURCES] == [str(n) for n in range(len(SOURCES))]
     assert sorted(NOTEBOOKS.glob("[0-9]*.ipynb")) == [source.with_suffix(".ipynb") for source in SOURCES]
 
 

@@ -11,9 +11,12 @@ import pytest
 from servelab import perf_analyzer
 from servelab.results import RunResult
 
-SAMPLE_CSV = """Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency,Avg latency,request/response,response wait
-2,77.4522,585,1962,10238,266,12097,422,0,25254,29286,31307,38699,25573,585,24953
-"""
+SAMPLE_CSV = (  # a real perf_analyzer -f report
+    "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
+    "Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency,"
+    "Avg latency,request/response,response wait\n"
+    "2,77.4522,585,1962,10238,266,12097,422,0,25254,29286,31307,38699,25573,585,24953\n"
+)
 
 
 def test_csv_rows_become_run_results_with_a_server_breakdown():
@@ -21,14 +24,20 @@ def test_csv_rows_become_run_results_with_a_server_breakdown():
     result = perf_analyzer.to_run_result(row, "triton/m (http)", stdout="    Request count: 233\n")
     assert (result.mode, result.concurrency, result.requests) == ("closed", 2, 233)
     assert result.throughput_rps == pytest.approx(77.4522)
-    assert (result.latency.p50_ms, result.latency.p99_ms, result.latency.mean_ms) == pytest.approx((25.254, 38.699, 25.573))
+    assert (result.latency.p50_ms, result.latency.p99_ms, result.latency.mean_ms) == pytest.approx(
+        (25.254, 38.699, 25.573)
+    )
     assert result.server_breakdown["server_queue_us"] == 10238
     assert result.server_breakdown["server_compute_infer_us"] == 12097
 
 
 def test_closed_loop_run_against_the_local_triton(triton_http_url):
     run = perf_analyzer.run(
-        triton_http_url, "food_classifier_onnx", concurrency=2, shape=["input:3,224,224"], request_count=20,
+        triton_http_url,
+        "food_classifier_onnx",
+        concurrency=2,
+        shape=["input:3,224,224"],
+        request_count=20,
         stability_percentage=50,
     )
     (row,), (result,) = run.rows, run.results
@@ -39,16 +48,24 @@ def test_closed_loop_run_against_the_local_triton(triton_http_url):
     breakdown = result.server_breakdown
     assert breakdown["server_compute_infer_us"] > 0
     # The server-side parts cannot add up to more than what the client waited for.
-    server_side = sum(breakdown[k] for k in ("server_queue_us", "server_compute_input_us",
-                                              "server_compute_infer_us", "server_compute_output_us"))
+    server_side = sum(
+        breakdown[k]
+        for k in ("server_queue_us", "server_compute_input_us", "server_compute_infer_us", "server_compute_output_us")
+    )
     assert server_side / 1000 <= result.latency.mean_ms
     assert RunResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
 
 
 def test_batched_requests_over_grpc_count_requests_and_images(triton_grpc_url):
     (result,) = perf_analyzer.run(
-        triton_grpc_url, "food_classifier_onnx", concurrency=1, batch_size=4, protocol="grpc",
-        shape=["input:3,224,224"], request_count=10, stability_percentage=50,
+        triton_grpc_url,
+        "food_classifier_onnx",
+        concurrency=1,
+        batch_size=4,
+        protocol="grpc",
+        shape=["input:3,224,224"],
+        request_count=10,
+        stability_percentage=50,
     ).results
     assert result.batch_size == 4 and result.target.endswith("(grpc)")
     assert result.images_per_s == pytest.approx(4 * result.throughput_rps)
@@ -56,8 +73,14 @@ def test_batched_requests_over_grpc_count_requests_and_images(triton_grpc_url):
 
 def test_request_rate_mode_with_poisson_arrivals(triton_http_url):
     (result,) = perf_analyzer.run(
-        triton_http_url, "food_classifier_onnx", concurrency=None, request_rate=10, request_distribution="poisson",
-        shape=["input:3,224,224"], measurement_interval_ms=2000, stability_percentage=60,
+        triton_http_url,
+        "food_classifier_onnx",
+        concurrency=None,
+        request_rate=10,
+        request_distribution="poisson",
+        shape=["input:3,224,224"],
+        measurement_interval_ms=2000,
+        stability_percentage=60,
     ).results
     assert (result.mode, result.rate_rps, result.arrival) == ("open", 10, "poisson")
     assert result.throughput_rps == pytest.approx(10, rel=0.5)

@@ -89,8 +89,11 @@ def test_a_service_that_never_becomes_ready_times_out_and_is_stopped(tmp_path):
 def test_up_stops_everything_on_ctrl_c(tmp_path):
     """`python -m servelab up` as a student runs it: SIGINT must leave no process and no port behind."""
     ports = Ports.free()
-    env = {**os.environ, **{f"SERVELAB_PORT_{name.upper()}": str(getattr(ports, name)) for name in Ports.__dataclass_fields__},
-           "SERVELAB_DIR": str(tmp_path / "lab")}
+    env = {
+        **os.environ,
+        **{f"SERVELAB_PORT_{name.upper()}": str(getattr(ports, name)) for name in Ports.__dataclass_fields__},
+        "SERVELAB_DIR": str(tmp_path / "lab"),
+    }
     up = subprocess.Popen([sys.executable, "-m", "servelab", "up"], env=env, stderr=subprocess.PIPE, text=True)
     output = []
     try:

@@ -120,7 +120,7 @@ def test_sequence_batching_and_parameters_can_be_set():
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda c: c.with_dynamic_batching(prefered_batch_size=[4]), "no field named \"prefered_batch_size\""),
+        (lambda c: c.with_dynamic_batching(prefered_batch_size=[4]), 'no field named "prefered_batch_size"'),
         (lambda c: c.with_dynamic_batching(preferred_batch_size=[32]), "between 1 and max_batch_size \\(16\\)"),
         (lambda c: c.with_fields(max_batch=8), "no field 'max_batch'.*max_batch_size"),
         (lambda c: c.with_instance_groups([{"count": 1, "kind": "KIND_TPU"}]), "KIND_TPU"),

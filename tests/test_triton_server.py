@@ -49,7 +49,7 @@ def test_food_classifier_batches_a_multi_image_request_and_agrees_with_fastapi(
     probabilities = result.as_numpy("PROBABILITY").reshape(-1)
     assert len(labels) == 4 and set(labels) <= set(food11.LABELS)
     assert ((probabilities >= 1 / 11 - 1e-6) & (probabilities <= 1)).all()
-    for image, label, probability in zip(encoded, labels, probabilities):
+    for image, label, probability in zip(encoded, labels, probabilities, strict=True):
         answer = requests.post(f"{fastapi_urls['pt']}/predict", json={"image": image}, timeout=30).json()
         assert answer["prediction"] == label
         assert answer["probability"] == pytest.approx(float(probability), abs=1e-4)
@@ -70,7 +70,7 @@ def test_onnx_model_over_grpc_matches_the_onnx_fastapi_service(triton_grpc_url, 
     model_input.set_data_from_numpy(batch)
     logits = client.infer("food_classifier_onnx", [model_input]).as_numpy("output")
     assert logits.shape == (3, 11)
-    for raw, (label, probability) in zip(test_images, food11.top_prediction(logits)):
+    for raw, (label, probability) in zip(test_images[:3], food11.top_prediction(logits), strict=True):
         answer = requests.post(
             f"{fastapi_urls['onnx']}/predict", json={"image": base64.b64encode(raw).decode()}, timeout=30
         ).json()

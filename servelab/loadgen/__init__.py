@@ -27,7 +27,20 @@ from servelab.loadgen.targets import (
 )
 
 __all__ = [
-    "ARRIVALS", "DEFAULT_TIMEOUT_S", "TARGET_KINDS", "FastAPITarget", "RequestError", "Target", "TritonGrpcTarget",
-    "TritonHttpTarget", "arrival_offsets", "closed_loop", "main", "make_target", "open_loop", "run_closed", "run_open",
+    "ARRIVALS",
+    "DEFAULT_TIMEOUT_S",
+    "TARGET_KINDS",
+    "FastAPITarget",
+    "RequestError",
+    "Target",
+    "TritonGrpcTarget",
+    "TritonHttpTarget",
+    "arrival_offsets",
+    "closed_loop",
+    "main",
+    "make_target",
+    "open_loop",
+    "run_closed",
+    "run_open",
     "summarize",
 ]

@@ -27,9 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Load a FastAPI service or Triton with a closed loop (--concurrency) or an open loop (--rate).",
     )
     parser.add_argument("--target", required=True, choices=TARGET_KINDS)
-    parser.add_argument(
-        "--address", required=True, help="FastAPI: base URL (http://127.0.0.1:8101); Triton: host:port"
-    )
+    parser.add_argument("--address", required=True, help="FastAPI: base URL (http://127.0.0.1:8101); Triton: host:port")
     parser.add_argument("--model", help="Triton model (a folder of models_staging/), e.g. food_classifier_onnx")
     parser.add_argument("--image", type=Path, default=paths.SAMPLE_IMAGE, help="the image every request sends")
     load = parser.add_mutually_exclusive_group(required=True)
@@ -70,4 +68,3 @@ def main(argv: list[str] | None = None) -> int:
     if any(note.startswith("stopped early by Ctrl-C") for note in result.notes):
         return 130  # the shell's code for "ended by SIGINT", though the partial result was kept
     return 0 if result.latencies_ms or not result.requests else 1
-

@@ -43,7 +43,6 @@ LAG_LIMIT_S = 0.010
 LAG_LIMIT_FRACTION = 0.1
 
 
-
 class _Recorder:
     """Outcomes of one phase of a run (warm-up or measurement), and its progress bar."""
 
@@ -324,4 +323,3 @@ def _bounds(requests: int | None, duration_s: float | None) -> str:
         [f"{duration_s:g} s"] if duration_s is not None else []
     )
     return " or ".join(parts) + (", whichever comes first" if len(parts) == 2 else "")
-

@@ -131,4 +131,3 @@ def summarize(result: RunResult) -> str:
         parts.append(result.schedule_lag["message"])
     parts += [note[0].upper() + note[1:] + ("" if note.endswith(".") else ".") for note in result.notes]
     return " ".join(parts)
-

@@ -38,8 +38,6 @@ class RequestError(Exception):
         self.detail = detail
 
 
-
-
 class Target(ABC):
     """A server endpoint with one prepared request. `open` before sending, `close` after.
 
@@ -147,7 +145,7 @@ class TritonHttpTarget(_HttpTarget):
                         "datatype": tensor.datatype,
                         "parameters": {"binary_data_size": len(data)},
                     }
-                    for tensor, data in zip(request.inputs, raw)
+                    for tensor, data in zip(request.inputs, raw, strict=True)
                 ],
                 "outputs": [{"name": output, "parameters": {"binary_data": True}} for output in request.outputs],
             }

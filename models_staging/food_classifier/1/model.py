@@ -53,12 +53,15 @@ class TritonPythonModel:
             with torch.inference_mode():
                 logits = self.model(torch.from_numpy(np.concatenate(batches)).to(self.device)).float().cpu().numpy()
             start = 0
-            for index, batch in zip(owners, batches):
+            for index, batch in zip(owners, batches, strict=True):
                 predictions = top_prediction(logits[start : start + len(batch)])
                 start += len(batch)
                 labels = np.array([[label.encode()] for label, _ in predictions], dtype=object)
                 probabilities = np.array([[probability] for _, probability in predictions], dtype=np.float32)
                 responses[index] = pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor("FOOD_LABEL", labels), pb_utils.Tensor("PROBABILITY", probabilities)]
+                    output_tensors=[
+                        pb_utils.Tensor("FOOD_LABEL", labels),
+                        pb_utils.Tensor("PROBABILITY", probabilities),
+                    ]
                 )
         return responses
