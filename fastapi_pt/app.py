@@ -1,14 +1,17 @@
 """Food-11 classifier served with PyTorch behind FastAPI.
 
 Run: uvicorn app:app --host 0.0.0.0 --port 8000   (from this folder, after `make artifacts`)
+Threads: PREDICT_CONCURRENCY inference slots x INFERENCE_THREADS threads each (see cores.py).
 """
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
 import torch
+from cores import ThreadPlan
 from food11 import LABELS
 from predict_api import ServedModel, create_app
 from torchvision.models import mobilenet_v2
@@ -22,15 +25,24 @@ if not MODEL_PATH.is_file():
 # Chosen once at start-up: the GPU when PyTorch can see one, the CPU otherwise.
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-# The checkpoint is a state_dict, loaded with weights_only=True: no pickled code is executed.
-model = mobilenet_v2(num_classes=len(LABELS))
-model.load_state_dict(torch.load(MODEL_PATH, map_location=device, weights_only=True))
-model.to(device).eval()
 
+def load_model(plan: ThreadPlan):
+    """Build the model on this (inference) thread; run(batch, threads) runs it with that many threads."""
+    torch.set_num_threads(plan.threads)
+    # The checkpoint is a state_dict, loaded with weights_only=True: no pickled code is executed.
+    model = mobilenet_v2(num_classes=len(LABELS))
+    model.load_state_dict(torch.load(MODEL_PATH, map_location=device, weights_only=True))
+    model.to(device).eval()
+    current = threading.local()  # each inference thread's own thread count (PyTorch keeps one per thread)
 
-def run_model(batch: np.ndarray) -> np.ndarray:
-    with torch.inference_mode():
-        return model(torch.from_numpy(batch).to(device)).float().cpu().numpy()
+    def run(batch: np.ndarray, threads: int) -> np.ndarray:
+        if getattr(current, "threads", None) != threads:
+            torch.set_num_threads(threads)
+            current.threads = threads
+        with torch.inference_mode():
+            return model(torch.from_numpy(batch).to(device)).float().cpu().numpy()
+
+    return run
 
 
 app = create_app(
@@ -38,7 +50,7 @@ app = create_app(
         model_file=MODEL_PATH,
         runtime=f"torch {torch.__version__}",
         device=str(device) if device.type == "cpu" else f"cuda ({torch.cuda.get_device_name(device)})",
-        run=run_model,
+        load=load_model,
     ),
     title="Food-11 classifier (PyTorch)",
     description="POST a base64-encoded food photo to /predict; get its Food-11 class and probability.",

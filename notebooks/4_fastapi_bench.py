@@ -22,6 +22,7 @@ import json
 import threading
 import time
 
+import matplotlib.pyplot as plt
 import numpy as np
 import psutil
 import requests
@@ -215,15 +216,15 @@ lab.expect(
     reason="the model call is only part of each request: HTTP, JSON, base64 and JPEG decoding and "
     "preprocessing cost the same in both services, and on a small CPU PyTorch's own optimised CPU "
     "kernels leave ONNX Runtime little to gain on MobileNetV2 at batch size 1",
-)
+);
 
 # %% [markdown]
 # ## Sixteen users at once
 #
 # The service answers one user quickly. Now start 16 *senders* at the same time, each sending its
 # next request as soon as it gets an answer (a closed loop): there are always 16 requests in the
-# system. The service has **one inference slot** (`PREDICT_CONCURRENCY=1`), so the model still
-# handles one image at a time, and the other requests wait in line.
+# system. The service has a few **inference slots** (`/health` says how many: by default one per
+# core), so at most that many images are in the model at once, and the other requests wait in line.
 #
 # What should happen? The service cannot finish requests faster than one inference at a time, so
 # throughput should stay about where it was with one sender. And by *Little's law*
@@ -317,7 +318,7 @@ lab.expect(
     "decodes the next images while the model runs, so throughput can rise and latency grow less "
     "than the sender count; on a 2-core machine the load generator also competes with the server "
     "for the same cores",
-)
+);
 # %% [markdown]
 # And the health checks that ran during those 16 senders, next to health checks on the idle service:
 
@@ -338,7 +339,7 @@ lab.expect(
     reason="the event loop does not queue /health behind the model, but on a machine with few cores it still "
     "waits for a free core: the inference threads, the preprocessing pool and the load generator "
     "keep every core busy",
-)
+);
 # %% [markdown]
 # ### What the machine was doing
 #
@@ -354,7 +355,102 @@ lab.expect(
 
 # %%
 print(json.dumps(sampler.summary(), indent=1))
-plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concurrent_onnx.label}")
+plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concurrent_onnx.label}");
+# %% [markdown]
+# ## Threads are a resource: inference slots x threads per inference
+#
+# So far the service ran with its defaults. Two settings decide how it uses the CPU:
+#
+# - **inference slots** (`PREDICT_CONCURRENCY`): how many inferences may run at the same time;
+# - **threads per inference** (`INFERENCE_THREADS`): how many threads one inference spreads over
+#   (PyTorch's intra-op threads).
+#
+# Each running inference has its own team of threads, so the busy threads are the running
+# inferences times their threads. When they outnumber the cores, the teams take turns on the
+# cores, and every inference waits for the others. The lab's default never lets that happen: one
+# slot per core, and *elastic* threads: an inference gets the cores divided by the inferences
+# running when it starts. A request alone uses every core; under load, each slot has a core.
+# `/health` states the plan a service runs.
+#
+# The next cell starts the PyTorch service four times, each with one plan, on this machine
+# (locally, or in the Jupyter container on the node), and measures each one alone (one request at
+# a time) and under load (four senders per core).
+#
+# **Expectation.** On a CPU:
+#
+# 1. with more busy threads than cores, every request under load is slower than with any plan
+#    that fits the cores;
+# 2. a request alone is served faster with every core than with one;
+# 3. the elastic default gets the best of both: within 15% of the best plan alone and under load.
+#
+# On a GPU the model runs on the GPU, and these plans only change how the CPU shares its other
+# work: expect much smaller differences there.
+
+# %%
+from servelab.cores import available_cores
+
+cores = available_cores()
+crowded = max(2, cores)  # slots, each with every core: more busy threads than cores
+plans = {
+    f"1 slot x {cores} threads": (1, cores),
+    f"{cores} slots x 1 thread": (cores, 1),
+    f"{crowded} slots x {cores} threads": (crowded, cores),
+    "default (elastic)": (None, None),
+}
+senders = 4 * cores
+alone, loaded = {}, {}
+for name, (slots, threads) in plans.items():
+    with lab.fastapi_variant("pt", slots, threads) as variant_url:
+        plan_health = requests.get(f"{variant_url}/health", timeout=10).json()
+        print(f"{name}: {plan_health['threads']}")
+        alone[name] = lab.sequential("pt", url=variant_url, target=f"fastapi_pt, {name}")
+        loaded[name] = lab.concurrent("pt", senders, url=variant_url, target=f"fastapi_pt, {name}")
+device = plan_health["device"]
+print(f"\nThe model ran on {device}; this process may use {cores} core(s).")
+
+# %%
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.5), sharey=True)
+left.barh(list(plans), [alone[name].latency.p50_ms for name in plans], color="tab:blue")
+left.set_xlabel("p50 latency, one request at a time (ms)")
+right.barh(list(plans), [loaded[name].throughput_rps for name in plans], color="tab:orange")
+right.set_xlabel(f"throughput with {senders} senders (req/s)")
+left.invert_yaxis()
+fig.suptitle(f"fastapi_pt on {device}, {cores} core(s): inference slots x threads per inference")
+fig.tight_layout()
+plt.show()
+
+# %%
+fitting = [name for name, (slots, threads) in plans.items() if slots is None or slots * threads <= cores]
+crowded_name = f"{crowded} slots x {cores} threads"
+on = f"{cores} core(s), model on {device}"
+lab.expect(
+    "with more busy threads than cores, every request under load is slower than with any plan that fits",
+    held=all(loaded[crowded_name].latency.p50_ms > loaded[name].latency.p50_ms for name in fitting),
+    evidence=", ".join(f"{name}: p50 {loaded[name].latency.p50_ms:.0f} ms" for name in plans) + f" ({senders} senders)",
+    reason=f"on {on}, the crowded plan's extra threads found cores to run on"
+    + (": on a GPU the model's work is not on the CPU's threads" if device.startswith("cuda") else ""),
+)
+every_core, one_core = f"1 slot x {cores} threads", f"{cores} slots x 1 thread"
+lab.expect(
+    "a request alone is served faster with every core than with one",
+    held=alone[every_core].latency.p50_ms < alone[one_core].latency.p50_ms,
+    evidence=f"p50 {alone[every_core].latency.p50_ms:.1f} ms with {cores} threads vs "
+    f"{alone[one_core].latency.p50_ms:.1f} ms with 1 (one request at a time)",
+    reason=f"on {on}, a batch of one image leaves little for a second thread to do"
+    if cores > 1
+    else "with one core there is only one thread to give",
+)
+best_alone = min(result.latency.p50_ms for result in alone.values())
+best_loaded = max(result.throughput_rps for result in loaded.values())
+default = "default (elastic)"
+lab.expect(
+    "the elastic default is within 15% of the best plan, alone and under load",
+    held=alone[default].latency.p50_ms <= 1.15 * best_alone and loaded[default].throughput_rps >= best_loaded / 1.15,
+    evidence=f"alone: p50 {alone[default].latency.p50_ms:.1f} ms vs the best {best_alone:.1f} ms; "
+    f"under load: {loaded[default].throughput_rps:.1f} vs the best {best_loaded:.1f} req/s",
+    reason=f"runs on a shared machine move by 15-40% between measurements ({on})",
+);
+
 # %% [markdown]
 # ## Results
 #
@@ -365,9 +461,9 @@ plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concur
 # with Triton Inference Server: several model instances, and dynamic batching.
 
 # %%
-lab.table()
+lab.table();
 # %%
-plots.plot_latency_cdf(lab.results, log_x=True, title="FastAPI: latency per request, every run of this notebook")
+plots.plot_latency_cdf(lab.results, log_x=True, title="FastAPI: latency per request, every run of this notebook");
 # %% [markdown]
 # On Chameleon, bring this stack down before starting Triton in the next notebook (both use port 8000):
 #

@@ -74,7 +74,7 @@ for concurrency in (1, 8, 16):
         python_backend[f"c={concurrency}"] = lab.measure("food_classifier", concurrency=concurrency)
     if concurrency == 8:
         sampled[lab.served_instances("food_classifier")] = sampler.series()
-lab.breakdown(python_backend)
+lab.breakdown(python_backend);
 # %%
 claim = "queueing delay grows with concurrency while compute infer stays about the same"
 missing = [name for name, result in python_backend.items() if result is None]
@@ -286,7 +286,7 @@ onnx_scaled = {
     "c=8": lab.measure("food_classifier_onnx", concurrency=8),
     "c=16": lab.measure("food_classifier_onnx", concurrency=16),
 }
-lab.breakdown(onnx_scaled)
+lab.breakdown(onnx_scaled);
 # %% [markdown]
 # Compare the queue column with the compute column at 16 clients. When requests arrive faster
 # than the instances can serve them, the average request spends longer waiting in the queue
@@ -356,7 +356,7 @@ arrivals = {
     distribution: lab.measure("food_classifier_onnx", rate=rates[0], distribution=distribution)
     for distribution in ("constant", "poisson")
 }
-lab.breakdown(arrivals)
+lab.breakdown(arrivals);
 claim = "Poisson arrivals queue more than constant arrivals at the same average rate"
 missing = [name for name, result in arrivals.items() if result is None]
 if missing:
@@ -405,7 +405,7 @@ def poisson_sweep() -> dict:
 
 
 without_batching = poisson_sweep()
-lab.breakdown({name: result for name, (result, _) in without_batching.items()})
+lab.breakdown({name: result for name, (result, _) in without_batching.items()});
 # %% [markdown]
 # Now we turn dynamic batching on. The block we add says: batches of 4, 6 or 8 are preferred,
 # and a request may be held back for at most 100 microseconds waiting for others to join its
@@ -419,7 +419,7 @@ lab.apply_config("food_classifier_onnx", batching)
 print("dynamic_batching in the served config:", lab.served_config("food_classifier_onnx").get("dynamic_batching"))
 
 with_batching = poisson_sweep()
-lab.breakdown({name: result for name, (result, _) in with_batching.items()})
+lab.breakdown({name: result for name, (result, _) in with_batching.items()});
 # %% [markdown]
 # How many executions ran at each batch size? Every client sent a single image per request, so
 # any execution with a batch larger than 1 was formed by the server:
@@ -510,7 +510,7 @@ lab.restore_config("food_classifier")
 
 # %%
 lab.table()
-lab.verdicts()
+lab.verdicts();
 # %% [markdown]
 # Finally, the closed-loop runs side by side: latency percentiles (left) and throughput (right)
 # against the number of clients, one colour per model and instance count.

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from servelab import paths
 from servelab.food11 import IMAGE_SIZE, LABELS, WEIGHTS_INFO_SUFFIX
-from servelab.models import ENTRIES
+from servelab.models import ENTRIES, SHARED_MODULES
 
 log = logging.getLogger(__name__)
 
@@ -254,13 +254,14 @@ def placements(built: BuiltArtifacts) -> list[tuple[Path, Path]]:
         (built.onnx, paths.FASTAPI_ONNX_DIR / "food11.onnx"),
         *(
             (shared / module, folder / module)
-            for module in ("food11.py", "predict_api.py")
+            for module in ("food11.py", "cores.py", "predict_api.py")
             for folder in (paths.FASTAPI_PT_DIR, paths.FASTAPI_ONNX_DIR)
         ),
         (shared / "food11.py", paths.GOURMETGRAM_DIR / "food11.py"),
     ]
     # Each Triton model's generated files, as its registry entry lists them, in its version 1.
-    generated = {"pytorch weights": built.pth, "onnx graph": built.onnx, "food11.py": shared / "food11.py"}
+    generated = {"pytorch weights": built.pth, "onnx graph": built.onnx}
+    generated |= {module: shared / module for module in SHARED_MODULES}
     for name, entry in ENTRIES.items():
         for file_name, kind in entry.artifacts.items():
             if kind not in generated:

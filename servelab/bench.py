@@ -2,27 +2,31 @@
 
     python -m servelab bench [--profile full|quick] [--out DIR]     (make bench / make bench-quick)
 
-1. The in-process limit (servelab.inprocess) for PyTorch and ONNX Runtime: the ceiling.
+1. The in-process ceilings (servelab.inprocess): for PyTorch and ONNX Runtime, with decoding and
+   (ONNX, as Triton's ONNX model serves it) without, the best of a small sweep of thread plans,
+   for one request in flight and for many.
 2. FastAPI PyTorch, FastAPI ONNX, Triton `food_classifier` (Python backend) and Triton
    `food_classifier_onnx`, each at concurrency 1, 8 and 16, with the lab's load generator
-   (closed loop), sampling CPU/GPU during each run and reading Triton's statistics around it.
-3. A check that the load generator is not the bottleneck: at concurrency 8 against
-   `food_classifier_onnx`, its throughput and p50 beside perf_analyzer's, measured in this run.
+   (closed loop), sampling CPU/GPU during each run and reading Triton's statistics around it;
+   and the naive reference apps (servelab.naive_service) at the highest concurrency.
+3. The load generator against perf_analyzer: at concurrency 8 against `food_classifier_onnx`,
+   alternating, with the CPU each tool spent per request.
 
-Writes results.json, report.md and PNG plots to a new folder under results/ (git-ignored).
-Speed is never asserted here: this reports what the machine did.
+Writes results.json, report.md (servelab.bench_report) and PNG plots to a new folder under
+results/ (git-ignored). Speed is never asserted here: this reports what the machine did.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import platform
+import resource
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -30,20 +34,20 @@ from pathlib import Path
 
 import requests
 
-from servelab import artifacts, inprocess, loadgen, paths, perf_analyzer, plots, triton_stats
+from servelab import artifacts, bench_report, inprocess, loadgen, paths, perf_analyzer, triton_stats
+from servelab.cores import available_cores, thread_plan
 from servelab.environment import machine_info
 from servelab.models import ModelRepository
 from servelab.profiles import PROFILES, Profile
 from servelab.resources import ResourceSampler
 from servelab.results import RunResult, save_results
-from servelab.stack import LocalStack, Ports, fastapi_service, triton_service
+from servelab.stack import LocalStack, Ports, ServiceSpec, fastapi_service, triton_service
 
 log = logging.getLogger(__name__)
 
 RESULTS_DIR = paths.REPO_ROOT / "results"
 AGREEMENT_MODEL = "food_classifier_onnx"
 AGREEMENT_CONCURRENCY = 8
-AGREEMENT_LIMITS = {"throughput": 0.10, "p50": 0.15}
 
 
 @dataclass(frozen=True)
@@ -65,13 +69,9 @@ class Endpoints:
 class ServedTarget:
     name: str
     kind: str  # loadgen target kind
-    model: str | None
-    runtime: str  # which in-process limit it is compared with
-
-    def address(self, endpoints: Endpoints) -> str:
-        return {"fastapi_pt": endpoints.fastapi_pt, "fastapi_onnx": endpoints.fastapi_onnx}.get(
-            self.name, endpoints.triton_http
-        )
+    model: str | None  # Triton model
+    runtime: str  # the in-process ceiling it is compared with: its runtime...
+    decode: bool = True  # ...and whether the server decodes images (or gets tensors)
 
 
 TARGETS = (
@@ -80,28 +80,29 @@ TARGETS = (
     ServedTarget("triton/food_classifier", "triton-http", "food_classifier", "pytorch"),
     # Its clients send tensors they preprocessed themselves (here: once), so it is compared with
     # inference alone.
-    ServedTarget("triton/food_classifier_onnx", "triton-http", "food_classifier_onnx", "onnxruntime-inference-only"),
+    ServedTarget("triton/food_classifier_onnx", "triton-http", "food_classifier_onnx", "onnxruntime", decode=False),
 )
-# (runtime, decode per request?) for each in-process limit
-BASELINES = {
-    "pytorch": ("pytorch", True),
-    "onnxruntime": ("onnxruntime", True),
-    "onnxruntime-inference-only": ("onnxruntime", False),
-}
+# The naive reference apps, measured at the highest concurrency only.
+NAIVE = {"pytorch": "naive/pytorch", "onnxruntime": "naive/onnxruntime"}
+# (runtime, decode) of every ceiling: each is swept for one request in flight and for many.
+CEILINGS = (("pytorch", True), ("onnxruntime", True), ("onnxruntime", False))
+
+
+def ceiling_key(runtime: str, decode: bool, in_flight: str) -> str:
+    """A ceiling's name in the results and the report, e.g. "pytorch, decode, many"."""
+    return f"{runtime}, {'decode' if decode else 'inference only'}, {in_flight}"
+
+
+def address(target: ServedTarget, endpoints: Endpoints) -> str:
+    return {"fastapi_pt": endpoints.fastapi_pt, "fastapi_onnx": endpoints.fastapi_onnx}.get(
+        target.name, endpoints.triton_http
+    )
 
 
 def runtime_versions(endpoints: Endpoints) -> dict:
     versions = {"python": platform.python_version()}
-    for package in (
-        "torch",
-        "torchvision",
-        "onnxruntime",
-        "numpy",
-        "fastapi",
-        "uvicorn",
-        "tritonclient",
-        "nvidia-pytriton",
-    ):
+    packages = ("torch", "torchvision", "onnxruntime", "numpy", "fastapi", "uvicorn", "tritonclient", "nvidia-pytriton")
+    for package in packages:
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[package] = metadata.version(package)
     with contextlib.suppress(requests.RequestException, ValueError):
@@ -110,12 +111,31 @@ def runtime_versions(endpoints: Endpoints) -> dict:
     return versions
 
 
-def _measure(target: ServedTarget, endpoints: Endpoints, concurrency: int, profile: Profile, image: bytes) -> RunResult:
-    stats = triton_stats.measure(endpoints.triton_http, target.model) if target.model else contextlib.nullcontext()
+def thread_plans(endpoints: Endpoints) -> dict[str, str]:
+    """How each service uses the cores: FastAPI says so in /health; a Triton model's instances
+    each compute their share with servelab/cores.py, as shown here, and log it."""
+    plans = {}
+    for name in ("fastapi_pt", "fastapi_onnx"):
+        with contextlib.suppress(requests.RequestException, ValueError, KeyError):
+            plans[name] = requests.get(f"{getattr(endpoints, name)}/health", timeout=5).json()["threads"]
+    for target in TARGETS:
+        if target.model:
+            with contextlib.suppress(requests.RequestException, ValueError):
+                config = requests.get(f"http://{endpoints.triton_http}/v2/models/{target.model}/config", timeout=5)
+                instances = sum(group["count"] for group in config.json().get("instance_group", []))
+                plan = thread_plan(slots=instances, separate_processes=True, given_by=f"{instances} instance(s)")
+                plans[target.name] = plan.describe()
+    return plans
+
+
+def _measure(
+    target: ServedTarget, url: str, triton: str, concurrency: int, profile: Profile, image: bytes
+) -> RunResult:
+    stats = triton_stats.measure(triton, target.model) if target.model else contextlib.nullcontext()
     with ResourceSampler() as sampler, stats as stats_window:
         result = loadgen.closed_loop(
             target.kind,
-            target.address(endpoints),
+            url,
             model=target.model,
             image_bytes=image,
             concurrency=concurrency,
@@ -129,57 +149,94 @@ def _measure(target: ServedTarget, endpoints: Endpoints, concurrency: int, profi
     return result
 
 
+def _ceilings(profile: Profile) -> dict[str, inprocess.Ceiling]:
+    """Every ceiling's sweep. Half the load points' duration each: the sweep has many points."""
+    found = {}
+    for runtime, decode in CEILINGS:
+        for in_flight, pipelined in (("one", False), ("many", True)):
+            log.info("in-process ceiling: %s", ceiling_key(runtime, decode, in_flight))
+            found[ceiling_key(runtime, decode, in_flight)] = inprocess.sweep(
+                runtime, pipelined, profile.duration_s / 2, profile.warmup_s, decode
+            )
+    return found
+
+
+def _naive(profile: Profile, image: bytes, log_dir: Path) -> list[RunResult]:
+    """The naive reference apps at the highest concurrency, each started for its run."""
+    results = []
+    concurrency = max(profile.concurrencies)
+    for runtime, name in NAIVE.items():
+        port = Ports.free().fastapi_pt
+        command = [sys.executable, "-m", "uvicorn", "servelab.naive_service:app", "--host", "127.0.0.1"]
+        spec = ServiceSpec(
+            name.replace("/", "_"), [*command, "--port", str(port)], paths.REPO_ROOT, [port],
+            f"http://127.0.0.1:{port}/health", env={"NAIVE_RUNTIME": runtime},
+        )  # fmt: skip
+        with LocalStack([spec], log_dir=log_dir):
+            log.info("%s at concurrency %d", name, concurrency)
+            target = ServedTarget(name, "fastapi", None, runtime)
+            results.append(_measure(target, f"http://127.0.0.1:{port}", "", concurrency, profile, image))
+    return results
+
+
+def _counted(run, triton: str) -> tuple[RunResult, int, float, float]:
+    """Run `run()`; return its result, the requests Triton answered meanwhile, and the CPU
+    seconds this process and its finished children spent meanwhile."""
+    own, children = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    with triton_stats.measure(triton, AGREEMENT_MODEL) as stats:
+        result = run()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child_s = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
+    return result, stats.delta.success_count + stats.delta.fail_count, time.process_time() - own, child_s
+
+
 def _agreement(endpoints: Endpoints, profile: Profile, image: bytes) -> dict:
     """The load generator and perf_analyzer, alternately, against the same model at the same load.
 
     Single runs on a busy 2-core machine differ by more than the tolerances, whoever measures,
-    so the tools take turns `profile.agreement_pairs` times and their medians are compared.
+    so the tools take turns `profile.agreement_pairs` times and their medians are compared. Each
+    run's CPU is divided by the requests Triton answered during it (warm-up and every trial
+    window included), so the two tools' costs per request compare fairly.
     """
-    target = next(t for t in TARGETS if t.model == AGREEMENT_MODEL)
-    generator, reference = [], []
+    generator, reference, generator_cpu, reference_cpu = [], [], [], []
     for _ in range(profile.agreement_pairs):
-        generator.append(
-            loadgen.closed_loop(
-                target.kind,
-                target.address(endpoints),
-                model=target.model,
-                image_bytes=image,
-                concurrency=AGREEMENT_CONCURRENCY,
-                duration_s=profile.duration_s / 2,
-                warmup_s=profile.warmup_s,
+        result, answered, own_s, _ = _counted(
+            lambda: loadgen.closed_loop(
+                "triton-http", endpoints.triton_http, model=AGREEMENT_MODEL, image_bytes=image,
+                concurrency=AGREEMENT_CONCURRENCY, duration_s=profile.duration_s / 2, warmup_s=profile.warmup_s,
                 progress=False,
-            )
-        )
-        reference.append(
-            perf_analyzer.run(
-                endpoints.triton_http,
-                AGREEMENT_MODEL,
-                concurrency=AGREEMENT_CONCURRENCY,
-                measurement_interval_ms=int(profile.duration_s * 1000 / 4),
-                stability_percentage=25,
+            ),
+            endpoints.triton_http,
+        )  # fmt: skip
+        generator.append(result)
+        generator_cpu.append(own_s / answered)
+        result, answered, _, child_s = _counted(
+            lambda: perf_analyzer.run(
+                endpoints.triton_http, AGREEMENT_MODEL, concurrency=AGREEMENT_CONCURRENCY,
+                measurement_interval_ms=int(profile.duration_s * 1000 / 4), stability_percentage=25,
                 **ModelRepository().get(AGREEMENT_MODEL).perf_analyzer_input(image, paths.LAB_DIR),
-            ).results[0]
-        )
-    median = statistics.median
-    ours = {
-        "throughput_rps": median(r.throughput_rps for r in generator),
-        "p50_ms": median(r.latency.p50_ms for r in generator),
-    }
-    theirs = {
-        "throughput_rps": median(r.throughput_rps for r in reference),
-        "p50_ms": median(r.latency.p50_ms for r in reference),
-    }
-    throughput_gap = abs(ours["throughput_rps"] / theirs["throughput_rps"] - 1)
-    p50_gap = abs(ours["p50_ms"] / theirs["p50_ms"] - 1)
+            ).results[0],
+            endpoints.triton_http,
+        )  # fmt: skip
+        reference.append(result)
+        reference_cpu.append(child_s / answered)
+
+    def medians(runs: list[RunResult], cpu: list[float]) -> dict:
+        return {
+            "throughput_rps": statistics.median(r.throughput_rps for r in runs),
+            "p50_ms": statistics.median(r.latency.p50_ms for r in runs),
+            "cpu_ms_per_request": 1000 * statistics.median(cpu),
+        }
+
+    ours, theirs = medians(generator, generator_cpu), medians(reference, reference_cpu)
     return {
         "model": AGREEMENT_MODEL,
         "concurrency": AGREEMENT_CONCURRENCY,
         "pairs": profile.agreement_pairs,
         "loadgen": ours,
         "perf_analyzer": theirs,
-        "throughput_gap": throughput_gap,
-        "p50_gap": p50_gap,
-        "within_limits": throughput_gap <= AGREEMENT_LIMITS["throughput"] and p50_gap <= AGREEMENT_LIMITS["p50"],
+        "throughput_gap": abs(ours["throughput_rps"] / theirs["throughput_rps"] - 1),
+        "p50_gap": abs(ours["p50_ms"] / theirs["p50_ms"] - 1),
         "runs": {"loadgen": [r.to_dict() for r in generator], "perf_analyzer": [r.to_dict() for r in reference]},
     }
 
@@ -197,6 +254,8 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
     built = artifacts.ensure_artifacts()
     image = paths.SAMPLE_IMAGE.read_bytes()
 
+    # The ceilings first, before any load: in-process work has the machine to itself.
+    ceilings = _ceilings(profile)
     with contextlib.ExitStack() as cleanup:
         if endpoints is None:
             ports = Ports.free()
@@ -213,111 +272,39 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
             endpoints = Endpoints.of(ports)
 
         results: list[RunResult] = []
-        baselines: dict[str, float] = {}
-        for name, (runtime, decode) in BASELINES.items():
-            log.info("in-process limit, %s", name)
-            with ResourceSampler() as sampler:
-                baseline = inprocess.run_pipeline(runtime, image, profile.duration_s, profile.warmup_s, decode=decode)
-            baseline.resources = sampler.series()
-            baselines[name] = baseline.throughput_rps
-            results.append(baseline)
-
         for target in TARGETS:
             for concurrency in profile.concurrencies:
                 log.info("%s at concurrency %d", target.name, concurrency)
-                results.append(_measure(target, endpoints, concurrency, profile, image))
-
+                results.append(
+                    _measure(target, address(target, endpoints), endpoints.triton_http, concurrency, profile, image)
+                )
         log.info("load generator vs perf_analyzer, %d alternating pairs", profile.agreement_pairs)
         agreement = _agreement(endpoints, profile, image)
-        metadata_ = {
+        meta = {
             "profile": profile_name,
             "profile_settings": {"duration_s": profile.duration_s, "warmup_s": profile.warmup_s},
-            "machine": machine_info(),
+            "machine": {**machine_info(), "cores_available": available_cores()},
             "versions": runtime_versions(endpoints),
             "weights": built.weights_info,
             "payload": {"image": paths.SAMPLE_IMAGE.name, "bytes": len(image)},
-            "baselines_rps": baselines,
+            "thread_plans": thread_plans(endpoints),
             "agreement": agreement,
         }
-    save_results(results, out_dir / "results.json", metadata_)
-    write_report(results, metadata_, {t.name: t.runtime for t in TARGETS}, out_dir)
+    results += _naive(profile, image, out_dir / "logs")
+    # The machine's speed drifts during a run: each ceiling's winning plan is measured once more at
+    # the end, and the better of the two measurements is the ceiling.
+    for key, ceiling in ceilings.items():
+        log.info("in-process ceiling again: %s, %s", key, ceiling.plan.name)
+        ceiling.measure_again(profile.duration_s / 2, profile.warmup_s)
+    for key, ceiling in ceilings.items():
+        for point in ceiling.points:
+            point.notes.append(f"ceiling: {key}" + (" (best)" if point is ceiling.best else ""))
+            results.append(point)
+    meta["ceilings_rps"] = {key: ceiling.best.throughput_rps for key, ceiling in ceilings.items()}
+    save_results(results, out_dir / "results.json", meta)
+    bench_report.write_report(results, meta, out_dir)
     log.info("benchmark report: %s", out_dir / "report.md")
     return out_dir
-
-
-def write_report(results: list[RunResult], meta: dict, runtime_of: dict[str, str], out_dir: Path) -> Path:
-    served = [r for r in results if r.tool != "in-process"]
-    plots.plot_latency_throughput_vs_concurrency(served, out_dir / "latency_throughput.png")
-    busiest = max(r.concurrency for r in served)
-    plots.plot_latency_cdf([r for r in served if r.concurrency == busiest], out_dir / "latency_cdf.png")
-    triton_runs = [r for r in served if r.triton_stats]
-    plots.plot_batch_sizes(
-        {r.label: r.triton_stats for r in triton_runs if r.concurrency == busiest}, path=out_dir / "batch_sizes.png"
-    )
-    heaviest = max(served, key=lambda r: r.throughput_rps)
-    plots.plot_resources(heaviest.resources, out_dir / "resources.png", title=f"Resources during {heaviest.label}")
-
-    baseline_of = {r.target: meta["baselines_rps"][runtime_of[r.target]] for r in served}
-    baseline_of.update({r.target: r.throughput_rps for r in results if r.tool == "in-process"})
-    weights = meta["weights"]
-    agreement = meta["agreement"]
-    machine = meta["machine"]
-    lines = [
-        f"# Headline benchmark ({meta['profile']} profile)",
-        "",
-        f"- Machine: {machine['cpu']}, {machine['cores']} cores; GPU: {', '.join(machine['gpus'])}",
-        f"- Weights: **{weights['weights']}**"
-        + (
-            ""
-            if weights["weights"] == "trained"
-            else " (serving cost is that of a trained model; the predicted labels are not meaningful)"
-        ),
-        "- Versions: " + ", ".join(f"{name} {version}" for name, version in meta["versions"].items()),
-        f"- Each load point: {meta['profile_settings']['warmup_s']:g} s warm-up, then "
-        f"{meta['profile_settings']['duration_s']:g} s measured; closed loop (each sender sends its next "
-        f"request when the last one is answered); payload {meta['payload']['image']} "
-        f"({meta['payload']['bytes']} bytes).",
-        "- 'vs in-process' is throughput as a fraction of the in-process limit of the same work: "
-        "PyTorch with decoding for fastapi_pt and food_classifier, ONNX Runtime with decoding for "
-        "fastapi_onnx, ONNX Runtime inference alone for food_classifier_onnx (its clients send "
-        "preprocessed tensors).",
-        "",
-        plots.results_table(results, baseline_of),
-        "",
-        "## Is the load generator the bottleneck?",
-        "",
-        f"Against Triton `{agreement['model']}` at concurrency {agreement['concurrency']}, in this run, "
-        f"the two tools took turns {agreement['pairs']} time(s); medians:",
-        "",
-        "| tool | throughput (req/s) | p50 (ms) |",
-        "| --- | ---: | ---: |",
-        f"| servelab.loadgen | {agreement['loadgen']['throughput_rps']:.1f} | {agreement['loadgen']['p50_ms']:.1f} |",
-        f"| perf_analyzer | {agreement['perf_analyzer']['throughput_rps']:.1f} "
-        f"| {agreement['perf_analyzer']['p50_ms']:.1f} |",
-        "",
-        f"Throughput differs by {agreement['throughput_gap']:.1%} (limit {AGREEMENT_LIMITS['throughput']:.0%}), "
-        f"p50 by {agreement['p50_gap']:.1%} (limit {AGREEMENT_LIMITS['p50']:.0%}): "
-        + (
-            "**they agree**, so the generator is not what limits these numbers."
-            if agreement["within_limits"]
-            else "**they do not agree within the limits**; treat the generator's numbers for this machine with care."
-        ),
-        "",
-        "## Plots",
-        "",
-        "![latency and throughput vs concurrency](latency_throughput.png)",
-        "",
-        f"![latency CDF at concurrency {busiest}](latency_cdf.png)",
-        "",
-        "![Triton executions per batch size](batch_sizes.png)",
-        "",
-        "![resource utilization](resources.png)",
-        "",
-    ]
-    report = out_dir / "report.md"
-    report.write_text("\n".join(lines))
-    (out_dir / "metadata.json").write_text(json.dumps(meta, indent=1, default=str))
-    return report
 
 
 def main(argv: list[str] | None = None) -> int:

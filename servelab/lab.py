@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import logging
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,6 +173,22 @@ class Lab:
             )
         return self.fastapi_urls[flavor]
 
+    @contextlib.contextmanager
+    def fastapi_variant(self, flavor: str, slots: int | None = None, threads: int | None = None) -> Iterator[str]:
+        """A private FastAPI service of `flavor` with `slots` inference slots (PREDICT_CONCURRENCY)
+        and `threads` threads per inference (INFERENCE_THREADS); None keeps the default. It runs on
+        127.0.0.1 of the machine this notebook runs on (locally, or in the Jupyter container on
+        the node, next to the GPU), for the `with` block: `with lab.fastapi_variant("pt", 2, 1) as url:`."""
+        env = {
+            name: str(value)
+            for name, value in (("PREDICT_CONCURRENCY", slots), ("INFERENCE_THREADS", threads))
+            if value is not None
+        }
+        port = Ports.free().fastapi_pt
+        work = NOTEBOOK_STACK_DIR / f"variant-{os.getpid()}"
+        with LocalStack([fastapi_service(flavor, port, env=env)], log_dir=work / "logs"):
+            yield f"http://127.0.0.1:{port}"
+
     def _triton(self) -> str:
         if not self.triton_http:
             raise RuntimeError("This notebook connected without Triton (Lab.connect(triton=False)).")
@@ -184,30 +201,33 @@ class Lab:
         response.raise_for_status()
         return response.json()
 
-    def sequential(self, flavor: str) -> RunResult:
-        """One request at a time, as many as the profile says: the latency without queueing."""
+    def sequential(self, flavor: str, url: str | None = None, target: str | None = None) -> RunResult:
+        """One request at a time, as many as the profile says: the latency without queueing.
+        Against the `flavor` service, or the one at `url`, recorded as `target`."""
         result = loadgen.closed_loop(
             "fastapi",
-            self.fastapi_url(flavor),
+            url or self.fastapi_url(flavor),
             concurrency=1,
             requests=self.profile.sequential_requests,
             warmup_requests=3,
             image_bytes=self.sample_image(),
             progress=False,
         )
-        return self._keep(result, f"fastapi_{flavor}")
+        return self._keep(result, target or f"fastapi_{flavor}")
 
-    def concurrent(self, flavor: str, concurrency: int) -> RunResult:
+    def concurrent(self, flavor: str, concurrency: int, url: str | None = None, target: str | None = None) -> RunResult:
+        """`concurrency` senders for the profile's duration, against the `flavor` service (or the
+        one at `url`, recorded as `target`)."""
         result = loadgen.closed_loop(
             "fastapi",
-            self.fastapi_url(flavor),
+            url or self.fastapi_url(flavor),
             concurrency=concurrency,
             duration_s=self.profile.duration_s,
             warmup_s=self.profile.warmup_s,
             image_bytes=self.sample_image(),
             progress=False,
         )
-        return self._keep(result, f"fastapi_{flavor}")
+        return self._keep(result, target or f"fastapi_{flavor}")
 
     def perf(
         self,

@@ -29,6 +29,9 @@ import numpy as np
 from servelab import food11, paths
 from servelab.triton_config import ConfigError, TritonConfig, backend_of
 
+# The lab's modules a model's own code may import, copied beside it: preprocessing, thread plans.
+SHARED_MODULES = ("food11.py", "cores.py")
+
 # How a photo becomes a request, for the models that classify photos.
 IMAGE_FILE = "image file"  # the file's bytes, base64-encoded, in a BYTES input: the model decodes it
 PREPROCESSED = "preprocessed tensor"  # FP32 [3, 224, 224], decoded and normalised by the client
@@ -41,7 +44,7 @@ class LabEntry:
     description: str
     image_request: str | None = None  # IMAGE_FILE or PREPROCESSED; None: not a photo classifier
     # Generated files `make artifacts` places in the version folder: file name -> what it is
-    # ("pytorch weights", "onnx graph" or "food11.py", the shared preprocessing module).
+    # ("pytorch weights", "onnx graph", or one of the SHARED_MODULES, copied from servelab/).
     artifacts: Mapping[str, str] = field(default_factory=dict)
     weights_file: str | None = None  # the artifact whose weights record the served config reports
 
@@ -50,7 +53,7 @@ ENTRIES: dict[str, LabEntry] = {
     "food_classifier": LabEntry(
         "MobileNetV2 (PyTorch) in the Python backend: an image file in, its label and probability out",
         image_request=IMAGE_FILE,
-        artifacts={"food11.pth": "pytorch weights", "food11.py": "food11.py"},
+        artifacts={"food11.pth": "pytorch weights", "food11.py": "food11.py", "cores.py": "cores.py"},
         weights_file="food11.pth",
     ),
     "food_classifier_onnx": LabEntry(

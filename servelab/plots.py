@@ -392,10 +392,14 @@ def _errors(result: RunResult) -> str:
     return f"{result.error_count} ({kinds})"
 
 
-def results_table(results: Sequence[RunResult], baseline_rps: float | Mapping[str, float] | None = None) -> str:
+def results_table(
+    results: Sequence[RunResult],
+    baseline_rps: float | Mapping[str, float] | Callable[[RunResult], float | None] | None = None,
+    baseline_heading: str = "vs in-process",
+) -> str:
     """A Markdown table, one row per result; with `baseline_rps` (the in-process throughput), a
     last column gives each throughput as a percentage of it. A mapping gives each target its own
-    baseline (a PyTorch service against in-process PyTorch, say)."""
+    baseline (a PyTorch service against in-process PyTorch, say), a function each row its own."""
     # (heading, Markdown alignment): numbers are right-aligned so their digits line up.
     columns = [
         ("target", "---"),
@@ -408,11 +412,16 @@ def results_table(results: Sequence[RunResult], baseline_rps: float | Mapping[st
         ("p99 (ms)", "---:"),
         ("errors", "---"),
     ]
-    baselines = baseline_rps if isinstance(baseline_rps, Mapping) else None
+    if isinstance(baseline_rps, Mapping):
+        baseline_of = lambda result: baseline_rps.get(result.target)  # noqa: E731
+    elif callable(baseline_rps):
+        baseline_of = baseline_rps
+    else:
+        baseline_of = lambda result: baseline_rps  # noqa: E731
     if baseline_rps is not None:
-        if any(value <= 0 for value in (baselines.values() if baselines else [baseline_rps])):
+        if any((value := baseline_of(result)) is not None and value <= 0 for result in results):
             raise ValueError("baseline_rps must be positive")
-        columns.append(("vs in-process", "---:"))
+        columns.append((baseline_heading, "---:"))
     lines = [
         "| " + " | ".join(heading for heading, _ in columns) + " |",
         "|" + "|".join(alignment for _, alignment in columns) + "|",
@@ -430,7 +439,7 @@ def results_table(results: Sequence[RunResult], baseline_rps: float | Mapping[st
             _errors(result),
         ]
         if baseline_rps is not None:
-            baseline = baselines.get(result.target) if baselines else baseline_rps
+            baseline = baseline_of(result)
             cells.append(f"{100 * result.throughput_rps / baseline:.0f}%" if baseline else "n/a")
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines) + "\n"

@@ -1,17 +1,23 @@
 """The HTTP side of a Food-11 prediction service, shared by the PyTorch and the ONNX FastAPI apps.
 
-Each app loads its own model and hands `create_app` a `ServedModel` whose `run` turns a batch
-[N, 3, 224, 224] into logits [N, 11]. Everything else (request and response schemas, error
-codes, the request size limit, where decoding and inference run) is defined here once.
-`python -m servelab artifacts` copies this file into each service folder; edit it here.
+Each app hands `create_app` a `ServedModel` whose `load` builds the model and returns a function
+that turns a batch [N, 3, 224, 224] into logits [N, 11]. Everything else (request and response
+schemas, error codes, the request size limit, where decoding and inference run, how many
+threads) is defined here once. `python -m servelab artifacts` copies this file into each
+service folder; edit it here.
 
 Where the work runs, and why:
-- Base64 and image decoding plus preprocessing run in a thread pool, off the event loop, so a
-  slow decode never blocks other requests from being accepted, and several decodes can overlap
-  with an inference in progress.
-- Only the model call is guarded, by a semaphore of PREDICT_CONCURRENCY slots (default 1), and
-  runs in a pool of that many threads. Requests beyond that wait for a slot: that wait is the
-  queueing delay the lab measures.
+- Base64 and image decoding plus preprocessing run in a thread pool (PREPROCESS_WORKERS), off
+  the event loop, so a slow decode never blocks other requests from being accepted, and a decode
+  can overlap with an inference in progress.
+- Only the model call is guarded, by a semaphore of PREDICT_CONCURRENCY slots, and runs in a
+  pool of that many threads. Requests beyond that wait for a slot: that wait is the queueing
+  delay the lab measures.
+- Threads are a resource (cores.py): by default there is one slot per core, and an inference
+  gets the cores divided by the inferences running when it starts (a lone request uses every
+  core; under load each slot has one), so the busy threads never outnumber the cores. The model
+  is built on an inference thread, so that no other thread ever starts a team of threads for it:
+  a second, idle team slows every inference of the first.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from cores import ThreadPlan, thread_plan
 from fastapi import FastAPI, HTTPException, status
 from food11 import InvalidImageError, decode_base64_image, preprocess, read_weights_info, top_prediction
 from pydantic import BaseModel, Field
@@ -37,8 +44,10 @@ log = logging.getLogger("food11.service")
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
-def _positive_int_from_env(name: str, default: int) -> int:
-    raw = os.environ.get(name, str(default))
+def _positive_int_from_env(name: str, default: int | None) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
     try:
         value = int(raw)
     except ValueError:
@@ -48,14 +57,18 @@ def _positive_int_from_env(name: str, default: int) -> int:
     return value
 
 
+def _thread_plan_from_env(device: str) -> ThreadPlan:
+    try:
+        return thread_plan(device=device)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
 @dataclass
 class ServiceSettings:
     """Tunables read from the environment at start-up."""
 
-    predict_concurrency: int = field(default_factory=lambda: _positive_int_from_env("PREDICT_CONCURRENCY", 1))
-    preprocess_workers: int = field(
-        default_factory=lambda: _positive_int_from_env("PREPROCESS_WORKERS", os.cpu_count() or 1)
-    )
+    preprocess_workers: int | None = field(default_factory=lambda: _positive_int_from_env("PREPROCESS_WORKERS", None))
     max_request_bytes: int = field(
         default_factory=lambda: _positive_int_from_env("MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES)
     )
@@ -67,8 +80,18 @@ class ServedModel:
 
     model_file: Path
     runtime: str
-    device: str
-    run: Callable[[np.ndarray], np.ndarray]
+    device: str  # "cpu", or "cuda (<GPU name>)"
+    # Builds the model for a thread plan and returns run(batch, threads) -> logits, which runs the
+    # batch with that many intra-op threads (one of plan.thread_counts()). Called once, on an
+    # inference thread.
+    load: Callable[[ThreadPlan], Callable[[np.ndarray, int], np.ndarray]]
+
+
+def default_preprocess_workers(device: str, plan: ThreadPlan) -> int:
+    """On a CPU, one decoding thread: a decode costs a fraction of an inference, and every extra
+    thread would take cores from the inference threads. On a GPU, decoding is the CPU's main
+    work, so it gets every core."""
+    return plan.cores if device.startswith("cuda") else 1
 
 
 class PredictRequest(BaseModel):
@@ -91,7 +114,10 @@ class HealthResponse(BaseModel):
     weights_note: str
     runtime: str
     device: str
-    predict_concurrency: int
+    predict_concurrency: int = Field(..., description="Inference slots: inferences that run at once.")
+    inference_threads: int = Field(..., description="Threads each inference uses (intra-op threads).")
+    cores: int = Field(..., description="Cores this process may use (CPU affinity and container quota).")
+    threads: str = Field(..., description="The thread plan in words, and what chose it.")
     preprocess_workers: int
     max_request_bytes: int
 
@@ -154,23 +180,28 @@ def _decode_and_preprocess(encoded: str) -> np.ndarray:
 
 def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
     settings = ServiceSettings()
+    plan = _thread_plan_from_env(model.device)  # PREDICT_CONCURRENCY, INFERENCE_THREADS
+    preprocess_workers = settings.preprocess_workers or default_preprocess_workers(model.device, plan)
     weights = read_weights_info(model.model_file)
     weights_note = weights.get("note", "")
     if weights.get("weights") != "trained":
         log.warning("Serving %s with %s weights: %s", model.model_file.name, weights.get("weights"), weights_note)
-    preprocess_pool = ThreadPoolExecutor(settings.preprocess_workers, thread_name_prefix="preprocess")
-    inference_pool = ThreadPoolExecutor(settings.predict_concurrency, thread_name_prefix="inference")
-    inference_slots = asyncio.Semaphore(settings.predict_concurrency)
+    (log.warning if plan.oversubscribed else log.info)("threads: %s", plan.describe())
+    preprocess_pool = ThreadPoolExecutor(preprocess_workers, thread_name_prefix="preprocess")
+    inference_pool = ThreadPoolExecutor(plan.slots, thread_name_prefix="inference")
+    inference_slots = asyncio.Semaphore(plan.slots)
+    run_model = inference_pool.submit(model.load, plan).result()
+    running = 0  # inferences running now; changed on the event loop only
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         log.info(
-            "%s on %s (%s), predict_concurrency=%d, preprocess_workers=%d",
+            "%s on %s (%s), %s, preprocess_workers=%d",
             model.model_file.name,
             model.device,
             model.runtime,
-            settings.predict_concurrency,
-            settings.preprocess_workers,
+            plan.describe(),
+            preprocess_workers,
         )
         yield
         preprocess_pool.shutdown(cancel_futures=True)
@@ -189,20 +220,24 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
         },
     )
     async def predict(request: PredictRequest) -> PredictResponse:
+        nonlocal running
         loop = asyncio.get_running_loop()
         try:
             batch = await loop.run_in_executor(preprocess_pool, _decode_and_preprocess, request.image)
         except InvalidImageError as exc:
             raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
         async with inference_slots:
+            running += 1
             try:
-                logits = await loop.run_in_executor(inference_pool, model.run, batch)
+                logits = await loop.run_in_executor(inference_pool, run_model, batch, plan.threads_for(running))
             except Exception as exc:
                 log.exception("Inference failed on a batch of shape %s", batch.shape)
                 raise HTTPException(
                     status.HTTP_500_INTERNAL_SERVER_ERROR,
                     f"Inference failed ({type(exc).__name__}); the server log has the traceback.",
                 ) from exc
+            finally:
+                running -= 1
         label, probability = top_prediction(logits)[0]
         return PredictResponse(prediction=label, probability=probability)
 
@@ -216,8 +251,11 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
             weights_note=weights_note,
             runtime=model.runtime,
             device=model.device,
-            predict_concurrency=settings.predict_concurrency,
-            preprocess_workers=settings.preprocess_workers,
+            predict_concurrency=plan.slots,
+            inference_threads=plan.threads,
+            cores=plan.cores,
+            threads=plan.describe(),
+            preprocess_workers=preprocess_workers,
             max_request_bytes=settings.max_request_bytes,
         )
 

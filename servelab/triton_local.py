@@ -130,8 +130,10 @@ def stage_model(model: Model, destination: Path) -> StagedModel:
                     f"{where}/{version.name}/model.onnx is missing: an ONNX Runtime model needs its graph."
                 )
             original = ONNX_RUNNER_SOURCE.read_text()
+            shutil.copyfile(paths.SHARED_SOURCE_DIR / "cores.py", version / "cores.py")
             changes.append(
-                f"+ {model.name}/{version.name}/model.py: added, a copy of servelab/{ONNX_RUNNER_SOURCE.name}\n"
+                f"+ {model.name}/{version.name}/model.py: added, a copy of servelab/{ONNX_RUNNER_SOURCE.name} "
+                "(with servelab/cores.py beside it)\n"
             )
         elif model.backend == LOCAL_BACKEND and model_py.is_file():
             original = model_py.read_text()

@@ -8,10 +8,15 @@ the requests Triton gathers are run as one ONNX Runtime call.
 
 import json
 import os
+import sys
 
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
+
+# cores.py (thread plans, shared with every service) is staged beside this file.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cores import thread_plan  # noqa: E402
 
 
 class TritonPythonModel:
@@ -19,10 +24,18 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.input_names = [tensor["name"] for tensor in config["input"]]
         self.output_names = [tensor["name"] for tensor in config["output"]]
+        # Each instance is a process with its own threads: the cores are shared out between them.
+        instances = sum(group["count"] for group in config["instance_group"])
+        plan = thread_plan(slots=instances, separate_processes=True, given_by=f"{instances} instance(s) in the config")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = plan.threads
+        options.inter_op_num_threads = 1
         model_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.onnx")
-        self.session = ort.InferenceSession(model_file, providers=["CPUExecutionProvider"])
-        pb_utils.Logger.log_info(
-            f"{config['name']} instance {args['model_instance_name']}: onnxruntime {ort.__version__} on CPU"
+        self.session = ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
+        log = pb_utils.Logger.log_warn if plan.oversubscribed else pb_utils.Logger.log_info
+        log(
+            f"{config['name']} instance {args['model_instance_name']}: onnxruntime {ort.__version__} on CPU; "
+            f"threads: {plan.describe()}"
         )
 
     def execute(self, requests):

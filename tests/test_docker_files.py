@@ -6,7 +6,7 @@ would trip over on the GPU node is checked here instead: build contexts and Dock
 exist (for every value of the switch variables), COPY sources inside their context, ports,
 environment, GPU reservations, pinned versions, no host-specific absolute paths.
 
-The model files and the copies of servelab/food11.py and predict_api.py are generated into the
+The model files and the copies of servelab/food11.py, cores.py and predict_api.py are generated into the
 service folders by `make artifacts` and git-ignored, so these tests pass before that has run.
 """
 
@@ -29,7 +29,7 @@ COMPOSE_FILES = [FASTAPI_COMPOSE, TRITON_COMPOSE]
 
 # Placed into the build contexts by `make artifacts`; a Dockerfile may name them although they
 # are absent from a fresh clone.
-GENERATED_ARTIFACTS = {"food11.pth", "food11.onnx", "food11.py", "predict_api.py"}
+GENERATED_ARTIFACTS = {"food11.pth", "food11.onnx", "food11.py", "cores.py", "predict_api.py"}
 
 # The environments each compose file must work under: the defaults, and every alternative the
 # switch variables allow.
@@ -367,8 +367,8 @@ def test_guarded_files_exist_or_are_generated_and_gitignored(context_dir, docker
 @pytest.mark.parametrize(
     ("service_dir", "artifacts"),
     [
-        ("fastapi_pt", {"food11.pth", "food11.py", "predict_api.py"}),
-        ("fastapi_onnx", {"food11.onnx", "food11.py", "predict_api.py"}),
+        ("fastapi_pt", {"food11.pth", "food11.py", "cores.py", "predict_api.py"}),
+        ("fastapi_onnx", {"food11.onnx", "food11.py", "cores.py", "predict_api.py"}),
     ],
 )
 def test_fastapi_dockerfile(service_dir, artifacts):

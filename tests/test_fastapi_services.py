@@ -5,7 +5,9 @@ import base64
 import pytest
 import requests
 
+from servelab.cores import available_cores
 from servelab.food11 import LABELS
+from servelab.stack import LocalStack, Ports, StackError, fastapi_service
 from tests.conftest import TEST_MAX_REQUEST_BYTES
 
 FLAVORS = ["pt", "onnx"]
@@ -45,8 +47,37 @@ def test_health_reports_model_weights_device_and_runtime(service_url):
     assert body["weights"] in ("trained", "untrained")
     assert body["device"] == "cpu" or body["device"].startswith("cuda")
     assert body["runtime"].split()[0] in ("torch", "onnxruntime")
-    assert body["predict_concurrency"] == 1
     assert requests.get(f"{service_url}/healthz", timeout=5).json() == body
+
+
+def test_health_states_the_thread_plan_and_the_default_never_crowds_the_cores(service_url):
+    body = requests.get(f"{service_url}/health", timeout=5).json()
+    cores = available_cores()
+    assert body["cores"] == cores and body["predict_concurrency"] == cores  # one slot per core on a CPU
+    assert body["inference_threads"] == cores and "elastic" in body["threads"]
+    assert f"at most {cores} busy threads on {cores} core(s) (the defaults)" in body["threads"]
+
+
+def test_thread_settings_come_from_the_environment_and_a_crowded_plan_is_reported(tmp_path, test_images):
+    port = Ports.free().fastapi_pt
+    settings = {"PREDICT_CONCURRENCY": "3", "INFERENCE_THREADS": "2"}
+    with LocalStack([fastapi_service("pt", port, env=settings)], log_dir=tmp_path) as stack:
+        body = requests.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
+        image = base64.b64encode(test_images[0]).decode()
+        answer = requests.post(f"http://127.0.0.1:{port}/predict", json={"image": image}, timeout=30)
+        log = stack.processes[0].log_path.read_text()
+    assert (body["predict_concurrency"], body["inference_threads"]) == (3, 2)
+    assert "PREDICT_CONCURRENCY=3, INFERENCE_THREADS=2" in body["threads"]
+    crowded = 3 * 2 > available_cores()
+    assert ("MORE THREADS THAN CORES" in body["threads"]) == crowded
+    assert ("WARNING" in log.split("threads:")[0].splitlines()[-1]) == crowded  # logged as a warning
+    assert answer.status_code == 200
+
+
+def test_a_bad_thread_setting_stops_the_service_with_what_to_do(tmp_path):
+    port = Ports.free().fastapi_pt
+    with pytest.raises(StackError, match="INFERENCE_THREADS='many' is not a whole number"):
+        LocalStack([fastapi_service("onnx", port, env={"INFERENCE_THREADS": "many"})], log_dir=tmp_path).start()
 
 
 def test_health_says_loudly_when_weights_are_untrained(service_url, built_artifacts):

@@ -35,6 +35,14 @@ def test_preprocess_resizes_and_normalizes_with_imagenet_statistics():
     np.testing.assert_allclose(tensor[:, 100, 100], expected, atol=1e-5)
 
 
+def test_the_fast_normalisation_equals_the_textbook_formula_on_a_real_photo():
+    image = food11.decode_image_bytes(make_image_bytes(2, size=(512, 384)))
+    resized = np.asarray(image.resize((224, 224), Image.BILINEAR), dtype=np.float32) / 255.0
+    textbook = ((resized - food11.IMAGENET_MEAN) / food11.IMAGENET_STD).transpose(2, 0, 1)
+    np.testing.assert_allclose(food11.preprocess(image), textbook, atol=1e-5)
+    assert food11.preprocess(image).flags["C_CONTIGUOUS"]
+
+
 def test_preprocess_converts_grayscale_and_alpha_images_to_rgb():
     for mode in ("L", "RGBA", "P"):
         assert food11.preprocess(Image.new(mode, (64, 64))).shape == (3, 224, 224)

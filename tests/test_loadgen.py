@@ -334,7 +334,7 @@ def test_cancelling_a_run_returns_what_was_measured(server):
         assert result.requests > 10 and len(result.latencies_ms) == result.requests
         assert result.notes == [f"stopped early by Ctrl-C after {result.requests} requests"]
         assert 0.4 < result.wall_s < 1.0
-        assert target._session is None  # closed
+        assert target.idle_connections == 0  # closed
 
 
 def test_ctrl_c_stops_the_synchronous_run_and_keeps_the_result(server):

@@ -1,6 +1,7 @@
 """The real Triton 2.51 server serving both models, read through its own APIs, and perf_analyzer."""
 
 import base64
+import re
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from servelab import food11
+from servelab.cores import available_cores
 
 
 def _image_inputs(encoded: list[str]):
@@ -91,3 +93,14 @@ def test_explicit_model_control_reloads_one_model_while_the_other_serves(triton_
     assert client.infer("food_classifier", _image_inputs([image_b64])).as_numpy("FOOD_LABEL").shape == (1, 1)
     client.load_model("food_classifier_onnx")
     assert client.is_model_ready("food_classifier_onnx")
+
+
+def test_each_model_logs_its_thread_plan_from_its_instance_count(model_servers):
+    (triton,) = [managed for managed in model_servers.processes if managed.spec.name == "triton"]
+    log = triton.log_path.read_text()
+    cores = available_cores()
+    for model in ("food_classifier", "food_classifier_onnx"):
+        plan = f"1 inference slot(s), {cores} thread(s) each: at most {cores} busy threads on {cores} core(s)"
+        assert re.search(
+            rf"{model} instance .*threads: {re.escape(plan)} \(set by 1 instance\(s\) in the config\)", log
+        )

@@ -51,7 +51,14 @@ class _Recorder:
         self.errors: Counter[str] = Counter()
         self.started = time.perf_counter()
         self.ended: float | None = None
-        self.bar = tqdm(total=total, desc=description, unit="req", file=sys.stderr, disable=not progress, leave=False)
+        self.description = description
+        # A bar on a terminal; elsewhere (CI, a log file) one line when the phase ends, instead of
+        # thousands of carriage-return updates.
+        self.line_at_end = progress and not sys.stderr.isatty()
+        on_terminal = progress and not self.line_at_end
+        self.bar = tqdm(
+            total=total, desc=description, unit="req", file=sys.stderr, disable=not on_terminal, leave=False
+        )
 
     def success(self, latency_s: float) -> None:
         self.latencies_ms.append(latency_s * 1000.0)
@@ -70,6 +77,8 @@ class _Recorder:
     def finish(self) -> None:
         if self.ended is None:
             self.ended = time.perf_counter()
+            if self.line_at_end:
+                log.info("%s: %d requests in %.1f s", self.description, self.count, self.wall_s)
         self.bar.close()
 
     @property

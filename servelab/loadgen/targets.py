@@ -14,13 +14,12 @@ import json
 import logging
 from abc import ABC, abstractmethod
 
-import aiohttp
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
-from yarl import URL
 
 from servelab import paths
+from servelab.loadgen.http import HttpError, PreparedPost
 from servelab.models import ModelRepository, ModelRequest
 
 log = logging.getLogger(__name__)
@@ -60,44 +59,32 @@ class Target(ABC):
 
 
 class _HttpTarget(Target):
-    """POST the same body to the same URL, over a pool of kept-alive connections."""
+    """POST the same body to the same URL, over kept-alive connections (servelab.loadgen.http)."""
 
     def __init__(self, name: str, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
         self.name = name
-        self.url = URL(url)  # parsed once, not on every request
-        self.body = body
-        self.headers = headers
+        self.url, self.body, self.headers = url, body, headers
         self.timeout_s = timeout_s
-        self._session: aiohttp.ClientSession | None = None
+        # Built once: the request's bytes are the same for every send.
+        self._post = PreparedPost(url, body, headers, timeout_s)
 
     async def open(self, connections: int) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=connections),
-            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            # Without Accept-Encoding, servers do not compress their answers (Triton would gzip
-            # them, spending server CPU that perf_analyzer's requests do not ask for).
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
-            auto_decompress=False,
-        )
+        """Connections are opened as senders need them, and kept for the next request."""
 
     async def send(self) -> None:
         try:
-            async with self._session.post(self.url, data=self.body, headers=self.headers) as response:
-                answer = await response.read()
-        except TimeoutError as exc:  # before ClientConnectionError: aiohttp's timeouts are both
-            raise RequestError("timeout", f"no complete answer within {self.timeout_s:g} s") from exc
-        except aiohttp.ClientConnectionError as exc:  # refused, reset, closed mid-answer
-            raise RequestError("connection", str(exc)) from exc
-        except aiohttp.ClientError as exc:
-            raise RequestError("http_client_error", str(exc)) from exc
-        if response.status != 200:
-            raise RequestError(f"http_{response.status}", answer[:300].decode(errors="replace"))
+            status, answer = await self._post.send()
+        except HttpError as exc:
+            raise RequestError(exc.kind, str(exc)) from exc
+        if status != 200:
+            raise RequestError(f"http_{status}", answer[:300].decode(errors="replace"))
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._post.close()
+
+    @property
+    def idle_connections(self) -> int:
+        return self._post.idle_connections
 
 
 class FastAPITarget(_HttpTarget):

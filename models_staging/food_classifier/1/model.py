@@ -14,24 +14,39 @@ import torch
 import triton_python_backend_utils as pb_utils
 from torchvision.models import mobilenet_v2
 
-# food11.py (labels and preprocessing shared with every other service) sits beside this file.
+# food11.py (labels and preprocessing) and cores.py (thread plans), shared with every other
+# service, sit beside this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cores import thread_plan  # noqa: E402
 from food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction  # noqa: E402
+
+
+def instance_count(config):
+    """Instances of this model in the server: each is a process of its own, like this one."""
+    return sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in config["instance_group"])
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        config = json.loads(args["model_config"])
         if args["model_instance_kind"] == "GPU":
             self.device = torch.device(f"cuda:{args['model_instance_device_id']}")
         else:
             self.device = torch.device("cpu")
+        # Every instance is a process with its own team of PyTorch threads: the cores are shared out
+        # between the instances (INFERENCE_THREADS in the server's environment overrides it).
+        # Triton calls initialize and execute on the same thread, so one team serves this instance.
+        instances = instance_count(config)
+        plan = thread_plan(slots=instances, separate_processes=True, given_by=f"{instances} instance(s) in the config")
+        torch.set_num_threads(plan.threads)
         weights_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
         self.model = mobilenet_v2(num_classes=len(LABELS))
         self.model.load_state_dict(torch.load(weights_file, map_location=self.device, weights_only=True))
         self.model.to(self.device).eval()
-        pb_utils.Logger.log_info(
+        log = pb_utils.Logger.log_warn if plan.oversubscribed else pb_utils.Logger.log_info
+        log(
             f"food_classifier instance {args['model_instance_name']} on {self.device}, "
-            f"max_batch_size {json.loads(args['model_config'])['max_batch_size']}"
+            f"max_batch_size {config['max_batch_size']}; threads: {plan.describe()}"
         )
 
     def _images_of(self, request):

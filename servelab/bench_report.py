@@ -1,0 +1,199 @@
+"""The headline benchmark's report: report.md and its plots, from one run's results.
+
+Every ratio is taken against a ceiling measured in the same run on the same machine: a row at
+concurrency 1 against the in-process ceiling for one request in flight, a row at higher
+concurrency against the best in-process plan for many. The targets the lab sets itself are
+checked against this run's numbers and listed as met or not met, with the numbers: the report
+says what happened, it does not fail.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab import bench, plots
+from servelab.results import RunResult
+
+AGREEMENT_LIMITS = {"throughput": 0.10, "p50": 0.15}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal the benchmark is judged on: `service` at `loads` reaches `fraction` of its ceiling."""
+
+    service: str
+    fraction: float
+    loads: tuple[int, ...]  # concurrencies; empty: the highest
+
+
+TARGETS = (
+    Target("fastapi_pt", 0.8, (1, 16)),
+    Target("triton/food_classifier", 0.8, (1, 8, 16)),
+    Target("fastapi_onnx", 0.9, (16,)),
+)
+
+
+def _served(result: RunResult) -> bench.ServedTarget | None:
+    named = {target.name: target for target in bench.TARGETS}
+    named |= {name: bench.ServedTarget(name, "fastapi", None, runtime) for runtime, name in bench.NAIVE.items()}
+    return named.get(result.target)
+
+
+def ceiling_of(result: RunResult, ceilings: dict[str, float]) -> float | None:
+    """The ceiling a served run is judged against: one request in flight at concurrency 1."""
+    served = _served(result)
+    if served is None:
+        return None
+    in_flight = "one" if result.concurrency == 1 else "many"
+    return ceilings[bench.ceiling_key(served.runtime, served.decode, in_flight)]
+
+
+def _find(results: list[RunResult], target: str, concurrency: int) -> RunResult | None:
+    return next((r for r in results if r.target == target and r.concurrency == concurrency), None)
+
+
+def target_lines(results: list[RunResult], ceilings: dict[str, float], agreement: dict) -> list[str]:
+    """Each target, met or not, with the numbers that decide it."""
+    lines = []
+    for goal in TARGETS:
+        for concurrency in goal.loads:
+            result = _find(results, goal.service, concurrency)
+            if result is None:
+                lines.append(f"- NOT MEASURED: {goal.service} at c={concurrency}")
+                continue
+            fraction = result.throughput_rps / ceiling_of(result, ceilings)
+            verdict = "met" if fraction >= goal.fraction else "NOT MET"
+            lines.append(
+                f"- {verdict}: {goal.service} at c={concurrency} reaches {fraction:.0%} of its ceiling "
+                f"(target {goal.fraction:.0%}): {result.throughput_rps:.1f} of {ceiling_of(result, ceilings):.1f} req/s"
+            )
+            served = _served(result)
+            if served.model and concurrency > 1:
+                # A Triton instance decodes and infers one request at a time: no overlap, whatever the load.
+                alone = ceilings[bench.ceiling_key(served.runtime, served.decode, "one")]
+                lines.append(
+                    f"  - each Triton instance runs one request at a time, decoding included, so with the "
+                    f"model's instance count its bound is nearer the one-in-flight ceiling ({alone:.1f} req/s "
+                    f"per instance): {result.throughput_rps / alone:.0%} of it"
+                )
+    busiest = max(r.concurrency or 0 for r in results if r.tool == "loadgen")
+    for target in bench.TARGETS:
+        ours, naive = _find(results, target.name, busiest), _find(results, bench.NAIVE[target.runtime], busiest)
+        if ours is None or naive is None:
+            lines.append(f"- NOT MEASURED: {target.name} against {bench.NAIVE[target.runtime]} at c={busiest}")
+            continue
+        faster, shorter_tail = ours.throughput_rps >= naive.throughput_rps, ours.latency.p99_ms < naive.latency.p99_ms
+        lines.append(
+            f"- {'met' if faster and shorter_tail else 'NOT MET'}: {target.name} at c={busiest} is at least as fast "
+            f"as {naive.target} ({ours.throughput_rps:.1f} vs {naive.throughput_rps:.1f} req/s: "
+            f"{'yes' if faster else 'no'}) with a lower p99 ({ours.latency.p99_ms:.0f} vs "
+            f"{naive.latency.p99_ms:.0f} ms: {'yes' if shorter_tail else 'no'})"
+        )
+    for measure, limit in AGREEMENT_LIMITS.items():
+        gap = agreement[f"{measure}_gap"]
+        lines.append(
+            f"- {'met' if gap <= limit else 'NOT MET'}: the load generator and perf_analyzer agree on {measure} "
+            f"within {limit:.0%} (they differ by {gap:.1%})"
+        )
+    return lines
+
+
+def _ceiling_table(results: list[RunResult]) -> list[str]:
+    lines = ["| ceiling | plan | throughput (req/s) | p50 (ms) | best |", "| --- | --- | ---: | ---: | --- |"]
+    for result in results:
+        if result.tool != "in-process":
+            continue
+        (key,) = [note.split(": ", 1)[1] for note in result.notes if note.startswith("ceiling: ")]
+        plan = result.notes[0].split(" (")[0]
+        best = key.endswith("(best)")
+        lines.append(
+            f"| {key.removesuffix(' (best)')} | {plan} | {result.throughput_rps:.1f} | {result.latency.p50_ms:.1f} "
+            f"| {'**best**' if best else ''} |"
+        )
+    return lines
+
+
+def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
+    served = [r for r in results if r.tool == "loadgen"]
+    lab_runs = [r for r in served if not r.target.startswith("naive/")]
+    plots.plot_latency_throughput_vs_concurrency(lab_runs, out_dir / "latency_throughput.png")
+    busiest = max(r.concurrency for r in served)
+    plots.plot_latency_cdf([r for r in served if r.concurrency == busiest], out_dir / "latency_cdf.png")
+    plots.plot_batch_sizes(
+        {r.label: r.triton_stats for r in served if r.triton_stats and r.concurrency == busiest},
+        path=out_dir / "batch_sizes.png",
+    )
+    heaviest = max(lab_runs, key=lambda r: r.throughput_rps)
+    plots.plot_resources(heaviest.resources, out_dir / "resources.png", title=f"Resources during {heaviest.label}")
+
+    ceilings = meta["ceilings_rps"]
+    weights, agreement, machine = meta["weights"], meta["agreement"], meta["machine"]
+    untrained = " (serving cost is that of a trained model; the predicted labels are not meaningful)"
+    lines = [
+        f"# Headline benchmark ({meta['profile']} profile)",
+        "",
+        f"- Machine: {machine['cpu']}, {machine['cores']} cores ({machine['cores_available']} available to "
+        f"this process); GPU: {', '.join(machine['gpus'])}",
+        f"- Weights: **{weights['weights']}**" + ("" if weights["weights"] == "trained" else untrained),
+        "- Versions: " + ", ".join(f"{name} {version}" for name, version in meta["versions"].items()),
+        f"- Each load point: {meta['profile_settings']['warmup_s']:g} s warm-up, then "
+        f"{meta['profile_settings']['duration_s']:g} s measured; closed loop (each sender sends its next "
+        f"request when the last one is answered); payload {meta['payload']['image']} "
+        f"({meta['payload']['bytes']} bytes).",
+        "",
+        "## Threads",
+        "",
+        *(f"- {name}: {plan}" for name, plan in meta["thread_plans"].items()),
+        "",
+        "## The in-process ceilings",
+        "",
+        "The same work as a service, in one process, with no HTTP: each plan in a fresh process, the best "
+        "one is the ceiling. 'one in flight' decodes then infers, one image at a time (no server at "
+        "concurrency 1 can beat it); 'pipeline' overlaps decoding with inference in `slots` threads.",
+        "",
+        *_ceiling_table(results),
+        "",
+        "## Every service",
+        "",
+        "'of ceiling' is throughput as a fraction of the ceiling for the same work (PyTorch or ONNX Runtime, "
+        "with decoding; Triton's ONNX model gets tensors, so inference alone): for one request in flight at "
+        "concurrency 1, the best plan otherwise. The naive rows are the reference app a student writes first "
+        "(servelab/naive_service.py).",
+        "",
+        plots.results_table(served, lambda r: ceiling_of(r, ceilings), "of ceiling"),
+        "",
+        "## Targets",
+        "",
+        *target_lines(results, ceilings, agreement),
+        "",
+        "## Is the load generator the bottleneck?",
+        "",
+        f"Against Triton `{agreement['model']}` at concurrency {agreement['concurrency']}, in this run, "
+        f"the two tools took turns {agreement['pairs']} time(s); medians. CPU per request is each tool's own "
+        "CPU time over the requests Triton answered meanwhile (warm-up and every trial window included):",
+        "",
+        "| tool | throughput (req/s) | p50 (ms) | CPU per request (ms) |",
+        "| --- | ---: | ---: | ---: |",
+        *(
+            f"| {tool} | {agreement[key]['throughput_rps']:.1f} | {agreement[key]['p50_ms']:.1f} "
+            f"| {agreement[key]['cpu_ms_per_request']:.2f} |"
+            for tool, key in (("servelab.loadgen", "loadgen"), ("perf_analyzer", "perf_analyzer"))
+        ),
+        "",
+        "## Plots",
+        "",
+        "![latency and throughput vs concurrency](latency_throughput.png)",
+        "",
+        f"![latency CDF at concurrency {busiest}](latency_cdf.png)",
+        "",
+        "![Triton executions per batch size](batch_sizes.png)",
+        "",
+        "![resource utilization](resources.png)",
+        "",
+    ]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines))
+    (out_dir / "metadata.json").write_text(json.dumps(meta, indent=1, default=str))
+    return report

@@ -1,0 +1,148 @@
+"""Threads are a resource: how many cores this process may use, and how to split them.
+
+A model server on a CPU has two knobs. *Inference slots*: how many inferences run at once
+(FastAPI's PREDICT_CONCURRENCY, or Triton's instance count). *Threads per inference*: how many
+threads one inference spreads over (PyTorch's and ONNX Runtime's intra-op threads). Each running
+inference has its own team of threads, so the busy threads are the running inferences times
+their threads. More than the cores, and every inference is slower: the teams take turns.
+
+The defaults never exceed the cores. On a CPU, a service gets one slot per core, and its
+threads are *elastic*: an inference gets the cores divided by the inferences running when it
+starts. One request alone uses every core (lowest latency); under load each slot has a core of
+its own (highest throughput). Separate processes (Triton's instances) cannot share like that,
+so each gets a fixed share: the cores divided by the instances. On a GPU, one slot: the GPU runs
+one inference at a time anyway, and the CPU's cores go to decoding.
+
+Either knob can be set by an environment variable (PREDICT_CONCURRENCY, INFERENCE_THREADS; a
+given thread count is fixed, not elastic), also past the cores, for the lab's experiment: the
+plan then says so, and the services log it and report it in /health.
+
+"The cores this process may use" respects CPU affinity (taskset, Docker's --cpuset-cpus) and a
+container's CPU quota (Docker's --cpus, Kubernetes limits: cgroup cpu.max), not just the number
+of cores the machine has. Standard library only: `make artifacts` copies this file next to each
+service, as it does food11.py. Edit it here, never in a copy.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_V2_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+CGROUP_V1_QUOTA = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+CGROUP_V1_PERIOD = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+
+
+def _cgroup_quota_cores() -> float | None:
+    """The container's CPU quota in cores, or None when there is none."""
+    try:
+        quota, period = CGROUP_V2_CPU_MAX.read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int(CGROUP_V1_QUOTA.read_text())
+        return None if quota_us <= 0 else quota_us / int(CGROUP_V1_PERIOD.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def available_cores() -> int:
+    """The cores this process may use: its CPU affinity, capped by the container's CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    quota = _cgroup_quota_cores()
+    if quota is not None:
+        cores = min(cores, max(1, math.floor(quota)))
+    return max(1, cores)
+
+
+def _positive_int(name: str, environ: dict) -> int | None:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number; set it to a positive integer, or unset it.") from None
+    if value < 1:
+        raise ValueError(f"{name}={value} must be at least 1 (or unset, for the default).")
+    return value
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """How one process uses its cores for inference."""
+
+    slots: int  # inferences that may run at once
+    threads: int  # intra-op threads of an inference (of one running alone, when elastic)
+    cores: int  # cores this process may use
+    chosen_by: str  # what set it: the defaults, or which environment variables
+    elastic: bool = False  # an inference gets cores // (inferences running) threads, at most `threads`
+
+    def threads_for(self, running: int) -> int:
+        """The threads of an inference that starts while `running` inferences (itself included) run."""
+        if not self.elastic:
+            return self.threads
+        return max(1, min(self.threads, self.cores // max(1, running)))
+
+    def thread_counts(self) -> list[int]:
+        """Every thread count an inference may be given."""
+        return sorted({self.threads_for(running) for running in range(1, self.slots + 1)})
+
+    @property
+    def busy_threads(self) -> int:
+        """The most threads busy at once, when every slot runs an inference."""
+        return max(running * self.threads_for(running) for running in range(1, self.slots + 1))
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.busy_threads > self.cores
+
+    def describe(self) -> str:
+        if self.elastic:
+            threads = (
+                f"elastic threads: {self.threads_for(1)} for an inference alone, "
+                f"{self.threads_for(self.slots)} each when all run"
+            )
+        else:
+            threads = f"{self.threads} thread(s) each"
+        text = (
+            f"{self.slots} inference slot(s), {threads}: at most {self.busy_threads} busy threads "
+            f"on {self.cores} core(s) ({self.chosen_by})"
+        )
+        if self.oversubscribed:
+            text += ": MORE THREADS THAN CORES, so every inference is slowed by the others"
+        return text
+
+
+def thread_plan(
+    slots: int | None = None,
+    threads: int | None = None,
+    *,
+    device: str = "cpu",
+    separate_processes: bool = False,
+    cores: int | None = None,
+    environ: dict | None = None,
+    given_by: str = "the caller",
+) -> ThreadPlan:
+    """The plan for a process: `slots` and `threads` as given, else from PREDICT_CONCURRENCY and
+    INFERENCE_THREADS, else the defaults above. `separate_processes`: the slots are processes
+    (Triton instances), so threads cannot be elastic. `given_by` names where given values came from."""
+    environ = os.environ if environ is None else environ
+    cores = cores or available_cores()
+    chosen = [] if slots is None and threads is None else [given_by]
+    if slots is None and (slots := _positive_int("PREDICT_CONCURRENCY", environ)) is not None:
+        chosen.append(f"PREDICT_CONCURRENCY={slots}")
+    if threads is None and (threads := _positive_int("INFERENCE_THREADS", environ)) is not None:
+        chosen.append(f"INFERENCE_THREADS={threads}")
+    on_gpu = device.startswith("cuda")
+    slots = slots or (1 if on_gpu else cores)
+    elastic = threads is None and slots > 1 and not separate_processes and not on_gpu
+    if threads is None:
+        threads = max(1, cores // slots) if separate_processes else cores
+    return ThreadPlan(slots, threads, cores, "set by " + ", ".join(chosen) if chosen else "the defaults", elastic)

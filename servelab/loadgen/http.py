@@ -1,0 +1,135 @@
+"""A lean HTTP/1.1 client for one prepared request, sent again and again.
+
+A load generator shares the machine with the server it measures: every CPU cycle it spends
+parsing headers is a cycle the server does not get. A general client (aiohttp) rebuilds each
+request and parses every header into objects; here the request's bytes are built once, and an
+answer is read as a status line, the three headers that say where it ends, and its body. Every
+request is still sent and its whole answer read, on kept-alive connections, like perf_analyzer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from urllib.parse import urlsplit
+
+# A reused connection the server had closed while it was idle fails before any answer arrives;
+# the request never reached the server, so it is sent once more on a fresh connection.
+_IDLE_CLOSE = (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError)
+
+
+class HttpError(Exception):
+    """The exchange failed: `kind` is "timeout" or "connection"."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+async def _within(seconds: float, coroutine):
+    """`coroutine`'s result, or asyncio.TimeoutError after `seconds`."""
+    if sys.version_info >= (3, 11):  # cheaper than wait_for, which wraps the coroutine in a task
+        async with asyncio.timeout(seconds):
+            return await coroutine
+    return await asyncio.wait_for(coroutine, seconds)  # pragma: no cover - Python 3.10
+
+
+class PreparedPost:
+    """POST `body` to `url` with `headers`; `send()` returns (status, answer body)."""
+
+    def __init__(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"{url}: the load generator sends plain http:// requests to a host")
+        self.host, self.port = parts.hostname, parts.port or 80
+        head = [
+            f"POST {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1",
+            f"Host: {parts.netloc}",
+            f"Content-Length: {len(body)}",
+            *(f"{name}: {value}" for name, value in headers.items()),
+        ]
+        self.request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
+        self.timeout_s = timeout_s
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def send(self) -> tuple[int, bytes]:
+        try:
+            return await _within(self.timeout_s, self._send())
+        except asyncio.TimeoutError as exc:
+            raise HttpError("timeout", f"no complete answer within {self.timeout_s:g} s") from exc
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:  # refused, reset, closed, garbled
+            raise HttpError("connection", f"{type(exc).__name__}: {exc}") from exc
+
+    async def _send(self) -> tuple[int, bytes]:
+        reused = bool(self._idle)
+        connection = self._idle.pop() if reused else await self._connect()
+        try:
+            return await self._exchange(connection)
+        except _IDLE_CLOSE:
+            if not reused:
+                raise
+        return await self._exchange(await self._connect())
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+
+    async def _exchange(self, connection: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> tuple[int, bytes]:
+        reader, writer = connection
+        try:
+            writer.write(self.request)
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            length, chunked, keep_alive = _framing(head)
+            if length is not None:
+                body = await reader.readexactly(length)
+            elif chunked:
+                body = await _read_chunks(reader)
+            else:  # the answer ends when the server closes the connection
+                body, keep_alive = await reader.read(), False
+        except BaseException:
+            _close(connection)
+            raise
+        if keep_alive:
+            self._idle.append(connection)
+        else:
+            _close(connection)
+        return status, body
+
+    @property
+    def idle_connections(self) -> int:
+        """Connections kept open for the next request."""
+        return len(self._idle)
+
+    def close(self) -> None:
+        while self._idle:
+            _close(self._idle.pop())
+
+
+def _framing(head: bytes) -> tuple[int | None, bool, bool]:
+    """(Content-Length, chunked?, keep-alive?) from the answer's status line and headers."""
+    length, chunked, keep_alive = None, False, not head.startswith(b"HTTP/1.0")
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value
+        elif name == b"connection":
+            keep_alive = value != b"close"
+    return length, chunked, keep_alive
+
+
+async def _read_chunks(reader: asyncio.StreamReader) -> bytes:
+    parts = []
+    while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)
+    while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, if any, end with an empty line
+        pass
+    return b"".join(parts)
+
+
+def _close(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+    connection[1].close()

@@ -1,0 +1,67 @@
+"""The naive reference: the FastAPI app a student writes first, as the original lab's was.
+
+A synchronous handler (FastAPI runs it in its thread pool, up to 40 at once), the model built
+at import time on the main thread, no limit on inferences running at once, each with the
+runtime's default threads. The same work per request as the lab's services (the same decoding
+and preprocessing, the same model file), none of their care. The benchmark measures it beside
+them as a reference: every lab service must be at least as fast, with a shorter tail.
+
+    NAIVE_RUNTIME=pytorch uvicorn servelab.naive_service:app --port 8000   (or onnxruntime)
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel
+
+from servelab import paths
+from servelab.food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction
+
+RUNTIME = os.environ.get("NAIVE_RUNTIME", "pytorch")
+
+if RUNTIME == "pytorch":
+    import torch
+    from torchvision.models import mobilenet_v2
+
+    model = mobilenet_v2(num_classes=len(LABELS))
+    model.load_state_dict(torch.load(paths.ARTIFACTS_DIR / "food11.pth", weights_only=True))
+    model.eval()
+
+    def run(batch: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return model(torch.from_numpy(batch)).numpy()
+
+elif RUNTIME == "onnxruntime":
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(paths.ARTIFACTS_DIR / "food11.onnx"), providers=["CPUExecutionProvider"])
+
+    def run(batch: np.ndarray) -> np.ndarray:
+        return session.run(None, {"input": batch})[0]
+
+else:
+    raise SystemExit(f"NAIVE_RUNTIME={RUNTIME!r}: use pytorch or onnxruntime")
+
+app = FastAPI(title=f"Naive Food-11 classifier ({RUNTIME})")
+
+
+class PredictRequest(BaseModel):
+    image: str
+
+
+@app.post("/predict")
+def predict(request: PredictRequest) -> dict:
+    try:
+        batch = preprocess(decode_base64_image(request.image))[np.newaxis]
+    except InvalidImageError as exc:
+        raise HTTPException(400, str(exc)) from exc
+    label, probability = top_prediction(run(batch))[0]
+    return {"prediction": label, "probability": probability}
+
+
+@app.get("/health")
+def health() -> dict:
+    return {"status": "ready", "runtime": RUNTIME}

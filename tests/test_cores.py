@@ -1,0 +1,70 @@
+"""Thread plans: the cores a process may use, and how slots and threads share them."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from servelab import cores, paths
+from servelab.cores import available_cores, thread_plan
+
+
+def test_available_cores_follow_the_cpu_affinity():
+    script = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from servelab import cores; print(cores.available_cores())"
+    )
+    pinned = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=paths.REPO_ROOT
+    )
+    assert pinned.stdout.strip() == "1"
+    assert available_cores() == min(len(os.sched_getaffinity(0)), available_cores())
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "expected"), [("150000 100000\n", 1), ("400000 100000\n", 4), ("max 100000\n", None), ("", None)]
+)
+def test_a_container_cpu_quota_caps_the_cores(tmp_path, monkeypatch, cpu_max, expected):
+    quota_file = tmp_path / "cpu.max"
+    quota_file.write_text(cpu_max)
+    monkeypatch.setattr(cores, "CGROUP_V2_CPU_MAX", quota_file)
+    monkeypatch.setattr(cores, "CGROUP_V1_QUOTA", tmp_path / "missing")
+    affinity = len(os.sched_getaffinity(0))
+    assert available_cores() == (affinity if expected is None else min(affinity, expected))
+
+
+def test_the_default_on_a_cpu_is_one_slot_per_core_with_elastic_threads():
+    plan = thread_plan(cores=4, environ={})
+    assert (plan.slots, plan.threads, plan.elastic) == (4, 4, True)
+    assert [plan.threads_for(running) for running in (1, 2, 3, 4)] == [4, 2, 1, 1]
+    assert plan.thread_counts() == [1, 2, 4] and plan.busy_threads == 4 and not plan.oversubscribed
+    assert "the defaults" in plan.describe() and "MORE THREADS" not in plan.describe()
+
+
+def test_a_single_slot_gets_every_core_and_a_gpu_gets_one_slot():
+    assert thread_plan(slots=1, cores=8, environ={}).threads == 8
+    gpu = thread_plan(device="cuda (Tesla P100)", cores=8, environ={})
+    assert (gpu.slots, gpu.threads, gpu.elastic) == (1, 8, False)
+
+
+def test_separate_processes_share_the_cores_out():
+    plan = thread_plan(slots=4, separate_processes=True, cores=8, environ={}, given_by="4 instances")
+    assert (plan.threads, plan.elastic, plan.busy_threads) == (2, False, 8)
+    assert "set by 4 instances" in plan.describe()
+    crowded = thread_plan(slots=8, separate_processes=True, cores=2, environ={})
+    assert crowded.threads == 1 and crowded.oversubscribed  # at least one thread each
+
+
+def test_environment_variables_set_the_plan_and_a_crowded_one_says_so():
+    environ = {"PREDICT_CONCURRENCY": "2", "INFERENCE_THREADS": "2"}
+    plan = thread_plan(cores=2, environ=environ)
+    assert (plan.slots, plan.threads, plan.elastic, plan.busy_threads) == (2, 2, False, 4)
+    assert plan.oversubscribed and "MORE THREADS THAN CORES" in plan.describe()
+    assert "PREDICT_CONCURRENCY=2, INFERENCE_THREADS=2" in plan.describe()
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_bad_setting_is_refused_with_what_to_do(value):
+    with pytest.raises(ValueError, match="INFERENCE_THREADS=.*(whole number|at least 1)"):
+        thread_plan(cores=2, environ={"INFERENCE_THREADS": value})

@@ -1,0 +1,28 @@
+"""The in-process ceiling: the same work as a service, in one process, for each thread plan."""
+
+import pytest
+
+from servelab.inprocess import Point, measure_point, sweep_points
+
+
+def test_the_sweep_tries_every_core_busy_in_one_slot_or_spread_and_threads_for_one_in_flight():
+    assert sweep_points(2, pipelined=True) == [Point(1, 2, True), Point(2, 1, True)]
+    assert sweep_points(4, pipelined=True) == [Point(1, 4, True), Point(2, 2, True), Point(4, 1, True)]
+    assert sweep_points(4, pipelined=False) == [Point(1, 1, False), Point(1, 2, False), Point(1, 4, False)]
+    assert sweep_points(1, pipelined=True) == [Point(1, 1, True)]
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "pytorch"])
+@pytest.mark.parametrize("point", [Point(1, 1, False), Point(2, 1, True)], ids=lambda p: p.name)
+def test_a_point_runs_in_its_own_process_and_measures_every_image(built_artifacts, runtime, point):
+    result = measure_point(runtime, point, duration_s=1.0, warmup_s=0.3)
+    assert result.tool == "in-process" and result.target == f"in-process/{runtime}"
+    assert result.requests == len(result.latencies_ms) > 0
+    assert result.throughput_rps == pytest.approx(result.requests / result.wall_s)
+    assert result.concurrency == (point.slots if point.pipelined else 1)
+    assert point.name in result.notes[0] and "decode + inference" in result.notes[0]
+
+
+def test_inference_only_skips_the_decoding(built_artifacts):
+    result = measure_point("onnxruntime", Point(1, 1, False), duration_s=1.0, warmup_s=0.3, decode=False)
+    assert result.target == "in-process/onnxruntime (inference only)" and "inference only" in result.notes[0]
