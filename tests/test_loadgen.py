@@ -12,6 +12,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import base64
+import logging
 import signal
 import socket
 import subprocess
@@ -144,6 +145,16 @@ def test_closed_loop_one_sender_measures_the_server_latency(server):
     assert 20 <= result.latency.p50_ms <= 35
     # One sender: one request at a time, so throughput is the inverse of latency.
     assert result.throughput_rps == pytest.approx(1000 / result.latency.mean_ms, rel=0.25)
+
+
+def test_off_a_terminal_progress_is_one_line_per_phase_not_a_bar(server, caplog, capsys):
+    server.configure(sleep_ms=5)
+    with caplog.at_level(logging.INFO, logger="servelab.loadgen"):
+        closed_loop("fastapi", server.url, 2, requests=30, warmup_requests=4, image_bytes=IMAGE, progress=True)
+    lines = [record.getMessage() for record in caplog.records if " requests in " in record.getMessage()]
+    assert len(lines) == 2 and lines[0].startswith("warm-up: 4 requests in ")
+    assert lines[1].startswith("c=2: 30 requests in ")
+    assert "\r" not in capsys.readouterr().err  # pytest's stderr is not a terminal: no bar redrawn
 
 
 def test_closed_loop_throughput_grows_with_concurrency_when_the_server_serves_in_parallel(server):
