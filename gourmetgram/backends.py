@@ -75,10 +75,8 @@ class WeightsStatus:
         if self.weights == "trained":
             return None
         if self.weights == "untrained":
-            return (
-                "Untrained weights: the model is running untrained (random) weights, "
-                f"so its predictions are not meaningful. {self.note}"
-            ).strip()
+            # The backend's own note says what the weights are and how to serve trained ones; said once.
+            return self.note or "Untrained weights: the model was never trained, so its predictions are not meaningful."
         if not self.reachable:
             return (
                 "Weights status unknown (backend unreachable): if the model is running untrained "

@@ -337,8 +337,9 @@ print("It reports:", json.dumps(requests.get(f"{ui_url}/healthz", timeout=10).js
 lab.upload_to_ui(ui_url, "soup.jpg", lab.sample_image())
 
 # %% [markdown]
-# The page names the backend it used (`triton`, model `food_classifier`): GourmetGram sent the
-# file's bytes and Triton's `model.py` did the decoding, preprocessing and inference.
+# The page's header names the backend and the model it used (`triton`, model `food_classifier`),
+# and its last line says what the model takes (an image file): GourmetGram sent the file's bytes
+# and Triton's `model.py` did the decoding, preprocessing and inference.
 #
 # ## Wrapping up
 #

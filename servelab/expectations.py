@@ -1,15 +1,31 @@
 """The lesson checks: what a lesson expects to see, and whether this run's numbers bore it out.
 
-Each notebook states an expectation in prose before it measures ("queueing grows with
-concurrency"), then records it with the numbers it was judged on. An expectation that could not
-be judged, because a measurement gave no number, is recorded as such: it appears in the
-notebook's final list as NOT CHECKED, never silently dropped and never counted as held.
+A notebook states an expectation in prose before it measures, then records it here as the
+conditions it states, each judged on its own numbers:
+
+    queue = {name: figure(result, "server_ms(queue)", f"queue at {name}") for name, result in runs.items()}
+    lab.expect(
+        "queueing grows with concurrency while compute stays about the same",
+        condition("the queue grows with the clients", queue["c=1"].value < queue["c=8"].value, *queue.values()),
+        condition(...),
+        reason="why it may not hold here, computed from this run",
+    )
+
+A `Figure` is a number read from a run (`RunResult`), with the run and the field it came from, so
+a verdict can be checked against the tables printed beside it (the notebook tests do). A
+condition whose run gave no number (a `None` result) is NOT CHECKED, never counted as held.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
+
+from servelab.resources import summarize
+from servelab.results import RunResult
 
 
 class Outcome(Enum):
@@ -18,38 +34,124 @@ class Outcome(Enum):
     NOT_CHECKED = "NOT CHECKED"
 
 
+UNITS = {"throughput_rps": "req/s", "images_per_s": "images/s", "requests": "requests", "batch": ""}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A number a verdict used: its value, and where it came from."""
+
+    name: str  # how the evidence calls it, e.g. "queue at c=8"
+    value: float
+    run: str | None  # the label of the run it was read from; None: measured in the notebook itself
+    started_at: str | None = None  # with `run`, tells two runs with the same label apart
+    field: str | None = None  # the field of the run, see `read`
+    unit: str = ""
+
+    def __str__(self) -> str:
+        if math.isnan(self.value):
+            return f"{self.name}: not measured"
+        digits = 2 if abs(self.value) < 10 else 1 if abs(self.value) < 1000 else 0
+        return f"{self.name} {self.value:.{digits}f}{' ' + self.unit if self.unit else ''}"
+
+
+def _unit(field: str) -> str:
+    if field.startswith(("latency.", "server_ms(")) or field.endswith("_ms"):
+        return "ms"
+    if field.startswith("resources."):
+        return "% of a core" if "process" in field else "% of all cores"
+    return UNITS.get(field.split(".")[-1], "")
+
+
+def read(result: RunResult, field: str) -> float:
+    """One figure of a run: an attribute ("throughput_rps"), a nested one ("latency.p50_ms",
+    "triton_stats.avg_batch_size"), Triton's breakdown ("server_ms(queue)"), or what
+    `resources.summarize` reports of the run's resources ("resources.cpu_percent_mean",
+    "resources.processes.food_classifier_0_0")."""
+    if match := re.fullmatch(r"server_ms\((\w+)\)", field):
+        return result.server_ms(match.group(1))
+    head, _, rest = field.partition(".")
+    value: Any = summarize(result.resources) if head == "resources" else getattr(result, head)
+    for part in rest.split(".") if rest else ():
+        value = value[part] if isinstance(value, dict) else getattr(value, part)
+    return float(value)
+
+
+def figure(result: RunResult | None, field: str, name: str) -> Figure:
+    """`field` of `result` as a Figure called `name`; of a missing run (None), a NaN that makes
+    every condition using it NOT CHECKED."""
+    if result is None:
+        return Figure(name, math.nan, None, None, field, _unit(field))
+    return Figure(name, read(result, field), result.label, result.started_at, field, _unit(field))
+
+
+def measured(name: str, value: float, unit: str = "") -> Figure:
+    """A number the notebook measured itself, not read from a run (a health-check median, say)."""
+    return Figure(name, float(value), None, None, None, unit)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One condition an expectation states, judged on its own figures."""
+
+    text: str
+    outcome: Outcome
+    figures: tuple[Figure, ...]
+    detail: str = ""  # a derived number worth saying ("13.9x"), computed from the figures
+
+    def __str__(self) -> str:
+        evidence = ", ".join(str(item) for item in self.figures) + (f" ({self.detail})" if self.detail else "")
+        return f"  - {self.outcome.value}: {self.text}: {evidence}"
+
+
+def condition(text: str, held: bool, *figures: Figure, detail: str = "") -> Condition:
+    """`text` judged `held` on `figures`; NOT CHECKED when one of them was not measured."""
+    if any(math.isnan(item.value) for item in figures):
+        return Condition(text, Outcome.NOT_CHECKED, figures)
+    return Condition(text, Outcome.HELD if held else Outcome.NOT_HELD, figures, detail)
+
+
 @dataclass(frozen=True)
 class Expectation:
     claim: str
-    outcome: Outcome
-    evidence: str  # the numbers it was judged on, or why there were none
-    reason: str = ""  # why it may not hold here; shown only when it did not
+    conditions: tuple[Condition, ...]
+    reason: str = ""  # why it may not hold here; shown only when a condition did not hold
+
+    @property
+    def outcome(self) -> Outcome:
+        outcomes = {item.outcome for item in self.conditions}
+        for worst in (Outcome.NOT_HELD, Outcome.NOT_CHECKED):
+            if worst in outcomes:
+                return worst
+        return Outcome.HELD
 
     def __str__(self) -> str:
-        where = "" if self.outcome is Outcome.NOT_CHECKED else " on this machine"
-        text = f"Expectation: {self.claim}\n  -> {self.outcome.value}{where}: {self.evidence}"
+        lines = [f"Expectation: {self.claim}", f"  -> {self.outcome.value} on this machine:"]
+        lines += [str(item) for item in self.conditions]
         if self.reason and self.outcome is Outcome.NOT_HELD:
-            text += f"\n  Why: {self.reason}"
-        return text
+            lines.append(f"  Why: {self.reason}")
+        return "\n".join(lines)
 
 
 class ExpectationLog(list):
     """Every expectation a notebook recorded, in order."""
 
-    def judge(self, claim: str, held: bool, evidence: str, reason: str = "") -> Expectation:
-        """Record `claim` as held or not, with the evidence (the numbers) it was judged on."""
-        return self._add(Expectation(claim, Outcome.HELD if held else Outcome.NOT_HELD, evidence, reason))
-
-    def not_checked(self, claim: str, why: str) -> Expectation:
-        """Record that `claim` could not be judged on this run, and why."""
-        return self._add(Expectation(claim, Outcome.NOT_CHECKED, why))
-
-    def _add(self, expectation: Expectation) -> Expectation:
+    def record(self, claim: str, conditions: tuple[Condition, ...], reason: str = "") -> Expectation:
+        expectation = Expectation(claim, tuple(conditions), reason)
         self.append(expectation)
         print(expectation)
         return expectation
 
     def summary(self) -> str:
-        """One line per expectation: the verdict list at the end of a notebook."""
-        width = max((len(outcome.value) for outcome in Outcome), default=0)
-        return "\n".join(f"{item.outcome.value:>{width}}: {item.claim}" for item in self)
+        """One line per expectation, and one per condition: the verdict list at a notebook's end."""
+        width = max(len(outcome.value) for outcome in Outcome)
+        lines = []
+        for item in self:
+            lines.append(f"{item.outcome.value:>{width}}: {item.claim}")
+            if len(item.conditions) > 1:
+                lines += [f"{'':>{width}}    {part.outcome.value}: {part.text}" for part in item.conditions]
+        return "\n".join(lines)
+
+    def figures(self) -> list[Figure]:
+        """Every figure every verdict used."""
+        return [item for expectation in self for part in expectation.conditions for item in part.figures]

@@ -12,11 +12,7 @@ LAB_TARGET chooses the target:
 LAB_PROFILE chooses how long each measurement runs (servelab.profiles): `full` (the default) or
 `quick` (CI; every experiment still runs, with short windows).
 
-A Triton config change is made on the config as shipped (`lab.config(model)`, a
-`servelab.triton_config.TritonConfig`), shown as the exact text change to `config.pbtxt`, and
-applied by reloading that one model through Triton's model-control API (the server runs with
-explicit model control, on both targets). Locally the edited config is adapted to the CPU first,
-and that adaptation is printed too.
+The Triton methods (perf_analyzer runs, capacity, config edits) are in servelab.lab_triton.
 """
 
 from __future__ import annotations
@@ -24,28 +20,27 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import functools
 import logging
+import math
 import os
 import shutil
-import subprocess
 import sys
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-import tritonclient.http as triton_http
-from tritonclient.utils import InferenceServerException
 
-from servelab import loadgen, paths, perf_analyzer, plots, triton_local, ui
-from servelab.environment import chameleon_only, current_target  # noqa: F401 (notebooks import them from here too)
-from servelab.expectations import Expectation, ExpectationLog
+from servelab import loadgen, paths, plots, ui
+from servelab.cores import available_cores
+from servelab.environment import chameleon_only, current_target, machine_info  # noqa: F401 (notebooks use them)
+from servelab.expectations import Condition, Expectation, ExpectationLog
+from servelab.lab_triton import Capacity, TritonLab
 from servelab.models import ModelRepository
 from servelab.profiles import Profile, profile
 from servelab.results import RunResult
 from servelab.stack import LocalStack, Ports, answers, fastapi_service, gourmetgram_service, triton_service
-from servelab.triton_config import ConfigError, TritonConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +48,7 @@ NOTEBOOK_STACK_DIR = paths.LAB_DIR / "notebook-stack"
 
 
 @dataclass
-class Lab:
+class Lab(TritonLab):
     target: str
     profile: Profile
     fastapi_urls: dict[str, str]  # flavor ("pt"/"onnx") -> http://host:port
@@ -66,6 +61,7 @@ class Lab:
     results: list[RunResult] = field(default_factory=list)
     expectations: ExpectationLog = field(default_factory=ExpectationLog)
     _stacks: list[LocalStack] = field(default_factory=list, repr=False)
+    _capacities: dict[tuple[str, str], Capacity] = field(default_factory=dict, repr=False)
 
     # ---- connecting ------------------------------------------------------------------------
 
@@ -146,6 +142,22 @@ class Lab:
         if self.triton_http:
             lines.append(f"  Triton: HTTP {self.triton_http}, gRPC {self.triton_grpc}")
         return "\n".join(lines)
+
+    @property
+    def cores(self) -> int:
+        """The CPU cores this notebook's process may use (on Chameleon: the Jupyter container's)."""
+        return available_cores()
+
+    @functools.cached_property
+    def gpus(self) -> list[str]:
+        """The GPUs this notebook's machine has (nvidia-smi's names), none on a CPU-only machine."""
+        return [gpu for gpu in machine_info()["gpus"] if gpu != "none"]
+
+    def hardware(self) -> str:
+        """What the models run on, in words, for the reasons the notebooks give: read, not assumed."""
+        if self.gpus:
+            return f"{len(self.gpus)} GPU(s) ({', '.join(sorted(set(self.gpus)))}) and {self.cores} CPU cores"
+        return f"{self.cores} CPU core(s) and no GPU"
 
     def stop(self) -> None:
         """Stop what this notebook started (nothing, when it uses `make up` or Docker)."""
@@ -229,92 +241,11 @@ class Lab:
         )
         return self._keep(result, target or f"fastapi_{flavor}")
 
-    def perf(
-        self,
-        model: str,
-        concurrency: int | None = 1,
-        batch_size: int = 1,
-        rate: float | None = None,
-        distribution: str = "constant",
-        **options,
-    ) -> RunResult:
-        """perf_analyzer against Triton, with this profile's measurement windows. `options` go to
-        servelab.perf_analyzer.run (e.g. shape=[...]) and override the model's defaults."""
-        model_input = self.models.get(model).perf_analyzer_input(self.sample_image(), paths.LAB_DIR)
-        result = perf_analyzer.run(
-            self._triton(),
-            model,
-            concurrency=None if rate else concurrency,
-            request_rate=rate,
-            request_distribution=distribution,
-            batch_size=batch_size,
-            measurement_interval_ms=self.profile.perf_window_ms,
-            stability_percentage=50,
-            max_trials=5,
-            timeout_s=600,
-            **{**model_input, **options},
-        ).results[0]
-        return self._keep(result, result.target)
-
-    def measure(self, model: str, attempts: int = 2, **load) -> RunResult | None:
-        """`perf`, tried up to `attempts` times while perf_analyzer finds no stable measurement;
-        None (said in the output) when no attempt gave a number. The result's target names the
-        model's current instance count, so runs under different configurations stay apart."""
-        for attempt in range(1, attempts + 1):
-            try:
-                result = self.perf(model, **load)
-                break
-            except perf_analyzer.NoStableMeasurement as unstable:
-                print(f"{model} {load}: {unstable.meaning} (attempt {attempt} of {attempts}).")
-        else:
-            print(f"{model} {load}: perf_analyzer gave up every time, so this run has no result.")
-            return None
-        instances = self.served_instances(model)
-        result.target += f", {instances} instance{'s' if instances > 1 else ''}"
-        return result
-
     def _keep(self, result: RunResult, target: str) -> RunResult:
         result.target = target
         self.results.append(result)
         print(summary_line(result))
         return result
-
-    def breakdown(self, results: Mapping[str, RunResult | None]) -> str:
-        """Print where the time went (Triton's breakdown) for named perf_analyzer runs."""
-        table = plots.breakdown_table(results)
-        print(table)
-        return table
-
-    def scale_rates(self, rates: list[float], model: str = "food_classifier_onnx") -> list[float]:
-        """The request rates to use here for an experiment written for two P100 GPUs.
-
-        On Chameleon they are used as written. Locally, the capacity of one `model` instance is
-        measured, and the rates are scaled so that the highest one is 90% of it: the experiment
-        keeps its shape (light load to near saturation) on a machine many times slower.
-        """
-        if self.on_chameleon:
-            return list(rates)
-        capacity = (
-            perf_analyzer.run(
-                self._triton(),
-                model,
-                concurrency=4,
-                measurement_interval_ms=self.profile.perf_window_ms,
-                stability_percentage=50,
-                max_trials=5,
-                **self.models.get(model).perf_analyzer_input(self.sample_image(), paths.LAB_DIR),
-            )
-            .results[0]
-            .throughput_rps
-        )
-        factor = 0.9 * capacity / max(rates)
-        scaled = [round(rate * factor, 1) for rate in rates]
-        print(
-            f"This machine serves about {capacity:.1f} req/s with one {model} instance (measured just now). "
-            f"The lab's rates {rates} req/s were chosen for a P100 GPU; here they are scaled by "
-            f"{factor:.3f} to {scaled} req/s, so the highest is 90% of this machine's capacity."
-        )
-        return scaled
 
     def table(self, results: list[RunResult] | None = None) -> str:
         table = plots.results_table(results if results is not None else self.results)
@@ -323,16 +254,13 @@ class Lab:
 
     # ---- lesson checks ---------------------------------------------------------------------
 
-    def expect(self, claim: str, held: bool, evidence: str, reason: str = "") -> Expectation:
-        """Record what the lesson expected, and whether this run's numbers (the evidence) bore it out."""
-        return self.expectations.judge(claim, bool(held), evidence, reason)
-
-    def not_checked(self, claim: str, missing: list[str]) -> Expectation:
-        """Record that an expectation could not be judged: these runs gave no number."""
-        return self.expectations.not_checked(claim, f"no stable measurement for {', '.join(missing)}")
+    def expect(self, claim: str, *conditions: Condition, reason: str = "") -> Expectation:
+        """Record what the lesson expected, as the conditions it states, each judged on this run's
+        figures (servelab.expectations.condition); `reason` says why it may not hold here."""
+        return self.expectations.record(claim, conditions, reason)
 
     def verdicts(self) -> str:
-        """Every expectation of this notebook and its outcome, one line each."""
+        """Every expectation of this notebook and its outcome, with each condition's."""
         summary = self.expectations.summary()
         print(summary)
         return summary
@@ -364,76 +292,17 @@ class Lab:
             raise RuntimeError(f"GourmetGram at {ui_url} answered HTTP {answer.status}: {answer.error}")
         return answer
 
-    # ---- Triton model configs ----------------------------------------------------------------
-
-    def config(self, model: str) -> TritonConfig:
-        """The model's config as shipped for the GPU node (what a student edits).
-
-        On Chameleon it is read from git, not from the file: the server there loads
-        models_staging/ itself, so after an edit the file no longer holds the shipped text.
-        """
-        info = self.models.get(model)
-        if self.on_chameleon:
-            relative = f"models_staging/{model}/config.pbtxt"
-            shipped = subprocess.run(
-                ["git", "show", f"HEAD:{relative}"], cwd=paths.REPO_ROOT, capture_output=True, text=True
-            )
-            if shipped.returncode == 0:
-                return TritonConfig(shipped.stdout, origin=relative)
-        return info.config
-
-    def served_config(self, model: str) -> dict:
-        """What Triton reports it runs for `model` (its own defaults filled in)."""
-        return triton_http.InferenceServerClient(self._triton()).get_model_config(model)
-
-    def served_instances(self, model: str) -> int:
-        """How many instances of `model` Triton runs now, from what the server itself reports."""
-        groups = self.served_config(model).get("instance_group", [])
-        # On a GPU group, `count` instances run on *each* listed GPU.
-        return sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in groups)
-
-    def apply_config(self, model: str, edited: TritonConfig | str) -> None:
-        """Show the edit as a diff, write it where the server reads it, and reload that one model.
-
-        `edited` is a TritonConfig (e.g. `lab.config(model).with_dynamic_batching(...)`) or the
-        text of one; either way it is checked against Triton's schema before Triton sees it.
-        """
-        info = self.models.get(model)
-        if isinstance(edited, str):
-            edited = TritonConfig(edited, origin=f"{model}/config.pbtxt (edited)")
-        if edited.name not in ("", model):
-            raise ConfigError(f'The edited config says name: "{edited.name}", but it is applied to {model}.')
-        shipped = self.config(model)
-        print(
-            shipped.diff(edited, f"{model}/config.pbtxt (as shipped)", f"{model}/config.pbtxt (edited)")
-            or f"{model}/config.pbtxt: back to the config as shipped"
-        )
-        served = edited
-        if not self.on_chameleon:
-            served = triton_local.served_config(info, edited, self.repository / model)
-            print(
-                "Adapted for this machine (no GPU, pip-installed Triton):\n"
-                + edited.diff(served, "edited", "served on this CPU-only machine")
-            )
-        (self.repository / model / "config.pbtxt").write_text(served.text)
-        client = triton_http.InferenceServerClient(self._triton())
-        started = time.monotonic()
-        try:
-            client.load_model(model)  # in explicit mode, loading a loaded model reloads it from disk
-        except InferenceServerException as exc:
-            raise ConfigError(f"Triton refused the edited config of {model}: {exc.message()}") from None
-        print(f"Reloaded {model} in {time.monotonic() - started:.1f} s; ready: {client.is_model_ready(model)}")
-
-    def restore_config(self, model: str) -> None:
-        self.apply_config(model, self.config(model))
-
 
 def summary_line(result: RunResult) -> str:
     latency = result.latency
     errors = f", {result.error_count} errors" if result.error_count else ""
+    tail = ", ".join(
+        f"p{p} {result.latency_ms(p):.1f} ms" if math.isfinite(result.latency_ms(p)) else f"p{p} n/a (too few requests)"
+        for p in (95, 99)
+    )
     return (
-        f"{result.label}: {result.throughput_rps:.1f} req/s, p50 {latency.p50_ms:.1f} ms, "
-        f"p95 {latency.p95_ms:.1f} ms, p99 {latency.p99_ms:.1f} ms ({result.requests} requests{errors})"
+        f"{result.label}: {result.throughput_rps:.1f} req/s, p50 {latency.p50_ms:.1f} ms, {tail} "
+        f"({result.requests} requests{errors})"
     )
 
 

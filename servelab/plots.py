@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend choice)
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator, ScalarFormatter  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator, ScalarFormatter  # noqa: E402
 
 from servelab import queueing  # noqa: E402
 from servelab.results import RunResult  # noqa: E402
@@ -42,6 +42,7 @@ PathLike = str | Path | None
 BatchStats = StatsDelta | Mapping[str, Any] | Mapping[int, int]
 
 PERCENTILE_STYLES = {"p50": "-", "p95": "--", "p99": ":"}
+PERCENTILE_MARKERS = {"p50": "o", "p95": "s", "p99": "^"}
 DPI = 120
 
 
@@ -96,8 +97,10 @@ def plot_latency_throughput_vs_concurrency(
         runs = sorted(runs, key=lambda r: r.concurrency)
         concurrency = [r.concurrency for r in runs]
         for percentile, style in PERCENTILE_STYLES.items():
-            latencies = [getattr(r.latency, f"{percentile}_ms") for r in runs]
-            ax_latency.plot(concurrency, latencies, linestyle=style, marker="o", markersize=4, color=color)
+            # A percentile the run was too short for is left out (NaN), not drawn as a guess.
+            latencies = [r.latency_ms(int(percentile[1:])) for r in runs]
+            marker = PERCENTILE_MARKERS[percentile]
+            ax_latency.plot(concurrency, latencies, linestyle=style, marker=marker, markersize=5, color=color)
         ax_throughput.plot(
             concurrency,
             [r.images_per_s for r in runs],
@@ -108,13 +111,24 @@ def plot_latency_throughput_vs_concurrency(
     all_concurrency = [r.concurrency for r in closed]
     for ax in (ax_latency, ax_throughput):
         _concurrency_axis(ax, all_concurrency)
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-    ax_latency.set_ylabel("latency (ms)")
+        ax.grid(True, which="both", alpha=0.3)
+    ax_throughput.set_ylim(bottom=0)
+    latencies = [v for r in closed for v in (r.latency.p50_ms, r.latency.p99_ms) if math.isfinite(v) and v > 0]
+    if latencies and max(latencies) / min(latencies) > 20:  # values spanning decades: a log axis shows them all
+        ax_latency.set_yscale("log")
+        ax_latency.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax_latency.yaxis.set_minor_formatter(NullFormatter())
+        ax_latency.set_ylabel("latency (ms, log scale)")
+    else:
+        ax_latency.set_ylim(bottom=0)
+        ax_latency.set_ylabel("latency (ms)")
     ax_latency.set_title("Latency percentiles")
-    # Colours name the targets (legend on the right plot); line styles name the percentiles.
+    # Colours name the targets (legend on the right plot); line styles and markers name the percentiles.
     ax_latency.legend(
-        handles=[Line2D([], [], color="black", linestyle=style, label=p) for p, style in PERCENTILE_STYLES.items()],
+        handles=[
+            Line2D([], [], color="black", linestyle=style, marker=PERCENTILE_MARKERS[p], label=p)
+            for p, style in PERCENTILE_STYLES.items()
+        ],
         loc="upper left",
         title="percentile",
     )
@@ -159,6 +173,7 @@ def plot_latency_cdf(
         # Plain millisecond numbers at 1-2-5 steps read better than powers of ten.
         ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())  # no second set of labels in another format
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("latency (ms)" + (", log scale" if log_x else ""))
     ax.set_ylabel("fraction of requests at or below")
@@ -193,12 +208,15 @@ def plot_batch_sizes(
     labels: Sequence[str] | None = None,
     path: PathLike = None,
     title: str = "Executions per batch size",
+    share: bool = False,
 ) -> Figure:
     """Bar chart: how many model executions ran at each batch size.
 
     `stats`: a `StatsDelta`, its `to_dict()` (e.g. a RunResult's `triton_stats`), or a plain
     {batch size: executions} mapping; or several of these, as a list (with `labels`) or as a
     {label: stats} mapping, to compare e.g. before/after enabling dynamic batching.
+    `share`: draw each batch size's share of the run's inferences (in %) instead of the count of
+    executions, so that runs of different lengths compare; the legend gives each run's totals.
     """
     if _is_one_set(stats):
         items: list[BatchStats] = [stats]
@@ -223,18 +241,50 @@ def plot_batch_sizes(
     fig, ax = plt.subplots(figsize=(max(7.0, 0.55 * len(sizes) * len(histograms) + 3), 4.8), layout="constrained")
     for i, (color, label, (_, counts, avg_batch)) in enumerate(zip(_colors(), labels, histograms, strict=False)):
         offset = (i - (len(histograms) - 1) / 2) * width
+        inferences = sum(size * count for size, count in counts.items())
+        if share:
+            label = f"{label} ({inferences} inferences in {sum(counts.values())} executions)"
+            heights = [100 * size * counts.get(size, 0) / inferences for size in sizes]
+            texts = [f"{height:.0f}%" if height else "" for height in heights]
+        else:
+            heights = [counts.get(size, 0) for size in sizes]
+            texts = [str(counts[size]) if counts.get(size) else "" for size in sizes]
         if avg_batch is not None and not math.isnan(avg_batch):
-            label = f"{label} (avg batch {avg_batch:.2f})"
-        bars = ax.bar(positions + offset, [counts.get(size, 0) for size in sizes], width, color=color, label=label)
-        ax.bar_label(bars, labels=[str(counts[size]) if counts.get(size) else "" for size in sizes], fontsize="small")
+            label = f"{label}, avg batch {avg_batch:.2f}"
+        bars = ax.bar(positions + offset, heights, width, color=color, label=label)
+        ax.bar_label(bars, labels=texts, fontsize="small")
     ax.set_xticks(positions, [str(size) for size in sizes])
     ax.set_xlabel("batch size executed (inferences per model execution)")
-    ax.set_ylabel("executions")
+    ax.set_ylabel("% of the run's inferences" if share else "executions")
     ax.margins(y=0.12)  # room for the count above the tallest bar
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     ax.legend(fontsize="small")
     ax.set_title(title)
+    return _finish(fig, path)
+
+
+def plot_process_cpu(runs: Mapping[str, RunResult], cores: int, path: PathLike = None, title: str = "") -> Figure:
+    """Stacked bars: each run's CPU per process (`resources["processes"]`, % of one core, as
+    Lab.measure records it for a model's instances), against the line of every core busy."""
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(runs) + 2), 4.5), layout="constrained")
+    for position, result in enumerate(runs.values()):
+        bottom = 0.0
+        processes = (result.resources or {}).get("processes", {}) if result else {}
+        for color, (process, percent) in zip(_colors(), processes.items(), strict=False):
+            ax.bar(position, percent, bottom=bottom, color=color, edgecolor="white", width=0.6)
+            if percent >= 8:
+                ax.text(position, bottom + percent / 2, process, ha="center", va="center", fontsize="x-small")
+            bottom += percent
+        ax.text(position, bottom, f"{bottom:.0f}%", ha="center", va="bottom", fontsize="small")
+    ax.axhline(100 * cores, color="tab:red", linestyle="--", label=f"all {cores} cores busy ({100 * cores}%)")
+    ax.set_xticks(range(len(runs)), list(runs))
+    ax.set_ylabel("CPU per process (% of one core, stacked)")
+    ax.set_ylim(0, 100 * cores * 1.2)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.legend(loc="upper left", fontsize="small")
+    ax.set_title(title or "CPU used by each instance process")
     return _finish(fig, path)
 
 
@@ -299,33 +349,41 @@ def plot_resources(series: Mapping[str, Any], path: PathLike = None, title: str 
 def plot_queueing(
     measured: Sequence[RunResult],
     service_time_s: float,
+    cv2: float = 0.0,
+    alone_ms: float | None = None,
     path: PathLike = None,
     log_y: bool = False,
     title: str | None = None,
 ) -> Figure:
     """Measured latency vs offered rate beside what queueing theory predicts for service time S.
 
-    `measured`: open-loop results (with `rate_rps`). Poisson arrivals are what M/D/1 assumes;
-    constant arrivals are closer to D/D/1, drawn too for contrast.
+    `measured`: open-loop results (with `rate_rps`). Each model's curve is a request's latency
+    alone (`alone_ms`, default S) plus its predicted wait: M/D/1 (Poisson arrivals, constant
+    service), M/G/1 with the measured service-time variation `cv2` (when above 0), and D/D/1
+    (constant arrivals: no wait), drawn for contrast.
     """
     runs = [result for result in measured if result.rate_rps is not None]
     if not runs:
         raise ValueError("no open-loop results (with a rate_rps) to plot")
     capacity = queueing.capacity_rps(service_time_s)
-    service_ms = service_time_s * 1000
+    base_ms = service_time_s * 1000 if alone_ms is None else alone_ms
     fig, ax = plt.subplots(figsize=(10, 5.8), layout="constrained")
 
-    # Up to 99.5 % of capacity: the M/D/1 curve is infinite at capacity itself.
+    # Up to 99.5 % of capacity: the curves are infinite at capacity itself.
     rates = np.linspace(0, 0.995 * capacity, 400)
-    predicted = [row["latency_ms"] for row in queueing.md1_prediction(rates, service_time_s)]
-    ax.plot(rates, predicted, color="black", linewidth=2, label="M/D/1 prediction (Poisson arrivals), mean")
+    models = [("M/D/1 (Poisson arrivals, constant service)", 0.0, "black")]
+    if cv2 > 0:
+        models.append((f"M/G/1 (Poisson arrivals, service cv² = {cv2:.2f})", cv2, "tab:purple"))
+    for name, variation, color in models:
+        waits = [row["queueing_delay_ms"] for row in queueing.mg1_prediction(rates, service_time_s, variation)]
+        ax.plot(rates, base_ms + np.asarray(waits), color=color, linewidth=2, label=f"{name}: predicted mean")
     ax.plot(
         [0, capacity],
-        [service_ms, service_ms],
+        [base_ms, base_ms],
         color="black",
         linestyle=":",
         linewidth=1.5,
-        label="D/D/1 prediction (constant arrivals): no queueing",
+        label="D/D/1 (constant arrivals): no queueing",
     )
     ax.axvline(capacity, color="tab:red", linestyle="--", linewidth=1.2, label=f"capacity 1/S = {capacity:.1f} req/s")
 
@@ -334,36 +392,24 @@ def plot_queueing(
         group = sorted(group, key=lambda r: r.rate_rps)
         offered = [r.rate_rps for r in group]
         name = f"{_series_name(target, tool)}, {arrival or 'unknown'} arrivals"
-        ax.plot(offered, [r.latency.mean_ms for r in group], color=color, marker="o", label=f"{name}: mean")
-        ax.plot(
-            offered,
-            [r.latency.p50_ms for r in group],
-            color=color,
-            marker="s",
-            markersize=4,
-            linestyle="--",
-            alpha=0.7,
-            label=f"{name}: p50",
-        )
+        ax.plot(offered, [r.latency.mean_ms for r in group], color=color, marker="o", label=f"{name}: measured mean")
 
     ax.set_xlim(0, max(max(r.rate_rps for r in runs), capacity) * 1.05)
     if log_y:
         ax.set_yscale("log")
     else:
-        # Keep the interesting part readable: the prediction shoots up near capacity.
-        measured_max = max(
-            (v for r in runs for v in (r.latency.mean_ms, r.latency.p50_ms) if math.isfinite(v)), default=service_ms
-        )
-        ax.set_ylim(0, max(measured_max, 10 * service_ms) * 1.1)
+        # Keep the interesting part readable: the predictions shoot up near capacity.
+        measured_max = max((r.latency.mean_ms for r in runs if math.isfinite(r.latency.mean_ms)), default=base_ms)
+        ax.set_ylim(0, max(measured_max, 10 * base_ms) * 1.1)
     utilization_axis = ax.secondary_xaxis(
         "top", functions=(lambda rate: rate * service_time_s, lambda rho: rho / service_time_s)
     )
     utilization_axis.set_xlabel("utilization ρ = λ·S")
     ax.set_xlabel("offered rate λ (req/s)")
-    ax.set_ylabel("latency (ms)" + (", log scale" if log_y else ""))
+    ax.set_ylabel("mean latency (ms)" + (", log scale" if log_y else ""))
     ax.grid(True, which="both" if log_y else "major", alpha=0.3)
     ax.legend(loc="upper left", fontsize="small")
-    ax.set_title(title or f"Latency vs offered load, against queueing theory (S = {service_ms:.1f} ms)")
+    ax.set_title(title or f"Latency vs offered load, against queueing theory (S = {service_time_s * 1000:.1f} ms)")
     return _finish(fig, path)
 
 
@@ -372,6 +418,7 @@ def _cell(text: Any) -> str:
 
 
 def _number(value: float, digits: int = 1) -> str:
+    """A number for a table; n/a for one that was not measured, or a percentile the run was too short for."""
     return f"{value:.{digits}f}" if math.isfinite(value) else "n/a"
 
 
@@ -433,9 +480,9 @@ def results_table(
             _load(result),
             str(result.requests),
             _number(result.throughput_rps),
-            _number(result.latency.p50_ms),
-            _number(result.latency.p95_ms),
-            _number(result.latency.p99_ms),
+            _number(result.latency_ms(50)),
+            _number(result.latency_ms(95)),
+            _number(result.latency_ms(99)),
             _errors(result),
         ]
         if baseline_rps is not None:
@@ -447,7 +494,8 @@ def results_table(
 
 def breakdown_table(results: Mapping[str, RunResult | None]) -> str:
     """Where each named perf_analyzer run spent its time: throughput, latency, and Triton's queue
-    and compute-infer per request. A None result is a run that gave no stable measurement."""
+    and compute-infer per request. A None result is a run that gave no stable measurement; p95 is
+    n/a for a run of fewer than 20 requests."""
     lines = [
         f"{'run':>18} | {'req/s':>7} | {'mean ms':>8} | {'p95 ms':>7} | {'queue ms':>8} | {'compute infer ms':>16}"
     ]
@@ -455,9 +503,9 @@ def breakdown_table(results: Mapping[str, RunResult | None]) -> str:
         if result is None:
             lines.append(f"{name:>18} | no stable measurement")
             continue
-        latency, queue, infer = result.latency, result.server_ms("queue"), result.server_ms("compute_infer")
+        queue, infer = result.server_ms("queue"), result.server_ms("compute_infer")
         lines.append(
-            f"{name:>18} | {result.throughput_rps:7.1f} | {latency.mean_ms:8.1f} | {latency.p95_ms:7.1f} | "
-            f"{queue:8.1f} | {infer:16.1f}"
+            f"{name:>18} | {result.throughput_rps:7.1f} | {result.latency.mean_ms:8.1f} | "
+            f"{_number(result.latency_ms(95)):>7} | {queue:8.1f} | {infer:16.1f}"
         )
     return "\n".join(lines)

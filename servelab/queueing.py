@@ -10,8 +10,13 @@ at an offered rate of lambda requests per second, i.e. at utilization rho = lamb
 - D/D/1: perfectly regular arrivals, constant service time. Every request arrives after the
   previous one has finished, so nobody waits at all, right up to capacity.
 
-Measured latency between these two curves shows how much of the queueing comes from the
-*randomness* of arrivals, not from the load itself.
+- M/G/1: random arrivals, and a service time that varies, with squared coefficient of variation
+  cv2 (variance / mean^2). The wait grows with (1 + cv2): M/D/1 is its cv2 = 0 case, and a server
+  whose requests take more or less time queues more at the same load.
+
+Measured latency between M/D/1 and D/D/1 shows how much of the queueing comes from the
+*randomness* of arrivals, not from the load itself; measured latency above M/D/1 points at a
+service time that varies (M/G/1), or at work outside the service time.
 
 Both models assume one server handling one request at a time in arrival (FIFO) order, an
 unlimited queue, and a steady state (a long run). A Triton model with several instances or with
@@ -45,16 +50,25 @@ def utilization(rate_rps: float, service_time_s: float) -> float:
     return rate_rps * service_time_s
 
 
-def md1_mean_wait_s(rate_rps: float, service_time_s: float) -> float:
-    """Mean queueing delay Wq of M/D/1: Poisson arrivals at `rate_rps`, constant service time.
+def mg1_mean_wait_s(rate_rps: float, service_time_s: float, cv2: float) -> float:
+    """Mean queueing delay Wq of M/G/1: Poisson arrivals at `rate_rps`, a service time of mean S
+    whose squared coefficient of variation is `cv2`.
 
-    Pollaczek-Khinchine with a deterministic service time: Wq = rho / (2 * mu * (1 - rho)),
-    with mu = 1 / S. Infinite at rho >= 1: the queue then grows for as long as the load lasts.
+    Pollaczek-Khinchine: Wq = rho * S * (1 + cv2) / (2 * (1 - rho)). Infinite at rho >= 1: the
+    queue then grows for as long as the load lasts.
     """
+    if cv2 < 0:
+        raise ValueError(f"a squared coefficient of variation is not negative, got {cv2}")
     rho = utilization(rate_rps, service_time_s)
     if rho >= 1:
         return math.inf
-    return rho * service_time_s / (2 * (1 - rho))
+    return rho * service_time_s * (1 + cv2) / (2 * (1 - rho))
+
+
+def md1_mean_wait_s(rate_rps: float, service_time_s: float) -> float:
+    """Mean queueing delay Wq of M/D/1: Poisson arrivals, a constant service time (M/G/1, cv2 = 0):
+    Wq = rho / (2 * mu * (1 - rho)), with mu = 1 / S."""
+    return mg1_mean_wait_s(rate_rps, service_time_s, 0.0)
 
 
 def dd1_mean_wait_s(rate_rps: float, service_time_s: float) -> float:
@@ -87,6 +101,11 @@ def _prediction(
 def md1_prediction(rates: Iterable[float], service_time_s: float) -> list[dict[str, Any]]:
     """M/D/1 predictions at each offered rate: rate_rps, utilization, queueing_delay_ms, latency_ms."""
     return _prediction(md1_mean_wait_s, rates, service_time_s)
+
+
+def mg1_prediction(rates: Iterable[float], service_time_s: float, cv2: float) -> list[dict[str, Any]]:
+    """M/G/1 predictions at each offered rate, in the same form as `md1_prediction`."""
+    return _prediction(lambda rate, service: mg1_mean_wait_s(rate, service, cv2), rates, service_time_s)
 
 
 def dd1_prediction(rates: Iterable[float], service_time_s: float) -> list[dict[str, Any]]:

@@ -37,6 +37,12 @@ class LatencySummary:
         return cls(float(values.mean()), float(p50), float(p90), float(p95), float(p99), float(values.max()))
 
 
+def percentile_known(percentile: float, requests: int) -> bool:
+    """Whether `requests` say anything about the `percentile`: at least one request must lie beyond it
+    (p99 needs 100 requests, p95 20). Below that the "p99" is just the slowest request seen."""
+    return requests * (1 - percentile / 100) >= 1
+
+
 @dataclass
 class RunResult:
     target: str  # what was measured, e.g. "fastapi_onnx" or "triton/food_classifier_onnx (grpc)"
@@ -64,6 +70,11 @@ class RunResult:
     @property
     def images_per_s(self) -> float:
         return self.throughput_rps * self.batch_size
+
+    def latency_ms(self, percentile: int) -> float:
+        """The p50, p90, p95 or p99 latency, or NaN when the run is too short to know it."""
+        value = getattr(self.latency, f"p{percentile}_ms")
+        return value if percentile_known(percentile, self.requests) else math.nan
 
     def server_ms(self, stage: str) -> float:
         """One stage of Triton's server-side breakdown, in milliseconds per request: "queue",

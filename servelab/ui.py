@@ -20,12 +20,13 @@ class PageAnswer:
     answered_by: str | None  # e.g. "answered by triton in 41 ms"
     error: str | None
     banner: str | None  # the weights warning every page carries unless the weights are trained
+    backend: str | None  # the page's header: the backend, its address, and the Triton model
 
     def __str__(self) -> str:
         lines = [f"HTTP {self.status}; label shown: {self.label or '(none)'}"]
         if self.label is None and self.heading:
             lines.append(f"  page heading: {self.heading}")
-        for name in ("probability", "answered_by", "error", "banner"):
+        for name in ("probability", "answered_by", "backend", "error", "banner"):
             value = getattr(self, name)
             if value:
                 lines.append(f"  {name.replace('_', ' ')}: {value}")
@@ -49,6 +50,7 @@ def read_result_page(status: int, page: str) -> PageAnswer:
         answered_by=_text(r">(answered by .*?)</p>", page),
         error=_text(r'class="error">(.*?)</p>', page),
         banner=_text(r'role="alert">(.*?)</div>', page),
+        backend=_text(r'class="backend">(.*?)</span>', page),
     )
 
 

@@ -45,7 +45,8 @@ def test_upload_form_classifies_an_image_through_each_backend(start_gourmetgram,
     assert re.search(r"\d+\.\d% probability", result.text)
     assert f"answered by {kind} in" in result.text and f"request: {model_input}" in html.unescape(result.text)
     if built_artifacts.weights_info["weights"] == "untrained":
-        assert "Untrained weights" in result.text and "not meaningful" in result.text
+        banner = re.search(r'role="alert">(.*?)</div>', result.text, re.S).group(1)
+        assert banner.count("UNTRAINED weights") == 1 and "not meaningful" in banner and "random" not in banner
 
     health = requests.get(f"{url}/healthz", timeout=10).json()
     assert health["backend_reachable"] is True

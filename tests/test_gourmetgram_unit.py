@@ -263,8 +263,9 @@ def test_healthz_for_fastapi_says_the_page_sends_the_file(client: Any) -> None:
 
 def test_banner_text_for_each_weights_status() -> None:
     assert bk.WeightsStatus("trained", "", reachable=True).banner is None
-    untrained = bk.WeightsStatus("untrained", "random init, seed 0", reachable=True).banner
-    assert untrained is not None and "not meaningful" in untrained and "random init, seed 0" in untrained
+    untrained = bk.WeightsStatus("untrained", "Seeded, never trained: labels are not meaningful.", True).banner
+    assert untrained == "Seeded, never trained: labels are not meaningful."  # the backend's note, once
+    assert "not meaningful" in bk.WeightsStatus("untrained", "", reachable=True).banner
     unreported = bk.WeightsStatus("unknown", "", reachable=True).banner
     assert unreported is not None and "did not say" in unreported and "not meaningful" in unreported
 

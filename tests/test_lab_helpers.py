@@ -8,7 +8,7 @@ import re
 import pytest
 
 from servelab import perf_analyzer, plots, ui
-from servelab.expectations import ExpectationLog, Outcome
+from servelab.expectations import ExpectationLog, Outcome, condition, figure, measured
 from servelab.food11 import LABELS
 from servelab.lab import Lab
 from servelab.profiles import PROFILES, profile
@@ -16,12 +16,12 @@ from servelab.results import LatencySummary, RunResult
 from tests.conftest import make_image_bytes
 
 
-def perf_result(queue_us: float = 2000.0, infer_us: float = 5000.0) -> RunResult:
+def perf_result(queue_us: float = 2000.0, infer_us: float = 5000.0, requests: int = 40) -> RunResult:
     return RunResult(
         target="triton/toy (http)",
         tool="perf_analyzer",
         mode="closed",
-        requests=10,
+        requests=requests,
         throughput_rps=42.0,
         latency=LatencySummary(8.0, 7.5, 9.0, 9.5, 9.9, 9.9),
         wall_s=0.25,
@@ -30,29 +30,67 @@ def perf_result(queue_us: float = 2000.0, infer_us: float = 5000.0) -> RunResult
     )
 
 
-def test_expectations_record_held_not_held_and_not_checked_and_list_them(capsys):
+def test_each_condition_is_judged_on_its_own_figures_and_a_missing_run_is_not_checked(capsys):
+    run = perf_result(queue_us=2000, infer_us=5000)
+    queue, infer = figure(run, "server_ms(queue)", "queue"), figure(run, "server_ms(compute_infer)", "compute")
     log = ExpectationLog()
-    log.judge("queues grow", held=True, evidence="1 -> 9 ms")
-    log.judge("batching helps", held=False, evidence="2.1x vs 2.0x", reason="a CPU has no idle parallelism")
-    log.not_checked("more instances stop helping", "no stable measurement for 8 instances")
+    held = log.record("queueing is short", (condition("the queue is under 5 ms", queue.value < 5, queue),))
+    mixed = log.record(
+        "compute dominates",
+        (
+            condition("compute exceeds the queue", infer.value > queue.value, infer, queue, detail="2.5x"),
+            condition("compute is under 1 ms", infer.value < 1, infer),
+            condition("c=16 queues longer", False, figure(None, "server_ms(queue)", "queue at c=16")),
+        ),
+        reason="a CPU",
+    )
     printed = capsys.readouterr().out
-    assert "-> HELD on this machine: 1 -> 9 ms" in printed
-    assert "-> DID NOT HOLD on this machine: 2.1x vs 2.0x\n  Why: a CPU has no idle parallelism" in printed
-    assert "-> NOT CHECKED: no stable measurement for 8 instances" in printed
-    assert [item.outcome for item in log] == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_CHECKED]
+    assert (held.outcome, mixed.outcome) == (Outcome.HELD, Outcome.NOT_HELD)
+    assert [part.outcome for part in mixed.conditions] == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_CHECKED]
+    assert "  - HELD: compute exceeds the queue: compute 5.00 ms, queue 2.00 ms (2.5x)" in printed
+    assert "  - NOT CHECKED: c=16 queues longer: queue at c=16: not measured" in printed
+    assert "Why: a CPU" in printed
     assert log.summary().splitlines() == [
-        "        HELD: queues grow",
-        "DID NOT HOLD: batching helps",
-        " NOT CHECKED: more instances stop helping",
+        "        HELD: queueing is short",
+        "DID NOT HOLD: compute dominates",
+        "                HELD: compute exceeds the queue",
+        "                DID NOT HOLD: compute is under 1 ms",
+        "                NOT CHECKED: c=16 queues longer",
     ]
+    assert {item.run for item in log.figures()} == {run.label, None}
 
 
-def test_the_lab_records_a_claim_it_could_not_check_in_its_verdict_list(tmp_path, capsys):
+def test_a_figure_remembers_the_run_and_field_it_was_read_from():
+    run = perf_result()
+    run.triton_stats = {"avg_batch_size": 2.5}
+    run.resources = {
+        "t_s": [0.5, 1.0],
+        "cpu_percent": [50.0, 70.0],
+        "cpu_per_core": [[50.0], [70.0]],
+        "memory_percent": [1, 1],
+        "gpus": [],
+        "gpu_source": "none",
+        "errors": [],
+        "processes": {"toy_0_0": 98.5},
+    }
+    for field, value in [
+        ("throughput_rps", 42.0),
+        ("latency.p50_ms", 7.5),
+        ("server_ms(queue)", 2.0),
+        ("triton_stats.avg_batch_size", 2.5),
+        ("resources.cpu_percent_mean", 60.0),
+        ("resources.processes.toy_0_0", 98.5),
+    ]:
+        read = figure(run, field, "x")
+        assert (read.value, read.run, read.started_at, read.field) == (value, run.label, run.started_at, field)
+    assert figure(run, "latency.p50_ms", "x").unit == "ms" and figure(run, "throughput_rps", "x").unit == "req/s"
+
+
+def test_the_lab_records_every_expectation_for_its_final_list(capsys):
     lab = Lab("local", profile("quick"), {}, None, None, None)
-    lab.expect("a", held=1 > 0, evidence="1 > 0")
-    lab.not_checked("b", ["c=16", "c=8"])
+    lab.expect("a", condition("one is more than zero", 1 > 0, measured("one", 1)))
+    lab.expect("b", condition("c=16 was measured", True, figure(None, "throughput_rps", "c=16")))
     assert lab.verdicts().splitlines() == ["        HELD: a", " NOT CHECKED: b"]
-    assert "no stable measurement for c=16, c=8" in capsys.readouterr().out
 
 
 def test_profiles_are_defined_once_and_an_unknown_one_is_refused(monkeypatch):
@@ -68,6 +106,8 @@ def test_the_breakdown_table_shows_each_stage_in_ms_and_says_when_a_run_gave_no_
     assert "queue ms" in header and "compute infer ms" in header
     assert re.search(r"c=1 \|\s+42\.0 \|\s+8\.0 \|\s+9\.5 \|\s+2\.0 \|\s+5\.0$", first)
     assert missing.strip() == "c=16 | no stable measurement"
+    short = plots.breakdown_table({"c=1": perf_result(requests=10)}).splitlines()[1]
+    assert re.search(r"\|\s+8\.0 \|\s+n/a \|", short)  # 10 requests say nothing about the p95
     with pytest.raises(ValueError, match="only perf_analyzer runs"):
         RunResult("fastapi", "loadgen", "closed", 1, 1.0, LatencySummary.of([1.0]), 1.0).server_ms("queue")
 
@@ -84,8 +124,9 @@ def test_measure_retries_an_unstable_measurement_and_gives_none_when_it_never_se
 
     monkeypatch.setattr(lab, "perf", perf)
     monkeypatch.setattr(lab, "served_instances", lambda model: 2)
+    monkeypatch.setattr(lab, "served_config", lambda model: 'name: "toy"\ndynamic_batching { }\n')
     measured = lab.measure("toy", concurrency=2)
-    assert measured.target.endswith(", 2 instances")
+    assert measured.target.endswith(", 2 instances, dynamic batching")
     assert "the windows never agreed (attempt 1 of 2)" in capsys.readouterr().out
     outcomes[:] = [perf_analyzer.NoStableMeasurement("no request completed", "")] * 2
     assert lab.measure("toy", concurrency=2) is None
@@ -110,7 +151,7 @@ def test_a_result_page_is_read_as_a_browser_shows_it(start_gourmetgram):
     answer = ui.upload(url, "lunch.jpg", make_image_bytes(7))
     assert answer.status == 200 and answer.label in LABELS and answer.error is None
     assert re.fullmatch(r"\d+\.\d% probability", answer.probability)
-    assert answer.answered_by.startswith("answered by fastapi in ")
+    assert answer.answered_by.startswith("answered by fastapi in ") and answer.backend.startswith("backend: fastapi at")
     refused = ui.upload(url, "notes.jpg", b"not an image")
     assert (refused.status, refused.label, refused.heading) == (400, None, "That is not an image we can read")
     assert "JPEG or PNG" in refused.error

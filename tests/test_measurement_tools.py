@@ -274,6 +274,16 @@ def test_md1_wait_grows_with_load_and_is_infinite_at_capacity():
     assert queueing.capacity_rps(0.010) == pytest.approx(100)
 
 
+def test_mg1_waits_longer_as_the_service_time_varies_and_is_md1_when_it_does_not():
+    # rho = 0.5, S = 10 ms: Wq = 0.5 * 10 ms * (1 + cv2) / (2 * 0.5) = 5 ms * (1 + cv2).
+    assert queueing.mg1_mean_wait_s(50, 0.010, 0.0) == pytest.approx(queueing.md1_mean_wait_s(50, 0.010))
+    assert queueing.mg1_mean_wait_s(50, 0.010, 1.0) == pytest.approx(0.010)  # M/M/1: twice M/D/1
+    (row,) = queueing.mg1_prediction([50], 0.010, 0.5)
+    assert row["queueing_delay_ms"] == pytest.approx(7.5) and row["latency_ms"] == pytest.approx(17.5)
+    with pytest.raises(ValueError, match="not negative"):
+        queueing.mg1_mean_wait_s(50, 0.010, -0.1)
+
+
 def test_dd1_has_no_queueing_below_saturation():
     assert [row["queueing_delay_ms"] for row in queueing.dd1_prediction([10, 50, 99], 0.010)] == [0, 0, 0]
     assert queueing.dd1_mean_wait_s(101, 0.010) == math.inf
@@ -416,7 +426,7 @@ def test_every_plot_writes_a_png(tmp_path, close_figures):
         "batches_single.png": lambda p: plots.plot_batch_sizes({1: 5, 3: 2}, path=p),
         "resources.png": lambda p: plots.plot_resources(_resource_series(gpus=False), path=p),
         "resources_gpu.png": lambda p: plots.plot_resources(_resource_series(gpus=True), path=p),
-        "queueing.png": lambda p: plots.plot_queueing(opened, 0.020, path=p),
+        "queueing.png": lambda p: plots.plot_queueing(opened, 0.020, cv2=0.3, alone_ms=25.0, path=p),
     }
     for name, draw in drawings.items():
         figure = draw(tmp_path / "figures" / name)

@@ -1,0 +1,252 @@
+"""The Triton half of the notebooks' Lab: perf_analyzer runs, capacity, and model configs.
+
+`servelab.lab.Lab` mixes this in; the notebooks call these as `lab.measure(...)`,
+`lab.capacity(...)`, `lab.config(...)`, `lab.apply_config(...)`. A config change is made on the
+config as shipped (`lab.config(model)`, a `servelab.triton_config.TritonConfig`), shown as the
+exact text change to `config.pbtxt`, and applied by reloading that one model through Triton's
+model-control API (the server runs with explicit model control, on both targets). Locally the
+edited config is adapted to the CPU first, and that adaptation is printed too.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
+
+from servelab import loadgen, paths, perf_analyzer, plots, triton_local
+from servelab.resources import ProcessCpu, ResourceSampler, triton_instance_processes
+from servelab.results import RunResult
+from servelab.triton_config import ConfigError, TritonConfig
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a model in one configuration can do, measured once (see Lab.capacity)."""
+
+    model: str
+    configuration: str
+    alone: RunResult  # one client at a time
+    saturated: RunResult  # enough clients to keep every instance busy
+
+    @property
+    def rps(self) -> float:
+        return self.saturated.throughput_rps
+
+    @property
+    def service_time_s(self) -> float:
+        """S = 1 / capacity: the server's time per request when it is never idle."""
+        return 1 / self.rps
+
+    @property
+    def service_cv2(self) -> float:
+        """How much a request's time varies: the squared coefficient of variation (variance /
+        mean^2) of the latencies of requests alone. 0 is a constant service time (M/D/1)."""
+        latencies = np.asarray(self.alone.latencies_ms)
+        return float(latencies.var() / latencies.mean() ** 2)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.model} ({self.configuration}): capacity {self.rps:.1f} req/s, so S = 1/capacity = "
+            f"{self.service_time_s * 1000:.1f} ms; alone, a request takes {self.alone.latency.mean_ms:.1f} ms "
+            f"on average, with a squared coefficient of variation of {self.service_cv2:.2f}"
+        )
+
+
+class TritonLab:
+    """Lab's methods for Triton (see servelab.lab.Lab for the attributes they use)."""
+
+    _capacities: dict[tuple[str, str], Capacity]
+
+    def perf(
+        self,
+        model: str,
+        concurrency: int | None = 1,
+        batch_size: int = 1,
+        rate: float | None = None,
+        distribution: str = "constant",
+        **options,
+    ) -> RunResult:
+        """perf_analyzer against Triton, with this profile's measurement windows. `options` go to
+        servelab.perf_analyzer.run (e.g. shape=[...]) and override the model's defaults."""
+        model_input = self.models.get(model).perf_analyzer_input(self.sample_image(), paths.LAB_DIR)
+        result = perf_analyzer.run(
+            self._triton(),
+            model,
+            concurrency=None if rate else concurrency,
+            request_rate=rate,
+            request_distribution=distribution,
+            batch_size=batch_size,
+            measurement_interval_ms=self.profile.perf_window_ms,
+            stability_percentage=50,
+            max_trials=5,
+            timeout_s=600,
+            **{**model_input, **options},
+        ).results[0]
+        return self._keep(result, result.target)
+
+    def measure(self, model: str, attempts: int = 2, **load) -> RunResult | None:
+        """`perf`, tried up to `attempts` times while perf_analyzer finds no stable measurement;
+        None (said in the output) when no attempt gave a number. The result's target names the
+        model's configuration (instances, dynamic batching), so runs under different
+        configurations stay apart. The machine is sampled during the run (`result.resources`),
+        with the CPU of each of the model's instance processes where this machine runs them."""
+        instances = self.instance_processes(model)
+        for attempt in range(1, attempts + 1):
+            try:
+                with ResourceSampler(pids=instances.values()) as sampler, ProcessCpu(instances) as per_instance:
+                    result = self.perf(model, **load)
+                break
+            except perf_analyzer.NoStableMeasurement as unstable:
+                print(f"{model} {load}: {unstable.meaning} (attempt {attempt} of {attempts}).")
+        else:
+            print(f"{model} {load}: perf_analyzer gave up every time, so this run has no result.")
+            return None
+        result.resources = {**sampler.series(), "processes": per_instance.percent}
+        result.target += f", {self.configuration(model)}"
+        return result
+
+    def configuration(self, model: str) -> str:
+        """The served configuration in a few words: "4 instances, dynamic batching"."""
+        count = self.served_instances(model)
+        batching = ", dynamic batching" if "dynamic_batching" in self.served_config(model) else ""
+        return f"{count} instance{'s' if count != 1 else ''}{batching}"
+
+    def instance_processes(self, model: str) -> dict[str, int]:
+        """The processes of `model`'s instances (name -> pid), where this notebook can see them: on
+        this machine locally; on Chameleon they run in the Triton container, out of sight."""
+        if self.on_chameleon or self.repository is None:
+            return {}
+        return triton_instance_processes(self.repository, model)
+
+    def breakdown(self, results: Mapping[str, RunResult | None]) -> str:
+        """Print where the time went (Triton's breakdown) for named perf_analyzer runs."""
+        table = plots.breakdown_table(results)
+        print(table)
+        return table
+
+    def capacity(self, model: str) -> Capacity:
+        """What `model`, as served now, can do: measured once per configuration, then reused, so
+        that rate scaling, queueing models and text all use the same figure.
+
+        One client at a time gives the latency of a request alone and how much it varies; enough
+        clients to keep every instance busy give the capacity (requests per second), whose
+        inverse is the service time S the queueing models use.
+        """
+        configuration = self.configuration(model)
+        if (model, configuration) not in self._capacities:
+            target = f"triton/{model} (http), {configuration}"
+            alone = self._keep(
+                loadgen.closed_loop(
+                    "triton-http",
+                    self._triton(),
+                    concurrency=1,
+                    requests=self.profile.sequential_requests,
+                    warmup_requests=3,
+                    model=model,
+                    models=self.models,
+                    progress=False,
+                ),
+                target,
+            )
+            busy = 4 * self.served_instances(model)
+            saturated = self._keep(
+                loadgen.closed_loop(
+                    "triton-http",
+                    self._triton(),
+                    concurrency=busy,
+                    duration_s=self.profile.duration_s,
+                    warmup_s=self.profile.warmup_s,
+                    model=model,
+                    models=self.models,
+                    progress=False,
+                ),
+                target,
+            )
+            self._capacities[(model, configuration)] = Capacity(model, configuration, alone, saturated)
+        capacity = self._capacities[(model, configuration)]
+        print(capacity)
+        return capacity
+
+    def scale_rates(self, rates: list[float], capacity: Capacity) -> list[float]:
+        """The request rates to use here for an experiment written for two P100 GPUs.
+
+        On Chameleon they are used as written. Locally they are scaled so that the highest one is
+        90% of `capacity`: the experiment keeps its shape (light load to near saturation) on a
+        machine many times slower.
+        """
+        if self.on_chameleon:
+            return list(rates)
+        factor = 0.9 * capacity.rps / max(rates)
+        scaled = [round(rate * factor, 1) for rate in rates]
+        print(
+            f"The lab's rates {rates} req/s were chosen for a P100 GPU; here they are scaled by {factor:.3f} "
+            f"to {scaled} req/s, so the highest is 90% of {capacity.model}'s capacity of {capacity.rps:.1f} req/s."
+        )
+        return scaled
+
+    def config(self, model: str) -> TritonConfig:
+        """The model's config as shipped for the GPU node (what a student edits).
+
+        On Chameleon it is read from git, not from the file: the server there loads
+        models_staging/ itself, so after an edit the file no longer holds the shipped text.
+        """
+        info = self.models.get(model)
+        if self.on_chameleon:
+            relative = f"models_staging/{model}/config.pbtxt"
+            shipped = subprocess.run(
+                ["git", "show", f"HEAD:{relative}"], cwd=paths.REPO_ROOT, capture_output=True, text=True
+            )
+            if shipped.returncode == 0:
+                return TritonConfig(shipped.stdout, origin=relative)
+        return info.config
+
+    def served_config(self, model: str) -> dict:
+        """What Triton reports it runs for `model` (its own defaults filled in)."""
+        return triton_http.InferenceServerClient(self._triton()).get_model_config(model)
+
+    def served_instances(self, model: str) -> int:
+        """How many instances of `model` Triton runs now, from what the server itself reports."""
+        groups = self.served_config(model).get("instance_group", [])
+        # On a GPU group, `count` instances run on *each* listed GPU.
+        return sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in groups)
+
+    def apply_config(self, model: str, edited: TritonConfig | str) -> None:
+        """Show the edit as a diff, write it where the server reads it, and reload that one model.
+
+        `edited` is a TritonConfig (e.g. `lab.config(model).with_dynamic_batching(...)`) or the
+        text of one; either way it is checked against Triton's schema before Triton sees it.
+        """
+        info = self.models.get(model)
+        if isinstance(edited, str):
+            edited = TritonConfig(edited, origin=f"{model}/config.pbtxt (edited)")
+        if edited.name not in ("", model):
+            raise ConfigError(f'The edited config says name: "{edited.name}", but it is applied to {model}.')
+        shipped = self.config(model)
+        print(
+            shipped.diff(edited, f"{model}/config.pbtxt (as shipped)", f"{model}/config.pbtxt (edited)")
+            or f"{model}/config.pbtxt: back to the config as shipped"
+        )
+        served = edited
+        if not self.on_chameleon:
+            served = triton_local.served_config(info, edited, self.repository / model)
+            print(
+                "Adapted for this machine (no GPU, pip-installed Triton):\n"
+                + edited.diff(served, "edited", "served on this CPU-only machine")
+            )
+        (self.repository / model / "config.pbtxt").write_text(served.text)
+        client = triton_http.InferenceServerClient(self._triton())
+        started = time.monotonic()
+        try:
+            client.load_model(model)  # in explicit mode, loading a loaded model reloads it from disk
+        except InferenceServerException as exc:
+            raise ConfigError(f"Triton refused the edited config of {model}: {exc.message()}") from None
+        print(f"Reloaded {model} in {time.monotonic() - started:.1f} s; ready: {client.is_model_ready(model)}")
+
+    def restore_config(self, model: str) -> None:
+        self.apply_config(model, self.config(model))

@@ -1,0 +1,59 @@
+"""Notebooks 4 and 6, run as a student runs them (local target, quick profile), and every verdict
+they record checked against the runs in their own tables.
+
+A verdict's conditions carry their figures with the run each was read from (servelab.expectations).
+Here each figure is read again from that run, as the notebook's final table shows it: a verdict
+can only say what its table says. These two notebooks run here rather than under nbmake, so that
+the suite executes them once (see the root conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from servelab import paths
+from servelab.expectations import Outcome, read
+from servelab.results import RunResult
+
+NOTEBOOKS = paths.REPO_ROOT / "notebooks"
+MARK = "VERDICTS:"
+DUMP = f"""
+import json as _json
+from dataclasses import asdict as _asdict
+print({MARK!r} + _json.dumps({{
+    "figures": [_asdict(item) for item in lab.expectations.figures()],
+    "outcomes": [[expectation.claim, expectation.outcome.value] for expectation in lab.expectations],
+    "results": [result.to_dict() for result in lab.results],
+}}, default=str))
+"""
+
+
+def run_notebook(name: str) -> dict:
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    notebook.cells.append(nbformat.v4.new_code_cell(DUMP))
+    NotebookClient(
+        notebook, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    ).execute()
+    output = "".join(item.get("text", "") for item in notebook.cells[-1].outputs)
+    return json.loads(output.split(MARK, 1)[1])
+
+
+@pytest.mark.parametrize("name", ["4_fastapi_bench.ipynb", "6_triton_bench.ipynb"])
+def test_every_verdict_uses_the_numbers_of_the_runs_in_its_tables(name, built_artifacts):
+    dump = run_notebook(name)
+    results = {(item["target"], item["started_at"]): RunResult.from_dict(item) for item in dump["results"]}
+    by_label = {(result.label, started): result for (_, started), result in results.items()}
+    assert dump["outcomes"], f"{name} recorded no expectation"
+    assert {outcome for _, outcome in dump["outcomes"]} <= {outcome.value for outcome in Outcome}
+    from_runs = [item for item in dump["figures"] if item["run"] is not None]
+    assert from_runs, f"{name}: no verdict read a number from a run"
+    for item in from_runs:
+        run = by_label.get((item["run"], item["started_at"]))
+        assert run is not None, f"{name}: a verdict used {item['name']} of {item['run']}, which is not in its table"
+        again = read(run, item["field"])
+        assert (math.isnan(again) and math.isnan(item["value"])) or again == pytest.approx(item["value"]), item
