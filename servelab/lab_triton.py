@@ -15,11 +15,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from servelab import loadgen, paths, perf_analyzer, plots, triton_local
+from servelab import paths, perf_analyzer, plots, triton_local
 from servelab.resources import ProcessCpu, ResourceSampler, triton_instance_processes
 from servelab.results import RunResult
 from servelab.triton_config import ConfigError, TritonConfig
@@ -47,8 +46,7 @@ class Capacity:
     def service_cv2(self) -> float:
         """How much a request's time varies: the squared coefficient of variation (variance /
         mean^2) of the latencies of requests alone. 0 is a constant service time (M/D/1)."""
-        latencies = np.asarray(self.alone.latencies_ms)
-        return float(latencies.var() / latencies.mean() ** 2)
+        return (self.alone.latency.std_ms / self.alone.latency.mean_ms) ** 2
 
     def __str__(self) -> str:
         return (
@@ -136,38 +134,16 @@ class TritonLab:
 
         One client at a time gives the latency of a request alone and how much it varies; enough
         clients to keep every instance busy give the capacity (requests per second), whose
-        inverse is the service time S the queueing models use.
+        inverse is the service time S the queueing models use. Both are measured with
+        perf_analyzer, the tool of the open-loop runs they are compared with: the client shares
+        the machine with the server, and another client would load it differently.
         """
         configuration = self.configuration(model)
         if (model, configuration) not in self._capacities:
-            target = f"triton/{model} (http), {configuration}"
-            alone = self._keep(
-                loadgen.closed_loop(
-                    "triton-http",
-                    self._triton(),
-                    concurrency=1,
-                    requests=self.profile.sequential_requests,
-                    warmup_requests=3,
-                    model=model,
-                    models=self.models,
-                    progress=False,
-                ),
-                target,
-            )
-            busy = 4 * self.served_instances(model)
-            saturated = self._keep(
-                loadgen.closed_loop(
-                    "triton-http",
-                    self._triton(),
-                    concurrency=busy,
-                    duration_s=self.profile.duration_s,
-                    warmup_s=self.profile.warmup_s,
-                    model=model,
-                    models=self.models,
-                    progress=False,
-                ),
-                target,
-            )
+            alone = self.measure(model, concurrency=1)
+            saturated = self.measure(model, concurrency=4 * self.served_instances(model))
+            if alone is None or saturated is None:
+                raise RuntimeError(f"No stable capacity measurement of {model}: run this cell again.")
             self._capacities[(model, configuration)] = Capacity(model, configuration, alone, saturated)
         capacity = self._capacities[(model, configuration)]
         print(capacity)

@@ -167,6 +167,12 @@ def _mean_latency_us(row: dict[str, float], stdout: str) -> float:
     return float(match.group(1)) if match else float("nan")
 
 
+def _latency_std_us(stdout: str) -> float:
+    """The console summary's "Avg latency: N usec (standard deviation M usec)"."""
+    match = re.search(r"Avg latency: \d+ usec \(standard deviation (\d+) usec\)", stdout)
+    return float(match.group(1)) if match else float("nan")
+
+
 def to_run_result(
     row: dict[str, float],
     target: str,
@@ -184,6 +190,7 @@ def to_run_result(
         p95_ms=row["p95 latency"] * ms,
         p99_ms=row["p99 latency"] * ms,
         max_ms=row["p99 latency"] * ms,
+        std_ms=_latency_std_us(stdout) * ms,
     )
     open_loop = request_rate is not None
     throughput_rps = row["Inferences/Second"] / batch_size  # requests/s; each request carries batch_size images

@@ -27,14 +27,16 @@ class LatencySummary:
     p95_ms: float
     p99_ms: float
     max_ms: float
+    std_ms: float = math.nan  # standard deviation
 
     @classmethod
     def of(cls, latencies_ms: list[float] | np.ndarray) -> LatencySummary:
         values = np.asarray(latencies_ms, dtype=float)
         if values.size == 0:
-            return cls(*(math.nan,) * 6)
+            return cls(*(math.nan,) * 7)
         p50, p90, p95, p99 = np.percentile(values, [50, 90, 95, 99])
-        return cls(float(values.mean()), float(p50), float(p90), float(p95), float(p99), float(values.max()))
+        mean, highest, std = float(values.mean()), float(values.max()), float(values.std())
+        return cls(mean, float(p50), float(p90), float(p95), float(p99), highest, std)
 
 
 def percentile_known(percentile: float, requests: int) -> bool:
