@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, jsonify, render_template, request
+from flask import Flask, Response, jsonify, render_template, request
 from PIL import Image
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.utils import secure_filename
 
@@ -223,6 +224,16 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         list(state.samples) or "none",
     )
 
+    # Prometheus metrics at /metrics: pages served, and how long the backend took to answer.
+    registry = CollectorRegistry()
+    pages_served = Counter(
+        "gourmetgram_requests", "Requests by page and HTTP status", ["page", "status"], registry=registry
+    )
+    backend_s = Histogram(
+        "gourmetgram_backend_seconds", "Time the backend took to answer a prediction, by outcome", ["outcome"],
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0), registry=registry,
+    )  # fmt: skip
+
     def page(template: str, status: int, **context: Any) -> tuple[str, int]:
         return render_template(template, **context), status
 
@@ -242,16 +253,19 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
             prediction = backend.predict(raw, image)
         except BackendUnavailable as exc:
             elapsed_ms = (time.perf_counter() - started) * 1000
+            backend_s.labels("unavailable").observe(elapsed_ms / 1000)
             log.warning("backend=%s url=%s unreachable after %.1f ms: %s", choice.kind, choice.url, elapsed_ms, exc)
             state.weights.mark_unreachable(str(exc))
             error = f"The {choice.kind} backend is unavailable: {exc}"
             return page("result.html", 503, error=error, hint=backend.hint, **context)
         except BackendFailed as exc:
             elapsed_ms = (time.perf_counter() - started) * 1000
+            backend_s.labels("failed").observe(elapsed_ms / 1000)
             log.warning("backend=%s url=%s failed after %.1f ms: %s", choice.kind, choice.url, elapsed_ms, exc)
             error = f"The {choice.kind} backend answered with an error: {exc}"
             return page("result.html", 502, error=error, hint=backend.hint, **context)
         elapsed_ms = (time.perf_counter() - started) * 1000
+        backend_s.labels("predicted").observe(elapsed_ms / 1000)
         log.info(
             "backend=%s url=%s origin=%s latency=%.1f ms -> %s (%.3f)",
             choice.kind,
@@ -332,6 +346,15 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
                 f"There is no sample named '{secure_filename(name) or '?'}'. Valid names: {', '.join(state.samples)}.",
             )
         return classify(path.read_bytes(), name, origin=f"sample {name}")
+
+    @app.after_request
+    def count_page(response: Any) -> Any:
+        pages_served.labels(request.endpoint or "unknown", str(response.status_code)).inc()
+        return response
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> Any:

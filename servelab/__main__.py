@@ -20,7 +20,7 @@ import time
 
 from servelab import artifacts, paths
 from servelab.models import ModelError, ModelRepository
-from servelab.stack import LocalStack, Ports, StackError, lab_services
+from servelab.stack import DEFAULT_IMAGE_LATENCY_MS, LocalStack, Ports, StackError, lab_services
 from servelab.triton_local import StagingError
 
 log = logging.getLogger("servelab")
@@ -30,11 +30,20 @@ def _print_urls(ports: Ports, ui_backend: str, weights_info: dict, jupyter_token
     rows = [
         ("JupyterLab (the notebooks)", f"http://127.0.0.1:{ports.jupyter}/lab?token={jupyter_token}", ""),
         ("GourmetGram web UI", f"http://127.0.0.1:{ports.gourmetgram}/", f"backend: {ui_backend}"),
-        ("FastAPI (PyTorch)", f"http://127.0.0.1:{ports.fastapi_pt}/docs", "POST /predict, GET /health"),
-        ("FastAPI (ONNX Runtime)", f"http://127.0.0.1:{ports.fastapi_onnx}/docs", "POST /predict, GET /health"),
+        ("FastAPI (PyTorch)", f"http://127.0.0.1:{ports.fastapi_pt}/docs", "POST /predict, GET /health, /metrics"),
+        (
+            "FastAPI (ONNX Runtime)",
+            f"http://127.0.0.1:{ports.fastapi_onnx}/docs",
+            "POST /predict, GET /health, /metrics",
+        ),
         ("Triton HTTP (KServe v2)", f"http://127.0.0.1:{ports.triton_http}/v2", ", ".join(ModelRepository().names())),
         ("Triton gRPC", f"127.0.0.1:{ports.triton_grpc}", ""),
         ("Triton metrics", f"http://127.0.0.1:{ports.triton_metrics}/metrics", ""),
+        (
+            "Image host (object store)",
+            f"http://127.0.0.1:{ports.image_host}/images/soup.jpg",
+            f"emulated network: {DEFAULT_IMAGE_LATENCY_MS:g} ms added per download",
+        ),
     ]
     width = max(len(name) for name, _, _ in rows)
     lines = [f"  {name:<{width}}  {url:<44} {note}".rstrip() for name, url, note in rows]

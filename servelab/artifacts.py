@@ -5,7 +5,7 @@
    (input `input` float32 [N,3,224,224], output `output` float32 [N,11], N dynamic),
 2. copies them, with a `<file>.weights.json` record of where their weights came from, into the
    FastAPI folders and the Triton model versions, together with the shared Python modules
-   (`food11.py`, `predict_api.py`) so that each Docker build context is self-contained.
+   (`food11.py`, `predict_api.py` and the modules it imports) so that each Docker build context is self-contained.
 
 Weights: a trained Food-11 checkpoint when the user supplies one (path or URL plus its SHA-256,
 which is verified); otherwise a deterministic, seeded, UNTRAINED model. Serving cost is the same
@@ -246,6 +246,10 @@ def build_artifacts(out_dir: Path, source: WeightsSource, force: bool = False) -
     return BuiltArtifacts(pth, onnx, weights_info)
 
 
+# The shared modules each FastAPI service folder gets a copy of.
+SERVICE_MODULES = ("food11.py", "cores.py", "predict_api.py", "image_fetch.py", "predict_metrics.py")
+
+
 def placements(built: BuiltArtifacts) -> list[tuple[Path, Path]]:
     """(source, destination) for every generated file a service or Triton model reads."""
     shared = paths.SHARED_SOURCE_DIR
@@ -254,7 +258,7 @@ def placements(built: BuiltArtifacts) -> list[tuple[Path, Path]]:
         (built.onnx, paths.FASTAPI_ONNX_DIR / "food11.onnx"),
         *(
             (shared / module, folder / module)
-            for module in ("food11.py", "cores.py", "predict_api.py")
+            for module in SERVICE_MODULES
             for folder in (paths.FASTAPI_PT_DIR, paths.FASTAPI_ONNX_DIR)
         ),
         (shared / "food11.py", paths.GOURMETGRAM_DIR / "food11.py"),

@@ -56,7 +56,7 @@ class Figure:
 
 
 def _unit(field: str) -> str:
-    if field.startswith(("latency.", "server_ms(")) or field.endswith("_ms"):
+    if field.startswith(("latency.", "server_ms(", "service_stats.stage_mean_ms.")) or field.endswith("_ms"):
         return "ms"
     if field.startswith("resources."):
         return "% of a core" if "process" in field else "% of all cores"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import requests
 
-from servelab import loadgen, paths, plots, ui
+from servelab import loadgen, paths, plots, service_stats, ui
 from servelab.cores import available_cores
 from servelab.environment import chameleon_only, current_target, machine_info  # noqa: F401 (notebooks use them)
 from servelab.expectations import Condition, Expectation, ExpectationLog
@@ -40,7 +40,15 @@ from servelab.lab_triton import Capacity, TritonLab
 from servelab.models import ModelRepository
 from servelab.profiles import Profile, profile
 from servelab.results import RunResult
-from servelab.stack import LocalStack, Ports, answers, fastapi_service, gourmetgram_service, triton_service
+from servelab.stack import (
+    LocalStack,
+    Ports,
+    answers,
+    fastapi_service,
+    gourmetgram_service,
+    image_host_service,
+    triton_service,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,7 @@ class Lab(TritonLab):
     repository: Path | None  # the model repository the running Triton loads
     source: Path = paths.MODELS_STAGING_DIR  # the models as shipped
     gourmetgram_url: str | None = None
+    image_host_url: str | None = None  # the image host (object store stand-in), http://host:port
     has_gpu: bool = False
     results: list[RunResult] = field(default_factory=list)
     expectations: ExpectationLog = field(default_factory=ExpectationLog)
@@ -86,6 +95,7 @@ class Lab(TritonLab):
             triton_grpc=triton.rsplit(":", 1)[0] + ":8001",
             repository=paths.MODELS_STAGING_DIR,  # mounted into the Triton container as /models
             gourmetgram_url=os.environ.get("GOURMETGRAM_URL", "http://flask:5000"),
+            image_host_url=os.environ.get("IMAGE_HOST_URL", "http://image_host:8000"),
             has_gpu=True,
         )
 
@@ -93,13 +103,18 @@ class Lab(TritonLab):
     def _local(cls, chosen: Profile, triton: bool) -> Lab:
         default = Ports.from_env()
         running = answers(f"http://127.0.0.1:{default.fastapi_pt}/health")
+        running = running and answers(f"http://127.0.0.1:{default.image_host}/health")
         if running and answers(f"http://127.0.0.1:{default.triton_http}/v2/health/ready"):
             ports, repository, stacks = default, paths.TRITON_DIR / "models", []
             print("Using the lab already running on this machine (`make up`).")
         else:
             ports = Ports.free()
             work = NOTEBOOK_STACK_DIR / str(os.getpid())
-            services = [fastapi_service("pt", ports.fastapi_pt), fastapi_service("onnx", ports.fastapi_onnx)]
+            services = [
+                image_host_service(ports.image_host),
+                fastapi_service("pt", ports.fastapi_pt, image_host_port=ports.image_host),
+                fastapi_service("onnx", ports.fastapi_onnx, image_host_port=ports.image_host),
+            ]
             if triton:
                 services.append(triton_service(ports.triton, work_dir=work / "triton"))
             stack = LocalStack(services, log_dir=work / "logs")
@@ -118,6 +133,7 @@ class Lab(TritonLab):
             triton_http=f"127.0.0.1:{ports.triton_http}" if with_triton else None,
             triton_grpc=f"127.0.0.1:{ports.triton_grpc}" if with_triton else None,
             repository=repository,
+            image_host_url=f"http://127.0.0.1:{ports.image_host}",
             _stacks=stacks,
         )
 
@@ -141,6 +157,8 @@ class Lab(TritonLab):
         ]
         if self.triton_http:
             lines.append(f"  Triton: HTTP {self.triton_http}, gRPC {self.triton_grpc}")
+        if self.image_host_url:
+            lines.append(f"  Image host (an object store with an emulated network latency): {self.image_host_url}")
         return "\n".join(lines)
 
     @property
@@ -186,16 +204,23 @@ class Lab(TritonLab):
         return self.fastapi_urls[flavor]
 
     @contextlib.contextmanager
-    def fastapi_variant(self, flavor: str, slots: int | None = None, threads: int | None = None) -> Iterator[str]:
+    def fastapi_variant(
+        self, flavor: str, slots: int | None = None, threads: int | None = None, **settings: str
+    ) -> Iterator[str]:
         """A private FastAPI service of `flavor` with `slots` inference slots (PREDICT_CONCURRENCY)
-        and `threads` threads per inference (INFERENCE_THREADS); None keeps the default. It runs on
+        and `threads` threads per inference (INFERENCE_THREADS); None keeps the default; other
+        settings by their environment name (IMAGE_DOWNLOAD_PLACEMENT="inside_slot"). It runs on
         127.0.0.1 of the machine this notebook runs on (locally, or in the Jupyter container on
-        the node, next to the GPU), for the `with` block: `with lab.fastapi_variant("pt", 2, 1) as url:`."""
+        the node, next to the GPU), for the `with` block: `with lab.fastapi_variant("pt", 2, 1) as url:`.
+        It fetches images by URL from this lab's image host."""
         env = {
             name: str(value)
             for name, value in (("PREDICT_CONCURRENCY", slots), ("INFERENCE_THREADS", threads))
             if value is not None
         }
+        env |= settings
+        if self.image_host_url:
+            env.setdefault("IMAGE_URL_ALLOWED_HOSTS", self.image_host_url.split("://", 1)[1])
         port = Ports.free().fastapi_pt
         work = NOTEBOOK_STACK_DIR / f"variant-{os.getpid()}"
         with LocalStack([fastapi_service(flavor, port, env=env)], log_dir=work / "logs"):
@@ -227,19 +252,38 @@ class Lab(TritonLab):
         )
         return self._keep(result, target or f"fastapi_{flavor}")
 
-    def concurrent(self, flavor: str, concurrency: int, url: str | None = None, target: str | None = None) -> RunResult:
+    def concurrent(
+        self,
+        flavor: str,
+        concurrency: int,
+        url: str | None = None,
+        target: str | None = None,
+        image_url: str | None = None,
+    ) -> RunResult:
         """`concurrency` senders for the profile's duration, against the `flavor` service (or the
-        one at `url`, recorded as `target`)."""
-        result = loadgen.closed_loop(
-            "fastapi",
-            url or self.fastapi_url(flavor),
-            concurrency=concurrency,
-            duration_s=self.profile.duration_s,
-            warmup_s=self.profile.warmup_s,
-            image_bytes=self.sample_image(),
-            progress=False,
-        )
+        one at `url`, recorded as `target`), sending the photo itself or, with `image_url`, its
+        URL. The service's own account of the run (its /metrics) is in `result.service_stats`."""
+        base = url or self.fastapi_url(flavor)
+        with service_stats.measure(base) as stats:
+            result = loadgen.closed_loop(
+                "fastapi",
+                base,
+                concurrency=concurrency,
+                duration_s=self.profile.duration_s,
+                warmup_s=self.profile.warmup_s,
+                image_bytes=self.sample_image(),
+                image_url=image_url,
+                progress=False,
+            )
+        result.service_stats = stats.delta.to_dict()
         return self._keep(result, target or f"fastapi_{flavor}")
+
+    def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:
+        """The URL of a sample photo on the image host; `latency_ms` overrides its emulated latency."""
+        if not self.image_host_url:
+            raise RuntimeError("This lab has no image host.")
+        query = "" if latency_ms is None else f"?latency_ms={latency_ms:g}"
+        return f"{self.image_host_url}/images/{name}{query}"
 
     def _keep(self, result: RunResult, target: str) -> RunResult:
         result.target = target

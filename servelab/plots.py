@@ -288,6 +288,42 @@ def plot_process_cpu(runs: Mapping[str, RunResult], cores: int, path: PathLike =
     return _finish(fig, path)
 
 
+def plot_throughput_bounds(
+    panels: Mapping[str, Mapping[str, Mapping[int, RunResult | None]]],
+    bounds: Mapping[str, Mapping[str, float]],
+    path: PathLike = None,
+    title: str = "",
+) -> Figure:
+    """Throughput against concurrency, one panel per condition (an emulated download latency, say)
+    and one line per design in it, with the panel's throughput bounds (req/s) as dashed lines.
+
+    panels: panel -> line -> concurrency -> run (None: no result); bounds: panel -> label -> req/s.
+    """
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False, sharey=True)
+    for ax, (panel, lines) in zip(axes[0], panels.items(), strict=True):
+        colors = _colors()
+        levels = []
+        for line, runs in lines.items():
+            points = sorted((c, run.throughput_rps) for c, run in runs.items() if run is not None)
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", color=next(colors), label=line)
+                levels += [value for _, value in points]
+        for (label, value), style in zip(bounds.get(panel, {}).items(), cycle([":", "--", "-."]), strict=False):
+            ax.axhline(value, color="grey", linestyle=style, label=f"{label} = {value:.1f} req/s")
+            levels.append(value)
+        _concurrency_axis(ax, sorted({c for runs in lines.values() for c in runs}))
+        ax.set_ylim(0, 1.15 * max(levels, default=1))
+        ax.set_title(panel)
+        ax.set_xlabel("concurrent senders")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    axes[0][0].set_ylabel("throughput (req/s)")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _finish(fig, path)
+
+
 def plot_resources(series: Mapping[str, Any], path: PathLike = None, title: str = "Resource utilization") -> Figure:
     """CPU (total and per core), memory, and each GPU's utilization and memory over time.
 

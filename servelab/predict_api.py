@@ -7,6 +7,10 @@ threads) is defined here once. `python -m servelab artifacts` copies this file i
 service folder; edit it here.
 
 Where the work runs, and why:
+- An image sent by URL is downloaded on the event loop (asynchronous I/O, image_fetch.py), by
+  default before the request takes a predict slot, so downloads overlap each other and the
+  model; IMAGE_DOWNLOAD_PLACEMENT=inside_slot holds the slot during the download instead (the
+  naive design, kept for the lab's experiment).
 - Base64 and image decoding plus preprocessing run in a thread pool (PREPROCESS_WORKERS), off
   the event loop, so a slow decode never blocks other requests from being accepted, and a decode
   can overlap with an inference in progress.
@@ -18,6 +22,7 @@ Where the work runs, and why:
   core; under load each slot has one), so the busy threads never outnumber the cores. The model
   is built on an inference thread, so that no other thread ever starts a team of threads for it:
   a second, idle team slows every inference of the first.
+- /metrics (predict_metrics.py) has the server's own account of each stage's time.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -32,16 +38,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import httpx
 import numpy as np
 from cores import ThreadPlan, thread_plan
-from fastapi import FastAPI, HTTPException, status
-from food11 import InvalidImageError, decode_base64_image, preprocess, read_weights_info, top_prediction
-from pydantic import BaseModel, Field
+from fastapi import FastAPI, HTTPException, Response, status
+from food11 import (
+    InvalidImageError,
+    decode_base64_image,
+    decode_image_bytes,
+    preprocess,
+    read_weights_info,
+    top_prediction,
+)
+from image_fetch import DEFAULT_ALLOWED_HOSTS, AllowList, DownloadError, download
+from predict_metrics import CountPredictRequests, PredictMetrics
+from pydantic import BaseModel, Field, model_validator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("food11.service")
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+PLACEMENTS = ("outside_slot", "inside_slot")
+# How long an over-limit body is read and thrown away before the 413 is sent: a client that sends
+# its whole body before reading the answer (Python's urllib) otherwise gets a connection reset.
+DRAIN_LIMIT_S = 10.0
 
 
 def _positive_int_from_env(name: str, default: int | None) -> int | None:
@@ -55,6 +75,31 @@ def _positive_int_from_env(name: str, default: int | None) -> int | None:
     if value < 1:
         raise SystemExit(f"{name}={value} must be at least 1.")
     return value
+
+
+def _float_from_env(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not a number of seconds.") from None
+    if value <= 0:
+        raise SystemExit(f"{name}={value} must be above 0.")
+    return value
+
+
+def _placement_from_env() -> str:
+    placement = os.environ.get("IMAGE_DOWNLOAD_PLACEMENT", "outside_slot").strip() or "outside_slot"
+    if placement not in PLACEMENTS:
+        raise SystemExit(f"IMAGE_DOWNLOAD_PLACEMENT={placement!r}: use {' or '.join(PLACEMENTS)}.")
+    return placement
+
+
+def _allow_list_from_env() -> AllowList:
+    try:
+        return AllowList.parse(os.environ.get("IMAGE_URL_ALLOWED_HOSTS", DEFAULT_ALLOWED_HOSTS))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def _thread_plan_from_env(device: str) -> ThreadPlan:
@@ -72,6 +117,9 @@ class ServiceSettings:
     max_request_bytes: int = field(
         default_factory=lambda: _positive_int_from_env("MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES)
     )
+    allowed_hosts: AllowList = field(default_factory=_allow_list_from_env)
+    download_timeout_s: float = field(default_factory=lambda: _float_from_env("IMAGE_DOWNLOAD_TIMEOUT_S", 10.0))
+    download_placement: str = field(default_factory=_placement_from_env)
 
 
 @dataclass
@@ -95,7 +143,18 @@ def default_preprocess_workers(device: str, plan: ThreadPlan) -> int:
 
 
 class PredictRequest(BaseModel):
-    image: str = Field(..., min_length=1, description="A JPEG or PNG file, base64-encoded.")
+    """Exactly one of `image` and `url`."""
+
+    image: str | None = Field(None, min_length=1, description="A JPEG or PNG file, base64-encoded.")
+    url: str | None = Field(
+        None, min_length=1, description="An http(s) URL of the photo, on a host in IMAGE_URL_ALLOWED_HOSTS."
+    )
+
+    @model_validator(mode="after")
+    def exactly_one_source(self) -> PredictRequest:
+        if (self.image is None) == (self.url is None):
+            raise ValueError("send exactly one of `image` (the photo, base64-encoded) and `url` (where to fetch it)")
+        return self
 
 
 class PredictResponse(BaseModel):
@@ -120,6 +179,9 @@ class HealthResponse(BaseModel):
     threads: str = Field(..., description="The thread plan in words, and what chose it.")
     preprocess_workers: int
     max_request_bytes: int
+    download_placement: str = Field(..., description="Where a download by URL runs: outside_slot or inside_slot.")
+    image_url_allowed_hosts: str
+    image_download_timeout_s: float
 
 
 class RequestBodyLimit:
@@ -146,6 +208,7 @@ class RequestBodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await _drain(receive, more=True)
             await _send_json_error(send, self._too_large())
             return
         received = 0
@@ -156,10 +219,23 @@ class RequestBodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    await _drain(receive, more=message.get("more_body", False))
                     raise self._too_large()
             return message
 
         await self.app(scope, counting_receive, send)
+
+
+async def _drain(receive: Receive, more: bool) -> None:
+    """Read and discard the rest of a request body, for at most DRAIN_LIMIT_S, so that the client
+    has sent everything and reads the error instead of a reset connection."""
+    try:
+        async with asyncio.timeout(DRAIN_LIMIT_S):
+            while more:
+                message = await receive()
+                more = message["type"] == "http.request" and message.get("more_body", False)
+    except TimeoutError:
+        log.warning("Gave up reading an over-limit body after %.0f s; the client may see a reset.", DRAIN_LIMIT_S)
 
 
 async def _send_json_error(send: Send, error: HTTPException) -> None:
@@ -174,8 +250,10 @@ async def _send_json_error(send: Send, error: HTTPException) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _decode_and_preprocess(encoded: str) -> np.ndarray:
-    return preprocess(decode_base64_image(encoded))[np.newaxis]
+def _decode_and_preprocess(image: str | bytes) -> np.ndarray:
+    """A base64 string (sent in the request) or file bytes (downloaded) -> a batch of one."""
+    decoded = decode_base64_image(image) if isinstance(image, str) else decode_image_bytes(image)
+    return preprocess(decoded)[np.newaxis]
 
 
 def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
@@ -191,55 +269,109 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
     inference_pool = ThreadPoolExecutor(plan.slots, thread_name_prefix="inference")
     inference_slots = asyncio.Semaphore(plan.slots)
     run_model = inference_pool.submit(model.load, plan).result()
+    metrics = PredictMetrics()
     running = 0  # inferences running now; changed on the event loop only
+    # Never the environment's proxies: the allow-list is about where this server connects.
+    downloads = httpx.AsyncClient(trust_env=False, follow_redirects=False)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         log.info(
-            "%s on %s (%s), %s, preprocess_workers=%d",
+            "%s on %s (%s), %s, preprocess_workers=%d, downloads %s from %s",
             model.model_file.name,
             model.device,
             model.runtime,
             plan.describe(),
             preprocess_workers,
+            settings.download_placement,
+            settings.allowed_hosts.text,
         )
         yield
+        await downloads.aclose()
         preprocess_pool.shutdown(cancel_futures=True)
         inference_pool.shutdown(cancel_futures=True)
 
     app = FastAPI(title=title, description=description, version="1.0.0", lifespan=lifespan)
     app.add_middleware(RequestBodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(CountPredictRequests, metrics=metrics)
+
+    async def fetch(url: str) -> bytes:
+        started = time.perf_counter()
+        try:
+            return await download(
+                downloads, url, settings.allowed_hosts, settings.max_request_bytes, settings.download_timeout_s
+            )
+        except DownloadError as exc:
+            raise HTTPException(exc.status, str(exc)) from exc
+        finally:
+            metrics.download_s.observe(time.perf_counter() - started)
+
+    async def decode(image: str | bytes) -> np.ndarray:
+        started = time.perf_counter()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(preprocess_pool, _decode_and_preprocess, image)
+        except InvalidImageError as exc:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+        finally:
+            metrics.preprocess_s.observe(time.perf_counter() - started)
+
+    async def infer(batch: np.ndarray) -> np.ndarray:
+        """Run the model; the caller holds a predict slot."""
+        nonlocal running
+        running += 1
+        started = time.perf_counter()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                inference_pool, run_model, batch, plan.threads_for(running)
+            )
+        except Exception as exc:
+            log.exception("Inference failed on a batch of shape %s", batch.shape)
+            raise HTTPException(
+                status.HTTP_500_INTERNAL_SERVER_ERROR,
+                f"Inference failed ({type(exc).__name__}); the server log has the traceback.",
+            ) from exc
+        finally:
+            running -= 1
+            metrics.inference_s.observe(time.perf_counter() - started)
+
+    @asynccontextmanager
+    async def predict_slot():
+        waiting = time.perf_counter()
+        async with inference_slots:
+            metrics.slot_wait_s.observe(time.perf_counter() - waiting)
+            yield
 
     @app.post(
         "/predict",
         response_model=PredictResponse,
         responses={
-            status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "Not a decodable image"},
-            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE: {"model": ErrorResponse, "description": "Body too large"},
+            status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "Not a decodable image, or a bad URL"},
+            status.HTTP_403_FORBIDDEN: {"model": ErrorResponse, "description": "URL host not allowed"},
+            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE: {
+                "model": ErrorResponse,
+                "description": "Body or image too large",
+            },
             status.HTTP_500_INTERNAL_SERVER_ERROR: {"model": ErrorResponse, "description": "Inference failed"},
+            status.HTTP_502_BAD_GATEWAY: {"model": ErrorResponse, "description": "The image host failed"},
+            status.HTTP_504_GATEWAY_TIMEOUT: {"model": ErrorResponse, "description": "The download took too long"},
         },
     )
     async def predict(request: PredictRequest) -> PredictResponse:
-        nonlocal running
-        loop = asyncio.get_running_loop()
-        try:
-            batch = await loop.run_in_executor(preprocess_pool, _decode_and_preprocess, request.image)
-        except InvalidImageError as exc:
-            raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
-        async with inference_slots:
-            running += 1
-            try:
-                logits = await loop.run_in_executor(inference_pool, run_model, batch, plan.threads_for(running))
-            except Exception as exc:
-                log.exception("Inference failed on a batch of shape %s", batch.shape)
-                raise HTTPException(
-                    status.HTTP_500_INTERNAL_SERVER_ERROR,
-                    f"Inference failed ({type(exc).__name__}); the server log has the traceback.",
-                ) from exc
-            finally:
-                running -= 1
+        if request.url is not None and settings.download_placement == "inside_slot":
+            # The naive design: the slot, and with it the model, waits while the bytes travel.
+            async with predict_slot():
+                logits = await infer(await decode(await fetch(request.url)))
+        else:
+            batch = await decode(request.image if request.url is None else await fetch(request.url))
+            async with predict_slot():
+                logits = await infer(batch)
         label, probability = top_prediction(logits)[0]
         return PredictResponse(prediction=label, probability=probability)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics() -> Response:
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
 
     @app.get("/health", response_model=HealthResponse)
     @app.get("/healthz", response_model=HealthResponse, include_in_schema=False)
@@ -257,6 +389,9 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
             threads=plan.describe(),
             preprocess_workers=preprocess_workers,
             max_request_bytes=settings.max_request_bytes,
+            download_placement=settings.download_placement,
+            image_url_allowed_hosts=settings.allowed_hosts.text,
+            image_download_timeout_s=settings.download_timeout_s,
         )
 
     return app

@@ -65,6 +65,7 @@ class RunResult:
     # perf_analyzer: server-side breakdown, microseconds (queue, compute input/infer/output...).
     server_breakdown: dict[str, float] | None = None
     triton_stats: dict[str, Any] | None = None  # difference of /v2/models/<m>/stats over the run
+    service_stats: dict[str, Any] | None = None  # difference of a FastAPI service's /metrics over the run
     resources: dict[str, Any] | None = None  # resource utilization time series sampled during the run
     notes: list[str] = field(default_factory=list)
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))

@@ -41,6 +41,7 @@ class Ports:
     triton_grpc: int = 8201
     triton_metrics: int = 8202
     gourmetgram: int = 8300
+    image_host: int = 8400
     jupyter: int = 8888
 
     @classmethod
@@ -215,16 +216,45 @@ class LocalStack:
 # ---- the lab's services --------------------------------------------------------------------
 
 
-def fastapi_service(flavor: str, port: int, env: dict[str, str] | None = None) -> ServiceSpec:
-    """flavor: "pt" (PyTorch) or "onnx" (ONNX Runtime)."""
+def fastapi_service(
+    flavor: str, port: int, env: dict[str, str] | None = None, image_host_port: int | None = None
+) -> ServiceSpec:
+    """flavor: "pt" (PyTorch) or "onnx" (ONNX Runtime). It fetches images by URL from the image
+    host on `image_host_port` (default: the lab's port, which is also the services' default)."""
     folder = {"pt": paths.FASTAPI_PT_DIR, "onnx": paths.FASTAPI_ONNX_DIR}[flavor]
+    allowed = f"127.0.0.1:{image_host_port or Ports.from_env().image_host}"
     return ServiceSpec(
         name=f"fastapi_{flavor}",
         command=[sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port)],
         cwd=folder,
         ports=[port],
         ready_url=f"http://127.0.0.1:{port}/health",
-        env=env or {},
+        env={"IMAGE_URL_ALLOWED_HOSTS": allowed, **(env or {})},
+    )
+
+
+DEFAULT_IMAGE_LATENCY_MS = 100.0  # a bucket in another region, give or take
+
+
+def image_host_service(port: int, latency_ms: float = DEFAULT_IMAGE_LATENCY_MS) -> ServiceSpec:
+    """The image host (image_host/server.py): the sample photos behind an emulated network latency."""
+    return ServiceSpec(
+        name="image_host",
+        command=[
+            sys.executable,
+            "server.py",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--images",
+            str(paths.SAMPLE_IMAGE.parent),
+            "--latency-ms",
+            f"{latency_ms:g}",
+        ],  # fmt: skip
+        cwd=paths.REPO_ROOT / "image_host",
+        ports=[port],
+        ready_url=f"http://127.0.0.1:{port}/health",
     )
 
 
@@ -303,8 +333,9 @@ def jupyter_service(port: int, token: str) -> ServiceSpec:
 
 def lab_services(ports: Ports, jupyter_token: str, ui_backend: str = "fastapi_pt") -> list[ServiceSpec]:
     return [
-        fastapi_service("pt", ports.fastapi_pt),
-        fastapi_service("onnx", ports.fastapi_onnx),
+        image_host_service(ports.image_host),
+        fastapi_service("pt", ports.fastapi_pt, image_host_port=ports.image_host),
+        fastapi_service("onnx", ports.fastapi_onnx, image_host_port=ports.image_host),
         triton_service(ports.triton),
         gourmetgram_service(ports.gourmetgram, ui_backend, ports),
         jupyter_service(ports.jupyter, jupyter_token),

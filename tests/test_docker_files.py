@@ -6,7 +6,7 @@ would trip over on the GPU node is checked here instead: build contexts and Dock
 exist (for every value of the switch variables), COPY sources inside their context, ports,
 environment, GPU reservations, pinned versions, no host-specific absolute paths.
 
-The model files and the copies of servelab/food11.py, cores.py and predict_api.py are generated into the
+The model files and the copies of the shared modules (servelab/food11.py, predict_api.py...) are generated into the
 service folders by `make artifacts` and git-ignored, so these tests pass before that has run.
 """
 
@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servelab.artifacts import SERVICE_MODULES
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKER_DIR = REPO_ROOT / "docker"
 FASTAPI_COMPOSE = DOCKER_DIR / "docker-compose-fastapi.yaml"
@@ -29,7 +31,8 @@ COMPOSE_FILES = [FASTAPI_COMPOSE, TRITON_COMPOSE]
 
 # Placed into the build contexts by `make artifacts`; a Dockerfile may name them although they
 # are absent from a fresh clone.
-GENERATED_ARTIFACTS = {"food11.pth", "food11.onnx", "food11.py", "cores.py", "predict_api.py"}
+SERVICE_COPIES = set(SERVICE_MODULES)
+GENERATED_ARTIFACTS = {"food11.pth", "food11.onnx", *SERVICE_COPIES}
 
 # The environments each compose file must work under: the defaults, and every alternative the
 # switch variables allow.
@@ -46,17 +49,29 @@ EXPECTED_PORTS = {
         "fastapi_server": ["8000:8000"],
         "flask": ["80:5000"],
         "jupyter": ["8888:8888"],
+        "image_host": [],  # reached by the services and notebooks on the Compose network only
     },
     TRITON_COMPOSE: {
         "triton_server": ["8000:8000", "8001:8001", "8002:8002"],
         "flask": ["80:5000"],
         "jupyter": ["8888:8888"],
+        "image_host": [],
     },
 }
 
 EXPECTED_CONTAINER_NAMES = {
-    FASTAPI_COMPOSE: {"fastapi_server": "fastapi_server", "flask": "flask", "jupyter": "jupyter"},
-    TRITON_COMPOSE: {"triton_server": "triton_server", "flask": "flask", "jupyter": "jupyter"},
+    FASTAPI_COMPOSE: {
+        "fastapi_server": "fastapi_server",
+        "flask": "flask",
+        "jupyter": "jupyter",
+        "image_host": "image_host",
+    },
+    TRITON_COMPOSE: {
+        "triton_server": "triton_server",
+        "flask": "flask",
+        "jupyter": "jupyter",
+        "image_host": "image_host",
+    },
 }
 
 GPU_SERVICES = {FASTAPI_COMPOSE: ["fastapi_server"], TRITON_COMPOSE: ["triton_server"]}
@@ -64,12 +79,21 @@ GPU_SERVICES = {FASTAPI_COMPOSE: ["fastapi_server"], TRITON_COMPOSE: ["triton_se
 # Required environment, as the containers see it with no variable set on the host.
 REQUIRED_ENV = {
     FASTAPI_COMPOSE: {
+        "fastapi_server": {"IMAGE_URL_ALLOWED_HOSTS": "image_host:8000"},
         "flask": {"FASTAPI_SERVER_URL": "http://fastapi_server:8000"},
-        "jupyter": {"LAB_TARGET": "chameleon", "FASTAPI_SERVER_URL": "http://fastapi_server:8000"},
+        "jupyter": {
+            "LAB_TARGET": "chameleon",
+            "FASTAPI_SERVER_URL": "http://fastapi_server:8000",
+            "IMAGE_HOST_URL": "http://image_host:8000",
+        },
     },
     TRITON_COMPOSE: {
         "flask": {"TRITON_SERVER_URL": "triton_server:8000", "FOOD11_MODEL_NAME": "food_classifier"},
-        "jupyter": {"LAB_TARGET": "chameleon", "TRITON_SERVER_URL": "triton_server:8000"},
+        "jupyter": {
+            "LAB_TARGET": "chameleon",
+            "TRITON_SERVER_URL": "triton_server:8000",
+            "IMAGE_HOST_URL": "http://image_host:8000",
+        },
     },
 }
 
@@ -367,8 +391,8 @@ def test_guarded_files_exist_or_are_generated_and_gitignored(context_dir, docker
 @pytest.mark.parametrize(
     ("service_dir", "artifacts"),
     [
-        ("fastapi_pt", {"food11.pth", "food11.py", "cores.py", "predict_api.py"}),
-        ("fastapi_onnx", {"food11.onnx", "food11.py", "cores.py", "predict_api.py"}),
+        ("fastapi_pt", {"food11.pth", *SERVICE_COPIES}),
+        ("fastapi_onnx", {"food11.onnx", *SERVICE_COPIES}),
     ],
 )
 def test_fastapi_dockerfile(service_dir, artifacts):

@@ -84,6 +84,28 @@ def test_non_image_upload_is_refused_and_the_app_keeps_serving(start_gourmetgram
     assert good.status_code == 200
 
 
+def test_metrics_count_pages_and_time_the_backend(start_gourmetgram):
+    url = start_gourmetgram("fastapi_onnx")
+
+    def sample(text: str, name: str) -> float:
+        match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        return float(match.group(1)) if match else 0.0
+
+    before = requests.get(f"{url}/metrics", timeout=10).text
+    upload = {"file": ("lunch.jpg", make_image_bytes(6), "image/jpeg")}
+    assert requests.post(f"{url}/predict", files=upload, timeout=60).status_code == 200
+    bad = {"file": ("fake.jpg", b"not an image", "image/jpeg")}
+    assert requests.post(f"{url}/predict", files=bad, timeout=60).status_code == 400
+    after = requests.get(f"{url}/metrics", timeout=10).text
+    for name, grew in (
+        ('gourmetgram_requests_total{page="predict",status="200"}', 1),
+        ('gourmetgram_requests_total{page="predict",status="400"}', 1),
+        ('gourmetgram_backend_seconds_count{outcome="predicted"}', 1),  # the bad upload never reached it
+    ):
+        assert sample(after, name) - sample(before, name) == grew, name
+    assert sample(after, 'gourmetgram_backend_seconds_sum{outcome="predicted"}') > 0
+
+
 @pytest.mark.parametrize("backend", ["fastapi_pt", "food_classifier"])
 def test_backend_down_shows_a_clear_message_and_the_app_keeps_running(start_gourmetgram, backend):
     nobody_listens = Ports.free()

@@ -111,7 +111,7 @@ def test_up_stops_everything_on_ctrl_c(tmp_path):
     assert up.returncode == 0, rest[-2000:]
     for name in Ports.__dataclass_fields__:
         assert port_is_free(getattr(ports, name)), f"{name} port still taken after Ctrl-C"
-    assert "stopped triton" in rest and "stopped gourmetgram" in rest
+    assert "stopped triton" in rest and "stopped gourmetgram" in rest and "stopped image_host" in rest
 
 
 def test_staged_configs_are_adapted_for_the_cpu_and_the_difference_is_printed(tmp_path, built_artifacts):

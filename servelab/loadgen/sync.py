@@ -80,10 +80,11 @@ def closed_loop(
     image_bytes: bytes | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     models: ModelRepository | None = None,
+    image_url: str | None = None,
 ) -> RunResult:
-    """`run_closed` against `make_target(kind, address, model, image_bytes, timeout_s, models)`,
+    """`run_closed` against `make_target(kind, address, model, image_bytes, timeout_s, models, image_url)`,
     from synchronous code (a script or a notebook cell). Ctrl-C returns the partial result."""
-    target = make_target(kind, address, model, image_bytes, timeout_s, models)
+    target = make_target(kind, address, model, image_bytes, timeout_s, models, image_url)
     return _run_sync(run_closed(target, concurrency, requests, duration_s, warmup_requests, warmup_s, progress))
 
 
@@ -102,10 +103,11 @@ def open_loop(
     image_bytes: bytes | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     models: ModelRepository | None = None,
+    image_url: str | None = None,
 ) -> RunResult:
-    """`run_open` against `make_target(kind, address, model, image_bytes, timeout_s, models)`,
+    """`run_open` against `make_target(kind, address, model, image_bytes, timeout_s, models, image_url)`,
     from synchronous code (a script or a notebook cell). Ctrl-C returns the partial result."""
-    target = make_target(kind, address, model, image_bytes, timeout_s, models)
+    target = make_target(kind, address, model, image_bytes, timeout_s, models, image_url)
     return _run_sync(
         run_open(target, rate_rps, arrival, requests, duration_s, warmup_s, seed, max_outstanding, progress)
     )

@@ -88,12 +88,19 @@ class _HttpTarget(Target):
 
 
 class FastAPITarget(_HttpTarget):
-    """POST {base_url}/predict with {"image": "<base64 JPEG>"}."""
+    """POST {base_url}/predict with {"image": "<base64 JPEG>"}, or {"url": image_url}: the server
+    then downloads the photo itself."""
 
     def __init__(
-        self, base_url: str, image_bytes: bytes, timeout_s: float = DEFAULT_TIMEOUT_S, name: str | None = None
+        self,
+        base_url: str,
+        image_bytes: bytes,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        name: str | None = None,
+        image_url: str | None = None,
     ) -> None:
-        body = json.dumps({"image": base64.b64encode(image_bytes).decode()}).encode()
+        payload = {"url": image_url} if image_url else {"image": base64.b64encode(image_bytes).decode()}
+        body = json.dumps(payload).encode()
         super().__init__(
             name or f"fastapi ({base_url})",
             f"{base_url.rstrip('/')}/predict",
@@ -211,12 +218,16 @@ def make_target(
     image_bytes: bytes | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     models: ModelRepository | None = None,
+    image_url: str | None = None,
 ) -> Target:
     """kind: "fastapi" (address: base URL), "triton-http" or "triton-grpc" (address: host:port,
-    and a model of `models`, the lab's registry by default). The image defaults to the soup sample."""
+    and a model of `models`, the lab's registry by default). The image defaults to the soup sample;
+    `image_url` (FastAPI only) sends the photo's URL instead, for the server to download."""
     image = paths.SAMPLE_IMAGE.read_bytes() if image_bytes is None else image_bytes
     if kind == "fastapi":
-        return FastAPITarget(address, image, timeout_s)
+        return FastAPITarget(address, image, timeout_s, image_url=image_url)
+    if image_url:
+        raise ValueError(f"a {kind} target sends tensors, not URLs: image_url is for FastAPI targets")
     if kind not in TARGET_KINDS:
         raise ValueError(f"unknown target kind {kind!r}; choose one of {', '.join(TARGET_KINDS)}")
     if not model:

@@ -1,0 +1,198 @@
+# %% [markdown]
+# # 7. I/O outside the predict slot: fetching the photo by URL
+#
+# So far every request carried its photo. Real services often receive a *reference* instead: the
+# photo sits in an object store (S3, Swift, a CDN), and the request says where. Before the model
+# can run, the server downloads it; afterwards it may upload a result. That I/O takes time, but no
+# model: the question of this notebook is where it should run.
+#
+# Serving frameworks such as Truss split a model's code into three parts:
+#
+# - **preprocess**: fetch and prepare the input (download, decode, resize); as many requests at once
+#   as arrive. In this lab's service (`servelab/predict_api.py`): `fetch`, the download, asynchronous
+#   I/O on the event loop (`image_fetch.py`), then `decode`, in a thread pool.
+# - **predict**: run the model; at most *predict concurrency* requests at once. Here: `infer`, inside
+#   `predict_slot()`, a semaphore of `PREDICT_CONCURRENCY` slots.
+# - **postprocess**: turn the model's output into an answer; as many at once as arrive. Here:
+#   `top_prediction` (softmax and label).
+#
+# The predict concurrency protects the model (its memory, its GPU); everything outside it runs
+# freely. If the download runs *inside* the slot, the model sits idle while bytes travel: with one
+# slot, inference time S and download time D, at most one request per D + S seconds. Outside the
+# slot, downloads overlap each other and the model, so once enough requests are in flight the slot
+# is always busy, and the throughput approaches one request per S.
+#
+# **Where the cells run.** On Chameleon: in the Jupyter container on the node, with the services of
+# `docker/docker-compose-fastapi.yaml` (its `image_host` container is the object store). Locally: here,
+# against services this notebook starts. Either way, the two service variants measured below run as
+# processes next to this notebook.
+
+# %%
+import matplotlib.pyplot as plt
+import requests
+
+from servelab import plots
+from servelab.expectations import condition, figure
+from servelab.lab import Lab
+
+lab = Lab.connect(triton=False)
+print(f"The models run on {lab.hardware()}.")
+
+# %% [markdown]
+# ## The object store: the lab's image host
+#
+# A real bucket in another region answers after tens to hundreds of milliseconds. The lab's image
+# host serves the sample photos after an **emulated** latency: the bytes travel over this machine's
+# loopback (or the Docker network), and the host waits on purpose before answering. A URL can ask
+# for another latency (`?latency_ms=...`), which the experiments below use.
+
+# %%
+host = requests.get(f"{lab.image_host_url}/health", timeout=10).json()
+print(f"Image host at {lab.image_host_url}: emulated latency {host['emulated_latency_ms']:g} ms per download")
+print("Photos:", ", ".join(f"{name} ({size} bytes)" for name, size in host["images"].items()))
+
+# %% [markdown]
+# ## One request by URL
+#
+# `POST /predict` takes exactly one of `{"image": "<base64>"}` and `{"url": "http(s)://..."}`. The
+# server fetches a URL only from the hosts it is told to trust (`IMAGE_URL_ALLOWED_HOSTS`): a server
+# that fetches whatever URL a client names can be turned against the services behind it. The next
+# cell sends one good URL and two the server must refuse.
+
+# %%
+service = lab.fastapi_url("onnx")
+health = requests.get(f"{service}/health", timeout=10).json()
+print(f"fastapi_onnx downloads {health['download_placement']}, from {health['image_url_allowed_hosts']}")
+for url in (lab.image_url("soup.jpg"), f"{service}/health", "file:///etc/passwd"):
+    answer = requests.post(f"{service}/predict", json={"url": url}, timeout=30)
+    print(f"{url}\n  -> HTTP {answer.status_code}: {answer.json()}")
+
+# %% [markdown]
+# ## The experiment: the download inside vs outside the slot
+#
+# Two variants of the ONNX Runtime service, each with **one** predict slot (`PREDICT_CONCURRENCY=1`):
+#
+# - `outside_slot` (the default, and the right design): download, decode, *then* wait for the slot;
+# - `inside_slot` (the naive design): take the slot first, then download, decode and run the model.
+#
+# Each is measured in closed loop at 1, 4 and 16 concurrent senders, every request naming the photo
+# by URL, at two emulated download latencies. Besides the client's view, every run records the
+# service's own metrics (`/metrics`): the mean time of the download, of waiting for the slot, of
+# decoding and of the inference. These are the server's figures, the D and S below.
+#
+# **Prediction**, for each download latency:
+#
+# 1. inside the slot, the throughput stays below 1 / (D + S): the slot is held for the download too;
+# 2. outside the slot, with 16 senders, the throughput is above that bound;
+# 3. outside the slot, with 16 senders, the throughput approaches 1 / S: the slot is busy at least
+#    70% of the time;
+# 4. the server's own metrics show why: with 16 senders, a request waits longer for the slot when
+#    the download is inside it (it waits for other requests' downloads as well as their inferences).
+
+# %%
+LATENCIES_MS = (50, 200)
+CONCURRENCIES = (1, 4, 16)
+PLACEMENTS = ("outside_slot", "inside_slot")
+runs = {}  # (latency, placement) -> concurrency -> run
+for placement in PLACEMENTS:
+    with lab.fastapi_variant("onnx", slots=1, IMAGE_DOWNLOAD_PLACEMENT=placement) as url:
+        for latency_ms in LATENCIES_MS:
+            photo = lab.image_url("soup.jpg", latency_ms=latency_ms)
+            runs[latency_ms, placement] = {
+                c: lab.concurrent(
+                    "onnx", c, url=url, image_url=photo, target=f"fastapi_onnx, 1 slot, download {placement}, "
+                    f"host latency {latency_ms} ms (emulated)"
+                )
+                for c in CONCURRENCIES
+            }
+
+# %% [markdown]
+# What the servers measured, per run (milliseconds per request, means): the download (the emulated
+# latency plus the transfer), the wait for the slot, decoding, and the inference.
+
+# %%
+print(f"{'run':<78} {'download':>9} {'slot wait':>10} {'decode':>7} {'infer':>6}")
+for by_concurrency in runs.values():
+    for c, run in by_concurrency.items():
+        stages = run.service_stats["stage_mean_ms"]
+        print(
+            f"{run.target + f', c={c}':<78} {stages['download']:9.1f} {stages['slot_wait']:10.1f} "
+            f"{stages['preprocess']:7.1f} {stages['inference']:6.1f}"
+        )
+
+# %% [markdown]
+# The check, one expectation per download latency. D and S are the server's means in the run each
+# condition judges.
+
+# %%
+def stage(run, name: str, label: str):
+    """The server's mean time of one stage in `run`, as a figure for a condition."""
+    return figure(run, f"service_stats.stage_mean_ms.{name}", label)
+
+
+top = CONCURRENCIES[-1]
+bounds = {}
+for latency_ms in LATENCIES_MS:
+    inside, outside = runs[latency_ms, "inside_slot"][top], runs[latency_ms, "outside_slot"][top]
+    d_in, s_in = stage(inside, "download", "D inside"), stage(inside, "inference", "S inside")
+    d_out, s_out = stage(outside, "download", "D outside"), stage(outside, "inference", "S outside")
+    rate_in, rate_out = figure(inside, "throughput_rps", "inside"), figure(outside, "throughput_rps", "outside")
+    wait_in = stage(inside, "slot_wait", "slot wait inside")
+    wait_out = stage(outside, "slot_wait", "slot wait outside")
+    bound_in = 1000 / (d_in.value + s_in.value)
+    bound_out = 1000 / (d_out.value + s_out.value)
+    busy = rate_out.value * s_out.value / 1000
+    arriving = 1000 * top / (d_out.value + s_out.value)  # what 16 senders could send, never waiting
+    bounds[f"host latency {latency_ms} ms (emulated)"] = {
+        "1 / (D + S)": bound_out,
+        "1 / S": 1000 / s_out.value,
+    }
+    lab.expect(
+        f"with a {latency_ms} ms download, the slot should hold only the inference",
+        condition(f"inside the slot, {top} senders stay below 1 / (D + S)", rate_in.value <= 1.05 * bound_in,
+                  rate_in, d_in, s_in, detail=f"1 / (D + S) = {bound_in:.1f} req/s"),
+        condition(f"outside the slot, {top} senders go above 1 / (D + S)", rate_out.value > bound_out,
+                  rate_out, d_out, s_out, detail=f"1 / (D + S) = {bound_out:.1f} req/s"),
+        condition(f"outside the slot, {top} senders keep the slot busy at least 70% of the time",
+                  busy >= 0.7, rate_out, s_out, detail=f"busy {busy:.0%} = throughput x S"),
+        condition(f"with {top} senders, a request waits longer for the slot when the download is inside it",
+                  wait_in.value > wait_out.value, wait_in, wait_out),
+        reason=f"{top} senders, each needing D + S = {d_out.value + s_out.value:.0f} ms when nothing waits, "
+        f"send at most {arriving:.0f} req/s, and the slot's limit is {1000 / s_out.value:.0f} req/s"
+        + (": more senders are needed to keep the slot busy" if arriving < 1000 / s_out.value else
+           f"; on {lab.hardware()}, the downloads, the decoding and the load generator share the cores "
+           "with the inference"),
+    );
+
+# %% [markdown]
+# Throughput against concurrency, both designs, one panel per download latency; the dashed and
+# dotted lines are the bounds, from the server's D and S in the `outside_slot` run with 16 senders.
+
+# %%
+panels = {
+    f"host latency {latency_ms} ms (emulated)": {
+        placement.replace("_", " "): runs[latency_ms, placement] for placement in PLACEMENTS
+    }
+    for latency_ms in LATENCIES_MS
+}
+plots.plot_throughput_bounds(panels, bounds, title="fastapi_onnx, one predict slot: where the download runs")
+plt.show()
+
+# %% [markdown]
+# With the download inside the slot, the curve is flat at about 1 / (D + S) whatever the number of
+# senders: more clients only lengthen the queue. Outside, it rises with the senders until the slot is
+# busy: then the model, not the network, is the limit. The longer the download, the more requests
+# must be in flight to hide it (about (D + S) / S of them).
+#
+# ## All the runs, and the verdicts
+
+# %%
+lab.table()
+lab.verdicts();
+
+# %% [markdown]
+# Locally, the next cell stops the services this notebook started (on Chameleon it does nothing:
+# the containers keep running until you bring them down on the node).
+
+# %%
+lab.stop()

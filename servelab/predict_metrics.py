@@ -1,0 +1,77 @@
+"""Prometheus metrics of a prediction service, served at /metrics.
+
+What a request spent its time on, measured by the server itself: downloading the image (when
+sent by URL), waiting for a predict slot, preprocessing, and inference; plus every /predict
+request by outcome and HTTP status, and how many are in flight. The lab reads two scrapes, before
+and after a run, and turns the difference into that run's figures (servelab/service_stats.py).
+`python -m servelab artifacts` copies this file into each service folder; edit it here.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# From 1 ms to 30 s: an inference on a GPU to a download that hits the time limit.
+BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def outcome_of(status: int) -> str:
+    if status < 400:
+        return "predicted"
+    if status == 413:
+        return "too_large"
+    if status in (502, 504):
+        return "upstream_failed"
+    return "refused" if status < 500 else "failed"
+
+
+class PredictMetrics:
+    """The metrics of one service, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "predict_requests", "Requests to /predict, by outcome and HTTP status", ["outcome", "status"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.in_flight = Gauge("predict_in_flight", "Requests to /predict being served now", registry=self.registry)
+
+        def histogram(name: str, what: str) -> Histogram:
+            return Histogram(name, what, buckets=BUCKETS_S, registry=self.registry)
+
+        self.download_s = histogram("predict_download_seconds", "Downloading the image of a request sent by URL")
+        self.slot_wait_s = histogram("predict_slot_wait_seconds", "Waiting for a free predict slot")
+        self.preprocess_s = histogram("predict_preprocess_seconds", "Decoding and preprocessing the image")
+        self.inference_s = histogram("predict_inference_seconds", "Running the model")
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class CountPredictRequests:
+    """ASGI middleware: every /predict request counted by the status it got (refusals by the body
+    limit and by validation included), and in flight while it is served."""
+
+    def __init__(self, app: ASGIApp, metrics: PredictMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/predict":
+            await self.app(scope, receive, send)
+            return
+        answered = 500  # what the client gets when the app fails before answering
+
+        async def recording_send(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.start":
+                answered = message["status"]
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(outcome_of(answered), str(answered)).inc()

@@ -1,0 +1,122 @@
+"""What a FastAPI service (or GourmetGram) says it did: its Prometheus metrics, read before and after
+a run, as servelab.triton_stats does for Triton.
+
+A service's /metrics counters are cumulative since it started. Two scrapes and their difference
+give, for the requests of one run: how many there were by HTTP status, and the mean time of each
+stage the service measures (download, waiting for a predict slot, preprocessing, inference).
+The counters cover every client, so a run measures only its own requests when nothing else is
+sending to that service at the same time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+# The stages a FastAPI service times (predict_metrics.py), by their histogram's name.
+STAGES = {
+    "download": "predict_download_seconds",
+    "slot_wait": "predict_slot_wait_seconds",
+    "preprocess": "predict_preprocess_seconds",
+    "inference": "predict_inference_seconds",
+}
+
+
+class ServiceStatsError(RuntimeError):
+    """The metrics could not be read."""
+
+
+Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]  # (sample name, labels) -> value
+
+
+def scrape(url: str, timeout_s: float = 10.0) -> Scrape:
+    """Every sample of `url`/metrics (url: the service's base URL)."""
+    try:
+        response = requests.get(f"{url.rstrip('/')}/metrics", timeout=timeout_s)
+        response.raise_for_status()
+    except requests.RequestException as exc:
+        raise ServiceStatsError(f"Could not read {url}/metrics: {exc}") from exc
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+@dataclass
+class ServiceDelta:
+    """What happened between two scrapes of one service."""
+
+    url: str
+    requests_by_status: dict[str, int] = field(default_factory=dict)  # HTTP status -> /predict requests
+    stage_counts: dict[str, int] = field(default_factory=dict)  # stage -> requests that went through it
+    stage_mean_ms: dict[str, float] = field(default_factory=dict)  # stage -> mean time (NaN: none)
+
+    @property
+    def requests(self) -> int:
+        return sum(self.requests_by_status.values())
+
+    def mean_ms(self, stage: str) -> float:
+        if stage not in STAGES:
+            raise KeyError(f"no stage {stage!r}: the service times {', '.join(STAGES)}")
+        return self.stage_mean_ms.get(stage, math.nan)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def diff(url: str, before: Scrape, after: Scrape) -> ServiceDelta:
+    def moved(name: str, labels: tuple = ()) -> float:
+        return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    delta = ServiceDelta(url)
+    for (name, labels), _ in after.items():
+        if name == "predict_requests_total" and (count := round(moved(name, labels))):
+            delta.requests_by_status[dict(labels)["status"]] = count
+    for stage, histogram in STAGES.items():
+        count = round(moved(f"{histogram}_count"))
+        delta.stage_counts[stage] = count
+        delta.stage_mean_ms[stage] = 1000 * moved(f"{histogram}_sum") / count if count else math.nan
+    return delta
+
+
+@dataclass
+class Measurement:
+    url: str
+    before: Scrape
+    after: Scrape | None = None
+    delta: ServiceDelta | None = None
+
+
+def settled(url: str, timeout_s: float = 2.0) -> Scrape:
+    """A scrape once the counters stopped moving: a request is counted just after its answer."""
+    previous = scrape(url)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        current = scrape(url)
+        if current == previous:
+            return current
+        previous = current
+    return previous
+
+
+@contextmanager
+def measure(url: str) -> Iterator[Measurement]:
+    """The service's metrics over the `with` block:
+
+    with service_stats.measure("http://127.0.0.1:8101") as stats:
+        run_load()
+    print(stats.delta.mean_ms("slot_wait"))
+    """
+    measurement = Measurement(url, before=scrape(url))
+    yield measurement
+    measurement.after = settled(url)
+    measurement.delta = diff(url, measurement.before, measurement.after)
