@@ -8,6 +8,10 @@ import os
 os.environ.setdefault("LAB_PROFILE", "quick")
 os.environ.setdefault("LAB_TARGET", "local")
 
-# Notebooks 4 and 6 run in tests/test_notebook_verdicts.py, which also checks every verdict they
-# record against their own tables: nbmake would run them a second time.
-collect_ignore = ["notebooks/4_fastapi_bench.ipynb", "notebooks/6_triton_bench.ipynb"]
+# The notebooks that judge expectations (4, 6, 7) run in tests/test_notebook_verdicts.py, which also
+# checks every verdict they record against their own tables: nbmake would run them a second time.
+collect_ignore = [
+    "notebooks/4_fastapi_bench.ipynb",
+    "notebooks/6_triton_bench.ipynb",
+    "notebooks/7_io_vs_compute.ipynb",
+]

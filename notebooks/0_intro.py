@@ -51,7 +51,7 @@
 # | `4_fastapi_bench` | benchmarks the FastAPI service | the Jupyter container on the node, or your laptop |
 # | `5_triton` | the same model in Triton | the Jupyter container on the node, or your laptop |
 # | `6_triton_bench` | Triton benchmarks: instances, batching | the Jupyter container on the node, or your laptop |
-# | `7_io_vs_compute` | images by URL: I/O inside vs outside the predict slot | the Jupyter container on the node, or your laptop |
+# | `7_io_vs_compute` | images by URL: I/O outside the slot | the Jupyter container on the node, or your laptop |
 #
 # Every number a notebook shows is measured in the run you are looking at; the text never quotes
 # results from somewhere else. Where the lesson predicts a trend (for example, "latency grows with

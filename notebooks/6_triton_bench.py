@@ -191,7 +191,8 @@ lab.expect(
     condition("from 1 instance to 4, throughput rises", gain["1 -> 4"] > 1, rate["1 instance"], rate["4 instances"],
               detail=f"x{gain['1 -> 4']:.2f}"),
     condition("from 4 instances to 8, throughput rises by less than from 1 to 4", gain["4 -> 8"] < gain["1 -> 4"],
-              rate["4 instances"], rate["8 instances"], detail=f"x{gain['4 -> 8']:.2f}, against x{gain['1 -> 4']:.2f}"),
+              rate["1 instance"], rate["4 instances"], rate["8 instances"],
+              detail=f"x{gain['4 -> 8']:.2f}, against x{gain['1 -> 4']:.2f}"),
     reason="; ".join(f"with {name}, the instances used {used.value:.0f}% of a core"
                      for name, used in instances_cpu.items())
     + f", out of {100 * lab.cores}% on {lab.hardware()}" if instances_cpu

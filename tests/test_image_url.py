@@ -23,6 +23,7 @@ import requests
 
 from servelab import paths, service_stats
 from servelab.food11 import LABELS
+from servelab.image_fetch import AllowList, DownloadError
 from servelab.stack import LocalStack, Ports, ServiceSpec, fastapi_service, image_host_service
 from tests.conftest import TEST_MAX_REQUEST_BYTES
 
@@ -91,6 +92,18 @@ def service(image_host, redirector, tmp_path_factory):
 
 def predict_url(service: str, url: str) -> requests.Response:
     return requests.post(f"{service}/predict", json={"url": url}, timeout=30)
+
+
+def test_the_allow_list_takes_hosts_with_any_port_or_one_port():
+    allowed = AllowList.parse(" Images.example.org , 127.0.0.1:8400,")
+    for url in ("https://images.example.org/a.jpg", "http://IMAGES.example.org:8080/a.jpg", "http://127.0.0.1:8400/x"):
+        allowed.check(url)
+    for url in ("http://127.0.0.1:8401/x", "http://127.0.0.1/x", "http://example.org/a.jpg"):
+        with pytest.raises(DownloadError) as refused:
+            allowed.check(url)
+        assert refused.value.status == 403, url
+    with pytest.raises(ValueError, match="not `host` or `host:port`"):
+        AllowList.parse("127.0.0.1:http")
 
 
 def test_the_image_host_serves_photos_after_its_emulated_latency(image_host):

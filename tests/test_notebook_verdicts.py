@@ -1,10 +1,11 @@
-"""Notebooks 4 and 6, run as a student runs them (local target, quick profile), and every verdict
+"""Notebooks 4, 6 and 7, run as a student runs them (local target, quick profile), and every verdict
 they record checked against the runs in their own tables.
 
 A verdict's conditions carry their figures with the run each was read from (servelab.expectations).
 Here each figure is read again from that run, as the notebook's final table shows it: a verdict
-can only say what its table says. These two notebooks run here rather than under nbmake, so that
-the suite executes them once (see the root conftest.py).
+can only say what its table says. These notebooks run here rather than under nbmake, so that the
+suite executes them once (see the root conftest.py); every notebook that records an expectation
+must be listed in JUDGED, which the last test checks.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from conftest import collect_ignore
 from servelab import paths
 from servelab.expectations import Outcome, read
 from servelab.results import RunResult
 
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"
+JUDGED = ["4_fastapi_bench.ipynb", "6_triton_bench.ipynb", "7_io_vs_compute.ipynb"]
 MARK = "VERDICTS:"
 DUMP = f"""
 import json as _json
@@ -43,7 +46,7 @@ def run_notebook(name: str) -> dict:
     return json.loads(output.split(MARK, 1)[1])
 
 
-@pytest.mark.parametrize("name", ["4_fastapi_bench.ipynb", "6_triton_bench.ipynb"])
+@pytest.mark.parametrize("name", JUDGED)
 def test_every_verdict_uses_the_numbers_of_the_runs_in_its_tables(name, built_artifacts):
     dump = run_notebook(name)
     results = {(item["target"], item["started_at"]): RunResult.from_dict(item) for item in dump["results"]}
@@ -57,3 +60,13 @@ def test_every_verdict_uses_the_numbers_of_the_runs_in_its_tables(name, built_ar
         assert run is not None, f"{name}: a verdict used {item['name']} of {item['run']}, which is not in its table"
         again = read(run, item["field"])
         assert (math.isnan(again) and math.isnan(item["value"])) or again == pytest.approx(item["value"]), item
+
+
+def test_every_notebook_that_judges_an_expectation_is_checked_here_and_run_once():
+    judging = sorted(
+        source.with_suffix(".ipynb").name
+        for source in NOTEBOOKS.glob("[0-9]*.py")
+        if "lab.expect(" in source.read_text()
+    )
+    assert judging == sorted(JUDGED)
+    assert sorted(f"notebooks/{name}" for name in JUDGED) == sorted(collect_ignore)
