@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +62,9 @@ def available_cores() -> int:
     return max(1, cores)
 
 
-def _positive_int(name: str, environ: dict) -> int | None:
+def positive_int_setting(name: str, environ: Mapping[str, str]) -> int | None:
+    """The whole number > 0 in environment variable `name`; None when unset; ValueError saying
+    what to do when it is anything else."""
     raw = environ.get(name, "").strip()
     if not raw:
         return None
@@ -136,9 +139,9 @@ def thread_plan(
     environ = os.environ if environ is None else environ
     cores = cores or available_cores()
     chosen = [] if slots is None and threads is None else [given_by]
-    if slots is None and (slots := _positive_int("PREDICT_CONCURRENCY", environ)) is not None:
+    if slots is None and (slots := positive_int_setting("PREDICT_CONCURRENCY", environ)) is not None:
         chosen.append(f"PREDICT_CONCURRENCY={slots}")
-    if threads is None and (threads := _positive_int("INFERENCE_THREADS", environ)) is not None:
+    if threads is None and (threads := positive_int_setting("INFERENCE_THREADS", environ)) is not None:
         chosen.append(f"INFERENCE_THREADS={threads}")
     on_gpu = device.startswith("cuda")
     slots = slots or (1 if on_gpu else cores)

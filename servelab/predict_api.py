@@ -40,7 +40,7 @@ from typing import Literal
 
 import httpx
 import numpy as np
-from cores import ThreadPlan, thread_plan
+from cores import ThreadPlan, positive_int_setting, thread_plan
 from fastapi import FastAPI, HTTPException, Response, status
 from food11 import (
     InvalidImageError,
@@ -65,16 +65,11 @@ DRAIN_LIMIT_S = 10.0
 
 
 def _positive_int_from_env(name: str, default: int | None) -> int | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
     try:
-        value = int(raw)
-    except ValueError:
-        raise SystemExit(f"{name}={raw!r} is not a whole number; set it to a positive integer.") from None
-    if value < 1:
-        raise SystemExit(f"{name}={value} must be at least 1.")
-    return value
+        value = positive_int_setting(name, os.environ)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return default if value is None else value
 
 
 def _float_from_env(name: str, default: float) -> float:
