@@ -164,14 +164,17 @@ eight_instances = lab.measure("food_classifier", concurrency=8)
 #
 # Each instance takes its share of the cores (the cores divided by the instances, at least one
 # thread each, as its log says), so on a CPU the question is how much of the machine one
-# instance leaves idle: one instance decodes an image, then runs the model, one request after
-# another, and while it decodes on one thread the other cores wait. The two conditions:
+# instance leaves unused. One instance runs one request at a time: it decodes the image on one
+# thread while the other cores wait, then splits one image's inference over all the cores, whose
+# threads wait for each other at every layer (a thread that busy-waits still shows as CPU in
+# use). Several instances each run a whole request on their own core, with no one to wait for.
+# The two conditions:
 #
 # 1. from one instance to four, throughput rises;
-# 2. from four to eight, it rises by less than from one to four: the idle hardware is used up.
+# 2. from four to eight, it rises by less than from one to four: the unused capacity is used up.
 #
 # The instances' own CPU (the sum over their processes, in % of one core, out of 100% per core)
-# tells how much of the machine they used.
+# says how busy they kept the machine, and the requests served per second of CPU how usefully.
 
 # %%
 scaling = {"1 instance": python_backend["c=8"], "4 instances": four_instances, "8 instances": eight_instances}
@@ -183,7 +186,10 @@ instances_cpu = {
     for name, result in scaling.items() if result is not None and result.resources
 }
 for name, used in instances_cpu.items():
-    print(f"{name}: the instances used {used.value:.0f}% of a core, of the {100 * lab.cores}% this machine has")
+    print(
+        f"{name}: the instances used {used.value:.0f}% of a core, of the {100 * lab.cores}% this machine has; "
+        f"{rate[name].value / (used.value / 100):.1f} requests per second of CPU"
+    )
 gain = {step: rate[b].value / rate[a].value for step, (a, b) in
         {"1 -> 4": ("1 instance", "4 instances"), "4 -> 8": ("4 instances", "8 instances")}.items()}
 lab.expect(
