@@ -300,9 +300,9 @@ def plot_throughput_bounds(
     panels: panel -> line -> concurrency -> run (None: no result); bounds: panel -> label -> req/s.
     """
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False, sharey=True)
+    levels = []  # every plotted value, so that the shared axis shows them all
     for ax, (panel, lines) in zip(axes[0], panels.items(), strict=True):
         colors = _colors()
-        levels = []
         for line, runs in lines.items():
             points = sorted((c, run.throughput_rps) for c, run in runs.items() if run is not None)
             if points:
@@ -312,12 +312,12 @@ def plot_throughput_bounds(
             ax.axhline(value, color="grey", linestyle=style, label=f"{label} = {value:.1f} req/s")
             levels.append(value)
         _concurrency_axis(ax, sorted({c for runs in lines.values() for c in runs}))
-        ax.set_ylim(0, 1.15 * max(levels, default=1))
         ax.set_title(panel)
         ax.set_xlabel("concurrent senders")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
     axes[0][0].set_ylabel("throughput (req/s)")
+    axes[0][0].set_ylim(0, 1.15 * max(levels, default=1))
     if title:
         fig.suptitle(title)
     fig.tight_layout()

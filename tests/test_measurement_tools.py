@@ -505,3 +505,19 @@ def test_results_table_compares_each_target_with_its_own_baseline():
     table = results_table([result("a", 50.0), result("b", 30.0), result("c", 5.0)], {"a": 100.0, "b": 60.0})
     rows = table.strip().splitlines()[2:]
     assert rows[0].endswith("| 50% |") and rows[1].endswith("| 50% |") and rows[2].endswith("| n/a |")
+
+
+def test_throughput_bounds_show_every_line_and_bound_on_the_shared_axis(tmp_path, close_figures):
+    panels = {
+        "fast host": {"outside": {1: _result("a", concurrency=1, throughput=13), 16: _result("a", throughput=63)}},
+        "slow host": {"outside": {1: _result("b", concurrency=1, throughput=4), 16: None}},
+    }
+    bounds = {"fast host": {"1 / S": 67.0}, "slow host": {"1 / S": 52.6}}
+    fig = plots.plot_throughput_bounds(panels, bounds, path=tmp_path / "bounds.png")
+    for ax in fig.axes:
+        assert ax.get_ylim()[1] >= 67.0  # the highest bound of any panel fits in every panel
+    fast, slow = fig.axes
+    assert [tuple(line.get_ydata()) for line in fast.lines[:1]] == [(13, 63)]
+    assert [tuple(line.get_ydata()) for line in slow.lines[:1]] == [(4,)]  # a missing run is left out
+    assert any("1 / S = 52.6 req/s" in text.get_text() for text in slow.get_legend().get_texts())
+    assert (tmp_path / "bounds.png").stat().st_size > 0
