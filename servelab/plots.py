@@ -70,6 +70,12 @@ def _series_name(target: str, tool: str, batch_size: int = 1) -> str:
     return f"{target} [{tool}]" + (f", batch {batch_size}" if batch_size != 1 else "")
 
 
+def _median(values: Iterable[float]) -> float:
+    """The median of the finite values; NaN when there are none."""
+    finite = [value for value in values if math.isfinite(value)]
+    return float(np.median(finite)) if finite else math.nan
+
+
 def _concurrency_axis(ax: Any, values: Iterable[int]) -> None:
     """Log scale (base 2) when concurrency spans a wide range, with a tick at each measured value."""
     ticks = sorted(set(values))
@@ -86,7 +92,9 @@ def plot_latency_throughput_vs_concurrency(
 ) -> Figure:
     """p50/p95/p99 latency (left) and throughput (right) vs concurrency, one colour per target and tool.
 
-    Only closed-loop results (those with a concurrency) are drawn.
+    Only closed-loop results (those with a concurrency) are drawn. A series measured more than once
+    at one concurrency (the machine drifts between runs) is drawn through the median there, with
+    each of those runs as a hollow marker, rather than as a vertical line between them.
     """
     closed = [result for result in results if result.concurrency is not None]
     if not closed:
@@ -94,20 +102,32 @@ def plot_latency_throughput_vs_concurrency(
     fig, (ax_latency, ax_throughput) = plt.subplots(1, 2, figsize=(13, 5.2), layout="constrained")
     groups = _group(closed, lambda r: (r.target, r.tool, r.batch_size))
     for color, ((target, tool, batch_size), runs) in zip(_colors(), groups.items(), strict=False):
-        runs = sorted(runs, key=lambda r: r.concurrency)
-        concurrency = [r.concurrency for r in runs]
+        at = _group(runs, lambda r: r.concurrency)
+        concurrency = sorted(at)
+        repeated = [r for r in runs if len(at[r.concurrency]) > 1]
         for percentile, style in PERCENTILE_STYLES.items():
             # A percentile the run was too short for is left out (NaN), not drawn as a guess.
-            latencies = [r.latency_ms(int(percentile[1:])) for r in runs]
+            p = int(percentile[1:])
+            latencies = [_median([r.latency_ms(p) for r in at[c]]) for c in concurrency]
             marker = PERCENTILE_MARKERS[percentile]
             ax_latency.plot(concurrency, latencies, linestyle=style, marker=marker, markersize=5, color=color)
+            if repeated:
+                ax_latency.scatter(
+                    [r.concurrency for r in repeated], [r.latency_ms(p) for r in repeated],
+                    marker=marker, s=22, facecolors="none", edgecolors=color,
+                )  # fmt: skip
         ax_throughput.plot(
             concurrency,
-            [r.images_per_s for r in runs],
+            [_median([r.images_per_s for r in at[c]]) for c in concurrency],
             marker="o",
             color=color,
-            label=_series_name(target, tool, batch_size),
+            label=_series_name(target, tool, batch_size) + (" (median of repeated runs)" if repeated else ""),
         )
+        if repeated:
+            ax_throughput.scatter(
+                [r.concurrency for r in repeated], [r.images_per_s for r in repeated],
+                marker="o", s=22, facecolors="none", edgecolors=color,
+            )  # fmt: skip
     all_concurrency = [r.concurrency for r in closed]
     for ax in (ax_latency, ax_throughput):
         _concurrency_axis(ax, all_concurrency)

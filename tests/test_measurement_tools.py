@@ -521,3 +521,18 @@ def test_throughput_bounds_show_every_line_and_bound_on_the_shared_axis(tmp_path
     assert [tuple(line.get_ydata()) for line in slow.lines[:1]] == [(4,)]  # a missing run is left out
     assert any("1 / S = 52.6 req/s" in text.get_text() for text in slow.get_legend().get_texts())
     assert (tmp_path / "bounds.png").stat().st_size > 0
+
+
+def test_a_configuration_measured_twice_at_one_concurrency_is_drawn_through_its_median(close_figures):
+    runs = [
+        _result("svc", concurrency=1, throughput=10),
+        _result("svc", concurrency=1, throughput=30),
+        _result("svc", concurrency=8, throughput=50),
+    ]
+    fig = plots.plot_latency_throughput_vs_concurrency(runs)
+    throughput_axis = fig.axes[1]
+    (line,) = throughput_axis.lines
+    assert list(line.get_xdata()) == [1, 8] and list(line.get_ydata()) == [20.0, 50.0]  # no vertical segment
+    (repeated,) = throughput_axis.collections  # both runs at c=1 are still shown, as hollow markers
+    assert sorted(tuple(point) for point in repeated.get_offsets()) == [(1, 10), (1, 30)]
+    assert "median of repeated runs" in throughput_axis.get_legend().get_texts()[0].get_text()
