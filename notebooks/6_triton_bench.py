@@ -114,8 +114,8 @@ lab.expect(
     condition("so batching serves at least 4 times the images per second", batched_rate.value >= 4 * single_rate.value,
               batched_rate, single_rate),
     reason=f"on {lab.hardware()}, one image already keeps every core busy (PyTorch spreads it over all of "
-    "them), so 16 images cost about 16 times the work, and model.py decodes every image too: batching pays "
-    "where the hardware has idle parallelism, a GPU"
+    f"them), so 16 images took {batched_ms.value / single_ms.value:.1f} times as long as one, model.py "
+    "decoding every image too: batching pays where the hardware has idle parallelism, a GPU"
     if not lab.gpus
     else f"on {lab.hardware()}, decoding 16 images in model.py, on the CPU, costs 16 times one",
 );

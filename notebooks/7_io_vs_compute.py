@@ -179,10 +179,12 @@ plots.plot_throughput_bounds(panels, bounds, title="fastapi_onnx, one predict sl
 plt.show()
 
 # %% [markdown]
-# With the download inside the slot, the curve is flat at about 1 / (D + S) whatever the number of
-# senders: more clients only lengthen the queue. Outside, it rises with the senders until the slot is
-# busy: then the model, not the network, is the limit. The longer the download, the more requests
-# must be in flight to hide it (about (D + S) / S of them).
+# Read the plot against the prediction. With the download inside the slot, the curve should stay
+# near 1 / (D + S) whatever the number of senders: more clients only lengthen the queue. Outside,
+# it should rise with the senders until the slot is busy: then the model, not the network, is the
+# limit. The longer the download, the more requests must be in flight to hide it (about (D + S) / S
+# of them), which is why the 200 ms panel climbs more slowly. Where your run differs, the verdicts
+# below say which condition failed, with its numbers.
 #
 # ## All the runs, and the verdicts
 
