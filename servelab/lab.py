@@ -281,7 +281,10 @@ class Lab(TritonLab):
     def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:
         """The URL of a sample photo on the image host; `latency_ms` overrides its emulated latency."""
         if not self.image_host_url:
-            raise RuntimeError("This lab has no image host.")
+            raise RuntimeError(
+                "This lab has no image host. Locally, `make up` (or Lab.connect() with no stack running) starts "
+                "one; on Chameleon, start the Compose stack, which has the image_host service, or set IMAGE_HOST_URL."
+            )
         query = "" if latency_ms is None else f"?latency_ms={latency_ms:g}"
         return f"{self.image_host_url}/images/{name}{query}"
 

@@ -11,7 +11,6 @@ sending to that service at the same time.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -19,6 +18,8 @@ from typing import Any
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+
+from servelab.triton_stats import settled
 
 # The stages a FastAPI service times (predict_metrics.py), by their histogram's name.
 STAGES = {
@@ -95,19 +96,6 @@ class Measurement:
     delta: ServiceDelta | None = None
 
 
-def settled(url: str, timeout_s: float = 2.0) -> Scrape:
-    """A scrape once the counters stopped moving: a request is counted just after its answer."""
-    previous = scrape(url)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        current = scrape(url)
-        if current == previous:
-            return current
-        previous = current
-    return previous
-
-
 @contextmanager
 def measure(url: str) -> Iterator[Measurement]:
     """The service's metrics over the `with` block:
@@ -118,5 +106,5 @@ def measure(url: str) -> Iterator[Measurement]:
     """
     measurement = Measurement(url, before=scrape(url))
     yield measurement
-    measurement.after = settled(url)
+    measurement.after = settled(lambda: scrape(url))
     measurement.delta = diff(url, measurement.before, measurement.after)

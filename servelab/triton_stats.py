@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
+
+T = TypeVar("T")
 
 
 class TritonStatsError(RuntimeError):
@@ -183,14 +185,19 @@ def fetch_settled(address: str, model: str, version: str | None = None, timeout_
     """Like `fetch`, once the counters have stopped moving.
 
     Triton records a request's statistics just after sending its response, so a snapshot taken
-    the moment the last answer arrives can miss that request. Two equal snapshots in a row mean
-    everything that was answered has been counted.
+    the moment the last answer arrives can miss that request.
     """
-    previous = fetch(address, model, version)
+    return settled(lambda: fetch(address, model, version), timeout_s)
+
+
+def settled(read: Callable[[], T], timeout_s: float = 2.0) -> T:
+    """`read()` once two readings in a row are equal (everything answered has been counted), or
+    its last reading after `timeout_s`. Servers count a request just after answering it."""
+    previous = read()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(0.05)
-        current = fetch(address, model, version)
+        current = read()
         if current == previous:
             return current
         previous = current
