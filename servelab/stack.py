@@ -251,7 +251,7 @@ def image_host_service(port: int, latency_ms: float = DEFAULT_IMAGE_LATENCY_MS) 
             str(paths.SAMPLE_IMAGE.parent),
             "--latency-ms",
             f"{latency_ms:g}",
-        ],  # fmt: skip
+        ],
         cwd=paths.REPO_ROOT / "image_host",
         ports=[port],
         ready_url=f"http://127.0.0.1:{port}/health",
