@@ -173,7 +173,7 @@ for latency_ms in LATENCIES_MS:
     }
     lab.expect(
         f"with a {latency_ms} ms download, the slot should hold only the inference",
-        condition(f"inside the slot, {top} senders stay below 1 / (D + S)", rate_in.value <= 1.05 * bound_in,
+        condition(f"inside the slot, {top} senders stay below 1 / (D + S)", rate_in.value < bound_in,
                   rate_in, d_in, s_in, detail=f"1 / (D + S) = {bound_in:.1f} req/s"),
         condition(f"outside the slot, {top} senders go above that 1 / (D + S)", rate_out.value > bound_in,
                   rate_out, d_in, s_in, detail=f"1 / (D + S) = {bound_in:.1f} req/s"),
