@@ -4,11 +4,15 @@
 
 1. The in-process ceilings (servelab.inprocess): for PyTorch and ONNX Runtime, with decoding and
    (ONNX, as Triton's ONNX model serves it) without, the best of a small sweep of thread plans,
-   for one request in flight and for many.
+   for one request in flight and for many. The winning plan is measured again right before each
+   run judged against it: this machine's speed drifts within minutes, so a service is compared
+   with a ceiling taken next to it.
 2. FastAPI PyTorch, FastAPI ONNX, Triton `food_classifier` (Python backend) and Triton
    `food_classifier_onnx`, each at concurrency 1, 8 and 16, with the lab's load generator
    (closed loop), sampling CPU/GPU during each run and reading Triton's statistics around it;
-   and the naive reference apps (servelab.naive_service) at the highest concurrency.
+   and the naive reference apps (servelab.naive_service) at the highest concurrency. On a server
+   with no GPU, Triton's models run one instance per core for their runs (the CPU counterpart of
+   FastAPI's one slot per core), set through the repository API and put back afterwards.
 3. The load generator against perf_analyzer: at concurrency 8 against `food_classifier_onnx`,
    alternating, with the CPU each tool spent per request.
 
@@ -20,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import json
 import logging
 import platform
 import resource
@@ -27,12 +33,15 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
 import requests
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
 
 from servelab import artifacts, bench_report, inprocess, loadgen, paths, perf_analyzer, triton_stats
 from servelab.cores import available_cores, thread_plan
@@ -111,21 +120,19 @@ def runtime_versions(endpoints: Endpoints) -> dict:
     return versions
 
 
-def thread_plans(endpoints: Endpoints) -> dict[str, str]:
-    """How each service uses the cores: FastAPI says so in /health; a Triton model's instances
-    each compute their share with servelab/cores.py, as shown here, and log it."""
-    plans = {}
-    for name in ("fastapi_pt", "fastapi_onnx"):
-        with contextlib.suppress(requests.RequestException, ValueError, KeyError):
-            plans[name] = requests.get(f"{getattr(endpoints, name)}/health", timeout=5).json()["threads"]
-    for target in TARGETS:
-        if target.model:
-            with contextlib.suppress(requests.RequestException, ValueError):
-                config = requests.get(f"http://{endpoints.triton_http}/v2/models/{target.model}/config", timeout=5)
-                instances = sum(group["count"] for group in config.json().get("instance_group", []))
-                plan = thread_plan(slots=instances, separate_processes=True, given_by=f"{instances} instance(s)")
-                plans[target.name] = plan.describe()
-    return plans
+def thread_plan_of(target: ServedTarget, endpoints: Endpoints) -> str:
+    """How `target` uses the cores, as served now: FastAPI says so in /health; a Triton model's
+    instances each compute their plan with servelab/cores.py, as done here, and log it."""
+    try:
+        if not target.model:
+            return requests.get(f"{address(target, endpoints)}/health", timeout=5).json()["threads"]
+        client = triton_http.InferenceServerClient(endpoints.triton_http)
+        groups = client.get_model_config(target.model)["instance_group"]
+    except (requests.RequestException, ValueError, KeyError, InferenceServerException) as exc:
+        return f"unknown ({type(exc).__name__}: {exc})"
+    instances = sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in groups)
+    device = "cpu" if all(group.get("kind") == "KIND_CPU" for group in groups) else "cuda"
+    return thread_plan(slots=instances, device=device, given_by=f"{instances} instance(s)").describe()
 
 
 def _measure(
@@ -161,8 +168,50 @@ def _ceilings(profile: Profile) -> dict[str, inprocess.Ceiling]:
     return found
 
 
-def _naive(profile: Profile, image: bytes, log_dir: Path) -> list[RunResult]:
-    """The naive reference apps at the highest concurrency, each started for its run."""
+def _bracketed(
+    ceilings: dict[str, inprocess.Ceiling], served: ServedTarget, concurrency: int, profile: Profile, run
+) -> tuple[RunResult, float]:
+    """`run()`, with the ceiling it is judged against (one request in flight at concurrency 1, the
+    winner for many otherwise) measured right before and right after it. The machine's speed
+    drifts, so the ceiling is the mean of the two: the speed it had around the run."""
+    key = ceiling_key(served.runtime, served.decode, "one" if concurrency == 1 else "many")
+    around = []
+    for when in ("before", "after"):
+        if when == "after":
+            log.info("%s at concurrency %d", served.name, concurrency)
+            result = run()
+        plan = ceilings[key].plan.name
+        log.info("in-process ceiling %s %s at c=%d: %s, %s", when, served.name, concurrency, key, plan)
+        point = ceilings[key].measure_now(profile.duration_s / 2, profile.warmup_s)
+        point.notes.append(f"ceiling: {key} ({when} {served.name} at c={concurrency})")
+        around.append(point.throughput_rps)
+    return result, statistics.mean(around)
+
+
+@contextlib.contextmanager
+def one_instance_per_core(triton: str, model: str) -> Iterator[None]:
+    """Serve `model` with one instance per core while the block runs, when its instances are on
+    the CPU (the local stack); as configured otherwise. Served as before after the block."""
+    client = triton_http.InferenceServerClient(triton)
+    config = client.get_model_config(model)
+    if any(group.get("kind") != "KIND_CPU" for group in config.get("instance_group", [])):
+        yield
+        return
+    per_core = {**config, "instance_group": [{"count": available_cores(), "kind": "KIND_CPU"}]}
+    client.load_model(model, config=json.dumps(per_core))
+    try:
+        yield
+    finally:
+        # The served config, given back as an override too: a plain load would be skipped, since
+        # the files on disk did not change.
+        client.load_model(model, config=json.dumps(config))
+
+
+def _naive(
+    profile: Profile, image: bytes, log_dir: Path, ceilings: dict[str, inprocess.Ceiling], adjacent: dict
+) -> list[RunResult]:
+    """The naive reference apps at the highest concurrency, each started for its run, each with
+    its ceiling measured right before it (into `adjacent`)."""
     results = []
     concurrency = max(profile.concurrencies)
     for runtime, name in NAIVE.items():
@@ -172,10 +221,12 @@ def _naive(profile: Profile, image: bytes, log_dir: Path) -> list[RunResult]:
             name.replace("/", "_"), [*command, "--port", str(port)], paths.REPO_ROOT, [port],
             f"http://127.0.0.1:{port}/health", env={"NAIVE_RUNTIME": runtime},
         )  # fmt: skip
+        target = ServedTarget(name, "fastapi", None, runtime)
         with LocalStack([spec], log_dir=log_dir):
-            log.info("%s at concurrency %d", name, concurrency)
-            target = ServedTarget(name, "fastapi", None, runtime)
-            results.append(_measure(target, f"http://127.0.0.1:{port}", "", concurrency, profile, image))
+            run = functools.partial(_measure, target, f"http://127.0.0.1:{port}", "", concurrency, profile, image)
+            result, ceiling = _bracketed(ceilings, target, concurrency, profile, run)
+        results.append(result)
+        adjacent[name] = {str(concurrency): ceiling}
     return results
 
 
@@ -272,12 +323,20 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
             endpoints = Endpoints.of(ports)
 
         results: list[RunResult] = []
+        # served target -> concurrency -> the ceiling's req/s around that run
+        adjacent: dict[str, dict[str, float]] = {}
+        plans = {}
         for target in TARGETS:
-            for concurrency in profile.concurrencies:
-                log.info("%s at concurrency %d", target.name, concurrency)
-                results.append(
-                    _measure(target, address(target, endpoints), endpoints.triton_http, concurrency, profile, image)
-                )
+            adjacent[target.name] = {}
+            served_as = one_instance_per_core(endpoints.triton_http, target.model) if target.model else None
+            with served_as or contextlib.nullcontext():
+                plans[target.name] = thread_plan_of(target, endpoints)
+                for concurrency in profile.concurrencies:
+                    url = address(target, endpoints)
+                    run = functools.partial(_measure, target, url, endpoints.triton_http, concurrency, profile, image)
+                    result, ceiling = _bracketed(ceilings, target, concurrency, profile, run)
+                    results.append(result)
+                    adjacent[target.name][str(concurrency)] = ceiling
         log.info("load generator vs perf_analyzer, %d alternating pairs", profile.agreement_pairs)
         agreement = _agreement(endpoints, profile, image)
         meta = {
@@ -287,20 +346,17 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
             "versions": runtime_versions(endpoints),
             "weights": built.weights_info,
             "payload": {"image": paths.SAMPLE_IMAGE.name, "bytes": len(image)},
-            "thread_plans": thread_plans(endpoints),
+            "thread_plans": plans,
             "agreement": agreement,
         }
-    results += _naive(profile, image, out_dir / "logs")
-    # The machine's speed drifts during a run: each ceiling's winning plan is measured once more at
-    # the end, and the better of the two measurements is the ceiling.
-    for key, ceiling in ceilings.items():
-        log.info("in-process ceiling again: %s, %s", key, ceiling.plan.name)
-        ceiling.measure_again(profile.duration_s / 2, profile.warmup_s)
+    results += _naive(profile, image, out_dir / "logs", ceilings, adjacent)
     for key, ceiling in ceilings.items():
         for point in ceiling.points:
-            point.notes.append(f"ceiling: {key}" + (" (best)" if point is ceiling.best else ""))
+            if not any(note.startswith("ceiling: ") for note in point.notes):
+                point.notes.append(f"ceiling: {key}" + (" (best)" if point is ceiling.best else ""))
             results.append(point)
-    meta["ceilings_rps"] = {key: ceiling.best.throughput_rps for key, ceiling in ceilings.items()}
+    meta["sweep_best_rps"] = {key: ceiling.best.throughput_rps for key, ceiling in ceilings.items()}
+    meta["ceilings_rps"] = adjacent
     save_results(results, out_dir / "results.json", meta)
     bench_report.write_report(results, meta, out_dir)
     log.info("benchmark report: %s", out_dir / "report.md")

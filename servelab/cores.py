@@ -9,9 +9,10 @@ their threads. More than the cores, and every inference is slower: the teams tak
 The defaults never exceed the cores. On a CPU, a service gets one slot per core, and its
 threads are *elastic*: an inference gets the cores divided by the inferences running when it
 starts. One request alone uses every core (lowest latency); under load each slot has a core of
-its own (highest throughput). Separate processes (Triton's instances) cannot share like that,
-so each gets a fixed share: the cores divided by the instances. On a GPU, one slot: the GPU runs
-one inference at a time anyway, and the CPU's cores go to decoding.
+its own (highest throughput). Triton's instances are processes of their own: they count the
+inferences running in all of them through lock files (`RunningAcrossProcesses`), and share the
+cores out the same way. On a GPU, one slot: the GPU runs one inference at a time anyway, and
+the CPU's cores go to decoding.
 
 Either knob can be set by an environment variable (PREDICT_CONCURRENCY, INFERENCE_THREADS; a
 given thread count is fixed, not elastic), also past the cores, for the lab's experiment: the
@@ -25,9 +26,12 @@ service, as it does food11.py. Edit it here, never in a copy.
 
 from __future__ import annotations
 
+import fcntl
 import math
 import os
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,14 +132,12 @@ def thread_plan(
     threads: int | None = None,
     *,
     device: str = "cpu",
-    separate_processes: bool = False,
     cores: int | None = None,
     environ: dict | None = None,
     given_by: str = "the caller",
 ) -> ThreadPlan:
     """The plan for a process: `slots` and `threads` as given, else from PREDICT_CONCURRENCY and
-    INFERENCE_THREADS, else the defaults above. `separate_processes`: the slots are processes
-    (Triton instances), so threads cannot be elastic. `given_by` names where given values came from."""
+    INFERENCE_THREADS, else the defaults above. `given_by` names where given values came from."""
     environ = os.environ if environ is None else environ
     cores = cores or available_cores()
     chosen = [] if slots is None and threads is None else [given_by]
@@ -145,7 +147,57 @@ def thread_plan(
         chosen.append(f"INFERENCE_THREADS={threads}")
     on_gpu = device.startswith("cuda")
     slots = slots or (1 if on_gpu else cores)
-    elastic = threads is None and slots > 1 and not separate_processes and not on_gpu
-    if threads is None:
-        threads = max(1, cores // slots) if separate_processes else cores
+    elastic = threads is None and slots > 1 and not on_gpu
+    if threads is None:  # elastic: a lone inference gets every core; fixed: each slot its share
+        threads = cores if elastic else max(1, cores // slots)
     return ThreadPlan(slots, threads, cores, "set by " + ", ".join(chosen) if chosen else "the defaults", elastic)
+
+
+class RunningAcrossProcesses:
+    """How many inferences run now in a group of processes (Triton's instances of one model).
+
+    Each process holds an exclusive lock on a file of its own while it infers, and counts the
+    locked files of the group. The kernel drops the locks of a process that dies, so a crashed
+    instance is never counted as running. One gate lock makes "mark myself, then count" atomic,
+    so two inferences that start together see each other.
+    """
+
+    def __init__(self, group: str, member: str, directory: Path | None = None):
+        self.directory = (directory or Path(tempfile.gettempdir())) / f"servelab-running-{group}"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._gate = os.open(self.directory / ".gate", os.O_RDWR | os.O_CREAT, 0o600)
+        self._own_path = self.directory / member
+        self._own = os.open(self._own_path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def _locked(self, path: Path) -> bool:
+        try:
+            probe = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # a member that left meanwhile
+            return False
+        try:
+            fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(probe)  # closing drops the probe's lock, never the member's own
+
+    @contextmanager
+    def running(self) -> Iterator[int]:
+        """Mark this process as inferring; yields how many of the group infer, itself included."""
+        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._own, fcntl.LOCK_EX)
+            count = sum(self._locked(path) for path in self.directory.iterdir() if path.name != ".gate")
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+        try:
+            yield max(1, count)
+        finally:
+            fcntl.flock(self._own, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Leave the group (Triton's finalize): the member's file goes, the group's folder stays."""
+        os.close(self._own)
+        os.close(self._gate)
+        self._own_path.unlink(missing_ok=True)

@@ -6,6 +6,7 @@ config declares (the names must be the ONNX graph's, as the onnxruntime backend 
 the requests Triton gathers are run as one ONNX Runtime call.
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -16,7 +17,7 @@ import triton_python_backend_utils as pb_utils
 
 # cores.py (thread plans, shared with every service) is staged beside this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cores import thread_plan  # noqa: E402
+from cores import RunningAcrossProcesses, thread_plan  # noqa: E402
 
 
 class TritonPythonModel:
@@ -24,18 +25,28 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.input_names = [tensor["name"] for tensor in config["input"]]
         self.output_names = [tensor["name"] for tensor in config["output"]]
-        # Each instance is a process with its own threads: the cores are shared out between them.
+        # Each instance is a process with its own threads. The instances share the cores out
+        # elastically (see cores.py): an inference gets the cores divided by the inferences running
+        # in all instances, so one ONNX Runtime session per thread count it may be given.
         instances = sum(group["count"] for group in config["instance_group"])
-        plan = thread_plan(slots=instances, separate_processes=True, given_by=f"{instances} instance(s) in the config")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = plan.threads
-        options.inter_op_num_threads = 1
+        self.plan = thread_plan(slots=instances, given_by=f"{instances} instance(s) in the config")
+        self.running = None
+        if self.plan.elastic:
+            server = hashlib.sha1(args["model_repository"].encode()).hexdigest()[:12]
+            self.running = RunningAcrossProcesses(f"{config['name']}-{server}", args["model_instance_name"])
         model_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.onnx")
-        self.session = ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
-        log = pb_utils.Logger.log_warn if plan.oversubscribed else pb_utils.Logger.log_info
+        self.sessions = {}
+        for threads in self.plan.thread_counts():
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            # Idle threads sleep instead of spinning, so they leave the core to the other instances.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self.sessions[threads] = ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
+        log = pb_utils.Logger.log_warn if self.plan.oversubscribed else pb_utils.Logger.log_info
         log(
             f"{config['name']} instance {args['model_instance_name']}: onnxruntime {ort.__version__} on CPU; "
-            f"threads: {plan.describe()}"
+            f"threads: {self.plan.describe()}"
         )
 
     def execute(self, requests):
@@ -44,7 +55,11 @@ class TritonPythonModel:
             for request in requests
         ]
         feed = {name: np.concatenate([batch[name] for batch in batches]) for name in self.input_names}
-        outputs = self.session.run(self.output_names, feed)
+        if self.running is None:
+            outputs = self.sessions[self.plan.threads].run(self.output_names, feed)
+        else:
+            with self.running.running() as running:
+                outputs = self.sessions[self.plan.threads_for(running)].run(self.output_names, feed)
         responses, start = [], 0
         for batch in batches:
             size = len(batch[self.input_names[0]])
@@ -55,3 +70,7 @@ class TritonPythonModel:
             start += size
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
+
+    def finalize(self):
+        if self.running is not None:
+            self.running.close()

@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+import requests
 
 from servelab import bench, bench_report
 from servelab.cores import available_cores
@@ -39,16 +40,35 @@ def test_every_target_and_reference_is_measured_without_errors(quick_report):
     assert all(r.triton_stats["inference_count"] >= r.requests for r in triton)
 
 
-def test_each_ceiling_is_the_best_of_its_sweep(quick_report):
+def test_each_ceiling_is_the_best_of_its_sweep_measured_again_around_each_run(quick_report):
     results, metadata = load_results(quick_report / "results.json")
     points = [r for r in results if r.tool == "in-process"]
     cores = available_cores()
     swept = sum(len(sweep_points(cores, pipelined)) for pipelined in (False, True)) * len(bench.CEILINGS)
-    assert len(points) == swept + len(metadata["ceilings_rps"])  # and each winner measured again
-    for key, best_rps in metadata["ceilings_rps"].items():
-        swept = [r for r in points if any(note.startswith(f"ceiling: {key}") for note in r.notes)]
-        best = [r for r in swept if f"ceiling: {key} (best)" in r.notes]
-        assert len(best) == 1 and best[0].throughput_rps == best_rps == max(r.throughput_rps for r in swept)
+    served = [r for r in results if r.tool == "loadgen"]
+    assert len(points) == swept + 2 * len(served)  # the ceiling measured again before and after every run
+    for key, best_rps in metadata["sweep_best_rps"].items():
+        sweep = [r for r in points if {f"ceiling: {key}", f"ceiling: {key} (best)"} & set(r.notes)]
+        best = [r for r in sweep if f"ceiling: {key} (best)" in r.notes]
+        assert len(best) == 1 and best[0].throughput_rps == best_rps == max(r.throughput_rps for r in sweep)
+    for run in served:
+        in_flight = "one" if run.concurrency == 1 else "many"
+        around = [
+            r for r in points for when in ("before", "after")
+            if any(note.endswith(f", {in_flight} ({when} {run.target} at c={run.concurrency})") for note in r.notes)
+        ]  # fmt: skip
+        assert len(around) == 2 and all(r.throughput_rps > 0 for r in around)
+        ceiling = metadata["ceilings_rps"][run.target][str(run.concurrency)]
+        assert ceiling == pytest.approx((around[0].throughput_rps + around[1].throughput_rps) / 2)
+
+
+def test_triton_runs_one_instance_per_core_on_a_cpu_and_the_shipped_config_comes_back(quick_report, ports):
+    metadata = json.loads((quick_report / "metadata.json").read_text())
+    cores = available_cores()
+    for target in (t for t in bench.TARGETS if t.model):
+        assert metadata["thread_plans"][target.name].startswith(f"{cores} inference slot(s)")
+        served = requests.get(f"http://127.0.0.1:{ports.triton_http}/v2/models/{target.model}/config", timeout=5)
+        assert [group["count"] for group in served.json()["instance_group"]] == [1]  # as in config.pbtxt
 
 
 def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick_report):

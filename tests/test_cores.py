@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from servelab import cores, paths
-from servelab.cores import available_cores, thread_plan
+from servelab.cores import RunningAcrossProcesses, available_cores, thread_plan
 
 
 def test_available_cores_follow_the_cpu_affinity():
@@ -48,12 +48,51 @@ def test_a_single_slot_gets_every_core_and_a_gpu_gets_one_slot():
     assert (gpu.slots, gpu.threads, gpu.elastic) == (1, 8, False)
 
 
-def test_separate_processes_share_the_cores_out():
-    plan = thread_plan(slots=4, separate_processes=True, cores=8, environ={}, given_by="4 instances")
-    assert (plan.threads, plan.elastic, plan.busy_threads) == (2, False, 8)
-    assert "set by 4 instances" in plan.describe()
-    crowded = thread_plan(slots=8, separate_processes=True, cores=2, environ={})
-    assert crowded.threads == 1 and crowded.oversubscribed  # at least one thread each
+def test_instances_in_processes_of_their_own_share_the_cores_elastically(tmp_path):
+    plan = thread_plan(slots=2, cores=2, environ={}, given_by="2 instances")
+    assert (plan.threads, plan.elastic, plan.busy_threads) == (2, True, 2) and "set by 2 instances" in plan.describe()
+    first = RunningAcrossProcesses("model-server", "instance_0", directory=tmp_path)
+    second = RunningAcrossProcesses("model-server", "instance_1", directory=tmp_path)
+    with first.running() as alone:
+        assert plan.threads_for(alone) == 2  # the other instance is idle: every core
+        with second.running() as together:
+            assert plan.threads_for(together) == 1  # both infer: a core each
+    with second.running() as alone_again:
+        assert alone_again == 1
+    second.close()
+    assert not (tmp_path / "servelab-running-model-server" / "instance_1").exists()
+
+
+def test_an_instance_that_died_while_inferring_is_not_counted(tmp_path):
+    """The lock files are held by live processes only: a killed instance leaves no count behind."""
+    code = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]);"
+        "from pathlib import Path; from servelab.cores import RunningAcrossProcesses;"
+        "r = RunningAcrossProcesses('m', 'dying', directory=Path(sys.argv[2]));"
+        "c = r.running(); c.__enter__(); print('running', flush=True); time.sleep(60)"
+    )
+    dying = subprocess.Popen(
+        [sys.executable, "-c", code, str(paths.REPO_ROOT), str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert dying.stdout.readline().strip() == "running"
+        survivor = RunningAcrossProcesses("m", "survivor", directory=tmp_path)
+        with survivor.running() as running:
+            assert running == 2
+        dying.kill()
+        dying.wait(timeout=10)
+        with survivor.running() as running:
+            assert running == 1
+    finally:
+        dying.kill()
+        dying.stdout.close()
+
+
+def test_a_fixed_plan_shares_the_cores_out_and_a_crowded_one_says_so():
+    gpu_instances = thread_plan(slots=4, device="cuda:0", cores=8, environ={}, given_by="4 instances")
+    assert (gpu_instances.threads, gpu_instances.elastic, gpu_instances.busy_threads) == (2, False, 8)
+    crowded = thread_plan(slots=8, cores=2, environ={})
+    assert crowded.threads_for(8) == 1 and crowded.oversubscribed  # at least one thread each
 
 
 def test_environment_variables_set_the_plan_and_a_crowded_one_says_so():

@@ -5,6 +5,7 @@ batching is on, each with up to max_batch_size images). All their images go thro
 in one forward pass. An image that cannot be decoded fails only its own request.
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -17,7 +18,7 @@ from torchvision.models import mobilenet_v2
 # food11.py (labels and preprocessing) and cores.py (thread plans), shared with every other
 # service, sit beside this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cores import thread_plan  # noqa: E402
+from cores import RunningAcrossProcesses, thread_plan  # noqa: E402
 from food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction  # noqa: E402
 
 
@@ -33,26 +34,42 @@ class TritonPythonModel:
             self.device = torch.device(f"cuda:{args['model_instance_device_id']}")
         else:
             self.device = torch.device("cpu")
-        # Every instance is a process with its own team of PyTorch threads: the cores are shared out
-        # between the instances (INFERENCE_THREADS in the server's environment overrides it).
-        # Triton calls initialize and execute on the same thread, so one team serves this instance.
+        # Every instance is a process with its own team of PyTorch threads. On a CPU the instances
+        # share the cores out elastically: an inference gets the cores divided by the inferences
+        # running in all instances, counted through lock files (INFERENCE_THREADS in the server's
+        # environment fixes the count instead). Triton calls initialize and execute on the same
+        # thread, so one team serves this instance.
         instances = instance_count(config)
-        plan = thread_plan(slots=instances, separate_processes=True, given_by=f"{instances} instance(s) in the config")
-        torch.set_num_threads(plan.threads)
+        self.plan = thread_plan(
+            slots=instances, device=str(self.device), given_by=f"{instances} instance(s) in the config"
+        )
+        self.running = None
+        if self.plan.elastic:
+            server = hashlib.sha1(args["model_repository"].encode()).hexdigest()[:12]
+            self.running = RunningAcrossProcesses(f"{config['name']}-{server}", args["model_instance_name"])
+        torch.set_num_threads(self.plan.threads)
         weights_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
         self.model = mobilenet_v2(num_classes=len(LABELS))
         self.model.load_state_dict(torch.load(weights_file, map_location=self.device, weights_only=True))
         self.model.to(self.device).eval()
-        log = pb_utils.Logger.log_warn if plan.oversubscribed else pb_utils.Logger.log_info
+        log = pb_utils.Logger.log_warn if self.plan.oversubscribed else pb_utils.Logger.log_info
         log(
             f"food_classifier instance {args['model_instance_name']} on {self.device}, "
-            f"max_batch_size {config['max_batch_size']}; threads: {plan.describe()}"
+            f"max_batch_size {config['max_batch_size']}; threads: {self.plan.describe()}"
         )
 
     def _images_of(self, request):
         """The request's images as a [n, 3, 224, 224] array (n = the client's own batch size)."""
         encoded = pb_utils.get_input_tensor_by_name(request, "INPUT_IMAGE").as_numpy()
         return np.stack([preprocess(decode_base64_image(item)) for item in encoded.reshape(-1)])
+
+    def _infer(self, images):
+        if self.running is None:
+            with torch.inference_mode():
+                return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
+        with self.running.running() as running, torch.inference_mode():
+            torch.set_num_threads(self.plan.threads_for(running))
+            return self.model(torch.from_numpy(images)).numpy()
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -65,8 +82,7 @@ class TritonPythonModel:
                 responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
 
         if batches:
-            with torch.inference_mode():
-                logits = self.model(torch.from_numpy(np.concatenate(batches)).to(self.device)).float().cpu().numpy()
+            logits = self._infer(np.concatenate(batches))
             start = 0
             for index, batch in zip(owners, batches, strict=True):
                 predictions = top_prediction(logits[start : start + len(batch)])
@@ -80,3 +96,7 @@ class TritonPythonModel:
                     ]
                 )
         return responses
+
+    def finalize(self):
+        if self.running is not None:
+            self.running.close()
