@@ -39,6 +39,9 @@ def _print_urls(ports: Ports, ui_backend: str, weights_info: dict, jupyter_token
         ("Triton HTTP (KServe v2)", f"http://127.0.0.1:{ports.triton_http}/v2", ", ".join(ModelRepository().names())),
         ("Triton gRPC", f"127.0.0.1:{ports.triton_grpc}", ""),
         ("Triton metrics", f"http://127.0.0.1:{ports.triton_metrics}/metrics", ""),
+        ("Ray Serve (ONNX Runtime)", f"http://127.0.0.1:{ports.ray_serve}/docs", "the FastAPI ONNX app, autoscaled"),
+        ("Ray dashboard", f"http://127.0.0.1:{ports.ray_dashboard}/", "Serve's REST API: /api/serve/applications/"),
+        ("Ray metrics", f"http://127.0.0.1:{ports.ray_metrics}/metrics", "Prometheus, Serve's included"),
         (
             "Image host (object store)",
             f"http://127.0.0.1:{ports.image_host}/images/soup.jpg",

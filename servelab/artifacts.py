@@ -246,8 +246,14 @@ def build_artifacts(out_dir: Path, source: WeightsSource, force: bool = False) -
     return BuiltArtifacts(pth, onnx, weights_info)
 
 
-# The shared modules each FastAPI service folder gets a copy of.
+# The shared modules each service folder gets a copy of: the prediction service (predict_api.py
+# and what it imports) in every one, its ONNX Runtime app in the two that run ONNX.
 SERVICE_MODULES = ("food11.py", "cores.py", "predict_api.py", "image_fetch.py", "predict_metrics.py")
+FOLDER_MODULES = {
+    paths.FASTAPI_PT_DIR: SERVICE_MODULES,
+    paths.FASTAPI_ONNX_DIR: (*SERVICE_MODULES, "onnx_service.py"),
+    paths.RAY_SERVE_DIR: (*SERVICE_MODULES, "onnx_service.py"),
+}
 
 
 def placements(built: BuiltArtifacts) -> list[tuple[Path, Path]]:
@@ -256,11 +262,8 @@ def placements(built: BuiltArtifacts) -> list[tuple[Path, Path]]:
     pairs = [
         (built.pth, paths.FASTAPI_PT_DIR / "food11.pth"),
         (built.onnx, paths.FASTAPI_ONNX_DIR / "food11.onnx"),
-        *(
-            (shared / module, folder / module)
-            for module in SERVICE_MODULES
-            for folder in (paths.FASTAPI_PT_DIR, paths.FASTAPI_ONNX_DIR)
-        ),
+        (built.onnx, paths.RAY_SERVE_DIR / "food11.onnx"),
+        *((shared / module, folder / module) for folder, modules in FOLDER_MODULES.items() for module in modules),
         (shared / "food11.py", paths.GOURMETGRAM_DIR / "food11.py"),
     ]
     # Each Triton model's generated files, as its registry entry lists them, in its version 1.

@@ -16,6 +16,7 @@ TRITON_DIR = LAB_DIR / "triton"
 
 FASTAPI_PT_DIR = REPO_ROOT / "fastapi_pt"
 FASTAPI_ONNX_DIR = REPO_ROOT / "fastapi_onnx"
+RAY_SERVE_DIR = REPO_ROOT / "ray_serve"
 GOURMETGRAM_DIR = REPO_ROOT / "gourmetgram"
 MODELS_STAGING_DIR = REPO_ROOT / "models_staging"
 SHARED_SOURCE_DIR = Path(__file__).resolve().parent

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Literal
 
@@ -58,6 +59,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 log = logging.getLogger("food11.service")
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+# 413 by the standard library's name: Starlette renamed its constant (CONTENT_TOO_LARGE) and warns on the old one.
+TOO_LARGE = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
 PLACEMENTS = ("outside_slot", "inside_slot")
 # How long an over-limit body is read and thrown away before the 413 is sent: a client that sends
 # its whole body before reading the answer (Python's urllib) otherwise gets a connection reset.
@@ -192,7 +195,7 @@ class RequestBodyLimit:
 
     def _too_large(self) -> HTTPException:
         return HTTPException(
-            status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            status_code=TOO_LARGE,
             detail=f"Request body is larger than {self.max_bytes} bytes. Send a smaller image "
             "(the model only sees 224x224 pixels) or raise MAX_REQUEST_BYTES on the server.",
         )
@@ -342,7 +345,7 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
         responses={
             status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "Not a decodable image, or a bad URL"},
             status.HTTP_403_FORBIDDEN: {"model": ErrorResponse, "description": "URL host not allowed"},
-            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE: {
+            TOO_LARGE: {
                 "model": ErrorResponse,
                 "description": "Body or image too large",
             },

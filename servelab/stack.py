@@ -7,6 +7,7 @@ the whole group, so Triton's Python-backend stubs go too, and the ports are free
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -42,6 +43,9 @@ class Ports:
     triton_metrics: int = 8202
     gourmetgram: int = 8300
     image_host: int = 8400
+    ray_serve: int = 8500
+    ray_dashboard: int = 8501
+    ray_metrics: int = 8502
     jupyter: int = 8888
 
     @classmethod
@@ -79,6 +83,10 @@ class ServiceSpec:
     ready_url: str
     env: dict[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 120.0
+    # SIGTERM to the leader only, which stops its children itself (Ray's launcher must shut Ray
+    # down while Ray's own processes still run); the group is killed after the grace period anyway.
+    stop_leader_first: bool = False
+    stop_grace_s: float = 10.0
 
 
 def port_is_free(port: int) -> bool:
@@ -156,7 +164,7 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self) -> None:
         if self.process is None:
             return
         try:
@@ -164,11 +172,15 @@ class ManagedProcess:
         except ProcessLookupError:
             pgid = None
         if pgid is not None:
-            _signal_group(pgid, signal.SIGTERM)
+            if self.spec.stop_leader_first:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.send_signal(signal.SIGTERM)
+            else:
+                _signal_group(pgid, signal.SIGTERM)
             try:
-                self.process.wait(timeout=grace_s)
+                self.process.wait(timeout=self.spec.stop_grace_s)
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0f s; killing it", self.spec.name, grace_s)
+                log.warning("%s did not stop within %.0f s; killing it", self.spec.name, self.spec.stop_grace_s)
             # Children (Triton's backend stubs) may outlive the leader: clear the whole group.
             _signal_group(pgid, signal.SIGKILL)
         self.process.wait()
@@ -288,6 +300,27 @@ def ui_backends() -> list[str]:
     return [*FASTAPI_SERVICES, *photo_models]
 
 
+def ray_serve_service(ports: Ports, config: Path | None = None, token_file: Path | None = None) -> ServiceSpec:
+    """The Ray Serve app (ray_serve/) on a one-node Ray of its own, on 127.0.0.1 (servelab.ray_local).
+    Stopping it stops Ray: the launcher shuts Ray down on SIGTERM, and the process group goes too."""
+    command = [sys.executable, "-m", "servelab.ray_local", "--port", str(ports.ray_serve)]
+    command += ["--dashboard-port", str(ports.ray_dashboard), "--metrics-port", str(ports.ray_metrics)]
+    if config is not None:
+        command += ["--config", str(config)]
+    if token_file is not None:
+        command += ["--token-file", str(token_file)]
+    return ServiceSpec(
+        name="ray_serve",
+        command=command,
+        cwd=paths.REPO_ROOT,
+        ports=[ports.ray_serve, ports.ray_dashboard, ports.ray_metrics],
+        ready_url=f"http://127.0.0.1:{ports.ray_serve}/health",
+        ready_timeout_s=240.0,
+        stop_leader_first=True,
+        stop_grace_s=45.0,
+    )
+
+
 def gourmetgram_service(port: int, backend: str, ports: Ports) -> ServiceSpec:
     """GourmetGram in front of `backend` (see ui_backends), configured as in the Docker stacks."""
     if backend in FASTAPI_SERVICES:
@@ -337,6 +370,7 @@ def lab_services(ports: Ports, jupyter_token: str, ui_backend: str = "fastapi_pt
         fastapi_service("pt", ports.fastapi_pt, image_host_port=ports.image_host),
         fastapi_service("onnx", ports.fastapi_onnx, image_host_port=ports.image_host),
         triton_service(ports.triton),
+        ray_serve_service(ports),
         gourmetgram_service(ports.gourmetgram, ui_backend, ports),
         jupyter_service(ports.jupyter, jupyter_token),
     ]

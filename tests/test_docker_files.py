@@ -32,7 +32,8 @@ COMPOSE_FILES = [FASTAPI_COMPOSE, TRITON_COMPOSE]
 # Placed into the build contexts by `make artifacts`; a Dockerfile may name them although they
 # are absent from a fresh clone.
 SERVICE_COPIES = set(SERVICE_MODULES)
-GENERATED_ARTIFACTS = {"food11.pth", "food11.onnx", *SERVICE_COPIES}
+ONNX_SERVICE_COPIES = {*SERVICE_MODULES, "onnx_service.py"}
+GENERATED_ARTIFACTS = {"food11.pth", "food11.onnx", *ONNX_SERVICE_COPIES}
 
 # The environments each compose file must work under: the defaults, and every alternative the
 # switch variables allow.
@@ -47,6 +48,7 @@ ENVS_BY_FILE = {FASTAPI_COMPOSE: FASTAPI_ENVS, TRITON_COMPOSE: TRITON_ENVS}
 EXPECTED_PORTS = {
     FASTAPI_COMPOSE: {
         "fastapi_server": ["8000:8000"],
+        "ray_serve": ["8500:8000"],
         "flask": ["80:5000"],
         "jupyter": ["8888:8888"],
         "image_host": [],  # reached by the services and notebooks on the Compose network only
@@ -62,6 +64,7 @@ EXPECTED_PORTS = {
 EXPECTED_CONTAINER_NAMES = {
     FASTAPI_COMPOSE: {
         "fastapi_server": "fastapi_server",
+        "ray_serve": "ray_serve",
         "flask": "flask",
         "jupyter": "jupyter",
         "image_host": "image_host",
@@ -392,7 +395,7 @@ def test_guarded_files_exist_or_are_generated_and_gitignored(context_dir, docker
     ("service_dir", "artifacts"),
     [
         ("fastapi_pt", {"food11.pth", *SERVICE_COPIES}),
-        ("fastapi_onnx", {"food11.onnx", *SERVICE_COPIES}),
+        ("fastapi_onnx", {"food11.onnx", *ONNX_SERVICE_COPIES}),
     ],
 )
 def test_fastapi_dockerfile(service_dir, artifacts):
@@ -414,6 +417,20 @@ def test_fastapi_dockerfile(service_dir, artifacts):
     runs = [i for i, (k, a) in enumerate(instructions) if k == "RUN" and "-r requirements.txt" in a]
     assert runs and copies[0] < runs[0] < copies[-1]
     assert (REPO_ROOT / service_dir / "app.py").is_file()
+
+
+def test_ray_serve_dockerfile_runs_the_serve_config_with_every_module_guarded():
+    dockerfile = REPO_ROOT / "ray_serve" / "Dockerfile"
+    instructions = dockerfile_instructions(dockerfile)
+    assert set(guarded_files(instructions)) == {"food11.onnx", *ONNX_SERVICE_COPIES}
+    assert json.loads(dict(instructions)["CMD"]) == ["serve", "run", "serve_config.yaml"]
+    assert ("EXPOSE", "8000") in instructions
+    requirements = (REPO_ROOT / "ray_serve" / "requirements.txt").read_text()
+    assert "ray[serve]==2.60.0" in requirements and "onnxruntime-gpu" in requirements
+    config = yaml.safe_load((REPO_ROOT / "ray_serve" / "serve_config.yaml").read_text())
+    assert config["http_options"]["port"] == 8000
+    (deployment,) = config["applications"][0]["deployments"]
+    assert deployment["ray_actor_options"]["num_gpus"] == 1  # a GPU per replica on the node
 
 
 def test_fastapi_pt_installs_torch_with_pascal_kernels():

@@ -93,7 +93,8 @@ def test_swagger_ui_and_openapi_schema_are_served(service_url):
     assert {"400", "413", "422"} <= set(schema["paths"]["/predict"]["post"]["responses"])
 
 
-@pytest.mark.parametrize(
+# Every bad request and the status it gets; the Ray Serve app (tests/test_ray_serve.py) must answer the same.
+BAD_REQUESTS = pytest.mark.parametrize(
     "body, headers, status",
     [
         (b"{not json", {"content-type": "application/json"}, 422),
@@ -105,14 +106,21 @@ def test_swagger_ui_and_openapi_schema_are_served(service_url):
     ],
     ids=["malformed-json", "missing-field", "wrong-type", "empty-image", "bad-base64", "not-an-image"],
 )
-def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(service_url, image_b64, body, headers, status):
-    response = requests.post(f"{service_url}/predict", data=body, headers=headers, timeout=30)
+
+
+def check_bad_request(url: str, image_b64: str, body: bytes, headers: dict, status: int) -> None:
+    response = requests.post(f"{url}/predict", data=body, headers=headers, timeout=30)
     assert response.status_code == status
     detail = response.json()["detail"]
     assert detail, "the error must say what went wrong"
     if status == 400:
         assert "JPEG or PNG" in detail or "base64" in detail
-    _still_serves(service_url, image_b64)
+    _still_serves(url, image_b64)
+
+
+@BAD_REQUESTS
+def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(service_url, image_b64, body, headers, status):
+    check_bad_request(service_url, image_b64, body, headers, status)
 
 
 def test_a_body_over_the_limit_is_refused_with_413(service_url, image_b64):

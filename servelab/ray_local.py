@@ -1,0 +1,203 @@
+"""Run the Ray Serve app (ray_serve/) on this machine, on 127.0.0.1 only, until stopped.
+
+    python -m servelab.ray_local --port 8500 --dashboard-port 8501 --metrics-port 8502 [--config FILE]
+
+It starts a one-node Ray with the cores this process may use and deploys the config (Ray Serve's
+own config-file format) through Serve's REST API, as `serve deploy` does on a real cluster. The
+app answers on --port, through Serve's HTTP proxy; Ray's dashboard on --dashboard-port has
+Serve's REST API (`GET /api/serve/applications/`: each deployment's replicas, their states and
+nodes; `PUT` the same path with an edited config to redeploy); Ray's Prometheus metrics, Serve's
+among them, are on --metrics-port. On SIGTERM or Ctrl-C it shuts Serve and Ray down, so no Ray
+process outlives it.
+
+The config is written for the GPU node. Served here, it is adapted (and the difference printed):
+Serve's proxy on 127.0.0.1 and the lab's port, each replica's GPU replaced by a share of the
+cores (the cores divided by `max_replicas`), so the replicas all fit, and, unless the config sets
+INFERENCE_THREADS, a replica's inferences get as many threads as it reserved cores.
+
+Ray on Linux advertises the machine's network address and connects to it even when told
+127.0.0.1. RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the environment of every Ray process keeps it
+on loopback (see ENVIRONMENT.md); `ray_environment()` is set before Ray starts, and every Ray
+process inherits it.
+
+Ray 2.60 protects its dashboard and Serve's REST API with a token. Each launch makes a new one,
+in a file only this user can read (--token-file, by default .lab/ray/auth_token), instead of
+Ray's default ~/.ray/auth_token outside the lab; `auth_headers()` reads it for a client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import difflib
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+from servelab import paths
+from servelab.cores import available_cores
+
+log = logging.getLogger(__name__)
+
+CONFIG_PATH = paths.RAY_SERVE_DIR / "serve_config.yaml"
+# The second: ray_serve/app.py then binds each replica's gRPC server to 127.0.0.1 (Ray binds it
+# to every interface, with no setting).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "SERVELAB_LOOPBACK_ONLY": "1"}
+TOKEN_FILE = paths.LAB_DIR / "ray" / "auth_token"
+
+
+class RayConfigError(ValueError):
+    """A Serve config the lab cannot deploy; the message says what to change."""
+
+
+def ray_environment(token_file: Path) -> dict[str, str]:
+    """What every Ray process's environment needs here: loopback only, the token in
+    `token_file`, and the app's folder on the import path (replicas import app.py from it)."""
+    python_path = os.pathsep.join(filter(None, [str(paths.RAY_SERVE_DIR), os.environ.get("PYTHONPATH")]))
+    return {**LOOPBACK_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file), "PYTHONPATH": python_path}
+
+
+def new_token(token_file: Path) -> None:
+    """A fresh random token in `token_file`, readable by this user only."""
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    token_file.unlink(missing_ok=True)
+    descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(secrets.token_hex(32))
+
+
+def auth_headers(token_file: Path = TOKEN_FILE) -> dict[str, str]:
+    """The header Ray's dashboard and Serve's REST API want from a client."""
+    try:
+        return {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+    except FileNotFoundError:
+        raise RayConfigError(f"{token_file} is missing: is the Ray Serve service (make up) running?") from None
+
+
+def read_config(path: Path = CONFIG_PATH) -> dict[str, Any]:
+    """The config as a dict, checked against Serve's own schema (a misspelt field is an error)."""
+    from ray.serve.schema import ServeDeploySchema
+
+    config = yaml.safe_load(path.read_text())
+    try:
+        ServeDeploySchema.model_validate(config)
+    except Exception as exc:  # pydantic's ValidationError, whose text lists each bad field
+        raise RayConfigError(f"{path}: not a valid Ray Serve config:\n{exc}") from None
+    return config
+
+
+def adapt_for_local(config: dict[str, Any], port: int, cores: int, gpus: int = 0) -> dict[str, Any]:
+    """The config served on this machine (see the module's docstring)."""
+    local = copy.deepcopy(config)
+    local["http_options"] = {**local.get("http_options", {}), "host": "127.0.0.1", "port": port}
+    for application in local["applications"]:
+        for deployment in application.get("deployments", []):
+            actor = deployment.setdefault("ray_actor_options", {})
+            if actor.get("num_gpus") and not gpus:
+                del actor["num_gpus"]
+                replicas = (deployment.get("autoscaling_config") or {}).get("max_replicas") or deployment.get(
+                    "num_replicas", 1
+                )
+                actor.setdefault("num_cpus", round(cores / replicas, 3))
+            # Threads are a resource: a replica's inferences get the cores it reserved (at least one).
+            env = actor.setdefault("runtime_env", {}).setdefault("env_vars", {})
+            env.setdefault("INFERENCE_THREADS", str(max(1, int(actor.get("num_cpus") or 1))))
+    return local
+
+
+def config_diff(before: dict, after: dict) -> str:
+    dump = lambda config: yaml.safe_dump(config, sort_keys=False).splitlines()  # noqa: E731
+    return "\n".join(
+        difflib.unified_diff(dump(before), dump(after), "serve_config.yaml", "served on this machine", lineterm="")
+    )
+
+
+def deploy(dashboard: str, config: dict[str, Any], token_file: Path = TOKEN_FILE, timeout_s: float = 30.0) -> None:
+    """Hand `config` to Serve's REST API (`PUT /api/serve/applications/`, what `serve deploy`
+    does): Serve then brings the applications to it, replacing what ran before."""
+    url = f"{dashboard}/api/serve/applications/"
+    response = requests.put(url, json=config, headers=auth_headers(token_file), timeout=timeout_s)
+    if response.status_code != 200:
+        raise RayConfigError(f"Ray Serve refused the config ({response.status_code}): {response.text[:2000]}")
+
+
+def applications(dashboard: str, token_file: Path = TOKEN_FILE) -> dict[str, Any]:
+    """Serve's own account of its applications (`GET /api/serve/applications/`): each
+    deployment's status and its replicas, each with its state and node."""
+    url = f"{dashboard}/api/serve/applications/"
+    response = requests.get(url, headers=auth_headers(token_file), timeout=10)
+    response.raise_for_status()
+    return response.json()["applications"]
+
+
+def replicas_by_state(
+    dashboard: str, application: str, deployment: str, token_file: Path = TOKEN_FILE
+) -> dict[str, int]:
+    """How many replicas of `deployment` are in each state (RUNNING, STARTING, STOPPING...)."""
+    found = applications(dashboard, token_file).get(application, {}).get("deployments", {}).get(deployment, {})
+    return dict(collections.Counter(replica["state"] for replica in found.get("replicas", [])))
+
+
+def run(config_path: Path, port: int, dashboard_port: int, metrics_port: int, token_file: Path) -> None:
+    new_token(token_file)
+    os.environ.update(ray_environment(token_file))
+    import ray
+    from ray import serve
+
+    cores = available_cores()
+    shipped = read_config(config_path)
+    config = adapt_for_local(shipped, port, cores)
+    log.info("Ray Serve config %s, adapted for this machine:\n%s", config_path, config_diff(shipped, config))
+    ray.init(
+        num_cpus=cores,
+        include_dashboard=True,  # Serve's REST API: deploys and status, as on a real cluster
+        dashboard_host="127.0.0.1",
+        dashboard_port=dashboard_port,
+        configure_logging=False,
+        # Ray's Prometheus metrics, Serve's among them (requests ongoing in each replica, queued in
+        # front of them, time in the replica), every second instead of every ten.
+        _metrics_export_port=metrics_port,
+        _system_config={"metrics_report_interval_ms": 1000},
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        serve.start(http_options=config["http_options"], proxy_location=config.get("proxy_location", "HeadOnly"))
+        deploy(f"http://127.0.0.1:{dashboard_port}", config, token_file)
+        log.info("Ray Serve is deploying %s; Serve's proxy: 127.0.0.1:%d", config_path.name, port)
+        stop.wait()
+    finally:
+        log.info("stopping Ray Serve and Ray")
+        serve.shutdown()
+        ray.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, required=True, help="Serve's HTTP proxy, on 127.0.0.1")
+    parser.add_argument("--dashboard-port", type=int, required=True, help="Ray's dashboard and Serve's REST API")
+    parser.add_argument("--metrics-port", type=int, required=True, help="Ray's Prometheus metrics, Serve's included")
+    parser.add_argument("--config", type=Path, default=CONFIG_PATH)
+    parser.add_argument("--token-file", type=Path, default=TOKEN_FILE, help="where this launch's token goes")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        run(args.config, args.port, args.dashboard_port, args.metrics_port, args.token_file)
+    except RayConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

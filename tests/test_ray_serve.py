@@ -1,0 +1,181 @@
+"""The Ray Serve app on a real one-node Ray, on 127.0.0.1: the FastAPI services' contract, the
+concurrency target with its queue and its 503, autoscaling read from Serve's own status, loopback
+only, and nothing of Ray left behind when it stops."""
+
+import concurrent.futures
+import ipaddress
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import requests
+import yaml
+
+from servelab import loadgen, paths, ray_local
+from servelab.stack import LocalStack, Ports, ray_serve_service
+from tests.conftest import TEST_MAX_REQUEST_BYTES
+from tests.test_fastapi_services import BAD_REQUESTS, check_bad_request
+
+# Small on purpose: two requests per replica, then a queue of three in front, then 503; a second
+# replica as soon as the requests per replica stay above one for a second.
+MAX_ONGOING, MAX_QUEUED, MAX_REPLICAS = 2, 3, 2
+
+
+def _test_config(path) -> None:
+    config = ray_local.read_config()
+    (deployment,) = config["applications"][0]["deployments"]
+    deployment.update(
+        max_ongoing_requests=MAX_ONGOING,
+        max_queued_requests=MAX_QUEUED,
+        autoscaling_config={
+            "target_ongoing_requests": 1,
+            "min_replicas": 1,
+            "max_replicas": MAX_REPLICAS,
+            "upscale_delay_s": 1,
+            "downscale_delay_s": 600,  # no replica leaves during the module
+        },
+    )
+    env = deployment["ray_actor_options"]["runtime_env"]["env_vars"]
+    env.update(INFERENCE_THREADS="1", MAX_REQUEST_BYTES=str(TEST_MAX_REQUEST_BYTES))
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def ray_service(built_artifacts, tmp_path_factory):
+    """(app URL, dashboard URL, the running stack) of a Ray Serve app started for this module."""
+    work = tmp_path_factory.mktemp("ray")
+    _test_config(work / "serve_config.yaml")
+    ports = Ports.free()
+    stack = LocalStack([ray_serve_service(ports, work / "serve_config.yaml", work / "auth_token")], work)
+    with stack:
+        yield f"http://127.0.0.1:{ports.ray_serve}", (f"http://127.0.0.1:{ports.ray_dashboard}", work), stack
+
+
+def _replicas(dashboard: tuple[str, object]) -> dict[str, int]:
+    """Serve's own count of the replicas in each state, from its REST API."""
+    url, work = dashboard
+    return ray_local.replicas_by_state(url, "food11", "Food11", work / "auth_token")
+
+
+def _post(url: str, image_b64: str) -> requests.Response:
+    return requests.post(f"{url}/predict", json={"image": image_b64}, timeout=120)
+
+
+def test_predict_has_the_fastapi_contract_and_says_which_replica_answered(ray_service, image_b64):
+    url, _, _ = ray_service
+    response = _post(url, image_b64)
+    assert response.status_code == 200, response.text
+    assert set(response.json()) == {"prediction", "probability"}
+    assert response.headers["x-ray-node"] and response.headers["x-serve-replica"]
+    health = requests.get(f"{url}/health", timeout=10).json()
+    assert health["predict_concurrency"] == 1 and health["inference_threads"] == 1
+
+
+@BAD_REQUESTS
+def test_bad_requests_get_the_same_errors_as_from_fastapi(ray_service, image_b64, body, headers, status):
+    check_bad_request(ray_service[0], image_b64, body, headers, status)
+
+
+def test_a_body_over_the_limit_is_refused_with_413(ray_service, image_b64):
+    url, _, _ = ray_service
+    oversized = b'{"image": "' + b"A" * (TEST_MAX_REQUEST_BYTES + 10) + b'"}'
+    response = requests.post(f"{url}/predict", data=oversized, headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 413 and "MAX_REQUEST_BYTES" in response.json()["detail"]
+    assert _post(url, image_b64).status_code == 200
+
+
+def test_load_above_the_target_adds_a_replica(ray_service, test_images):
+    """Four clients against one replica whose target is one request: Serve's autoscaler, seeing
+    four requests per replica for over a second, starts a second replica."""
+    url, dashboard, _ = ray_service
+    assert _replicas(dashboard) == {"RUNNING": 1}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        load = pool.submit(
+            loadgen.closed_loop, "fastapi", url, image_bytes=test_images[1], concurrency=4, duration_s=25, warmup_s=0
+        )
+        deadline, replicas = time.monotonic() + 25, {}
+        while time.monotonic() < deadline and replicas.get("RUNNING", 0) < MAX_REPLICAS:
+            replicas = _replicas(dashboard)
+            time.sleep(0.5)
+        result = load.result()
+    assert replicas.get("RUNNING") == MAX_REPLICAS, f"Serve's status after 25 s of load: {replicas}"
+    # Requests were answered. Some may have been refused (503) although four clients fit in the
+    # replicas plus the queue: Serve's router may reject a request while another is between the
+    # queue and a replica (ray/serve/_private/router.py says so), and a refused client sends again
+    # at once. Refusals are the only failures allowed.
+    assert len(result.latencies_ms) > 0 and set(result.errors) <= {"http_503"}, result.errors
+
+
+def test_overload_beyond_the_queue_is_refused_fast_with_503(ray_service, image_b64):
+    """More requests at once than the replicas take plus the queue holds: the rest get 503 at
+    once, and the server keeps serving."""
+    url, dashboard, _ = ray_service
+    capacity = MAX_REPLICAS * MAX_ONGOING + MAX_QUEUED
+    running = _replicas(dashboard).get("RUNNING", 0)
+    with concurrent.futures.ThreadPoolExecutor(4 * capacity) as pool:
+        started = time.monotonic()
+        answers = list(pool.map(lambda _: (_post(url, image_b64), time.monotonic() - started), range(4 * capacity)))
+    codes = [response.status_code for response, _ in answers]
+    assert set(codes) == {200, 503}, codes
+    assert codes.count(200) >= min(running, MAX_REPLICAS) * MAX_ONGOING
+    refused = [elapsed for response, elapsed in answers if response.status_code == 503]
+    served = [elapsed for response, elapsed in answers if response.status_code == 200]
+    assert max(refused) < max(served), "a refusal must come before the queue it was refused from drains"
+    assert _post(url, image_b64).status_code == 200
+
+
+def _ray_processes(stack: LocalStack) -> list[psutil.Process]:
+    leader = psutil.Process(stack.processes[0].process.pid)
+    return [leader, *leader.children(recursive=True)]
+
+
+def test_every_ray_process_talks_on_loopback_only(ray_service):
+    processes = _ray_processes(ray_service[2])
+    assert any("raylet" in " ".join(p.cmdline()) for p in processes), [p.name() for p in processes]
+    seen, elsewhere = 0, []
+    for process in processes:
+        for connection in process.net_connections(kind="inet"):
+            for address in (connection.laddr, connection.raddr):
+                if address:
+                    seen += 1
+                    ip = ipaddress.ip_address(address.ip)
+                    ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:127.0.0.1 is 127.0.0.1
+                    if not ip.is_loopback:
+                        elsewhere.append((process.name(), connection.status, str(address)))
+    assert seen > 0 and not elsewhere, elsewhere
+
+
+def test_stopping_the_service_leaves_no_ray_process_behind(built_artifacts, tmp_path):
+    _test_config(tmp_path / "serve_config.yaml")
+    ports = Ports.free()
+    stack = LocalStack([ray_serve_service(ports, tmp_path / "serve_config.yaml", tmp_path / "auth_token")], tmp_path)
+    with stack:
+        processes = _ray_processes(stack)
+        assert len(processes) > 3  # the launcher, GCS, raylet, Serve's controller and proxy, a replica...
+    time.sleep(1)
+    left = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, [" ".join(p.cmdline())[:80] for p in left]
+
+
+def test_two_nodes_on_loopback_each_hold_a_replica_and_serve_requests(built_artifacts):
+    """Ray's own two-node test cluster, on this machine: Serve places one replica on each node,
+    and requests through the proxy are served by both."""
+    command = [sys.executable, "-m", "servelab.ray_cluster", "--port", str(Ports.free().ray_serve), "--requests", "24"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=paths.REPO_ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(report["nodes"]) == 2 and report["node_addresses"] == ["127.0.0.1"]
+    assert report["statuses"] == {"200": 24}
+    assert set(report["requests_by_node"]) == set(report["nodes"])
+    assert [len(replicas) for replicas in report["replicas_by_node"].values()] == [1, 1]
+
+
+def test_serves_rest_api_refuses_a_client_without_the_token(ray_service):
+    """Ray's dashboard runs code on request: without this launch's token, nothing."""
+    url, _ = ray_service[1]
+    assert requests.get(f"{url}/api/serve/applications/", timeout=10).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-token"}
+    assert requests.get(f"{url}/api/serve/applications/", headers=wrong, timeout=10).status_code == 403
