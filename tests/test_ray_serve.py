@@ -2,6 +2,7 @@
 concurrency target with its queue and its 503, autoscaling read from Serve's own status, loopback
 only, and nothing of Ray left behind when it stops."""
 
+import base64
 import concurrent.futures
 import ipaddress
 import json
@@ -179,3 +180,27 @@ def test_serves_rest_api_refuses_a_client_without_the_token(ray_service):
     assert requests.get(f"{url}/api/serve/applications/", timeout=10).status_code == 401
     wrong = {"Authorization": "Bearer not-the-token"}
     assert requests.get(f"{url}/api/serve/applications/", headers=wrong, timeout=10).status_code == 403
+
+
+def test_a_replica_that_dies_is_replaced_and_the_run_counts_what_failed(ray_service, test_images):
+    """Kill a replica in the middle of a load: the run ends on time, counting each request that
+    failed, and Serve starts a replica in its place."""
+    url, dashboard, stack = ray_service
+    replicas = [p for p in _ray_processes(stack) if p.name().startswith("ray::ServeReplica")]
+    assert replicas, "no replica process found"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        load = pool.submit(
+            loadgen.closed_loop, "fastapi", url, image_bytes=test_images[2], concurrency=2, duration_s=12, warmup_s=0
+        )
+        time.sleep(3)
+        replicas[0].kill()
+        started = time.monotonic()
+        result = load.result(timeout=120)
+    assert time.monotonic() - started < 60, "the run must end, not hang on the dead replica"
+    assert len(result.latencies_ms) > 0  # the other replica (or the new one) kept answering
+    assert set(result.errors) <= {"http_500", "http_502", "http_503", "connection"}, result.errors
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and _replicas(dashboard).get("RUNNING", 0) < len(replicas):
+        time.sleep(1)
+    assert _replicas(dashboard).get("RUNNING", 0) >= len(replicas)
+    assert _post(url, base64.b64encode(test_images[2]).decode()).status_code == 200
