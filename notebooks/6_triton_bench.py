@@ -162,9 +162,10 @@ eight_instances = lab.measure("food_classifier", concurrency=8)
 # of every tensor through shared memory. On the original GPU node, eight instances were *worse*
 # than four, with the GPUs still far from busy: the Python backend, not the GPU, was the limit.
 #
-# Each instance takes its share of the cores (the cores divided by the instances, at least one
-# thread each, as its log says), so on a CPU the question is how much of the machine one
-# instance leaves unused. One instance runs one request at a time: it decodes the image on one
+# On a CPU the instances share the cores the way FastAPI's slots do: an inference gets the cores
+# divided by the inferences running in all instances when it starts, at least one thread (each
+# instance's log states its plan). So the question is how much of the machine one instance
+# leaves unused. One instance runs one request at a time: it decodes the image on one
 # thread while the other cores wait, then splits one image's inference over all the cores, whose
 # threads wait for each other at every layer (a thread that busy-waits still shows as CPU in
 # use). Several instances each run a whole request on their own core, with no one to wait for.
@@ -266,7 +267,7 @@ lab.expect(
 #
 # The original lab then gave the ONNX model two instances on each of the two GPUs, with one
 # group `count: 2`, `gpus: [ 0, 1 ]` (for a GPU group, `count` is per listed GPU: four instances
-# in all). Locally that group becomes two CPU instances, each with its share of the cores. First
+# in all). Locally that group becomes two CPU instances, sharing the cores as above. First
 # one instance under 8 clients, for comparison; then the new configuration with 8 and 16.
 #
 # **Expectation.** Under load, the larger group serves more requests per second than one
@@ -291,8 +292,8 @@ lab.expect(
     condition(f"at 8 clients, {onnx_instances} instances serve more requests per second than 1",
               more.value > one.value, one, more),
     reason=f"on {lab.hardware()}, one instance already had every core ({lab.cores} threads); "
-    f"{onnx_instances} instances with {max(1, lab.cores // onnx_instances)} thread(s) each do the same work in "
-    "more processes",
+    f"{onnx_instances} instances, all busy, get {max(1, lab.cores // onnx_instances)} thread(s) each and do the "
+    "same work in more processes",
 );
 
 # %% [markdown]

@@ -350,13 +350,17 @@ def test_cancelling_a_run_returns_what_was_measured(server):
 
 def test_ctrl_c_stops_the_synchronous_run_and_keeps_the_result(server):
     server.configure(sleep_ms=10)
+    # interrupt_main does nothing unless Python's own handler is installed: make sure it is (a
+    # full suite run once left another one in place), and put back whatever was there.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.8, _thread.interrupt_main)
     timer.start()
     try:
         result = closed(server, 2, requests=100_000, duration_s=30)
     finally:
         timer.cancel()
-    assert result.wall_s < 5 and result.requests > 10
+        signal.signal(signal.SIGINT, previous)
+    assert result.wall_s < 5 and result.requests > 10, f"SIGINT handler before the test: {previous}"
     assert result.notes == [f"stopped early by Ctrl-C after {result.requests} requests"]
 
 
