@@ -147,6 +147,16 @@ def test_closed_loop_one_sender_measures_the_server_latency(server):
     assert result.throughput_rps == pytest.approx(1000 / result.latency.mean_ms, rel=0.25)
 
 
+def test_every_measured_request_is_on_the_timeline_when_it_ended_with_its_outcome(server):
+    server.configure(sleep_ms=10)
+    result = closed(server, 2, requests=40)
+    assert len(result.timeline) == result.requests == 40
+    ended = [entry[0] for entry in result.timeline]
+    assert ended == sorted(ended) and 0 < ended[0] and ended[-1] <= result.wall_s
+    assert [entry[1] for entry in result.timeline] == result.latencies_ms
+    assert {entry[2] for entry in result.timeline} == {"ok"}
+
+
 def test_off_a_terminal_progress_is_one_line_per_phase_not_a_bar(server, caplog, capsys):
     server.configure(sleep_ms=5)
     with caplog.at_level(logging.INFO, logger="servelab.loadgen"):

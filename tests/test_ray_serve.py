@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import pytest
@@ -16,6 +18,7 @@ import requests
 import yaml
 
 from servelab import loadgen, paths, ray_local
+from servelab.ray_watch import ServeWatcher, serve_metrics
 from servelab.stack import LocalStack, Ports, ray_serve_service
 from tests.conftest import TEST_MAX_REQUEST_BYTES
 from tests.test_fastapi_services import BAD_REQUESTS, check_bad_request
@@ -46,19 +49,36 @@ def _test_config(path) -> None:
 
 @pytest.fixture(scope="module")
 def ray_service(built_artifacts, tmp_path_factory):
-    """(app URL, dashboard URL, the running stack) of a Ray Serve app started for this module."""
+    """A Ray Serve app started for this module."""
     work = tmp_path_factory.mktemp("ray")
     _test_config(work / "serve_config.yaml")
     ports = Ports.free()
     stack = LocalStack([ray_serve_service(ports, work / "serve_config.yaml", work / "auth_token")], work)
     with stack:
-        yield f"http://127.0.0.1:{ports.ray_serve}", (f"http://127.0.0.1:{ports.ray_dashboard}", work), stack
+        yield RayService(
+            f"http://127.0.0.1:{ports.ray_serve}",
+            f"http://127.0.0.1:{ports.ray_dashboard}",
+            f"http://127.0.0.1:{ports.ray_metrics}/metrics",
+            work / "auth_token",
+            stack,
+        )
 
 
-def _replicas(dashboard: tuple[str, object]) -> dict[str, int]:
+@dataclass
+class RayService:
+    url: str
+    dashboard: str
+    metrics: str
+    token_file: Path
+    stack: LocalStack
+
+    def watcher(self) -> ServeWatcher:
+        return ServeWatcher(self.dashboard, self.metrics, "food11", "Food11", self.token_file, interval_s=0.5)
+
+
+def _replicas(service: RayService) -> dict[str, int]:
     """Serve's own count of the replicas in each state, from its REST API."""
-    url, work = dashboard
-    return ray_local.replicas_by_state(url, "food11", "Food11", work / "auth_token")
+    return ray_local.replicas_by_state(service.dashboard, "food11", "Food11", service.token_file)
 
 
 def _post(url: str, image_b64: str) -> requests.Response:
@@ -66,7 +86,7 @@ def _post(url: str, image_b64: str) -> requests.Response:
 
 
 def test_predict_has_the_fastapi_contract_and_says_which_replica_answered(ray_service, image_b64):
-    url, _, _ = ray_service
+    url = ray_service.url
     response = _post(url, image_b64)
     assert response.status_code == 200, response.text
     assert set(response.json()) == {"prediction", "probability"}
@@ -77,29 +97,30 @@ def test_predict_has_the_fastapi_contract_and_says_which_replica_answered(ray_se
 
 @BAD_REQUESTS
 def test_bad_requests_get_the_same_errors_as_from_fastapi(ray_service, image_b64, body, headers, status):
-    check_bad_request(ray_service[0], image_b64, body, headers, status)
+    check_bad_request(ray_service.url, image_b64, body, headers, status)
 
 
 def test_a_body_over_the_limit_is_refused_with_413(ray_service, image_b64):
-    url, _, _ = ray_service
+    url = ray_service.url
     oversized = b'{"image": "' + b"A" * (TEST_MAX_REQUEST_BYTES + 10) + b'"}'
     response = requests.post(f"{url}/predict", data=oversized, headers={"content-type": "application/json"}, timeout=30)
     assert response.status_code == 413 and "MAX_REQUEST_BYTES" in response.json()["detail"]
     assert _post(url, image_b64).status_code == 200
 
 
-def test_load_above_the_target_adds_a_replica(ray_service, test_images):
+def test_load_above_the_target_adds_a_replica_and_serve_s_own_gauges_show_it(ray_service, test_images):
     """Four clients against one replica whose target is one request: Serve's autoscaler, seeing
-    four requests per replica for over a second, starts a second replica."""
-    url, dashboard, _ = ray_service
-    assert _replicas(dashboard) == {"RUNNING": 1}
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    four requests per replica for over a second, starts a second replica. Serve's own metrics,
+    watched meanwhile, show the requests running in the replicas and the time they spent there."""
+    assert _replicas(ray_service) == {"RUNNING": 1}
+    with ray_service.watcher() as watcher, concurrent.futures.ThreadPoolExecutor(1) as pool:
         load = pool.submit(
-            loadgen.closed_loop, "fastapi", url, image_bytes=test_images[1], concurrency=4, duration_s=25, warmup_s=0
-        )
+            loadgen.closed_loop, "fastapi", ray_service.url, image_bytes=test_images[1], concurrency=4,
+            duration_s=25, warmup_s=0,
+        )  # fmt: skip
         deadline, replicas = time.monotonic() + 25, {}
         while time.monotonic() < deadline and replicas.get("RUNNING", 0) < MAX_REPLICAS:
-            replicas = _replicas(dashboard)
+            replicas = _replicas(ray_service)
             time.sleep(0.5)
         result = load.result()
     assert replicas.get("RUNNING") == MAX_REPLICAS, f"Serve's status after 25 s of load: {replicas}"
@@ -108,14 +129,20 @@ def test_load_above_the_target_adds_a_replica(ray_service, test_images):
     # queue and a replica (ray/serve/_private/router.py says so), and a refused client sends again
     # at once. Refusals are the only failures allowed.
     assert len(result.latencies_ms) > 0 and set(result.errors) <= {"http_503"}, result.errors
+    samples = watcher.samples
+    assert len(samples) >= 5 and not watcher.failures, watcher.failures
+    assert samples[0].running == 1 and max(sample.running for sample in samples) == MAX_REPLICAS
+    assert 0 < max(sample.ongoing for sample in samples) <= MAX_REPLICAS * MAX_ONGOING
+    served = samples[-1].in_replica_count_total - samples[0].in_replica_count_total
+    assert served > 0 and samples[-1].in_replica_ms_total > samples[0].in_replica_ms_total
 
 
 def test_overload_beyond_the_queue_is_refused_fast_with_503(ray_service, image_b64):
     """More requests at once than the replicas take plus the queue holds: the rest get 503 at
     once, and the server keeps serving."""
-    url, dashboard, _ = ray_service
+    url = ray_service.url
     capacity = MAX_REPLICAS * MAX_ONGOING + MAX_QUEUED
-    running = _replicas(dashboard).get("RUNNING", 0)
+    running = _replicas(ray_service).get("RUNNING", 0)
     with concurrent.futures.ThreadPoolExecutor(4 * capacity) as pool:
         started = time.monotonic()
         answers = list(pool.map(lambda _: (_post(url, image_b64), time.monotonic() - started), range(4 * capacity)))
@@ -134,7 +161,7 @@ def _ray_processes(stack: LocalStack) -> list[psutil.Process]:
 
 
 def test_every_ray_process_talks_on_loopback_only(ray_service):
-    processes = _ray_processes(ray_service[2])
+    processes = _ray_processes(ray_service.stack)
     assert any("raylet" in " ".join(p.cmdline()) for p in processes), [p.name() for p in processes]
     seen, elsewhere = 0, []
     for process in processes:
@@ -176,17 +203,16 @@ def test_two_nodes_on_loopback_each_hold_a_replica_and_serve_requests(built_arti
 
 def test_serves_rest_api_refuses_a_client_without_the_token(ray_service):
     """Ray's dashboard runs code on request: without this launch's token, nothing."""
-    url, _ = ray_service[1]
-    assert requests.get(f"{url}/api/serve/applications/", timeout=10).status_code == 401
-    wrong = {"Authorization": "Bearer not-the-token"}
-    assert requests.get(f"{url}/api/serve/applications/", headers=wrong, timeout=10).status_code == 403
+    url = f"{ray_service.dashboard}/api/serve/applications/"
+    assert requests.get(url, timeout=10).status_code == 401
+    assert requests.get(url, headers={"Authorization": "Bearer not-the-token"}, timeout=10).status_code == 403
 
 
 def test_a_replica_that_dies_is_replaced_and_the_run_counts_what_failed(ray_service, test_images):
     """Kill a replica in the middle of a load: the run ends on time, counting each request that
     failed, and Serve starts a replica in its place."""
-    url, dashboard, stack = ray_service
-    replicas = [p for p in _ray_processes(stack) if p.name().startswith("ray::ServeReplica")]
+    url = ray_service.url
+    replicas = [p for p in _ray_processes(ray_service.stack) if p.name().startswith("ray::ServeReplica")]
     assert replicas, "no replica process found"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         load = pool.submit(
@@ -200,7 +226,26 @@ def test_a_replica_that_dies_is_replaced_and_the_run_counts_what_failed(ray_serv
     assert len(result.latencies_ms) > 0  # the other replica (or the new one) kept answering
     assert set(result.errors) <= {"http_500", "http_502", "http_503", "connection"}, result.errors
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and _replicas(dashboard).get("RUNNING", 0) < len(replicas):
+    while time.monotonic() < deadline and _replicas(ray_service).get("RUNNING", 0) < len(replicas):
         time.sleep(1)
-    assert _replicas(dashboard).get("RUNNING", 0) >= len(replicas)
+    assert _replicas(ray_service).get("RUNNING", 0) >= len(replicas)
     assert _post(url, base64.b64encode(test_images[2]).decode()).status_code == 200
+
+
+def test_serve_metrics_are_summed_for_one_deployment_without_health_checks():
+    ours, latency = 'application="food11",deployment="Food11"', "ray_serve_deployment_processing_latency_ms"
+    text = "\n".join([
+        "# TYPE ray_serve_replica_processing_queries gauge",
+        f'ray_serve_replica_processing_queries{{{ours},replica="a"}} 2.0',
+        f'ray_serve_replica_processing_queries{{{ours},replica="b"}} 1.0',
+        'ray_serve_replica_processing_queries{application="other",deployment="Food11",replica="c"} 9.0',
+        "# TYPE ray_serve_deployment_queued_queries gauge",
+        f'ray_serve_deployment_queued_queries{{{ours},handle="h"}} 4.0',
+        f"# TYPE {latency} histogram",
+        f'{latency}_sum{{{ours},route="/predict"}} 120.0',
+        f'{latency}_count{{{ours},route="/predict"}} 6.0',
+        f'{latency}_sum{{{ours},route="/health"}} 5.0',
+        f'{latency}_count{{{ours},route="/health"}} 5.0',
+    ]) + "\n"  # fmt: skip
+    found = serve_metrics(text, "food11", "Food11")
+    assert (found.ongoing, found.queued, found.in_replica_ms_total, found.in_replica_count_total) == (3, 4, 120, 6)

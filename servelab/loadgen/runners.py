@@ -49,6 +49,7 @@ class _Recorder:
     def __init__(self, description: str, total: int | None, progress: bool) -> None:
         self.latencies_ms: list[float] = []
         self.errors: Counter[str] = Counter()
+        self.timeline: list[list] = []  # [ended at (s since the phase began), latency ms or None, outcome]
         self.started = time.perf_counter()
         self.ended: float | None = None
         self.description = description
@@ -62,12 +63,14 @@ class _Recorder:
 
     def success(self, latency_s: float) -> None:
         self.latencies_ms.append(latency_s * 1000.0)
+        self.timeline.append([time.perf_counter() - self.started, latency_s * 1000.0, "ok"])
         self.bar.update()
 
     def failure(self, error: RequestError) -> None:
         if error.kind not in self.errors:  # the first of each kind says what went wrong
             log.warning("request failed (%s)%s", error.kind, f": {error.detail}" if error.detail else "")
         self.errors[error.kind] += 1
+        self.timeline.append([time.perf_counter() - self.started, None, error.kind])
         self.bar.update()
 
     @property
@@ -120,6 +123,7 @@ def _result(target: Target, mode: str, recorder: _Recorder, notes: list[str], **
         wall_s=wall_s,
         errors=dict(recorder.errors),
         latencies_ms=recorder.latencies_ms,
+        timeline=recorder.timeline,
         notes=notes,
         **load,
     )
