@@ -6,13 +6,13 @@ export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256
 
 .PHONY: up test bench bench-quick notebooks format setup artifacts clean
 
-up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton and GourmetGram on 127.0.0.1; Ctrl-C stops all
+up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve and GourmetGram on 127.0.0.1; Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
 
 test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: artifacts  ## the headline benchmark (about 12 minutes); report in results/bench-<time>-full/
+bench: artifacts  ## the headline benchmark (about 20 minutes); report in results/bench-<time>-full/
 	$(PY) -m servelab bench --profile full
 
 bench-quick: artifacts  ## the same steps, briefly (about 3 minutes): proves the pipeline, not the speed

@@ -291,11 +291,13 @@ def triton_service(
     )
 
 
-FASTAPI_SERVICES = ("fastapi_pt", "fastapi_onnx")
+# Services with the FastAPI /predict contract: GourmetGram calls each the same way.
+FASTAPI_SERVICES = ("fastapi_pt", "fastapi_onnx", "ray_serve")
 
 
 def ui_backends() -> list[str]:
-    """What the web UI can talk to: a FastAPI service, or a Triton model that classifies photos."""
+    """What the web UI can talk to: a service with the FastAPI contract, or a Triton model that
+    classifies photos."""
     photo_models = [model.name for model in ModelRepository() if model.entry and model.entry.image_request]
     return [*FASTAPI_SERVICES, *photo_models]
 

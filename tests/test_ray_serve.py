@@ -4,8 +4,10 @@ only, and nothing of Ray left behind when it stops."""
 
 import base64
 import concurrent.futures
+import dataclasses
 import ipaddress
 import json
+import re
 import subprocess
 import sys
 import time
@@ -18,9 +20,10 @@ import requests
 import yaml
 
 from servelab import loadgen, paths, ray_local
+from servelab.food11 import LABELS
 from servelab.ray_watch import ServeWatcher, serve_metrics
-from servelab.stack import LocalStack, Ports, ray_serve_service
-from tests.conftest import TEST_MAX_REQUEST_BYTES
+from servelab.stack import LocalStack, Ports, gourmetgram_service, ray_serve_service
+from tests.conftest import TEST_MAX_REQUEST_BYTES, make_image_bytes
 from tests.test_fastapi_services import BAD_REQUESTS, check_bad_request
 
 # Small on purpose: two requests per replica, then a queue of three in front, then 503; a second
@@ -249,3 +252,14 @@ def test_serve_metrics_are_summed_for_one_deployment_without_health_checks():
     ]) + "\n"  # fmt: skip
     found = serve_metrics(text, "food11", "Food11")
     assert (found.ongoing, found.queued, found.in_replica_ms_total, found.in_replica_count_total) == (3, 4, 120, 6)
+
+
+def test_gourmetgram_classifies_an_upload_through_ray_serve_unchanged(ray_service, tmp_path):
+    """The web UI, configured as for a FastAPI service, works against the Ray Serve app as is."""
+    ports = dataclasses.replace(Ports.free(), ray_serve=int(ray_service.url.rsplit(":", 1)[1]))
+    with LocalStack([gourmetgram_service(ports.gourmetgram, "ray_serve", ports)], tmp_path):
+        upload = {"file": ("lunch.jpg", make_image_bytes(4), "image/jpeg")}
+        result = requests.post(f"http://127.0.0.1:{ports.gourmetgram}/predict", files=upload, timeout=60)
+    assert result.status_code == 200, result.text[-1000:]
+    assert re.search(r"<h1>(.*?)</h1>", result.text).group(1) in LABELS
+    assert "answered by fastapi in" in result.text
