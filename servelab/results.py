@@ -60,8 +60,9 @@ class RunResult:
     batch_size: int = 1
     errors: dict[str, int] = field(default_factory=dict)  # error kind -> count
     latencies_ms: list[float] = field(default_factory=list)  # raw, successful requests only
-    # Every measured request as it ended: [seconds since the measurement began, latency in ms
-    # (None for a failure), "ok" or the error kind]; what a time axis is drawn from (loadgen only).
+    # Every measured request as it ended: [seconds since the measurement began, its latency in ms
+    # (a failure's too: how long until it failed; None for one never sent), "ok" or the error
+    # kind]; what a time axis is drawn from (loadgen only).
     timeline: list[list] = field(default_factory=list)
     # Open loop: how late the generator sent requests relative to their schedule.
     schedule_lag: dict[str, Any] | None = None

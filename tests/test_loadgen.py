@@ -314,6 +314,9 @@ def test_http_errors_are_counted_by_status(server):
     result = closed(server, 2, requests=40)
     assert result.errors == {"http_503": 10} and result.requests == 40
     assert len(result.latencies_ms) == 30  # latencies are of successful requests only
+    # The timeline has every request, a failure with how long it took to fail.
+    failed = [entry for entry in result.timeline if entry[2] == "http_503"]
+    assert len(failed) == 10 and all(entry[1] > 0 for entry in failed)
     server.configure(fail_every=1, fail_status=400)
     assert closed(server, 1, requests=3).errors == {"http_400": 3}
 

@@ -17,7 +17,7 @@ def _run(timeline: list[list], wall_s: float) -> RunResult:
 
 
 def test_requests_fall_in_the_window_they_ended_in_with_their_own_percentiles_and_errors():
-    timeline = [[0.1, 10.0, "ok"], [0.5, 30.0, "ok"], [0.9, None, "http_503"], [1.2, 100.0, "ok"], [1.4, 200.0, "ok"]]
+    timeline = [[0.1, 10.0, "ok"], [0.5, 30.0, "ok"], [0.9, 2.0, "http_503"], [1.2, 100.0, "ok"], [1.4, 200.0, "ok"]]
     first, second = windows(_run(timeline, 2.0), 1.0, offset_s=10.0)
     assert (first.start_s, first.end_s, second.start_s, second.end_s) == (10.0, 11.0, 11.0, 12.0)
     assert (first.answered, first.errors, first.p50_ms) == (2, {"http_503": 1}, 20.0)

@@ -49,7 +49,8 @@ class _Recorder:
     def __init__(self, description: str, total: int | None, progress: bool) -> None:
         self.latencies_ms: list[float] = []
         self.errors: Counter[str] = Counter()
-        self.timeline: list[list] = []  # [ended at (s since the phase began), latency ms or None, outcome]
+        # [ended at (s since the phase began), latency ms (of a failure too; None if never sent), outcome]
+        self.timeline: list[list] = []
         self.started = time.perf_counter()
         self.ended: float | None = None
         self.description = description
@@ -66,11 +67,13 @@ class _Recorder:
         self.timeline.append([time.perf_counter() - self.started, latency_s * 1000.0, "ok"])
         self.bar.update()
 
-    def failure(self, error: RequestError) -> None:
+    def failure(self, error: RequestError, latency_s: float | None = None) -> None:
+        """A request that failed after `latency_s` (None: it was never sent)."""
         if error.kind not in self.errors:  # the first of each kind says what went wrong
             log.warning("request failed (%s)%s", error.kind, f": {error.detail}" if error.detail else "")
         self.errors[error.kind] += 1
-        self.timeline.append([time.perf_counter() - self.started, None, error.kind])
+        failed_after = None if latency_s is None else latency_s * 1000.0
+        self.timeline.append([time.perf_counter() - self.started, failed_after, error.kind])
         self.bar.update()
 
     @property
@@ -94,7 +97,7 @@ async def _timed_send(target: Target, since: float, recorder: _Recorder) -> None
     try:
         await target.send()
     except RequestError as error:
-        recorder.failure(error)
+        recorder.failure(error, time.perf_counter() - since)
     else:
         recorder.success(time.perf_counter() - since)
 
