@@ -4,9 +4,9 @@
 
 1. The in-process ceilings (servelab.inprocess): for PyTorch and ONNX Runtime, with decoding and
    (ONNX, as Triton's ONNX model serves it) without, the best of a small sweep of thread plans,
-   for one request in flight and for many. The winning plan is measured again right before each
-   run judged against it: this machine's speed drifts within minutes, so a service is compared
-   with a ceiling taken next to it.
+   for one request in flight and for many. The winning plan is measured again right before and
+   right after each run judged against it: this machine's speed drifts within minutes, so a
+   service is compared with the ceiling's speed around its own run.
 2. FastAPI PyTorch, FastAPI ONNX, Triton `food_classifier` (Python backend) and Triton
    `food_classifier_onnx`, each at concurrency 1, 8 and 16, with the lab's load generator
    (closed loop), sampling CPU/GPU during each run and reading Triton's statistics around it;
@@ -175,17 +175,19 @@ def _bracketed(
     winner for many otherwise) measured right before and right after it. The machine's speed
     drifts, so the ceiling is the mean of the two: the speed it had around the run."""
     key = ceiling_key(served.runtime, served.decode, "one" if concurrency == 1 else "many")
-    around = []
-    for when in ("before", "after"):
-        if when == "after":
-            log.info("%s at concurrency %d", served.name, concurrency)
-            result = run()
-        plan = ceilings[key].plan.name
-        log.info("in-process ceiling %s %s at c=%d: %s, %s", when, served.name, concurrency, key, plan)
+
+    def ceiling_now(when: str) -> float:
+        log.info(
+            "in-process ceiling %s %s at c=%d: %s, %s", when, served.name, concurrency, key, ceilings[key].plan.name
+        )
         point = ceilings[key].measure_now(profile.duration_s / 2, profile.warmup_s)
         point.notes.append(f"ceiling: {key} ({when} {served.name} at c={concurrency})")
-        around.append(point.throughput_rps)
-    return result, statistics.mean(around)
+        return point.throughput_rps
+
+    before = ceiling_now("before")
+    log.info("%s at concurrency %d", served.name, concurrency)
+    result = run()
+    return result, statistics.mean([before, ceiling_now("after")])
 
 
 @contextlib.contextmanager
@@ -211,7 +213,7 @@ def _naive(
     profile: Profile, image: bytes, log_dir: Path, ceilings: dict[str, inprocess.Ceiling], adjacent: dict
 ) -> list[RunResult]:
     """The naive reference apps at the highest concurrency, each started for its run, each with
-    its ceiling measured right before it (into `adjacent`)."""
+    its ceiling measured around it (into `adjacent`)."""
     results = []
     concurrency = max(profile.concurrencies)
     for runtime, name in NAIVE.items():
@@ -328,8 +330,10 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
         plans = {}
         for target in TARGETS:
             adjacent[target.name] = {}
-            served_as = one_instance_per_core(endpoints.triton_http, target.model) if target.model else None
-            with served_as or contextlib.nullcontext():
+            served_as = (
+                one_instance_per_core(endpoints.triton_http, target.model) if target.model else contextlib.nullcontext()
+            )
+            with served_as:
                 plans[target.name] = thread_plan_of(target, endpoints)
                 for concurrency in profile.concurrencies:
                     url = address(target, endpoints)

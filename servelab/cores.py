@@ -27,6 +27,7 @@ service, as it does food11.py. Edit it here, never in a copy.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import math
 import os
 import tempfile
@@ -195,6 +196,13 @@ class RunningAcrossProcesses:
             yield max(1, count)
         finally:
             fcntl.flock(self._own, fcntl.LOCK_UN)
+
+    @classmethod
+    def of_triton_model(cls, model: str, model_repository: str, instance: str) -> RunningAcrossProcesses:
+        """The group of a Triton model's instances, `instance` its member: one group per model
+        and per server (the servers of the lab each load a repository of their own)."""
+        server = hashlib.sha1(model_repository.encode()).hexdigest()[:12]
+        return cls(f"{model}-{server}", instance)
 
     def close(self) -> None:
         """Leave the group (Triton's finalize): the member's file goes, the group's folder stays."""

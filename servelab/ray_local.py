@@ -49,8 +49,9 @@ from servelab.cores import available_cores
 log = logging.getLogger(__name__)
 
 CONFIG_PATH = paths.RAY_SERVE_DIR / "serve_config.yaml"
-# The second: ray_serve/app.py then binds each replica's gRPC server to 127.0.0.1 (Ray binds it
-# to every interface, with no setting).
+# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray's own processes on loopback (see the module's
+# docstring); SERVELAB_LOOPBACK_ONLY=1 makes ray_serve/app.py bind each replica's gRPC server to
+# 127.0.0.1 (Ray binds it to every interface, with no setting).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "SERVELAB_LOOPBACK_ONLY": "1"}
 TOKEN_FILE = paths.LAB_DIR / "ray" / "auth_token"
 
@@ -83,26 +84,56 @@ def auth_headers(token_file: Path = TOKEN_FILE) -> dict[str, str]:
         raise RayConfigError(f"{token_file} is missing: is the Ray Serve service (make up) running?") from None
 
 
+def unknown_fields(config: dict[str, Any]) -> list[str]:
+    """Fields Serve's schema does not know, where it would ignore them without a word (a misspelt
+    `max_ongoing_request` would leave the default in place)."""
+    from ray.serve.config import AutoscalingConfig
+    from ray.serve.schema import DeploymentSchema, RayActorOptionsSchema, ServeApplicationSchema, ServeDeploySchema
+
+    def unknown(where: str, given: dict | None, schema) -> list[str]:
+        return [f"{where}{key}" for key in (given or {}) if key not in schema.model_fields]
+
+    found = unknown("", config, ServeDeploySchema)
+    for application in config.get("applications") or []:
+        found += unknown(f"application {application.get('name')}: ", application, ServeApplicationSchema)
+        for deployment in application.get("deployments") or []:
+            where = f"deployment {deployment.get('name')}: "
+            found += unknown(where, deployment, DeploymentSchema)
+            found += unknown(f"{where}ray_actor_options.", deployment.get("ray_actor_options"), RayActorOptionsSchema)
+            found += unknown(f"{where}autoscaling_config.", deployment.get("autoscaling_config"), AutoscalingConfig)
+    return found
+
+
 def read_config(path: Path = CONFIG_PATH) -> dict[str, Any]:
-    """The config as a dict, checked against Serve's own schema (a misspelt field is an error)."""
+    """The config as a dict, checked against Serve's own schema, unknown fields included."""
+    from pydantic import ValidationError
     from ray.serve.schema import ServeDeploySchema
 
-    config = yaml.safe_load(path.read_text())
     try:
+        config = yaml.safe_load(path.read_text())
         ServeDeploySchema.model_validate(config)
-    except Exception as exc:  # pydantic's ValidationError, whose text lists each bad field
-        raise RayConfigError(f"{path}: not a valid Ray Serve config:\n{exc}") from None
+    except FileNotFoundError:
+        raise RayConfigError(f"{path} does not exist: give the path of a Ray Serve config file.") from None
+    except (yaml.YAMLError, ValidationError) as exc:  # the text says which line, or which field
+        raise RayConfigError(f"{path}: not a valid Ray Serve config; fix this and start again:\n{exc}") from None
+    unknown = unknown_fields(config)
+    if unknown:
+        raise RayConfigError(
+            f"{path}: Ray Serve does not know {', '.join(unknown)} (misspelt?); it would ignore them. "
+            "The fields are those of Serve's config file: https://docs.ray.io/en/latest/serve/production-guide/config.html"
+        )
     return config
 
 
-def adapt_for_local(config: dict[str, Any], port: int, cores: int, gpus: int = 0) -> dict[str, Any]:
-    """The config served on this machine (see the module's docstring)."""
+def adapt_for_local(config: dict[str, Any], port: int, cores: int) -> dict[str, Any]:
+    """The config served on this machine (see the module's docstring). The lab's own ONNX Runtime
+    is the CPU build, so a replica's GPU always becomes a share of the cores here."""
     local = copy.deepcopy(config)
     local["http_options"] = {**local.get("http_options", {}), "host": "127.0.0.1", "port": port}
     for application in local["applications"]:
         for deployment in application.get("deployments", []):
             actor = deployment.setdefault("ray_actor_options", {})
-            if actor.get("num_gpus") and not gpus:
+            if actor.get("num_gpus"):
                 del actor["num_gpus"]
                 replicas = (deployment.get("autoscaling_config") or {}).get("max_replicas") or deployment.get(
                     "num_replicas", 1
@@ -115,9 +146,11 @@ def adapt_for_local(config: dict[str, Any], port: int, cores: int, gpus: int = 0
 
 
 def config_diff(before: dict, after: dict) -> str:
-    dump = lambda config: yaml.safe_dump(config, sort_keys=False).splitlines()  # noqa: E731
+    def lines(config: dict) -> list[str]:
+        return yaml.safe_dump(config, sort_keys=False).splitlines()
+
     return "\n".join(
-        difflib.unified_diff(dump(before), dump(after), "serve_config.yaml", "served on this machine", lineterm="")
+        difflib.unified_diff(lines(before), lines(after), "serve_config.yaml", "served on this machine", lineterm="")
     )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -55,7 +55,6 @@ class ServeMetrics:
     queued: float = 0.0
     in_replica_ms_total: float = 0.0
     in_replica_count_total: float = 0.0
-    seen: set[str] = field(default_factory=set)  # which of the metrics were there at all
 
 
 def serve_metrics(text: str, application: str, deployment: str) -> ServeMetrics:
@@ -70,16 +69,12 @@ def serve_metrics(text: str, application: str, deployment: str) -> ServeMetrics:
                 found.ongoing += sample.value
             elif sample.name == QUEUED:
                 found.queued += sample.value
-            elif sample.name in (f"{IN_REPLICA}_sum", f"{IN_REPLICA}_count"):
-                if labels.get("route") in NOT_PREDICTIONS:
-                    continue
-                if sample.name.endswith("_sum"):
-                    found.in_replica_ms_total += sample.value
-                else:
-                    found.in_replica_count_total += sample.value
-            else:
+            elif labels.get("route") in NOT_PREDICTIONS:
                 continue
-            found.seen.add(sample.name)
+            elif sample.name == f"{IN_REPLICA}_sum":
+                found.in_replica_ms_total += sample.value
+            elif sample.name == f"{IN_REPLICA}_count":
+                found.in_replica_count_total += sample.value
     return found
 
 

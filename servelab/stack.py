@@ -291,15 +291,16 @@ def triton_service(
     )
 
 
-# Services with the FastAPI /predict contract: GourmetGram calls each the same way.
-FASTAPI_SERVICES = ("fastapi_pt", "fastapi_onnx", "ray_serve")
+# Services with the FastAPI /predict contract (the two FastAPI apps, and the same app on Ray Serve):
+# GourmetGram calls each the same way.
+PREDICT_API_SERVICES = ("fastapi_pt", "fastapi_onnx", "ray_serve")
 
 
 def ui_backends() -> list[str]:
     """What the web UI can talk to: a service with the FastAPI contract, or a Triton model that
     classifies photos."""
     photo_models = [model.name for model in ModelRepository() if model.entry and model.entry.image_request]
-    return [*FASTAPI_SERVICES, *photo_models]
+    return [*PREDICT_API_SERVICES, *photo_models]
 
 
 def ray_serve_service(ports: Ports, config: Path | None = None, token_file: Path | None = None) -> ServiceSpec:
@@ -325,7 +326,7 @@ def ray_serve_service(ports: Ports, config: Path | None = None, token_file: Path
 
 def gourmetgram_service(port: int, backend: str, ports: Ports) -> ServiceSpec:
     """GourmetGram in front of `backend` (see ui_backends), configured as in the Docker stacks."""
-    if backend in FASTAPI_SERVICES:
+    if backend in PREDICT_API_SERVICES:
         backend_env = {"FASTAPI_SERVER_URL": f"http://127.0.0.1:{getattr(ports, backend)}"}
     elif backend in ui_backends():
         backend_env = {"TRITON_SERVER_URL": f"127.0.0.1:{ports.triton_http}", "FOOD11_MODEL_NAME": backend}

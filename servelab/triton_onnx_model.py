@@ -6,7 +6,6 @@ config declares (the names must be the ONNX graph's, as the onnxruntime backend 
 the requests Triton gathers are run as one ONNX Runtime call.
 """
 
-import hashlib
 import json
 import os
 import sys
@@ -32,8 +31,9 @@ class TritonPythonModel:
         self.plan = thread_plan(slots=instances, given_by=f"{instances} instance(s) in the config")
         self.running = None
         if self.plan.elastic:
-            server = hashlib.sha1(args["model_repository"].encode()).hexdigest()[:12]
-            self.running = RunningAcrossProcesses(f"{config['name']}-{server}", args["model_instance_name"])
+            self.running = RunningAcrossProcesses.of_triton_model(
+                config["name"], args["model_repository"], args["model_instance_name"]
+            )
         model_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.onnx")
         self.sessions = {}
         for threads in self.plan.thread_counts():

@@ -263,3 +263,21 @@ def test_gourmetgram_classifies_an_upload_through_ray_serve_unchanged(ray_servic
     assert result.status_code == 200, result.text[-1000:]
     assert re.search(r"<h1>(.*?)</h1>", result.text).group(1) in LABELS
     assert "answered by fastapi in" in result.text
+
+
+@pytest.mark.parametrize(
+    "edit, complaint",
+    [
+        (lambda d: d.update(max_ongoing_request=3), "deployment Food11: max_ongoing_request"),
+        (lambda d: d["autoscaling_config"].update(target_ongoing=1), "autoscaling_config.target_ongoing"),
+        (lambda d: d.update(max_queued_requests="many"), "max_queued_requests"),
+    ],
+    ids=["misspelt-field", "misspelt-autoscaling-field", "wrong-type"],
+)
+def test_a_config_serve_would_misread_is_refused_saying_which_field(tmp_path, edit, complaint):
+    config = ray_local.read_config()
+    edit(config["applications"][0]["deployments"][0])
+    (tmp_path / "serve_config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ray_local.RayConfigError, match="serve_config.yaml") as refused:
+        ray_local.read_config(tmp_path / "serve_config.yaml")
+    assert complaint in str(refused.value)

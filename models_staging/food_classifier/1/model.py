@@ -5,7 +5,6 @@ batching is on, each with up to max_batch_size images). All their images go thro
 in one forward pass. An image that cannot be decoded fails only its own request.
 """
 
-import hashlib
 import json
 import os
 import sys
@@ -45,8 +44,9 @@ class TritonPythonModel:
         )
         self.running = None
         if self.plan.elastic:
-            server = hashlib.sha1(args["model_repository"].encode()).hexdigest()[:12]
-            self.running = RunningAcrossProcesses(f"{config['name']}-{server}", args["model_instance_name"])
+            self.running = RunningAcrossProcesses.of_triton_model(
+                config["name"], args["model_repository"], args["model_instance_name"]
+            )
         torch.set_num_threads(self.plan.threads)
         weights_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
         self.model = mobilenet_v2(num_classes=len(LABELS))
