@@ -209,8 +209,8 @@ plt.show()
 # near 1 / (D + S) whatever the number of senders: more clients only lengthen the queue. Outside,
 # it should rise with the senders until the slot is busy: then the model, not the network, is the
 # limit. The longer the download, the more requests must be in flight to hide it (about (D + S) / S
-# of them), which is why the 200 ms panel climbs more slowly. Where your run differs, the verdicts
-# below say which condition failed, with its numbers.
+# of them), so the panel with the longer download should need more senders before it flattens.
+# Where your run differs, the verdicts below say which condition failed, with its numbers.
 #
 # ## All the runs, and the verdicts
 
