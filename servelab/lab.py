@@ -32,7 +32,7 @@ from pathlib import Path
 
 import requests
 
-from servelab import loadgen, paths, plots, service_stats, ui
+from servelab import lab_ray, loadgen, paths, plots, service_stats, ui
 from servelab.cores import available_cores
 from servelab.environment import chameleon_only, current_target, machine_info  # noqa: F401 (notebooks use them)
 from servelab.expectations import Condition, Expectation, ExpectationLog
@@ -71,6 +71,7 @@ class Lab(TritonLab):
     expectations: ExpectationLog = field(default_factory=ExpectationLog)
     _stacks: list[LocalStack] = field(default_factory=list, repr=False)
     _capacities: dict[tuple[str, str], Capacity] = field(default_factory=dict, repr=False)
+    _ray_serve: lab_ray.RayServe | None = field(default=None, repr=False)
 
     # ---- connecting ------------------------------------------------------------------------
 
@@ -226,6 +227,17 @@ class Lab(TritonLab):
         with LocalStack([fastapi_service(flavor, port, env=env)], log_dir=work / "logs"):
             yield f"http://127.0.0.1:{port}"
 
+    def ray_serve(self) -> lab_ray.RayServe:
+        """The lab's Ray Serve (servelab.lab_ray), to edit, redeploy and watch; locally, started
+        on first use when `make up` does not run one."""
+        if self._ray_serve is None:
+            self._ray_serve = (
+                lab_ray.chameleon()
+                if self.on_chameleon
+                else lab_ray.local(self._stacks, NOTEBOOK_STACK_DIR / f"ray-{os.getpid()}")
+            )
+        return self._ray_serve
+
     def _triton(self) -> str:
         if not self.triton_http:
             raise RuntimeError("This notebook connected without Triton (Lab.connect(triton=False)).")
@@ -277,6 +289,26 @@ class Lab(TritonLab):
             )
         result.service_stats = stats.delta.to_dict()
         return self._keep(result, target or f"fastapi_{flavor}")
+
+    def closed_loop(
+        self,
+        address: str,
+        concurrency: int,
+        duration_s: float,
+        target: str,
+        kind: str = "fastapi",
+        model: str | None = None,
+        backoff_s: float = 0.0,
+    ) -> RunResult:
+        """`concurrency` senders for `duration_s` seconds with no warm-up (its timeline starts when
+        it is called: a step of a longer load), against the service at `address` of `kind`
+        ("fastapi": any service with the FastAPI contract; "triton-http"/"triton-grpc": `model`).
+        With `backoff_s`, a sender waits that long after a failed request (a refusal)."""
+        result = loadgen.closed_loop(
+            kind, address, concurrency=concurrency, duration_s=duration_s, model=model,
+            image_bytes=self.sample_image(), progress=False, backoff_s=backoff_s,
+        )  # fmt: skip
+        return self._keep(result, target)
 
     def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:
         """The URL of a sample photo on the image host; `latency_ms` overrides its emulated latency."""

@@ -19,6 +19,7 @@ class Profile:
     sequential_requests: int  # requests in a one-at-a-time latency measurement
     perf_window_ms: int  # one perf_analyzer measurement window
     agreement_pairs: int  # the benchmark's alternating load generator / perf_analyzer runs
+    step_s: float = 30.0  # one step of a step load: long enough for Ray Serve's autoscaler to act
     concurrencies: tuple[int, ...] = (1, 8, 16)  # the benchmark's load points
 
 
@@ -27,7 +28,13 @@ PROFILES = {
         "full", duration_s=20.0, warmup_s=3.0, sequential_requests=100, perf_window_ms=5000, agreement_pairs=3
     ),
     "quick": Profile(
-        "quick", duration_s=2.0, warmup_s=0.5, sequential_requests=20, perf_window_ms=1500, agreement_pairs=1
+        "quick",
+        duration_s=2.0,
+        warmup_s=0.5,
+        sequential_requests=20,
+        perf_window_ms=1500,
+        agreement_pairs=1,
+        step_s=15.0,
     ),
 }
 

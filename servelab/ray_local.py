@@ -106,20 +106,28 @@ def unknown_fields(config: dict[str, Any]) -> list[str]:
 
 def read_config(path: Path = CONFIG_PATH) -> dict[str, Any]:
     """The config as a dict, checked against Serve's own schema, unknown fields included."""
+    try:
+        config = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise RayConfigError(f"{path} does not exist: give the path of a Ray Serve config file.") from None
+    except yaml.YAMLError as exc:  # the text says which line
+        raise RayConfigError(f"{path}: not a valid Ray Serve config; fix this and start again:\n{exc}") from None
+    return check_config(config, str(path))
+
+
+def check_config(config: Any, origin: str) -> dict[str, Any]:
+    """`config` (from `origin`, for the message) if Serve's schema takes it, unknown fields included."""
     from pydantic import ValidationError
     from ray.serve.schema import ServeDeploySchema
 
     try:
-        config = yaml.safe_load(path.read_text())
         ServeDeploySchema.model_validate(config)
-    except FileNotFoundError:
-        raise RayConfigError(f"{path} does not exist: give the path of a Ray Serve config file.") from None
-    except (yaml.YAMLError, ValidationError) as exc:  # the text says which line, or which field
-        raise RayConfigError(f"{path}: not a valid Ray Serve config; fix this and start again:\n{exc}") from None
+    except ValidationError as exc:  # the text says which field
+        raise RayConfigError(f"{origin}: not a valid Ray Serve config; fix this and start again:\n{exc}") from None
     unknown = unknown_fields(config)
     if unknown:
         raise RayConfigError(
-            f"{path}: Ray Serve does not know {', '.join(unknown)} (misspelt?); it would ignore them. "
+            f"{origin}: Ray Serve does not know {', '.join(unknown)} (misspelt?); it would ignore them. "
             "The fields are those of Serve's config file: https://docs.ray.io/en/latest/serve/production-guide/config.html"
         )
     return config

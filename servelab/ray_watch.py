@@ -16,6 +16,7 @@ Every `interval_s` a thread records, for one deployment:
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter
@@ -92,16 +93,17 @@ class ServeWatcher:
         self.application, self.deployment, self.token_file = application, deployment, token_file
         self.interval_s = interval_s
         self.samples: list[ServeSample] = []
+        self.started = time.monotonic()  # the time axis's 0, set again when the watching starts
         self.failures: Counter[str] = Counter()  # polls that got no answer, by what went wrong
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serve-watcher", daemon=True)
 
-    def sample(self, started: float) -> ServeSample:
+    def sample(self) -> ServeSample:
         replicas = ray_local.replicas_by_state(self.dashboard, self.application, self.deployment, self.token_file)
         text = requests.get(self.metrics_url, timeout=5).text
         metrics = serve_metrics(text, self.application, self.deployment)
         return ServeSample(
-            time.monotonic() - started,
+            self.now_s(),
             replicas,
             metrics.ongoing,
             metrics.queued,
@@ -111,19 +113,39 @@ class ServeWatcher:
         )
 
     def _run(self) -> None:
-        started = time.monotonic()
         psutil.cpu_percent(interval=None)  # the first call only starts the measurement
         while not self._stop.is_set():
             try:
-                self.samples.append(self.sample(started))
+                self.samples.append(self.sample())
             except (requests.RequestException, ray_local.RayConfigError, ValueError) as exc:
                 self.failures[type(exc).__name__] += 1
             self._stop.wait(self.interval_s)
 
+    def now_s(self) -> float:
+        """Now, on the watcher's time axis (what a load started now is offset by)."""
+        return time.monotonic() - self.started
+
     def __enter__(self) -> ServeWatcher:
+        self.started = time.monotonic()
         self._thread.start()
         return self
 
     def __exit__(self, *exc_info) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def during(samples: list[ServeSample], start_s: float, end_s: float) -> list[ServeSample]:
+    """The samples taken between `start_s` and `end_s` on the watcher's time axis."""
+    return [sample for sample in samples if start_s <= sample.t_s <= end_s]
+
+
+def in_replica_mean_ms(samples: list[ServeSample], start_s: float, end_s: float) -> float:
+    """The mean time a request spent inside a replica, over the requests Serve counted between
+    the first and the last sample of the interval; NaN when it counted none."""
+    inside = during(samples, start_s, end_s)
+    if len(inside) < 2:
+        return math.nan
+    first, last = inside[0], inside[-1]
+    served = last.in_replica_count_total - first.in_replica_count_total
+    return (last.in_replica_ms_total - first.in_replica_ms_total) / served if served > 0 else math.nan

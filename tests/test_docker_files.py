@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -423,14 +424,30 @@ def test_ray_serve_dockerfile_runs_the_serve_config_with_every_module_guarded():
     dockerfile = REPO_ROOT / "ray_serve" / "Dockerfile"
     instructions = dockerfile_instructions(dockerfile)
     assert set(guarded_files(instructions)) == {"food11.onnx", *ONNX_SERVICE_COPIES}
-    assert json.loads(dict(instructions)["CMD"]) == ["serve", "run", "serve_config.yaml"]
+    assert json.loads(dict(instructions)["CMD"]) == ["sh", "start.sh"]
     assert ("EXPOSE", "8000") in instructions
+    start = (REPO_ROOT / "ray_serve" / "start.sh").read_text()
+    assert subprocess.run(["sh", "-n", REPO_ROOT / "ray_serve" / "start.sh"]).returncode == 0
+    assert "serve deploy serve_config.yaml" in start and "--metrics-export-port 8080" in start
     requirements = (REPO_ROOT / "ray_serve" / "requirements.txt").read_text()
     assert "ray[serve]==2.60.0" in requirements and "onnxruntime-gpu" in requirements
     config = yaml.safe_load((REPO_ROOT / "ray_serve" / "serve_config.yaml").read_text())
     assert config["http_options"]["port"] == 8000
     (deployment,) = config["applications"][0]["deployments"]
     assert deployment["ray_actor_options"]["num_gpus"] == 1  # a GPU per replica on the node
+
+
+def test_notebook_8_reaches_serve_s_rest_api_and_metrics_on_the_compose_network_with_the_token():
+    compose = yaml.safe_load((REPO_ROOT / "docker" / "docker-compose-fastapi.yaml").read_text())
+    ray, jupyter = compose["services"]["ray_serve"], compose["services"]["jupyter"]
+    assert ray["ports"] == ["8500:8000"]  # the dashboard and the metrics are not published on the host
+    assert ray["environment"]["RAY_AUTH_MODE"] == "token"
+    token = ray["environment"]["RAY_AUTH_TOKEN_PATH"]
+    assert jupyter["environment"]["RAY_AUTH_TOKEN_PATH"] == token
+    assert "ray-auth:/ray-auth" in ray["volumes"] and "ray-auth:/ray-auth:ro" in jupyter["volumes"]
+    assert jupyter["environment"]["RAY_DASHBOARD_URL"] == "http://ray_serve:8265"
+    assert jupyter["environment"]["RAY_METRICS_URL"] == "http://ray_serve:8080/metrics"
+    assert "ray[serve]==2.60.0" in (REPO_ROOT / "docker" / "Dockerfile.jupyter").read_text()
 
 
 def test_fastapi_pt_installs_torch_with_pascal_kernels():

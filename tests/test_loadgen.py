@@ -321,6 +321,20 @@ def test_http_errors_are_counted_by_status(server):
     assert closed(server, 1, requests=3).errors == {"http_400": 3}
 
 
+def test_a_sender_backs_off_after_a_refusal_and_only_then(server):
+    """A refused request (503 here) makes its sender wait `backoff_s` before the next; an answered
+    one does not. Every request is still measured."""
+    server.configure(sleep_ms=1, fail_every=1, fail_status=503)
+    polite = closed(server, 1, requests=5, backoff_s=0.2)
+    assert polite.errors == {"http_503": 5} and polite.wall_s >= 4 * 0.2
+    assert any("waited 0.2 s" in note for note in polite.notes)
+    server.configure(sleep_ms=1)
+    answered = closed(server, 1, requests=5, backoff_s=0.2)
+    assert answered.error_count == 0 and answered.wall_s < 0.2
+    with pytest.raises(ValueError, match="backoff_s"):
+        closed(server, 1, requests=1, backoff_s=-1)
+
+
 def test_connection_refused_and_timeouts_are_counted():
     nobody = f"http://127.0.0.1:{free_port()}"
     refused = closed_loop("fastapi", nobody, 2, requests=5, image_bytes=IMAGE, progress=False)

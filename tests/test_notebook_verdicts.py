@@ -1,4 +1,4 @@
-"""The notebooks that judge expectations (4, 6 and 7 today), run as a student runs them (local
+"""The notebooks that judge expectations (4, 6, 7 and 8 today), run as a student runs them (local
 target, quick profile), and every verdict they record checked against the runs in their own tables.
 
 A verdict's conditions carry their figures with the run each was read from (servelab.expectations).
@@ -63,6 +63,11 @@ def test_every_verdict_uses_the_numbers_of_the_runs_in_its_tables(name, built_ar
 
 def test_the_notebooks_that_judge_expectations_are_found_and_each_is_generated():
     # The lab's judging lessons as of this writing; a new one joins the list by itself.
-    assert {"4_fastapi_bench.ipynb", "6_triton_bench.ipynb", "7_io_vs_compute.ipynb"} <= set(JUDGED)
+    assert {
+        "4_fastapi_bench.ipynb",
+        "6_triton_bench.ipynb",
+        "7_io_vs_compute.ipynb",
+        "8_concurrency_target.ipynb",
+    } <= set(JUDGED)
     for name in JUDGED:
         assert (NOTEBOOKS / name).is_file(), f"{name} is not generated: run `make notebooks`"

@@ -4,9 +4,11 @@ only, and nothing of Ray left behind when it stops."""
 
 import base64
 import concurrent.futures
+import copy
 import dataclasses
 import ipaddress
 import json
+import math
 import re
 import subprocess
 import sys
@@ -21,7 +23,8 @@ import yaml
 
 from servelab import loadgen, paths, ray_local
 from servelab.food11 import LABELS
-from servelab.ray_watch import ServeWatcher, serve_metrics
+from servelab.lab_ray import RayServe
+from servelab.ray_watch import ServeSample, ServeWatcher, during, in_replica_mean_ms, serve_metrics
 from servelab.stack import LocalStack, Ports, gourmetgram_service, ray_serve_service
 from tests.conftest import TEST_MAX_REQUEST_BYTES, make_image_bytes
 from tests.test_fastapi_services import BAD_REQUESTS, check_bad_request
@@ -64,6 +67,7 @@ def ray_service(built_artifacts, tmp_path_factory):
             f"http://127.0.0.1:{ports.ray_metrics}/metrics",
             work / "auth_token",
             stack,
+            work / "serve_config.yaml",
         )
 
 
@@ -74,6 +78,7 @@ class RayService:
     metrics: str
     token_file: Path
     stack: LocalStack
+    config: Path  # the config it serves
 
     def watcher(self) -> ServeWatcher:
         return ServeWatcher(self.dashboard, self.metrics, "food11", "Food11", self.token_file, interval_s=0.5)
@@ -252,6 +257,38 @@ def test_serve_metrics_are_summed_for_one_deployment_without_health_checks():
     ]) + "\n"  # fmt: skip
     found = serve_metrics(text, "food11", "Food11")
     assert (found.ongoing, found.queued, found.in_replica_ms_total, found.in_replica_count_total) == (3, 4, 120, 6)
+
+
+def test_time_in_the_replica_is_read_between_the_first_and_last_sample_of_an_interval():
+    def at(t_s, ms_total, count_total):
+        return ServeSample(t_s, {"RUNNING": 1}, 0.0, 0.0, ms_total, count_total, 50.0)
+
+    samples = [at(0, 0, 0), at(1, 100, 4), at(2, 400, 10), at(3, 1000, 12), at(4, 1000, 12)]
+    assert [sample.t_s for sample in during(samples, 1, 3)] == [1, 2, 3]
+    assert in_replica_mean_ms(samples, 1, 3) == pytest.approx((1000 - 100) / (12 - 4))
+    assert math.isnan(in_replica_mean_ms(samples, 3, 4))  # nothing served in between
+    assert math.isnan(in_replica_mean_ms(samples, 1.5, 2.5))  # one sample: no interval
+
+
+def test_an_edited_config_is_deployed_and_awaited_through_serve_s_rest_api(ray_service, image_b64):
+    """What notebook 8 does to edit the concurrency target: the edit reaches Serve (its own
+    account of the deployed config says so) before `apply` returns, and the app keeps serving."""
+    port = int(ray_service.url.rsplit(":", 1)[1])
+    serve = RayServe(ray_service.url, ray_service.dashboard, ray_service.metrics, ray_service.token_file, port)
+    config = ray_local.read_config(ray_service.config)
+    as_tested = copy.deepcopy(config)
+    serve.settings(config)["max_queued_requests"] = MAX_QUEUED + 7
+    with pytest.raises(ray_local.RayConfigError, match="max_queue_request"):
+        broken = copy.deepcopy(config)
+        serve.settings(broken)["max_queue_request"] = 1
+        serve.apply(broken)
+    serve.apply(config, quiet=True)
+    deployed = ray_local.applications(ray_service.dashboard, ray_service.token_file)["food11"]["deployed_app_config"]
+    assert deployed["deployments"][0]["max_queued_requests"] == MAX_QUEUED + 7
+    assert _post(ray_service.url, image_b64).status_code == 200
+    serve.apply(as_tested, quiet=True)  # the other tests count on the module's queue
+    deployed = ray_local.applications(ray_service.dashboard, ray_service.token_file)["food11"]["deployed_app_config"]
+    assert deployed["deployments"][0]["max_queued_requests"] == MAX_QUEUED
 
 
 def test_gourmetgram_classifies_an_upload_through_ray_serve_unchanged(ray_service, tmp_path):

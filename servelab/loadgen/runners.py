@@ -92,14 +92,16 @@ class _Recorder:
         return max((self.ended or time.perf_counter()) - self.started, 0.0)
 
 
-async def _timed_send(target: Target, since: float, recorder: _Recorder) -> None:
-    """Send once; the latency runs from `since` (the send time, or the scheduled time)."""
+async def _timed_send(target: Target, since: float, recorder: _Recorder) -> bool:
+    """Send once; the latency runs from `since` (the send time, or the scheduled time). True
+    when the request was answered."""
     try:
         await target.send()
     except RequestError as error:
         recorder.failure(error, time.perf_counter() - since)
-    else:
-        recorder.success(time.perf_counter() - since)
+        return False
+    recorder.success(time.perf_counter() - since)
+    return True
 
 
 def _check_bounds(requests: int | None, duration_s: float | None) -> None:
@@ -133,9 +135,15 @@ def _result(target: Target, mode: str, recorder: _Recorder, notes: list[str], **
 
 
 async def _closed_phase(
-    target: Target, concurrency: int, requests: int | None, duration_s: float | None, recorder: _Recorder
+    target: Target,
+    concurrency: int,
+    requests: int | None,
+    duration_s: float | None,
+    recorder: _Recorder,
+    backoff_s: float = 0.0,
 ) -> None:
-    """`concurrency` senders, each sending again as soon as it has its answer."""
+    """`concurrency` senders, each sending again as soon as it has its answer, or `backoff_s`
+    after a failure (a refusal, say)."""
     limit = math.inf if requests is None else requests
     deadline = math.inf if duration_s is None else recorder.started + duration_s
     issued = 0
@@ -145,7 +153,8 @@ async def _closed_phase(
         # Requests already sent when the deadline passes are waited for and counted.
         while issued < limit and time.perf_counter() < deadline:
             issued += 1  # no await between check and increment: no other sender can interleave
-            await _timed_send(target, time.perf_counter(), recorder)
+            if not await _timed_send(target, time.perf_counter(), recorder) and backoff_s:
+                await asyncio.sleep(backoff_s)
 
     try:
         # If this is cancelled (Ctrl-C), gather cancels the senders and their requests in flight.
@@ -162,18 +171,21 @@ async def run_closed(
     warmup_requests: int = 0,
     warmup_s: float = 0.0,
     progress: bool = True,
+    backoff_s: float = 0.0,
 ) -> RunResult:
     """Closed loop: `concurrency` senders until `requests` are answered or `duration_s` has passed.
+    With `backoff_s`, a sender whose request failed waits that long before its next one, as a
+    client that respects a refusal (503) does; by default it sends again at once.
 
     Warm-up (up to `warmup_requests` requests or `warmup_s` seconds, whichever comes first) runs
     at the same concurrency and is finished before measurement starts, so none of it is counted.
     Cancelling the run (Ctrl-C) returns what was measured until then, with a note saying so.
     """
     _check_bounds(requests, duration_s)
-    if concurrency < 1:
-        raise ValueError("concurrency must be at least 1")
+    if concurrency < 1 or backoff_s < 0:
+        raise ValueError("concurrency must be at least 1, and backoff_s not negative")
     log.info("closed loop against %s: concurrency %d, %s", target.name, concurrency, _bounds(requests, duration_s))
-    notes: list[str] = []
+    notes: list[str] = [f"after a failed request, a sender waited {backoff_s:g} s"] if backoff_s else []
     recorder: _Recorder | None = None
     await target.open(connections=concurrency)
     try:
@@ -181,7 +193,7 @@ async def run_closed(
             warmup = _Recorder("warm-up", warmup_requests or None, progress)
             await _closed_phase(target, concurrency, warmup_requests or None, warmup_s or None, warmup)
         recorder = _Recorder(f"c={concurrency}", requests, progress)
-        await _closed_phase(target, concurrency, requests, duration_s, recorder)
+        await _closed_phase(target, concurrency, requests, duration_s, recorder, backoff_s)
     except asyncio.CancelledError:
         # Deliberately not re-raised: stopping early is how a user ends a long run, and what
         # was measured so far is the result they asked for.

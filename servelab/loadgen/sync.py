@@ -81,11 +81,14 @@ def closed_loop(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     models: ModelRepository | None = None,
     image_url: str | None = None,
+    backoff_s: float = 0.0,
 ) -> RunResult:
     """`run_closed` against `make_target(kind, address, model, image_bytes, timeout_s, models, image_url)`,
     from synchronous code (a script or a notebook cell). Ctrl-C returns the partial result."""
     target = make_target(kind, address, model, image_bytes, timeout_s, models, image_url)
-    return _run_sync(run_closed(target, concurrency, requests, duration_s, warmup_requests, warmup_s, progress))
+    return _run_sync(
+        run_closed(target, concurrency, requests, duration_s, warmup_requests, warmup_s, progress, backoff_s)
+    )
 
 
 def open_loop(

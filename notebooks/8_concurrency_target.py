@@ -1,0 +1,528 @@
+# %% [markdown]
+# # 8. The concurrency target, and replicas that come and go: Ray Serve
+#
+# Notebook 7 put a limit *inside* one server: the predict slot, how many requests run the model at
+# once (the **predict concurrency**). A platform that runs many copies of a model (replicas) needs
+# a second limit, *in front* of them:
+#
+# - the **concurrency target**: how many requests are routed to one replica at a time. Requests
+#   beyond it wait in a queue in front of the replicas, not inside any of them;
+# - the **queue's bound**: past it, new requests are refused at once (HTTP 503) instead of waiting;
+# - the **autoscaler**: while the requests per replica stay above a target, the platform adds
+#   replicas; when the load drops, it removes them.
+#
+# This notebook teaches them on **Ray Serve**, an engine whose replicas can live on many machines.
+# Its names for them, all in `ray_serve/serve_config.yaml`:
+#
+# | idea | Ray Serve setting | where |
+# | --- | --- | --- |
+# | concurrency target (per replica) | `max_ongoing_requests` | the deployment |
+# | queue in front of the replicas | `max_queued_requests` (-1: no bound) | the deployment |
+# | autoscaling | `autoscaling_config`: `target_ongoing_requests`, min and max replicas, delays | the deployment |
+# | what a replica reserves | `ray_actor_options`: `num_gpus` on the GPU node, `num_cpus` here | the deployment |
+# | predict concurrency (inside a replica) | `PREDICT_CONCURRENCY`, as in FastAPI | the replica's environment |
+#
+# Each replica runs the very app of `fastapi_onnx` (same `/predict`, same errors, same predict
+# slot), so every client of the lab works with it unchanged.
+#
+# **Where the cells run.** On Chameleon: against the `ray_serve` Compose service (two GPU
+# replicas at most, one GPU each); the notebook deploys its edited configs through Serve's REST
+# API and puts the shipped one back at the end. Locally: against a one-node Ray on 127.0.0.1 (the
+# one of `make up`, or one this notebook starts), each replica given a share of the CPU cores
+# instead of a GPU.
+
+# %%
+import base64
+import json
+import statistics
+import subprocess
+import sys
+
+import matplotlib.pyplot as plt
+import requests
+import yaml
+
+from servelab import lab_ray, paths
+from servelab.expectations import condition, figure, measured
+from servelab.lab import Lab
+from servelab.ray_watch import during, in_replica_mean_ms
+from servelab.stack import Ports
+
+lab = Lab.connect()
+serve = lab.ray_serve()
+print(f"The models run on {lab.hardware()}; Ray Serve at {serve.url}.")
+
+# %% [markdown]
+# ## The config as shipped
+#
+# This is the file the GPU node's container deploys. Locally it is adapted before it is served:
+# the next cells print the difference each time.
+
+# %%
+print((paths.RAY_SERVE_DIR / "serve_config.yaml").read_text())
+
+# %% [markdown]
+# One request, to see who answered: every answer says which Ray node and which replica served it
+# (`X-Ray-Node`, `X-Serve-Replica`), and `/health` the replica's own limits.
+
+# %%
+serve.restore()
+answer = requests.post(
+    f"{serve.url}/predict", json={"image": base64.b64encode(lab.sample_image()).decode()}, timeout=60
+)
+print(f"HTTP {answer.status_code}: {answer.json()}")
+print(f"served by replica {answer.headers['x-serve-replica']} on node {answer.headers['x-ray-node'][:12]}...")
+print(requests.get(f"{serve.url}/health", timeout=10).json())
+
+# %% [markdown]
+# ## A step load, watched from both sides
+#
+# The deployment below may run one or two replicas. Each takes at most 4 requests at a time (the
+# concurrency target), inside which one inference runs at a time (the predict concurrency), and
+# the autoscaler aims at 2 requests per replica. The delays are short so that a step of a few
+# seconds is enough to see it act; `look_back_period_s` is how far back Serve averages the load.
+#
+# The load comes in steps from the lab's load generator: 1 client, then 4, then 12, then 1 again.
+# Meanwhile, every second, the notebook reads Serve's own accounts: its replicas by state (its REST
+# API); the requests running inside the replicas and those queued in front (Ray's metrics); the
+# time requests spent inside a replica; the machine's CPU use.
+#
+# **Prediction**:
+#
+# 1. With 1 client (below the target), one replica serves. With 4 and 12 clients the requests per
+#    replica stay above the target, so Serve adds the second replica; after the load drops back to
+#    1 client, it removes it.
+# 2. Requests beyond the concurrency target wait *in front of* the replicas: the replicas never
+#    hold more than replicas x `max_ongoing_requests`; with 12 clients Serve's queue holds the
+#    rest, and a client's latency is then clearly longer than the time its request spent inside
+#    a replica. A request that waits in the queue waits for *any* replica to have room, which is
+#    what lets a new replica take work at once.
+
+# %%
+MAX_ONGOING, TARGET, MIN_REPLICAS, MAX_REPLICAS = 4, 2, 1, 2
+step_config = serve.shipped_config()
+food11 = serve.settings(step_config)
+food11["max_ongoing_requests"] = MAX_ONGOING
+food11["autoscaling_config"] = {
+    "target_ongoing_requests": TARGET,
+    "min_replicas": MIN_REPLICAS,
+    "max_replicas": MAX_REPLICAS,
+    "upscale_delay_s": 2,
+    "downscale_delay_s": 5,
+    "look_back_period_s": 12,
+}
+serve.apply(step_config)
+
+step_s = lab.profile.step_s
+STEPS = [(1, round(step_s * 2 / 3)), (4, step_s), (12, step_s), (1, 2 * step_s)]
+steps = []  # (start on the watcher's time axis, end, clients, run)
+with serve.watch() as watcher:
+    for clients, seconds in STEPS:
+        start = watcher.now_s()
+        run = lab.closed_loop(serve.url, clients, seconds, target=f"ray_serve, step of {clients} client(s)")
+        steps.append((start, watcher.now_s(), clients, run))
+samples = watcher.samples
+print(f"{len(samples)} samples of Serve's state; polls that failed: {dict(watcher.failures) or 'none'}")
+
+# %% [markdown]
+# Each step, from both sides: the client's view (its run), and Serve's (the samples taken during
+# the step).
+
+
+# %%
+def step_view(start, end, run):
+    inside = during(samples, start, end)
+    per_replica = [sample.ongoing / sample.running for sample in inside if sample.running]
+    return {
+        "replicas (max)": max((sample.running for sample in inside), default=0),
+        "in replicas (mean)": statistics.fmean(sample.ongoing for sample in inside) if inside else float("nan"),
+        "per replica (mean)": statistics.fmean(per_replica) if per_replica else float("nan"),
+        "queued (mean)": statistics.fmean(sample.queued for sample in inside) if inside else float("nan"),
+        "CPU % (mean)": statistics.fmean(sample.cpu_percent for sample in inside) if inside else float("nan"),
+        "in replica ms": in_replica_mean_ms(samples, start, end),
+        "client ms": run.latency.mean_ms,
+    }
+
+
+views = [step_view(start, end, run) for start, end, _, run in steps]
+print(f"{'step':<28}" + "".join(f"{name:>20}" for name in views[0]))
+for (start, end, clients, _), view in zip(steps, views, strict=True):
+    print(
+        f"{f'{clients} client(s), {start:.0f}-{end:.0f} s':<28}" + "".join(f"{value:20.1f}" for value in view.values())
+    )
+
+# %% [markdown]
+# On one time axis: the clients and the replicas; the requests inside the replicas and in the
+# queue (the dashed line is what the running replicas may hold); the clients' latency per window;
+# answers and refusals per second, with the machine's CPU use.
+
+# %%
+lab_ray.plot_step_load(samples, steps, MAX_ONGOING, width_s=max(1.0, step_s / 10))
+plt.show()
+
+# %% [markdown]
+# The checks. The share of a request's time spent in front of the replicas is 1 - (time in the
+# replica) / (client's latency), both means over the step. If the replicas run their full
+# `max_ongoing_requests` and the rest of the clients queue, that share is about
+# 1 - replicas x `max_ongoing_requests` / clients: the expected share below, computed from the
+# replicas that ran during the step.
+
+# %%
+first, _, high, last = views
+runs = [run for *_, run in steps]
+up_at = next((sample.t_s for sample in samples if sample.running >= MAX_REPLICAS), None)
+down_at = next((s.t_s for s in during(samples, steps[3][0], steps[3][1]) if s.running <= MIN_REPLICAS), None)
+print(f"A second replica ran from {up_at:.0f} s" if up_at is not None else "No second replica ran")
+print(f"Back to one replica at {down_at:.0f} s" if down_at is not None else "The second replica was not removed")
+
+
+def front_share(view):
+    return 1 - view["in replica ms"] / view["client ms"]
+
+
+expected_share = max(0.0, 1 - high["replicas (max)"] * MAX_ONGOING / 12)
+lab.expect(
+    "Serve adds a replica while the requests per replica stay above the target, and removes it after",
+    condition(
+        "with 1 client, one replica serves",
+        first["replicas (max)"] == MIN_REPLICAS,
+        measured("replicas, 1 client", first["replicas (max)"]),
+    ),
+    condition(
+        "with 4 clients, the requests per replica stay above the target",
+        views[1]["per replica (mean)"] > TARGET,
+        measured("requests per replica, 4 clients", views[1]["per replica (mean)"]),
+        detail=f"target {TARGET}",
+    ),
+    condition(
+        "with 4 or 12 clients, Serve runs a second replica",
+        up_at is not None,
+        measured("replicas, 4 clients", views[1]["replicas (max)"]),
+        measured("replicas, 12 clients", high["replicas (max)"]),
+    ),
+    condition(
+        "after the load drops to 1 client, Serve removes it",
+        down_at is not None,
+        measured("replicas at the end", samples[-1].running if samples else float("nan")),
+    ),
+    reason="Serve decides on the load averaged over look_back_period_s and reported by the replicas every "
+    f"few seconds, then waits for the delays; a new replica then has to start (here: the second ran "
+    f"{'from ' + format(up_at, '.0f') + ' s' if up_at is not None else 'never'}). A step of {step_s:.0f} s "
+    "may end before all that happens: LAB_PROFILE=full runs longer steps.",
+);
+lab.expect(
+    "requests beyond the concurrency target wait in front of the replicas, not inside them",
+    condition(
+        f"the replicas never held more than {MAX_REPLICAS} x {MAX_ONGOING} requests",
+        max(sample.ongoing for sample in samples) <= MAX_REPLICAS * MAX_ONGOING,
+        measured("most requests inside the replicas", max(sample.ongoing for sample in samples)),
+    ),
+    condition(
+        "with 12 clients, Serve's queue in front held requests",
+        high["queued (mean)"] > 0.5,
+        measured("queued, 12 clients (mean)", high["queued (mean)"]),
+    ),
+    condition(
+        "with 12 clients, at least half the expected share of a request's time is spent in front",
+        front_share(high) >= expected_share / 2,
+        figure(runs[2], "latency.mean_ms", "client latency, 12 clients"),
+        measured("time in the replica, 12 clients", high["in replica ms"], "ms"),
+        detail=f"in front {front_share(high):.0%}, expected about {expected_share:.0%}",
+    ),
+    condition(
+        "with 1 client, less than that: nothing to wait for",
+        front_share(first) < expected_share / 2,
+        figure(runs[0], "latency.mean_ms", "client latency, 1 client"),
+        measured("time in the replica, 1 client", first["in replica ms"], "ms"),
+        detail=f"in front {front_share(first):.0%}",
+    ),
+    reason="the queue and the time in the replica are Serve's own metrics, sampled every second: a step "
+    "with few samples, or a replica starting during it, blurs them",
+);
+
+# %% [markdown]
+# ## A small queue: overload refused fast
+#
+# Now a single replica (no autoscaling) with a concurrency target of 2 and a queue of 2 in front,
+# against 16 clients: at most 4 requests are in the system; the others get 503 at once. Then the
+# same with no bound on the queue (`max_queued_requests: -1`, Serve's default).
+#
+# A refused client waits 100 ms before it sends again, as a client that respects a 503 does. (One
+# that retries at once floods the server with requests it can only refuse; on a small machine the
+# refusals then take the CPU the answers need. `lab.closed_loop(..., backoff_s=0)` shows it.)
+#
+# **Prediction**: with the small queue, requests are refused (503 only), a refusal comes back much
+# faster than an answer (under a quarter of the answers' median time), and the answered requests'
+# p95 stays bounded: under half of what it is with no bound, where every client waits in the queue
+# and nobody is refused.
+
+# %%
+QUEUE_CLIENTS, BACKOFF_S = 16, 0.1
+runs_by_queue = {}
+for queued in (2, -1):
+    config = serve.shipped_config()
+    food11 = serve.settings(config)
+    food11.pop("autoscaling_config")
+    food11.update(num_replicas=1, max_ongoing_requests=2, max_queued_requests=queued)
+    serve.apply(config, quiet=queued != 2)
+    label = f"ray_serve, 1 replica, target 2, queue {'of 2' if queued == 2 else 'unbounded'}"
+    runs_by_queue[queued] = lab.closed_loop(
+        serve.url, QUEUE_CLIENTS, max(lab.profile.duration_s, 5), target=label, backoff_s=BACKOFF_S
+    )
+
+
+def refusal_ms(run) -> float:
+    """The median time a refused request took to be refused (NaN: none was)."""
+    refused = [latency for _, latency, outcome in run.timeline if outcome != "ok"]
+    return statistics.median(refused) if refused else float("nan")
+
+
+small, unbounded = runs_by_queue[2], runs_by_queue[-1]
+small_p50, refused_fast = figure(small, "latency.p50_ms", "answered p50, queue of 2"), refusal_ms(small)
+lab.expect(
+    "with a small queue, overload is refused fast instead of waiting without bound",
+    condition(
+        "with the queue of 2, requests are refused, all with 503",
+        small.error_count > 0 and set(small.errors) == {"http_503"},
+        figure(small, "error_count", "refused, queue of 2"),
+        detail=f"errors: {small.errors}",
+    ),
+    condition(
+        "a refusal takes under a quarter of an answer's median time",
+        refused_fast < small_p50.value / 4,
+        measured("median time to a 503", refused_fast, "ms"),
+        small_p50,
+    ),
+    condition(
+        "with no bound, nobody is refused",
+        unbounded.error_count == 0,
+        figure(unbounded, "error_count", "refused, unbounded"),
+    ),
+    condition(
+        "the answered p95 with the queue of 2 is under half the unbounded one's",
+        small.latency.p95_ms < unbounded.latency.p95_ms / 2,
+        figure(small, "latency.p95_ms", "p95, queue of 2"),
+        figure(unbounded, "latency.p95_ms", "p95, unbounded"),
+    ),
+    reason=f"on {lab.hardware()}, Serve's proxy, the refusals and the load generator share the cores with the "
+    "replica, which slows the answered requests too",
+);
+
+# %% [markdown]
+# ## Does a second replica add capacity here?
+#
+# A replica is a copy of the model with its own share of the machine: on the GPU node, a GPU of
+# its own; here, a share of the CPU cores (the adapted config above says how many). A second
+# replica can only help if the machine has room for it. The same 8 clients against 1 replica,
+# then against 2, fixed (no autoscaling), with the machine's CPU use sampled during each.
+#
+# **Prediction**: on a GPU node, the second replica (a second GPU) adds capacity: at least 1.3x the
+# throughput. On a CPU-only machine, it adds at most what the idle cores allow: with one replica
+# the machine is already busy (the replica, Serve's proxy and the load generator share the
+# cores), so the throughput can grow by at most 100% / (CPU % with one replica), give or take 15%.
+
+# %%
+by_replicas, cpu_by_replicas = {}, {}
+for replicas in (1, 2):
+    config = serve.shipped_config()
+    food11 = serve.settings(config)
+    food11.pop("autoscaling_config")
+    food11.update(num_replicas=replicas, max_ongoing_requests=MAX_ONGOING)
+    if serve.local_port is not None:  # each replica keeps the share of the cores it has in the step load
+        food11["ray_actor_options"]["num_cpus"] = round(lab.cores / MAX_REPLICAS, 3)
+    serve.apply(config, quiet=replicas == 1)
+    with serve.watch() as watcher:
+        by_replicas[replicas] = lab.closed_loop(
+            serve.url, 8, max(lab.profile.duration_s, 5), target=f"ray_serve, {replicas} replica(s), 8 clients"
+        )
+    cpu_by_replicas[replicas] = statistics.fmean(sample.cpu_percent for sample in watcher.samples)
+    print(f"  CPU busy: {cpu_by_replicas[replicas]:.0f}% of all cores")
+
+one, two = (figure(by_replicas[n], "throughput_rps", f"{n} replica(s)") for n in (1, 2))
+gain = two.value / one.value
+if lab.gpus:
+    lab.expect(
+        "each GPU replica adds capacity",
+        condition("two replicas serve at least 1.3x what one does", gain >= 1.3, one, two, detail=f"{gain:.2f}x"),
+        reason="the replicas' GPUs may not be the limit: the CPU work around them (decoding, Serve's proxy, "
+        f"the load generator) shares {lab.cores} cores",
+    );
+else:
+    room = 100 / cpu_by_replicas[1]
+    lab.expect(
+        "on a CPU-only machine, a second replica adds at most what the idle cores allow",
+        condition(
+            "the gain stays within 100% / (CPU % with one replica), +15%",
+            gain <= 1.15 * room,
+            one,
+            two,
+            measured("CPU % with one replica", cpu_by_replicas[1], "%"),
+            measured("CPU % with two", cpu_by_replicas[2], "%"),
+            detail=f"gain {gain:.2f}x, room for {room:.2f}x",
+        ),
+        reason="the CPU samples are the whole machine's, one per second: a short run has few of them",
+    );
+print(
+    f"On {lab.hardware()}: one replica kept {cpu_by_replicas[1]:.0f}% of the cores busy, two {cpu_by_replicas[2]:.0f}%;"
+    f" the second replica changed the throughput {gain:.2f}x."
+)
+
+# %% [markdown]
+# ## Past one machine: a two-node Ray cluster
+#
+# Ray Serve places replicas on every machine of a Ray cluster. The next cell runs one of two nodes
+# on this machine (Ray's own multi-node test utility: a head node and a second node, each with
+# its own CPUs, as two machines would be), deploys the same app with two replicas and at most one
+# per node, and sends requests through Serve's proxy on the head node. On real machines the same
+# deployment runs unchanged: `ray start --head` on one, `ray start --address=<head>:6379` on each
+# other, then `serve deploy serve_config.yaml` (the README says more, Kubernetes included).
+#
+# **Prediction**: Serve places one replica on each node, and each node serves requests.
+
+# %%
+two_nodes = subprocess.run(
+    [sys.executable, "-m", "servelab.ray_cluster", "--port", str(Ports.free().ray_serve), "--requests", "40"],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=paths.REPO_ROOT,
+)
+if two_nodes.returncode != 0:
+    raise RuntimeError(f"The two-node cluster failed:\n{two_nodes.stderr[-3000:]}")
+report = json.loads(two_nodes.stdout.strip().splitlines()[-1])
+print(json.dumps(report, indent=1))
+served_by = report["requests_by_node"]
+lab.expect(
+    "Serve spreads the replicas over both nodes, and both serve requests",
+    condition("the cluster has two nodes", len(report["nodes"]) == 2, measured("nodes", len(report["nodes"]))),
+    condition(
+        "every request was answered",
+        report["statuses"] == {"200": 40},
+        measured("answered", report["statuses"].get("200", 0)),
+    ),
+    condition(
+        "each node served requests",
+        len(served_by) == 2 and min(served_by.values()) > 0,
+        *(measured(f"served by node {node[:8]}", count) for node, count in served_by.items()),
+    ),
+);
+
+# %% [markdown]
+# ## The same two levels, in the tools you already know
+#
+# **FastAPI**: one process, one predict slot, and nothing in front of it. Every request the server
+# accepts waits inside the process for the slot; none is ever refused, so latency grows with the
+# clients. The service's own metrics say where the time goes.
+#
+# **Prediction**: from 4 to 16 clients nobody is refused, the median latency grows at least 2.5x,
+# and the wait for the predict slot grows more than the inference does.
+
+# %%
+with lab.fastapi_variant("onnx", slots=1) as url:
+    fastapi_runs = {c: lab.concurrent("onnx", c, url=url, target="fastapi_onnx, 1 slot") for c in (4, 16)}
+few, many = fastapi_runs[4], fastapi_runs[16]
+p50s = [figure(run, "latency.p50_ms", f"p50, {c} clients") for c, run in fastapi_runs.items()]
+waits = [
+    figure(run, "service_stats.stage_mean_ms.slot_wait", f"slot wait, {c} clients") for c, run in fastapi_runs.items()
+]
+infers = [
+    figure(run, "service_stats.stage_mean_ms.inference", f"inference, {c} clients") for c, run in fastapi_runs.items()
+]
+lab.expect(
+    "FastAPI's predict concurrency queues inside the process and never refuses",
+    condition(
+        "nobody is refused",
+        few.error_count == 0 and many.error_count == 0,
+        *(figure(run, "error_count", f"errors, {c} clients") for c, run in fastapi_runs.items()),
+    ),
+    condition(
+        "the median latency grows at least 2.5x from 4 to 16 clients",
+        p50s[1].value >= 2.5 * p50s[0].value,
+        *p50s,
+        detail=f"{p50s[1].value / p50s[0].value:.1f}x",
+    ),
+    condition(
+        "the wait for the slot grows more than the inference",
+        waits[1].value - waits[0].value > infers[1].value - infers[0].value,
+        *waits,
+        *infers,
+    ),
+);
+
+# %% [markdown]
+# **Triton**: admission control in front of the model, without autoscaling. With dynamic
+# batching on, `default_queue_policy { max_queue_size: N }` bounds the scheduler's queue: a request
+# that finds it full is refused at once. (The policy's `timeout_action: REJECT` does the same to a
+# request that waited longer than its `default_timeout_microseconds`.) One instance of the ONNX
+# model taking one request per execution (`max_batch_size: 1`, like a replica with one predict
+# slot: larger batches would absorb the queue, which notebook 6 showed), 16 clients over HTTP that
+# wait 100 ms after a refusal, a queue of 2 against no bound.
+#
+# **Prediction**: with the bounded queue, requests are refused, fast, and the answered ones' p95
+# is lower than with no bound, where nobody is refused.
+
+# %%
+MODEL = "food_classifier_onnx"
+triton_runs = {}
+for max_queue in (2, 0):
+    queue_policy = {"max_queue_size": max_queue, "timeout_action": "REJECT"} if max_queue else {}
+    edited = lab.config(MODEL).with_fields(max_batch_size=1).with_instance_groups([{"count": 1, "kind": "KIND_CPU"}])
+    edited = (
+        edited.with_dynamic_batching(default_queue_policy=queue_policy)
+        if queue_policy
+        else edited.with_dynamic_batching()
+    )
+    lab.apply_config(MODEL, edited)
+    label = f"triton/{MODEL}, 1 instance, queue {'of ' + str(max_queue) if max_queue else 'unbounded'}"
+    triton_runs[max_queue] = lab.closed_loop(
+        lab.triton_http, 16, max(lab.profile.duration_s, 5), target=label, kind="triton-http", model=MODEL,
+        backoff_s=BACKOFF_S,
+    )
+lab.restore_config(MODEL)
+bounded, open_queue = triton_runs[2], triton_runs[0]
+lab.expect(
+    "Triton's queue policy refuses requests beyond the queue, and bounds the latency of the rest",
+    condition(
+        "with a queue of 2, requests are refused",
+        bounded.error_count > 0,
+        figure(bounded, "error_count", "refused, queue of 2"),
+        detail=f"errors: {bounded.errors}",
+    ),
+    condition(
+        "a refusal takes under a quarter of an answer's median time",
+        refusal_ms(bounded) < bounded.latency.p50_ms / 4,
+        measured("median time to a refusal", refusal_ms(bounded), "ms"),
+        figure(bounded, "latency.p50_ms", "answered p50, queue of 2"),
+    ),
+    condition(
+        "with no bound, nobody is refused",
+        open_queue.error_count == 0,
+        figure(open_queue, "error_count", "refused, unbounded"),
+    ),
+    condition(
+        "the answered p95 is lower with the queue of 2",
+        bounded.latency.p95_ms < open_queue.latency.p95_ms,
+        figure(bounded, "latency.p95_ms", "p95, queue of 2"),
+        figure(open_queue, "latency.p95_ms", "p95, unbounded"),
+    ),
+);
+
+# %% [markdown]
+# Three engines, the same two ideas: a limit on the work running at once (Ray Serve's
+# `max_ongoing_requests` and the predict concurrency inside it, FastAPI's slot, Triton's
+# instances), and a bound on the work waiting (Serve's `max_queued_requests`, Triton's queue
+# policy; FastAPI has none). Only Ray Serve also turns a long queue into more replicas.
+#
+# ## All the runs, and the verdicts
+
+# %%
+lab.table()
+lab.verdicts()
+# %% [markdown]
+# The next cell deploys the shipped Ray Serve config again and, locally, stops what this notebook
+# started (on Chameleon the containers keep running until you bring them down on the node).
+
+# %%
+serve.restore()
+print(yaml.safe_dump(serve.served(serve.shipped_config())["applications"][0]["deployments"][0], sort_keys=False))
+lab.stop()

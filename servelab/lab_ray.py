@@ -1,0 +1,182 @@
+"""The Ray Serve half of the notebooks' Lab (notebook 8): one Ray Serve to edit, redeploy and watch.
+
+    serve = lab.ray_serve()
+    config = serve.shipped_config()            # ray_serve/serve_config.yaml, as a dict
+    serve.settings(config)["max_ongoing_requests"] = 2
+    serve.apply(config)                        # shows the edit, deploys it, waits until it runs
+    with serve.watch() as watcher: ...         # replicas, ongoing and queued requests over time
+
+Where it runs:
+- locally, the Ray Serve of `make up` when it runs (the shipped config is deployed again when the
+  notebook's kernel exits), else one the notebook starts on free ports and stops at exit;
+- on Chameleon, the `ray_serve` Compose service, reached by its service name: its dashboard
+  (Serve's REST API) and its metrics are open to the Compose network only, behind Ray's token,
+  which the service writes to a volume the Jupyter container shares.
+
+Every config goes through Serve's REST API, as `serve deploy` would send it. Locally it is
+adapted first (servelab.ray_local.adapt_for_local: CPU shares instead of GPUs), and the
+adaptation is printed too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servelab import ray_local, timeline
+from servelab.cores import available_cores
+from servelab.ray_watch import ServeSample, ServeWatcher
+from servelab.stack import LocalStack, Ports, answers, ray_serve_service
+
+APPLICATION, DEPLOYMENT = "food11", "Food11"
+
+
+@dataclass
+class RayServe:
+    url: str  # Serve's HTTP proxy: the app's /predict
+    dashboard: str  # Ray's dashboard: Serve's REST API
+    metrics_url: str  # Ray's Prometheus metrics, Serve's among them
+    token_file: Path
+    local_port: int | None  # the proxy's port on this machine; None on Chameleon (configs served as written)
+
+    def shipped_config(self) -> dict[str, Any]:
+        return ray_local.read_config()
+
+    @staticmethod
+    def settings(config: dict[str, Any]) -> dict[str, Any]:
+        """The Food-11 deployment's settings in `config`, to edit in place."""
+        (application,) = [app for app in config["applications"] if app["name"] == APPLICATION]
+        (deployment,) = [d for d in application["deployments"] if d["name"] == DEPLOYMENT]
+        return deployment
+
+    def served(self, config: dict[str, Any]) -> dict[str, Any]:
+        if self.local_port is None:
+            return config
+        return ray_local.adapt_for_local(config, self.local_port, available_cores())
+
+    def apply(self, config: dict[str, Any], timeout_s: float = 240.0, quiet: bool = False) -> None:
+        """Check `config` against Serve's schema, show how it differs from the shipped one (and,
+        locally, how it is adapted), deploy it, and wait until every replica it asks for runs."""
+        ray_local.check_config(config, "the edited config")
+        served = self.served(config)
+        if not quiet:
+            shipped = self.shipped_config()
+            print(ray_local.config_diff(shipped, config).replace("served on this machine", "edited")
+                  or "serve_config.yaml: as shipped")  # fmt: skip
+            if served is not config:
+                print(f"Adapted for this machine ({available_cores()} cores, no GPU):")
+                print(ray_local.config_diff(config, served).replace("serve_config.yaml", "edited"))
+        started = time.monotonic()
+        ray_local.deploy(self.dashboard, served, self.token_file)
+        (application,) = [app for app in served["applications"] if app["name"] == APPLICATION]
+        while True:
+            found = ray_local.applications(self.dashboard, self.token_file).get(APPLICATION, {})
+            deployment = found.get("deployments", {}).get(DEPLOYMENT, {})
+            states = [replica["state"] for replica in deployment.get("replicas", [])]
+            if (
+                found.get("deployed_app_config") == application
+                and found.get("status") == "RUNNING"
+                and deployment.get("status") == "HEALTHY"
+                and states.count("RUNNING") == len(states) == deployment.get("target_num_replicas")
+            ):
+                break
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(
+                    f"Ray Serve did not bring {APPLICATION} to the new config in {timeout_s:.0f} s: application "
+                    f"{found.get('status')} {found.get('message', '')}, deployment {deployment.get('status')} "
+                    f"{deployment.get('message', '')}, replicas {states}"
+                )
+            time.sleep(0.5)
+        if not quiet:
+            print(f"Deployed in {time.monotonic() - started:.1f} s: {self.replicas()}")
+
+    def restore(self) -> None:
+        """Back to the config as shipped."""
+        self.apply(self.shipped_config(), quiet=True)
+
+    def replicas(self) -> dict[str, int]:
+        """Serve's own count of the deployment's replicas, by state."""
+        return ray_local.replicas_by_state(self.dashboard, APPLICATION, DEPLOYMENT, self.token_file)
+
+    def watch(self, interval_s: float = 1.0) -> ServeWatcher:
+        return ServeWatcher(self.dashboard, self.metrics_url, APPLICATION, DEPLOYMENT, self.token_file, interval_s)
+
+
+def chameleon() -> RayServe:
+    """The Compose service's Ray Serve, as the Jupyter container reaches it."""
+    return RayServe(
+        url=os.environ.get("RAY_SERVE_URL", "http://ray_serve:8000"),
+        dashboard=os.environ.get("RAY_DASHBOARD_URL", "http://ray_serve:8265"),
+        metrics_url=os.environ.get("RAY_METRICS_URL", "http://ray_serve:8080/metrics"),
+        token_file=Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "/ray-auth/token")),
+        local_port=None,
+    )
+
+
+def local(stacks: list[LocalStack], work: Path) -> RayServe:
+    """The Ray Serve of `make up` if it runs, else one started here (added to `stacks`)."""
+    default = Ports.from_env()
+    if answers(f"http://127.0.0.1:{default.ray_serve}/health") and ray_local.TOKEN_FILE.exists():
+        serve = _on(default, ray_local.TOKEN_FILE)
+        print("Using the Ray Serve already running on this machine (`make up`); its shipped config returns at exit.")
+        atexit.register(serve.restore)
+        return serve
+    ports, token_file = Ports.free(), work / "ray_auth_token"
+    print("Starting Ray Serve for this notebook (a one-node Ray on 127.0.0.1; about half a minute)...")
+    stack = LocalStack([ray_serve_service(ports, token_file=token_file)], log_dir=work / "ray-logs").start()
+    stacks.append(stack)
+    atexit.register(stack.stop)
+    return _on(ports, token_file)
+
+
+def _on(ports: Ports, token_file: Path) -> RayServe:
+    return RayServe(
+        url=f"http://127.0.0.1:{ports.ray_serve}",
+        dashboard=f"http://127.0.0.1:{ports.ray_dashboard}",
+        metrics_url=f"http://127.0.0.1:{ports.ray_metrics}/metrics",
+        token_file=token_file,
+        local_port=ports.ray_serve,
+    )
+
+
+def plot_step_load(samples: list[ServeSample], steps: list[tuple], max_ongoing: int, width_s: float):
+    """A step load on one time axis: clients and replicas; requests inside the replicas (with
+    what the running replicas may hold) and queued in front; the clients' p50 and p95 per window;
+    answers and refusals per second with the CPU use. `steps`: (start_s, end_s, clients, run)."""
+    import matplotlib.pyplot as plt
+
+    figure, (load, requests_, latency, rate) = plt.subplots(4, 1, sharex=True, figsize=(10, 10))
+    t = [sample.t_s for sample in samples]
+    load.step([start for start, *_ in steps], [clients for _, _, clients, _ in steps], where="post", label="clients")
+    load.plot(t, [sample.running for sample in samples], "o-", label="replicas running (Serve's status)")
+    load.set_ylabel("count")
+    requests_.plot(t, [sample.ongoing for sample in samples], label="inside the replicas")
+    requests_.plot(t, [sample.queued for sample in samples], label="queued in front")
+    requests_.plot(t, [sample.running * max_ongoing for sample in samples], "--", label="replicas x max_ongoing")
+    requests_.set_ylabel("requests")
+    windows = [window for start, _, _, run in steps for window in timeline.windows(run, width_s, start)]
+    middle = [(window.start_s + window.end_s) / 2 for window in windows]
+    latency.plot(middle, [window.p50_ms for window in windows], "o-", label="p50")
+    latency.plot(middle, [window.p95_ms for window in windows], "o-", label="p95")
+    latency.set_ylabel("client latency (ms)")
+    rate.plot(middle, [window.throughput_rps for window in windows], "o-", label="answered / s")
+    refused = [sum(window.errors.values()) / (window.end_s - window.start_s) for window in windows]
+    rate.plot(middle, refused, "x-", label="refused or failed / s")
+    rate.set_ylabel("requests / s")
+    cpu = rate.twinx()
+    cpu.plot(t, [sample.cpu_percent for sample in samples], ":", color="gray", label="CPU %")
+    cpu.set_ylim(0, 105)
+    cpu.set_ylabel("CPU % (all cores)")
+    rate.set_xlabel("seconds")
+    for axes in (load, requests_, latency, rate):
+        axes.legend(loc="upper left", fontsize="small")
+        for start, *_ in steps[1:]:
+            axes.axvline(start, color="lightgray", linewidth=0.8)
+    cpu.legend(loc="upper right", fontsize="small")
+    figure.suptitle("Ray Serve under a step load: replicas, queue, latency")
+    figure.tight_layout()
+    return figure
