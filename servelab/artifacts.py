@@ -248,7 +248,14 @@ def build_artifacts(out_dir: Path, source: WeightsSource, force: bool = False) -
 
 # The shared modules each service folder gets a copy of: the prediction service (predict_api.py
 # and what it imports) in every one, its ONNX Runtime app in the two that run ONNX.
-SERVICE_MODULES = ("food11.py", "cores.py", "predict_api.py", "image_fetch.py", "predict_metrics.py")
+SERVICE_MODULES = (
+    "food11.py",
+    "cores.py",
+    "predict_api.py",
+    "image_fetch.py",
+    "predict_metrics.py",
+    "client_gone.py",
+)
 FOLDER_MODULES = {
     paths.FASTAPI_PT_DIR: SERVICE_MODULES,
     paths.FASTAPI_ONNX_DIR: (*SERVICE_MODULES, "onnx_service.py"),

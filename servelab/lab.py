@@ -299,14 +299,18 @@ class Lab(TritonLab):
         kind: str = "fastapi",
         model: str | None = None,
         backoff_s: float = 0.0,
+        impatient: int = 0,
+        patience_s: float | None = None,
     ) -> RunResult:
         """`concurrency` senders for `duration_s` seconds with no warm-up (its timeline starts when
         it is called: a step of a longer load), against the service at `address` of `kind`
         ("fastapi": any service with the FastAPI contract; "triton-http"/"triton-grpc": `model`).
-        With `backoff_s`, a sender waits that long after a failed request (a refusal)."""
+        With `backoff_s`, a sender waits that long after a failed request (a refusal); `impatient`
+        of the senders give up on a request after `patience_s` and cancel it."""
         result = loadgen.closed_loop(
             kind, address, concurrency=concurrency, duration_s=duration_s, model=model,
             image_bytes=self.sample_image(), progress=False, backoff_s=backoff_s,
+            impatient=impatient, patience_s=patience_s,
         )  # fmt: skip
         return self._keep(result, target)
 

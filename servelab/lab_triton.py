@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
@@ -114,6 +115,17 @@ class TritonLab:
         count = self.served_instances(model)
         batching = ", dynamic batching" if "dynamic_batching" in self.served_config(model) else ""
         return f"{count} instance{'s' if count != 1 else ''}{batching}"
+
+    def triton_log(self) -> Path | None:
+        """The local Triton's log file, where the models log too; None on Chameleon, where it is
+        the container's (`docker logs triton_server` on the node)."""
+        if self.on_chameleon:
+            return None
+        for stack in self._stacks:
+            for process in stack.processes:
+                if process.spec.name == "triton":
+                    return process.log_path
+        return paths.LOG_DIR / "triton.log"  # the stack of `make up`
 
     def instance_processes(self, model: str) -> dict[str, int]:
         """The processes of `model`'s instances (name -> pid), where this notebook can see them: on

@@ -22,7 +22,11 @@ Where the work runs, and why:
   core; under load each slot has one), so the busy threads never outnumber the cores. The model
   is built on an inference thread, so that no other thread ever starts a team of threads for it:
   a second, idle team slows every inference of the first.
-- /metrics (predict_metrics.py) has the server's own account of each stage's time.
+- A request whose client has gone is abandoned at its next stage boundary (client_gone.py):
+  before preprocessing, while it waits for a slot, before inference. ABANDON_ON_DISCONNECT=off
+  computes it anyway, for the lab's experiment.
+- /metrics (predict_metrics.py) has the server's own account of each stage's time, and of the
+  requests abandoned and the inferences run for clients who had gone.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ from typing import Literal
 
 import httpx
 import numpy as np
+from client_gone import CLIENT_CLOSED_REQUEST, ClientGone, DisconnectWatch, watching
 from cores import ThreadPlan, positive_int_setting, thread_plan
-from fastapi import FastAPI, HTTPException, Response, status
+from fastapi import FastAPI, HTTPException, Request, Response, status
 from food11 import (
     InvalidImageError,
     decode_base64_image,
@@ -100,6 +105,17 @@ def _allow_list_from_env() -> AllowList:
         raise SystemExit(str(exc)) from None
 
 
+def _switch_from_env(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("on", "true", "1", "yes"):
+        return True
+    if raw in ("off", "false", "0", "no"):
+        return False
+    raise SystemExit(f"{name}={raw!r}: use on or off.")
+
+
 def _thread_plan_from_env(device: str) -> ThreadPlan:
     try:
         return thread_plan(device=device)
@@ -118,6 +134,7 @@ class ServiceSettings:
     allowed_hosts: AllowList = field(default_factory=_allow_list_from_env)
     download_timeout_s: float = field(default_factory=lambda: _float_from_env("IMAGE_DOWNLOAD_TIMEOUT_S", 10.0))
     download_placement: str = field(default_factory=_placement_from_env)
+    abandon_on_disconnect: bool = field(default_factory=lambda: _switch_from_env("ABANDON_ON_DISCONNECT", True))
 
 
 @dataclass
@@ -180,6 +197,9 @@ class HealthResponse(BaseModel):
     download_placement: str = Field(..., description="Where a download by URL runs: outside_slot or inside_slot.")
     image_url_allowed_hosts: str
     image_download_timeout_s: float
+    abandon_on_disconnect: bool = Field(
+        ..., description="ABANDON_ON_DISCONNECT: a request whose client has gone stops at its next stage."
+    )
 
 
 class RequestBodyLimit:
@@ -275,7 +295,7 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         log.info(
-            "%s on %s (%s), %s, preprocess_workers=%d, downloads %s from %s",
+            "%s on %s (%s), %s, preprocess_workers=%d, downloads %s from %s, abandon_on_disconnect=%s",
             model.model_file.name,
             model.device,
             model.runtime,
@@ -283,6 +303,7 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
             preprocess_workers,
             settings.download_placement,
             settings.allowed_hosts.text,
+            settings.abandon_on_disconnect,
         )
         yield
         await downloads.aclose()
@@ -313,9 +334,10 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
         finally:
             metrics.preprocess_s.observe(time.perf_counter() - started)
 
-    async def infer(batch: np.ndarray) -> np.ndarray:
+    async def infer(batch: np.ndarray, watch: DisconnectWatch) -> np.ndarray:
         """Run the model; the caller holds a predict slot."""
         nonlocal running
+        watch.check("before_inference")
         running += 1
         started = time.perf_counter()
         try:
@@ -331,13 +353,28 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
         finally:
             running -= 1
             metrics.inference_s.observe(time.perf_counter() - started)
+            if watch.gone.is_set():
+                metrics.inferences_for_gone_clients.inc()
 
     @asynccontextmanager
-    async def predict_slot():
+    async def predict_slot(watch: DisconnectWatch):
         waiting = time.perf_counter()
-        async with inference_slots:
+        async with watch.slot(inference_slots):
             metrics.slot_wait_s.observe(time.perf_counter() - waiting)
             yield
+
+    async def prepared(image: str | bytes, watch: DisconnectWatch) -> np.ndarray:
+        watch.check("before_preprocess")
+        return await decode(image)
+
+    async def compute(request: PredictRequest, watch: DisconnectWatch) -> np.ndarray:
+        if request.url is not None and settings.download_placement == "inside_slot":
+            # The naive design: the slot, and with it the model, waits while the bytes travel.
+            async with predict_slot(watch):
+                return await infer(await prepared(await fetch(request.url), watch), watch)
+        batch = await prepared(request.image if request.url is None else await fetch(request.url), watch)
+        async with predict_slot(watch):
+            return await infer(batch, watch)
 
     @app.post(
         "/predict",
@@ -350,19 +387,22 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
                 "description": "Body or image too large",
             },
             status.HTTP_500_INTERNAL_SERVER_ERROR: {"model": ErrorResponse, "description": "Inference failed"},
+            CLIENT_CLOSED_REQUEST: {"model": ErrorResponse, "description": "The client left; nobody reads this"},
             status.HTTP_502_BAD_GATEWAY: {"model": ErrorResponse, "description": "The image host failed"},
             status.HTTP_504_GATEWAY_TIMEOUT: {"model": ErrorResponse, "description": "The download took too long"},
         },
     )
-    async def predict(request: PredictRequest) -> PredictResponse:
-        if request.url is not None and settings.download_placement == "inside_slot":
-            # The naive design: the slot, and with it the model, waits while the bytes travel.
-            async with predict_slot():
-                logits = await infer(await decode(await fetch(request.url)))
-        else:
-            batch = await decode(request.image if request.url is None else await fetch(request.url))
-            async with predict_slot():
-                logits = await infer(batch)
+    async def predict(request: PredictRequest, connection: Request) -> PredictResponse:
+        # The body has been read: from here on, the connection can only tell that the client left.
+        async with watching(connection.receive, settings.abandon_on_disconnect) as watch:
+            try:
+                logits = await compute(request, watch)
+            except ClientGone as gone:
+                metrics.abandoned.labels(gone.stage).inc()
+                log.info("Abandoned a request at %s: its client disconnected", gone.stage)
+                raise HTTPException(
+                    CLIENT_CLOSED_REQUEST, "The client disconnected before its answer was ready; it was not computed."
+                ) from None
         label, probability = top_prediction(logits)[0]
         return PredictResponse(prediction=label, probability=probability)
 
@@ -390,6 +430,7 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
             download_placement=settings.download_placement,
             image_url_allowed_hosts=settings.allowed_hosts.text,
             image_download_timeout_s=settings.download_timeout_s,
+            abandon_on_disconnect=settings.abandon_on_disconnect,
         )
 
     return app

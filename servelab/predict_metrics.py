@@ -19,6 +19,8 @@ BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 
 def outcome_of(status: int) -> str:
     if status < 400:
         return "predicted"
+    if status == 499:
+        return "abandoned"
     if status == 413:
         return "too_large"
     if status in (502, 504):
@@ -44,6 +46,14 @@ class PredictMetrics:
         self.slot_wait_s = histogram("predict_slot_wait_seconds", "Waiting for a free predict slot")
         self.preprocess_s = histogram("predict_preprocess_seconds", "Decoding and preprocessing the image")
         self.inference_s = histogram("predict_inference_seconds", "Running the model")
+        self.abandoned = Counter(
+            "predict_abandoned", "Requests abandoned because their client had gone, by the stage that noticed",
+            ["stage"], registry=self.registry,
+        )  # fmt: skip
+        self.inferences_for_gone_clients = Counter(
+            "predict_inferences_for_gone_clients", "Inferences whose client had gone by the time they finished",
+            registry=self.registry,
+        )  # fmt: skip
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

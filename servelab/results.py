@@ -59,6 +59,9 @@ class RunResult:
     arrival: str | None = None  # "constant" or "poisson" (open loop)
     batch_size: int = 1
     errors: dict[str, int] = field(default_factory=dict)  # error kind -> count
+    cancelled: int = 0  # requests their client gave up on and cancelled (not errors, not answered)
+    impatient: int = 0  # closed loop: senders (of `concurrency`) that give up after a deadline
+    patient_latency: LatencySummary | None = None  # answers to the senders without a deadline
     latencies_ms: list[float] = field(default_factory=list)  # raw, successful requests only
     # Every measured request as it ended: [seconds since the measurement began, its latency in ms
     # (a failure's too: how long until it failed; None for one never sent), "ok" or the error
@@ -92,6 +95,12 @@ class RunResult:
         return self.server_breakdown[key] / 1000
 
     @property
+    def goodput_rps(self) -> float:
+        """Requests answered to clients still waiting, per second. A cancelled request is never
+        answered, so this is `throughput_rps`; the server may have computed more."""
+        return self.throughput_rps
+
+    @property
     def error_count(self) -> int:
         return sum(self.errors.values())
 
@@ -109,6 +118,8 @@ class RunResult:
         known = {f.name for f in fields(cls)}
         values = {key: value for key, value in data.items() if key in known}
         values["latency"] = LatencySummary(**values["latency"])
+        if values.get("patient_latency") is not None:
+            values["patient_latency"] = LatencySummary(**values["patient_latency"])
         return cls(**values)
 
 

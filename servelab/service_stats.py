@@ -2,8 +2,9 @@
 a run, as servelab.triton_stats does for Triton.
 
 A service's /metrics counters are cumulative since it started. Two scrapes and their difference
-give, for the requests of one run: how many there were by HTTP status, and the mean time of each
-stage the service measures (download, waiting for a predict slot, preprocessing, inference).
+give, for the requests of one run: how many there were by HTTP status, the mean time of each
+stage the service measures (download, waiting for a predict slot, preprocessing, inference), and
+the requests abandoned, and inferences run, for clients who had gone.
 The counters cover every client, so a run measures only its own requests when nothing else is
 sending to that service at the same time.
 """
@@ -59,6 +60,12 @@ class ServiceDelta:
     requests_by_status: dict[str, int] = field(default_factory=dict)  # HTTP status -> /predict requests
     stage_counts: dict[str, int] = field(default_factory=dict)  # stage -> requests that went through it
     stage_mean_ms: dict[str, float] = field(default_factory=dict)  # stage -> mean time (NaN: none)
+    abandoned_by_stage: dict[str, int] = field(default_factory=dict)  # stage -> requests whose client had gone
+    inferences_for_gone_clients: int = 0  # inferences that finished after their client had gone
+
+    @property
+    def inferences(self) -> int:
+        return self.stage_counts.get("inference", 0)
 
     @property
     def requests(self) -> int:
@@ -81,6 +88,9 @@ def diff(url: str, before: Scrape, after: Scrape) -> ServiceDelta:
     for (name, labels), _ in after.items():
         if name == "predict_requests_total" and (count := round(moved(name, labels))):
             delta.requests_by_status[dict(labels)["status"]] = count
+        if name == "predict_abandoned_total" and (count := round(moved(name, labels))):
+            delta.abandoned_by_stage[dict(labels)["stage"]] = count
+    delta.inferences_for_gone_clients = round(moved("predict_inferences_for_gone_clients_total"))
     for stage, histogram in STAGES.items():
         count = round(moved(f"{histogram}_count"))
         delta.stage_counts[stage] = count

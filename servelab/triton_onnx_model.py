@@ -3,7 +3,8 @@
 Used only by the local stack, in place of Triton's onnxruntime backend, which the pip-installed
 Triton does not ship. It serves any ONNX model folder with the same inputs and outputs as its
 config declares (the names must be the ONNX graph's, as the onnxruntime backend requires too);
-the requests Triton gathers are run as one ONNX Runtime call.
+the requests Triton gathers are run as one ONNX Runtime call, except those whose client has
+cancelled them (a gRPC cancel), which are answered with CANCELLED instead, and logged.
 """
 
 import json
@@ -17,6 +18,12 @@ import triton_python_backend_utils as pb_utils
 # cores.py (thread plans, shared with every service) is staged beside this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cores import RunningAcrossProcesses, thread_plan  # noqa: E402
+
+
+def cancelled_response():
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError("cancelled by the client before inference", pb_utils.TritonError.CANCELLED)
+    )
 
 
 class TritonPythonModel:
@@ -34,6 +41,7 @@ class TritonPythonModel:
             self.running = RunningAcrossProcesses.of_triton_model(
                 config["name"], args["model_repository"], args["model_instance_name"]
             )
+        self.name = config["name"]
         model_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.onnx")
         self.sessions = {}
         for threads in self.plan.thread_counts():
@@ -50,6 +58,16 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
+        cancelled = [request.is_cancelled() for request in requests]  # one round trip to the server each
+        if any(cancelled):
+            pb_utils.Logger.log_info(
+                f"{self.name}: {sum(cancelled)} cancelled request(s) answered CANCELLED, not computed"
+            )
+        kept = [request for request, gone in zip(requests, cancelled, strict=True) if not gone]
+        answers = iter(self._run(kept) if kept else [])
+        return [cancelled_response() if gone else next(answers) for gone in cancelled]
+
+    def _run(self, requests):
         batches = [
             {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in self.input_names}
             for request in requests

@@ -17,6 +17,7 @@ sending to that model at the same time.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -202,3 +203,9 @@ def settled(read: Callable[[], T], timeout_s: float = 2.0) -> T:
             return current
         previous = current
     return previous
+
+
+def cancelled_by_model(log_text: str, model: str) -> int:
+    """Requests the lab's Python-backend `model` answered CANCELLED instead of computing them, as
+    its log lines say. Triton's statistics count those requests as successes."""
+    return sum(int(count) for count in re.findall(rf"{re.escape(model)}: (\d+) cancelled request\(s\)", log_text))

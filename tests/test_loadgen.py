@@ -52,7 +52,7 @@ DEFAULTS = {
 
 
 def _serve() -> None:
-    state = {"config": dict(DEFAULTS), "count": 0, "arrivals": []}
+    state = {"config": dict(DEFAULTS), "count": 0, "arrivals": [], "answered_to_nobody": 0}
     lock = asyncio.Lock()
 
     def delay_s(index: int, config: dict) -> float:
@@ -73,19 +73,31 @@ def _serve() -> None:
                 await asyncio.sleep(delay_s(index, config))
         else:
             await asyncio.sleep(delay_s(index, config))
+        if request.transport is None or request.transport.is_closing():
+            state["answered_to_nobody"] += 1  # the client left while its request was served
         if config["fail_every"] and (index + 1) % config["fail_every"] == 0:
             return web.json_response({"detail": "synthetic failure"}, status=config["fail_status"])
         return web.json_response({"prediction": "Soup", "probability": 0.9})
 
     async def control(request: web.Request) -> web.Response:
-        state.update(config={**DEFAULTS, **await request.json()}, count=0, arrivals=[])
+        state.update(config={**DEFAULTS, **await request.json()}, count=0, arrivals=[], answered_to_nobody=0)
         return web.json_response(state["config"])
 
     async def arrivals(request: web.Request) -> web.Response:
         return web.json_response(state["arrivals"])
 
+    async def answered_to_nobody(request: web.Request) -> web.Response:
+        return web.json_response(state["answered_to_nobody"])
+
     app = web.Application()
-    app.add_routes([web.post("/predict", predict), web.post("/control", control), web.get("/arrivals", arrivals)])
+    app.add_routes(
+        [
+            web.post("/predict", predict),
+            web.post("/control", control),
+            web.get("/arrivals", arrivals),
+            web.get("/answered_to_nobody", answered_to_nobody),
+        ]
+    )
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)  # before the port is announced: connections wait in the backlog until the app runs
@@ -105,6 +117,10 @@ class SyntheticServer:
 
     def arrivals(self) -> np.ndarray:
         return np.array(requests.get(f"{self.url}/arrivals", timeout=5).json())
+
+    def answered_to_nobody(self) -> int:
+        """Requests whose client had closed the connection by the time they were answered."""
+        return requests.get(f"{self.url}/answered_to_nobody", timeout=5).json()
 
 
 @pytest.fixture(scope="module")
@@ -333,6 +349,31 @@ def test_a_sender_backs_off_after_a_refusal_and_only_then(server):
     assert answered.error_count == 0 and answered.wall_s < 0.2
     with pytest.raises(ValueError, match="backoff_s"):
         closed(server, 1, requests=1, backoff_s=-1)
+
+
+def test_impatient_senders_cancel_at_their_deadline_and_only_answers_count_as_goodput(server):
+    """Every request takes 300 ms; 2 of 4 senders give up after 100 ms and close their connection.
+    Their requests are cancelled, not errors; the server sees those clients gone; the patient
+    senders' answers are the goodput and have their own latency."""
+    server.configure(sleep_ms=300)
+    result = closed(server, 4, duration_s=1.0, impatient=2, patience_s=0.1)
+    assert result.error_count == 0 and result.cancelled >= 2 * 8  # each impatient sender: one per 100 ms
+    answered = len(result.latencies_ms)
+    assert answered >= 2 * 3 and min(result.latencies_ms) > 200  # only patient senders were answered
+    assert result.patient_latency.p50_ms == pytest.approx(300, abs=60)
+    assert result.goodput_rps == pytest.approx(answered / result.wall_s)
+    assert result.requests == answered + result.cancelled
+    assert {outcome for _, _, outcome in result.timeline} == {"ok", "cancelled"}
+    assert all(
+        latency == pytest.approx(100, abs=30) for _, latency, outcome in result.timeline if outcome == "cancelled"
+    )
+    time.sleep(0.5)  # the last cancelled requests finish their 300 ms on the server
+    assert server.answered_to_nobody() == pytest.approx(result.cancelled, abs=2)
+    assert any("2 of the 4 senders gave up" in note for note in result.notes)
+    paced = closed(server, 1, duration_s=1.0, impatient=1, patience_s=0.05, backoff_s=0.2)
+    assert 3 <= paced.cancelled <= 5  # a new impatient client every 0.25 s
+    with pytest.raises(ValueError, match="patience_s"):
+        closed(server, 2, requests=1, impatient=1)
 
 
 def test_connection_refused_and_timeouts_are_counted():

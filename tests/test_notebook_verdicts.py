@@ -68,6 +68,7 @@ def test_the_notebooks_that_judge_expectations_are_found_and_each_is_generated()
         "6_triton_bench.ipynb",
         "7_io_vs_compute.ipynb",
         "8_concurrency_target.ipynb",
+        "9_cancellation.ipynb",
     } <= set(JUDGED)
     for name in JUDGED:
         assert (NOTEBOOKS / name).is_file(), f"{name} is not generated: run `make notebooks`"

@@ -9,6 +9,10 @@
   measuring from the send time would hide the wait of every request queued behind a stall
   ("coordinated omission").
 
+A closed loop can also have *impatient* senders: each gives up on a request after `patience_s`
+and cancels it the way its protocol does (closing the HTTP connection, cancelling the gRPC call),
+then sends the next as a new client. A cancelled request is its own outcome, not an error.
+
 Each run returns one `RunResult`. Cancelling a run (Ctrl-C) returns what it had measured.
 """
 
@@ -48,7 +52,9 @@ class _Recorder:
 
     def __init__(self, description: str, total: int | None, progress: bool) -> None:
         self.latencies_ms: list[float] = []
+        self.patient_latencies_ms: list[float] = []  # answered to senders without a deadline
         self.errors: Counter[str] = Counter()
+        self.cancelled = 0  # requests their (impatient) client gave up on
         # [ended at (s since the phase began), latency ms (of a failure too; None if never sent), outcome]
         self.timeline: list[list] = []
         self.started = time.perf_counter()
@@ -62,9 +68,17 @@ class _Recorder:
             total=total, desc=description, unit="req", file=sys.stderr, disable=not on_terminal, leave=False
         )
 
-    def success(self, latency_s: float) -> None:
+    def success(self, latency_s: float, patient: bool = True) -> None:
         self.latencies_ms.append(latency_s * 1000.0)
+        if patient:
+            self.patient_latencies_ms.append(latency_s * 1000.0)
         self.timeline.append([time.perf_counter() - self.started, latency_s * 1000.0, "ok"])
+        self.bar.update()
+
+    def gave_up(self, latency_s: float) -> None:
+        """A request its client cancelled after `latency_s`, its patience."""
+        self.cancelled += 1
+        self.timeline.append([time.perf_counter() - self.started, latency_s * 1000.0, "cancelled"])
         self.bar.update()
 
     def failure(self, error: RequestError, latency_s: float | None = None) -> None:
@@ -78,7 +92,7 @@ class _Recorder:
 
     @property
     def count(self) -> int:
-        return len(self.latencies_ms) + sum(self.errors.values())
+        return len(self.latencies_ms) + sum(self.errors.values()) + self.cancelled
 
     def finish(self) -> None:
         if self.ended is None:
@@ -92,15 +106,21 @@ class _Recorder:
         return max((self.ended or time.perf_counter()) - self.started, 0.0)
 
 
-async def _timed_send(target: Target, since: float, recorder: _Recorder) -> bool:
-    """Send once; the latency runs from `since` (the send time, or the scheduled time). True
-    when the request was answered."""
+async def _timed_send(target: Target, since: float, recorder: _Recorder, patience_s: float | None = None) -> bool:
+    """Send once; the latency runs from `since` (the send time, or the scheduled time). With
+    `patience_s`, give up and cancel the request after that long. True when it was answered."""
     try:
-        await target.send()
+        async with asyncio.timeout(patience_s) as patience:  # None: no deadline
+            await target.send()
     except RequestError as error:
         recorder.failure(error, time.perf_counter() - since)
         return False
-    recorder.success(time.perf_counter() - since)
+    except TimeoutError:
+        if not patience.expired():
+            raise
+        recorder.gave_up(time.perf_counter() - since)  # the send was cancelled: connection closed, call cancelled
+        return False
+    recorder.success(time.perf_counter() - since, patient=patience_s is None)
     return True
 
 
@@ -118,6 +138,8 @@ def _interrupted_note(recorder: _Recorder) -> str:
 def _result(target: Target, mode: str, recorder: _Recorder, notes: list[str], **load: Any) -> RunResult:
     successes = len(recorder.latencies_ms)
     wall_s = recorder.wall_s
+    if recorder.cancelled or load.get("impatient"):
+        load["patient_latency"] = LatencySummary.of(recorder.patient_latencies_ms)
     return RunResult(
         target=target.name,
         tool="loadgen",
@@ -127,6 +149,7 @@ def _result(target: Target, mode: str, recorder: _Recorder, notes: list[str], **
         latency=LatencySummary.of(recorder.latencies_ms),
         wall_s=wall_s,
         errors=dict(recorder.errors),
+        cancelled=recorder.cancelled,
         latencies_ms=recorder.latencies_ms,
         timeline=recorder.timeline,
         notes=notes,
@@ -141,24 +164,28 @@ async def _closed_phase(
     duration_s: float | None,
     recorder: _Recorder,
     backoff_s: float = 0.0,
+    impatient: int = 0,
+    patience_s: float | None = None,
 ) -> None:
     """`concurrency` senders, each sending again as soon as it has its answer, or `backoff_s`
-    after a failure (a refusal, say)."""
+    after a request that was not answered (refused, or given up on: `impatient` of the senders
+    give up after `patience_s`)."""
     limit = math.inf if requests is None else requests
     deadline = math.inf if duration_s is None else recorder.started + duration_s
     issued = 0
 
-    async def sender() -> None:
+    async def sender(patience: float | None) -> None:
         nonlocal issued
         # Requests already sent when the deadline passes are waited for and counted.
         while issued < limit and time.perf_counter() < deadline:
             issued += 1  # no await between check and increment: no other sender can interleave
-            if not await _timed_send(target, time.perf_counter(), recorder) and backoff_s:
+            if not await _timed_send(target, time.perf_counter(), recorder, patience) and backoff_s:
                 await asyncio.sleep(backoff_s)
 
+    patiences = [None] * (concurrency - impatient) + [patience_s] * impatient
     try:
         # If this is cancelled (Ctrl-C), gather cancels the senders and their requests in flight.
-        await asyncio.gather(*(sender() for _ in range(concurrency)))
+        await asyncio.gather(*(sender(patience) for patience in patiences))
     finally:
         recorder.finish()
 
@@ -172,10 +199,15 @@ async def run_closed(
     warmup_s: float = 0.0,
     progress: bool = True,
     backoff_s: float = 0.0,
+    impatient: int = 0,
+    patience_s: float | None = None,
 ) -> RunResult:
     """Closed loop: `concurrency` senders until `requests` are answered or `duration_s` has passed.
     With `backoff_s`, a sender whose request failed waits that long before its next one, as a
-    client that respects a refusal (503) does; by default it sends again at once.
+    client that respects a refusal (503) does; by default it sends again at once. `impatient` of
+    the senders give up on a request after `patience_s` and cancel it (counted in `cancelled`),
+    and wait `backoff_s` too before the next: a new client arriving later. The result then also
+    has the latency of the patient senders' answers.
 
     Warm-up (up to `warmup_requests` requests or `warmup_s` seconds, whichever comes first) runs
     at the same concurrency and is finished before measurement starts, so none of it is counted.
@@ -184,8 +216,15 @@ async def run_closed(
     _check_bounds(requests, duration_s)
     if concurrency < 1 or backoff_s < 0:
         raise ValueError("concurrency must be at least 1, and backoff_s not negative")
+    if not 0 <= impatient <= concurrency or (impatient and not (patience_s and patience_s > 0)):
+        raise ValueError("impatient senders are 0 to concurrency, and need a positive patience_s")
     log.info("closed loop against %s: concurrency %d, %s", target.name, concurrency, _bounds(requests, duration_s))
-    notes: list[str] = [f"after a failed request, a sender waited {backoff_s:g} s"] if backoff_s else []
+    notes: list[str] = [f"after a request that was not answered, a sender waited {backoff_s:g} s"] if backoff_s else []
+    if impatient:
+        notes.append(
+            f"{impatient} of the {concurrency} senders gave up on a request after {patience_s:g} s, cancelled it "
+            f"and sent the next as a new client{f' {backoff_s:g} s later' if backoff_s else ''}"
+        )
     recorder: _Recorder | None = None
     await target.open(connections=concurrency)
     try:
@@ -193,7 +232,7 @@ async def run_closed(
             warmup = _Recorder("warm-up", warmup_requests or None, progress)
             await _closed_phase(target, concurrency, warmup_requests or None, warmup_s or None, warmup)
         recorder = _Recorder(f"c={concurrency}", requests, progress)
-        await _closed_phase(target, concurrency, requests, duration_s, recorder, backoff_s)
+        await _closed_phase(target, concurrency, requests, duration_s, recorder, backoff_s, impatient, patience_s)
     except asyncio.CancelledError:
         # Deliberately not re-raised: stopping early is how a user ends a long run, and what
         # was measured so far is the result they asked for.
@@ -203,7 +242,7 @@ async def run_closed(
         log.warning("%s", notes[-1])
     finally:
         await target.close()
-    return _result(target, "closed", recorder, notes, concurrency=concurrency)
+    return _result(target, "closed", recorder, notes, concurrency=concurrency, impatient=impatient)
 
 
 def arrival_offsets(rate_rps: float, arrival: str = "constant", seed: int = 0) -> Iterator[float]:

@@ -82,12 +82,25 @@ def closed_loop(
     models: ModelRepository | None = None,
     image_url: str | None = None,
     backoff_s: float = 0.0,
+    impatient: int = 0,
+    patience_s: float | None = None,
 ) -> RunResult:
     """`run_closed` against `make_target(kind, address, model, image_bytes, timeout_s, models, image_url)`,
     from synchronous code (a script or a notebook cell). Ctrl-C returns the partial result."""
     target = make_target(kind, address, model, image_bytes, timeout_s, models, image_url)
     return _run_sync(
-        run_closed(target, concurrency, requests, duration_s, warmup_requests, warmup_s, progress, backoff_s)
+        run_closed(
+            target,
+            concurrency,
+            requests,
+            duration_s,
+            warmup_requests,
+            warmup_s,
+            progress,
+            backoff_s,
+            impatient=impatient,
+            patience_s=patience_s,
+        )
     )
 
 

@@ -3,6 +3,10 @@
 Triton hands `execute` every request its scheduler has gathered (one, or several when dynamic
 batching is on, each with up to max_batch_size images). All their images go through MobileNetV2
 in one forward pass. An image that cannot be decoded fails only its own request.
+
+A request whose client cancelled it (a gRPC cancel) before its forward pass is answered with
+CANCELLED instead of being computed: `request.is_cancelled()` is asked once per request, after
+decoding (each call is a round trip to the server, so not in a loop), and the model logs how many.
 """
 
 import json
@@ -24,6 +28,12 @@ from food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, t
 def instance_count(config):
     """Instances of this model in the server: each is a process of its own, like this one."""
     return sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in config["instance_group"])
+
+
+def cancelled_response():
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError("cancelled by the client before inference", pb_utils.TritonError.CANCELLED)
+    )
 
 
 class TritonPythonModel:
@@ -73,18 +83,25 @@ class TritonPythonModel:
 
     def execute(self, requests):
         responses = [None] * len(requests)
-        batches, owners = [], []
+        decoded = []  # (index of the request, its images)
         for index, request in enumerate(requests):
             try:
-                batches.append(self._images_of(request))
-                owners.append(index)
+                decoded.append((index, self._images_of(request)))
             except InvalidImageError as exc:
                 responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+        cancelled = [index for index, _ in decoded if requests[index].is_cancelled()]
+        if cancelled:
+            pb_utils.Logger.log_info(
+                f"food_classifier: {len(cancelled)} cancelled request(s) answered CANCELLED, not computed"
+            )
+        for index in cancelled:
+            responses[index] = cancelled_response()
+        decoded = [(index, images) for index, images in decoded if index not in cancelled]
 
-        if batches:
-            logits = self._infer(np.concatenate(batches))
+        if decoded:
+            logits = self._infer(np.concatenate([images for _, images in decoded]))
             start = 0
-            for index, batch in zip(owners, batches, strict=True):
+            for index, batch in decoded:
                 predictions = top_prediction(logits[start : start + len(batch)])
                 start += len(batch)
                 labels = np.array([[label.encode()] for label, _ in predictions], dtype=object)

@@ -1,0 +1,141 @@
+"""A client that leaves: the FastAPI service abandons its request at the next stage, or (with
+ABANDON_ON_DISCONNECT=off) computes an answer nobody reads. Real processes over real HTTP; the
+service's own /metrics say what it did.
+
+To make a request wait for the predict slot, the slot (one) is held by a request whose image is
+downloaded inside the slot from the image host, which answers after an emulated latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from servelab import paths, service_stats
+from servelab.client_gone import ClientGone, DisconnectWatch
+from servelab.stack import LocalStack, Ports, fastapi_service, image_host_service
+
+HOLD_MS = 1500  # how long the image host takes: the slot is held that long
+
+
+@pytest.fixture(scope="module")
+def slow_image_host(built_artifacts, tmp_path_factory):
+    port = Ports.free().image_host
+    with LocalStack([image_host_service(port, latency_ms=HOLD_MS)], log_dir=tmp_path_factory.mktemp("host-logs")):
+        yield f"http://127.0.0.1:{port}"
+
+
+def start_one_slot_service(image_host: str, log_dir, abandon: str) -> tuple[LocalStack, str]:
+    port = Ports.free().fastapi_onnx
+    env = {
+        "PREDICT_CONCURRENCY": "1",
+        "INFERENCE_THREADS": "1",
+        "IMAGE_DOWNLOAD_PLACEMENT": "inside_slot",
+        "IMAGE_URL_ALLOWED_HOSTS": image_host.removeprefix("http://"),
+        "ABANDON_ON_DISCONNECT": abandon,
+    }
+    return LocalStack([fastapi_service("onnx", port, env=env)], log_dir=log_dir).start(), f"http://127.0.0.1:{port}"
+
+
+def send_and_leave(url: str, body: bytes, stay_s: float) -> None:
+    """POST `body` to /predict over a raw socket, stay `stay_s`, and close without reading."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as connection:
+        head = f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        connection.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(stay_s)
+
+
+@pytest.mark.parametrize("abandon", ["on", "off"])
+def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unless_turned_off(
+    abandon, slow_image_host, tmp_path
+):
+    stack, url = start_one_slot_service(slow_image_host, tmp_path, abandon)
+    try:
+        assert requests.get(f"{url}/health", timeout=5).json()["abandon_on_disconnect"] is (abandon == "on")
+        image = base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()
+        with service_stats.measure(url) as stats:
+            holder: list[requests.Response] = []
+            holding = threading.Thread(
+                target=lambda: holder.append(
+                    requests.post(f"{url}/predict", json={"url": f"{slow_image_host}/images/{paths.SAMPLE_IMAGE.name}"})
+                )
+            )
+            holding.start()
+            time.sleep(0.3)  # the first request holds the slot, downloading
+            send_and_leave(url, json.dumps({"image": image}).encode(), stay_s=0.3)
+            holding.join(timeout=30)
+            time.sleep(0.5)  # the second request gets the slot now, unless it was abandoned
+        assert holder and holder[0].status_code == 200, holder
+        assert requests.post(f"{url}/predict", json={"image": image}, timeout=30).status_code == 200
+    finally:
+        stack.stop()
+    delta = stats.delta
+    if abandon == "on":
+        assert delta.abandoned_by_stage == {"slot_wait": 1}
+        assert delta.inferences == 1  # the holder's only
+        assert delta.inferences_for_gone_clients == 0
+        assert delta.requests_by_status == {"200": 1, "499": 1}
+    else:
+        assert delta.abandoned_by_stage == {}
+        assert delta.inferences == 2  # computed for nobody
+        assert delta.inferences_for_gone_clients == 1
+        assert delta.requests_by_status.get("200") == 2
+
+
+def test_a_handler_cancelled_while_waiting_for_a_slot_takes_none_and_one_given_later_goes_to_the_next():
+    async def scenario() -> list[str]:
+        never: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def receive() -> dict:  # a client that stays until the end
+            await never
+            return {"type": "http.disconnect"}
+
+        slots = asyncio.Semaphore(1)
+        await slots.acquire()  # held by someone else
+        watch = DisconnectWatch(receive, abandon=True)
+        events = []
+
+        async def wait_for_slot(name: str) -> None:
+            async with watch.slot(slots):
+                events.append(name)
+
+        cancelled = asyncio.create_task(wait_for_slot("cancelled"))
+        await asyncio.sleep(0.01)
+        cancelled.cancel()  # Ray Serve does this when a client leaves
+        await asyncio.sleep(0.01)
+        next_one = asyncio.create_task(wait_for_slot("next"))
+        await asyncio.sleep(0.01)
+        slots.release()
+        await asyncio.wait_for(next_one, 5)
+        watch.stop()
+        events.append(f"free slots at the end: {slots._value}")
+        return events
+
+    assert asyncio.run(scenario()) == ["next", "free slots at the end: 1"]
+
+
+def test_a_client_gone_before_preprocessing_is_abandoned_there_and_only_when_abandoning():
+    async def scenario(abandon: bool) -> str:
+        async def receive() -> dict:
+            return {"type": "http.disconnect"}
+
+        watch = DisconnectWatch(receive, abandon=abandon)
+        await asyncio.sleep(0)  # the watch hears the disconnect
+        try:
+            watch.check("before_preprocess")
+            return "went on"
+        except ClientGone as gone:
+            return gone.stage
+        finally:
+            watch.stop()
+
+    assert asyncio.run(scenario(True)) == "before_preprocess"
+    assert asyncio.run(scenario(False)) == "went on"

@@ -1,0 +1,72 @@
+"""Cancelled requests against the real local Triton: a gRPC cancel of a request that waits behind
+another is never computed. Triton drops it before the model (a failed request in its statistics)
+or, once the request is in a batch the model holds, the model sees `is_cancelled()` and answers
+CANCELLED, which it logs. The session's Triton serves `food_classifier` with dynamic batching for
+these tests, then as its file says again.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from servelab import triton_stats
+
+MODEL = "food_classifier"
+
+
+def image_inputs(module, images: list[str]):
+    tensor = module.InferInput("INPUT_IMAGE", [len(images), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[image.encode()] for image in images], dtype=object))
+    return [tensor]
+
+
+def cancelled_in_log(model_servers) -> int:
+    (triton,) = [managed for managed in model_servers.processes if managed.spec.name == "triton"]
+    return triton_stats.cancelled_by_model(triton.log_path.read_text(), MODEL)
+
+
+@pytest.fixture
+def batched_model(triton_http_url):
+    """`food_classifier` with one instance and dynamic batching, for the length of a test."""
+    client = httpclient.InferenceServerClient(triton_http_url)
+    config = client.get_model_config(MODEL)
+    config["dynamic_batching"] = {}
+    config["instance_group"] = [{"count": 1, "kind": "KIND_CPU"}]
+    client.load_model(MODEL, config=json.dumps(config))
+    yield client
+    client.load_model(MODEL)  # from its file again
+
+
+def test_a_grpc_cancel_of_a_waiting_request_means_it_is_never_computed(
+    batched_model, model_servers, triton_http_url, triton_grpc_url, image_b64
+):
+    grpc = grpcclient.InferenceServerClient(triton_grpc_url)
+    before = cancelled_in_log(model_servers)
+    answers: queue.Queue = queue.Queue()
+    with triton_stats.measure(triton_http_url, MODEL) as stats:
+
+        def on_answer(result, error) -> None:
+            answers.put((result, error))
+
+        # 16 images keep the one instance busy while the next requests wait in the queue.
+        grpc.async_infer(MODEL, image_inputs(grpcclient, [image_b64] * 16), on_answer)
+        time.sleep(0.05)
+        contexts = [grpc.async_infer(MODEL, image_inputs(grpcclient, [image_b64]), on_answer) for _ in range(3)]
+        time.sleep(0.05)
+        for context in contexts:
+            context.cancel()
+        outcomes = [answers.get(timeout=30) for _ in range(4)]
+    cancelled = [error for result, error in outcomes if result is None]
+    assert len(cancelled) == 3 and all(error.status() == "StatusCode.CANCELLED" for error in cancelled), outcomes
+    # None of the three was computed: Triton dropped it (a failure in its statistics), or the
+    # model answered it CANCELLED (Triton's statistics count that as a success; the log says).
+    assert stats.delta.fail_count + cancelled_in_log(model_servers) - before == 3
+    assert stats.delta.execution_count <= 2  # the blocker's batch, and at most one batch for the three
+    assert grpc.is_model_ready(MODEL)
