@@ -8,12 +8,14 @@ the whole group, so Triton's Python-backend stubs go too, and the ports are free
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -127,6 +129,8 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = self.log_path.open("wb")
         log.info("starting %s: %s", self.spec.name, " ".join(self.spec.command))
+        # Linux tells a child when the *thread* that started it ends, so only from the main thread.
+        on_main_thread = threading.current_thread() is threading.main_thread()
         self.process = subprocess.Popen(
             self.spec.command,
             cwd=self.spec.cwd,
@@ -135,6 +139,7 @@ class ManagedProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group, so stop() reaches its children too
+            preexec_fn=_terminate_with_parent if sys.platform == "linux" and on_main_thread else None,
         )
         log_file.close()
 
@@ -185,6 +190,16 @@ class ManagedProcess:
             _signal_group(pgid, signal.SIGKILL)
         self.process.wait()
         log.info("stopped %s", self.spec.name)
+
+
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+
+
+def _terminate_with_parent() -> None:
+    """In the child, before it runs: receive SIGTERM when the process that started it dies. A
+    notebook kernel is killed if its clean-up outlasts Jupyter's shutdown wait (stopping Triton
+    alone can take 10 s); without this, its services would keep running, and their ports taken."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -59,6 +59,42 @@ def test_stack_waits_for_readiness_and_stops_the_whole_process_group(tmp_path):
     assert port_is_free(port)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is a Linux feature (prctl)")
+def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path):
+    """A notebook kernel killed before its clean-up ran must not leave its services running."""
+    port = Ports.free().fastapi_pt
+    starter = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        sys.path.insert(0, {str(paths.REPO_ROOT)!r})
+        from servelab.stack import LocalStack
+        from tests.test_stack import _spec
+        stack = LocalStack([_spec(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
+        Path({str(tmp_path / "leader.pid")!r}).write_text(str(stack.processes[0].process.pid))
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", starter], cwd=paths.REPO_ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "leader.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        leader = int((tmp_path / "leader.pid").read_text())
+        assert _pid_alive(leader)
+    finally:
+        parent.kill()  # no clean-up runs: SIGKILL, as when a kernel's shutdown wait runs out
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while _pid_alive(leader) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _pid_alive(leader), "the service outlived the process that started it"
+    deadline = time.monotonic() + 10
+    while not port_is_free(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert port_is_free(port)
+
+
 def test_a_taken_port_is_reported_clearly_and_nothing_is_left_running(tmp_path):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
