@@ -325,7 +325,8 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
         finally:
             metrics.download_s.observe(time.perf_counter() - started)
 
-    async def decode(image: str | bytes) -> np.ndarray:
+    async def decode(image: str | bytes, watch: DisconnectWatch) -> np.ndarray:
+        watch.check("before_preprocess")
         started = time.perf_counter()
         try:
             return await asyncio.get_running_loop().run_in_executor(preprocess_pool, _decode_and_preprocess, image)
@@ -363,16 +364,12 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
             metrics.slot_wait_s.observe(time.perf_counter() - waiting)
             yield
 
-    async def prepared(image: str | bytes, watch: DisconnectWatch) -> np.ndarray:
-        watch.check("before_preprocess")
-        return await decode(image)
-
     async def compute(request: PredictRequest, watch: DisconnectWatch) -> np.ndarray:
         if request.url is not None and settings.download_placement == "inside_slot":
             # The naive design: the slot, and with it the model, waits while the bytes travel.
             async with predict_slot(watch):
-                return await infer(await prepared(await fetch(request.url), watch), watch)
-        batch = await prepared(request.image if request.url is None else await fetch(request.url), watch)
+                return await infer(await decode(await fetch(request.url), watch), watch)
+        batch = await decode(request.image if request.url is None else await fetch(request.url), watch)
         async with predict_slot(watch):
             return await infer(batch, watch)
 
