@@ -138,8 +138,9 @@ for setting in ("off", "on"):
 # The ONNX model with one instance taking one request per execution, and dynamic batching on, so
 # that requests wait in the scheduler's queue where a cancel can drop them. Triton's statistics
 # count a request the model answered CANCELLED as a success, so the inferences computed are its
-# successes less the cancelled requests the model logged (read from Triton's log where this
-# notebook can see it: locally; on the node, `docker logs triton_server` has the lines).
+# successes less the cancelled requests the model logged (read from Triton's log: locally the
+# stack's log file; on the node the copy the Triton container writes to a volume this notebook's
+# container mounts, while `docker logs triton_server` shows the same lines).
 
 # %%
 edited = lab.config(TRITON_MODEL).with_fields(max_batch_size=1)
@@ -149,7 +150,7 @@ lab.apply_config(TRITON_MODEL, edited.with_instance_groups([{"count": 1, "kind":
 
 def cancelled_by_model() -> float:
     """Requests the model has answered CANCELLED so far, from its log (NaN where this notebook
-    cannot read the log: on Chameleon it is the Triton container's)."""
+    finds no log to read: a Triton container started without the lab's compose file)."""
     log = lab.triton_log()
     return math.nan if log is None else triton_stats.cancelled_by_model(log.read_text(), TRITON_MODEL)
 

@@ -10,6 +10,7 @@ edited config is adapted to the CPU first, and that adaptation is printed too.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Mapping
@@ -117,10 +118,12 @@ class TritonLab:
         return f"{count} instance{'s' if count != 1 else ''}{batching}"
 
     def triton_log(self) -> Path | None:
-        """The local Triton's log file, where the models log too; None on Chameleon, where it is
-        the container's (`docker logs triton_server` on the node)."""
+        """Triton's log file, where the models log too. Locally, the stack's; on Chameleon, the copy
+        the Triton container writes to the volume this container mounts (`TRITON_LOG_FILE`, set by
+        docker-compose-triton.yaml), or None where there is no such copy to read."""
         if self.on_chameleon:
-            return None
+            copy = os.environ.get("TRITON_LOG_FILE")
+            return Path(copy) if copy and Path(copy).is_file() else None
         for stack in self._stacks:
             for process in stack.processes:
                 if process.spec.name == "triton":

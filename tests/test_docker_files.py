@@ -13,6 +13,7 @@ service folders by `make artifacts` and git-ignored, so these tests pass before 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -608,6 +609,30 @@ def test_triton_service():
     assert size_mb >= 1024, f"shm_size {shm} is too small for the Python backend"
 
 
+def test_jupyter_reads_triton_s_log_from_a_volume_the_server_writes_it_to():
+    compose = services(TRITON_COMPOSE)
+    triton, jupyter = compose["triton_server"], compose["jupyter"]
+    log_file = triton["environment"]["TRITON_LOG_FILE"]
+    assert jupyter["environment"]["TRITON_LOG_FILE"] == log_file
+    folder = str(Path(log_file).parent)
+    assert f"triton-log:{folder}" in triton["volumes"] and f"triton-log:{folder}:ro" in jupyter["volumes"]
+
+
+@pytest.mark.parametrize("log_file_set", [True, False])
+def test_triton_start_script_copies_the_output_and_passes_it_on(tmp_path, log_file_set):
+    log_file = tmp_path / "logs" / "triton.log"
+    env = {**os.environ, "TRITON_LOG_FILE": str(log_file) if log_file_set else ""}
+    command = [str(DOCKER_DIR / "triton_log_copy.sh"), "sh", "-c", "echo to stdout; echo to stderr >&2; exit 3"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 3  # the server's exit status is the container's
+    seen = done.stdout + done.stderr
+    assert "to stdout" in seen and "to stderr" in seen  # `docker logs` still shows everything
+    if log_file_set:
+        assert log_file.read_text().splitlines() == ["to stdout", "to stderr"]
+    else:
+        assert not log_file.exists()
+
+
 # --------------------------------------------------------------------------------------------
 # Triton and Jupyter images
 # --------------------------------------------------------------------------------------------
@@ -619,7 +644,9 @@ def test_triton_dockerfile():
     assert [a for k, a in instructions if k == "FROM"] == [TRITON_BASE_IMAGE]
 
     cmd = json.loads(dict(instructions)["CMD"])
-    assert cmd[0] == "tritonserver"
+    # The start script copies the server's output to a file; the server is what it runs.
+    assert cmd[:2] == ["/usr/local/bin/triton_log_copy.sh", "tritonserver"]
+    assert ("COPY", "triton_log_copy.sh /usr/local/bin/triton_log_copy.sh") in instructions
     assert "--model-repository=/models" in cmd
     assert "--model-control-mode=explicit" in cmd
     # In explicit mode nothing loads at start-up unless named; `*` must be the only --load-model.

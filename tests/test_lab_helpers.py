@@ -93,6 +93,17 @@ def test_the_lab_records_every_expectation_for_its_final_list(capsys):
     assert lab.verdicts().splitlines() == ["        HELD: a", " NOT CHECKED: b"]
 
 
+def test_on_chameleon_triton_s_log_is_the_copy_in_the_mounted_volume_when_there_is_one(tmp_path, monkeypatch):
+    lab = Lab("chameleon", profile("quick"), {}, "triton_server:8000", "triton_server:8001", None)
+    copy = tmp_path / "triton.log"
+    monkeypatch.setenv("TRITON_LOG_FILE", str(copy))
+    assert lab.triton_log() is None  # the server has not written it (yet)
+    copy.write_text("I1123 model.py:1] food_classifier_onnx: 2 cancelled request(s)\n")
+    assert lab.triton_log() == copy
+    monkeypatch.delenv("TRITON_LOG_FILE")
+    assert lab.triton_log() is None  # a Triton container started without the lab's compose file
+
+
 def test_profiles_are_defined_once_and_an_unknown_one_is_refused(monkeypatch):
     assert profile("quick") is PROFILES["quick"] and profile("full").duration_s > profile("quick").duration_s
     monkeypatch.setenv("LAB_PROFILE", "fast")

@@ -1,0 +1,12 @@
+#!/bin/bash
+# Runs the command it is given (Triton) with its output going both to the container's log, as
+# before (`docker logs triton_server`), and to $TRITON_LOG_FILE, a file in a volume the Jupyter
+# container mounts: the models log there what the server's statistics do not count (notebook 9
+# reads how many requests a model answered CANCELLED instead of computing them).
+set -euo pipefail
+if [[ -n "${TRITON_LOG_FILE:-}" ]]; then
+  mkdir -p "$(dirname "$TRITON_LOG_FILE")"
+  # exec keeps the command as the container's main process, so `docker stop` reaches it directly.
+  exec "$@" > >(tee "$TRITON_LOG_FILE") 2>&1
+fi
+exec "$@"
