@@ -273,6 +273,9 @@ def describe_served(model: str) -> None:
         gpus = f" on GPUs {group['gpus']}" if group.get("gpus") else ""
         print(f"  instance group: {group['count']} x {group['kind']}{gpus}")
     print(f"  dynamic batching: {'on' if 'dynamic_batching' in served else 'off'}")
+    if "sequence_batching" in served:  # a stateful model (notebook 10): each request is a frame of a sequence
+        strategy = "direct" if "direct" in served["sequence_batching"] else "oldest"
+        print(f"  sequence batching: on, strategy {strategy}")
     # weights_note is a long explanation of the weights parameter; GourmetGram shows it below.
     for key, value in served.get("parameters", {}).items():
         if key != "weights_note":

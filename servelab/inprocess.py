@@ -8,7 +8,11 @@ an inference thread). Two kinds of run:
 - one request in flight: a single thread decodes, then infers, then takes the next image. No
   server answering one request at a time (concurrency 1) can beat it;
 - a pipeline: decoding threads feed a short queue, and `slots` inference threads drain it, so
-  decoding overlaps inference, as in the best possible server under load.
+  decoding overlaps inference, as in the best possible server under load. On a CPU there is one
+  decoding thread per slot (the inference threads need the other cores); on a GPU every core
+  decodes, as in the services (predict_api's default PREPROCESS_WORKERS there): the GPU does the
+  inference, decoding is the CPU's main work, and a single decoding thread would cap the
+  "ceiling" below what a service reaches.
 
 A ceiling is the best of a small sweep over the thread plans (`sweep`), each run in a fresh
 process, so that one plan's threads never slow the next. It is reported with the plan that won.
@@ -64,6 +68,7 @@ def load_model(runtime: str, plan: ThreadPlan) -> tuple[Callable[[np.ndarray], n
 
         torch.set_num_threads(plan.threads)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        torch.backends.cudnn.allow_tf32 = False  # FP32 convolutions, as fastapi_pt/app.py runs them
         model = mobilenet_v2(num_classes=len(LABELS))
         model.load_state_dict(torch.load(paths.ARTIFACTS_DIR / "food11.pth", map_location=device, weights_only=True))
         model.to(device).eval()
@@ -74,6 +79,17 @@ def load_model(runtime: str, plan: ThreadPlan) -> tuple[Callable[[np.ndarray], n
 
         return run, device.type
     raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
+
+
+def decoding_threads(device: str, point: Point, decode: bool = True, cores: int | None = None) -> int:
+    """The threads that feed `point`'s inference threads when the model runs on `device` ("cpu"
+    or "cuda"): none for one request in flight (its one thread decodes), one per slot on a CPU,
+    every core on a GPU when they decode (with decode=False they only pass a tensor on)."""
+    if not point.pipelined:
+        return 0
+    if decode and device.startswith("cuda"):
+        return max(point.slots, cores or available_cores())
+    return point.slots
 
 
 @dataclass(frozen=True)
@@ -135,7 +151,8 @@ def run_point(
                 # Per-image work without waiting: the floor under any service's latency.
                 service_ms[slot].append((decode_s + time.perf_counter() - started) * 1000)
 
-    decoders = [threading.Thread(target=decode_loop, daemon=True) for _ in range(point.slots if point.pipelined else 0)]
+    feeding = decoding_threads(device, point, decode)
+    decoders = [threading.Thread(target=decode_loop, daemon=True) for _ in range(feeding)]
     for thread in decoders:
         thread.start()
     try:
@@ -158,7 +175,11 @@ def run_point(
         wall_s=measured_s,
         concurrency=point.slots if point.pipelined else 1,
         latencies_ms=latencies,
-        notes=[f"{point.name} ({runtime} on {device}); {what}; latency is the work per image, without queueing"],
+        notes=[
+            f"{point.name} ({runtime} on {device}"
+            + (f", {len(decoders)} decoding thread(s)" if decode and decoders else "")
+            + f"); {what}; latency is the work per image, without queueing"
+        ],
     )
 
 

@@ -39,7 +39,7 @@ from servelab.expectations import Condition, Expectation, ExpectationLog
 from servelab.lab_triton import Capacity, TritonLab
 from servelab.models import ModelRepository
 from servelab.profiles import Profile, profile
-from servelab.results import RunResult
+from servelab.results import RunResult, SequenceRunResult
 from servelab.stack import (
     LocalStack,
     Ports,
@@ -314,6 +314,21 @@ class Lab(TritonLab):
         )  # fmt: skip
         return self._keep(result, target)
 
+    def sequences(
+        self, model: str, concurrency: int, length: int, target: str, kind: str = "triton-grpc", **load
+    ) -> SequenceRunResult:
+        """`concurrency` live sequences of `length` frames each (the sample photo as every frame)
+        against the stateful Triton `model` over `kind` ("triton-grpc" or "triton-http"); `load`
+        goes to loadgen.sequence_loop (sequences, duration_s, frame_interval_s, warmup_sequences)."""
+        address = self.triton_grpc if kind == "triton-grpc" else self.triton_http
+        if address is None:
+            raise RuntimeError("This lab runs without Triton: connect with Lab.connect() (Triton is on by default).")
+        result = loadgen.sequence_loop(
+            kind, address, model, concurrency, length,
+            image_bytes=self.sample_image(), progress=False, models=self.models, **load,
+        )  # fmt: skip
+        return self._keep(result, target)
+
     def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:
         """The URL of a sample photo on the image host; `latency_ms` overrides its emulated latency."""
         if not self.image_host_url:
@@ -383,6 +398,15 @@ def summary_line(result: RunResult) -> str:
         f"p{p} {result.latency_ms(p):.1f} ms" if math.isfinite(result.latency_ms(p)) else f"p{p} n/a (too few requests)"
         for p in (95, 99)
     )
+    if isinstance(result, SequenceRunResult):
+        failed = sum(result.sequences_failed.values())
+        skipped = f", {result.frames_skipped} frames skipped" if result.frames_skipped else ""
+        return (
+            f"{result.label}: {result.throughput_rps:.1f} frames/s, frame p50 {latency.p50_ms:.1f} ms, {tail}; "
+            f"{result.sequences_completed} of {result.sequences} sequences completed"
+            + (f", {failed} broken off ({result.sequences_failed})" if failed else "")
+            + skipped
+        )
     return (
         f"{result.label}: {result.throughput_rps:.1f} req/s, p50 {latency.p50_ms:.1f} ms, {tail} "
         f"({result.requests} requests{errors})"

@@ -56,6 +56,13 @@ ENTRIES: dict[str, LabEntry] = {
         artifacts={"food11.pth": "pytorch weights", "food11.py": "food11.py", "cores.py": "cores.py"},
         weights_file="food11.pth",
     ),
+    "food_sequence": LabEntry(
+        "The same PyTorch network on a stream of frames: each request one frame of a sequence, the "
+        "sequence's running label and probabilities out (stateful: sequence batching)",
+        image_request=IMAGE_FILE,
+        artifacts={"food11.pth": "pytorch weights", "food11.py": "food11.py", "cores.py": "cores.py"},
+        weights_file="food11.pth",
+    ),
     "food_classifier_onnx": LabEntry(
         "The same network as an ONNX graph: a preprocessed tensor in, 11 scores out",
         image_request=PREPROCESSED,
@@ -169,13 +176,9 @@ class Model:
 
     def request(self, image: bytes | None = None, seed: int = 0) -> ModelRequest:
         """A request of batch size one: built from `image` for a photo classifier; otherwise seeded
-        random values of each input's declared shape."""
-        if self.stateful:
-            raise ModelError(
-                f"{self.name} is stateful (sequence_batching): every request needs a sequence ID and start/end "
-                "flags, which this request builder does not add. Measure it with perf_analyzer (lab.perf), "
-                "which sends sequences."
-            )
+        random values of each input's declared shape. For a stateful model it is one step of a
+        sequence (a frame): the sequence ID and the start/end flags are options of the request,
+        which the client adds."""
         kind = self.entry.image_request if self.entry else None
         outputs = tuple(output.name for output in self.outputs)
         if kind is not None:

@@ -101,6 +101,11 @@ def run(
     stability_percentage: float = 10,
     extra_args: list[str] | None = None,
     timeout_s: float = 300,
+    sequence_length: int | None = None,
+    sequence_length_variation: float | None = None,
+    sequence_id_range: tuple[int, int | None] | None = None,
+    num_of_sequences: int | None = None,
+    serial_sequences: bool = False,
 ) -> PerfAnalyzerRun:
     """One perf_analyzer measurement at a fixed concurrency, or at a fixed request rate.
 
@@ -109,9 +114,25 @@ def run(
     windows, up to `max_trials`, until three in a row agree within `stability_percentage`, and
     reports the last three. Poisson arrivals in short windows rarely agree within the default 10%:
     give them longer windows or a larger percentage.
+
+    A stateful model (sequence batching) gets sequences, which perf_analyzer finds in the model's
+    config; these options shape them. `sequence_length` frames each (perf_analyzer's default 20),
+    varied by +/- `sequence_length_variation` percent (default 20; 0 for every sequence alike);
+    correlation IDs from `sequence_id_range` (start, end excluded; end None: unbounded). At a
+    concurrency, each request in flight belongs to its own sequence, so `concurrency` is the number
+    of live sequences; at a request rate, `num_of_sequences` are live (default 4), and
+    `serial_sequences` keeps each to one request in flight.
     """
     if (concurrency is None) == (request_rate is None):
         raise ValueError("give exactly one of concurrency or request_rate")
+    if request_rate is None and (num_of_sequences is not None or serial_sequences):
+        raise ValueError(
+            "perf_analyzer honours num_of_sequences and serial_sequences only at a request rate (request_rate=...); "
+            "at a concurrency, each request in flight is its own sequence: concurrency is the number of live sequences"
+        )
+    sequence_options = _sequence_options(
+        sequence_length, sequence_length_variation, sequence_id_range, num_of_sequences, serial_sequences
+    )
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.csv"
         command = [str(binary()), "-u", url, "-i", protocol, "-m", model, "-b", str(batch_size), "-f", str(report)]
@@ -128,7 +149,7 @@ def run(
             command += ["--shape", item]
         if input_data:
             command += ["--input-data", str(input_data)]
-        command += extra_args or []
+        command += sequence_options + (extra_args or [])
         log.info("running %s", " ".join(command))
         completed = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=timeout_s)
         if completed.returncode != 0:
@@ -146,6 +167,34 @@ def run(
         to_run_result(row, target, batch_size, request_rate, request_distribution, completed.stdout) for row in rows
     ]
     return PerfAnalyzerRun(command, rows, completed.stdout, results)
+
+
+def _sequence_options(
+    length: int | None,
+    length_variation: float | None,
+    id_range: tuple[int, int | None] | None,
+    num_of_sequences: int | None,
+    serial: bool,
+) -> list[str]:
+    options = []
+    if length is not None:
+        if length < 1:
+            raise ValueError("sequence_length must be at least 1")
+        options += ["--sequence-length", str(length)]
+    if length_variation is not None:
+        if not 0 <= length_variation <= 100:
+            raise ValueError("sequence_length_variation is a percentage, 0 to 100")
+        options += ["--sequence-length-variation", f"{length_variation:g}"]
+    if id_range is not None:
+        start, end = id_range
+        if start < 1 or (end is not None and end <= start):
+            raise ValueError("sequence_id_range is (start, end) with 1 <= start < end, or (start, None)")
+        options += ["--sequence-id-range", f"{start}" if end is None else f"{start}:{end}"]
+    if num_of_sequences is not None:
+        if num_of_sequences < 1:
+            raise ValueError("num_of_sequences must be at least 1")
+        options += ["--num-of-sequences", str(num_of_sequences)]
+    return options + (["--serial-sequences"] if serial else [])
 
 
 def parse_csv(text: str) -> list[dict[str, float]]:

@@ -1,8 +1,10 @@
 """One record type for every measurement the lab makes, whoever made it.
 
 The lab's load generator, perf_analyzer and the in-process baseline all produce a `RunResult`,
-so a table, a plot or a comparison never has to care which tool measured. Results are saved as
-JSON (raw latencies included, for CDF plots) and can be loaded back to compare runs.
+so a table, a plot or a comparison never has to care which tool measured. A run of sequences (a
+stateful model, frame after frame) is a `SequenceRunResult`: the same record, whose requests are
+frames, plus what happened to the sequences. Results are saved as JSON (raw latencies included,
+for CDF plots) and can be loaded back to compare runs.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def percentile_known(percentile: float, requests: int) -> bool:
 class RunResult:
     target: str  # what was measured, e.g. "fastapi_onnx" or "triton/food_classifier_onnx (grpc)"
     tool: str  # "loadgen", "perf_analyzer" or "in-process"
-    mode: str  # "closed" (N concurrent senders) or "open" (requests at a target rate)
+    mode: str  # "closed" (N concurrent senders), "open" (requests at a target rate) or "sequences"
     requests: int  # measured requests that completed, successful or not (warm-up excluded)
     throughput_rps: float  # successful requests per second of measurement (see images_per_s)
     latency: LatencySummary
@@ -115,12 +117,47 @@ class RunResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunResult:
+        """The record `to_dict` wrote; a run of sequences comes back as a `SequenceRunResult`."""
+        if cls is RunResult and data.get("mode") == SEQUENCES:
+            return SequenceRunResult.from_dict(data)
         known = {f.name for f in fields(cls)}
         values = {key: value for key, value in data.items() if key in known}
-        values["latency"] = LatencySummary(**values["latency"])
-        if values.get("patient_latency") is not None:
-            values["patient_latency"] = LatencySummary(**values["patient_latency"])
+        for name in ("latency", "patient_latency", "sequence_latency"):
+            if values.get(name) is not None:
+                values[name] = LatencySummary(**values[name])
         return cls(**values)
+
+
+SEQUENCES = "sequences"  # the mode of a SequenceRunResult
+
+
+@dataclass
+class SequenceRunResult(RunResult):
+    """A run of sequences against a stateful model: `concurrency` sequences live at once, each of
+    `sequence_length` frames, one request per frame. The inherited fields count frames:
+    `requests` frames sent and ended, `throughput_rps` frames answered per second, `latency` and
+    `latencies_ms` per frame. A sequence whose frame failed stops there (its state on the server
+    is broken) and is counted in `sequences_failed` under the frame's error kind."""
+
+    sequence_length: int = 0  # frames per sequence
+    frame_interval_s: float | None = None  # None: each frame sent as soon as the previous one is answered
+    sequences: int = 0  # measured sequences started
+    sequences_completed: int = 0  # every frame answered
+    sequences_failed: dict[str, int] = field(default_factory=dict)  # error kind of the frame that broke it -> count
+    frames_skipped: int = 0  # came due while their sequence's previous frame was in flight: never sent
+    sequence_latency: LatencySummary | None = None  # first frame sent -> last frame answered, completed sequences
+    sequence_latencies_ms: list[float] = field(default_factory=list)
+
+    @property
+    def sequences_per_s(self) -> float:
+        """Sequences completed per second of measurement."""
+        return self.sequences_completed / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def label(self) -> str:
+        pace = f", a frame every {self.frame_interval_s * 1000:g} ms" if self.frame_interval_s else ""
+        live = f"{self.concurrency} sequence{'' if self.concurrency == 1 else 's'}"
+        return f"{self.target} [{self.tool}, {live} x {self.sequence_length} frames{pace}]"
 
 
 def save_results(results: list[RunResult], path: Path, metadata: dict[str, Any] | None = None) -> Path:

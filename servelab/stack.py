@@ -313,8 +313,10 @@ PREDICT_API_SERVICES = ("fastapi_pt", "fastapi_onnx", "ray_serve")
 
 def ui_backends() -> list[str]:
     """What the web UI can talk to: a service with the FastAPI contract, or a Triton model that
-    classifies photos."""
-    photo_models = [model.name for model in ModelRepository() if model.entry and model.entry.image_request]
+    classifies photos one at a time (a stateful model takes frames of a sequence, not photos)."""
+    photo_models = [
+        model.name for model in ModelRepository() if model.entry and model.entry.image_request and not model.stateful
+    ]
     return [*PREDICT_API_SERVICES, *photo_models]
 
 
@@ -345,6 +347,12 @@ def gourmetgram_service(port: int, backend: str, ports: Ports) -> ServiceSpec:
         backend_env = {"FASTAPI_SERVER_URL": f"http://127.0.0.1:{getattr(ports, backend)}"}
     elif backend in ui_backends():
         backend_env = {"TRITON_SERVER_URL": f"127.0.0.1:{ports.triton_http}", "FOOD11_MODEL_NAME": backend}
+    elif backend in (models := ModelRepository()).names() and models.get(backend).stateful:
+        raise ValueError(
+            f"GourmetGram cannot use {backend!r}: it is a stateful model (sequence batching), whose every "
+            f"request is a frame of a sequence, and the page classifies single photos. Choose one of "
+            f"{', '.join(ui_backends())}"
+        )
     else:
         raise ValueError(f"GourmetGram cannot use {backend!r}: choose one of {', '.join(ui_backends())}")
     return ServiceSpec(

@@ -400,6 +400,28 @@ class TritonConfig:
         """Set the sequence batcher, e.g. `max_sequence_idle_microseconds=5_000_000, oldest={}`."""
         return self.with_fields(sequence_batching=settings)
 
+    def with_sequence_strategy(self, strategy: str, **settings: Any) -> TritonConfig:
+        """The sequence batcher switched to `strategy` ("direct" or "oldest") with these settings
+        (e.g. `max_queue_delay_microseconds=2000`), keeping its control inputs and idle limit."""
+        if strategy not in ("direct", "oldest"):
+            raise ConfigError(
+                f"{self.origin}: the sequence batcher's strategies are 'direct' and 'oldest', not {strategy!r}."
+            )
+        if not self.proto.HasField("sequence_batching"):
+            raise ConfigError(f"{self.origin}: this model has no sequence_batching to change (it is not stateful).")
+
+        def change(config: Message) -> None:
+            config.sequence_batching.ClearField("direct")
+            config.sequence_batching.ClearField("oldest")
+            chosen = getattr(config.sequence_batching, strategy)
+            chosen.SetInParent()
+            try:
+                json_format.ParseDict(settings, chosen, ignore_unknown_fields=False)
+            except json_format.ParseError as exc:
+                raise ConfigError(f"{self.origin}: cannot set the {strategy} strategy to {settings!r}: {exc}") from None
+
+        return self.edit(change)
+
     def with_parameters(self, **parameters: str) -> TritonConfig:
         """Add (or change) string `parameters`, which Triton reports in the model's config."""
 

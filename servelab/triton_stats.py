@@ -209,3 +209,17 @@ def cancelled_by_model(log_text: str, model: str) -> int:
     """Requests the lab's Python-backend `model` answered CANCELLED instead of computing them, as
     its log lines say. Triton's statistics count those requests as successes."""
     return sum(int(count) for count in re.findall(rf"{re.escape(model)}: (\d+) cancelled request\(s\)", log_text))
+
+
+SEQUENCE_EVENTS = ("evicted", "expired", "timed out", "cancelled", "refused")
+
+
+def sequence_events(log_text: str, model: str) -> dict[str, int]:
+    """What the lab's stateful `model` (food_sequence) did to its sequences, as its log lines
+    count them: sequences whose state it dropped (evicted, expired, timed out, cancelled) and
+    requests it refused because their sequence had no state. Every kind is present, 0 if none."""
+    counts = dict.fromkeys(SEQUENCE_EVENTS, 0)
+    kinds = "|".join(SEQUENCE_EVENTS)
+    for kind, count in re.findall(rf"{re.escape(model)}: ({kinds}) (\d+) (?:sequence|request)\(s\)", log_text):
+        counts[kind] += int(count)
+    return counts

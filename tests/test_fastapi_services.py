@@ -5,7 +5,7 @@ import base64
 import pytest
 import requests
 
-from servelab.cores import available_cores
+from servelab.cores import available_cores, thread_plan
 from servelab.food11 import LABELS
 from servelab.stack import LocalStack, Ports, StackError, fastapi_service
 from tests.conftest import TEST_MAX_REQUEST_BYTES
@@ -53,9 +53,13 @@ def test_health_reports_model_weights_device_and_runtime(service_url):
 def test_health_states_the_thread_plan_and_the_default_never_crowds_the_cores(service_url):
     body = requests.get(f"{service_url}/health", timeout=5).json()
     cores = available_cores()
-    assert body["cores"] == cores and body["predict_concurrency"] == cores  # one slot per core on a CPU
-    assert body["inference_threads"] == cores and "elastic" in body["threads"]
-    assert f"at most {cores} busy threads on {cores} core(s) (the defaults)" in body["threads"]
+    plan = thread_plan(device=body["device"], environ={})  # the default plan for the service's device
+    assert (body["cores"], body["predict_concurrency"], body["inference_threads"]) == (cores, plan.slots, plan.threads)
+    assert body["threads"] == plan.describe() and "(the defaults)" in body["threads"] and not plan.oversubscribed
+    if body["device"].startswith("cuda"):  # one slot on a GPU, and every core decodes
+        assert body["preprocess_workers"] == cores and "elastic" not in body["threads"]
+    else:  # one slot per core on a CPU, each inference with the cores divided by those running
+        assert plan.slots == cores and plan.threads == cores and "elastic" in body["threads"]
 
 
 def test_thread_settings_come_from_the_environment_and_a_crowded_plan_is_reported(tmp_path, test_images):

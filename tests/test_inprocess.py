@@ -2,7 +2,9 @@
 
 import pytest
 
-from servelab.inprocess import Point, measure_point, sweep_points
+from servelab import paths
+from servelab.cores import thread_plan
+from servelab.inprocess import Point, decoding_threads, measure_point, sweep_points
 
 
 def test_the_sweep_tries_every_core_busy_in_one_slot_or_spread_and_threads_for_one_in_flight():
@@ -10,6 +12,15 @@ def test_the_sweep_tries_every_core_busy_in_one_slot_or_spread_and_threads_for_o
     assert sweep_points(4, pipelined=True) == [Point(1, 4, True), Point(2, 2, True), Point(4, 1, True)]
     assert sweep_points(4, pipelined=False) == [Point(1, 1, False), Point(1, 2, False), Point(1, 4, False)]
     assert sweep_points(1, pipelined=True) == [Point(1, 1, True)]
+
+
+def test_a_pipeline_decodes_on_every_core_when_a_gpu_infers():
+    """On a CPU the inference threads need the cores, so a slot gets one decoding thread; on a GPU
+    decoding is the CPU's work, as in the services: one thread would cap the ceiling."""
+    assert decoding_threads("cpu", Point(2, 4, True), cores=8) == 2
+    assert decoding_threads("cuda", Point(1, 8, True), cores=8) == 8
+    assert decoding_threads("cuda", Point(1, 8, True), decode=False, cores=8) == 1  # nothing to decode
+    assert decoding_threads("cuda", Point(1, 8, False), cores=8) == 0  # its one thread decodes
 
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "pytorch"])
@@ -21,6 +32,21 @@ def test_a_point_runs_in_its_own_process_and_measures_every_image(built_artifact
     assert result.throughput_rps == pytest.approx(result.requests / result.wall_s)
     assert result.concurrency == (point.slots if point.pipelined else 1)
     assert point.name in result.notes[0] and "decode + inference" in result.notes[0]
+
+
+def test_the_pytorch_model_is_built_for_fp32_convolutions_as_the_service_builds_it(built_artifacts):
+    """TF32 (on by default for cuDNN on Ampere and newer GPUs) would move the answers by ~2e-4."""
+    import torch
+
+    from servelab.inprocess import load_model
+
+    before = torch.backends.cudnn.allow_tf32
+    try:
+        load_model("pytorch", thread_plan(slots=1, threads=1, given_by="the test"))
+        assert torch.backends.cudnn.allow_tf32 is False
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
+    assert "torch.backends.cudnn.allow_tf32 = False" in (paths.FASTAPI_PT_DIR / "app.py").read_text()
 
 
 def test_inference_only_skips_the_decoding(built_artifacts):

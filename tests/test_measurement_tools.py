@@ -166,7 +166,9 @@ def test_sampler_sees_a_busy_core_and_stops_its_thread():
     series = sampler.series()
     assert len(series["t_s"]) >= 5
     assert series["t_s"] == sorted(series["t_s"])
-    assert max(series["cpu_percent"]) > 30
+    # One busy core is 100 / cores percent of the machine (6% on 16 cores): look for it per core.
+    assert max(series["cpu_percent"]) > 50 / series["cpu_count"]
+    assert max(max(cores) for cores in series["cpu_per_core"]) > 50
     assert all(len(cores) == series["cpu_count"] for cores in series["cpu_per_core"])
     assert len(series["memory_percent"]) == len(series["t_s"])
     # The burning child belongs to this test's process tree: up to one whole core (less on a busy machine).

@@ -15,7 +15,7 @@ from servelab import loadgen, paths, triton_local
 from servelab.lab import Lab
 from servelab.models import ENTRIES, IMAGE_FILE, PREPROCESSED, ModelError, ModelRepository
 from servelab.profiles import profile
-from servelab.stack import LocalStack, Ports, gourmetgram_service, triton_service
+from servelab.stack import LocalStack, Ports, gourmetgram_service, triton_service, ui_backends
 from servelab.triton_config import ConfigError
 
 TOY_CONFIG = """\
@@ -74,6 +74,9 @@ def test_the_registry_knows_every_shipped_model_and_every_entry_has_its_folder()
     assert [(t.name, t.datatype, t.dims) for t in onnx.inputs] == [("input", "FP32", (3, 224, 224))]
     assert [t.name for t in food.outputs] == ["FOOD_LABEL", "PROBABILITY"]
     assert not food.stateful and not onnx.stateful
+    sequence = models.get("food_sequence")
+    assert sequence.stateful and sequence.entry.image_request == IMAGE_FILE
+    assert [(t.name, t.datatype, t.dims) for t in sequence.inputs] == [("FRAME", "BYTES", (1,))]
 
 
 def test_requests_for_the_photo_classifiers_are_built_from_the_image():
@@ -84,6 +87,10 @@ def test_requests_for_the_photo_classifiers_are_built_from_the_image():
     (tensor,) = models.get("food_classifier_onnx").request(image).inputs
     assert tensor.array.shape == (1, 3, 224, 224) and tensor.array.dtype == np.float32
     assert len(tensor.binary()) == 4 * 3 * 224 * 224
+    # A stateful model's request is one frame; the client adds the sequence ID and flags.
+    frame = models.get("food_sequence").request(image)
+    assert [(t.name, t.datatype, t.array.shape) for t in frame.inputs] == [("FRAME", "BYTES", (1, 1))]
+    assert "FRAMES_SEEN" in frame.outputs
 
 
 def test_an_unknown_model_is_a_clear_error_everywhere(tmp_path):
@@ -169,14 +176,20 @@ def test_a_missing_generated_file_says_to_run_make_artifacts(repository, tmp_pat
         triton_local.stage_model_repository(tmp_path / "staged", repository)
 
 
-def test_a_stateful_model_is_recognised_and_the_request_builder_says_it_needs_sequences(repository):
+def test_a_stateful_model_is_recognised_and_its_request_is_one_step_of_a_sequence(repository):
     folder = add_toy_model(repository)
     config = (folder / "config.pbtxt").read_text()
     (folder / "config.pbtxt").write_text(config + "sequence_batching { max_sequence_idle_microseconds: 1000000 }\n")
     toy = ModelRepository(repository).get("toy")
     assert toy.stateful
-    with pytest.raises(ModelError, match="stateful.*sequence ID"):
-        toy.request()
+    (values,) = toy.request().inputs
+    assert (values.name, values.array.shape) == ("X", (1, 4))
+
+
+def test_the_web_ui_refuses_a_stateful_model_saying_why():
+    assert "food_sequence" not in ui_backends() and "food_classifier" in ui_backends()
+    with pytest.raises(ValueError, match="'food_sequence': it is a stateful model.*single photos"):
+        gourmetgram_service(1, "food_sequence", Ports())
 
 
 def _tracked_changes() -> str:

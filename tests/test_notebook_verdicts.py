@@ -1,4 +1,4 @@
-"""The notebooks that judge expectations (4, 6, 7 and 8 today), run as a student runs them (local
+"""The notebooks that judge expectations (4 and 6 to 10 today), run as a student runs them (local
 target, quick profile), and every verdict they record checked against the runs in their own tables.
 
 A verdict's conditions carry their figures with the run each was read from (servelab.expectations).
@@ -69,6 +69,7 @@ def test_the_notebooks_that_judge_expectations_are_found_and_each_is_generated()
         "7_io_vs_compute.ipynb",
         "8_concurrency_target.ipynb",
         "9_cancellation.ipynb",
+        "10_stateful_sequences.ipynb",
     } <= set(JUDGED)
     for name in JUDGED:
         assert (NOTEBOOKS / name).is_file(), f"{name} is not generated: run `make notebooks`"

@@ -5,10 +5,13 @@ is read, on a 2-core machine that may be busy, not how steady the machine is.
 """
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from servelab import perf_analyzer
+from servelab import paths, perf_analyzer
+from servelab.models import ModelRepository
 from servelab.results import RunResult
 
 SAMPLE_CSV = (  # a real perf_analyzer -f report
@@ -29,6 +32,70 @@ def test_csv_rows_become_run_results_with_a_server_breakdown():
     )
     assert result.server_breakdown["server_queue_us"] == 10238
     assert result.server_breakdown["server_compute_infer_us"] == 12097
+
+
+def fake_perf_analyzer(monkeypatch) -> list[list[str]]:
+    """Replace the perf_analyzer process by one that writes SAMPLE_CSV where -f says; returns the
+    commands it was given."""
+    commands = []
+
+    def fake_run(command, **kwargs):
+        commands.append(command)
+        Path(command[command.index("-f") + 1]).write_text(SAMPLE_CSV)
+        return subprocess.CompletedProcess(command, 0, stdout="    Request count: 120\n", stderr="")
+
+    monkeypatch.setattr(perf_analyzer.subprocess, "run", fake_run)
+    return commands
+
+
+def _option(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_sequence_options_reach_the_command_line(monkeypatch):
+    commands = fake_perf_analyzer(monkeypatch)
+    (result,) = perf_analyzer.run(
+        "127.0.0.1:1", "m", concurrency=4, sequence_length=8, sequence_length_variation=0, sequence_id_range=(100, 200)
+    ).results
+    (command,) = commands
+    assert _option(command, "--concurrency-range") == "4"
+    assert (_option(command, "--sequence-length"), _option(command, "--sequence-length-variation")) == ("8", "0")
+    assert _option(command, "--sequence-id-range") == "100:200"
+    assert "--num-of-sequences" not in command and "--serial-sequences" not in command
+    assert result.requests == 120 and result.concurrency == 2  # read back as any other run (the CSV says 2)
+
+    perf_analyzer.run(
+        "127.0.0.1:1",
+        "m",
+        concurrency=None,
+        request_rate=30,
+        num_of_sequences=6,
+        serial_sequences=True,
+        sequence_id_range=(5, None),
+    )
+    command = commands[-1]
+    assert _option(command, "--num-of-sequences") == "6" and "--serial-sequences" in command
+    assert _option(command, "--sequence-id-range") == "5"  # no end: IDs without bound
+    assert "--sequence-length" not in command  # perf_analyzer's default
+
+
+@pytest.mark.parametrize("option", [{"num_of_sequences": 6}, {"serial_sequences": True}])
+def test_request_rate_only_sequence_options_are_refused_at_a_concurrency(monkeypatch, option):
+    commands = fake_perf_analyzer(monkeypatch)
+    with pytest.raises(ValueError, match="only at a request rate"):
+        perf_analyzer.run("127.0.0.1:1", "m", concurrency=4, **option)
+    assert commands == []  # refused before perf_analyzer ran
+
+
+@pytest.mark.parametrize(
+    "option",
+    [{"sequence_length": 0}, {"sequence_length_variation": 150}, {"sequence_id_range": (10, 10)}],
+)
+def test_impossible_sequence_options_are_refused(monkeypatch, option):
+    commands = fake_perf_analyzer(monkeypatch)
+    with pytest.raises(ValueError):
+        perf_analyzer.run("127.0.0.1:1", "m", concurrency=4, **option)
+    assert commands == []
 
 
 def test_closed_loop_run_against_the_local_triton(triton_http_url):
@@ -90,3 +157,25 @@ def test_request_rate_mode_with_poisson_arrivals(triton_http_url):
 def test_a_model_the_server_does_not_have_is_a_clear_error(triton_http_url):
     with pytest.raises(perf_analyzer.PerfAnalyzerError, match="exited with"):
         perf_analyzer.run(triton_http_url, "no_such_model", concurrency=1, request_count=5, timeout_s=60)
+
+
+@pytest.mark.skipif(
+    not (paths.MODELS_STAGING_DIR / "food_sequence").is_dir(),
+    reason="models_staging/food_sequence (the stateful model of lesson 10) is not in this checkout",
+)
+def test_sequences_to_the_stateful_model(triton_http_url, tmp_path):
+    """perf_analyzer finds the sequence batcher in the model's config and sends sequences of 4 frames."""
+    image_input = ModelRepository().get("food_sequence").perf_analyzer_input(paths.SAMPLE_IMAGE.read_bytes(), tmp_path)
+    run = perf_analyzer.run(
+        triton_http_url,
+        "food_sequence",
+        concurrency=2,
+        sequence_length=4,
+        sequence_length_variation=0,
+        request_count=20,
+        stability_percentage=50,
+        **image_input,
+    )
+    (result,) = run.results
+    assert "--sequence-length" in run.command and result.concurrency == 2
+    assert result.requests >= 20 and result.throughput_rps > 0

@@ -117,6 +117,25 @@ def test_sequence_batching_and_parameters_can_be_set():
     assert TritonConfig(edited.text).proto == proto
 
 
+def test_the_sequence_strategy_changes_and_the_control_inputs_and_idle_limit_stay():
+    config = SHIPPED["food_classifier"].with_sequence_batching(
+        max_sequence_idle_microseconds=5_000_000,
+        oldest={"max_candidate_sequences": 4},
+        control_input=[{"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}],
+    )
+    direct = config.with_sequence_strategy("direct", max_queue_delay_microseconds=2000).proto.sequence_batching
+    assert direct.WhichOneof("strategy_choice") == "direct" and direct.direct.max_queue_delay_microseconds == 2000
+    assert direct.max_sequence_idle_microseconds == 5_000_000 and direct.control_input[0].name == "START"
+    oldest = config.with_sequence_strategy("oldest").proto.sequence_batching
+    assert oldest.WhichOneof("strategy_choice") == "oldest" and oldest.oldest.max_candidate_sequences == 0
+    with pytest.raises(ConfigError, match="'direct' and 'oldest'"):
+        config.with_sequence_strategy("newest")
+    with pytest.raises(ConfigError, match="not stateful"):
+        SHIPPED["food_classifier"].with_sequence_strategy("direct")
+    with pytest.raises(ConfigError, match="cannot set the direct strategy"):
+        config.with_sequence_strategy("direct", max_candidate_sequences=4)  # an `oldest` setting
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

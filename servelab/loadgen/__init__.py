@@ -3,7 +3,8 @@
 - `targets`: what a run sends requests to (FastAPI, or a Triton model over HTTP or gRPC), with
   one request prepared up front and sent again and again;
 - `runners`: the closed and the open loop, and the `RunResult` each run returns;
-- `sync`: the same from synchronous code (`closed_loop`, `open_loop`), as notebooks call them;
+- `sequences`: a stateful model's load, concurrent sequences of frames (`run_sequences`);
+- `sync`: the same from synchronous code (`closed_loop`, `open_loop`, `sequence_loop`), as notebooks call them;
 - `cli`: the command line.
 
 From the shell:
@@ -14,7 +15,16 @@ From the shell:
 
 from servelab.loadgen.cli import main
 from servelab.loadgen.runners import ARRIVALS, arrival_offsets, run_closed, run_open
-from servelab.loadgen.sync import closed_loop, open_loop, summarize
+from servelab.loadgen.sequences import (
+    SEQUENCE_ERRORS,
+    SequenceTarget,
+    TritonGrpcSequenceTarget,
+    TritonHttpSequenceTarget,
+    make_sequence_target,
+    run_sequences,
+    sequence_error_kind,
+)
+from servelab.loadgen.sync import closed_loop, open_loop, sequence_loop, summarize
 from servelab.loadgen.targets import (
     DEFAULT_TIMEOUT_S,
     TARGET_KINDS,
@@ -29,18 +39,26 @@ from servelab.loadgen.targets import (
 __all__ = [
     "ARRIVALS",
     "DEFAULT_TIMEOUT_S",
+    "SEQUENCE_ERRORS",
     "TARGET_KINDS",
     "FastAPITarget",
     "RequestError",
+    "SequenceTarget",
     "Target",
+    "TritonGrpcSequenceTarget",
     "TritonGrpcTarget",
+    "TritonHttpSequenceTarget",
     "TritonHttpTarget",
     "arrival_offsets",
     "closed_loop",
     "main",
+    "make_sequence_target",
     "make_target",
     "open_loop",
     "run_closed",
     "run_open",
+    "run_sequences",
+    "sequence_error_kind",
+    "sequence_loop",
     "summarize",
 ]

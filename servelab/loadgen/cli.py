@@ -11,7 +11,7 @@ from pathlib import Path
 
 from servelab import paths
 from servelab.loadgen.runners import ARRIVALS
-from servelab.loadgen.sync import closed_loop, open_loop, summarize
+from servelab.loadgen.sync import closed_loop, open_loop, sequence_loop, summarize
 from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, TARGET_KINDS
 from servelab.models import ModelError
 from servelab.results import save_results
@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         prog="python -m servelab loadgen",
-        description="Load a FastAPI service or Triton with a closed loop (--concurrency) or an open loop (--rate).",
+        description="Load a FastAPI service or Triton with a closed loop (--concurrency) or an open loop (--rate), "
+        "or a stateful Triton model with concurrent sequences of frames (--sequences).",
     )
     parser.add_argument("--target", required=True, choices=TARGET_KINDS)
     parser.add_argument("--address", required=True, help="FastAPI: base URL (http://127.0.0.1:8101); Triton: host:port")
@@ -33,14 +34,24 @@ def main(argv: list[str] | None = None) -> int:
     load = parser.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", type=int, help="closed loop: this many requests in flight")
     load.add_argument("--rate", type=float, help="open loop: requests per second, on a schedule")
+    load.add_argument("--sequences", type=int, help="sequence mode (a stateful model): this many sequences at once")
     parser.add_argument("--arrival", choices=ARRIVALS, default="constant", help="open loop: gaps between arrivals")
+    parser.add_argument("--sequence-length", type=int, default=10, help="sequence mode: frames per sequence")
+    parser.add_argument("--frame-interval", type=float, help="sequence mode: seconds between a sequence's frames")
+    parser.add_argument("--total-sequences", type=int, help="sequence mode: stop after this many sequences started")
     parser.add_argument("--requests", type=int, help="stop after this many measured requests")
     parser.add_argument("--duration", type=float, help="stop after this many seconds of measurement")
     parser.add_argument("--warmup-s", type=float, default=0.0, help="seconds of unmeasured requests first")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per-request timeout, seconds")
     parser.add_argument("--out", type=Path, help="save the result here as JSON (servelab.results format)")
     args = parser.parse_args(argv)
-    if args.requests is None and args.duration is None:
+    if args.sequences is not None:
+        if args.target == "fastapi" or args.requests is not None or args.warmup_s:
+            parser.error(
+                "--sequences sends frames to a Triton model, without warm-up: bound it with --total-sequences "
+                "or --duration"
+            )
+    elif args.requests is None and args.duration is None:
         parser.error("give --requests, --duration or both (the run stops at whichever comes first)")
     if args.target != "fastapi" and not args.model:
         parser.error("Triton targets need --model (a folder of models_staging/, e.g. food_classifier_onnx)")
@@ -54,7 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     common = {"model": args.model, "image_bytes": args.image.read_bytes(), "timeout_s": args.timeout}
     bounds = {"requests": args.requests, "duration_s": args.duration, "warmup_s": args.warmup_s}
     try:
-        if args.concurrency is not None:
+        if args.sequences is not None:
+            result = sequence_loop(
+                args.target,
+                args.address,
+                concurrency=args.sequences,
+                length=args.sequence_length,
+                sequences=args.total_sequences,
+                duration_s=args.duration,
+                frame_interval_s=args.frame_interval,
+                **common,
+            )
+        elif args.concurrency is not None:
             result = closed_loop(args.target, args.address, args.concurrency, **bounds, **common)
         else:
             result = open_loop(args.target, args.address, args.rate, args.arrival, **bounds, **common)

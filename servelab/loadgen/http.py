@@ -35,48 +35,61 @@ async def _within(seconds: float, coroutine):
 
 
 class PreparedPost:
-    """POST `body` to `url` with `headers`; `send()` returns (status, answer body)."""
+    """POST `body` to `url` with `headers`; `send()` returns (status, answer body).
+
+    A request whose body changes from one send to the next (a sequence's flags) is built with
+    `build` and sent with `send(request)`, on the same kept-alive connections.
+    """
 
     def __init__(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"{url}: the load generator sends plain http:// requests to a host")
         self.host, self.port = parts.hostname, parts.port or 80
-        head = [
-            f"POST {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1",
-            f"Host: {parts.netloc}",
-            f"Content-Length: {len(body)}",
-            *(f"{name}: {value}" for name, value in headers.items()),
-        ]
-        self.request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
+        self._request_line = f"POST {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1"
+        self._host_line = f"Host: {parts.netloc}"
+        self.request = self.build(headers, body)
         self.timeout_s = timeout_s
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
-    async def send(self) -> tuple[int, bytes]:
+    def build(self, headers: dict[str, str], *body: bytes) -> bytes:
+        """The bytes of a POST to this URL with `headers` and the concatenation of `body`."""
+        head = [
+            self._request_line,
+            self._host_line,
+            f"Content-Length: {sum(map(len, body))}",
+            *(f"{name}: {value}" for name, value in headers.items()),
+        ]
+        return b"".join([("\r\n".join(head) + "\r\n\r\n").encode(), *body])
+
+    async def send(self, request: bytes | None = None) -> tuple[int, bytes]:
+        """Send the prepared request, or `request` (from `build`), and read the whole answer."""
         try:
-            return await _within(self.timeout_s, self._send())
+            return await _within(self.timeout_s, self._send(self.request if request is None else request))
         except asyncio.TimeoutError as exc:
             raise HttpError("timeout", f"no complete answer within {self.timeout_s:g} s") from exc
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:  # refused, reset, closed, garbled
             raise HttpError("connection", f"{type(exc).__name__}: {exc}") from exc
 
-    async def _send(self) -> tuple[int, bytes]:
+    async def _send(self, request: bytes) -> tuple[int, bytes]:
         reused = bool(self._idle)
         connection = self._idle.pop() if reused else await self._connect()
         try:
-            return await self._exchange(connection)
+            return await self._exchange(connection, request)
         except _IDLE_CLOSE:
             if not reused:
                 raise
-        return await self._exchange(await self._connect())
+        return await self._exchange(await self._connect(), request)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await asyncio.open_connection(self.host, self.port, limit=1 << 20)
 
-    async def _exchange(self, connection: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> tuple[int, bytes]:
+    async def _exchange(
+        self, connection: tuple[asyncio.StreamReader, asyncio.StreamWriter], request: bytes
+    ) -> tuple[int, bytes]:
         reader, writer = connection
         try:
-            writer.write(self.request)
+            writer.write(request)
             await writer.drain()
             head = await reader.readuntil(b"\r\n\r\n")
             status = int(head[9:12])

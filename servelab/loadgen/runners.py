@@ -47,10 +47,11 @@ LAG_LIMIT_S = 0.010
 LAG_LIMIT_FRACTION = 0.1
 
 
-class _Recorder:
-    """Outcomes of one phase of a run (warm-up or measurement), and its progress bar."""
+class Recorder:
+    """Outcomes of one phase of a run (warm-up or measurement), and its progress bar. `unit` is
+    what one request is called in the progress ("request", or a sequence's "frame")."""
 
-    def __init__(self, description: str, total: int | None, progress: bool) -> None:
+    def __init__(self, description: str, total: int | None, progress: bool, unit: str = "request") -> None:
         self.latencies_ms: list[float] = []
         self.patient_latencies_ms: list[float] = []  # answered to senders without a deadline
         self.errors: Counter[str] = Counter()
@@ -60,13 +61,12 @@ class _Recorder:
         self.started = time.perf_counter()
         self.ended: float | None = None
         self.description = description
+        self.unit = unit
         # A bar on a terminal; elsewhere (CI, a log file) one line when the phase ends, instead of
         # thousands of carriage-return updates.
         self.line_at_end = progress and not sys.stderr.isatty()
         on_terminal = progress and not self.line_at_end
-        self.bar = tqdm(
-            total=total, desc=description, unit="req", file=sys.stderr, disable=not on_terminal, leave=False
-        )
+        self.bar = tqdm(total=total, desc=description, unit=unit, file=sys.stderr, disable=not on_terminal, leave=False)
 
     def success(self, latency_s: float, patient: bool = True) -> None:
         self.latencies_ms.append(latency_s * 1000.0)
@@ -98,7 +98,7 @@ class _Recorder:
         if self.ended is None:
             self.ended = time.perf_counter()
             if self.line_at_end:
-                log.info("%s: %d requests in %.1f s", self.description, self.count, self.wall_s)
+                log.info("%s: %d %ss in %.1f s", self.description, self.count, self.unit, self.wall_s)
         self.bar.close()
 
     @property
@@ -106,7 +106,7 @@ class _Recorder:
         return max((self.ended or time.perf_counter()) - self.started, 0.0)
 
 
-async def _timed_send(target: Target, since: float, recorder: _Recorder, patience_s: float | None = None) -> bool:
+async def _timed_send(target: Target, since: float, recorder: Recorder, patience_s: float | None = None) -> bool:
     """Send once; the latency runs from `since` (the send time, or the scheduled time). With
     `patience_s`, give up and cancel the request after that long. True when it was answered."""
     try:
@@ -134,11 +134,11 @@ def _check_bounds(requests: int | None, duration_s: float | None) -> None:
         raise ValueError("requests and duration_s must be positive")
 
 
-def _interrupted_note(recorder: _Recorder) -> str:
-    return f"stopped early by Ctrl-C after {recorder.count} requests"
+def interrupted_note(recorder: Recorder) -> str:
+    return f"stopped early by Ctrl-C after {recorder.count} {recorder.unit}s"
 
 
-def _result(target: Target, mode: str, recorder: _Recorder, notes: list[str], **load: Any) -> RunResult:
+def _result(target: Target, mode: str, recorder: Recorder, notes: list[str], **load: Any) -> RunResult:
     successes = len(recorder.latencies_ms)
     wall_s = recorder.wall_s
     if recorder.cancelled or load.get("impatient"):
@@ -165,7 +165,7 @@ async def _closed_phase(
     concurrency: int,
     requests: int | None,
     duration_s: float | None,
-    recorder: _Recorder,
+    recorder: Recorder,
     backoff_s: float = 0.0,
     impatient: int = 0,
     patience_s: float | None = None,
@@ -228,20 +228,20 @@ async def run_closed(
             f"{impatient} of the {concurrency} senders gave up on a request after {patience_s:g} s, cancelled it "
             f"and sent the next as a new client{f' {backoff_s:g} s later' if backoff_s else ''}"
         )
-    recorder: _Recorder | None = None
+    recorder: Recorder | None = None
     await target.open(connections=concurrency)
     try:
         if warmup_requests or warmup_s:
-            warmup = _Recorder("warm-up", warmup_requests or None, progress)
+            warmup = Recorder("warm-up", warmup_requests or None, progress)
             await _closed_phase(target, concurrency, warmup_requests or None, warmup_s or None, warmup)
-        recorder = _Recorder(f"c={concurrency}", requests, progress)
+        recorder = Recorder(f"c={concurrency}", requests, progress)
         await _closed_phase(target, concurrency, requests, duration_s, recorder, backoff_s, impatient, patience_s)
     except asyncio.CancelledError:
         # Deliberately not re-raised: stopping early is how a user ends a long run, and what
         # was measured so far is the result they asked for.
-        recorder = recorder or _Recorder(f"c={concurrency}", requests, progress=False)
+        recorder = recorder or Recorder(f"c={concurrency}", requests, progress=False)
         recorder.finish()
-        notes.append(_interrupted_note(recorder))
+        notes.append(interrupted_note(recorder))
         log.warning("%s", notes[-1])
     finally:
         await target.close()
@@ -318,14 +318,14 @@ async def run_open(
     log.info("open loop against %s: %g req/s %s, %s", target.name, rate_rps, arrival, _bounds(requests, duration_s))
     if warmup_s:
         log.info("warming up for %g s", warmup_s)
-    warmup = _Recorder("warm-up", None, progress=False)
-    recorder: _Recorder | None = None  # created when the first measured request is due
+    warmup = Recorder("warm-up", None, progress=False)
+    recorder: Recorder | None = None  # created when the first measured request is due
     measured = 0  # measured arrivals so far, sent or dropped
     in_flight: set[asyncio.Task] = set()
     lags_s: list[float] = []
     notes: list[str] = []
 
-    async def scheduled_send(scheduled: float, phase: _Recorder) -> None:
+    async def scheduled_send(scheduled: float, phase: Recorder) -> None:
         if phase is not warmup:
             lags_s.append(time.perf_counter() - scheduled)
         await _timed_send(target, scheduled, phase)
@@ -341,7 +341,7 @@ async def run_open(
             else:
                 if recorder is None:
                     warmup.finish()
-                    recorder = _Recorder(f"{rate_rps:g} req/s", requests, progress)
+                    recorder = Recorder(f"{rate_rps:g} req/s", requests, progress)
                     recorder.started = started + warmup_s
                 phase = recorder
                 measured += 1
@@ -361,8 +361,8 @@ async def run_open(
         for task in in_flight:
             task.cancel()
         await asyncio.gather(*in_flight, return_exceptions=True)
-        recorder = recorder or _Recorder(f"{rate_rps:g} req/s", requests, progress=False)
-        notes.append(_interrupted_note(recorder))
+        recorder = recorder or Recorder(f"{rate_rps:g} req/s", requests, progress=False)
+        notes.append(interrupted_note(recorder))
         log.warning("%s", notes[-1])
     finally:
         warmup.finish()
@@ -370,7 +370,7 @@ async def run_open(
             recorder.finish()
         await target.close()
     if recorder is None:  # the run ended within its warm-up
-        recorder = _Recorder(f"{rate_rps:g} req/s", requests, progress=False)
+        recorder = Recorder(f"{rate_rps:g} req/s", requests, progress=False)
         recorder.finish()
     overloaded = recorder.errors.get("generator_overload", 0)
     if overloaded:

@@ -1,7 +1,8 @@
 """The load generator from synchronous code: scripts, notebooks, the command line.
 
-`closed_loop` and `open_loop` run a measurement to its end and return its `RunResult`; Ctrl-C
-stops a run and returns what it had measured so far. `summarize` says a result in words.
+`closed_loop` and `open_loop` run a measurement to its end and return its `RunResult`, and
+`sequence_loop` a stateful model's run of sequences (a `SequenceRunResult`); Ctrl-C stops a run
+and returns what it had measured so far. `summarize` says a result in words.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from collections.abc import Coroutine
 from typing import Any
 
 from servelab.loadgen.runners import run_closed, run_open
+from servelab.loadgen.sequences import make_sequence_target, run_sequences
 from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, make_target
 from servelab.models import ModelRepository
-from servelab.results import RunResult
+from servelab.results import RunResult, SequenceRunResult
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +131,33 @@ def open_loop(
     )
 
 
+def sequence_loop(
+    kind: str,
+    address: str,
+    model: str,
+    concurrency: int,
+    length: int,
+    sequences: int | None = None,
+    duration_s: float | None = None,
+    frame_interval_s: float | None = None,
+    warmup_sequences: int = 0,
+    progress: bool = True,
+    image_bytes: bytes | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    models: ModelRepository | None = None,
+) -> SequenceRunResult:
+    """`run_sequences` against `make_sequence_target(kind, address, model, image_bytes, timeout_s, models)`,
+    from synchronous code (a script or a notebook cell). Ctrl-C returns the partial result."""
+    target = make_sequence_target(kind, address, model, image_bytes, timeout_s, models)
+    return _run_sync(
+        run_sequences(target, concurrency, length, sequences, duration_s, frame_interval_s, warmup_sequences, progress)
+    )
+
+
 def summarize(result: RunResult) -> str:
     """One paragraph in words: load, throughput, latency percentiles, errors, and any notes."""
+    if isinstance(result, SequenceRunResult):
+        return _summarize_sequences(result)
     latency = result.latency
     if result.mode == "closed":
         load = f"Closed loop, {result.concurrency} concurrent senders"
@@ -147,5 +174,26 @@ def summarize(result: RunResult) -> str:
     ]
     if result.schedule_lag:
         parts.append(result.schedule_lag["message"])
-    parts += [note[0].upper() + note[1:] + ("" if note.endswith(".") else ".") for note in result.notes]
-    return " ".join(parts)
+    return " ".join(parts + _sentences(result.notes))
+
+
+def _summarize_sequences(result: SequenceRunResult) -> str:
+    pace = f"a frame every {result.frame_interval_s * 1000:g} ms" if result.frame_interval_s else "frames back to back"
+    frame, sequence = result.latency, result.sequence_latency
+    failed = ", ".join(f"{count} {kind}" for kind, count in sorted(result.sequences_failed.items())) or "none"
+    parts = [
+        f"{result.concurrency} sequences of {result.sequence_length} frames at once ({pace}), against "
+        f"{result.target}: {result.sequences} sequences started in {result.wall_s:.1f} s, "
+        f"{result.sequences_completed} completed, failed: {failed}.",
+        f"{result.requests} frames, {result.throughput_rps:.1f} answered per second; {result.frames_skipped} "
+        "skipped, as they came due while their sequence's previous frame was in flight.",
+        f"Frame latency: p50 {frame.p50_ms:.1f} ms, p95 {frame.p95_ms:.1f} ms, p99 {frame.p99_ms:.1f} ms, "
+        f"max {frame.max_ms:.1f} ms.",
+        f"Sequence latency (first frame sent to last answered): p50 {sequence.p50_ms:.1f} ms, "
+        f"max {sequence.max_ms:.1f} ms.",
+    ]
+    return " ".join(parts + _sentences(result.notes))
+
+
+def _sentences(notes: list[str]) -> list[str]:
+    return [note[0].upper() + note[1:] + ("" if note.endswith(".") else ".") for note in notes]

@@ -128,29 +128,34 @@ class TritonHttpTarget(_HttpTarget):
         name: str | None = None,
         models: ModelRepository | None = None,
     ) -> None:
-        request = _model_request(model, image_bytes, models)
-        raw = [tensor.binary() for tensor in request.inputs]
-        header = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": tensor.name,
-                        "shape": list(tensor.array.shape),
-                        "datatype": tensor.datatype,
-                        "parameters": {"binary_data_size": len(data)},
-                    }
-                    for tensor, data in zip(request.inputs, raw, strict=True)
-                ],
-                "outputs": [{"name": output, "parameters": {"binary_data": True}} for output in request.outputs],
-            }
-        ).encode()
+        tensors, raw = binary_inference_parts(model_request(model, image_bytes, models))
+        header = json.dumps(tensors).encode()
         super().__init__(
             name or f"triton/{model} (http)",
-            f"http://{_host_port(host_port)}/v2/models/{model}/infer",
-            header + b"".join(raw),
+            f"http://{host_port_of(host_port)}/v2/models/{model}/infer",
+            header + raw,
             {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
             timeout_s,
         )
+
+
+def binary_inference_parts(request: ModelRequest) -> tuple[dict, bytes]:
+    """A KServe v2 binary request's JSON header (its inputs and outputs) and the raw tensor bytes
+    that follow it."""
+    raw = [tensor.binary() for tensor in request.inputs]
+    header = {
+        "inputs": [
+            {
+                "name": tensor.name,
+                "shape": list(tensor.array.shape),
+                "datatype": tensor.datatype,
+                "parameters": {"binary_data_size": len(data)},
+            }
+            for tensor, data in zip(request.inputs, raw, strict=True)
+        ],
+        "outputs": [{"name": output, "parameters": {"binary_data": True}} for output in request.outputs],
+    }
+    return header, b"".join(raw)
 
 
 class TritonGrpcTarget(Target):
@@ -165,16 +170,11 @@ class TritonGrpcTarget(Target):
         name: str | None = None,
         models: ModelRepository | None = None,
     ) -> None:
-        request = _model_request(model, image_bytes, models)
         self.name = name or f"triton/{model} (grpc)"
-        self.host_port = _host_port(host_port)
+        self.host_port = host_port_of(host_port)
         self.model = model
         self.timeout_s = timeout_s
-        self.inputs = []
-        for tensor in request.inputs:
-            self.inputs.append(grpcclient.InferInput(tensor.name, list(tensor.array.shape), tensor.datatype))
-            self.inputs[-1].set_data_from_numpy(tensor.array)  # serialised here, once
-        self.outputs = [grpcclient.InferRequestedOutput(output) for output in request.outputs]
+        self.inputs, self.outputs = grpc_tensors(model_request(model, image_bytes, models))
         self._client: grpcclient_aio.InferenceServerClient | None = None
 
     async def open(self, connections: int) -> None:
@@ -185,7 +185,7 @@ class TritonGrpcTarget(Target):
         try:
             await self._client.infer(self.model, self.inputs, outputs=self.outputs, client_timeout=self.timeout_s)
         except InferenceServerException as exc:
-            raise RequestError(_grpc_error_kind(exc), exc.message() or "") from exc
+            raise RequestError(grpc_error_kind(exc), exc.message() or "") from exc
 
     async def close(self) -> None:
         if self._client is not None:
@@ -193,7 +193,18 @@ class TritonGrpcTarget(Target):
             self._client = None
 
 
-def _grpc_error_kind(exc: InferenceServerException) -> str:
+def grpc_tensors(
+    request: ModelRequest,
+) -> tuple[list[grpcclient.InferInput], list[grpcclient.InferRequestedOutput]]:
+    """tritonclient's inputs (serialised here, once) and requested outputs for `request`."""
+    inputs = []
+    for tensor in request.inputs:
+        inputs.append(grpcclient.InferInput(tensor.name, list(tensor.array.shape), tensor.datatype))
+        inputs[-1].set_data_from_numpy(tensor.array)
+    return inputs, [grpcclient.InferRequestedOutput(output) for output in request.outputs]
+
+
+def grpc_error_kind(exc: InferenceServerException) -> str:
     status = exc.status()  # e.g. "StatusCode.UNAVAILABLE"; None when the client itself refused
     if status is None:
         return "triton_error"
@@ -201,12 +212,12 @@ def _grpc_error_kind(exc: InferenceServerException) -> str:
     return "timeout" if code == "DEADLINE_EXCEEDED" else f"grpc_{code}"
 
 
-def _model_request(model: str, image_bytes: bytes, models: ModelRepository | None) -> ModelRequest:
+def model_request(model: str, image_bytes: bytes, models: ModelRepository | None) -> ModelRequest:
     """The request for `model`, as the registry says to build it (an unknown model is an error)."""
     return (models or ModelRepository()).get(model).request(image_bytes)
 
 
-def _host_port(address: str) -> str:
+def host_port_of(address: str) -> str:
     """Triton addresses are host:port; accept a pasted http:// URL too."""
     return address.split("://", 1)[-1].rstrip("/")
 

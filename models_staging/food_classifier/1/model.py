@@ -41,6 +41,9 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         if args["model_instance_kind"] == "GPU":
             self.device = torch.device(f"cuda:{args['model_instance_device_id']}")
+            # Full FP32 convolutions, as on the CPU: cuDNN's default TF32 on Ampere and newer GPUs
+            # moves the probabilities by about 2e-4 (measured on an H100), for no gain at this size.
+            torch.backends.cudnn.allow_tf32 = False
         else:
             self.device = torch.device("cpu")
         # Every instance is a process with its own team of PyTorch threads. On a CPU the instances

@@ -1,0 +1,388 @@
+# %% [markdown]
+# # 10. Stateful inference: sequences and the sequence batcher
+#
+# Every model so far answered each request on its own. Some answers depend on what came before:
+# a meal filmed as a stream of frames is one dish, and a classifier that sees one frame at a time
+# should answer with what the frames **so far** say, not with the last frame's guess. The model
+# `food_sequence` does that: each request is one frame of one **sequence** (a correlation ID the
+# client chooses), and the answer is the sequence's running label and probabilities. That running
+# mean is **state**, and the server has to keep it between requests, per sequence.
+#
+# TorchServe built this as "stateful inference": a sequence ID on each request, a handler that
+# keeps each sequence's state in an LRU cache of bounded capacity, an idle timeout and a total
+# timeout per sequence, a bounded job queue per sequence, explicit start, end and cancel, and
+# **continuous batching**: one request from each of several sequences combined into one batch.
+# TorchServe is no longer maintained; Triton's **sequence batcher** does the same job, and this
+# notebook teaches it there.
+#
+# How Triton's sequence batcher works:
+#
+# - each request carries `sequence_id` and the flags `sequence_start` and `sequence_end`. Triton
+#   refuses a request for a sequence it does not know unless it starts one;
+# - every request of a sequence goes to the same model instance, in order, one at a time;
+# - **oldest** strategy: each execution takes the oldest waiting frame of each of up to
+#   `max_batch_size` sequences, so frames of different sequences share one forward pass;
+# - **direct** strategy: each sequence is pinned to one of `max_batch_size` batch slots; empty
+#   slots travel along as requests marked not READY, which the model answers without computing;
+# - a Python-backend model gets no state from Triton: `food_sequence/1/model.py` keeps it, keyed
+#   by `request.correlation_id()`, in an LRU of `state_capacity` sequences.
+
+# %%
+# runs in the Jupyter container on the node (Chameleon) or on your machine (local)
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import tritonclient.grpc as grpcclient
+from IPython.display import Markdown, display
+from tritonclient.utils import InferenceServerException
+
+from servelab import paths, triton_stats
+from servelab.expectations import condition, figure, measured
+from servelab.lab import Lab
+
+lab = Lab.connect()
+MODEL = "food_sequence"
+print(f"The models run on {lab.hardware()}.")
+
+# %% [markdown]
+# ## TorchServe's settings, and where each lives here
+#
+# The values are read from the configuration the server runs now.
+
+# %%
+served = lab.config(MODEL).proto
+batcher = served.sequence_batching
+strategy = batcher.WhichOneof("strategy_choice")
+parameter = {key: value.string_value for key, value in served.parameters.items()}
+rows = [
+    ("sequence ID (header ts_request_sequence_id)", "the request's sequence_id; request.correlation_id() in model.py",
+     "client request", "chosen by the client"),
+    ("start / end of a sequence", "the request flags sequence_start / sequence_end; START and END control inputs",
+     "client request; config.pbtxt control_input", "per request"),
+    ("sequenceMaxIdleMSec", "idle_timeout_s (the model's), backed by max_sequence_idle_microseconds (Triton's)",
+     "config.pbtxt parameters; sequence_batching",
+     f"{parameter['idle_timeout_s']} s; {batcher.max_sequence_idle_microseconds / 1e6:g} s"),
+    ("sequenceTimeoutMSec", "sequence_timeout_s", "config.pbtxt parameters", f"{parameter['sequence_timeout_s']} s"),
+    ("cache capacity (the handler's LRU)", "state_capacity", "config.pbtxt parameters",
+     f"{parameter['state_capacity']} sequences per instance"),
+    ("maxSequenceJobQueueSize", "none in Triton (no queue policy for sequences); the lab's client keeps one frame "
+     "in flight per sequence and skips frames that come due meanwhile", "servelab/loadgen/sequences.py", "1 frame"),
+    ("sequenceBatching + continuousBatching", f"sequence_batching, strategy {strategy}; max_batch_size",
+     "config.pbtxt", f"up to {served.max_batch_size} sequences per execution"),
+    ("cancel (a request that ends the sequence)", "a gRPC cancel, or the request parameter cancel with sequence_end",
+     "client request; model.py", "drops the state"),
+]  # fmt: skip
+table = ["| TorchServe | here | where | value |", "| --- | --- | --- | --- |"]
+display(Markdown("\n".join(table + ["| " + " | ".join(row) + " |" for row in rows])))
+
+# %% [markdown]
+# ## Sequences by hand
+#
+# Three photos as the frames of one sequence, over gRPC. Watch the running label and
+# `FRAMES_SEEN`: the answer to the third frame depends on the first two.
+
+# %%
+client = grpcclient.InferenceServerClient(lab.triton_grpc)
+photos = sorted((paths.REPO_ROOT / "gourmetgram" / "static" / "samples").glob("*.jpg"))[:3]
+next_id = int(time.time()) % 1_000_000 * 1000  # IDs no earlier run of this notebook used
+
+
+def frame(sequence_id: int, photo: bytes, start: bool = False, end: bool = False, **parameters):
+    """Send one frame; the answer's outputs, or the error Triton or the model gave."""
+    request = lab.models.get(MODEL).request(photo)
+    inputs = [grpcclient.InferInput(t.name, list(t.array.shape), t.datatype) for t in request.inputs]
+    for tensor, declared in zip(inputs, request.inputs, strict=True):
+        tensor.set_data_from_numpy(declared.array)
+    try:
+        answer = client.infer(
+            MODEL, inputs, sequence_id=sequence_id, sequence_start=start, sequence_end=end,
+            parameters=parameters or None,
+        )  # fmt: skip
+    except InferenceServerException as error:
+        return error
+    return {
+        name: answer.as_numpy(name).reshape(-1)[0]
+        for name in ("SEQUENCE_LABEL", "SEQUENCE_PROBABILITY", "FRAME_LABEL", "FRAMES_SEEN")
+    }
+
+
+def show(what: str, answer) -> None:
+    if isinstance(answer, InferenceServerException):
+        print(f"{what}: ERROR {answer.message()}")
+    else:
+        label, probability = answer["SEQUENCE_LABEL"].decode(), answer["SEQUENCE_PROBABILITY"]
+        print(f"{what}: frame says {answer['FRAME_LABEL'].decode()}; the sequence so far says {label} "
+              f"({probability:.3f}) after {answer['FRAMES_SEEN']} frame(s)")  # fmt: skip
+
+
+next_id += 1
+for i, photo in enumerate(photos):
+    show(
+        f"sequence {next_id}, frame {i + 1} ({photo.name})",
+        frame(next_id, photo.read_bytes(), start=i == 0, end=i == 2),
+    )
+show(f"sequence {next_id} again, after its END", frame(next_id, photos[0].read_bytes()))
+show("a sequence never started", frame(next_id + 1, photos[0].read_bytes()))
+
+# %% [markdown]
+# ## Batching across sequences, against one sequence at a time
+#
+# The load generator keeps `N` sequences live (the model's `max_batch_size`), each of `LENGTH`
+# frames sent one after another (the next when the previous is answered), and starts a new
+# sequence whenever one ends. The same frames, sent by one sequence at a time, are the baseline.
+# Triton's statistics, read before and after each run, say how many executions ran the frames,
+# and at which batch sizes.
+#
+# **Predictions**
+#
+# 1. The sequence batcher puts frames of different sequences into one execution: with one
+#    sequence at a time every execution runs one frame (average batch size 1); with `N`
+#    sequences the average batch is at least 2, with `oldest` and with `direct` alike.
+# 2. Batching pays where a batch of frames costs less per frame than a frame alone: Triton's
+#    compute time per frame in the batches of `N` sequences is under 0.8x that of a frame alone,
+#    and `oldest` with `N` sequences serves at least 1.2x the frames per second of one sequence
+#    at a time. A GPU has parallel work to spare for a batch; a CPU whose cores already work on
+#    one frame has little, so there the prediction may fail, and the check says by how much.
+# 3. A frame waits for the batch it rides in: its median latency is higher with `N` sequences
+#    than alone.
+
+# %%
+N = served.max_batch_size
+LENGTH = 10
+DURATION_S = lab.profile.duration_s
+runs = {}
+
+
+def sequences_run(name: str, concurrency: int):
+    """`concurrency` live sequences for DURATION_S, with Triton's account of the executions."""
+    with triton_stats.measure(lab.triton_http, MODEL) as stats:
+        result = lab.sequences(MODEL, concurrency, LENGTH, target=name, duration_s=DURATION_S, warmup_sequences=1)
+    result.triton_stats = stats.delta.to_dict()
+    # Triton charges each request of a batch the whole execution's compute time.
+    result.triton_stats["compute_ms_per_frame"] = stats.delta.avg_compute_infer_us / 1000 / stats.delta.avg_batch_size
+    per_frame_ms = result.triton_stats["compute_ms_per_frame"]
+    print(f"  {stats.delta.inference_count} frames in {stats.delta.execution_count} executions: average batch "
+          f"{stats.delta.avg_batch_size:.2f}, {per_frame_ms:.1f} ms of compute per frame")  # fmt: skip
+    runs[name] = result
+    return result
+
+
+alone = sequences_run(f"{MODEL}, {strategy}, 1 sequence at a time", 1)
+oldest = sequences_run(f"{MODEL}, {strategy}, {N} sequences", N)
+lab.apply_config(MODEL, lab.config(MODEL).with_sequence_strategy("direct", max_queue_delay_microseconds=2000))
+direct = sequences_run(f"{MODEL}, direct, {N} sequences", N)
+lab.restore_config(MODEL)
+
+# %%
+fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+names = list(runs)
+left.barh(names, [runs[n].throughput_rps for n in names], color="tab:blue")
+left.set_xlabel("frames answered per second")
+left.invert_yaxis()
+for name in names:
+    sizes = runs[name].triton_stats["executions_by_batch_size"]
+    right.plot([int(s) for s in sizes], list(sizes.values()), marker="o", label=name)
+right.set_xlabel("batch size (frames in one execution)")
+right.set_ylabel("executions")
+right.legend(fontsize=8)
+fig.suptitle(f"{LENGTH}-frame sequences of {MODEL}, {lab.hardware()}")
+fig.tight_layout()
+plt.show()
+
+# %%
+lab.expect(
+    "the sequence batcher puts frames of different sequences into one execution",
+    condition(
+        "one sequence at a time runs one frame per execution",
+        alone.triton_stats["avg_batch_size"] <= 1.05,
+        figure(alone, "triton_stats.avg_batch_size", "average batch, 1 sequence"),
+    ),
+    condition(
+        f"with {N} sequences, oldest: average batch at least 2",
+        oldest.triton_stats["avg_batch_size"] >= 2,
+        figure(oldest, "triton_stats.avg_batch_size", f"average batch, oldest, {N} sequences"),
+    ),
+    condition(
+        f"with {N} sequences, direct: average batch at least 2",
+        direct.triton_stats["avg_batch_size"] >= 2,
+        figure(direct, "triton_stats.avg_batch_size", f"average batch, direct, {N} sequences"),
+    ),
+)
+per_frame = {name: runs[name].triton_stats["compute_ms_per_frame"] for name in (alone.target, oldest.target)}
+lab.expect(
+    "batching across sequences pays: cheaper frames in a batch, more frames per second",
+    condition(
+        f"compute per frame in the batches of {N} sequences under 0.8x that of a frame alone",
+        per_frame[oldest.target] < 0.8 * per_frame[alone.target],
+        figure(oldest, "triton_stats.compute_ms_per_frame", f"compute per frame, {N} sequences"),
+        figure(alone, "triton_stats.compute_ms_per_frame", "compute per frame, 1 sequence"),
+    ),
+    condition(
+        f"oldest with {N} sequences at least 1.2x the frames per second of one at a time",
+        oldest.throughput_rps >= 1.2 * alone.throughput_rps,
+        figure(oldest, "throughput_rps", f"frames/s, {N} sequences"),
+        figure(alone, "throughput_rps", "frames/s, 1 sequence"),
+    ),
+    reason=f"on {lab.hardware()}, a frame in a batch of {oldest.triton_stats['avg_batch_size']:.1f} took "
+    f"{per_frame[oldest.target]:.1f} ms of compute against {per_frame[alone.target]:.1f} ms alone: "
+    + (
+        "the batch made each frame cheaper"
+        if per_frame[oldest.target] < 0.8 * per_frame[alone.target]
+        else "the device had no parallel work to spare, so a batch only lined the frames up"
+    ),
+)
+lab.expect(
+    "a frame waits for the batch it rides in",
+    condition(
+        f"frame p50 with {N} sequences above frame p50 alone",
+        oldest.latency.p50_ms > alone.latency.p50_ms,
+        figure(oldest, "latency.p50_ms", f"frame p50, {N} sequences"),
+        figure(alone, "latency.p50_ms", "frame p50, 1 sequence"),
+    ),
+);
+
+# %% [markdown]
+# A second opinion from perf_analyzer, which sends sequences too (`sequence_length=` becomes
+# `--sequence-length`; at a concurrency, each request in flight belongs to a sequence of its own):
+# the same `N` live sequences against the shipped config.
+
+# %%
+checked = lab.measure(MODEL, concurrency=N, sequence_length=LENGTH, sequence_length_variation=0)
+if checked is not None:
+    print(
+        f"perf_analyzer: {checked.throughput_rps:.1f} frames/s; the lab's load generator, oldest with {N} sequences:"
+        f" {oldest.throughput_rps:.1f} frames/s"
+    )
+
+# %% [markdown]
+# ## More live sequences than the state cache holds
+#
+# The model keeps the state of at most `state_capacity` sequences; starting one more evicts the
+# least recently used, and that sequence's next frame is refused with an error that says so. The
+# sequence batcher itself serves up to `max_candidate_sequences` at once, more than the cache
+# holds, so nothing stops the client from starting too many. Here the cache holds `CAPACITY`
+# sequences, and the load generator runs `CAPACITY`, then twice as many, sequences at once, each
+# started once (a broken sequence is not restarted).
+#
+# **Prediction** 4. At the capacity no sequence is broken off. At twice the capacity at least
+# `CAPACITY` sequences are broken off, each by an `evicted` error, and the model's log counts as
+# many evictions as the clients saw.
+
+# %%
+CAPACITY = 4
+lab.apply_config(MODEL, lab.config(MODEL).with_parameters(state_capacity=str(CAPACITY)))
+
+
+def evictions_logged() -> float:
+    """Evictions the model has logged so far (NaN where this notebook finds no log to read)."""
+    log = lab.triton_log()
+    return float("nan") if log is None else triton_stats.sequence_events(log.read_text(), MODEL).get("evicted", 0)
+
+
+evicted = {}
+for live in (CAPACITY, 2 * CAPACITY):
+    before = evictions_logged()
+    name = f"{MODEL}, state capacity {CAPACITY}, {live} sequences"
+    runs[name] = lab.sequences(MODEL, live, LENGTH, target=name, sequences=live)
+    evicted[live] = evictions_logged() - before
+    print(f"  the model logged {evicted[live]:.0f} evictions; the clients' broken sequences: "
+          f"{runs[name].sequences_failed or 'none'}")  # fmt: skip
+lab.restore_config(MODEL)
+at_capacity, above = (runs[f"{MODEL}, state capacity {CAPACITY}, {n} sequences"] for n in (CAPACITY, 2 * CAPACITY))
+broken_by_eviction = above.sequences_failed.get("evicted", 0)
+
+# %%
+lab.expect(
+    "more live sequences than the cache holds break the least recently used ones, and say so",
+    condition(
+        f"{CAPACITY} sequences (the capacity): none broken off",
+        sum(at_capacity.sequences_failed.values()) == 0 and at_capacity.sequences_completed == CAPACITY,
+        figure(at_capacity, "sequences_completed", f"completed of {CAPACITY}"),
+    ),
+    condition(
+        f"{2 * CAPACITY} sequences: at least {CAPACITY} broken off, every one by an evicted error",
+        broken_by_eviction >= CAPACITY and broken_by_eviction == sum(above.sequences_failed.values()),
+        measured(f"broken off by 'evicted', {2 * CAPACITY} sequences", broken_by_eviction),
+        figure(above, "sequences_completed", f"completed of {2 * CAPACITY}"),
+    ),
+    condition(
+        "the model logged as many evictions as the clients saw",
+        evicted[2 * CAPACITY] == broken_by_eviction,
+        measured("evictions in the model's log", evicted[2 * CAPACITY]),
+        measured("evicted errors the clients saw", broken_by_eviction),
+    ),
+);
+
+# %% [markdown]
+# ## An idle sequence expires; a cancelled one is gone
+#
+# With the model's idle timeout set to `IDLE_S`, one sequence pauses for half of it and then
+# for twice as long. Then another sequence is cancelled by its client: its last frame carries
+# the request parameter `cancel` with `sequence_end`, the model drops the state without
+# computing the frame, and Triton frees the sequence's slot.
+#
+# **Prediction** 5. The frame after the short pause is answered; the frame after the long pause
+# is refused as `expired`; the cancel is answered CANCELLED; and the cancelled sequence's next
+# frame is refused, because the sequence no longer exists.
+
+# %%
+IDLE_S = 1.0
+lab.apply_config(MODEL, lab.config(MODEL).with_parameters(idle_timeout_s=str(IDLE_S)))
+photo = photos[0].read_bytes()
+next_id += 2
+show("frame 1", frame(next_id, photo, start=True))
+time.sleep(IDLE_S / 2)
+after_short_pause = frame(next_id, photo)
+show(f"frame 2, after {IDLE_S / 2:g} s", after_short_pause)
+time.sleep(2 * IDLE_S)
+after_long_pause = frame(next_id, photo)
+show(f"frame 3, after {2 * IDLE_S:g} s", after_long_pause)
+lab.restore_config(MODEL)
+
+next_id += 1
+show("another sequence, frame 1", frame(next_id, photo, start=True))
+cancel_answer = frame(next_id, photo, end=True, cancel=True)
+show("its cancel", cancel_answer)
+after_cancel = frame(next_id, photo)
+show("its next frame", after_cancel)
+
+
+def refused_as(answer, reason: str) -> bool:
+    """Whether `answer` is an error whose message starts with `reason`."""
+    return isinstance(answer, InferenceServerException) and answer.message().lower().lstrip().startswith(reason)
+
+
+# %%
+lab.expect(
+    "an idle sequence expires after the idle timeout, and a cancelled sequence is gone",
+    condition(
+        f"the frame after {IDLE_S / 2:g} s idle is answered",
+        not isinstance(after_short_pause, InferenceServerException),
+        measured(
+            "frames seen after the short pause",
+            np.nan if isinstance(after_short_pause, InferenceServerException) else after_short_pause["FRAMES_SEEN"],
+        ),
+    ),
+    condition(
+        f"the frame after {2 * IDLE_S:g} s idle is refused as expired",
+        refused_as(after_long_pause, "expired"),
+        measured("refused as expired (1 yes, 0 no)", float(refused_as(after_long_pause, "expired"))),
+    ),
+    condition(
+        "the cancel is answered CANCELLED, and the next frame is refused",
+        refused_as(cancel_answer, "cancelled") and isinstance(after_cancel, InferenceServerException),
+        measured("cancel answered CANCELLED (1 yes, 0 no)", float(refused_as(cancel_answer, "cancelled"))),
+    ),
+);
+
+# %% [markdown]
+# A server that keeps state makes every sequence a small reservation: memory in the model, a
+# slot in the batcher, a time limit. The settings above bound each of them, and each bound has
+# an error a client can act on: start the sequence again, or stop sending.
+#
+# ## All the runs, and the verdicts
+
+# %%
+lab.table()
+lab.verdicts()
