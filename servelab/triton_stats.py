@@ -54,6 +54,9 @@ class StatsDelta:
     avg_compute_output_us: float
     executions_by_batch_size: dict[int, int] = field(default_factory=dict)
     avg_batch_size: float = math.nan  # inference_count / execution_count
+    # The executions' own compute time (batch_stats) per inference: what one inference cost the
+    # model, a batch's time shared among its inferences.
+    compute_ms_per_inference: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,6 +115,10 @@ def _average_us(before: dict[str, Any], after: dict[str, Any], name: str) -> flo
     return (ns_after - ns_before) / count / 1000 if count else math.nan
 
 
+def _execution_compute_ns(model_stat: dict[str, Any]) -> int:
+    return sum(_duration(entry, "compute_infer")[1] for entry in model_stat.get("batch_stats", []))
+
+
 def _executions_by_batch_size(model_stat: dict[str, Any]) -> dict[int, int]:
     return {
         int(entry["batch_size"]): _duration(entry, "compute_infer")[0] for entry in model_stat.get("batch_stats", [])
@@ -153,6 +160,9 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> StatsDelta:
         avg_compute_output_us=_average_us(old_infer, new_infer, "compute_output"),
         executions_by_batch_size=by_batch_size,
         avg_batch_size=inferences / executions if executions else math.nan,
+        compute_ms_per_inference=(_execution_compute_ns(new) - _execution_compute_ns(old)) / 1e6 / inferences
+        if inferences
+        else math.nan,
     )
 
 

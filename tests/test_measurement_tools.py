@@ -135,6 +135,8 @@ def test_diff_of_synthetic_snapshots():
     assert delta.avg_request_us == pytest.approx(4000)
     assert delta.executions_by_batch_size == {1: 2, 4: 6}  # batch size 2 did not run in between
     assert delta.avg_batch_size == pytest.approx(2.5)
+    # 8 executions of 1 us each (the synthetic batch_stats) computed the 20 inferences.
+    assert delta.compute_ms_per_inference == pytest.approx(8 * 1000 / 1e6 / 20)
 
 
 def test_diff_of_an_idle_interval_has_no_averages():

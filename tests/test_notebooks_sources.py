@@ -8,12 +8,19 @@ import pytest
 from servelab import paths
 
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"
-SOURCES = sorted(NOTEBOOKS.glob("[0-9]*.py"))
+
+
+def lesson_number(path) -> int:
+    return int(path.name.split("_")[0])
+
+
+SOURCES = sorted(NOTEBOOKS.glob("[0-9]*.py"), key=lesson_number)  # 10 after 9, not after 1
 
 
 def test_every_numbered_notebook_has_a_source_and_the_sequence_is_complete():
     assert [source.name.split("_")[0] for source in SOURCES] == [str(n) for n in range(len(SOURCES))]
-    assert sorted(NOTEBOOKS.glob("[0-9]*.ipynb")) == [source.with_suffix(".ipynb") for source in SOURCES]
+    generated = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"), key=lesson_number)
+    assert generated == [source.with_suffix(".ipynb") for source in SOURCES]
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
