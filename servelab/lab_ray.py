@@ -30,7 +30,10 @@ from typing import Any
 from servelab import ray_local, timeline
 from servelab.cores import available_cores
 from servelab.ray_watch import ServeSample, ServeWatcher
-from servelab.stack import LocalStack, Ports, answers, ray_serve_service
+from servelab.stack import LocalStack, Ports, StackError, answers, ray_serve_service
+
+# What Ray says when its node does not register in time: the one start failure worth a retry.
+RAY_SLOW_START = "timed out during startup"
 
 APPLICATION, DEPLOYMENT = "food11", "Food11"
 
@@ -125,9 +128,21 @@ def local(stacks: list[LocalStack], work: Path) -> RayServe:
         print("Using the Ray Serve already running on this machine (`make up`); its shipped config returns at exit.")
         atexit.register(serve.restore)
         return serve
-    ports, token_file = Ports.free(), work / "ray_auth_token"
+    token_file = work / "ray_auth_token"
     print("Starting Ray Serve for this notebook (a one-node Ray on 127.0.0.1; about half a minute)...")
-    stack = LocalStack([ray_serve_service(ports, token_file=token_file)], log_dir=work / "ray-logs").start()
+    for attempt in (1, 2):
+        ports = Ports.free()
+        stack = LocalStack([ray_serve_service(ports, token_file=token_file)], log_dir=work / f"ray-logs-{attempt}")
+        try:
+            stack.start()
+            break
+        except StackError as exc:
+            # Ray gives its raylet a fixed 30 s to register (ray/_private/node.py); on a small
+            # machine still busy with the processes before it, that can pass. Its processes
+            # died with the one that started them, so a second start begins clean.
+            if attempt == 2 or RAY_SLOW_START not in str(exc):
+                raise
+            print(f"Ray's node did not come up within Ray's own 30 s ({RAY_SLOW_START!r}); starting it once more.")
     stacks.append(stack)
     atexit.register(stack.stop)
     return _on(ports, token_file)

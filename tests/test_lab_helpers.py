@@ -168,3 +168,43 @@ def test_a_result_page_is_read_as_a_browser_shows_it(start_gourmetgram):
     assert "JPEG or PNG" in refused.error
     with pytest.raises(RuntimeError, match="answered HTTP 400"):
         Lab.upload_to_ui(url, "notes.jpg", b"not an image")
+
+
+@pytest.mark.parametrize(
+    ("failures", "started"),
+    [
+        (["timed out during startup"], 2),
+        (["timed out during startup", "timed out during startup"], None),
+        (["boom"], None),
+    ],
+)
+def test_ray_serve_is_started_once_more_only_when_ray_s_node_was_too_slow_to_register(
+    tmp_path, monkeypatch, failures, started
+):
+    from servelab import lab_ray
+    from servelab.stack import StackError
+
+    attempts = []
+
+    class Stack:
+        def __init__(self, services, log_dir):
+            attempts.append(log_dir)
+
+        def start(self):
+            if len(attempts) <= len(failures):
+                raise StackError(f"ray_serve exited with code 1 before it was ready.\n{failures[len(attempts) - 1]}")
+            return self
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(lab_ray, "LocalStack", Stack)
+    monkeypatch.setattr(lab_ray, "answers", lambda url: False)  # no `make up` running
+    stacks = []
+    if started is None:
+        with pytest.raises(StackError):
+            lab_ray.local(stacks, tmp_path)
+        assert len(attempts) == min(len(failures), 2) and not stacks
+    else:
+        lab_ray.local(stacks, tmp_path)
+        assert len(attempts) == started and len(stacks) == 1
