@@ -274,7 +274,7 @@ def test_a_grpc_cancel_of_a_waiting_frame_drops_its_sequence_in_the_model(sequen
     assert outcomes["blocker"][0] is not None, outcomes["blocker"][1]
     refused = sequences.refusal(victim, test_images[2], sequence_end=True)
     assert refused.status() == "StatusCode.NOT_FOUND"
-    assert refused.message().startswith(f"cancelled: a frame of sequence {victim} was cancelled by its client")
+    assert refused.message().startswith(f"cancelled: sequence {victim} was cancelled by its client before inference")
     assert sequences.events()["cancelled"] - before["cancelled"] == 1
 
 

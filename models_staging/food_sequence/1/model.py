@@ -126,6 +126,16 @@ class TritonPythonModel:
 
     # ---- state -------------------------------------------------------------------------------
 
+    def _cancel(self, sequence_id, how, events):
+        """Drop a cancelled sequence's state; the CANCELLED answer, which names how it was cancelled."""
+        dropped = self.states.get(sequence_id)
+        message = (
+            f"cancelled: sequence {sequence_id} was cancelled {how}; its state "
+            f"({dropped.frames if dropped else 0} frame(s)) was dropped; start a new sequence with sequence_start"
+        )
+        self._lose(sequence_id, message, events, "cancelled")
+        return error_response(message, pb_utils.TritonError.CANCELLED)
+
     def _lose(self, sequence_id, message, events, kind):
         self.states.pop(sequence_id, None)
         self.lost[sequence_id] = message
@@ -210,14 +220,7 @@ class TritonPythonModel:
             if control(request, "END"):
                 ended.append(sequence_id)
             if json.loads(request.parameters() or "{}").get("cancel") is True:
-                dropped = self.states.get(sequence_id)
-                message = (
-                    f"cancelled: sequence {sequence_id} was cancelled by its client (request parameter "
-                    f"cancel); its state ({dropped.frames if dropped else 0} frame(s)) was dropped; "
-                    "start a new sequence with sequence_start"
-                )
-                self._lose(sequence_id, message, events, "cancelled")
-                responses[index] = error_response(message, pb_utils.TritonError.CANCELLED)
+                responses[index] = self._cancel(sequence_id, "by its client (request parameter cancel)", events)
                 continue
             if control(request, "START"):
                 state = self._start(sequence_id, now, events)
@@ -237,13 +240,7 @@ class TritonPythonModel:
         computed = []
         for index, sequence_id, state, frame in frames:
             if requests[index].is_cancelled():
-                message = (
-                    f"cancelled: a frame of sequence {sequence_id} was cancelled by its client before "
-                    f"inference; the sequence's state ({state.frames} frame(s)) was dropped; start a new "
-                    "sequence with sequence_start"
-                )
-                self._lose(sequence_id, message, events, "cancelled")
-                responses[index] = error_response(message, pb_utils.TritonError.CANCELLED)
+                responses[index] = self._cancel(sequence_id, "by its client before inference (gRPC)", events)
             else:
                 computed.append((index, state, frame))
 
