@@ -163,7 +163,7 @@ eight_instances = lab.measure("food_classifier", concurrency=8)
 # than four, with the GPUs still far from busy: the Python backend, not the GPU, was the limit.
 #
 # On a CPU the instances share the cores the way FastAPI's slots do: an inference gets the cores
-# divided by the inferences running in all instances when it starts, at least one thread (each
+# divided by the instances at work (decoding or inferring) when it starts, at least one thread (each
 # instance's log states its plan). So the question is how much of the machine one instance
 # leaves unused. One instance runs one request at a time: it decodes the image on one
 # thread while the other cores wait, then splits one image's inference over all the cores, whose

@@ -4,8 +4,9 @@ uvicorn does not cancel a handler when its client disconnects: the handler runs 
 its answer is thrown away. What can be saved is the work not started yet. `DisconnectWatch`
 listens for the ASGI `http.disconnect` message once the body has been read, and the handler
 asks it at each stage boundary (before preprocessing, while waiting for a predict slot, before
-inference) whether to go on. A model call already running in a thread cannot be stopped; the
-watch still tells, after it, whether its answer had anyone to read it.
+inference) whether to go on. A request waiting for a slot waits in the inference pool's queue;
+when its client leaves, its job is taken out of that queue. A model call already running in a
+thread cannot be stopped; the watch still tells, after it, whether its answer had anyone to read it.
 `python -m servelab artifacts` copies this file into each service folder; edit it here.
 """
 
@@ -15,10 +16,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from typing import TypeVar
 
 from starlette.types import Receive
 
 log = logging.getLogger("food11.service")
+T = TypeVar("T")
 
 # Where a request can be abandoned, in the order it reaches them.
 STAGES = ("before_preprocess", "slot_wait", "before_inference")
@@ -45,6 +49,7 @@ class DisconnectWatch:
     def __init__(self, receive: Receive, abandon: bool) -> None:
         self.abandon = abandon  # False: only observe, for the experiment that measures the waste
         self.gone = asyncio.Event()
+        self._queued: Future | None = None  # the job waiting for a predict slot, if any
         self._task = asyncio.create_task(self._listen(receive))
 
     async def _listen(self, receive: Receive) -> None:
@@ -55,42 +60,34 @@ class DisconnectWatch:
             log.debug("Cannot watch this request's connection", exc_info=True)
             return
         self.gone.set()
+        if self.abandon and self._queued is not None:
+            self._queued.cancel()  # succeeds only while no thread has started it
 
     def stop(self) -> None:
         self._task.cancel()
 
     def check(self, stage: str) -> None:
-        """Raise ClientGone if the client has gone and requests are abandoned."""
+        """Raise ClientGone if the client has gone and requests are abandoned. Safe to call from
+        an inference thread: it only reads a flag."""
         if self.abandon and self.gone.is_set():
             raise ClientGone(stage)
 
-    @contextlib.asynccontextmanager
-    async def slot(self, slots: asyncio.Semaphore) -> AsyncIterator[None]:
-        """Hold one of `slots`, unless the client leaves while the request waits for it."""
+    async def result_of(self, queued: Future[T]) -> T:
+        """The result of `queued`, a job in the inference pool's queue (a predict slot is one of
+        the pool's threads). If the client leaves before a thread takes the job, the job leaves
+        the queue and ClientGone("slot_wait") is raised; once started, it runs to the end. A
+        handler cancelled while it waits (Ray Serve does that) takes its job out of the queue too."""
         self.check("slot_wait")
-        if not self.abandon:
-            async with slots:
-                yield
-            return
-        acquiring = asyncio.ensure_future(slots.acquire())
-        leaving = asyncio.ensure_future(self.gone.wait())
+        self._queued = queued
         try:
-            await asyncio.wait((acquiring, leaving), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # this handler was cancelled (Ray Serve does that): give back what it holds
-            leaving.cancel()
-            if acquiring.done() and not acquiring.cancelled():
-                slots.release()
-            acquiring.cancel()
+            return await asyncio.wrap_future(queued)
+        except asyncio.CancelledError:
+            handler = asyncio.current_task()
+            if queued.cancelled() and self.gone.is_set() and not (handler and handler.cancelling()):
+                raise ClientGone("slot_wait") from None
             raise
-        leaving.cancel()
-        if not acquiring.done():
-            acquiring.cancel()  # a cancelled acquire passes a slot it was just given to the next waiter
-            raise ClientGone("slot_wait")
-        try:
-            self.check("slot_wait")  # both may have happened at once: the client still wins
-            yield
         finally:
-            slots.release()
+            self._queued = None
 
 
 @contextlib.asynccontextmanager

@@ -10,8 +10,8 @@ The defaults never exceed the cores. On a CPU, a service gets one slot per core,
 threads are *elastic*: an inference gets the cores divided by the inferences running when it
 starts. One request alone uses every core (lowest latency); under load each slot has a core of
 its own (highest throughput). Triton's instances are processes of their own: they count the
-inferences running in all of them through lock files (`RunningAcrossProcesses`), and share the
-cores out the same way. On a GPU, one slot: the GPU runs one inference at a time anyway, and
+instances at work (decoding included) through lock files (`RunningAcrossProcesses`), and share
+the cores out the same way. On a GPU, one slot: the GPU runs one inference at a time anyway, and
 the CPU's cores go to decoding. More slots do not feed it better: measured with fastapi_pt on an
 H100 (16 cores, 16 clients, alternating runs), one slot served 129 and 145 requests/s, two slots
 117 and 127. A batch-1 MobileNetV2 keeps the GPU about 10% busy either way: what limits it is the

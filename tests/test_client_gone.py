@@ -14,6 +14,7 @@ import json
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -90,7 +91,15 @@ def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unle
         assert delta.requests_by_status.get("200") == 2
 
 
-def test_a_handler_cancelled_while_waiting_for_a_slot_takes_none_and_one_given_later_goes_to_the_next():
+def _one_busy_slot() -> tuple[ThreadPoolExecutor, threading.Event]:
+    """A pool of one inference thread, held by a job until the returned event is set."""
+    slots = ThreadPoolExecutor(1)
+    release = threading.Event()
+    slots.submit(release.wait, 10)
+    return slots, release
+
+
+def test_a_handler_cancelled_while_waiting_for_a_slot_takes_its_job_out_of_the_queue():
     async def scenario() -> list[str]:
         never: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -98,28 +107,50 @@ def test_a_handler_cancelled_while_waiting_for_a_slot_takes_none_and_one_given_l
             await never
             return {"type": "http.disconnect"}
 
-        slots = asyncio.Semaphore(1)
-        await slots.acquire()  # held by someone else
+        slots, release = _one_busy_slot()
         watch = DisconnectWatch(receive, abandon=True)
-        events = []
-
-        async def wait_for_slot(name: str) -> None:
-            async with watch.slot(slots):
-                events.append(name)
-
-        cancelled = asyncio.create_task(wait_for_slot("cancelled"))
+        ran = []
+        cancelled = asyncio.create_task(watch.result_of(slots.submit(ran.append, "cancelled")))
         await asyncio.sleep(0.01)
         cancelled.cancel()  # Ray Serve does this when a client leaves
         await asyncio.sleep(0.01)
-        next_one = asyncio.create_task(wait_for_slot("next"))
-        await asyncio.sleep(0.01)
-        slots.release()
+        next_one = watch.result_of(slots.submit(ran.append, "next"))
+        release.set()
         await asyncio.wait_for(next_one, 5)
         watch.stop()
-        events.append(f"free slots at the end: {slots._value}")
-        return events
+        slots.shutdown()
+        return ran + [f"handler cancelled: {cancelled.cancelled()}"]
 
-    assert asyncio.run(scenario()) == ["next", "free slots at the end: 1"]
+    assert asyncio.run(scenario()) == ["next", "handler cancelled: True"]
+
+
+@pytest.mark.parametrize("abandon", [True, False])
+def test_a_client_that_leaves_while_its_job_is_queued_is_abandoned_at_slot_wait_only_when_abandoning(abandon):
+    async def scenario() -> tuple[str, list[str]]:
+        leaves = asyncio.get_running_loop().create_future()
+
+        async def receive() -> dict:
+            await leaves
+            return {"type": "http.disconnect"}
+
+        slots, release = _one_busy_slot()
+        watch = DisconnectWatch(receive, abandon=abandon)
+        ran: list[str] = []
+        waiting = asyncio.create_task(watch.result_of(slots.submit(ran.append, "queued job")))
+        await asyncio.sleep(0.01)
+        leaves.set_result(None)
+        await asyncio.sleep(0.01)
+        release.set()
+        try:
+            await asyncio.wait_for(waiting, 5)
+            outcome = "computed"
+        except ClientGone as gone:
+            outcome = gone.stage
+        watch.stop()
+        slots.shutdown()
+        return outcome, ran
+
+    assert asyncio.run(scenario()) == (("slot_wait", []) if abandon else ("computed", ["queued job"]))
 
 
 def test_a_client_gone_before_preprocessing_is_abandoned_there_and_only_when_abandoning():

@@ -24,6 +24,7 @@ Each execute logs one line per kind of event with its count ("food_sequence: evi
 sequence(s) ..."), which servelab.triton_stats.sequence_events counts.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -197,14 +198,25 @@ class TritonPythonModel:
     # ---- inference ---------------------------------------------------------------------------
 
     def _infer(self, images):
+        with torch.inference_mode():
+            return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
+
+    @contextlib.contextmanager
+    def _share_of_the_cores(self):
+        """As food_classifier's: while this instance works, decoding included, it counts as
+        running, and its inference threads are its share of the cores."""
         if self.running is None:
-            with torch.inference_mode():
-                return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
-        with self.running.running() as running, torch.inference_mode():
+            yield
+            return
+        with self.running.running() as running:
             torch.set_num_threads(self.plan.threads_for(running))
-            return self.model(torch.from_numpy(images)).numpy()
+            yield
 
     def execute(self, requests):
+        with self._share_of_the_cores():
+            return self._answer(requests)
+
+    def _answer(self, requests):
         now = time.monotonic()
         events = Counter()
         self._expire_idle(now, events)
