@@ -17,7 +17,7 @@ import triton_python_backend_utils as pb_utils
 
 # cores.py (thread plans, shared with every service) is staged beside this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cores import RunningAcrossProcesses, thread_plan  # noqa: E402
+from cores import RunningAcrossProcesses, thread_plan, threads_at_work  # noqa: E402
 
 
 def cancelled_response():
@@ -73,11 +73,8 @@ class TritonPythonModel:
             for request in requests
         ]
         feed = {name: np.concatenate([batch[name] for batch in batches]) for name in self.input_names}
-        if self.running is None:
-            outputs = self.sessions[self.plan.threads].run(self.output_names, feed)
-        else:
-            with self.running.running() as running:
-                outputs = self.sessions[self.plan.threads_for(running)].run(self.output_names, feed)
+        with threads_at_work(self.plan, self.running) as threads:
+            outputs = self.sessions[threads].run(self.output_names, feed)
         responses, start = [], 0
         for batch in batches:
             size = len(batch[self.input_names[0]])

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from servelab import cores, paths
-from servelab.cores import RunningAcrossProcesses, available_cores, thread_plan
+from servelab.cores import RunningAcrossProcesses, available_cores, thread_plan, threads_at_work
 
 
 def test_available_cores_follow_the_cpu_affinity():
@@ -61,6 +61,21 @@ def test_instances_in_processes_of_their_own_share_the_cores_elastically(tmp_pat
         assert alone_again == 1
     second.close()
     assert not (tmp_path / "servelab-running-model-server" / "instance_1").exists()
+
+
+def test_an_instance_at_work_keeps_its_share_for_the_whole_block_and_a_fixed_plan_its_count(tmp_path):
+    elastic = thread_plan(slots=2, cores=2, environ={}, given_by="2 instances")
+    first = RunningAcrossProcesses("model-server", "instance_0", directory=tmp_path)
+    second = RunningAcrossProcesses("model-server", "instance_1", directory=tmp_path)
+    with threads_at_work(elastic, first) as decoding_and_inferring:
+        assert decoding_and_inferring == 2  # alone: every core
+        with threads_at_work(elastic, second) as meanwhile:
+            assert meanwhile == 1  # the first still counts while its block runs, decoding or not
+    with threads_at_work(elastic, second) as after:
+        assert after == 2
+    fixed = thread_plan(slots=1, threads=1, cores=2, environ={}, given_by="INFERENCE_THREADS")
+    with threads_at_work(fixed, None) as threads:
+        assert threads == 1
 
 
 def test_an_instance_that_died_while_inferring_is_not_counted(tmp_path):

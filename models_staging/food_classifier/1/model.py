@@ -9,7 +9,6 @@ CANCELLED instead of being computed: `request.is_cancelled()` is asked once per 
 decoding (each call is a round trip to the server, so not in a loop), and the model logs how many.
 """
 
-import contextlib
 import json
 import os
 import sys
@@ -22,7 +21,7 @@ from torchvision.models import mobilenet_v2
 # food11.py (labels and preprocessing) and cores.py (thread plans), shared with every other
 # service, sit beside this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cores import RunningAcrossProcesses, thread_plan  # noqa: E402
+from cores import RunningAcrossProcesses, thread_plan, threads_at_work  # noqa: E402
 from food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction  # noqa: E402
 
 
@@ -81,22 +80,9 @@ class TritonPythonModel:
         with torch.inference_mode():
             return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
 
-    @contextlib.contextmanager
-    def _share_of_the_cores(self):
-        """On a CPU with elastic threads: while this instance works, decoding included, it counts
-        as running, and its inference threads are its share of the cores. Counting the inference
-        alone let an instance infer on every core while another decoded, one thread too many:
-        with 2 instances on 2 cores at 8 clients, 0.73 of the in-process ceiling against 1.0
-        when decoding counts too (alternating runs, medians of 3)."""
-        if self.running is None:
-            yield
-            return
-        with self.running.running() as running:
-            torch.set_num_threads(self.plan.threads_for(running))
-            yield
-
     def execute(self, requests):
-        with self._share_of_the_cores():
+        with threads_at_work(self.plan, self.running) as threads:  # decoding counts as work too
+            torch.set_num_threads(threads)
             return self._answer(requests)
 
     def _answer(self, requests):

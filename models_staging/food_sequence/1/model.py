@@ -24,7 +24,6 @@ Each execute logs one line per kind of event with its count ("food_sequence: evi
 sequence(s) ..."), which servelab.triton_stats.sequence_events counts.
 """
 
-import contextlib
 import json
 import os
 import sys
@@ -40,7 +39,7 @@ from torchvision.models import mobilenet_v2
 # food11.py (labels and preprocessing) and cores.py (thread plans), shared with every other
 # service, sit beside this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cores import RunningAcrossProcesses, thread_plan  # noqa: E402
+from cores import RunningAcrossProcesses, thread_plan, threads_at_work  # noqa: E402
 from food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, softmax  # noqa: E402
 
 # Lost sequences whose reason is remembered, beyond the state capacity: enough for every
@@ -201,19 +200,9 @@ class TritonPythonModel:
         with torch.inference_mode():
             return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
 
-    @contextlib.contextmanager
-    def _share_of_the_cores(self):
-        """As food_classifier's: while this instance works, decoding included, it counts as
-        running, and its inference threads are its share of the cores."""
-        if self.running is None:
-            yield
-            return
-        with self.running.running() as running:
-            torch.set_num_threads(self.plan.threads_for(running))
-            yield
-
     def execute(self, requests):
-        with self._share_of_the_cores():
+        with threads_at_work(self.plan, self.running) as threads:  # decoding counts as work too
+            torch.set_num_threads(threads)
             return self._answer(requests)
 
     def _answer(self, requests):
