@@ -4,9 +4,10 @@
 
 1. The in-process ceilings (servelab.inprocess): for PyTorch and ONNX Runtime, with decoding and
    (ONNX, as Triton's ONNX model serves it) without, the best of a small sweep of thread plans,
-   for one request in flight and for many. The winning plan is measured again right before and
-   right after each run judged against it: this machine's speed drifts within minutes, so a
-   service is compared with the ceiling's speed around its own run.
+   for one request in flight and for many. This machine's speed drifts within minutes, even
+   within one run, so each load point is measured in short windows (the profile's `windows`)
+   that take turns with the winning plan measured again: a service is compared with the
+   ceiling's mean speed in the windows around and between its own.
 2. FastAPI PyTorch, FastAPI ONNX, Triton `food_classifier` (Python backend) and Triton
    `food_classifier_onnx`, each at concurrency 1, 8 and 16, with the lab's load generator
    (closed loop), sampling CPU/GPU during each run and reading Triton's statistics around it;
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import logging
 import platform
@@ -49,7 +49,7 @@ from servelab.environment import machine_info
 from servelab.models import ModelRepository
 from servelab.profiles import PROFILES, Profile
 from servelab.resources import ResourceSampler
-from servelab.results import RunResult, save_results
+from servelab.results import RunResult, pooled, save_results
 from servelab.stack import LocalStack, Ports, ServiceSpec, fastapi_service, triton_service
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 RESULTS_DIR = paths.REPO_ROOT / "results"
 AGREEMENT_MODEL = "food_classifier_onnx"
 AGREEMENT_CONCURRENCY = 8
+# Warm-up of a window after a load point's first, and of the ceiling measured again: the model is
+# already loaded (or, in the ceiling's fresh process, loads before the clock starts).
+REPEAT_WARMUP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -135,24 +138,22 @@ def thread_plan_of(target: ServedTarget, endpoints: Endpoints) -> str:
     return thread_plan(slots=instances, device=device, given_by=f"{instances} instance(s)").describe()
 
 
-def _measure(
-    target: ServedTarget, url: str, triton: str, concurrency: int, profile: Profile, image: bytes
+def _window(
+    target: ServedTarget, url: str, concurrency: int, duration_s: float, warmup_s: float, image: bytes
 ) -> RunResult:
-    stats = triton_stats.measure(triton, target.model) if target.model else contextlib.nullcontext()
-    with ResourceSampler() as sampler, stats as stats_window:
+    """One measured window of a load point, with the machine sampled during it."""
+    with ResourceSampler() as sampler:
         result = loadgen.closed_loop(
             target.kind,
             url,
             model=target.model,
             image_bytes=image,
             concurrency=concurrency,
-            duration_s=profile.duration_s,
-            warmup_s=profile.warmup_s,
+            duration_s=duration_s,
+            warmup_s=warmup_s,
         )
     result.target = target.name
     result.resources = sampler.series()
-    if target.model:
-        result.triton_stats = stats_window.delta.to_dict()
     return result
 
 
@@ -168,26 +169,47 @@ def _ceilings(profile: Profile) -> dict[str, inprocess.Ceiling]:
     return found
 
 
-def _bracketed(
-    ceilings: dict[str, inprocess.Ceiling], served: ServedTarget, concurrency: int, profile: Profile, run
+def _judged(
+    ceilings: dict[str, inprocess.Ceiling],
+    served: ServedTarget,
+    url: str,
+    triton: str,
+    concurrency: int,
+    profile: Profile,
+    image: bytes,
 ) -> tuple[RunResult, float]:
-    """`run()`, with the ceiling it is judged against (one request in flight at concurrency 1, the
-    winner for many otherwise) measured right before and right after it. The machine's speed
-    drifts, so the ceiling is the mean of the two: the speed it had around the run."""
-    key = ceiling_key(served.runtime, served.decode, "one" if concurrency == 1 else "many")
+    """`served` at `concurrency`, measured in `profile.windows` windows, each between two
+    measurements of the ceiling it is judged against (one request in flight at concurrency 1,
+    the winner for many otherwise). Returns the windows pooled and the ceiling's mean speed over
+    its windows: a slowdown of the machine in the middle of the run slows both sides.
 
-    def ceiling_now(when: str) -> float:
-        log.info(
-            "in-process ceiling %s %s at c=%d: %s, %s", when, served.name, concurrency, key, ceilings[key].plan.name
-        )
-        point = ceilings[key].measure_now(profile.duration_s / 2, profile.warmup_s)
-        point.notes.append(f"ceiling: {key} ({when} {served.name} at c={concurrency})")
+    The first window warms the service up for the profile's warm-up; the later ones, and the
+    ceiling's fresh processes, for REPEAT_WARMUP_S (the model is loaded; connections are new)."""
+    key = ceiling_key(served.runtime, served.decode, "one" if concurrency == 1 else "many")
+    window_s = profile.duration_s / profile.windows
+
+    def ceiling_now(turn: int) -> float:
+        where = f"{turn} of {profile.windows + 1} around {served.name} at c={concurrency}"
+        log.info("in-process ceiling %s: %s, %s", where, key, ceilings[key].plan.name)
+        point = ceilings[key].measure_now(window_s, min(REPEAT_WARMUP_S, profile.warmup_s))
+        point.notes.append(f"ceiling: {key} ({where})")
         return point.throughput_rps
 
-    before = ceiling_now("before")
-    log.info("%s at concurrency %d", served.name, concurrency)
-    result = run()
-    return result, statistics.mean([before, ceiling_now("after")])
+    ceiling_rps, windows = [ceiling_now(1)], []
+    stats = triton_stats.measure(triton, served.model) if served.model else contextlib.nullcontext()
+    with stats as stats_window:  # the ceiling's windows send Triton nothing
+        for turn in range(1, profile.windows + 1):
+            log.info("%s at concurrency %d: window %d of %d", served.name, concurrency, turn, profile.windows)
+            warmup_s = profile.warmup_s if turn == 1 else min(REPEAT_WARMUP_S, profile.warmup_s)
+            windows.append(_window(served, url, concurrency, window_s, warmup_s, image))
+            ceiling_rps.append(ceiling_now(turn + 1))
+    result = pooled(windows)
+    # The machine as sampled in the last window: a sampler across all of them would see the ceiling's too.
+    result.resources = windows[-1].resources
+    result.notes.append("resources: sampled during the last window")
+    if served.model:
+        result.triton_stats = stats_window.delta.to_dict()
+    return result, statistics.mean(ceiling_rps)
 
 
 @contextlib.contextmanager
@@ -212,8 +234,8 @@ def one_instance_per_core(triton: str, model: str) -> Iterator[None]:
 def _naive(
     profile: Profile, image: bytes, log_dir: Path, ceilings: dict[str, inprocess.Ceiling], adjacent: dict
 ) -> list[RunResult]:
-    """The naive reference apps at the highest concurrency, each started for its run, each with
-    its ceiling measured around it (into `adjacent`)."""
+    """The naive reference apps at the highest concurrency, each started for its run, each
+    judged as the lab's services are (its ceiling into `adjacent`)."""
     results = []
     concurrency = max(profile.concurrencies)
     for runtime, name in NAIVE.items():
@@ -225,8 +247,8 @@ def _naive(
         )  # fmt: skip
         target = ServedTarget(name, "fastapi", None, runtime)
         with LocalStack([spec], log_dir=log_dir):
-            run = functools.partial(_measure, target, f"http://127.0.0.1:{port}", "", concurrency, profile, image)
-            result, ceiling = _bracketed(ceilings, target, concurrency, profile, run)
+            url = f"http://127.0.0.1:{port}"
+            result, ceiling = _judged(ceilings, target, url, "", concurrency, profile, image)
         results.append(result)
         adjacent[name] = {str(concurrency): ceiling}
     return results
@@ -337,15 +359,18 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
                 plans[target.name] = thread_plan_of(target, endpoints)
                 for concurrency in profile.concurrencies:
                     url = address(target, endpoints)
-                    run = functools.partial(_measure, target, url, endpoints.triton_http, concurrency, profile, image)
-                    result, ceiling = _bracketed(ceilings, target, concurrency, profile, run)
+                    result, ceiling = _judged(ceilings, target, url, endpoints.triton_http, concurrency, profile, image)
                     results.append(result)
                     adjacent[target.name][str(concurrency)] = ceiling
         log.info("load generator vs perf_analyzer, %d alternating pairs", profile.agreement_pairs)
         agreement = _agreement(endpoints, profile, image)
         meta = {
             "profile": profile_name,
-            "profile_settings": {"duration_s": profile.duration_s, "warmup_s": profile.warmup_s},
+            "profile_settings": {
+                "duration_s": profile.duration_s,
+                "warmup_s": profile.warmup_s,
+                "windows": profile.windows,
+            },
             "machine": {**machine_info(), "cores_available": available_cores()},
             "versions": runtime_versions(endpoints),
             "weights": built.weights_info,

@@ -1,10 +1,11 @@
 """The headline benchmark's report: report.md and its plots, from one run's results.
 
-Every ratio is taken against a ceiling measured in the same run on the same machine, right
-before and right after the row's own run (the mean of the two): a row at concurrency 1 against
-the in-process ceiling for one request in flight, a row at higher concurrency against the best
-in-process plan for many. The targets the lab sets itself are checked against this run's numbers
-and listed as met or not met, with the numbers: the report says what happened, it does not fail.
+Every ratio is taken against a ceiling measured in the same run on the same machine, in windows
+that take turns with the row's own measured windows (the mean of the ceiling's windows): a row
+at concurrency 1 against the in-process ceiling for one request in flight, a row at higher
+concurrency against the best in-process plan for many. The targets the lab sets itself are
+checked against this run's numbers and listed as met or not met, with the numbers: the report
+says what happened, it does not fail.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def _served(result: RunResult) -> bench.ServedTarget | None:
 
 
 def ceiling_of(result: RunResult, ceilings: dict[str, dict[str, float]]) -> float | None:
-    """The ceiling a served run is judged against, measured right before and after it: one
-    request in flight at concurrency 1, the best plan for many otherwise."""
+    """The ceiling a served run is judged against, measured between its windows: one request in
+    flight at concurrency 1, the best plan for many otherwise."""
     if _served(result) is None:
         return None
     return ceilings[result.target][str(result.concurrency)]
@@ -116,9 +117,12 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         path=out_dir / "batch_sizes.png",
     )
     heaviest = max(lab_runs, key=lambda r: r.throughput_rps)
-    plots.plot_resources(heaviest.resources, out_dir / "resources.png", title=f"Resources during {heaviest.label}")
+    plots.plot_resources(
+        heaviest.resources, out_dir / "resources.png", title=f"Resources during {heaviest.label}, last window"
+    )
 
     ceilings = meta["ceilings_rps"]
+    window_s = meta["profile_settings"]["duration_s"] / meta["profile_settings"]["windows"]
     weights, agreement, machine = meta["weights"], meta["agreement"], meta["machine"]
     untrained = " (serving cost is that of a trained model; the predicted labels are not meaningful)"
     lines = [
@@ -129,7 +133,8 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         f"- Weights: **{weights['weights']}**" + ("" if weights["weights"] == "trained" else untrained),
         "- Versions: " + ", ".join(f"{name} {version}" for name, version in meta["versions"].items()),
         f"- Each load point: {meta['profile_settings']['warmup_s']:g} s warm-up, then "
-        f"{meta['profile_settings']['duration_s']:g} s measured; closed loop (each sender sends its next "
+        f"{meta['profile_settings']['duration_s']:g} s measured in {meta['profile_settings']['windows']} "
+        f"window(s) (see the ceilings); closed loop (each sender sends its next "
         f"request when the last one is answered); payload {meta['payload']['image']} "
         f"({meta['payload']['bytes']} bytes).",
         "",
@@ -142,9 +147,10 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "The same work as a service, in one process, with no HTTP: each plan in a fresh process, the best "
         "one is the ceiling. 'one in flight' decodes then infers, one image at a time (no server at "
         "concurrency 1 can beat it); 'pipeline' overlaps decoding with inference in `slots` threads. "
-        "This machine's speed drifts within minutes, so the winning plan is measured again right before and "
-        "right after each run judged against it (rows 'before ...', 'after ...'): a service is compared "
-        "with the mean of the two, the ceiling's speed around its own run.",
+        "This machine's speed drifts within minutes, even within one run, so each load point is measured in "
+        f"{meta['profile_settings']['windows']} window(s) of {window_s:g} s, and the winning plan is measured "
+        "again before, between and after them (rows 'k of n around ...'): a service is compared with the "
+        "mean of those, the ceiling's speed around and during its own run.",
         "",
         *_ceiling_table(results),
         "",

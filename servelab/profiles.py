@@ -21,11 +21,20 @@ class Profile:
     agreement_pairs: int  # the benchmark's alternating load generator / perf_analyzer runs
     step_s: float = 30.0  # one step of a step load: long enough for Ray Serve's autoscaler to act
     concurrencies: tuple[int, ...] = (1, 8, 16)  # the benchmark's load points
+    # The benchmark measures each load point in this many windows (duration_s in all), each
+    # between two measurements of its ceiling: the machine's speed drifts within a run.
+    windows: int = 1
 
 
 PROFILES = {
     "full": Profile(
-        "full", duration_s=20.0, warmup_s=3.0, sequential_requests=100, perf_window_ms=5000, agreement_pairs=3
+        "full",
+        duration_s=20.0,
+        warmup_s=3.0,
+        sequential_requests=100,
+        perf_window_ms=5000,
+        agreement_pairs=3,
+        windows=4,
     ),
     "quick": Profile(
         "quick",
@@ -35,6 +44,7 @@ PROFILES = {
         perf_window_ms=1500,
         agreement_pairs=1,
         step_s=15.0,
+        windows=2,
     ),
 }
 

@@ -128,6 +128,48 @@ class RunResult:
         return cls(**values)
 
 
+def pooled(windows: list[RunResult]) -> RunResult:
+    """One closed-loop load point measured in several windows, as one result: the windows'
+    requests and measured seconds added up (so its throughput is their total requests over their
+    total seconds), their latencies and errors pooled, their timelines laid end to end. Triton's
+    statistics and resource samples are the caller's: they depend on what ran between windows."""
+    if not windows:
+        raise ValueError("pooled() needs at least one window")
+    first = windows[0]
+    for window in windows:
+        if (window.target, window.tool, window.mode, window.concurrency, window.batch_size) != (
+            first.target, first.tool, first.mode, first.concurrency, first.batch_size,
+        ) or window.mode != "closed" or window.impatient:  # fmt: skip
+            raise ValueError(f"cannot pool {window.label} with {first.label}: pool one closed-loop load point")
+    wall_s = sum(window.wall_s for window in windows)
+    answered = sum(window.throughput_rps * window.wall_s for window in windows)
+    latencies = [value for window in windows for value in window.latencies_ms]
+    errors: dict[str, int] = {}
+    timeline, offset_s = [], 0.0
+    for window in windows:
+        for kind, count in window.errors.items():
+            errors[kind] = errors.get(kind, 0) + count
+        timeline += [[offset_s + ended_s, *rest] for ended_s, *rest in window.timeline]
+        offset_s += window.wall_s
+    return RunResult(
+        target=first.target,
+        tool=first.tool,
+        mode=first.mode,
+        requests=sum(window.requests for window in windows),
+        throughput_rps=answered / wall_s if wall_s > 0 else 0.0,
+        latency=LatencySummary.of(latencies),
+        wall_s=wall_s,
+        concurrency=first.concurrency,
+        batch_size=first.batch_size,
+        errors=errors,
+        cancelled=sum(window.cancelled for window in windows),
+        latencies_ms=latencies,
+        timeline=timeline,
+        notes=[*first.notes, f"pooled from {len(windows)} measured windows"],
+        started_at=first.started_at,
+    )
+
+
 SEQUENCES = "sequences"  # the mode of a SequenceRunResult
 
 

@@ -40,13 +40,15 @@ def test_every_target_and_reference_is_measured_without_errors(quick_report):
     assert all(r.triton_stats["inference_count"] >= r.requests for r in triton)
 
 
-def test_each_ceiling_is_the_best_of_its_sweep_measured_again_around_each_run(quick_report):
+def test_each_ceiling_is_the_best_of_its_sweep_measured_again_between_each_runs_windows(quick_report):
     results, metadata = load_results(quick_report / "results.json")
     points = [r for r in results if r.tool == "in-process"]
     cores = available_cores()
+    windows = PROFILES["quick"].windows
     swept = sum(len(sweep_points(cores, pipelined)) for pipelined in (False, True)) * len(bench.CEILINGS)
     served = [r for r in results if r.tool == "loadgen"]
-    assert len(points) == swept + 2 * len(served)  # the ceiling measured again before and after every run
+    # The ceiling measured again before, between and after the windows of every load point.
+    assert len(points) == swept + (windows + 1) * len(served)
     for key, best_rps in metadata["sweep_best_rps"].items():
         sweep = [r for r in points if {f"ceiling: {key}", f"ceiling: {key} (best)"} & set(r.notes)]
         best = [r for r in sweep if f"ceiling: {key} (best)" in r.notes]
@@ -54,12 +56,19 @@ def test_each_ceiling_is_the_best_of_its_sweep_measured_again_around_each_run(qu
     for run in served:
         in_flight = "one" if run.concurrency == 1 else "many"
         around = [
-            r for r in points for when in ("before", "after")
-            if any(note.endswith(f", {in_flight} ({when} {run.target} at c={run.concurrency})") for note in r.notes)
+            r for r in points for turn in range(1, windows + 2)
+            if any(
+                note.endswith(f", {in_flight} ({turn} of {windows + 1} around {run.target} at c={run.concurrency})")
+                for note in r.notes
+            )
         ]  # fmt: skip
-        assert len(around) == 2 and all(r.throughput_rps > 0 for r in around)
+        assert len(around) == windows + 1 and all(r.throughput_rps > 0 for r in around)
         ceiling = metadata["ceilings_rps"][run.target][str(run.concurrency)]
-        assert ceiling == pytest.approx((around[0].throughput_rps + around[1].throughput_rps) / 2)
+        assert ceiling == pytest.approx(sum(r.throughput_rps for r in around) / len(around))
+        # The load point is its windows pooled: their measured seconds add up to the profile's
+        # (each window ends when its last request is answered, so a little more).
+        assert f"pooled from {windows} measured windows" in run.notes
+        assert run.wall_s >= 0.95 * PROFILES["quick"].duration_s
 
 
 def test_triton_runs_one_instance_per_core_on_a_cpu_and_the_shipped_config_comes_back(quick_report, ports):

@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 
 from servelab import plots, queueing, triton_stats
 from servelab.resources import NO_GPU, ResourceSampler, summarize
-from servelab.results import LatencySummary, RunResult, load_results, save_results
+from servelab.results import LatencySummary, RunResult, load_results, pooled, save_results
 from servelab.triton_stats import StatsDelta, TritonStatsError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -540,3 +540,47 @@ def test_a_configuration_measured_twice_at_one_concurrency_is_drawn_through_its_
     (repeated,) = throughput_axis.collections  # both runs at c=1 are still shown, as hollow markers
     assert sorted(tuple(point) for point in repeated.get_offsets()) == [(1, 10), (1, 30)]
     assert "median of repeated runs" in throughput_axis.get_legend().get_texts()[0].get_text()
+
+
+# ---- one load point measured in windows ----------------------------------------------------
+
+
+def _window(throughput: float, wall_s: float, latency_ms: float, errors: dict[str, int]) -> RunResult:
+    answered = round(throughput * wall_s)
+    failed = sum(errors.values())
+    return RunResult(
+        target="fastapi_onnx",
+        tool="loadgen",
+        mode="closed",
+        requests=answered + failed,
+        throughput_rps=throughput,
+        latency=LatencySummary.of([latency_ms] * answered),
+        wall_s=wall_s,
+        concurrency=8,
+        errors=errors,
+        latencies_ms=[latency_ms] * answered,
+        timeline=[[wall_s * (i + 1) / answered, latency_ms, "ok"] for i in range(answered)],
+    )
+
+
+def test_pooled_windows_add_up_requests_and_seconds_and_pool_latencies():
+    fast, slow = _window(50.0, 10.0, 20.0, {"http_503": 2}), _window(20.0, 5.0, 80.0, {"http_503": 1, "timeout": 4})
+    point = pooled([fast, slow])
+    assert point.throughput_rps == pytest.approx(600 / 15)  # not the mean of 50 and 20 req/s
+    assert (point.requests, point.wall_s) == (502 + 105, 15.0)
+    assert point.errors == {"http_503": 3, "timeout": 4}
+    assert point.latency.p50_ms == 20.0 and point.latency.max_ms == 80.0
+    assert point.latency.mean_ms == pytest.approx((500 * 20 + 100 * 80) / 600)
+    # The second window's timeline starts where the first one's measurement ended.
+    assert point.timeline[499][0] == pytest.approx(10.0) and point.timeline[-1][0] == pytest.approx(15.0)
+    assert [row[1] for row in point.timeline[499:501]] == [20.0, 80.0]
+    assert "pooled from 2 measured windows" in point.notes
+
+
+def test_pooled_refuses_windows_of_different_load_points():
+    other = _window(20.0, 5.0, 80.0, {})
+    other.concurrency = 16
+    with pytest.raises(ValueError, match="cannot pool"):
+        pooled([_window(50.0, 10.0, 20.0, {}), other])
+    with pytest.raises(ValueError, match="at least one"):
+        pooled([])
