@@ -177,11 +177,13 @@ def _judged(
     concurrency: int,
     profile: Profile,
     image: bytes,
-) -> tuple[RunResult, float]:
+    judged: dict[str, dict[str, dict]],
+) -> RunResult:
     """`served` at `concurrency`, measured in `profile.windows` windows, each between two
     measurements of the ceiling it is judged against (one request in flight at concurrency 1,
-    the winner for many otherwise). Returns the windows pooled and the ceiling's mean speed over
-    its windows: a slowdown of the machine in the middle of the run slows both sides.
+    the winner for many otherwise). Returns the windows pooled; records each window's req/s and
+    the ceiling's before, between and after them in `judged[served.name][str(concurrency)]`. The
+    point is judged against the ceiling's mean: a slowdown in the middle of the run slows both.
 
     The first window warms the service up for the profile's warm-up; the later ones, and the
     ceiling's fresh processes, for REPEAT_WARMUP_S (the model is loaded; connections are new)."""
@@ -209,7 +211,9 @@ def _judged(
     result.notes.append("resources: sampled during the last window")
     if served.model:
         result.triton_stats = stats_window.delta.to_dict()
-    return result, statistics.mean(ceiling_rps)
+    served_rps = [window.throughput_rps for window in windows]
+    judged.setdefault(served.name, {})[str(concurrency)] = {"served_rps": served_rps, "ceiling_rps": ceiling_rps}
+    return result
 
 
 @contextlib.contextmanager
@@ -232,10 +236,10 @@ def one_instance_per_core(triton: str, model: str) -> Iterator[None]:
 
 
 def _naive(
-    profile: Profile, image: bytes, log_dir: Path, ceilings: dict[str, inprocess.Ceiling], adjacent: dict
+    profile: Profile, image: bytes, log_dir: Path, ceilings: dict[str, inprocess.Ceiling], judged: dict
 ) -> list[RunResult]:
     """The naive reference apps at the highest concurrency, each started for its run, each
-    judged as the lab's services are (its ceiling into `adjacent`)."""
+    judged as the lab's services are (into `judged`)."""
     results = []
     concurrency = max(profile.concurrencies)
     for runtime, name in NAIVE.items():
@@ -248,9 +252,7 @@ def _naive(
         target = ServedTarget(name, "fastapi", None, runtime)
         with LocalStack([spec], log_dir=log_dir):
             url = f"http://127.0.0.1:{port}"
-            result, ceiling = _judged(ceilings, target, url, "", concurrency, profile, image)
-        results.append(result)
-        adjacent[name] = {str(concurrency): ceiling}
+            results.append(_judged(ceilings, target, url, "", concurrency, profile, image, judged))
     return results
 
 
@@ -347,11 +349,10 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
             endpoints = Endpoints.of(ports)
 
         results: list[RunResult] = []
-        # served target -> concurrency -> the ceiling's req/s around that run
-        adjacent: dict[str, dict[str, float]] = {}
+        # served target -> concurrency -> its windows' req/s, and the ceiling's around them
+        judged: dict[str, dict[str, dict]] = {}
         plans = {}
         for target in TARGETS:
-            adjacent[target.name] = {}
             served_as = (
                 one_instance_per_core(endpoints.triton_http, target.model) if target.model else contextlib.nullcontext()
             )
@@ -359,9 +360,8 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
                 plans[target.name] = thread_plan_of(target, endpoints)
                 for concurrency in profile.concurrencies:
                     url = address(target, endpoints)
-                    result, ceiling = _judged(ceilings, target, url, endpoints.triton_http, concurrency, profile, image)
-                    results.append(result)
-                    adjacent[target.name][str(concurrency)] = ceiling
+                    triton = endpoints.triton_http
+                    results.append(_judged(ceilings, target, url, triton, concurrency, profile, image, judged))
         log.info("load generator vs perf_analyzer, %d alternating pairs", profile.agreement_pairs)
         agreement = _agreement(endpoints, profile, image)
         meta = {
@@ -378,14 +378,18 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
             "thread_plans": plans,
             "agreement": agreement,
         }
-    results += _naive(profile, image, out_dir / "logs", ceilings, adjacent)
+    results += _naive(profile, image, out_dir / "logs", ceilings, judged)
     for key, ceiling in ceilings.items():
         for point in ceiling.points:
             if not any(note.startswith("ceiling: ") for note in point.notes):
                 point.notes.append(f"ceiling: {key}" + (" (best)" if point is ceiling.best else ""))
             results.append(point)
     meta["sweep_best_rps"] = {key: ceiling.best.throughput_rps for key, ceiling in ceilings.items()}
-    meta["ceilings_rps"] = adjacent
+    meta["windows_rps"] = judged
+    meta["ceilings_rps"] = {
+        name: {load: statistics.mean(point["ceiling_rps"]) for load, point in by_load.items()}
+        for name, by_load in judged.items()
+    }
     save_results(results, out_dir / "results.json", meta)
     bench_report.write_report(results, meta, out_dir)
     log.info("benchmark report: %s", out_dir / "report.md")

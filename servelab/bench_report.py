@@ -50,12 +50,25 @@ def ceiling_of(result: RunResult, ceilings: dict[str, dict[str, float]]) -> floa
     return ceilings[result.target][str(result.concurrency)]
 
 
+def window_fractions(point: dict[str, list[float]]) -> list[float]:
+    """Each measured window of a load point (`served_rps`) as a fraction of the mean of the two
+    ceiling windows beside it (`ceiling_rps`, one more than the windows): the spread says how
+    far the machine moved during the point."""
+    ceiling = point["ceiling_rps"]
+    if len(ceiling) != len(point["served_rps"]) + 1:
+        raise ValueError("a load point has one ceiling window more than its measured windows")
+    return [served / ((ceiling[i] + ceiling[i + 1]) / 2) for i, served in enumerate(point["served_rps"])]
+
+
 def _find(results: list[RunResult], target: str, concurrency: int) -> RunResult | None:
     return next((r for r in results if r.target == target and r.concurrency == concurrency), None)
 
 
-def target_lines(results: list[RunResult], ceilings: dict[str, dict[str, float]], agreement: dict) -> list[str]:
-    """Each target, met or not, with the numbers that decide it."""
+def target_lines(
+    results: list[RunResult], ceilings: dict[str, dict[str, float]], agreement: dict, windows: dict | None = None
+) -> list[str]:
+    """Each target, met or not, with the numbers that decide it (and, given `windows`, the
+    spread of its windows, which does not decide it)."""
     lines = []
     for goal in TARGETS:
         for concurrency in goal.loads:
@@ -65,9 +78,17 @@ def target_lines(results: list[RunResult], ceilings: dict[str, dict[str, float]]
                 continue
             fraction = result.throughput_rps / ceiling_of(result, ceilings)
             verdict = "met" if fraction >= goal.fraction else "NOT MET"
+            point = (windows or {}).get(goal.service, {}).get(str(concurrency))
+            spread = (
+                f"; window by window, against the ceiling beside each: "
+                f"{', '.join(f'{share:.0%}' for share in window_fractions(point))}"
+                if point and len(point["served_rps"]) > 1
+                else ""
+            )
             lines.append(
                 f"- {verdict}: {goal.service} at c={concurrency} reaches {fraction:.0%} of its ceiling "
                 f"(target {goal.fraction:.0%}): {result.throughput_rps:.1f} of {ceiling_of(result, ceilings):.1f} req/s"
+                + spread
             )
     busiest = max(r.concurrency or 0 for r in results if r.tool == "loadgen")
     for target in bench.TARGETS:
@@ -166,7 +187,11 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "",
         "## Targets",
         "",
-        *target_lines(results, ceilings, agreement),
+        "Each is decided by the load point's throughput over all its windows against the mean of the ceiling's "
+        "windows around and between them. The window-by-window figures (each window against the two ceiling "
+        "windows beside it) do not decide it: they show how far the machine moved meanwhile.",
+        "",
+        *target_lines(results, ceilings, agreement, meta.get("windows_rps")),
         "",
         "## Is the load generator the bottleneck?",
         "",

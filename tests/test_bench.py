@@ -97,6 +97,10 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
         assert row and int(row.group(1)) == round(100 * ratio), result.label
     targets = report.split("## Targets")[1].split("##")[0]
     assert len(re.findall(r"^- (met|NOT MET): ", targets, re.M)) == 6 + len(bench.TARGETS) + 2
+    # A ratio target shows its windows one by one, as computed from the run's own figures.
+    point = metadata["windows_rps"]["fastapi_onnx"]["16"]
+    shares = ", ".join(f"{share:.0%}" for share in bench_report.window_fractions(point))
+    assert "fastapi_onnx at c=16 reaches " in targets and f"against the ceiling beside each: {shares}" in targets
     agreement = metadata["agreement"]
     for tool in ("loadgen", "perf_analyzer"):
         assert agreement[tool]["throughput_rps"] > 0 and 0 < agreement[tool]["cpu_ms_per_request"] < 100
@@ -105,3 +109,10 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
         image = quick_report / plot
         assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 5000
         assert f"]({plot})" in report
+
+
+def test_each_window_is_judged_against_the_two_ceiling_windows_beside_it():
+    point = {"served_rps": [90.0, 40.0], "ceiling_rps": [100.0, 100.0, 50.0]}
+    assert bench_report.window_fractions(point) == [0.9, pytest.approx(40 / 75)]
+    with pytest.raises(ValueError, match="one ceiling window more"):
+        bench_report.window_fractions({"served_rps": [90.0], "ceiling_rps": [100.0]})
