@@ -15,7 +15,7 @@ from servelab import bench, bench_report
 from servelab.cores import available_cores
 from servelab.inprocess import sweep_points
 from servelab.profiles import PROFILES
-from servelab.results import load_results
+from servelab.results import LatencySummary, RunResult, load_results
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +116,27 @@ def test_each_window_is_judged_against_the_two_ceiling_windows_beside_it():
     assert bench_report.window_fractions(point) == [0.9, pytest.approx(40 / 75)]
     with pytest.raises(ValueError, match="one ceiling window more"):
         bench_report.window_fractions({"served_rps": [90.0], "ceiling_rps": [100.0]})
+
+
+def _served_at_16(target: str, throughput: float, p99_ms: float) -> RunResult:
+    latencies = [p99_ms / 2] * 98 + [p99_ms] * 2
+    return RunResult(target, "loadgen", "closed", 100, throughput, LatencySummary.of(latencies), 10.0, concurrency=16)
+
+
+def test_a_naive_app_measured_on_a_faster_moment_is_compared_at_one_machine_speed():
+    # The service ran while the machine was at 80% of its speed in the sweep, the naive app at 120%:
+    # the naive app's raw figures look better, and the comparison must not credit it with the machine.
+    results = [_served_at_16("fastapi_onnx", 72.0, 300.0), _served_at_16("naive/onnxruntime", 90.0, 280.0)]
+    meta = {
+        "ceilings_rps": {"fastapi_onnx": {"16": 80.0}, "naive/onnxruntime": {"16": 120.0}},
+        "sweep_best_rps": {"onnxruntime, decode, many": 100.0},
+        "agreement": {"throughput_gap": 0.0, "p50_gap": 0.0},
+    }
+    (line,) = [line for line in bench_report.target_lines(results, meta) if "as fast as naive/onnxruntime" in line]
+    assert line.startswith("- met: fastapi_onnx at c=16")
+    assert "(90.0 vs 75.0 req/s: yes) with a lower p99 (240 vs 336 ms: yes)" in line
+    assert "machine at 80% and 120% of that speed: 72.0 vs 90.0 req/s, p99 300 vs 280 ms" in line
+    # At one machine speed throughout, it is the raw comparison: here the naive app wins.
+    meta["ceilings_rps"]["fastapi_onnx"]["16"] = 120.0
+    (line,) = [line for line in bench_report.target_lines(results, meta) if "as fast as naive/onnxruntime" in line]
+    assert line.startswith("- NOT MET: ") and "(60.0 vs 75.0 req/s: no)" in line
