@@ -12,10 +12,10 @@ up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve a
 test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: artifacts  ## the headline benchmark (about 20 minutes); report in results/bench-<time>-full/
+bench: artifacts  ## the headline benchmark (about 30 minutes); report in results/bench-<time>-full/
 	$(PY) -m servelab bench --profile full
 
-bench-quick: artifacts  ## the same steps, briefly (about 3 minutes): proves the pipeline, not the speed
+bench-quick: artifacts  ## the same steps, briefly (about 7 minutes): proves the pipeline, not the speed
 	$(PY) -m servelab bench --profile quick
 
 notebooks: setup  ## regenerate notebooks/*.ipynb from their sources (notebooks/*.py)

@@ -95,7 +95,7 @@ def target_lines(results: list[RunResult], meta: dict) -> list[str]:
                 else ""
             )
             lines.append(
-                f"- {verdict}: {goal.service} at c={concurrency} reaches {fraction:.0%} of its ceiling "
+                f"- {verdict}: {goal.service} at c={concurrency} reaches {fraction:.1%} of its ceiling "
                 f"(target {goal.fraction:.0%}): {result.throughput_rps:.1f} of {ceiling_of(result, ceilings):.1f} req/s"
                 + spread
             )

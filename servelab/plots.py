@@ -543,7 +543,8 @@ def results_table(
         ]
         if baseline_rps is not None:
             baseline = baseline_of(result)
-            cells.append(f"{100 * result.throughput_rps / baseline:.0f}%" if baseline else "n/a")
+            # One decimal: a ratio judged against a target (80%) must not round onto it.
+            cells.append(f"{100 * result.throughput_rps / baseline:.1f}%" if baseline else "n/a")
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 

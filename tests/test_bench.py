@@ -11,7 +11,7 @@ import re
 import pytest
 import requests
 
-from servelab import bench, bench_report
+from servelab import bench, bench_report, plots
 from servelab.cores import available_cores
 from servelab.inprocess import sweep_points
 from servelab.profiles import PROFILES
@@ -93,8 +93,10 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
     # Every served row carries its ratio to the ceiling of the same work, taken in this run.
     for result in (r for r in results if r.tool == "loadgen"):
         ratio = result.throughput_rps / bench_report.ceiling_of(result, metadata["ceilings_rps"])
-        row = re.search(rf"\| {re.escape(result.target)} \| loadgen \| c={result.concurrency} \|.*\| (\d+)% \|", report)
-        assert row and int(row.group(1)) == round(100 * ratio), result.label
+        row = re.search(
+            rf"\| {re.escape(result.target)} \| loadgen \| c={result.concurrency} \|.*\| ([\d.]+)% \|", report
+        )
+        assert row and row.group(1) == f"{100 * ratio:.1f}", result.label
     targets = report.split("## Targets")[1].split("##")[0]
     assert len(re.findall(r"^- (met|NOT MET): ", targets, re.M)) == 6 + len(bench.TARGETS) + 2
     # A ratio target shows its windows one by one, as computed from the run's own figures.
@@ -140,3 +142,15 @@ def test_a_naive_app_measured_on_a_faster_moment_is_compared_at_one_machine_spee
     meta["ceilings_rps"]["fastapi_onnx"]["16"] = 120.0
     (line,) = [line for line in bench_report.target_lines(results, meta) if "as fast as naive/onnxruntime" in line]
     assert line.startswith("- NOT MET: ") and "(60.0 vs 75.0 req/s: no)" in line
+
+
+def test_a_ratio_just_under_its_target_is_printed_under_it():
+    results = [_served_at_16("fastapi_onnx", 89.7, 300.0)]
+    meta = {
+        "ceilings_rps": {"fastapi_onnx": {"16": 100.0}},
+        "sweep_best_rps": {"onnxruntime, decode, many": 100.0},
+        "agreement": {"throughput_gap": 0.0, "p50_gap": 0.0},
+    }
+    lines = bench_report.target_lines(results, meta)
+    assert "- NOT MET: fastapi_onnx at c=16 reaches 89.7% of its ceiling (target 90%): 89.7 of 100.0 req/s" in lines
+    assert "| 89.7% |" in plots.results_table(results, lambda r: bench_report.ceiling_of(r, meta["ceilings_rps"]))

@@ -484,9 +484,9 @@ def test_results_table_has_one_row_per_result_with_formatted_numbers():
     row = lines[3]
     assert "| fastapi_onnx | loadgen | c=4 | 400 | 123.4 |" in row
     assert f"| {results[1].latency.p50_ms:.1f} | {results[1].latency.p95_ms:.1f} |" in row
-    assert row.endswith("| 0 | 62% |")
+    assert row.endswith("| 0 | 61.7% |")
     assert "| fast\\|api | loadgen | 50 req/s poisson |" in lines[4]
-    assert "| 3 (http_503: 1, timeout: 2) | 25% |" in lines[4]
+    assert "| 3 (http_503: 1, timeout: 2) | 25.0% |" in lines[4]
     assert "vs in-process" not in plots.results_table(results)
 
 
@@ -508,7 +508,7 @@ def test_results_table_compares_each_target_with_its_own_baseline():
 
     table = results_table([result("a", 50.0), result("b", 30.0), result("c", 5.0)], {"a": 100.0, "b": 60.0})
     rows = table.strip().splitlines()[2:]
-    assert rows[0].endswith("| 50% |") and rows[1].endswith("| 50% |") and rows[2].endswith("| n/a |")
+    assert rows[0].endswith("| 50.0% |") and rows[1].endswith("| 50.0% |") and rows[2].endswith("| n/a |")
 
 
 def test_throughput_bounds_show_every_line_and_bound_on_the_shared_axis(tmp_path, close_figures):
