@@ -10,7 +10,7 @@
    ceiling's mean speed in the windows around and between its own.
 2. FastAPI PyTorch, FastAPI ONNX, Triton `food_classifier` (Python backend) and Triton
    `food_classifier_onnx`, each at concurrency 1, 8 and 16, with the lab's load generator
-   (closed loop), sampling CPU/GPU during each run and reading Triton's statistics around it;
+   (closed loop), sampling CPU/GPU during each window and reading Triton's statistics over them;
    and the naive reference apps (servelab.naive_service) at the highest concurrency. On a server
    with no GPU, Triton's models run one instance per core for their runs (the CPU counterpart of
    FastAPI's one slot per core), set through the repository API and put back afterwards.
@@ -169,7 +169,7 @@ def _ceilings(profile: Profile) -> dict[str, inprocess.Ceiling]:
     return found
 
 
-def _judged(
+def _load_point(
     ceilings: dict[str, inprocess.Ceiling],
     served: ServedTarget,
     url: str,
@@ -177,12 +177,12 @@ def _judged(
     concurrency: int,
     profile: Profile,
     image: bytes,
-    judged: dict[str, dict[str, dict]],
+    windows_rps: dict[str, dict[str, dict]],
 ) -> RunResult:
     """`served` at `concurrency`, measured in `profile.windows` windows, each between two
     measurements of the ceiling it is judged against (one request in flight at concurrency 1,
     the winner for many otherwise). Returns the windows pooled; records each window's req/s and
-    the ceiling's before, between and after them in `judged[served.name][str(concurrency)]`. The
+    the ceiling's before, between and after them in `windows_rps[served.name][str(concurrency)]`. The
     point is judged against the ceiling's mean: a slowdown in the middle of the run slows both.
 
     The first window warms the service up for the profile's warm-up; the later ones, and the
@@ -212,7 +212,7 @@ def _judged(
     if served.model:
         result.triton_stats = stats_window.delta.to_dict()
     served_rps = [window.throughput_rps for window in windows]
-    judged.setdefault(served.name, {})[str(concurrency)] = {"served_rps": served_rps, "ceiling_rps": ceiling_rps}
+    windows_rps.setdefault(served.name, {})[str(concurrency)] = {"served_rps": served_rps, "ceiling_rps": ceiling_rps}
     return result
 
 
@@ -236,10 +236,10 @@ def one_instance_per_core(triton: str, model: str) -> Iterator[None]:
 
 
 def _naive(
-    profile: Profile, image: bytes, log_dir: Path, ceilings: dict[str, inprocess.Ceiling], judged: dict
+    profile: Profile, image: bytes, log_dir: Path, ceilings: dict[str, inprocess.Ceiling], windows_rps: dict
 ) -> list[RunResult]:
     """The naive reference apps at the highest concurrency, each started for its run, each
-    judged as the lab's services are (into `judged`)."""
+    judged as the lab's services are (into `windows_rps`)."""
     results = []
     concurrency = max(profile.concurrencies)
     for runtime, name in NAIVE.items():
@@ -252,7 +252,7 @@ def _naive(
         target = ServedTarget(name, "fastapi", None, runtime)
         with LocalStack([spec], log_dir=log_dir):
             url = f"http://127.0.0.1:{port}"
-            results.append(_judged(ceilings, target, url, "", concurrency, profile, image, judged))
+            results.append(_load_point(ceilings, target, url, "", concurrency, profile, image, windows_rps))
     return results
 
 
@@ -350,7 +350,7 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
 
         results: list[RunResult] = []
         # served target -> concurrency -> its windows' req/s, and the ceiling's around them
-        judged: dict[str, dict[str, dict]] = {}
+        windows_rps: dict[str, dict[str, dict]] = {}
         plans = {}
         for target in TARGETS:
             served_as = (
@@ -361,7 +361,7 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
                 for concurrency in profile.concurrencies:
                     url = address(target, endpoints)
                     triton = endpoints.triton_http
-                    results.append(_judged(ceilings, target, url, triton, concurrency, profile, image, judged))
+                    results.append(_load_point(ceilings, target, url, triton, concurrency, profile, image, windows_rps))
         log.info("load generator vs perf_analyzer, %d alternating pairs", profile.agreement_pairs)
         agreement = _agreement(endpoints, profile, image)
         meta = {
@@ -378,17 +378,17 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
             "thread_plans": plans,
             "agreement": agreement,
         }
-    results += _naive(profile, image, out_dir / "logs", ceilings, judged)
+    results += _naive(profile, image, out_dir / "logs", ceilings, windows_rps)
     for key, ceiling in ceilings.items():
         for point in ceiling.points:
             if not any(note.startswith("ceiling: ") for note in point.notes):
                 point.notes.append(f"ceiling: {key}" + (" (best)" if point is ceiling.best else ""))
             results.append(point)
     meta["sweep_best_rps"] = {key: ceiling.best.throughput_rps for key, ceiling in ceilings.items()}
-    meta["windows_rps"] = judged
+    meta["windows_rps"] = windows_rps
     meta["ceilings_rps"] = {
         name: {load: statistics.mean(point["ceiling_rps"]) for load, point in by_load.items()}
-        for name, by_load in judged.items()
+        for name, by_load in windows_rps.items()
     }
     save_results(results, out_dir / "results.json", meta)
     bench_report.write_report(results, meta, out_dir)

@@ -195,7 +195,7 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "",
         "'of ceiling' is throughput as a fraction of the ceiling for the same work (PyTorch or ONNX Runtime, "
         "with decoding; Triton's ONNX model gets tensors, so inference alone): for one request in flight at "
-        "concurrency 1, the best plan otherwise, measured around the run. The naive rows are the "
+        "concurrency 1, the best plan otherwise, measured around and between the row's windows. The naive rows are the "
         "reference app a student writes first (servelab/naive_service.py). Triton's rows: on a server with "
         "no GPU, one instance per core (see Threads), set for these runs through the repository API.",
         "",
