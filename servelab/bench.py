@@ -267,11 +267,25 @@ def _counted(run, triton: str) -> tuple[RunResult, int, float, float]:
     return result, stats.delta.success_count + stats.delta.fail_count, time.process_time() - own, child_s
 
 
+def agreement_gaps(generator: list[RunResult], reference: list[RunResult]) -> dict:
+    """The load generator over perf_analyzer, pair by pair (each pair ran back to back, at one
+    machine speed), and each measure's gap: how far the median pair is from 1. The medians of each
+    tool's runs would compare runs made minutes apart, at whatever speed the machine had then."""
+    pairs = list(zip(generator, reference, strict=True))
+    ratios = {
+        "throughput": [ours.throughput_rps / theirs.throughput_rps for ours, theirs in pairs],
+        "p50": [ours.latency.p50_ms / theirs.latency.p50_ms for ours, theirs in pairs],
+    }
+    gaps = {f"{measure}_gap": abs(statistics.median(values) - 1) for measure, values in ratios.items()}
+    return {**gaps, "pair_ratios": ratios}
+
+
 def _agreement(endpoints: Endpoints, profile: Profile, image: bytes) -> dict:
     """The load generator and perf_analyzer, alternately, against the same model at the same load.
 
     Single runs on a busy 2-core machine differ by more than the tolerances, whoever measures,
-    so the tools take turns `profile.agreement_pairs` times and their medians are compared. Each
+    so the tools take turns `profile.agreement_pairs` times, and are compared pair by pair
+    (`agreement_gaps`). Each
     run's CPU is divided by the requests Triton answered during it (warm-up and every trial
     window included), so the two tools' costs per request compare fairly.
     """
@@ -305,15 +319,13 @@ def _agreement(endpoints: Endpoints, profile: Profile, image: bytes) -> dict:
             "cpu_ms_per_request": 1000 * statistics.median(cpu),
         }
 
-    ours, theirs = medians(generator, generator_cpu), medians(reference, reference_cpu)
     return {
         "model": AGREEMENT_MODEL,
         "concurrency": AGREEMENT_CONCURRENCY,
         "pairs": profile.agreement_pairs,
-        "loadgen": ours,
-        "perf_analyzer": theirs,
-        "throughput_gap": abs(ours["throughput_rps"] / theirs["throughput_rps"] - 1),
-        "p50_gap": abs(ours["p50_ms"] / theirs["p50_ms"] - 1),
+        "loadgen": medians(generator, generator_cpu),
+        "perf_analyzer": medians(reference, reference_cpu),
+        **agreement_gaps(generator, reference),
         "runs": {"loadgen": [r.to_dict() for r in generator], "perf_analyzer": [r.to_dict() for r in reference]},
     }
 
