@@ -14,19 +14,27 @@ Where the work runs, and why:
 - Base64 and image decoding plus preprocessing run in a thread pool (PREPROCESS_WORKERS), off
   the event loop, so a slow decode never blocks other requests from being accepted, and a decode
   can overlap with an inference in progress.
+- Decoding runs at most DECODE_AHEAD requests ahead of the predict slots (default: two per slot,
+  and at least one per decoding thread): a request is decoded only when there is room among those
+  being decoded or decoded and waiting for a slot; the rest wait undecoded. Memory stays bounded
+  however many clients send, and on a CPU the decoding thread does not run far ahead, taking
+  cores from the inferences and leaving tensors to go cold before their slot (measured with the
+  ONNX service on 2 cores at 16 clients: 3-7% more throughput than with no bound).
 - Only the model call is limited: it runs in a pool of PREDICT_CONCURRENCY threads, the predict
-  slots. Requests beyond that wait in the pool's queue: that wait is the queueing delay the lab
-  measures. A slot that frees takes the next request from the queue itself, with no round trip
-  through the event loop (which, on a busy machine, may not run for a while: measured with the
-  ONNX service on 2 cores at 16 clients, slots handed out by the event loop left the cores about
-  8% idle, and the service about 8% slower).
+  slots. Requests beyond that wait, for room to be decoded and then in the pool's queue: the two
+  waits together are the queueing delay the lab measures (the slot wait). A slot that frees
+  takes the next request from the queue itself, with no round trip through the event loop
+  (which, on a busy machine, may not run for a while: measured with the ONNX service on 2 cores
+  at 16 clients, slots handed out by the event loop left the cores about 8% idle, and the
+  service about 8% slower).
 - Threads are a resource (cores.py): by default there is one slot per core, and an inference
   gets the cores divided by the inferences running when it starts (a lone request uses every
   core; under load each slot has one), so the busy threads never outnumber the cores. The model
   is built on an inference thread, so that no other thread ever starts a team of threads for it:
   a second, idle team slows every inference of the first.
 - A request whose client has gone is abandoned at its next stage boundary (client_gone.py):
-  before preprocessing, while it waits for a slot, before inference. ABANDON_ON_DISCONNECT=off
+  before preprocessing (once there is room to decode it), while it waits for a slot, before
+  inference. ABANDON_ON_DISCONNECT=off
   computes it anyway, for the lab's experiment.
 - /metrics (predict_metrics.py) has the server's own account of each stage's time, and of the
   requests abandoned and the inferences run for clients who had gone.
@@ -40,7 +48,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -139,6 +147,7 @@ class ServiceSettings:
     download_timeout_s: float = field(default_factory=lambda: _float_from_env("IMAGE_DOWNLOAD_TIMEOUT_S", 10.0))
     download_placement: str = field(default_factory=_placement_from_env)
     abandon_on_disconnect: bool = field(default_factory=lambda: _switch_from_env("ABANDON_ON_DISCONNECT", True))
+    decode_ahead: int | None = field(default_factory=lambda: _positive_int_from_env("DECODE_AHEAD", None))
 
 
 @dataclass
@@ -159,6 +168,12 @@ def default_preprocess_workers(device: str, plan: ThreadPlan) -> int:
     thread would take cores from the inference threads. On a GPU, decoding is the CPU's main
     work, so it gets every core."""
     return plan.cores if device.startswith("cuda") else 1
+
+
+def default_decode_ahead(plan: ThreadPlan, preprocess_workers: int) -> int:
+    """Two requests per slot (one for it to take next, one to decode meanwhile), and never fewer
+    than the decoding threads, which would leave some of them idle."""
+    return max(2 * plan.slots, preprocess_workers)
 
 
 class PredictRequest(BaseModel):
@@ -197,6 +212,7 @@ class HealthResponse(BaseModel):
     cores: int = Field(..., description="Cores this process may use (CPU affinity and container quota).")
     threads: str = Field(..., description="The thread plan in words, and what chose it.")
     preprocess_workers: int
+    decode_ahead: int = Field(..., description="Requests decoded, or being decoded, ahead of the predict slots.")
     max_request_bytes: int
     download_placement: str = Field(..., description="Where a download by URL runs: outside_slot or inside_slot.")
     image_url_allowed_hosts: str
@@ -282,6 +298,7 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
     settings = ServiceSettings()
     plan = _thread_plan_from_env(model.device)  # PREDICT_CONCURRENCY, INFERENCE_THREADS
     preprocess_workers = settings.preprocess_workers or default_preprocess_workers(model.device, plan)
+    decode_ahead = settings.decode_ahead or default_decode_ahead(plan, preprocess_workers)
     weights = read_weights_info(model.model_file)
     weights_note = weights.get("note", "")
     if weights.get("weights") != "trained":
@@ -293,18 +310,22 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
     metrics = PredictMetrics()
     running = 0  # inferences running now, changed by the inference threads under running_lock
     running_lock = threading.Lock()
+    # Room to decode: taken by a decoding thread before it decodes, given back when a slot takes
+    # the batch (or when the request leaves the slot's queue without it).
+    decode_room = threading.BoundedSemaphore(decode_ahead)
     # Never the environment's proxies: the allow-list is about where this server connects.
     downloads = httpx.AsyncClient(trust_env=False, follow_redirects=False)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         log.info(
-            "%s on %s (%s), %s, preprocess_workers=%d, downloads %s from %s, abandon_on_disconnect=%s",
+            "%s on %s (%s), %s, preprocess_workers=%d, decode_ahead=%d, downloads %s from %s, abandon_on_disconnect=%s",
             model.model_file.name,
             model.device,
             model.runtime,
             plan.describe(),
             preprocess_workers,
+            decode_ahead,
             settings.download_placement,
             settings.allowed_hosts.text,
             settings.abandon_on_disconnect,
@@ -338,9 +359,35 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
         finally:
             metrics.preprocess_s.observe(time.perf_counter() - started)
 
-    async def decode(image: str | bytes, watch: DisconnectWatch) -> np.ndarray:
-        watch.check("before_preprocess")
-        return await asyncio.get_running_loop().run_in_executor(preprocess_pool, decode_now, image)
+    def decode_with_room(image: str | bytes, watch: DisconnectWatch) -> tuple[np.ndarray, float]:
+        """In a decoding thread: wait for room ahead of the slots, then decode. Returns the batch,
+        and the seconds it took to decode (which are not part of the slot wait)."""
+        decode_room.acquire()
+        started = time.perf_counter()
+        try:
+            watch.check("before_preprocess")
+            return decode_now(image), time.perf_counter() - started
+        except BaseException:
+            decode_room.release()
+            raise
+
+    def room_given_back_unless_failed(decoding: Future) -> None:
+        if not decoding.cancelled() and decoding.exception() is None:
+            decode_room.release()
+
+    def room_given_back_if_left_queued(job: Future) -> None:
+        if job.cancelled():  # its client left while it waited for a slot: no slot takes its batch
+            decode_room.release()
+
+    async def decode(image: str | bytes, watch: DisconnectWatch) -> tuple[np.ndarray, float]:
+        decoding = preprocess_pool.submit(decode_with_room, image, watch)
+        try:
+            return await asyncio.wrap_future(decoding)
+        except asyncio.CancelledError:
+            # The handler itself was cancelled (Ray Serve does that): a batch decoded now would
+            # never reach a slot, so its room is given back when the decoding ends.
+            decoding.add_done_callback(room_given_back_unless_failed)
+            raise
 
     def in_slot(prepare: Callable[[], np.ndarray], queued_at: float, watch: DisconnectWatch) -> np.ndarray:
         """A request's work in its predict slot (an inference thread): `prepare` gives the batch
@@ -378,14 +425,20 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
                 watch.check("before_preprocess")
                 return decode_now(asyncio.run_coroutine_threadsafe(fetch(request.url), loop).result())
 
-            prepare = download_and_decode
+            job = inference_pool.submit(in_slot, download_and_decode, time.perf_counter(), watch)
         else:
-            batch = await decode(request.image if request.url is None else await fetch(request.url), watch)
+            image = request.image if request.url is None else await fetch(request.url)
+            queued_at = time.perf_counter()  # a download is not a wait for the slot
+            batch, decode_s = await decode(image, watch)
 
             def prepare() -> np.ndarray:
+                decode_room.release()  # the slot has taken the batch
                 return batch
 
-        return await watch.result_of(inference_pool.submit(in_slot, prepare, time.perf_counter(), watch))
+            # The slot wait is every wait from here on, before and after decoding.
+            job = inference_pool.submit(in_slot, prepare, queued_at + decode_s, watch)
+            job.add_done_callback(room_given_back_if_left_queued)
+        return await watch.result_of(job)
 
     @app.post(
         "/predict",
@@ -437,6 +490,7 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
             cores=plan.cores,
             threads=plan.describe(),
             preprocess_workers=preprocess_workers,
+            decode_ahead=decode_ahead,
             max_request_bytes=settings.max_request_bytes,
             download_placement=settings.download_placement,
             image_url_allowed_hosts=settings.allowed_hosts.text,

@@ -43,7 +43,9 @@ class PredictMetrics:
             return Histogram(name, what, buckets=BUCKETS_S, registry=self.registry)
 
         self.download_s = histogram("predict_download_seconds", "Downloading the image of a request sent by URL")
-        self.slot_wait_s = histogram("predict_slot_wait_seconds", "Waiting for a free predict slot")
+        self.slot_wait_s = histogram(
+            "predict_slot_wait_seconds", "Waiting for a predict slot: for room to be decoded, then in the slots' queue"
+        )
         self.preprocess_s = histogram("predict_preprocess_seconds", "Decoding and preprocessing the image")
         self.inference_s = histogram("predict_inference_seconds", "Running the model")
         self.abandoned = Counter(

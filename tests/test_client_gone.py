@@ -33,7 +33,7 @@ def slow_image_host(built_artifacts, tmp_path_factory):
         yield f"http://127.0.0.1:{port}"
 
 
-def start_one_slot_service(image_host: str, log_dir, abandon: str) -> tuple[LocalStack, str]:
+def start_one_slot_service(image_host: str, log_dir, abandon: str, **settings: str) -> tuple[LocalStack, str]:
     port = Ports.free().fastapi_onnx
     env = {
         "PREDICT_CONCURRENCY": "1",
@@ -41,8 +41,19 @@ def start_one_slot_service(image_host: str, log_dir, abandon: str) -> tuple[Loca
         "IMAGE_DOWNLOAD_PLACEMENT": "inside_slot",
         "IMAGE_URL_ALLOWED_HOSTS": image_host.removeprefix("http://"),
         "ABANDON_ON_DISCONNECT": abandon,
+        **settings,
     }
     return LocalStack([fastapi_service("onnx", port, env=env)], log_dir=log_dir).start(), f"http://127.0.0.1:{port}"
+
+
+def hold_the_slot(url: str, image_host: str) -> tuple[threading.Thread, list[requests.Response]]:
+    """A request whose image is downloaded inside the slot: the slot is busy for HOLD_MS."""
+    answers: list[requests.Response] = []
+    photo = f"{image_host}/images/{paths.SAMPLE_IMAGE.name}"
+    holding = threading.Thread(target=lambda: answers.append(requests.post(f"{url}/predict", json={"url": photo})))
+    holding.start()
+    time.sleep(0.3)  # the holder has the slot, downloading
+    return holding, answers
 
 
 def send_and_leave(url: str, body: bytes, stay_s: float) -> None:
@@ -63,14 +74,7 @@ def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unle
         assert requests.get(f"{url}/health", timeout=5).json()["abandon_on_disconnect"] is (abandon == "on")
         image = base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()
         with service_stats.measure(url) as stats:
-            holder: list[requests.Response] = []
-            holding = threading.Thread(
-                target=lambda: holder.append(
-                    requests.post(f"{url}/predict", json={"url": f"{slow_image_host}/images/{paths.SAMPLE_IMAGE.name}"})
-                )
-            )
-            holding.start()
-            time.sleep(0.3)  # the first request holds the slot, downloading
+            holding, holder = hold_the_slot(url, slow_image_host)
             send_and_leave(url, json.dumps({"image": image}).encode(), stay_s=0.3)
             holding.join(timeout=30)
             time.sleep(0.5)  # the second request gets the slot now, unless it was abandoned
@@ -89,6 +93,45 @@ def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unle
         assert delta.inferences == 2  # computed for nobody
         assert delta.inferences_for_gone_clients == 1
         assert delta.requests_by_status.get("200") == 2
+
+
+def test_decoding_runs_at_most_decode_ahead_requests_ahead_of_a_busy_slot(slow_image_host, tmp_path):
+    stack, url = start_one_slot_service(slow_image_host, tmp_path, "on", DECODE_AHEAD="2", PREPROCESS_WORKERS="2")
+    try:
+        assert requests.get(f"{url}/health", timeout=5).json()["decode_ahead"] == 2
+        body = {"image": base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()}
+        before = service_stats.scrape(url)
+        holding, holder = hold_the_slot(url, slow_image_host)
+        with ThreadPoolExecutor(6) as senders:
+            answers = [senders.submit(requests.post, f"{url}/predict", json=body, timeout=30) for _ in range(6)]
+            time.sleep(0.6)  # every sender has been waiting a while; the slot is still held
+            while_held = service_stats.diff(url, before, service_stats.scrape(url))
+            statuses = [answer.result().status_code for answer in answers]
+        holding.join(timeout=30)
+        after = service_stats.diff(url, before, service_stats.scrape(url))
+    finally:
+        stack.stop()
+    assert holder and holder[0].status_code == 200 and statuses == [200] * 6
+    assert while_held.stage_counts["preprocess"] == 2  # not 6: the others wait undecoded
+    assert after.stage_counts["preprocess"] == 7  # the holder's image, decoded in its slot, and the six
+
+
+def test_requests_abandoned_while_waiting_give_their_room_to_decode_back(slow_image_host, tmp_path):
+    # With room for one, a room kept by an abandoned request would leave the next one waiting forever.
+    stack, url = start_one_slot_service(slow_image_host, tmp_path, "on", DECODE_AHEAD="1")
+    try:
+        body = {"image": base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()}
+        with service_stats.measure(url) as stats:
+            holding, holder = hold_the_slot(url, slow_image_host)
+            with ThreadPoolExecutor(3) as leavers:  # one decoded and queued, two waiting for room
+                list(leavers.map(lambda _: send_and_leave(url, json.dumps(body).encode(), stay_s=0.4), range(3)))
+            holding.join(timeout=30)
+            answer = requests.post(f"{url}/predict", json=body, timeout=10)
+    finally:
+        stack.stop()
+    assert holder and holder[0].status_code == 200 and answer.status_code == 200
+    assert sum(stats.delta.abandoned_by_stage.values()) == 3
+    assert set(stats.delta.abandoned_by_stage) <= {"before_preprocess", "slot_wait"}
 
 
 def _one_busy_slot() -> tuple[ThreadPoolExecutor, threading.Event]:

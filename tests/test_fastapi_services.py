@@ -56,6 +56,7 @@ def test_health_states_the_thread_plan_and_the_default_never_crowds_the_cores(se
     plan = thread_plan(device=body["device"], environ={})  # the default plan for the service's device
     assert (body["cores"], body["predict_concurrency"], body["inference_threads"]) == (cores, plan.slots, plan.threads)
     assert body["threads"] == plan.describe() and "(the defaults)" in body["threads"] and not plan.oversubscribed
+    assert body["decode_ahead"] == max(2 * plan.slots, body["preprocess_workers"])
     if body["device"].startswith("cuda"):  # one slot on a GPU, and every core decodes
         assert body["preprocess_workers"] == cores and "elastic" not in body["threads"]
     else:  # one slot per core on a CPU, each inference with the cores divided by those running
