@@ -84,8 +84,7 @@ def two_nodes(port: int, request_count: int, token_file: Path) -> dict:
         }
     finally:
         if ray.is_initialized():
-            serve.shutdown()
-            ray.shutdown()
+            ray_local.stop_serve_and_ray()
         cluster.shutdown()
 
 
