@@ -223,8 +223,9 @@ def run(config_path: Path, port: int, dashboard_port: int, metrics_port: int, to
 
 
 def stop_serve_and_ray() -> None:
-    """Delete every Serve application (its replicas drain and stop), then stop Ray, which takes
-    Serve's controller and proxy with it. Not `serve.shutdown()`: in Ray 2.60 its call to the
+    """Delete every Serve application (its replicas drain and stop), then disconnect from Ray: a
+    Ray this process started stops then, Serve's controller and proxy with it (a test cluster
+    stops when its own shutdown is called). Not `serve.shutdown()`: in Ray 2.60 its call to the
     controller sometimes outlives the controller, and then waits out its own 30 s timeout
     (seen on a 2-core machine: the raylet retries the call on the controller it had just killed)."""
     import ray
