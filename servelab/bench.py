@@ -34,11 +34,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+import psutil
 import requests
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
@@ -138,6 +139,52 @@ def thread_plan_of(target: ServedTarget, endpoints: Endpoints) -> str:
     return thread_plan(slots=instances, device=device, given_by=f"{instances} instance(s)").describe()
 
 
+@dataclass
+class CpuSplit:
+    """CPU seconds spent while a load point's windows ran (warm-ups included): by the server
+    process, by its main thread (uvicorn's event loop: HTTP, JSON, FastAPI's routing and
+    validation), and by this process (the load generator, and the resource sampler)."""
+
+    server_s: float = 0.0
+    event_loop_s: float = 0.0
+    load_generator_s: float = 0.0
+    wall_s: float = 0.0
+
+    def overhead_share(self) -> float:
+        """The event loop's and the load generator's part of all the CPU the requests cost. With
+        every core busy, a service whose decoding and inference cost what the ceiling's do reaches
+        at most 1 - this share of the ceiling, which pays for neither."""
+        return (self.event_loop_s + self.load_generator_s) / (self.server_s + self.load_generator_s)
+
+    def cores_busy(self, cores: int) -> float:
+        """How busy the server and the load generator kept the cores, 0 to 1."""
+        return (self.server_s + self.load_generator_s) / (self.wall_s * cores)
+
+
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """(the process, its main thread): CPU seconds so far."""
+    process = psutil.Process(pid)
+    total = process.cpu_times()
+    main = next(thread for thread in process.threads() if thread.id == pid)
+    return total.user + total.system, main.user_time + main.system_time
+
+
+@contextlib.contextmanager
+def _cpu_counted(server_pid: int | None, into: CpuSplit) -> Iterator[None]:
+    """Add the CPU the block made the server (when its process id is known) and this process spend."""
+    if server_pid is None:
+        yield
+        return
+    server, loop = _cpu_seconds(server_pid)
+    own, started = time.process_time(), time.perf_counter()
+    yield
+    server_after, loop_after = _cpu_seconds(server_pid)
+    into.server_s += server_after - server
+    into.event_loop_s += loop_after - loop
+    into.load_generator_s += time.process_time() - own
+    into.wall_s += time.perf_counter() - started
+
+
 def _window(
     target: ServedTarget, url: str, concurrency: int, duration_s: float, warmup_s: float, image: bytes
 ) -> RunResult:
@@ -178,11 +225,13 @@ def _load_point(
     profile: Profile,
     image: bytes,
     windows_rps: dict[str, dict[str, dict]],
+    server_pid: int | None = None,
 ) -> RunResult:
     """`served` at `concurrency`, measured in `profile.windows` windows, each between two
     measurements of the ceiling it is judged against (one request in flight at concurrency 1,
     the winner for many otherwise). Returns the windows pooled; records each window's req/s and
-    the ceiling's before, between and after them in `windows_rps[served.name][str(concurrency)]`. The
+    the ceiling's before, between and after them in `windows_rps[served.name][str(concurrency)]`,
+    with the windows' CpuSplit when the server's process id is given. The
     point is judged against the ceiling's mean: a slowdown in the middle of the run slows both.
 
     The first window warms the service up for the profile's warm-up; the later ones, and the
@@ -197,13 +246,14 @@ def _load_point(
         point.notes.append(f"ceiling: {key} ({where})")
         return point.throughput_rps
 
-    ceiling_rps, windows = [ceiling_now(1)], []
+    ceiling_rps, windows, cpu = [ceiling_now(1)], [], CpuSplit()
     stats = triton_stats.measure(triton, served.model) if served.model else contextlib.nullcontext()
     with stats as stats_window:  # the ceiling's windows send Triton nothing
         for turn in range(1, profile.windows + 1):
             log.info("%s at concurrency %d: window %d of %d", served.name, concurrency, turn, profile.windows)
             warmup_s = profile.warmup_s if turn == 1 else min(REPEAT_WARMUP_S, profile.warmup_s)
-            windows.append(_window(served, url, concurrency, window_s, warmup_s, image))
+            with _cpu_counted(server_pid, cpu):
+                windows.append(_window(served, url, concurrency, window_s, warmup_s, image))
             ceiling_rps.append(ceiling_now(turn + 1))
     result = pooled(windows)
     # The machine as sampled in the last window: a sampler across all of them would see the ceiling's too.
@@ -212,7 +262,10 @@ def _load_point(
     if served.model:
         result.triton_stats = stats_window.delta.to_dict()
     served_rps = [window.throughput_rps for window in windows]
-    windows_rps.setdefault(served.name, {})[str(concurrency)] = {"served_rps": served_rps, "ceiling_rps": ceiling_rps}
+    point = {"served_rps": served_rps, "ceiling_rps": ceiling_rps}
+    if server_pid is not None:
+        point["cpu_s"] = asdict(cpu)
+    windows_rps.setdefault(served.name, {})[str(concurrency)] = point
     return result
 
 
@@ -250,9 +303,10 @@ def _naive(
             f"http://127.0.0.1:{port}/health", env={"NAIVE_RUNTIME": runtime},
         )  # fmt: skip
         target = ServedTarget(name, "fastapi", None, runtime)
-        with LocalStack([spec], log_dir=log_dir):
+        with LocalStack([spec], log_dir=log_dir) as stack:
             url = f"http://127.0.0.1:{port}"
-            results.append(_load_point(ceilings, target, url, "", concurrency, profile, image, windows_rps))
+            pid = stack.pids()[spec.name]
+            results.append(_load_point(ceilings, target, url, "", concurrency, profile, image, windows_rps, pid))
     return results
 
 
@@ -330,12 +384,20 @@ def _agreement(endpoints: Endpoints, profile: Profile, image: bytes) -> dict:
     }
 
 
-def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpoints: Endpoints | None = None) -> Path:
+def run_benchmark(
+    profile_name: str = "full",
+    out_dir: Path | None = None,
+    endpoints: Endpoints | None = None,
+    server_pids: dict[str, int] | None = None,
+) -> Path:
     """Run the whole benchmark and write its report; returns the report folder.
 
-    With `endpoints`, the services already running there are measured; without, the local
-    stack is started on free ports for the run and stopped after it.
+    With `endpoints`, the services already running there are measured, and `server_pids` (the
+    FastAPI services' process ids, by name, when they run on this machine) lets the report say
+    where their CPU went; without, the local stack is started on free ports for the run and
+    stopped after it.
     """
+    server_pids = dict(server_pids or {})
     profile = PROFILES[profile_name]
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out_dir = out_dir or RESULTS_DIR / f"bench-{stamp}-{profile_name}"
@@ -357,7 +419,7 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
                 ],
                 log_dir=out_dir / "logs",
             )
-            cleanup.enter_context(stack)
+            server_pids = cleanup.enter_context(stack).pids()
             endpoints = Endpoints.of(ports)
 
         results: list[RunResult] = []
@@ -373,7 +435,10 @@ def run_benchmark(profile_name: str = "full", out_dir: Path | None = None, endpo
                 for concurrency in profile.concurrencies:
                     url = address(target, endpoints)
                     triton = endpoints.triton_http
-                    results.append(_load_point(ceilings, target, url, triton, concurrency, profile, image, windows_rps))
+                    # FastAPI's: Triton's HTTP front end is C++ and its models run in processes of their own.
+                    pid = None if target.model else server_pids.get(target.name)
+                    point = _load_point(ceilings, target, url, triton, concurrency, profile, image, windows_rps, pid)
+                    results.append(point)
         log.info("load generator vs perf_analyzer, %d alternating pairs", profile.agreement_pairs)
         agreement = _agreement(endpoints, profile, image)
         meta = {

@@ -11,6 +11,7 @@ says what happened, it does not fail.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,43 @@ def pair_ratios(agreement: dict) -> str:
     )
 
 
+def overhead_cap(point: dict, meta: dict) -> str:
+    """What a load point's CpuSplit (`point["cpu_s"]`) says about its ratio, in words; empty without one."""
+    if "cpu_s" not in point:
+        return ""
+    cpu, cores = bench.CpuSplit(**point["cpu_s"]), meta["machine"]["cores_available"]
+    return (
+        f"; the event loop and the load generator took {cpu.overhead_share():.0%} of the CPU its requests "
+        f"cost, which caps it at {1 - cpu.overhead_share():.0%} of the ceiling while every core is busy "
+        f"(they were {cpu.cores_busy(cores):.0%} busy)"
+    )
+
+
+def cpu_table(meta: dict) -> list[str]:
+    """Where the CPU went in every load point measured with its server's process id."""
+    cores = meta["machine"]["cores_available"]
+    rows = [
+        (name, load, bench.CpuSplit(**point["cpu_s"]))
+        for name, by_load in meta.get("windows_rps", {}).items()
+        for load, point in by_load.items()
+        if "cpu_s" in point
+    ]
+    if not rows:
+        return ["No server's process id was known to this run (services measured elsewhere): not measured."]
+    lines = [
+        "| service | load | event loop, of the server's CPU | load generator, of all | cap | of ceiling | cores busy |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, load, cpu in rows:
+        fraction = statistics.mean(window_fractions(meta["windows_rps"][name][load]))
+        lines.append(
+            f"| {name} | c={load} | {cpu.event_loop_s / cpu.server_s:.1%} "
+            f"| {cpu.load_generator_s / (cpu.server_s + cpu.load_generator_s):.1%} | {1 - cpu.overhead_share():.1%} "
+            f"| {fraction:.1%} | {cpu.cores_busy(cores):.0%} |"
+        )
+    return lines
+
+
 def target_lines(results: list[RunResult], meta: dict) -> list[str]:
     """Each target, met or not, with the numbers that decide it (and the spread of a ratio's
     windows, which does not decide it)."""
@@ -106,6 +144,7 @@ def target_lines(results: list[RunResult], meta: dict) -> list[str]:
                 f"- {verdict}: {goal.service} at c={concurrency} reaches {fraction:.1%} of its ceiling "
                 f"(target {goal.fraction:.0%}): {result.throughput_rps:.1f} of {ceiling_of(result, ceilings):.1f} req/s"
                 + spread
+                + overhead_cap(point or {}, meta)
             )
     busiest = max(r.concurrency or 0 for r in results if r.tool == "loadgen")
     for target in bench.TARGETS:
@@ -219,6 +258,18 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "same ceiling in the sweep.",
         "",
         *target_lines(results, meta),
+        "",
+        "## Where a FastAPI service's CPU goes",
+        "",
+        "CPU seconds over each load point's windows (warm-ups included): the server process, its main thread "
+        "(uvicorn's event loop: HTTP, JSON, FastAPI's routing and validation) and the load generator's process. "
+        "The ceiling pays for neither the event loop nor the load generator, so while every core is busy a "
+        "service whose decoding and inference cost what the ceiling's do reaches at most 'cap' of it (1 minus "
+        "their share of all the CPU the requests cost). At low concurrency the cores idle and the cap does not "
+        "bind; on a GPU the GPU, not the cores, may be what runs out. 'of ceiling' is the mean of the windows' "
+        "own fractions (the windows' figures in Targets).",
+        "",
+        *cpu_table(meta),
         "",
         "## Is the load generator the bottleneck?",
         "",

@@ -236,6 +236,10 @@ class LocalStack:
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
+    def pids(self) -> dict[str, int]:
+        """The running services' process ids, by name."""
+        return {managed.spec.name: managed.process.pid for managed in self.processes if managed.alive()}
+
     def dead(self) -> list[ManagedProcess]:
         return [managed for managed in self.processes if not managed.alive()]
 

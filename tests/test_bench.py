@@ -21,7 +21,8 @@ from servelab.results import LatencySummary, RunResult, load_results
 @pytest.fixture(scope="module")
 def quick_report(model_servers, ports, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("bench")
-    return bench.run_benchmark("quick", out_dir=out_dir, endpoints=bench.Endpoints.of(ports))
+    pids = model_servers.pids()
+    return bench.run_benchmark("quick", out_dir=out_dir, endpoints=bench.Endpoints.of(ports), server_pids=pids)
 
 
 def test_every_target_and_reference_is_measured_without_errors(quick_report):
@@ -116,6 +117,37 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
         image = quick_report / plot
         assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 5000
         assert f"]({plot})" in report
+
+
+def test_every_fastapi_point_says_where_its_cpu_went_and_the_cap_that_follows(quick_report):
+    report = (quick_report / "report.md").read_text()
+    metadata = json.loads((quick_report / "metadata.json").read_text())
+    section = report.split("## Where a FastAPI service's CPU goes")[1].split("##")[0]
+    measured = {"fastapi_pt", "fastapi_onnx", *bench.NAIVE.values()}
+    for name, by_load in metadata["windows_rps"].items():
+        # Triton's front end is C++ and its models run in processes of their own: no event loop to count.
+        assert all(("cpu_s" in point) == (name in measured) for point in by_load.values()), name
+        for load, point in by_load.items():
+            if name not in measured:
+                continue
+            cpu = bench.CpuSplit(**point["cpu_s"])
+            assert 0 < cpu.event_loop_s < cpu.server_s and cpu.load_generator_s > 0, (name, load)
+            assert 0 < cpu.overhead_share() < 1 and cpu.wall_s >= PROFILES["quick"].duration_s
+            row = f"| {name} | c={load} | {cpu.event_loop_s / cpu.server_s:.1%} |"
+            assert row in section and f"| {1 - cpu.overhead_share():.1%} |" in section
+    busiest = metadata["windows_rps"]["fastapi_onnx"][str(max(PROFILES["quick"].concurrencies))]
+    assert bench_report.overhead_cap(busiest, metadata) in report.split("## Targets")[1]
+
+
+def test_the_cap_is_what_the_event_loop_and_the_load_generator_leave_of_the_cpu():
+    # 10 s of server CPU (1 s of it on the event loop) and 0.5 s of load generator over 6 s on 2 cores.
+    point = {"cpu_s": {"server_s": 10.0, "event_loop_s": 1.0, "load_generator_s": 0.5, "wall_s": 6.0}}
+    cpu = bench.CpuSplit(**point["cpu_s"])
+    assert cpu.overhead_share() == pytest.approx(1.5 / 10.5) and cpu.cores_busy(2) == pytest.approx(10.5 / 12)
+    words = bench_report.overhead_cap(point, {"machine": {"cores_available": 2}})
+    assert "took 14% of the CPU its requests cost, which caps it at 86% of the ceiling" in words
+    assert words.endswith("(they were 88% busy)")
+    assert bench_report.overhead_cap({"served_rps": [1.0]}, {}) == ""
 
 
 def test_each_window_is_judged_against_the_two_ceiling_windows_beside_it():
