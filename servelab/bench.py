@@ -10,10 +10,12 @@
    ceiling's mean speed in the windows around and between its own.
 2. FastAPI PyTorch, FastAPI ONNX, Triton `food_classifier` (Python backend) and Triton
    `food_classifier_onnx`, each at concurrency 1, 8 and 16, with the lab's load generator
-   (closed loop), sampling CPU/GPU during each window and reading Triton's statistics over them;
-   and the naive reference apps (servelab.naive_service) at the highest concurrency. On a server
-   with no GPU, Triton's models run one instance per core for their runs (the CPU counterpart of
-   FastAPI's one slot per core), set through the repository API and put back afterwards.
+   (closed loop), sampling CPU/GPU during each window and reading Triton's statistics over them
+   (and, for a FastAPI server whose process id is known, the CPU its process, its event loop and
+   the load generator spent: CpuSplit); and the naive reference apps (servelab.naive_service) at
+   the highest concurrency. On a server with no GPU, Triton's models run one instance per core
+   for their runs (the CPU counterpart of FastAPI's one slot per core), set through the
+   repository API and put back afterwards.
 3. The load generator against perf_analyzer: at concurrency 8 against `food_classifier_onnx`,
    alternating, with the CPU each tool spent per request.
 
