@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -152,6 +152,12 @@ class CpuSplit:
     load_generator_s: float = 0.0
     wall_s: float = 0.0
 
+    def __add__(self, other: CpuSplit) -> CpuSplit:
+        return CpuSplit(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other), strict=True)))
+
+    def __sub__(self, other: CpuSplit) -> CpuSplit:
+        return CpuSplit(*(mine - theirs for mine, theirs in zip(astuple(self), astuple(other), strict=True)))
+
     def overhead_share(self) -> float:
         """The event loop's and the load generator's part of all the CPU the requests cost. With
         every core busy, a service whose decoding and inference cost what the ceiling's do reaches
@@ -163,28 +169,21 @@ class CpuSplit:
         return (self.server_s + self.load_generator_s) / (self.wall_s * cores)
 
 
-def _cpu_seconds(pid: int) -> tuple[float, float]:
-    """(the process, its main thread): CPU seconds so far."""
-    process = psutil.Process(pid)
-    total = process.cpu_times()
-    main = next(thread for thread in process.threads() if thread.id == pid)
-    return total.user + total.system, main.user_time + main.system_time
-
-
-@contextlib.contextmanager
-def _cpu_counted(server_pid: int | None, into: CpuSplit) -> Iterator[None]:
-    """Add the CPU the block made the server (when its process id is known) and this process spend."""
-    if server_pid is None:
-        yield
-        return
-    server, loop = _cpu_seconds(server_pid)
-    own, started = time.process_time(), time.perf_counter()
-    yield
-    server_after, loop_after = _cpu_seconds(server_pid)
-    into.server_s += server_after - server
-    into.event_loop_s += loop_after - loop
-    into.load_generator_s += time.process_time() - own
-    into.wall_s += time.perf_counter() - started
+def _cpu_now(pid: int | None) -> CpuSplit | None:
+    """CPU seconds so far of the server `pid` (the process, its main thread) and of this process,
+    with the clock; None when the id is unknown or its process is gone (the run goes on, and the
+    load point is reported without a split)."""
+    if pid is None:
+        return None
+    try:
+        process = psutil.Process(pid)
+        total = process.cpu_times()
+        main = next(thread for thread in process.threads() if thread.id == pid)
+    except (psutil.Error, StopIteration):
+        log.warning("server process %d is gone: its CPU is not counted; its log says why it stopped", pid)
+        return None
+    loop = main.user_time + main.system_time
+    return CpuSplit(total.user + total.system, loop, time.process_time(), time.perf_counter())
 
 
 def _window(
@@ -248,14 +247,16 @@ def _load_point(
         point.notes.append(f"ceiling: {key} ({where})")
         return point.throughput_rps
 
-    ceiling_rps, windows, cpu = [ceiling_now(1)], [], CpuSplit()
+    ceiling_rps, windows, splits = [ceiling_now(1)], [], []
     stats = triton_stats.measure(triton, served.model) if served.model else contextlib.nullcontext()
     with stats as stats_window:  # the ceiling's windows send Triton nothing
         for turn in range(1, profile.windows + 1):
             log.info("%s at concurrency %d: window %d of %d", served.name, concurrency, turn, profile.windows)
             warmup_s = profile.warmup_s if turn == 1 else min(REPEAT_WARMUP_S, profile.warmup_s)
-            with _cpu_counted(server_pid, cpu):
-                windows.append(_window(served, url, concurrency, window_s, warmup_s, image))
+            before = _cpu_now(server_pid)
+            windows.append(_window(served, url, concurrency, window_s, warmup_s, image))
+            after = _cpu_now(server_pid)
+            splits.append(after - before if before and after else None)
             ceiling_rps.append(ceiling_now(turn + 1))
     result = pooled(windows)
     # The machine as sampled in the last window: a sampler across all of them would see the ceiling's too.
@@ -265,8 +266,8 @@ def _load_point(
         result.triton_stats = stats_window.delta.to_dict()
     served_rps = [window.throughput_rps for window in windows]
     point = {"served_rps": served_rps, "ceiling_rps": ceiling_rps}
-    if server_pid is not None:
-        point["cpu_s"] = asdict(cpu)
+    if splits and all(splits):
+        point["cpu_s"] = asdict(sum(splits, CpuSplit()))
     windows_rps.setdefault(served.name, {})[str(concurrency)] = point
     return result
 

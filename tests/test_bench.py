@@ -6,7 +6,10 @@ test checks.
 """
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import requests
@@ -148,6 +151,16 @@ def test_the_cap_is_what_the_event_loop_and_the_load_generator_leave_of_the_cpu(
     assert "took 14% of the CPU its requests cost, which caps it at 86% of the ceiling" in words
     assert words.endswith("(they were 88% busy)")
     assert bench_report.overhead_cap({"served_rps": [1.0]}, {}) == ""
+
+
+def test_a_server_that_is_gone_leaves_its_point_without_a_split_instead_of_stopping_the_run(caplog):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert bench._cpu_now(gone.pid) is None
+    assert f"server process {gone.pid} is gone" in caplog.text
+    assert bench._cpu_now(None) is None
+    now = bench._cpu_now(os.getpid())  # this process: its main thread is the one running the test
+    assert now is not None and 0 < now.event_loop_s <= now.server_s
 
 
 def test_each_window_is_judged_against_the_two_ceiling_windows_beside_it():
