@@ -221,7 +221,10 @@ def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_fi
             repository=work / "models",
             source=repository,
         )
-        measured = lab.perf("scale_vector", concurrency=2)
+        # measure, not perf: a toy model's sub-millisecond windows can miss perf_analyzer's stability
+        # test once on a busy machine (seen in make test); measure tries again, as the notebooks do.
+        measured = lab.measure("scale_vector", concurrency=2)
+        assert measured is not None
         assert measured.throughput_rps > 0 and measured.requests > 0 and measured.error_count == 0
         generated = loadgen.closed_loop(
             "triton-grpc",
