@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from cores import ThreadPlan
+from devices import torch_device
 from food11 import LABELS
-from predict_api import ServedModel, create_app
+from predict_api import ServedModel, create_app, device_setting_from_env
 from torchvision.models import mobilenet_v2
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -22,8 +23,9 @@ MODEL_PATH = Path(os.environ.get("FOOD11_MODEL_PATH", Path(__file__).parent / "f
 if not MODEL_PATH.is_file():
     raise SystemExit(f"{MODEL_PATH} is missing: run `make artifacts` in the repository root to build it.")
 
-# Chosen once at start-up: the GPU when PyTorch can see one, the CPU otherwise.
-device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# Chosen once at start-up, by INFERENCE_DEVICE (devices.py): by default the GPU when PyTorch can
+# use one, the CPU otherwise. A GPU asked for that PyTorch cannot use means the CPU, and says why.
+device, placement = torch_device(device_setting_from_env())
 # Full FP32 convolutions on every GPU: by default PyTorch lets cuDNN use TF32 on Ampere and newer
 # GPUs (A100, H100), which moves the probabilities by about 2e-4 from the CPU's and ONNX Runtime's
 # answers to the same model (measured on an H100), so the answer would depend on the GPU's
@@ -51,12 +53,7 @@ def load_model(plan: ThreadPlan):
 
 
 app = create_app(
-    ServedModel(
-        model_file=MODEL_PATH,
-        runtime=f"torch {torch.__version__}",
-        device=str(device) if device.type == "cpu" else f"cuda ({torch.cuda.get_device_name(device)})",
-        load=load_model,
-    ),
+    ServedModel(model_file=MODEL_PATH, placement=placement, load=load_model),
     title="Food-11 classifier (PyTorch)",
     description="POST a base64-encoded food photo to /predict; get its Food-11 class and probability.",
 )

@@ -251,6 +251,7 @@ def build_artifacts(out_dir: Path, source: WeightsSource, force: bool = False) -
 SERVICE_MODULES = (
     "food11.py",
     "cores.py",
+    "devices.py",
     "predict_api.py",
     "image_fetch.py",
     "predict_metrics.py",

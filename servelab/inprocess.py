@@ -26,6 +26,7 @@ import argparse
 import base64
 import json
 import logging
+import os
 import queue
 import subprocess
 import sys
@@ -39,6 +40,7 @@ import numpy as np
 
 from servelab import paths
 from servelab.cores import ThreadPlan, available_cores, thread_plan
+from servelab.devices import Placement, device_setting, onnx_session, torch_device
 from servelab.food11 import LABELS, decode_base64_image, preprocess
 from servelab.results import LatencySummary, RunResult
 
@@ -47,27 +49,25 @@ log = logging.getLogger(__name__)
 RUNTIMES = ("onnxruntime", "pytorch")
 
 
-def load_model(runtime: str, plan: ThreadPlan) -> tuple[Callable[[np.ndarray], np.ndarray], str]:
-    """The model as the matching FastAPI service builds it, for `plan`: (batch -> logits, device).
-    Call it on the thread that will run the model (an inference thread)."""
+def load_model(runtime: str, plan: ThreadPlan) -> tuple[Callable[[np.ndarray], np.ndarray], Placement]:
+    """The model as the matching FastAPI service builds it, for `plan`: (batch -> logits, where it
+    runs, as the runtime reports it). Call it on the thread that will run the model (an inference
+    thread). INFERENCE_DEVICE chooses the device, as in the services."""
+    setting = device_setting(os.environ)
     if runtime == "onnxruntime":
         import onnxruntime as ort
 
-        providers = ["CPUExecutionProvider"]
-        if "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, "CUDAExecutionProvider")
         options = ort.SessionOptions()
         options.intra_op_num_threads = plan.threads
         options.inter_op_num_threads = 1
-        session = ort.InferenceSession(str(paths.ARTIFACTS_DIR / "food11.onnx"), options, providers=providers)
-        device = "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
-        return (lambda batch: session.run(["output"], {"input": batch})[0]), device
+        session, placement = onnx_session(paths.ARTIFACTS_DIR / "food11.onnx", options, setting)
+        return (lambda batch: session.run(["output"], {"input": batch})[0]), placement
     if runtime == "pytorch":
         import torch
         from torchvision.models import mobilenet_v2
 
         torch.set_num_threads(plan.threads)
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device, placement = torch_device(setting)
         torch.backends.cudnn.allow_tf32 = False  # FP32 convolutions, as fastapi_pt/app.py runs them
         model = mobilenet_v2(num_classes=len(LABELS))
         model.load_state_dict(torch.load(paths.ARTIFACTS_DIR / "food11.pth", map_location=device, weights_only=True))
@@ -77,7 +77,7 @@ def load_model(runtime: str, plan: ThreadPlan) -> tuple[Callable[[np.ndarray], n
             with torch.inference_mode():
                 return model(torch.from_numpy(batch).to(device)).float().cpu().numpy()
 
-        return run, device.type
+        return run, placement
     raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
 
 
@@ -118,7 +118,7 @@ def run_point(
     encoded = base64.b64encode(image_bytes).decode()
     decoded_once = preprocess(decode_base64_image(encoded))[np.newaxis]
     slots = ThreadPoolExecutor(point.slots, thread_name_prefix="inference")
-    model, device = slots.submit(load_model, runtime, plan).result()  # built on an inference thread
+    model, placement = slots.submit(load_model, runtime, plan).result()  # built on an inference thread
 
     def prepared() -> tuple[np.ndarray, float]:
         if not decode:
@@ -151,7 +151,7 @@ def run_point(
                 # Per-image work without waiting: the floor under any service's latency.
                 service_ms[slot].append((decode_s + time.perf_counter() - started) * 1000)
 
-    feeding = decoding_threads(device, point, decode)
+    feeding = decoding_threads(placement.device, point, decode)
     decoders = [threading.Thread(target=decode_loop, daemon=True) for _ in range(feeding)]
     for thread in decoders:
         thread.start()
@@ -176,9 +176,10 @@ def run_point(
         concurrency=point.slots if point.pipelined else 1,
         latencies_ms=latencies,
         notes=[
-            f"{point.name} ({runtime} on {device}"
+            f"{point.name} (on {placement.describe()}"
             + (f", {len(decoders)} decoding thread(s)" if decode and decoders else "")
-            + f"); {what}; latency is the work per image, without queueing"
+            + f"); {what}; latency is the work per image, without queueing",
+            *([placement.fallback_warning()] if placement.fallback is not None else []),
         ],
     )
 
@@ -195,7 +196,8 @@ def measure_point(
     completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=paths.REPO_ROOT)
     if completed.returncode != 0:
         raise RuntimeError(f"in-process run {point.name} failed:\n{completed.stderr[-2000:]}")
-    return RunResult.from_dict(json.loads(completed.stdout))
+    # The result is the last line: a runtime may print before it (ONNX Runtime, when it drops a provider).
+    return RunResult.from_dict(json.loads(completed.stdout.splitlines()[-1]))
 
 
 def sweep_points(cores: int, pipelined: bool) -> list[Point]:

@@ -29,8 +29,9 @@ import numpy as np
 from servelab import food11, paths
 from servelab.triton_config import ConfigError, TritonConfig, backend_of
 
-# The lab's modules a model's own code may import, copied beside it: preprocessing, thread plans.
-SHARED_MODULES = ("food11.py", "cores.py")
+# The lab's modules a model's own code may import, copied beside it: preprocessing, thread plans,
+# the device a runtime runs on.
+SHARED_MODULES = ("food11.py", "cores.py", "devices.py")
 
 # How a photo becomes a request, for the models that classify photos.
 IMAGE_FILE = "image file"  # the file's bytes, base64-encoded, in a BYTES input: the model decodes it
@@ -53,14 +54,24 @@ ENTRIES: dict[str, LabEntry] = {
     "food_classifier": LabEntry(
         "MobileNetV2 (PyTorch) in the Python backend: an image file in, its label and probability out",
         image_request=IMAGE_FILE,
-        artifacts={"food11.pth": "pytorch weights", "food11.py": "food11.py", "cores.py": "cores.py"},
+        artifacts={
+            "food11.pth": "pytorch weights",
+            "food11.py": "food11.py",
+            "cores.py": "cores.py",
+            "devices.py": "devices.py",
+        },
         weights_file="food11.pth",
     ),
     "food_sequence": LabEntry(
         "The same PyTorch network on a stream of frames: each request one frame of a sequence, the "
         "sequence's running label and probabilities out (stateful: sequence batching)",
         image_request=IMAGE_FILE,
-        artifacts={"food11.pth": "pytorch weights", "food11.py": "food11.py", "cores.py": "cores.py"},
+        artifacts={
+            "food11.pth": "pytorch weights",
+            "food11.py": "food11.py",
+            "cores.py": "cores.py",
+            "devices.py": "devices.py",
+        },
         weights_file="food11.pth",
     ),
     "food_classifier_onnx": LabEntry(

@@ -5,60 +5,56 @@ into both folders; edit it here.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from cores import ThreadPlan
+from cores import ThreadPlan, available_cores
+from devices import onnx_session
 from fastapi import FastAPI
-from predict_api import ServedModel, create_app
-
-log = logging.getLogger("food11.service")
+from predict_api import ServedModel, create_app, device_setting_from_env
 
 
-def providers() -> list[str]:
-    """CUDA when this ONNX Runtime build has it (onnxruntime-gpu on a GPU node), the CPU otherwise."""
-    chosen = ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" in ort.get_available_providers():
-        chosen.insert(0, "CUDAExecutionProvider")
-    return chosen
-
-
-def session_with(model_path: Path, threads: int) -> ort.InferenceSession:
+def session_options(threads: int) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     # Idle pool threads sleep rather than spin: a spinning thread takes a core from the decoding
     # pool and the other slot (measured here: about 6% more throughput under load, same latency alone).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(model_path), options, providers=providers())
+    return options
 
 
 def onnx_app(model_path: Path, title: str) -> FastAPI:
     """The service for `model_path`; it stops with a message saying what to do when it is missing."""
     if not model_path.is_file():
         raise SystemExit(f"{model_path} is missing: run `make artifacts` in the repository root to build it.")
+    # The first session says where the model runs, and the thread plan follows from that. It gets
+    # every core: the threads of an inference alone in every default plan, on a CPU or a GPU. It is
+    # made on this thread, before the inference threads exist: a session's threads are its own,
+    # whichever thread makes it.
+    first_threads = available_cores()
+    first, placement = onnx_session(model_path, session_options(first_threads), device_setting_from_env())
 
     def load_model(plan: ThreadPlan):
         """A session per thread count the plan may ask for (a session's threads are fixed when it
-        is made; its run() is thread-safe); run(batch, threads) uses the matching one."""
-        sessions = {threads: session_with(model_path, threads) for threads in plan.thread_counts()}
-        log.info("ONNX Runtime execution providers in use: %s", next(iter(sessions.values())).get_providers())
+        is made; its run() is thread-safe); run(batch, threads) uses the matching one. The others
+        are asked for the device the first one got: a GPU that failed is not tried again."""
+
+        def session_for(threads: int) -> ort.InferenceSession:
+            if threads == first_threads:
+                return first
+            return onnx_session(model_path, session_options(threads), placement.device)[0]
+
+        sessions = {threads: session_for(threads) for threads in plan.thread_counts()}
 
         def run(batch: np.ndarray, threads: int) -> np.ndarray:
             return sessions[threads].run(["output"], {"input": batch})[0]
 
         return run
 
-    first = providers()[0]
     return create_app(
-        ServedModel(
-            model_file=model_path,
-            runtime=f"onnxruntime {ort.__version__} ({first})",
-            device="cuda" if first == "CUDAExecutionProvider" else "cpu",
-            load=load_model,
-        ),
+        ServedModel(model_file=model_path, placement=placement, load=load_model),
         title=title,
         description="POST a base64-encoded food photo to /predict; get its Food-11 class and probability.",
     )

@@ -1,10 +1,11 @@
 """The HTTP side of a Food-11 prediction service, shared by the PyTorch and the ONNX FastAPI apps.
 
-Each app hands `create_app` a `ServedModel` whose `load` builds the model and returns a function
-that turns a batch [N, 3, 224, 224] into logits [N, 11]. Everything else (request and response
-schemas, error codes, the request size limit, where decoding and inference run, how many
-threads) is defined here once. `python -m servelab artifacts` copies this file into each
-service folder; edit it here.
+Each app hands `create_app` a `ServedModel`: where its runtime runs the model (devices.py: the
+device the runtime reports once loaded, which may be the CPU where the GPU was asked for), and a
+`load` that builds the model and returns a function that turns a batch [N, 3, 224, 224] into
+logits [N, 11]. Everything else (request and response schemas, error codes, the request size
+limit, where decoding and inference run, how many threads) is defined here once. `python -m
+servelab artifacts` copies this file into each service folder; edit it here.
 
 Where the work runs, and why:
 - An image sent by URL is downloaded on the event loop (asynchronous I/O, image_fetch.py), by
@@ -59,6 +60,7 @@ import httpx
 import numpy as np
 from client_gone import CLIENT_CLOSED_REQUEST, ClientGone, DisconnectWatch, watching
 from cores import ThreadPlan, positive_int_setting, thread_plan
+from devices import Placement, device_setting
 from fastapi import FastAPI, HTTPException, Request, Response, status
 from food11 import (
     InvalidImageError,
@@ -128,6 +130,14 @@ def _switch_from_env(name: str, default: bool) -> bool:
     raise SystemExit(f"{name}={raw!r}: use on or off.")
 
 
+def device_setting_from_env() -> str:
+    """INFERENCE_DEVICE (devices.py): auto, cuda or cpu."""
+    try:
+        return device_setting(os.environ)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def _thread_plan_from_env(device: str) -> ThreadPlan:
     try:
         return thread_plan(device=device)
@@ -155,8 +165,7 @@ class ServedModel:
     """What a service needs to know about the model it serves."""
 
     model_file: Path
-    runtime: str
-    device: str  # "cpu", or "cuda (<GPU name>)"
+    placement: Placement  # where the runtime runs the model, as it reports once the model is loaded
     # Builds the model for a thread plan and returns run(batch, threads) -> logits, which runs the
     # batch with that many intra-op threads (one of plan.thread_counts()). Called once, on an
     # inference thread.
@@ -205,8 +214,12 @@ class HealthResponse(BaseModel):
     model_file: str
     weights: str = Field(..., description="'trained', 'untrained' or 'unknown'.")
     weights_note: str
-    runtime: str
-    device: str
+    runtime: str = Field(..., description="The runtime, and for ONNX Runtime the execution provider it runs on.")
+    device: str = Field(..., description="Where the model runs, as the runtime reports it: cpu, or cuda (GPU name).")
+    device_asked: str = Field(..., description="What the runtime was asked for (INFERENCE_DEVICE: auto, cuda, cpu).")
+    device_fallback: str | None = Field(
+        ..., description="Asked for the GPU, runs on the CPU: why, in the runtime's words; null otherwise."
+    )
     predict_concurrency: int = Field(..., description="Inference slots: inferences that run at once.")
     inference_threads: int = Field(..., description="Threads each inference uses (intra-op threads).")
     cores: int = Field(..., description="Cores this process may use (CPU affinity and container quota).")
@@ -296,13 +309,18 @@ def _decode_and_preprocess(image: str | bytes) -> np.ndarray:
 
 def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
     settings = ServiceSettings()
-    plan = _thread_plan_from_env(model.device)  # PREDICT_CONCURRENCY, INFERENCE_THREADS
-    preprocess_workers = settings.preprocess_workers or default_preprocess_workers(model.device, plan)
+    placement = model.placement
+    # Planned for the device the model runs on, not the one asked for: a GPU's one slot on a CPU
+    # would leave all but one core idle.
+    plan = _thread_plan_from_env(placement.device)  # PREDICT_CONCURRENCY, INFERENCE_THREADS
+    preprocess_workers = settings.preprocess_workers or default_preprocess_workers(placement.device, plan)
     decode_ahead = settings.decode_ahead or default_decode_ahead(plan, preprocess_workers)
     weights = read_weights_info(model.model_file)
     weights_note = weights.get("note", "")
     if weights.get("weights") != "trained":
         log.warning("Serving %s with %s weights: %s", model.model_file.name, weights.get("weights"), weights_note)
+    if placement.fallback is not None:
+        log.warning("%s", placement.fallback_warning())
     (log.warning if plan.oversubscribed else log.info)("threads: %s", plan.describe())
     preprocess_pool = ThreadPoolExecutor(preprocess_workers, thread_name_prefix="preprocess")
     inference_pool = ThreadPoolExecutor(plan.slots, thread_name_prefix="inference")  # the predict slots
@@ -319,10 +337,9 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         log.info(
-            "%s on %s (%s), %s, preprocess_workers=%d, decode_ahead=%d, downloads %s from %s, abandon_on_disconnect=%s",
+            "%s on %s, %s, preprocess_workers=%d, decode_ahead=%d, downloads %s from %s, abandon_on_disconnect=%s",
             model.model_file.name,
-            model.device,
-            model.runtime,
+            placement.describe(),
             plan.describe(),
             preprocess_workers,
             decode_ahead,
@@ -483,8 +500,10 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
             model_file=model.model_file.name,
             weights=weights.get("weights", "unknown"),
             weights_note=weights_note,
-            runtime=model.runtime,
-            device=model.device,
+            runtime=placement.runtime,
+            device=placement.device,
+            device_asked=placement.asked,
+            device_fallback=placement.fallback,
             predict_concurrency=plan.slots,
             inference_threads=plan.threads,
             cores=plan.cores,

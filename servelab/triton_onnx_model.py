@@ -51,10 +51,12 @@ class TritonPythonModel:
             # Idle threads sleep instead of spinning, so they leave the core to the other instances.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             self.sessions[threads] = ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
+        # What the sessions run on, as ONNX Runtime reports it, not what they were asked for.
+        in_use = sorted({provider for session in self.sessions.values() for provider in session.get_providers()})
         log = pb_utils.Logger.log_warn if self.plan.oversubscribed else pb_utils.Logger.log_info
         log(
-            f"{config['name']} instance {args['model_instance_name']}: onnxruntime {ort.__version__} on CPU; "
-            f"threads: {self.plan.describe()}"
+            f"{config['name']} instance {args['model_instance_name']}: onnxruntime {ort.__version__} "
+            f"({', '.join(in_use)}); threads: {self.plan.describe()}"
         )
 
     def execute(self, requests):

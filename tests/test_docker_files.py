@@ -480,12 +480,27 @@ def test_fastapi_requirements(service_dir, must_have):
     assert any(r.startswith("pydantic>=2") for r in requirements)
 
 
-def test_onnx_requirements_pin_a_cuda12_onnxruntime():
-    """onnxruntime-gpu 1.26+ on PyPI is a CUDA 13 build, which cannot run on the P100."""
-    text = (REPO_ROOT / "fastapi_onnx" / "requirements.txt").read_text()
+@pytest.mark.parametrize("service_dir", ["fastapi_onnx", "ray_serve"])
+def test_onnx_requirements_pin_a_cuda12_onnxruntime_that_preloads_its_libraries(service_dir):
+    """onnxruntime-gpu 1.26+ on PyPI is a CUDA 13 build, which cannot run on the P100; 1.21 is the
+    first with preload_dlls(), which devices.py loads the pip CUDA and cuDNN libraries with."""
+    text = (REPO_ROOT / service_dir / "requirements.txt").read_text()
     match = re.search(r"^onnxruntime-gpu(\[[^\]]*\])?(?P<spec>[^#\n]*)", text, re.M)
     assert match, "onnxruntime-gpu is not required"
-    assert "<1.26" in match.group("spec").replace(" ", "")
+    assert match.group(1) == "[cuda,cudnn]", "the CUDA and cuDNN libraries come from pip"
+    spec = match.group("spec").replace(" ", "")
+    assert "<1.26" in spec and ">=1.21" in spec
+
+
+@pytest.mark.parametrize("service_dir", ["fastapi_pt", "fastapi_onnx", "ray_serve"])
+def test_gpu_images_ask_for_the_gpu_and_set_no_library_path(service_dir):
+    """Each GPU service image asks for the GPU, so that running on the CPU instead is reported as a
+    fallback (devices.py). The pip CUDA libraries are found at start-up wherever Python installed
+    them: a fixed site-packages path in LD_LIBRARY_PATH holds for one base image's layout only."""
+    instructions = dockerfile_instructions(REPO_ROOT / service_dir / "Dockerfile")
+    assert ("ENV", "INFERENCE_DEVICE=cuda") in instructions
+    for keyword, args in instructions:
+        assert "LD_LIBRARY_PATH" not in args and "site-packages" not in args, f"{service_dir}: {keyword} {args}"
 
 
 def test_gourmetgram_dockerfile():

@@ -46,6 +46,7 @@ def test_health_reports_model_weights_device_and_runtime(service_url):
     assert body["model_file"] in ("food11.pth", "food11.onnx")
     assert body["weights"] in ("trained", "untrained")
     assert body["device"] == "cpu" or body["device"].startswith("cuda")
+    assert body["device_asked"] == body["device"].split()[0] and body["device_fallback"] is None  # auto: no fallback
     assert body["runtime"].split()[0] in ("torch", "onnxruntime")
     assert requests.get(f"{service_url}/healthz", timeout=5).json() == body
 
@@ -77,6 +78,38 @@ def test_thread_settings_come_from_the_environment_and_a_crowded_plan_is_reporte
     assert ("MORE THREADS THAN CORES" in body["threads"]) == crowded
     assert ("WARNING" in log.split("threads:")[0].splitlines()[-1]) == crowded  # logged as a warning
     assert answer.status_code == 200
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_gpu_the_runtime_cannot_use_is_reported_as_the_cpu_with_its_reason(tmp_path, flavor, image_b64):
+    """Asked for the GPU where none can be used (none is visible, even on a GPU machine), the
+    service runs on the CPU and says so in /health and its log, with the runtime's reason, and
+    its threads are planned for the CPU: a slot per core, not the GPU's one."""
+    port = Ports.free().fastapi_pt
+    settings = {"INFERENCE_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": ""}
+    with LocalStack([fastapi_service(flavor, port, env=settings)], log_dir=tmp_path) as stack:
+        body = requests.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
+        answer = requests.post(f"http://127.0.0.1:{port}/predict", json={"image": image_b64}, timeout=30)
+        log = stack.processes[0].log_path.read_text()
+    assert (body["device"], body["device_asked"]) == ("cpu", "cuda")
+    reason = body["device_fallback"]
+    assert reason and "printed no reason" not in reason
+    if flavor == "onnx":
+        assert body["runtime"].endswith("(CPUExecutionProvider)")
+    plan = thread_plan(device="cpu", environ={})  # a slot per core, elastic threads
+    assert (body["predict_concurrency"], body["inference_threads"]) == (plan.slots, plan.threads)
+    assert plan.slots == available_cores() and body["threads"] == plan.describe()
+    assert body["preprocess_workers"] == 1  # a GPU's service decodes on every core
+    (warning,) = [line for line in log.splitlines() if "for the GPU (cuda); it runs on the CPU instead" in line]
+    assert " WARNING " in warning and warning.endswith(f"Its reason: {reason}")
+    assert "on cpu (" in log and "INSTEAD OF THE GPU ASKED FOR (cuda)" in log
+    assert answer.status_code == 200
+
+
+def test_a_bad_device_setting_stops_the_service_with_what_to_do(tmp_path):
+    port = Ports.free().fastapi_pt
+    with pytest.raises(StackError, match="INFERENCE_DEVICE='gpu': use auto, cuda, cpu"):
+        LocalStack([fastapi_service("pt", port, env={"INFERENCE_DEVICE": "gpu"})], log_dir=tmp_path).start()
 
 
 def test_a_bad_thread_setting_stops_the_service_with_what_to_do(tmp_path):

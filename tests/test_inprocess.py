@@ -52,3 +52,14 @@ def test_the_pytorch_model_is_built_for_fp32_convolutions_as_the_service_builds_
 def test_inference_only_skips_the_decoding(built_artifacts):
     result = measure_point("onnxruntime", Point(1, 1, False), duration_s=1.0, warmup_s=0.3, decode=False)
     assert result.target == "in-process/onnxruntime (inference only)" and "inference only" in result.notes[0]
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "pytorch"])
+def test_a_ceiling_asked_for_a_gpu_it_cannot_use_says_it_ran_on_the_cpu(built_artifacts, runtime, monkeypatch):
+    """As in the services: INFERENCE_DEVICE=cuda where no GPU is visible (even on a GPU machine)."""
+    monkeypatch.setenv("INFERENCE_DEVICE", "cuda")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    result = measure_point(runtime, Point(1, 1, False), duration_s=0.5, warmup_s=0.2)
+    assert "(on cpu (" in result.notes[0] and "INSTEAD OF THE GPU ASKED FOR (cuda)" in result.notes[0]
+    asked = "onnxruntime" if runtime == "onnxruntime" else "torch"
+    assert result.notes[1].startswith(f"Asked {asked} for the GPU (cuda); it runs on the CPU instead. Its reason: ")

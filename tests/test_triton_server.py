@@ -95,12 +95,15 @@ def test_explicit_model_control_reloads_one_model_while_the_other_serves(triton_
     assert client.is_model_ready("food_classifier_onnx")
 
 
-def test_each_model_logs_its_thread_plan_from_its_instance_count(model_servers):
+def test_each_model_logs_where_its_runtime_runs_it_and_its_thread_plan_from_its_instance_count(model_servers):
     (triton,) = [managed for managed in model_servers.processes if managed.spec.name == "triton"]
     log = triton.log_path.read_text()
     cores = available_cores()
-    for model in ("food_classifier", "food_classifier_onnx"):
-        plan = f"1 inference slot(s), {cores} thread(s) each: at most {cores} busy threads on {cores} core(s)"
-        assert re.search(
-            rf"{model} instance .*threads: {re.escape(plan)} \(set by 1 instance\(s\) in the config\)", log
+    # What the runtime reports once the model is loaded: PyTorch's device, ONNX Runtime's providers.
+    runs_on = {"food_classifier": "on cpu (torch ", "food_classifier_onnx": "(CPUExecutionProvider)"}
+    for model, where in runs_on.items():
+        plan = (
+            f"1 inference slot(s), {cores} thread(s) each: at most {cores} busy threads on {cores} core(s) "
+            "(set by 1 instance(s) in the config)"
         )
+        assert re.search(rf"{model} instance .*{re.escape(where)}.*threads: {re.escape(plan)}", log)

@@ -18,10 +18,11 @@ import torch
 import triton_python_backend_utils as pb_utils
 from torchvision.models import mobilenet_v2
 
-# food11.py (labels and preprocessing) and cores.py (thread plans), shared with every other
-# service, sit beside this file.
+# food11.py (labels and preprocessing), cores.py (thread plans) and devices.py (where PyTorch
+# runs), shared with every other service, sit beside this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cores import RunningAcrossProcesses, thread_plan, threads_at_work  # noqa: E402
+from devices import torch_device  # noqa: E402
 from food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction  # noqa: E402
 
 
@@ -39,13 +40,17 @@ def cancelled_response():
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        if args["model_instance_kind"] == "GPU":
-            self.device = torch.device(f"cuda:{args['model_instance_device_id']}")
-            # Full FP32 convolutions, as on the CPU: cuDNN's default TF32 on Ampere and newer GPUs
-            # moves the probabilities by about 2e-4 (measured on an H100), for no gain at this size.
-            torch.backends.cudnn.allow_tf32 = False
-        else:
-            self.device = torch.device("cpu")
+        # The GPU Triton gave this instance; where PyTorch cannot use it, the CPU, logged with
+        # PyTorch's reason, and the threads are planned for the CPU.
+        asked = f"cuda:{args['model_instance_device_id']}" if args["model_instance_kind"] == "GPU" else "cpu"
+        self.device, placement = torch_device(asked)
+        if placement.fallback is not None:
+            pb_utils.Logger.log_warn(
+                f"{config['name']} instance {args['model_instance_name']}: {placement.fallback_warning()}"
+            )
+        # Full FP32 convolutions, as on the CPU: cuDNN's default TF32 on Ampere and newer GPUs
+        # moves the probabilities by about 2e-4 (measured on an H100), for no gain at this size.
+        torch.backends.cudnn.allow_tf32 = False
         # Every instance is a process with its own team of PyTorch threads. On a CPU the instances
         # share the cores out elastically: an inference gets the cores divided by the instances at
         # work, counted through lock files (INFERENCE_THREADS in the server's
@@ -53,7 +58,7 @@ class TritonPythonModel:
         # thread, so one team serves this instance.
         instances = instance_count(config)
         self.plan = thread_plan(
-            slots=instances, device=str(self.device), given_by=f"{instances} instance(s) in the config"
+            slots=instances, device=placement.device, given_by=f"{instances} instance(s) in the config"
         )
         self.running = None
         if self.plan.elastic:
@@ -67,7 +72,7 @@ class TritonPythonModel:
         self.model.to(self.device).eval()
         log = pb_utils.Logger.log_warn if self.plan.oversubscribed else pb_utils.Logger.log_info
         log(
-            f"food_classifier instance {args['model_instance_name']} on {self.device}, "
+            f"food_classifier instance {args['model_instance_name']} on {placement.describe()}, "
             f"max_batch_size {config['max_batch_size']}; threads: {self.plan.describe()}"
         )
 
