@@ -240,6 +240,9 @@ def test_an_explicit_cancel_drops_the_state_without_computing_the_frame(sequence
     assert sequences.events()["cancelled"] - before["cancelled"] == 2
 
 
+BLOCKERS = 5  # large frames of sequences of their own, in one batch ahead of the frame cancelled
+
+
 def large_jpeg() -> bytes:
     buffer = io.BytesIO()
     Image.linear_gradient("L").resize((6000, 5000)).convert("RGB").save(buffer, "JPEG")
@@ -250,8 +253,8 @@ def test_a_grpc_cancel_of_a_waiting_frame_drops_its_sequence_in_the_model(sequen
     """With `oldest`, a frame whose gRPC client cancelled it while it waited still reaches the
     model (Triton 2.51 does not drop it from the sequence batcher's queue); the model sees
     is_cancelled(), answers CANCELLED to nobody, and drops the sequence's state."""
-    large = large_jpeg()  # decoding it keeps the one instance busy for about 0.2 s
-    victim, blocker = next(sequence_ids), next(sequence_ids)
+    large = large_jpeg()  # decoding one takes about 0.1 s here; a batch of BLOCKERS, that many times
+    victim, blockers = next(sequence_ids), [next(sequence_ids) for _ in range(BLOCKERS)]
     sequences.send(victim, test_images[0], sequence_start=True)
     before = sequences.events()
     outcomes: dict[str, tuple] = {}
@@ -260,18 +263,20 @@ def test_a_grpc_cancel_of_a_waiting_frame_drops_its_sequence_in_the_model(sequen
         return lambda result, error: outcomes.__setitem__(name, (result, error))
 
     client = sequences.client
-    client.async_infer(
-        MODEL, Sequences.frame(large), answered("blocker"), sequence_id=blocker, sequence_start=True, sequence_end=True
-    )
+    for blocker in blockers:
+        alone = {"sequence_id": blocker, "sequence_start": True, "sequence_end": True}
+        client.async_infer(MODEL, Sequences.frame(large), answered(blocker), **alone)
     time.sleep(0.1)
     waiting = client.async_infer(MODEL, Sequences.frame(test_images[1]), answered("victim"), sequence_id=victim)
-    time.sleep(0.1)  # it reaches the server, and waits behind the large frame
+    time.sleep(0.1)  # it reaches the server, and waits behind the large frames
     waiting.cancel()
     deadline = time.monotonic() + 30
-    while len(outcomes) < 2 and time.monotonic() < deadline:
+    while len(outcomes) < BLOCKERS + 1 and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert outcomes["victim"][1] is not None, "the frame was answered before its cancel: the blockers were too quick"
     assert outcomes["victim"][1].status() == "StatusCode.CANCELLED"
-    assert outcomes["blocker"][0] is not None, outcomes["blocker"][1]
+    for blocker in blockers:
+        assert outcomes[blocker][0] is not None, outcomes[blocker][1]
     refused = sequences.refusal(victim, test_images[2], sequence_end=True)
     assert refused.status() == "StatusCode.NOT_FOUND"
     assert refused.message().startswith(f"cancelled: sequence {victim} was cancelled by its client before inference")
