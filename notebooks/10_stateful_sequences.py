@@ -41,7 +41,7 @@ from servelab import paths, triton_stats
 from servelab.expectations import condition, figure, measured
 from servelab.lab import Lab
 
-lab = Lab.connect()
+lab = Lab.connect("10_stateful_sequences")
 MODEL = "food_sequence"
 print(f"The models run on {lab.hardware()}.")
 

@@ -170,7 +170,7 @@ show_method(paths.GOURMETGRAM_DIR / "backends.py", "FastAPIBackend", "predict")
 #
 # ### On your laptop (the local target)
 #
-# No Docker needed. `Lab.connect()` uses the lab if `make up` is already running it, and otherwise
+# No Docker needed. `Lab.connect(...)` uses the lab if `make up` is already running it, and otherwise
 # starts the services this notebook needs (FastAPI with PyTorch and with ONNX Runtime; Triton comes
 # in notebook 5) as local processes, and stops them when the notebook's kernel exits. On
 # Chameleon the same line just finds the containers by name.
@@ -178,9 +178,14 @@ show_method(paths.GOURMETGRAM_DIR / "backends.py", "FastAPIBackend", "predict")
 # %%
 from servelab.lab import Lab
 
-lab = Lab.connect(triton=False)  # these notebooks use FastAPI only
+lab = Lab.connect("3_fastapi", triton=False)  # these notebooks use FastAPI only
 
 # %% [markdown]
+# The name passed to `Lab.connect` names the file every run of this notebook is saved to as it
+# ends (the line above says where). If the kernel dies or you come back another day,
+# `Lab.saved_runs("3_fastapi")` loads them back. If a local service crashes, the lab restarts it,
+# the notebook says so, and a run the crash interrupted is marked NOT A CLEAN RUN.
+#
 # ## Is it up, and what is it serving?
 #
 # Ask each FastAPI service for `/health`. Look at three fields in particular: `device` (CPU or

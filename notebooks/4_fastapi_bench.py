@@ -32,7 +32,7 @@ from servelab.expectations import condition, figure, measured
 from servelab.lab import Lab, chameleon_only
 from servelab.resources import ResourceSampler
 
-lab = Lab.connect(triton=False)  # these notebooks use FastAPI only
+lab = Lab.connect("4_fastapi_bench", triton=False)  # these notebooks use FastAPI only
 
 # %% [markdown]
 # ## The API's own documentation: `/docs`

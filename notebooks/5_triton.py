@@ -38,7 +38,7 @@
 # docker compose -f docker/docker-compose-triton.yaml up -d --build
 # ```
 #
-# This builds and starts three containers: `triton_server` (Triton 24.10 with PyTorch added
+# This builds and starts three containers: `triton_server` (Triton 24.12 with PyTorch added
 # for the Python backend), `flask` (GourmetGram, published on port 80) and `jupyter`. The
 # first build downloads a large image and installs PyTorch into it, which takes many minutes;
 # later starts are quick. Follow the server as it loads the models:
@@ -54,7 +54,7 @@
 # `docker exec jupyter jupyter server list`, open it with your node's floating IP in place of
 # `localhost`, and open `work/notebooks/5_triton.ipynb` there.
 #
-# **On your own machine**, there is nothing to start by hand: `Lab.connect()` uses a stack
+# **On your own machine**, there is nothing to start by hand: `Lab.connect(...)` uses a stack
 # already started with `make up`, or starts a private one for this notebook (FastAPI and Triton)
 # and stops it when the notebook's kernel shuts down.
 
@@ -74,14 +74,14 @@ from servelab import paths
 from servelab.lab import Lab, chameleon_only
 from servelab.triton_config import TritonConfig
 
-lab = Lab.connect()
+lab = Lab.connect("5_triton")
 triton = triton_http.InferenceServerClient(lab.triton_http)
 
 # %% [markdown]
 # The compose command itself has to run on the host: this Jupyter container is one of the
 # containers it creates, and it has no Docker inside. What the notebook *can* do on Chameleon
 # is wait until the server it talks to is up, which is useful right after a first build, when
-# Triton is still loading models. (Locally, `Lab.connect()` already waited.)
+# Triton is still loading models. (Locally, `Lab.connect(...)` already waited.)
 
 
 # %%
@@ -245,8 +245,8 @@ for entry in triton.get_model_repository_index():
 # (`GET /v2/models/<name>/config`) reports what it is *actually* running, with all its own
 # defaults filled in. That is worth checking, because it can differ from the file.
 #
-# It does differ on your own machine, and the lab does not hide it. The local stack runs the
-# same Triton release (2.51) from a pip package, with no GPU and no ONNX Runtime backend, so it
+# It does differ on your own machine, and the lab does not hide it. The local stack runs Triton
+# 2.51 from a pip package (the node runs 2.53), with no GPU and no ONNX Runtime backend, so it
 # serves an adapted copy of the repository:
 #
 # - every `KIND_GPU` instance group becomes `KIND_CPU`;

@@ -43,7 +43,7 @@ from servelab.expectations import condition, figure, measured
 from servelab.lab import Lab
 from servelab.resources import summarize
 
-lab = Lab.connect()
+lab = Lab.connect("6_triton_bench")
 print(f"The models run on {lab.hardware()}.")
 
 # %% [markdown]

@@ -38,7 +38,7 @@ from servelab import plots
 from servelab.expectations import condition, figure
 from servelab.lab import Lab
 
-lab = Lab.connect(triton=False)
+lab = Lab.connect("7_io_vs_compute", triton=False)
 print(f"The models run on {lab.hardware()}.")
 
 # %% [markdown]

@@ -48,7 +48,7 @@ from servelab.lab import Lab
 from servelab.ray_watch import during, in_replica_mean_ms
 from servelab.stack import Ports
 
-lab = Lab.connect()
+lab = Lab.connect("8_concurrency_target")
 serve = lab.ray_serve()
 print(f"The models run on {lab.hardware()}; Ray Serve at {serve.url}.")
 

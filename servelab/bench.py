@@ -57,7 +57,6 @@ from servelab.stack import LocalStack, Ports, ServiceSpec, fastapi_service, trit
 
 log = logging.getLogger(__name__)
 
-RESULTS_DIR = paths.REPO_ROOT / "results"
 AGREEMENT_MODEL = "food_classifier_onnx"
 AGREEMENT_CONCURRENCY = 8
 # Warm-up of a window after a load point's first, and of the ceiling measured again: the model is
@@ -403,7 +402,7 @@ def run_benchmark(
     server_pids = dict(server_pids or {})
     profile = PROFILES[profile_name]
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    out_dir = out_dir or RESULTS_DIR / f"bench-{stamp}-{profile_name}"
+    out_dir = out_dir or paths.RESULTS_DIR / f"bench-{stamp}-{profile_name}"
     out_dir.mkdir(parents=True, exist_ok=True)
     built = artifacts.ensure_artifacts()
     image = paths.SAMPLE_IMAGE.read_bytes()
@@ -411,6 +410,7 @@ def run_benchmark(
     # The ceilings first, before any load: in-process work has the machine to itself.
     ceilings = _ceilings(profile)
     with contextlib.ExitStack() as cleanup:
+        stack = None
         if endpoints is None:
             ports = Ports.free()
             stack = LocalStack(
@@ -424,6 +424,8 @@ def run_benchmark(
             )
             server_pids = cleanup.enter_context(stack).pids()
             endpoints = Endpoints.of(ports)
+        # The local stack's crashes (it restarts a server that dies); none is seen of services run elsewhere.
+        exits = stack.exits if stack else []
 
         results: list[RunResult] = []
         # served target -> concurrency -> its windows' req/s, and the ceiling's around them
@@ -440,7 +442,10 @@ def run_benchmark(
                     triton = endpoints.triton_http
                     # FastAPI's: Triton's HTTP front end is C++ and its models run in processes of their own.
                     pid = None if target.model else server_pids.get(target.name)
+                    started = time.time()
                     point = _load_point(ceilings, target, url, triton, concurrency, profile, image, windows_rps, pid)
+                    # A server the local stack restarted during the point: its figures are not a clean run's.
+                    point.interrupted_by = [e.describe() for e in exits if e.between(started, time.time())]
                     results.append(point)
         log.info("load generator vs perf_analyzer, %d alternating pairs", profile.agreement_pairs)
         agreement = _agreement(endpoints, profile, image)

@@ -131,6 +131,9 @@ def target_lines(results: list[RunResult], meta: dict) -> list[str]:
             if result is None:
                 lines.append(f"- NOT MEASURED: {goal.service} at c={concurrency}")
                 continue
+            if not result.clean:
+                lines.append(f"- NOT JUDGED: {goal.service} at c={concurrency}: {'; '.join(result.interrupted_by)}")
+                continue
             fraction = result.throughput_rps / ceiling_of(result, ceilings)
             verdict = "met" if fraction >= goal.fraction else "NOT MET"
             point = windows.get(goal.service, {}).get(str(concurrency))

@@ -13,7 +13,8 @@ conditions it states, each judged on its own numbers:
 
 A `Figure` is a number read from a run (`RunResult`), with the run and the field it came from, so
 a verdict can be checked against the tables printed beside it (the notebook tests do). A
-condition whose run gave no number (a `None` result) is NOT CHECKED, never counted as held.
+condition whose run gave no number (a `None` result), or whose run a crashed service interrupted,
+is NOT CHECKED, never counted as held or not held.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Figure:
     started_at: str | None = None  # with `run`, tells two runs with the same label apart
     field: str | None = None  # the field of the run, see `read`
     unit: str = ""
+    interrupted: bool = False  # read from a run that a service's crash interrupted
 
     def __str__(self) -> str:
         if math.isnan(self.value):
@@ -83,7 +85,7 @@ def figure(result: RunResult | None, field: str, name: str) -> Figure:
     every condition using it NOT CHECKED."""
     if result is None:
         return Figure(name, math.nan, None, None, field, _unit(field))
-    return Figure(name, read(result, field), result.label, result.started_at, field, _unit(field))
+    return Figure(name, read(result, field), result.label, result.started_at, field, _unit(field), not result.clean)
 
 
 def measured(name: str, value: float, unit: str = "") -> Figure:
@@ -106,9 +108,12 @@ class Condition:
 
 
 def condition(text: str, held: bool, *figures: Figure, detail: str = "") -> Condition:
-    """`text` judged `held` on `figures`; NOT CHECKED when one of them was not measured."""
+    """`text` judged `held` on `figures`; NOT CHECKED when one of them was not measured, or was
+    measured in a run that a crashed service interrupted (its table row says which)."""
     if any(math.isnan(item.value) for item in figures):
         return Condition(text, Outcome.NOT_CHECKED, figures)
+    if interrupted := [item.name for item in figures if item.interrupted]:
+        return Condition(text, Outcome.NOT_CHECKED, figures, f"a service crashed during the run of {interrupted[0]}")
     return Condition(text, Outcome.HELD if held else Outcome.NOT_HELD, figures, detail)
 
 

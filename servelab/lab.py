@@ -12,6 +12,13 @@ LAB_TARGET chooses the target:
 LAB_PROFILE chooses how long each measurement runs (servelab.profiles): `full` (the default) or
 `quick` (CI; every experiment still runs, with short windows).
 
+Every run is appended to `results/notebooks/<notebook>.jsonl` as it ends, so a crash, a kernel
+restart or a closed tab loses nothing measured: `Lab.saved_runs("9_cancellation")` loads them
+back. Locally, the stack's supervisor restarts a service that crashes (servelab.stack); Lab says
+so in the notebook, waits for the service to come back before the next run, and marks a run that
+a crash interrupted (`result.interrupted_by`): its row says so, and a verdict that reads it is
+NOT CHECKED.
+
 The Triton methods (perf_analyzer runs, capacity, config edits) are in servelab.lab_triton.
 """
 
@@ -26,21 +33,24 @@ import math
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import requests
 
-from servelab import lab_ray, loadgen, paths, plots, service_stats, ui
+from servelab import lab_ray, loadgen, paths, plots, service_exits, service_stats, ui
 from servelab.cores import available_cores
 from servelab.environment import chameleon_only, current_target, machine_info  # noqa: F401 (notebooks use them)
 from servelab.expectations import Condition, Expectation, ExpectationLog
-from servelab.lab_triton import Capacity, TritonLab
+from servelab.lab_triton import NOTEBOOK_STACK_DIR, Capacity, TritonLab
 from servelab.models import ModelRepository
 from servelab.profiles import Profile, profile
-from servelab.results import RunResult, SequenceRunResult
+from servelab.results import RunResult, SequenceRunResult, append_result, load_appended
 from servelab.stack import (
+    POLL_S,
     LocalStack,
     Ports,
     answers,
@@ -52,7 +62,13 @@ from servelab.stack import (
 
 log = logging.getLogger(__name__)
 
-NOTEBOOK_STACK_DIR = paths.LAB_DIR / "notebook-stack"
+SAVED_RUNS_DIR = paths.RESULTS_DIR / "notebooks"
+RESTART_WAIT_S = 300.0  # Triton with every model loads in about 10-60 s; a busy machine takes longer
+
+
+def saved_runs_file(notebook: str) -> Path:
+    """Where the runs of `notebook` (its file name without .ipynb) are appended as they end."""
+    return SAVED_RUNS_DIR / f"{notebook}.jsonl"
 
 
 @dataclass
@@ -67,20 +83,28 @@ class Lab(TritonLab):
     gourmetgram_url: str | None = None
     image_host_url: str | None = None  # the image host (object store stand-in), http://host:port
     has_gpu: bool = False
+    notebook: str = "unnamed"  # whose runs these are: the file they are saved to
     results: list[RunResult] = field(default_factory=list)
     expectations: ExpectationLog = field(default_factory=ExpectationLog)
+    # When this Lab connected, which names the session its saved runs belong to.
+    connected_at: datetime = field(default_factory=lambda: datetime.now().astimezone())
     _stacks: list[LocalStack] = field(default_factory=list, repr=False)
+    # The exits recorded by the supervisor of `make up`, when this notebook uses that stack.
+    _shared_exits_file: Path | None = field(default=None, repr=False)
+    _exits_told: set[tuple[str, float, str]] = field(default_factory=set, repr=False)
     _capacities: dict[tuple[str, str], Capacity] = field(default_factory=dict, repr=False)
     _ray_serve: lab_ray.RayServe | None = field(default=None, repr=False)
 
     # ---- connecting ------------------------------------------------------------------------
 
     @classmethod
-    def connect(cls, triton: bool = True) -> Lab:
-        """Connect to the target's services; locally, `triton=False` starts FastAPI only (faster)."""
+    def connect(cls, notebook: str = "unnamed", triton: bool = True) -> Lab:
+        """Connect to the target's services; locally, `triton=False` starts FastAPI only (faster).
+        `notebook` (the notebook's file name without .ipynb) names the file its runs are saved to."""
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
         chosen = profile()
         lab = cls._chameleon(chosen) if current_target() == "chameleon" else cls._local(chosen, triton)
+        lab.notebook = notebook
         print(lab.describe())
         return lab
 
@@ -105,8 +129,10 @@ class Lab(TritonLab):
         default = Ports.from_env()
         running = answers(f"http://127.0.0.1:{default.fastapi_pt}/health")
         running = running and answers(f"http://127.0.0.1:{default.image_host}/health")
+        shared_exits = None
         if running and answers(f"http://127.0.0.1:{default.triton_http}/v2/health/ready"):
             ports, repository, stacks = default, paths.TRITON_DIR / "models", []
+            shared_exits = paths.LOG_DIR / service_exits.EVENTS_FILE
             print("Using the lab already running on this machine (`make up`).")
         else:
             ports = Ports.free()
@@ -136,6 +162,7 @@ class Lab(TritonLab):
             repository=repository,
             image_host_url=f"http://127.0.0.1:{ports.image_host}",
             _stacks=stacks,
+            _shared_exits_file=shared_exits,
         )
 
     @property
@@ -160,6 +187,10 @@ class Lab(TritonLab):
             lines.append(f"  Triton: HTTP {self.triton_http}, gRPC {self.triton_grpc}")
         if self.image_host_url:
             lines.append(f"  Image host (an object store with an emulated network latency): {self.image_host_url}")
+        lines.append(
+            f"Each run is saved as it ends to {_shown(saved_runs_file(self.notebook))}; after a crash or a "
+            f'restart of this kernel, Lab.saved_runs("{self.notebook}") loads them back.'
+        )
         return "\n".join(lines)
 
     @property
@@ -224,8 +255,12 @@ class Lab(TritonLab):
             env.setdefault("IMAGE_URL_ALLOWED_HOSTS", self.image_host_url.split("://", 1)[1])
         port = Ports.free().fastapi_pt
         work = NOTEBOOK_STACK_DIR / f"variant-{os.getpid()}"
-        with LocalStack([fastapi_service(flavor, port, env=env)], log_dir=work / "logs"):
-            yield f"http://127.0.0.1:{port}"
+        with LocalStack([fastapi_service(flavor, port, env=env)], log_dir=work / "logs") as stack:
+            self._stacks.append(stack)  # watched for crashes like the others, while it runs
+            try:
+                yield f"http://127.0.0.1:{port}"
+            finally:
+                self._stacks.remove(stack)
 
     def ray_serve(self) -> lab_ray.RayServe:
         """The lab's Ray Serve (servelab.lab_ray), to edit, redeploy and watch; locally, started
@@ -253,6 +288,7 @@ class Lab(TritonLab):
     def sequential(self, flavor: str, url: str | None = None, target: str | None = None) -> RunResult:
         """One request at a time, as many as the profile says: the latency without queueing.
         Against the `flavor` service, or the one at `url`, recorded as `target`."""
+        started = self._ready_to_measure()
         result = loadgen.closed_loop(
             "fastapi",
             url or self.fastapi_url(flavor),
@@ -262,7 +298,7 @@ class Lab(TritonLab):
             image_bytes=self.sample_image(),
             progress=False,
         )
-        return self._keep(result, target or f"fastapi_{flavor}")
+        return self._keep(result, target or f"fastapi_{flavor}", started)
 
     def concurrent(
         self,
@@ -276,6 +312,7 @@ class Lab(TritonLab):
         one at `url`, recorded as `target`), sending the photo itself or, with `image_url`, its
         URL. The service's own account of the run (its /metrics) is in `result.service_stats`."""
         base = url or self.fastapi_url(flavor)
+        started = self._ready_to_measure()
         with service_stats.measure(base) as stats:
             result = loadgen.closed_loop(
                 "fastapi",
@@ -288,7 +325,7 @@ class Lab(TritonLab):
                 progress=False,
             )
         result.service_stats = stats.delta.to_dict()
-        return self._keep(result, target or f"fastapi_{flavor}")
+        return self._keep(result, target or f"fastapi_{flavor}", started)
 
     def closed_loop(
         self,
@@ -307,12 +344,13 @@ class Lab(TritonLab):
         ("fastapi": any service with the FastAPI contract; "triton-http"/"triton-grpc": `model`).
         With `backoff_s`, a sender waits that long after a failed request (a refusal); `impatient`
         of the senders give up on a request after `patience_s` and cancel it."""
+        started = self._ready_to_measure()
         result = loadgen.closed_loop(
             kind, address, concurrency=concurrency, duration_s=duration_s, model=model,
             image_bytes=self.sample_image(), progress=False, backoff_s=backoff_s,
             impatient=impatient, patience_s=patience_s,
         )  # fmt: skip
-        return self._keep(result, target)
+        return self._keep(result, target, started)
 
     def sequences(
         self, model: str, concurrency: int, length: int, target: str, kind: str = "triton-grpc", **load
@@ -323,11 +361,12 @@ class Lab(TritonLab):
         address = self.triton_grpc if kind == "triton-grpc" else self.triton_http
         if address is None:
             raise RuntimeError("This lab runs without Triton: connect with Lab.connect() (Triton is on by default).")
+        started = self._ready_to_measure()
         result = loadgen.sequence_loop(
             kind, address, model, concurrency, length,
             image_bytes=self.sample_image(), progress=False, models=self.models, **load,
         )  # fmt: skip
-        return self._keep(result, target)
+        return self._keep(result, target, started)
 
     def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:
         """The URL of a sample photo on the image host; `latency_ms` overrides its emulated latency."""
@@ -339,11 +378,91 @@ class Lab(TritonLab):
         query = "" if latency_ms is None else f"?latency_ms={latency_ms:g}"
         return f"{self.image_host_url}/images/{name}{query}"
 
-    def _keep(self, result: RunResult, target: str) -> RunResult:
+    def _keep(self, result: RunResult, target: str, started: float) -> RunResult:
+        """Name the run, mark it if a service crashed while it ran (since `started`, a Unix time),
+        save it, and print its summary."""
         result.target = target
+        ended = time.time()
+        # A crash in the last moment of the run is seen at the supervisor's next look (POLL_S).
+        deadline = time.monotonic() + 4 * POLL_S
+        while not all(stack.checked_since(ended) for stack in self._stacks) and time.monotonic() < deadline:
+            time.sleep(POLL_S / 5)
+        crashes = [event for event in self.service_exits() if event.between(started, ended)]
+        result.interrupted_by = [event.describe() for event in crashes]
         self.results.append(result)
         print(summary_line(result))
+        self._tell(crashes)
+        self._save(result)
         return result
+
+    def _save(self, result: RunResult) -> None:
+        metadata = {
+            "notebook": self.notebook,
+            "session": self.session,
+            "target": self.target,
+            "profile": self.profile.name,
+        }
+        try:
+            append_result(saved_runs_file(self.notebook), result, metadata)
+        except OSError as exc:  # the notebook goes on; the run is still in lab.results
+            print(f"Could not save this run to {_shown(saved_runs_file(self.notebook))}: {exc}")
+
+    @property
+    def session(self) -> str:
+        """This Lab's session, as its saved runs name it: when it connected, and its process."""
+        return f"{self.connected_at.isoformat(timespec='seconds')} (pid {os.getpid()})"
+
+    @staticmethod
+    def saved_runs(notebook: str, session: str = "latest") -> list[RunResult]:
+        """The runs a notebook saved (see `saved_runs_file`), oldest first: those of its latest
+        session (the kernel that connected last), of every session ("all"), or of one session
+        (as the saved metadata names it, `lab.session`)."""
+        saved = load_appended(saved_runs_file(notebook))
+        sessions = sorted({metadata["session"] for _, metadata in saved})
+        chosen = sessions[-1:] if session == "latest" else sessions if session == "all" else [session]
+        runs = [result for result, metadata in saved if metadata["session"] in chosen]
+        print(
+            f"{len(runs)} saved run(s) of {notebook} from {', '.join(chosen) or 'no session'} "
+            f"({len(sessions)} session(s) in {_shown(saved_runs_file(notebook))})"
+        )
+        return runs
+
+    # ---- crashed services ------------------------------------------------------------------
+
+    def service_exits(self) -> list[service_exits.ServiceExit]:
+        """The unexpected exits of this lab's local services since this Lab connected, as the
+        stacks' supervisors recorded them (none on Chameleon, where Docker restarts them)."""
+        exits = [event for stack in self._stacks for event in stack.exits]
+        if self._shared_exits_file is not None:
+            exits += service_exits.read(self._shared_exits_file)
+        since = self.connected_at.timestamp()
+        return sorted((event for event in exits if event.exited_at >= since), key=lambda event: event.exited_at)
+
+    def _ready_to_measure(self) -> float:
+        """Wait for the services (see `wait_for_services`); the time the next run starts."""
+        self.wait_for_services()
+        return time.time()
+
+    def wait_for_services(self) -> None:
+        """Say which services crashed since the last run, and wait for those being restarted."""
+        self._tell(self.service_exits())
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while restarting := [e.service for e in self.service_exits() if e.outcome == service_exits.RESTARTING]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{', '.join(restarting)} did not come back within {RESTART_WAIT_S:.0f} s of its crash; "
+                    "its log says why (`make up` prints where the logs are)."
+                )
+            time.sleep(0.5)
+        self._tell(self.service_exits())
+
+    def _tell(self, exits: list[service_exits.ServiceExit]) -> None:
+        """Print each crash once when noticed, and once more when its outcome is known."""
+        for event in exits:
+            key = (event.service, event.exited_at, event.outcome)
+            if key not in self._exits_told:
+                self._exits_told.add(key)
+                print(f"NOTE: {event.describe()}.")
 
     def table(self, results: list[RunResult] | None = None) -> str:
         table = plots.results_table(results if results is not None else self.results)
@@ -392,6 +511,11 @@ class Lab(TritonLab):
 
 
 def summary_line(result: RunResult) -> str:
+    line = _summary(result)
+    return line if result.clean else f"{line} -- NOT A CLEAN RUN: {'; '.join(result.interrupted_by)}"
+
+
+def _summary(result: RunResult) -> str:
     latency = result.latency
     errors = f", {result.error_count} errors" if result.error_count else ""
     tail = ", ".join(
@@ -417,6 +541,11 @@ def _fastapi_flavor(url: str) -> str:
     """Which FastAPI service answers at url, from the runtime its /health reports."""
     runtime = requests.get(f"{url}/health", timeout=5).json()["runtime"]
     return "onnx" if runtime.startswith("onnxruntime") else "pt"
+
+
+def _shown(path: Path) -> str:
+    """A path as a student reads it: relative to the repository when it is inside it."""
+    return str(path.relative_to(paths.REPO_ROOT)) if path.is_relative_to(paths.REPO_ROOT) else str(path)
 
 
 def _stop_and_clean(stack: LocalStack, work: Path) -> None:

@@ -5,15 +5,20 @@
 config as shipped (`lab.config(model)`, a `servelab.triton_config.TritonConfig`), shown as the
 exact text change to `config.pbtxt`, and applied by reloading that one model through Triton's
 model-control API (the server runs with explicit model control, on both targets). Locally the
-edited config is adapted to the CPU first, and that adaptation is printed too.
+edited config is adapted to the CPU first, and that adaptation is printed too. Locally, a notebook
+can also start a Triton of its own for one model (`lab.private_triton(...)`), for an experiment
+that must not disturb the lab's server.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +28,16 @@ from tritonclient.utils import InferenceServerException
 from servelab import paths, perf_analyzer, plots, triton_local
 from servelab.resources import ProcessCpu, ResourceSampler, triton_instance_processes
 from servelab.results import RunResult
+from servelab.service_exits import ServiceExit
+from servelab.stack import LocalStack, Ports, triton_service
 from servelab.triton_config import ConfigError, TritonConfig
+
+# Where a notebook's own services keep their staged files and logs while they run.
+NOTEBOOK_STACK_DIR = paths.LAB_DIR / "notebook-stack"
+
+
+class ServiceCrashed(RuntimeError):
+    """A measurement failed because a service of the lab crashed under it; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -58,10 +72,20 @@ class Capacity:
         )
 
 
+@dataclass(frozen=True)
+class TritonAddresses:
+    """Where a Triton server answers, and its log where this notebook can read it (else None)."""
+
+    http: str  # host:port
+    grpc: str
+    log: Path | None
+
+
 class TritonLab:
     """Lab's methods for Triton (see servelab.lab.Lab for the attributes they use)."""
 
     _capacities: dict[tuple[str, str], Capacity]
+    _stacks: list[LocalStack]
 
     def perf(
         self,
@@ -74,42 +98,76 @@ class TritonLab:
     ) -> RunResult:
         """perf_analyzer against Triton, with this profile's measurement windows. `options` go to
         servelab.perf_analyzer.run (e.g. shape=[...]) and override the model's defaults."""
+        started = self._ready_to_measure()
+        load = dict(concurrency=concurrency, batch_size=batch_size, rate=rate, distribution=distribution)
+        result = self._perf_analyzer(model, started, **load, **options)
+        return self._keep(result, result.target, started)
+
+    def _perf_analyzer(
+        self,
+        model: str,
+        started: float,
+        concurrency: int | None = 1,
+        batch_size: int = 1,
+        rate: float | None = None,
+        distribution: str = "constant",
+        **options,
+    ) -> RunResult:
+        """One perf_analyzer run; a failure because Triton crashed under it (the supervisor saw it
+        exit after `started`) is a ServiceCrashed, which says so."""
         model_input = self.models.get(model).perf_analyzer_input(self.sample_image(), paths.LAB_DIR)
-        result = perf_analyzer.run(
-            self._triton(),
-            model,
-            concurrency=None if rate else concurrency,
-            request_rate=rate,
-            request_distribution=distribution,
-            batch_size=batch_size,
-            measurement_interval_ms=self.profile.perf_window_ms,
-            stability_percentage=50,
-            max_trials=5,
-            timeout_s=600,
-            **{**model_input, **options},
-        ).results[0]
-        return self._keep(result, result.target)
+        try:
+            return perf_analyzer.run(
+                self._triton(),
+                model,
+                concurrency=None if rate else concurrency,
+                request_rate=rate,
+                request_distribution=distribution,
+                batch_size=batch_size,
+                measurement_interval_ms=self.profile.perf_window_ms,
+                stability_percentage=50,
+                max_trials=5,
+                timeout_s=600,
+                **{**model_input, **options},
+            ).results[0]
+        except perf_analyzer.PerfAnalyzerError as failed:
+            if isinstance(failed, perf_analyzer.NoStableMeasurement) or not (crashes := self._crashed_since(started)):
+                raise
+            raise ServiceCrashed(f"perf_analyzer failed because {crashes[0].describe()}") from failed
 
     def measure(self, model: str, attempts: int = 2, **load) -> RunResult | None:
-        """`perf`, tried up to `attempts` times while perf_analyzer finds no stable measurement;
+        """`perf`, tried up to `attempts` times while perf_analyzer finds no stable measurement or
+        Triton crashed under it (locally, the stack restarts it; the next attempt waits for it);
         None (said in the output) when no attempt gave a number. The result's target names the
         model's configuration (instances, dynamic batching), so runs under different
         configurations stay apart. The machine is sampled during the run (`result.resources`),
         with the CPU of each of the model's instance processes where this machine runs them."""
-        instances = self.instance_processes(model)
         for attempt in range(1, attempts + 1):
+            started = self._ready_to_measure()
+            instances = self.instance_processes(model)  # after a restart, new processes
             try:
                 with ResourceSampler(pids=instances.values()) as sampler, ProcessCpu(instances) as per_instance:
-                    result = self.perf(model, **load)
+                    result = self._perf_analyzer(model, started, **load)
                 break
             except perf_analyzer.NoStableMeasurement as unstable:
                 print(f"{model} {load}: {unstable.meaning} (attempt {attempt} of {attempts}).")
+            except ServiceCrashed as crashed:
+                print(f"{model} {load}: {crashed} (attempt {attempt} of {attempts}).")
         else:
             print(f"{model} {load}: perf_analyzer gave up every time, so this run has no result.")
             return None
         result.resources = {**sampler.series(), "processes": per_instance.percent}
-        result.target += f", {self.configuration(model)}"
-        return result
+        return self._keep(result, f"{result.target}, {self.configuration(model)}", started)
+
+    def _crashed_since(self, started: float, grace_s: float = 2.0) -> list[ServiceExit]:
+        """The services that exited since `started`; a failure may be seen a moment before the
+        supervisor (which looks twice a second) records the exit, so wait `grace_s` for it."""
+        deadline = time.monotonic() + grace_s
+        while not (crashes := [event for event in self.service_exits() if event.exited_at >= started]):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        return crashes
 
     def configuration(self, model: str) -> str:
         """The served configuration in a few words: "4 instances, dynamic batching"."""
@@ -239,5 +297,39 @@ class TritonLab:
             raise ConfigError(f"Triton refused the edited config of {model}: {exc.message()}") from None
         print(f"Reloaded {model} in {time.monotonic() - started:.1f} s; ready: {client.is_model_ready(model)}")
 
+    def triton_version(self, http: str | None = None) -> tuple[int, ...]:
+        """The release of the Triton at `http` (default: the lab's), as it reports it: (2, 51, 0)."""
+        version = triton_http.InferenceServerClient(http or self._triton()).get_server_metadata()["version"]
+        return tuple(int(part) for part in version.split("."))
+
+    def triton_log_verbosity(self, level: int, http: str | None = None) -> None:
+        """Set the verbose log level of the Triton at `http` (default: the lab's) through its
+        logging API: 1 logs every step of every request; 0 (where a server starts) turns it off."""
+        triton_http.InferenceServerClient(http or self._triton()).update_log_settings({"log_verbose_level": level})
+
     def restore_config(self, model: str) -> None:
         self.apply_config(model, self.config(model))
+
+    @contextlib.contextmanager
+    def private_triton(self, model: str, config: TritonConfig) -> Iterator[TritonAddresses]:
+        """A Triton of this notebook's own serving `model` alone, with `config` (adapted to this
+        machine as the lab's is), on free ports, for the `with` block. Its stack's supervisor
+        restarts it after a crash, and a run against it is marked as the lab's are. Local target
+        only: the Jupyter container on the node has no Triton to start."""
+        if self.on_chameleon:
+            raise RuntimeError("A private Triton runs on the local target only: the node's Jupyter has no Triton.")
+        ports = Ports.free()
+        work = NOTEBOOK_STACK_DIR / f"private-triton-{os.getpid()}"
+        spec = dataclasses.replace(triton_service(ports.triton, work_dir=work, load=[model]), name="private_triton")
+        served = triton_local.served_config(self.models.get(model), config, work / "models" / model)
+        (work / "models" / model / "config.pbtxt").write_text(served.text)
+        print(f"Starting a Triton of this notebook's own, serving {model} alone...")
+        with LocalStack([spec], log_dir=work / "logs") as stack:
+            self._stacks.append(stack)  # its crashes are seen like those of the lab's services
+            try:
+                yield TritonAddresses(
+                    f"127.0.0.1:{ports.triton_http}", f"127.0.0.1:{ports.triton_grpc}", stack.processes[0].log_path
+                )
+            finally:
+                self._stacks.remove(stack)
+        shutil.rmtree(work, ignore_errors=True)

@@ -14,6 +14,9 @@ ARTIFACTS_DIR = LAB_DIR / "artifacts"
 LOG_DIR = LAB_DIR / "logs"
 TRITON_DIR = LAB_DIR / "triton"
 
+# What the lab measured, to keep and compare: the benchmark's reports, every notebook's runs.
+RESULTS_DIR = Path(os.environ.get("SERVELAB_RESULTS_DIR", REPO_ROOT / "results")).resolve()
+
 FASTAPI_PT_DIR = REPO_ROOT / "fastapi_pt"
 FASTAPI_ONNX_DIR = REPO_ROOT / "fastapi_onnx"
 RAY_SERVE_DIR = REPO_ROOT / "ray_serve"

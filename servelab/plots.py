@@ -489,10 +489,11 @@ def _load(result: RunResult) -> str:
 
 
 def _errors(result: RunResult) -> str:
+    crashed = "" if result.clean else f"; NOT A CLEAN RUN: {'; '.join(result.interrupted_by)}"
     if not result.error_count:
-        return "0"
+        return "0" + crashed
     kinds = ", ".join(f"{kind}: {count}" for kind, count in sorted(result.errors.items()) if count)
-    return f"{result.error_count} ({kinds})"
+    return f"{result.error_count} ({kinds}){crashed}"
 
 
 def results_table(

@@ -4,7 +4,8 @@ The lab's load generator, perf_analyzer and the in-process baseline all produce 
 so a table, a plot or a comparison never has to care which tool measured. A run of sequences (a
 stateful model, frame after frame) is a `SequenceRunResult`: the same record, whose requests are
 frames, plus what happened to the sequences. Results are saved as JSON (raw latencies included,
-for CDF plots) and can be loaded back to compare runs.
+for CDF plots) and can be loaded back to compare runs: a whole set at once (`save_results`, the
+benchmark's report), or one run at a time as each ends (`append_result`, every notebook run).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from servelab import jsonl
 
 
 @dataclass
@@ -77,6 +80,9 @@ class RunResult:
     service_stats: dict[str, Any] | None = None  # difference of a FastAPI service's /metrics over the run
     resources: dict[str, Any] | None = None  # resource utilization time series sampled during the run
     notes: list[str] = field(default_factory=list)
+    # A service of the lab exited during the run (the local stack's supervisor said so): its
+    # figures are not those of a clean run. Each entry says which, how and when.
+    interrupted_by: list[str] = field(default_factory=list)
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -105,6 +111,11 @@ class RunResult:
     @property
     def error_count(self) -> int:
         return sum(self.errors.values())
+
+    @property
+    def clean(self) -> bool:
+        """No service of the lab exited during the run."""
+        return not self.interrupted_by
 
     @property
     def label(self) -> str:
@@ -166,6 +177,7 @@ def pooled(windows: list[RunResult]) -> RunResult:
         latencies_ms=latencies,
         timeline=timeline,
         notes=[*first.notes, f"pooled from {len(windows)} measured windows"],
+        interrupted_by=[text for window in windows for text in window.interrupted_by],
         started_at=first.started_at,
     )
 
@@ -212,6 +224,17 @@ def save_results(results: list[RunResult], path: Path, metadata: dict[str, Any] 
 def load_results(path: Path) -> tuple[list[RunResult], dict[str, Any]]:
     document = json.loads(Path(path).read_text())
     return [RunResult.from_dict(item) for item in document["results"]], document.get("metadata", {})
+
+
+def append_result(path: Path, result: RunResult, metadata: dict[str, Any]) -> None:
+    """Add one run, with what says where it comes from, as one line at the end of `path`: a run
+    is on disk as soon as it ends, and a crash loses none before it (servelab.jsonl)."""
+    jsonl.append(path, {"metadata": metadata, "result": result.to_dict()}, default=_json_default)
+
+
+def load_appended(path: Path) -> list[tuple[RunResult, dict[str, Any]]]:
+    """Every run `append_result` added to `path`, oldest first, each with its metadata."""
+    return [(RunResult.from_dict(line["result"]), line["metadata"]) for line in jsonl.read(path)]
 
 
 def _json_default(value: Any) -> Any:

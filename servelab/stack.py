@@ -1,8 +1,14 @@
-"""Start and stop the lab's services as real processes on 127.0.0.1.
+"""Start, supervise and stop the lab's services as real processes on 127.0.0.1.
 
 Each service is a child process in its own process group, with its output in a log file. Start-up
 waits until the service answers its readiness URL; shut-down (also on Ctrl-C or SIGTERM) stops
 the whole group, so Triton's Python-backend stubs go too, and the ports are free again.
+
+While the stack runs, a supervisor restarts a service that exits on its own (a crash, a kill -9),
+with the same command and files (so Triton comes back with the model configs it was serving), up
+to MAX_RESTARTS times in RESTART_WINDOW_S, as `restart: unless-stopped` does for the Docker
+stacks. Each exit is logged with its cause and the last lines of the service's log, and recorded
+in `restarts.jsonl` beside the logs, where the notebooks' Lab reads it (servelab.service_exits).
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab import paths, triton_local
+from servelab import paths, service_exits, triton_local
 from servelab.models import ModelRepository
+from servelab.triton_local import StagingError
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +125,8 @@ class ManagedProcess:
         self.log_path = log_dir / f"{spec.name}.log"
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> None:
+    def start(self, after: str | None = None) -> None:
+        """Start the service; `after` (a restart: what happened before) keeps the log, adding a line."""
         taken = [port for port in self.spec.ports if not port_is_free(port)]
         if taken:
             raise StackError(
@@ -127,10 +135,15 @@ class ManagedProcess:
                 f"still running?) or move this service with SERVELAB_PORT_<NAME>=<port>."
             )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = self.log_path.open("wb")
+        log_file = self.log_path.open("ab" if after else "wb")
+        if after:
+            log_file.write(f"\n---- servelab: {self.spec.name} restarted after it {after} ----\n".encode())
+            log_file.flush()
         log.info("starting %s: %s", self.spec.name, " ".join(self.spec.command))
-        # Linux tells a child when the *thread* that started it ends, so only from the main thread.
-        on_main_thread = threading.current_thread() is threading.main_thread()
+        # Linux tells a child when the *thread* that started it ends: the main thread, or a
+        # supervisor's, which runs until its stack stops.
+        starter = threading.current_thread()
+        long_lived = starter is threading.main_thread() or isinstance(starter, Supervisor)
         self.process = subprocess.Popen(
             self.spec.command,
             cwd=self.spec.cwd,
@@ -139,13 +152,16 @@ class ManagedProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group, so stop() reaches its children too
-            preexec_fn=_terminate_with_parent if sys.platform == "linux" and on_main_thread else None,
+            preexec_fn=_terminate_with_parent if sys.platform == "linux" and long_lived else None,
         )
         log_file.close()
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, cancelled: threading.Event | None = None) -> None:
+        """Return once the service answers its readiness URL (or `cancelled` is set)."""
         deadline = time.monotonic() + self.spec.ready_timeout_s
         while time.monotonic() < deadline:
+            if cancelled is not None and cancelled.is_set():
+                return
             if self.process.poll() is not None:
                 raise StackError(
                     f"{self.spec.name} exited with code {self.process.returncode} before it was ready.\n"
@@ -168,6 +184,10 @@ class ManagedProcess:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def clear_group(self) -> None:
+        """Kill what is left of an exited service's process group (Triton's backend stubs)."""
+        _signal_group(self.process.pid, signal.SIGKILL)
 
     def stop(self) -> None:
         if self.process is None:
@@ -210,10 +230,14 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 
 class LocalStack:
-    """Start services in order, stop them in reverse; a context manager that always cleans up."""
+    """Start services in order, supervise them, stop them in reverse; a context manager that
+    always cleans up. `exits` lists every unexpected exit the supervisor handled."""
 
     def __init__(self, specs: Iterable[ServiceSpec], log_dir: Path = paths.LOG_DIR) -> None:
         self.processes = [ManagedProcess(spec, log_dir) for spec in specs]
+        self.events_path = log_dir / service_exits.EVENTS_FILE
+        self.exits: list[service_exits.ServiceExit] = []
+        self._supervisor: Supervisor | None = None
 
     def start(self) -> LocalStack:
         try:
@@ -224,9 +248,15 @@ class LocalStack:
         except BaseException:
             self.stop()
             raise
+        self._supervisor = Supervisor(self)
+        self._supervisor.start()
         return self
 
     def stop(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.stopping.set()
+            self._supervisor.join()
+            self._supervisor = None
         for managed in reversed(self.processes):
             managed.stop()
 
@@ -240,8 +270,89 @@ class LocalStack:
         """The running services' process ids, by name."""
         return {managed.spec.name: managed.process.pid for managed in self.processes if managed.alive()}
 
-    def dead(self) -> list[ManagedProcess]:
-        return [managed for managed in self.processes if not managed.alive()]
+    def checked_since(self, moment: float) -> bool:
+        """Whether the supervisor has looked at every service since `moment` (a Unix time), so
+        that an exit before it is in `exits`; True when nothing is supervised."""
+        return self._supervisor is None or self._supervisor.checked_at >= moment
+
+    def given_up(self) -> list[str]:
+        """The services the supervisor stopped restarting: they stay down."""
+        return [event.service for event in self.exits if event.outcome == service_exits.GIVEN_UP]
+
+
+# At most this many restarts of one service within the window; then it stays down (a crash loop).
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 600.0
+POLL_S = 0.5
+
+
+class Supervisor(threading.Thread):
+    """Restarts the services of a stack that exit on their own, and records each exit."""
+
+    def __init__(self, stack: LocalStack) -> None:
+        super().__init__(name="servelab-supervisor", daemon=True)
+        self.stack = stack
+        self.stopping = threading.Event()
+        self.restarted_at: dict[str, list[float]] = {}
+        self.checked_at = time.time()  # when it last found every service it looks after alive
+
+    def run(self) -> None:
+        while not self.stopping.wait(POLL_S):
+            given_up = set(self.stack.given_up())
+            checked_at = time.time()
+            for managed in self.stack.processes:
+                if not managed.alive() and managed.spec.name not in given_up and not self.stopping.is_set():
+                    self._restart(managed)
+            self.checked_at = checked_at
+
+    def _restart(self, managed: ManagedProcess) -> None:
+        name = managed.spec.name
+        event = service_exits.ServiceExit(
+            name, time.time(), service_exits.exit_cause(managed.process.returncode), managed.log_tail()
+        )
+        log.error("%s %s unexpectedly. Last lines of %s:\n%s", name, event.cause, managed.log_path, event.log_tail)
+        self.stack.exits.append(event)
+        self._record(event)
+        managed.clear_group()
+        while not self.stopping.is_set():
+            recent = [at for at in self.restarted_at.get(name, []) if at > time.monotonic() - RESTART_WINDOW_S]
+            if len(recent) >= MAX_RESTARTS:
+                event.outcome = service_exits.GIVEN_UP
+                event.detail = (
+                    f"it was restarted {len(recent)} times in the last {RESTART_WINDOW_S / 60:.0f} minutes. Its "
+                    f"log is {managed.log_path}; once the cause is fixed, stop the lab and start it again"
+                )
+                log.error("%s stays down: %s", name, event.detail)
+                self._record(event)
+                return
+            self.restarted_at[name] = [*recent, time.monotonic()]
+            try:
+                _wait_for_ports(managed.spec.ports, self.stopping)
+                managed.start(after=event.cause)
+                managed.wait_ready(self.stopping)
+                break
+            except StackError as exc:
+                if not self.stopping.is_set():
+                    log.error("restarting %s failed: %s", name, exc)
+                    managed.stop()  # what is left of the attempt, before the next
+        if not self.stopping.is_set():
+            event.outcome, event.back_at = service_exits.BACK, time.time()
+            log.warning("%s is back (restart %d) after it %s", name, len(self.restarted_at[name]), event.cause)
+            self._record(event)
+
+    def _record(self, event: service_exits.ServiceExit) -> None:
+        try:
+            service_exits.record(self.stack.events_path, event)
+        except OSError as exc:  # the stack keeps running; only readers in other processes miss it
+            log.warning("could not record %s's exit in %s: %s", event.service, self.stack.events_path, exc)
+
+
+def _wait_for_ports(ports: list[int], stopping: threading.Event, timeout_s: float = 30.0) -> None:
+    """A crashed server's port can stay taken for a moment (a child still exiting)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(port_is_free(port) for port in ports) and time.monotonic() < deadline:
+        if stopping.wait(0.2):
+            return
 
 
 # ---- the lab's services --------------------------------------------------------------------
@@ -290,18 +401,25 @@ def image_host_service(port: int, latency_ms: float = DEFAULT_IMAGE_LATENCY_MS) 
 
 
 def triton_service(
-    ports: triton_local.TritonPorts, work_dir: Path = paths.TRITON_DIR, source: Path = paths.MODELS_STAGING_DIR
+    ports: triton_local.TritonPorts,
+    work_dir: Path = paths.TRITON_DIR,
+    source: Path = paths.MODELS_STAGING_DIR,
+    load: list[str] | None = None,
 ) -> ServiceSpec:
     """Stage every model of `source` adapted to this machine, log what changed, and describe the
-    server process. A model folder that cannot be staged raises StagingError, naming it."""
+    server process, which loads the models named in `load` (default: all). A model folder that
+    cannot be staged raises StagingError, naming it."""
     repository = work_dir / "models"
     backends = triton_local.build_backend_dir(work_dir / "backends")
     staged = triton_local.stage_model_repository(repository, source)
     for model in staged:
         log.info("Triton model %s, adapted for this machine:\n%s", model.name, model.changes)
+    names = [model.name for model in staged]
+    if unknown := sorted(set(load or ()) - set(names)):
+        raise StagingError(f"{source} has no model folder named {', '.join(unknown)}: it has {', '.join(names)}")
     return ServiceSpec(
         name="triton",
-        command=triton_local.server_command(repository, backends, ports, [model.name for model in staged]),
+        command=triton_local.server_command(repository, backends, ports, load or names),
         cwd=work_dir,
         ports=[ports.http, ports.grpc, ports.metrics],
         ready_url=f"http://127.0.0.1:{ports.http}/v2/health/ready",

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import requests
@@ -215,10 +216,32 @@ def settled(read: Callable[[], T], timeout_s: float = 2.0) -> T:
     return previous
 
 
+def log_since(log: Path, offset: int) -> str:
+    """The text a log file gained after its first `offset` bytes (read before a run: its size)."""
+    with log.open("rb") as file:
+        file.seek(offset)
+        return file.read().decode(errors="replace")
+
+
 def cancelled_by_model(log_text: str, model: str) -> int:
     """Requests the lab's Python-backend `model` answered CANCELLED instead of computing them, as
     its log lines say. Triton's statistics count those requests as successes."""
     return sum(int(count) for count in re.findall(rf"{re.escape(model)}: (\d+) cancelled request\(s\)", log_text))
+
+
+# Where a request was when its gRPC cancellation was handled, as Triton's verbose log says
+# (src/grpc/infer_handler.h): START (not yet read), ISSUED (in the queue or in the model),
+# COMPLETE (its answer being written), FINISH (its answer sent).
+_CANCELLATION_STEP = re.compile(r"Cancellation notification received for \w+, rpc_ok=\d, context \d+, \d+ step (\w+)")
+
+
+def cancellation_steps(log_text: str) -> dict[str, int]:
+    """How many gRPC cancellations Triton handled at each step of their request, from its log at
+    verbose level 1 (`update_log_settings({"log_verbose_level": 1})`); empty at the default level."""
+    steps: dict[str, int] = {}
+    for step in _CANCELLATION_STEP.findall(log_text):
+        steps[step] = steps.get(step, 0) + 1
+    return steps
 
 
 SEQUENCE_EVENTS = ("evicted", "expired", "timed out", "cancelled", "refused")

@@ -220,3 +220,17 @@ def test_a_ratio_just_under_its_target_is_printed_under_it():
     lines = bench_report.target_lines(results, meta)
     assert "- NOT MET: fastapi_onnx at c=16 reaches 89.7% of its ceiling (target 90%): 89.7 of 100.0 req/s" in lines
     assert "| 89.7% |" in plots.results_table(results, lambda r: bench_report.ceiling_of(r, meta["ceilings_rps"]))
+
+
+def test_a_load_point_a_server_crash_interrupted_is_not_judged_and_its_row_says_why():
+    crashed = _served_at_16("fastapi_onnx", 95.0, 300.0)
+    crashed.interrupted_by = ["fastapi_onnx was killed by signal 9 (SIGKILL) at 12:00:00; restarted, back 1 s later"]
+    meta = {
+        "ceilings_rps": {"fastapi_onnx": {"16": 100.0}},
+        "sweep_best_rps": {"onnxruntime, decode, many": 100.0},
+        "agreement": {"throughput_gap": 0.0, "p50_gap": 0.0},
+    }
+    lines = bench_report.target_lines([crashed], meta)
+    assert f"- NOT JUDGED: fastapi_onnx at c=16: {crashed.interrupted_by[0]}" in lines
+    assert not any(line.startswith("- met: fastapi_onnx at c=16 reaches") for line in lines)
+    assert "NOT A CLEAN RUN: fastapi_onnx was killed by signal 9" in plots.results_table([crashed])

@@ -102,7 +102,7 @@ REQUIRED_ENV = {
     },
 }
 
-TRITON_BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+TRITON_BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.12-py3"
 
 
 # --------------------------------------------------------------------------------------------
@@ -682,7 +682,7 @@ def test_jupyter_dockerfile():
     assert not base[1].endswith(":latest")
 
     runs = " ".join(a for k, a in instructions if k == "RUN")
-    assert re.search(r'"tritonclient\[all\]==2\.51\.0"', runs), "tritonclient must be pinned to 2.51.0"
+    assert re.search(r'"tritonclient\[all\]==2\.53\.0"', runs), "tritonclient must be pinned to 2.53.0"
     for package in ('"numpy<2"', "pillow", "requests", "matplotlib"):
         assert package in runs, f"Dockerfile.jupyter does not install {package}"
     assert "libb64-0d" in runs
@@ -696,11 +696,17 @@ def test_jupyter_dockerfile():
 
 
 def test_triton_versions_match():
-    """Server 24.10 is Triton 2.51.0; the client image pins the same release."""
+    """Server 24.12 is Triton 2.53.0, the first release with the fix for the gRPC cancellation crash
+    (PR #7840); the client image pins the same release, on a base whose glibc runs its perf_analyzer.
+    The local virtualenv keeps the release of its pip-installed server, 2.51.0."""
     server = (DOCKER_DIR / "Dockerfile.triton").read_text()
     client = (DOCKER_DIR / "Dockerfile.jupyter").read_text()
-    assert "tritonserver:24.10-py3" in server
-    assert "tritonclient[all]==2.51.0" in client
+    assert "tritonserver:24.12-py3" in server
+    assert "tritonclient[all]==2.53.0" in client and '"protobuf>=5.26.1,<6"' in client
+    assert "tritonclient[all]==2.51.0" in (REPO_ROOT / "requirements.txt").read_text()
+    # No site-packages path written in: the loader is told where pip put libcudart at build time.
+    for keyword, args in dockerfile_instructions(DOCKER_DIR / "Dockerfile.jupyter"):
+        assert "LD_LIBRARY_PATH" not in args and "site-packages" not in args, f"{keyword} {args}"
 
 
 # --------------------------------------------------------------------------------------------

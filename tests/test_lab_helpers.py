@@ -127,13 +127,13 @@ def test_measure_retries_an_unstable_measurement_and_gives_none_when_it_never_se
     lab = Lab("local", profile("quick"), {}, "127.0.0.1:1", "127.0.0.1:2", None)
     outcomes = [perf_analyzer.NoStableMeasurement("the windows never agreed", ""), perf_result()]
 
-    def perf(model, **load):
+    def perf(model, started, **load):
         outcome = outcomes.pop(0)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
-    monkeypatch.setattr(lab, "perf", perf)
+    monkeypatch.setattr(lab, "_perf_analyzer", perf)
     monkeypatch.setattr(lab, "served_instances", lambda model: 2)
     monkeypatch.setattr(lab, "served_config", lambda model: 'name: "toy"\ndynamic_batching { }\n')
     measured = lab.measure("toy", concurrency=2)

@@ -1,5 +1,6 @@
 """The notebooks that judge expectations (4 and 6 to 10 today), run as a student runs them (local
-target, quick profile), and every verdict they record checked against the runs in their own tables.
+target, quick profile), and every verdict they record checked against the runs in their own tables;
+every run they kept is also the one they saved to their file of runs.
 
 A verdict's conditions carry their figures with the run each was read from (servelab.expectations).
 Here each figure is read again from that run, as the notebook's final table shows it: a verdict
@@ -31,6 +32,7 @@ print({MARK!r} + _json.dumps({{
     "figures": [_asdict(item) for item in lab.expectations.figures()],
     "outcomes": [[expectation.claim, expectation.outcome.value] for expectation in lab.expectations],
     "results": [result.to_dict() for result in lab.results],
+    "saved": [result.to_dict() for result in Lab.saved_runs(lab.notebook)],
 }}, default=str))
 """
 
@@ -49,6 +51,9 @@ def run_notebook(name: str) -> dict:
 def test_every_verdict_uses_the_numbers_of_the_runs_in_its_tables(name, built_artifacts):
     dump = run_notebook(name)
     results = {(item["target"], item["started_at"]): RunResult.from_dict(item) for item in dump["results"]}
+    # Every run the notebook kept was saved as it ended, whole, under the notebook's own name.
+    as_kept = lambda runs: [(run["target"], run["started_at"], run["requests"], run["interrupted_by"]) for run in runs]  # noqa: E731
+    assert as_kept(dump["saved"]) == as_kept(dump["results"]), f"{name}: the saved runs are not those of its table"
     by_label = {(result.label, started): result for (_, started), result in results.items()}
     assert dump["outcomes"], f"{name} recorded no expectation"
     assert {outcome for _, outcome in dump["outcomes"]} <= {outcome.value for outcome in Outcome}

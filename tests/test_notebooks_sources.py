@@ -1,6 +1,7 @@
 """Notebooks are generated from their jupytext sources and committed without outputs."""
 
 import json
+import re
 
 import jupytext
 import pytest
@@ -37,3 +38,11 @@ def test_committed_notebook_has_no_outputs(source):
     for cell in notebook["cells"]:
         if cell["cell_type"] == "code":
             assert cell.get("outputs") == [] and cell.get("execution_count") is None
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
+def test_a_notebook_that_measures_saves_its_runs_under_its_own_name(source):
+    """Lab.connect's first argument names the file its runs are saved to (results/notebooks/)."""
+    calls = re.findall(r"^lab = Lab\.connect\(([^)]*)\)", source.read_text(), flags=re.MULTILINE)
+    for arguments in calls:
+        assert arguments.split(",")[0].strip() == f'"{source.stem}"', f"{source.name}: Lab.connect({arguments})"

@@ -1,17 +1,20 @@
-"""The process supervisor: readiness, port conflicts, failure reports and full clean-up."""
+"""The process supervisor: readiness, port conflicts, failure reports, restarts after a crash and
+full clean-up."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 
-from servelab import paths, triton_local
+from servelab import paths, service_exits, stack, triton_local
 from servelab.models import ModelRepository
-from servelab.stack import LocalStack, Ports, ServiceSpec, StackError, port_is_free
+from servelab.stack import LocalStack, Ports, ServiceSpec, StackError, answers, port_is_free
 
 SERVER_WITH_A_CHILD = textwrap.dedent(
     """
@@ -43,6 +46,39 @@ def _spec(tmp_path, port: int, script: str = SERVER_WITH_A_CHILD, timeout: float
         ready_url=f"http://127.0.0.1:{port}/",
         ready_timeout_s=timeout,
     )
+
+
+# Serves, then exits with code 3 a second later: a service that crashes every time it starts.
+SERVER_THAT_EXITS = textwrap.dedent(
+    """
+    import http.server, os, sys, threading
+    server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler)
+    threading.Timer(1.0, lambda: os._exit(3)).start()
+    server.serve_forever()
+    """
+)
+
+# Serves the first time; started again, it never answers (a restart stuck loading its model).
+SERVER_STUCK_ON_RESTART = textwrap.dedent(
+    """
+    import http.server, pathlib, sys, time
+    started = pathlib.Path(sys.argv[2] + ".started")
+    if started.exists():
+        time.sleep(600)
+    started.write_text("once")
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()
+    """
+)
+
+
+def _until(check, timeout_s: float, what: str):
+    """Poll `check` until it returns something true; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout_s:g} s: {what}")
 
 
 def test_stack_waits_for_readiness_and_stops_the_whole_process_group(tmp_path):
@@ -95,6 +131,83 @@ def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path):
     assert port_is_free(port)
 
 
+def test_a_service_killed_while_running_is_restarted_its_log_kept_and_its_exit_recorded(tmp_path):
+    port = Ports.free().fastapi_pt
+    with LocalStack([_spec(tmp_path, port)], log_dir=tmp_path / "logs") as running:
+        first = running.processes[0].process.pid
+        first_child = int((tmp_path / "child.pid").read_text())
+        os.kill(first, signal.SIGKILL)
+        event = _until(lambda: running.exits and running.exits[0].back_at and running.exits[0], 30, "back up")
+        assert running.processes[0].process.pid != first and answers(f"http://127.0.0.1:{port}/")
+        assert (event.service, event.cause, event.outcome) == ("toy", "was killed by signal 9 (SIGKILL)", "back")
+        assert "GET / HTTP/1.1" in event.log_tail, "the exit carries the last lines of the service's log"
+        _until(lambda: not _pid_alive(first_child), 5, "the crashed service's child process cleared")
+        log_text = (tmp_path / "logs" / "toy.log").read_text()
+        before, marker, after = log_text.partition("---- servelab: toy restarted after it was killed by signal 9")
+        assert marker and "GET / HTTP/1.1" in before and "GET / HTTP/1.1" in after, "both runs' lines, in order"
+        recorded = service_exits.read(tmp_path / "logs" / service_exits.EVENTS_FILE)
+        assert [(item.service, item.cause, item.outcome) for item in recorded] == [(event.service, event.cause, "back")]
+        assert recorded[0].exited_at <= recorded[0].back_at
+    assert port_is_free(port)
+
+
+def test_a_service_that_keeps_crashing_is_given_up_after_the_restart_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(stack, "MAX_RESTARTS", 2)
+    port = Ports.free().fastapi_pt
+    with LocalStack([_spec(tmp_path, port, script=SERVER_THAT_EXITS)], log_dir=tmp_path / "logs") as running:
+        _until(running.given_up, 30, "the supervisor gives up")
+        exits = service_exits.read(tmp_path / "logs" / service_exits.EVENTS_FILE)
+        assert [item.outcome for item in exits] == ["back", "back", "given up"]
+        assert {item.cause for item in exits} == {"exited with code 3"}
+        assert "restarted 2 times" in exits[-1].detail and str(tmp_path / "logs" / "toy.log") in exits[-1].detail
+        time.sleep(3 * stack.POLL_S)
+        assert len(running.exits) == 3 and not running.processes[0].alive(), "given up: not started again"
+    assert port_is_free(port)
+
+
+def test_stopping_the_stack_while_a_restart_waits_for_readiness_returns_at_once(tmp_path):
+    port = Ports.free().fastapi_pt
+    running = LocalStack([_spec(tmp_path, port, script=SERVER_STUCK_ON_RESTART, timeout=120)], log_dir=tmp_path)
+    running.start()
+    os.kill(running.processes[0].process.pid, signal.SIGKILL)
+    _until(lambda: running.processes[0].alive() and running.exits, 10, "the restart under way")
+    restarted = running.processes[0].process.pid
+    began = time.monotonic()
+    running.stop()
+    assert time.monotonic() - began < 15, "stop waited out the restart's readiness timeout"
+    assert not _pid_alive(restarted)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is a Linux feature (prctl)")
+def test_a_restarted_service_also_stops_when_the_process_that_started_the_stack_is_killed(tmp_path):
+    """The supervisor's thread starts the restarted service: it too must go with the notebook's kernel."""
+    port = Ports.free().fastapi_pt
+    starter = textwrap.dedent(
+        f"""
+        import os, signal, sys, time
+        from pathlib import Path
+        sys.path.insert(0, {str(paths.REPO_ROOT)!r})
+        from servelab.stack import LocalStack
+        from tests.test_stack import _spec, _until
+        stack = LocalStack([_spec(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
+        os.kill(stack.processes[0].process.pid, signal.SIGKILL)
+        _until(lambda: stack.exits and stack.exits[0].back_at, 30, "restarted")
+        Path({str(tmp_path / "leader.pid")!r}).write_text(str(stack.processes[0].process.pid))
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", starter], cwd=paths.REPO_ROOT)
+    try:
+        leader = int(_until(lambda: (tmp_path / "leader.pid").exists() and (tmp_path / "leader.pid").read_text(), 60,
+                            "the restarted service's pid"))  # fmt: skip
+        assert _pid_alive(leader)
+    finally:
+        parent.kill()
+        parent.wait()
+    _until(lambda: not _pid_alive(leader), 10, "the restarted service stopped with its starter")
+    _until(lambda: port_is_free(port), 10, "its port free")
+
+
 def test_a_taken_port_is_reported_clearly_and_nothing_is_left_running(tmp_path):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -122,8 +235,9 @@ def test_a_service_that_never_becomes_ready_times_out_and_is_stopped(tmp_path):
     assert stack.processes[0].process.poll() is not None
 
 
-def test_up_stops_everything_on_ctrl_c(tmp_path):
-    """`python -m servelab up` as a student runs it: SIGINT must leave no process and no port behind."""
+def test_up_restarts_a_crashed_service_and_stops_everything_on_ctrl_c(tmp_path):
+    """`python -m servelab up` as a student runs it: a service killed while the lab runs comes back,
+    and SIGINT must leave no process and no port behind."""
     ports = Ports.free()
     env = {
         **os.environ,
@@ -139,6 +253,14 @@ def test_up_stops_everything_on_ctrl_c(tmp_path):
                 break
         assert any("The lab is up" in line for line in output), "".join(output[-30:])
         assert any("UNTRAINED" in line or "trained" in line for line in output)
+        image_host = next(
+            child for child in psutil.Process(up.pid).children(recursive=True) if "server.py" in child.cmdline()
+        )
+        image_host.kill()
+        events = tmp_path / "lab" / "logs" / service_exits.EVENTS_FILE
+        back = _until(lambda: [item for item in service_exits.read(events) if item.back_at], 60, "image host back")
+        assert (back[0].service, back[0].cause) == ("image_host", "was killed by signal 9 (SIGKILL)")
+        assert answers(f"http://127.0.0.1:{ports.image_host}/health")
         up.send_signal(2)
         _, rest = up.communicate(timeout=60)
     finally:
@@ -148,6 +270,8 @@ def test_up_stops_everything_on_ctrl_c(tmp_path):
     for name in Ports.__dataclass_fields__:
         assert port_is_free(getattr(ports, name)), f"{name} port still taken after Ctrl-C"
     assert "stopped triton" in rest and "stopped gourmetgram" in rest and "stopped image_host" in rest
+    log = "".join(output) + rest
+    assert "image_host was killed by signal 9 (SIGKILL) unexpectedly" in log and "image_host is back" in log
 
 
 def test_staged_configs_are_adapted_for_the_cpu_and_the_difference_is_printed(tmp_path, built_artifacts):

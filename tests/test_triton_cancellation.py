@@ -71,3 +71,33 @@ def test_a_grpc_cancel_of_a_waiting_request_means_it_is_never_computed(
     assert stats.delta.fail_count + cancelled_in_log(model_servers) - before == 3
     assert stats.delta.execution_count <= 2  # the blocker's batch, and at most one batch for the three
     assert grpc.is_model_ready(MODEL)
+
+
+def test_the_verbose_log_names_the_step_at_which_each_cancellation_was_handled(
+    batched_model, model_servers, triton_grpc_url, image_b64
+):
+    """What notebook 9's probe of Triton 2.51's cancellation race reads: the real server's verbose
+    log, turned on and off through its logging API, says where each cancelled request was."""
+    (triton,) = [managed for managed in model_servers.processes if managed.spec.name == "triton"]
+    start = triton.log_path.stat().st_size
+    batched_model.update_log_settings({"log_verbose_level": 1})
+    try:
+        grpc = grpcclient.InferenceServerClient(triton_grpc_url)
+        answers: queue.Queue = queue.Queue()
+
+        def on_answer(result, error):
+            answers.put((result, error))
+
+        grpc.async_infer(MODEL, image_inputs(grpcclient, [image_b64] * 16), on_answer)
+        time.sleep(0.05)
+        waiting = grpc.async_infer(MODEL, image_inputs(grpcclient, [image_b64]), on_answer)
+        time.sleep(0.05)
+        waiting.cancel()
+        for _ in range(2):
+            answers.get(timeout=30)
+        steps = triton_stats.settled(
+            lambda: triton_stats.cancellation_steps(triton_stats.log_since(triton.log_path, start))
+        )
+    finally:
+        batched_model.update_log_settings({"log_verbose_level": 0})
+    assert steps == {"ISSUED": 1}, steps  # it waited in the queue: not yet answered, not being written

@@ -1,0 +1,225 @@
+"""Nothing measured is lost, and a crash is never a clean run: the append-only files of runs and
+service exits, and how Lab marks, saves and reloads a notebook's runs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from servelab import jsonl, perf_analyzer, service_exits
+from servelab import lab as lab_module
+from servelab.expectations import Outcome, condition, figure
+from servelab.lab import Lab, summary_line
+from servelab.lab_triton import ServiceCrashed
+from servelab.profiles import profile
+from servelab.results import LatencySummary, RunResult, SequenceRunResult, append_result, load_appended
+from servelab.service_exits import ServiceExit
+
+
+def run(target: str = "fastapi_onnx", rps: float = 50.0) -> RunResult:
+    return RunResult(target, "loadgen", "closed", 100, rps, LatencySummary.of([10.0, 20.0]), 2.0, concurrency=4)
+
+
+def local_lab(tmp_path, monkeypatch, exits_file=None) -> Lab:
+    monkeypatch.setattr(lab_module, "SAVED_RUNS_DIR", tmp_path / "results")
+    return Lab("local", profile("quick"), {}, None, None, None, notebook="toy", _shared_exits_file=exits_file)
+
+
+def test_records_are_appended_whole_and_a_line_cut_short_is_skipped_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "deep" / "runs.jsonl"
+    jsonl.append(path, {"n": 1})
+    jsonl.append(path, {"n": 2})
+    with path.open("a") as file:
+        file.write('{"n": 3, "cut sho')  # a write the machine never finished
+    with caplog.at_level(logging.WARNING):
+        assert jsonl.read(path) == [{"n": 1}, {"n": 2}]
+    assert "line 3 is not a whole record" in caplog.text
+    assert jsonl.read(tmp_path / "missing.jsonl") == []
+
+
+def test_a_process_killed_while_it_appends_leaves_every_record_whole(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    writer = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(lab_module.paths.REPO_ROOT)!r})
+        from pathlib import Path
+        from servelab import jsonl
+        n = 0
+        while True:
+            n += 1
+            jsonl.append(Path({str(path)!r}), {{"n": n, "latencies_ms": [float(i) for i in range(20000)]}})
+        """
+    )
+    for _ in range(3):
+        process = subprocess.Popen([sys.executable, "-c", writer])
+        deadline = time.monotonic() + 30
+        while (not path.exists() or path.stat().st_size < 1_000_000) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    lines = path.read_text().splitlines()
+    assert len(lines) >= 3
+    assert all(json.loads(line)["latencies_ms"][-1] == 19999.0 for line in lines), "a record was cut short"
+
+
+def test_a_run_and_a_run_of_sequences_come_back_from_the_file_as_they_were_saved(tmp_path):
+    plain = run()
+    plain.interrupted_by = ["triton was killed by signal 11 (SIGSEGV) at 12:00:00; restarted, back 9 s later"]
+    sequences = SequenceRunResult(
+        "triton/food_sequence", "loadgen", "sequences", 40, 20.0, LatencySummary.of([5.0]), 2.0,
+        concurrency=2, sequence_length=20, sequences=2, sequences_completed=2,
+    )  # fmt: skip
+    path = tmp_path / "runs.jsonl"
+    append_result(path, plain, {"session": "s1"})
+    append_result(path, sequences, {"session": "s1"})
+    (first, first_meta), (second, _) = load_appended(path)
+    assert first.to_dict() == plain.to_dict() and first_meta == {"session": "s1"} and not first.clean
+    assert isinstance(second, SequenceRunResult) and second.to_dict() == sequences.to_dict()
+
+
+def test_each_run_is_saved_as_it_ends_and_a_later_session_loads_them_back(tmp_path, monkeypatch, capsys):
+    morning = local_lab(tmp_path, monkeypatch)
+    morning._keep(run("fastapi_pt"), "fastapi_pt", time.time())
+    morning._keep(run("fastapi_onnx"), "fastapi_onnx", time.time())
+    saved = tmp_path / "results" / "toy.jsonl"
+    assert [metadata["notebook"] for _, metadata in load_appended(saved)] == ["toy", "toy"]
+    afternoon = local_lab(tmp_path, monkeypatch)
+    afternoon.connected_at = afternoon.connected_at.replace(year=afternoon.connected_at.year + 1)  # a later session
+    afternoon._keep(run("ray_serve"), "ray_serve", time.time())
+    capsys.readouterr()
+    assert [result.target for result in Lab.saved_runs("toy")] == ["ray_serve"]
+    said = capsys.readouterr().out
+    assert "1 saved run(s) of toy" in said and "(2 session(s) in" in said
+    assert [result.target for result in Lab.saved_runs("toy", session="all")] == [
+        "fastapi_pt",
+        "fastapi_onnx",
+        "ray_serve",
+    ]
+    only_morning = Lab.saved_runs("toy", session=morning.session)
+    assert [result.target for result in only_morning] == ["fastapi_pt", "fastapi_onnx"]
+    assert Lab.saved_runs("never_run") == []
+
+
+def test_a_run_a_crash_interrupted_is_marked_saved_as_such_and_its_figures_judge_nothing(tmp_path, monkeypatch, capsys):
+    exits_file = tmp_path / "restarts.jsonl"
+    lab = local_lab(tmp_path, monkeypatch, exits_file)
+    started = time.time()
+    before = ServiceExit("triton", started - 3600, "was killed by signal 11 (SIGSEGV)", "", "back", started - 3590)
+    service_exits.record(exits_file, before)  # before this Lab connected: not this notebook's
+    crash = ServiceExit("triton", time.time(), "was killed by signal 11 (SIGSEGV)", "Signal (11) received.")
+    service_exits.record(exits_file, crash)
+    crash.outcome, crash.back_at = service_exits.BACK, time.time() + 1
+    service_exits.record(exits_file, crash)
+    crashed = lab._keep(run(), "triton/food_classifier_onnx, grpc", started)
+    assert crashed.interrupted_by == [crash.describe()] and not crashed.clean
+    assert "triton was killed by signal 11 (SIGSEGV)" in crashed.interrupted_by[0]
+    printed = capsys.readouterr().out
+    assert "NOT A CLEAN RUN: triton was killed by signal 11" in printed and "NOTE: triton was killed" in printed
+    ((saved, _),) = load_appended(tmp_path / "results" / "toy.jsonl")
+    assert saved.interrupted_by == crashed.interrupted_by
+    clean = lab._keep(run(), "fastapi_onnx", time.time() + 5)
+    assert clean.clean and "NOT A CLEAN RUN" not in summary_line(clean)
+    judged = condition("crashed run", True, figure(crashed, "throughput_rps", "goodput"))
+    assert judged.outcome is Outcome.NOT_CHECKED and "crashed during the run of goodput" in judged.detail
+    assert condition("clean run", True, figure(clean, "throughput_rps", "goodput")).outcome is Outcome.HELD
+
+
+def test_a_measurement_waits_for_a_service_being_restarted_and_says_so(tmp_path, monkeypatch, capsys):
+    exits_file = tmp_path / "restarts.jsonl"
+    lab = local_lab(tmp_path, monkeypatch, exits_file)
+    crash = ServiceExit("fastapi_onnx", time.time(), "exited with code 1", "Traceback ...")
+    service_exits.record(exits_file, crash)
+
+    def comes_back() -> None:  # as the supervisor of `make up` records it, from another process
+        time.sleep(1.0)
+        crash.outcome, crash.back_at = service_exits.BACK, time.time()
+        service_exits.record(exits_file, crash)
+
+    supervisor = threading.Thread(target=comes_back)
+    supervisor.start()
+    lab.wait_for_services()
+    assert crash.back_at is not None, "it returned before the service was back"
+    supervisor.join()
+    printed = capsys.readouterr().out
+    assert "NOTE: fastapi_onnx exited with code 1" in printed and "being restarted" in printed
+    assert "restarted, back" in printed
+
+
+def test_a_service_given_up_on_is_said_once_and_measuring_goes_on(tmp_path, monkeypatch, capsys):
+    exits_file = tmp_path / "restarts.jsonl"
+    lab = local_lab(tmp_path, monkeypatch, exits_file)
+    service_exits.record(
+        exits_file, ServiceExit("triton", time.time(), "exited with code 1", "", "given up", None, "why")
+    )
+    lab.wait_for_services()
+    lab.wait_for_services()
+    assert capsys.readouterr().out.count("not restarted: why") == 1
+
+
+def test_perf_analyzer_failing_under_a_crash_is_said_so_and_measured_again(tmp_path, monkeypatch, capsys):
+    exits_file = tmp_path / "restarts.jsonl"
+    lab = local_lab(tmp_path, monkeypatch, exits_file)
+    lab.triton_http = "127.0.0.1:1"
+
+    class Model:
+        def perf_analyzer_input(self, image, folder):
+            return {}
+
+    monkeypatch.setattr(Lab, "models", property(lambda self: {"toy": Model()}))
+
+    def dies(*args, **kwargs):
+        crash = ServiceExit("triton", time.time(), "was killed by signal 11 (SIGSEGV)", "", "back", time.time())
+        service_exits.record(exits_file, crash)
+        raise perf_analyzer.PerfAnalyzerError("Failed to retrieve results from inference request.")
+
+    monkeypatch.setattr(perf_analyzer, "run", dies)
+    with pytest.raises(ServiceCrashed, match="perf_analyzer failed because triton was killed by signal 11"):
+        lab._perf_analyzer("toy", time.time())
+    monkeypatch.setattr(perf_analyzer, "run", fails)
+    with pytest.raises(perf_analyzer.PerfAnalyzerError) as raised:  # no crash since: the tool's own error
+        lab._perf_analyzer("toy", time.time() + 1)
+    assert not isinstance(raised.value, ServiceCrashed)
+
+    outcomes = [ServiceCrashed("perf_analyzer failed because triton was killed by signal 11 (SIGSEGV)"), run("toy")]
+
+    def perf(model, started, **load):
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(lab, "_perf_analyzer", perf)
+    monkeypatch.setattr(lab, "served_instances", lambda model: 1)
+    monkeypatch.setattr(lab, "served_config", lambda model: 'name: "toy"\n')
+    measured = lab.measure("toy", concurrency=1)
+    assert measured is not None and measured.target == "toy, 1 instance"
+    assert "because triton was killed by signal 11 (SIGSEGV) (attempt 1 of 2)" in capsys.readouterr().out
+
+
+def fails(*args, **kwargs):
+    raise perf_analyzer.PerfAnalyzerError("error: failed to get model metadata")
+
+
+def test_an_exit_is_described_in_words_and_merged_with_what_followed(tmp_path):
+    assert service_exits.exit_cause(-9) == "was killed by signal 9 (SIGKILL)"
+    assert service_exits.exit_cause(3) == "exited with code 3"
+    path = tmp_path / "restarts.jsonl"
+    event = ServiceExit("triton", 100.0, "was killed by signal 11 (SIGSEGV)", "tail")
+    service_exits.record(path, event)
+    service_exits.record(path, ServiceExit("image_host", 150.0, "exited with code 1", ""))
+    event.outcome, event.back_at = service_exits.BACK, 112.0
+    service_exits.record(path, event)
+    triton, image_host = service_exits.read(path)
+    assert (triton.outcome, triton.back_at, image_host.outcome) == ("back", 112.0, "restarting")
+    assert triton.between(105.0, 130.0) and triton.between(90.0, 101.0) and not triton.between(113.0, 200.0)
+    assert image_host.between(1000.0, 2000.0), "still down: any later run spans it"
+    assert "restarted, back 12 s later" in triton.describe()
