@@ -419,6 +419,11 @@ class Lab(TritonLab):
         (as the saved metadata names it, `lab.session`)."""
         saved = load_appended(saved_runs_file(notebook))
         sessions = sorted({metadata["session"] for _, metadata in saved})
+        if session not in ("latest", "all", *sessions):
+            known = ", ".join(sessions) or "none yet"
+            raise ValueError(
+                f"no session {session!r} in {_shown(saved_runs_file(notebook))}: use 'latest', 'all' or one of {known}"
+            )
         chosen = sessions[-1:] if session == "latest" else sessions if session == "all" else [session]
         runs = [result for result, metadata in saved if metadata["session"] in chosen]
         print(

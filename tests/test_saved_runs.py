@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +108,9 @@ def test_each_run_is_saved_as_it_ends_and_a_later_session_loads_them_back(tmp_pa
     only_morning = Lab.saved_runs("toy", session=morning.session)
     assert [result.target for result in only_morning] == ["fastapi_pt", "fastapi_onnx"]
     assert Lab.saved_runs("never_run") == []
+    known = re.escape(morning.session)
+    with pytest.raises(ValueError, match=f"no session 'yesterday'.*'latest', 'all' or one of {known}"):
+        Lab.saved_runs("toy", session="yesterday")
 
 
 def test_a_run_a_crash_interrupted_is_marked_saved_as_such_and_its_figures_judge_nothing(tmp_path, monkeypatch, capsys):
