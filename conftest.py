@@ -1,28 +1,24 @@
-"""Root pytest configuration: notebooks executed by the tests (nbmake) run the quick profile.
+"""Root pytest configuration: what the tests and the notebooks they run write, and where.
 
-Every experiment still runs, with short measurement windows; set LAB_PROFILE=full to override.
-The runs the tests and notebooks measure are saved to a temporary folder, not to results/, which
-holds what a student measured.
+Notebooks run by the tests (tests/test_notebooks.py) use the quick profile: every experiment still
+runs, with short measurement windows; set LAB_PROFILE=full to override. The runs they measure are
+saved to a temporary folder, not to results/, which holds what a student measured; the session's
+servers keep their logs and staged files in another (SERVELAB_STACK_DIR), not in .lab/, where a
+running `make up` keeps its own. Both are set here, before anything imports servelab.paths.
 """
 
 import atexit
 import os
 import shutil
 import tempfile
-from pathlib import Path
 
 os.environ.setdefault("LAB_PROFILE", "quick")
 os.environ.setdefault("LAB_TARGET", "local")
-if "SERVELAB_RESULTS_DIR" not in os.environ:
-    os.environ["SERVELAB_RESULTS_DIR"] = tempfile.mkdtemp(prefix="servelab-test-results-")
-    atexit.register(shutil.rmtree, os.environ["SERVELAB_RESULTS_DIR"], ignore_errors=True)
-
-# Notebooks that judge expectations (their source calls `lab.expect(`) run in
-# tests/test_notebook_verdicts.py, which also checks every verdict they record against their own
-# tables; nbmake would run them a second time. A new lesson's notebook is found here by itself.
-JUDGED = sorted(
-    source.with_suffix(".ipynb").name
-    for source in (Path(__file__).parent / "notebooks").glob("[0-9]*.py")
-    if "lab.expect(" in source.read_text()
-)
-collect_ignore = [f"notebooks/{name}" for name in JUDGED]
+os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+for variable, prefix in (
+    ("SERVELAB_RESULTS_DIR", "servelab-test-results-"),
+    ("SERVELAB_STACK_DIR", "servelab-test-stack-"),
+):
+    if variable not in os.environ:
+        os.environ[variable] = tempfile.mkdtemp(prefix=prefix)
+        atexit.register(shutil.rmtree, os.environ[variable], ignore_errors=True)

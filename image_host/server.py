@@ -11,7 +11,7 @@ and so does /health.
 GET /images/<name>                      the photo, after the host's latency
 GET /images/<name>?latency_ms=250       this request with another latency (the lab's experiments)
 GET /images/<name>?bandwidth_mbps=20    ... or another bandwidth (0: unlimited)
-GET /health                             the settings and the photos served
+GET /health                             the settings, the photos served, and the downloads under way
 """
 
 from __future__ import annotations
@@ -46,8 +46,17 @@ def create_app(images: Path, latency_ms: float, bandwidth_mbps: float) -> web.Ap
     photos = {path.name: path.read_bytes() for path in sorted(images.iterdir()) if path.is_file()}
     if not photos:
         raise SystemExit(f"{images} holds no files to serve.")
+    # Downloads being answered now: a client (a test) can see that a service is fetching an image.
+    under_way = {"downloads": 0}
 
     async def image(request: web.Request) -> web.StreamResponse:
+        under_way["downloads"] += 1
+        try:
+            return await answer(request)
+        finally:
+            under_way["downloads"] -= 1
+
+    async def answer(request: web.Request) -> web.StreamResponse:
         body = photos.get(request.match_info["name"])
         if body is None:
             raise web.HTTPNotFound(text=f"No image {request.match_info['name']!r}; this host has: {', '.join(photos)}")
@@ -78,6 +87,7 @@ def create_app(images: Path, latency_ms: float, bandwidth_mbps: float) -> web.Ap
                 "emulated_latency_ms": latency_ms,
                 "emulated_bandwidth_mbps": bandwidth_mbps or "unlimited",
                 "images": {name: len(body) for name, body in photos.items()},
+                "downloads_under_way": under_way["downloads"],
             }
         )
 

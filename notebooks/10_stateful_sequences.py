@@ -71,7 +71,8 @@ rows = [
     ("sequenceBatching + continuousBatching", f"sequence_batching, strategy {strategy}; max_batch_size",
      "config.pbtxt", f"up to {served.max_batch_size} sequences per execution"),
     ("cancel (a request that ends the sequence)", "a gRPC cancel, or the request parameter cancel with sequence_end",
-     "client request; model.py", "drops the state"),
+     "client request; model.py", "drops the state (a gRPC cancel: once the model holds the frame; one still "
+     "waiting in Triton's queue is failed there, and the state stays)"),
 ]  # fmt: skip
 table = ["| TorchServe | here | where | value |", "| --- | --- | --- | --- |"]
 display(Markdown("\n".join(table + ["| " + " | ".join(row) + " |" for row in rows])))

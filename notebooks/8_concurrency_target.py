@@ -403,7 +403,8 @@ for replicas in replica_counts:
 # deployment runs unchanged: `ray start --head` on one, `ray start --address=<head>:6379` on each
 # other, then `serve deploy serve_config.yaml` (the README says more, Kubernetes included).
 #
-# **Prediction**: Serve places one replica on each node, and each node serves requests.
+# **Prediction**: Serve places one replica on each node, and each node serves requests; both nodes
+# talk on 127.0.0.1 only, as everything the lab runs here does.
 
 # %%
 two_nodes = subprocess.run(
@@ -418,9 +419,20 @@ if two_nodes.returncode != 0:
 report = json.loads(two_nodes.stdout.strip().splitlines()[-1])
 print(json.dumps(report, indent=1))
 served_by = report["requests_by_node"]
+replicas_by_node = {node: len(replicas) for node, replicas in report["replicas_by_node"].items()}
 lab.expect(
-    "Serve spreads the replicas over both nodes, and both serve requests",
+    "Serve spreads the replicas over both nodes, on loopback, and both serve requests",
     condition("the cluster has two nodes", len(report["nodes"]) == 2, measured("nodes", len(report["nodes"]))),
+    condition(
+        "both nodes are on 127.0.0.1 (Ray kept on loopback)",
+        report["node_addresses"] == ["127.0.0.1"],
+        measured("node addresses other than 127.0.0.1", len(set(report["node_addresses"]) - {"127.0.0.1"})),
+    ),
+    condition(
+        "one replica on each node",
+        sorted(replicas_by_node.values()) == [1, 1] and set(replicas_by_node) == set(report["nodes"]),
+        *(measured(f"replicas on node {node[:8]}", count) for node, count in replicas_by_node.items()),
+    ),
     condition(
         "every request was answered",
         report["statuses"] == {"200": 40},

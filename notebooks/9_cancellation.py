@@ -33,7 +33,7 @@ import time
 
 import matplotlib.pyplot as plt
 
-from servelab import service_stats, triton_stats
+from servelab import retries, service_stats, triton_stats
 from servelab.expectations import condition, figure, measured
 from servelab.lab import Lab
 from servelab.lab_triton import TritonAddresses
@@ -176,6 +176,7 @@ def triton_impatient_run(name: str, address: str, pace: tuple[float, float], kin
         if result.clean or attempt == 2:
             break
         print("  Triton crashed during this run (see the last section): measuring it once more.")
+        retries.note(f"the run {name!r}", "Triton crashed under it")  # listed at the end of the test suite too
     lab.wait_for_services()
     delta = triton_stats.diff(before, triton_stats.fetch_settled(lab.triton_http, TRITON_MODEL))
     result.triton_stats = delta.to_dict()

@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 AGREEMENT_MODEL = "food_classifier_onnx"
 AGREEMENT_CONCURRENCY = 8
 # Warm-up of a window after a load point's first, and of the ceiling measured again: the model is
-# already loaded (or, in the ceiling's fresh process, loads before the clock starts).
+# already loaded (the ceiling's in the process that swept it).
 REPEAT_WARMUP_S = 1.0
 
 
@@ -206,13 +206,18 @@ def _window(
 
 def _ceilings(profile: Profile) -> dict[str, inprocess.Ceiling]:
     """Every ceiling's sweep. Half the load points' duration each: the sweep has many points."""
-    found = {}
-    for runtime, decode in CEILINGS:
-        for in_flight, pipelined in (("one", False), ("many", True)):
-            log.info("in-process ceiling: %s", ceiling_key(runtime, decode, in_flight))
-            found[ceiling_key(runtime, decode, in_flight)] = inprocess.sweep(
-                runtime, pipelined, profile.duration_s / 2, profile.warmup_s, decode
-            )
+    found: dict[str, inprocess.Ceiling] = {}
+    try:
+        for runtime, decode in CEILINGS:
+            for in_flight, pipelined in (("one", False), ("many", True)):
+                log.info("in-process ceiling: %s", ceiling_key(runtime, decode, in_flight))
+                found[ceiling_key(runtime, decode, in_flight)] = inprocess.sweep(
+                    runtime, pipelined, profile.duration_s / 2, profile.warmup_s, decode
+                )
+    except BaseException:
+        for ceiling in found.values():
+            ceiling.close()
+        raise
     return found
 
 
@@ -235,7 +240,7 @@ def _load_point(
     point is judged against the ceiling's mean: a slowdown in the middle of the run slows both.
 
     The first window warms the service up for the profile's warm-up; the later ones, and the
-    ceiling's fresh processes, for REPEAT_WARMUP_S (the model is loaded; connections are new)."""
+    ceiling measured again, for REPEAT_WARMUP_S (the models are loaded; connections are new)."""
     key = ceiling_key(served.runtime, served.decode, "one" if concurrency == 1 else "many")
     window_s = profile.duration_s / profile.windows
 
@@ -407,8 +412,25 @@ def run_benchmark(
     built = artifacts.ensure_artifacts()
     image = paths.SAMPLE_IMAGE.read_bytes()
 
-    # The ceilings first, before any load: in-process work has the machine to itself.
+    # The ceilings first, before any load: in-process work has the machine to itself. Each winner's
+    # process stays to measure it again beside every load point, and ends with the benchmark.
     ceilings = _ceilings(profile)
+    try:
+        return _measure_and_report(profile, out_dir, endpoints, server_pids, built, image, ceilings)
+    finally:
+        for ceiling in ceilings.values():
+            ceiling.close()
+
+
+def _measure_and_report(
+    profile: Profile,
+    out_dir: Path,
+    endpoints: Endpoints | None,
+    server_pids: dict[str, int],
+    built: artifacts.BuiltArtifacts,
+    image: bytes,
+    ceilings: dict[str, inprocess.Ceiling],
+) -> Path:
     with contextlib.ExitStack() as cleanup:
         stack = None
         if endpoints is None:
@@ -450,7 +472,7 @@ def run_benchmark(
         log.info("load generator vs perf_analyzer, %d alternating pairs", profile.agreement_pairs)
         agreement = _agreement(endpoints, profile, image)
         meta = {
-            "profile": profile_name,
+            "profile": profile.name,
             "profile_settings": {
                 "duration_s": profile.duration_s,
                 "warmup_s": profile.warmup_s,

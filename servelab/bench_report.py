@@ -231,13 +231,13 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "",
         "## The in-process ceilings",
         "",
-        "The same work as a service, in one process, with no HTTP: each plan in a fresh process, the best "
-        "one is the ceiling. 'one in flight' decodes then infers, one image at a time (no server at "
+        "The same work as a service, in one process, with no HTTP: each plan in a process of its own, the "
+        "best one is the ceiling. 'one in flight' decodes then infers, one image at a time (no server at "
         "concurrency 1 can beat it); 'pipeline' overlaps decoding with inference in `slots` threads. "
         "This machine's speed drifts within minutes, even within one run, so each load point is measured in "
         f"{meta['profile_settings']['windows']} window(s) of {window_s:g} s, and the winning plan is measured "
-        "again before, between and after them (rows 'k of n around ...'): a service is compared with the "
-        "mean of those, the ceiling's speed around and during its own run.",
+        "again, in its own process, before, between and after them (rows 'k of n around ...'): a service is "
+        "compared with the mean of those, the ceiling's speed around and during its own run.",
         "",
         *_ceiling_table(results),
         "",

@@ -14,8 +14,10 @@ an inference thread). Two kinds of run:
   inference, decoding is the CPU's main work, and a single decoding thread would cap the
   "ceiling" below what a service reaches.
 
-A ceiling is the best of a small sweep over the thread plans (`sweep`), each run in a fresh
-process, so that one plan's threads never slow the next. It is reported with the plan that won.
+A ceiling is the best of a small sweep over the thread plans (`sweep`), each run in a process of
+its own, so that one plan's threads never slow the next. It is reported with the plan that won,
+whose process stays to measure it again next to each service (`Ceiling.measure_now`): its model is
+already built, so measuring again costs the measurement only, not a process start.
 
     python -m servelab.inprocess --runtime pytorch --slots 2 --threads 1 --duration 10
 """
@@ -30,6 +32,7 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -106,98 +109,160 @@ class Point:
         return f"{shape}, {self.slots} slot(s) x {self.threads} thread(s)"
 
 
-def run_point(
-    runtime: str, image_bytes: bytes, point: Point, duration_s: float, warmup_s: float, decode: bool = True
-) -> RunResult:
-    """One point, in this process: warm up for warmup_s, then measure for duration_s.
+class PointRunner:
+    """One point's model, built once on its inference thread as the services build it, and
+    measured as often as asked, in this process.
 
     With decode=False the image is decoded once and only inference is repeated: the ceiling for
     a server that receives tensors its clients preprocessed (Triton's ONNX model).
     """
-    plan = thread_plan(slots=point.slots, threads=point.threads, given_by="the sweep")
-    encoded = base64.b64encode(image_bytes).decode()
-    decoded_once = preprocess(decode_base64_image(encoded))[np.newaxis]
-    slots = ThreadPoolExecutor(point.slots, thread_name_prefix="inference")
-    model, placement = slots.submit(load_model, runtime, plan).result()  # built on an inference thread
 
-    def prepared() -> tuple[np.ndarray, float]:
-        if not decode:
-            return decoded_once, 0.0
+    def __init__(self, runtime: str, image_bytes: bytes, point: Point, decode: bool = True) -> None:
+        self.runtime, self.point, self.decode = runtime, point, decode
+        plan = thread_plan(slots=point.slots, threads=point.threads, given_by="the sweep")
+        self.encoded = base64.b64encode(image_bytes).decode()
+        self.decoded_once = preprocess(decode_base64_image(self.encoded))[np.newaxis]
+        self.slots = ThreadPoolExecutor(point.slots, thread_name_prefix="inference")
+        self.model, self.placement = self.slots.submit(load_model, runtime, plan).result()  # on an inference thread
+
+    def close(self) -> None:
+        self.slots.shutdown()
+
+    def _prepared(self) -> tuple[np.ndarray, float]:
+        if not self.decode:
+            return self.decoded_once, 0.0
         started = time.perf_counter()
-        return preprocess(decode_base64_image(encoded))[np.newaxis], time.perf_counter() - started
+        return preprocess(decode_base64_image(self.encoded))[np.newaxis], time.perf_counter() - started
 
-    ready: queue.Queue = queue.Queue(maxsize=2 * point.slots)
-    stop = threading.Event()
-    measure_from = time.perf_counter() + warmup_s
-    measure_until = measure_from + duration_s
-    service_ms: list[list[float]] = [[] for _ in range(point.slots)]
+    def run(self, duration_s: float, warmup_s: float) -> RunResult:
+        """Warm up for warmup_s, then measure for duration_s (or until one image is done, if later)."""
+        point = self.point
+        ready: queue.Queue = queue.Queue(maxsize=2 * point.slots)
+        stop = threading.Event()
+        measure_from = time.perf_counter() + warmup_s
+        measure_until = measure_from + duration_s
+        service_ms: list[list[float]] = [[] for _ in range(point.slots)]
 
-    def decode_loop() -> None:
-        while not stop.is_set():
-            item = prepared()
+        def decode_loop() -> None:
             while not stop.is_set():
-                try:
-                    ready.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
+                item = self._prepared()
+                while not stop.is_set():
+                    try:
+                        ready.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
 
-    def inference_loop(slot: int) -> None:
-        while (now := time.perf_counter()) < measure_until:
-            tensor, decode_s = ready.get() if point.pipelined else prepared()
-            started = time.perf_counter()
-            model(tensor)
-            if now >= measure_from:
-                # Per-image work without waiting: the floor under any service's latency.
-                service_ms[slot].append((decode_s + time.perf_counter() - started) * 1000)
+        def inference_loop(slot: int) -> None:
+            # Past the window only until something is measured: a machine busy with other work can
+            # take longer than a short window for one image.
+            while (now := time.perf_counter()) < measure_until or not any(service_ms):
+                tensor, decode_s = ready.get() if point.pipelined else self._prepared()
+                started = time.perf_counter()
+                self.model(tensor)
+                if now >= measure_from:
+                    # Per-image work without waiting: the floor under any service's latency.
+                    service_ms[slot].append((decode_s + time.perf_counter() - started) * 1000)
 
-    feeding = decoding_threads(placement.device, point, decode)
-    decoders = [threading.Thread(target=decode_loop, daemon=True) for _ in range(feeding)]
-    for thread in decoders:
-        thread.start()
-    try:
-        list(slots.map(inference_loop, range(point.slots)))
-    finally:
-        stop.set()
+        feeding = decoding_threads(self.placement.device, point, self.decode)
+        decoders = [threading.Thread(target=decode_loop, daemon=True) for _ in range(feeding)]
         for thread in decoders:
-            thread.join(timeout=5)
-        slots.shutdown()
-    latencies = [value for values in service_ms for value in values]
-    measured_s = time.perf_counter() - measure_from
-    what = "decode + inference" if decode else "inference only, on an image decoded once"
-    return RunResult(
-        target=f"in-process/{runtime}" + ("" if decode else " (inference only)"),
-        tool="in-process",
-        mode="closed",
-        requests=len(latencies),
-        throughput_rps=len(latencies) / measured_s,
-        latency=LatencySummary.of(latencies),
-        wall_s=measured_s,
-        concurrency=point.slots if point.pipelined else 1,
-        latencies_ms=latencies,
-        notes=[
-            f"{point.name} (on {placement.describe()}"
-            + (f", {len(decoders)} decoding thread(s)" if decode and decoders else "")
-            + f"); {what}; latency is the work per image, without queueing",
-            *([placement.fallback_warning()] if placement.fallback is not None else []),
-        ],
-    )
+            thread.start()
+        try:
+            list(self.slots.map(inference_loop, range(point.slots)))
+        finally:
+            stop.set()
+            for thread in decoders:
+                thread.join(timeout=5)
+        latencies = [value for values in service_ms for value in values]
+        measured_s = time.perf_counter() - measure_from
+        what = "decode + inference" if self.decode else "inference only, on an image decoded once"
+        return RunResult(
+            target=f"in-process/{self.runtime}" + ("" if self.decode else " (inference only)"),
+            tool="in-process",
+            mode="closed",
+            requests=len(latencies),
+            throughput_rps=len(latencies) / measured_s,
+            latency=LatencySummary.of(latencies),
+            wall_s=measured_s,
+            concurrency=point.slots if point.pipelined else 1,
+            latencies_ms=latencies,
+            notes=[
+                f"{point.name} (on {self.placement.describe()}"
+                + (f", {len(decoders)} decoding thread(s)" if self.decode and decoders else "")
+                + f"); {what}; latency is the work per image, without queueing",
+                *([self.placement.fallback_warning()] if self.placement.fallback is not None else []),
+            ],
+        )
+
+
+RESULT_MARK = "in-process result: "  # before the JSON line a point's process answers with
+
+
+class PointProcess:
+    """A point run in a Python process of its own, so that no other plan's threads are around;
+    the process builds the model once and measures it each time it is asked (`measure`), until
+    `close`. A context manager."""
+
+    def __init__(self, runtime: str, point: Point, decode: bool = True, timeout_s: float = 300) -> None:
+        self.point, self.timeout_s = point, timeout_s
+        command = [
+            sys.executable, "-m", "servelab.inprocess", "--runtime", runtime, "--slots", str(point.slots),
+            "--threads", str(point.threads), "--serve",
+        ]  # fmt: skip
+        command += ([] if point.pipelined else ["--one-in-flight"]) + ([] if decode else ["--inference-only"])
+        self.errors = tempfile.TemporaryFile(mode="w+")  # a runtime's warnings; read back when it fails
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True, cwd=paths.REPO_ROOT
+        )
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # the process has ended
+
+    def measure(self, duration_s: float, warmup_s: float) -> RunResult:
+        """The point measured now: warmed up for warmup_s, then measured for duration_s."""
+        self.process.stdin.write(json.dumps({"duration_s": duration_s, "warmup_s": warmup_s}) + "\n")
+        self.process.stdin.flush()
+        deadline = time.monotonic() + self.timeout_s
+        while True:  # a runtime may print before the answer (ONNX Runtime, when it drops a provider)
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.close()
+                self.errors.seek(0)
+                raise RuntimeError(f"in-process run {self.point.name} failed:\n{self.errors.read()[-2000:]}")
+            if line.startswith(RESULT_MARK):
+                return RunResult.from_dict(json.loads(line.removeprefix(RESULT_MARK)))
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()  # the process ends at the end of its input
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.errors.close()
+
+    def __enter__(self) -> PointProcess:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
 def measure_point(
     runtime: str, point: Point, duration_s: float, warmup_s: float, decode: bool = True, timeout_s: float = 300
 ) -> RunResult:
-    """`run_point` in a fresh Python process, so that no earlier plan's threads are around."""
-    command = [
-        sys.executable, "-m", "servelab.inprocess", "--runtime", runtime, "--slots", str(point.slots),
-        "--threads", str(point.threads), "--duration", str(duration_s), "--warmup", str(warmup_s),
-    ]  # fmt: skip
-    command += ([] if point.pipelined else ["--one-in-flight"]) + ([] if decode else ["--inference-only"])
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=paths.REPO_ROOT)
-    if completed.returncode != 0:
-        raise RuntimeError(f"in-process run {point.name} failed:\n{completed.stderr[-2000:]}")
-    # The result is the last line: a runtime may print before it (ONNX Runtime, when it drops a provider).
-    return RunResult.from_dict(json.loads(completed.stdout.splitlines()[-1]))
+    """One measurement of `point` in a fresh Python process, so that no earlier plan's threads are around."""
+    with PointProcess(runtime, point, decode, timeout_s) as process:
+        return process.measure(duration_s, warmup_s)
 
 
 def sweep_points(cores: int, pipelined: bool) -> list[Point]:
@@ -211,29 +276,51 @@ def sweep_points(cores: int, pipelined: bool) -> list[Point]:
 
 @dataclass
 class Ceiling:
-    """The best point of a sweep (`best`, measured with `plan`), and every point measured."""
+    """The best point of a sweep (`best`, measured with `plan`), and every point measured; the
+    winner's process stays until `close`, to measure it again."""
 
     runtime: str
     decode: bool
     plan: Point
     best: RunResult
     points: list[RunResult]
+    process: PointProcess
 
     def measure_now(self, duration_s: float, warmup_s: float) -> RunResult:
         """The winning plan measured once more, now: the ceiling for runs made right after it (the
         machine's speed drifts, so a service is judged against a ceiling taken next to it)."""
-        again = measure_point(self.runtime, self.plan, duration_s, warmup_s, self.decode)
+        again = self.process.measure(duration_s, warmup_s)
         self.points.append(again)
         return again
 
+    def close(self) -> None:
+        self.process.close()
+
 
 def sweep(runtime: str, pipelined: bool, duration_s: float, warmup_s: float, decode: bool = True) -> Ceiling:
+    """Every plan worth trying (`sweep_points`), each in a process of its own, one at a time; the
+    best one's process is kept in the Ceiling, the others' end."""
+    best: tuple[Point, RunResult, PointProcess] | None = None
     measured = []
     for point in sweep_points(available_cores(), pipelined):
         log.info("in-process %s%s: %s", runtime, "" if decode else " (inference only)", point.name)
-        measured.append((point, measure_point(runtime, point, duration_s, warmup_s, decode)))
-    plan, best = max(measured, key=lambda pair: pair[1].throughput_rps)
-    return Ceiling(runtime, decode, plan, best, [result for _, result in measured])
+        process = PointProcess(runtime, point, decode)
+        try:
+            result = process.measure(duration_s, warmup_s)
+        except BaseException:
+            process.close()
+            if best is not None:
+                best[2].close()
+            raise
+        measured.append(result)
+        if best is None or result.throughput_rps > best[1].throughput_rps:
+            if best is not None:
+                best[2].close()
+            best = (point, result, process)
+        else:
+            process.close()
+    plan, result, process = best
+    return Ceiling(runtime, decode, plan, result, measured, process)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,11 +332,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inference-only", action="store_true", help="decode once, repeat only the inference")
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--serve", action="store_true", help="measure for each line on stdin: {duration_s, warmup_s}")
     args = parser.parse_args(argv)
     point = Point(args.slots, args.threads, pipelined=not args.one_in_flight)
-    image = paths.SAMPLE_IMAGE.read_bytes()
-    result = run_point(args.runtime, image, point, args.duration, args.warmup, decode=not args.inference_only)
-    print(json.dumps(result.to_dict()))
+    runner = PointRunner(args.runtime, paths.SAMPLE_IMAGE.read_bytes(), point, decode=not args.inference_only)
+    once = [{"duration_s": args.duration, "warmup_s": args.warmup}]
+    try:
+        for asked in (json.loads(line) for line in sys.stdin) if args.serve else once:
+            result = runner.run(asked["duration_s"], asked["warmup_s"])
+            print(RESULT_MARK + json.dumps(result.to_dict()), flush=True)
+    finally:
+        runner.close()
     return 0
 
 

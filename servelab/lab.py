@@ -53,10 +53,12 @@ from servelab.stack import (
     POLL_S,
     LocalStack,
     Ports,
+    ServiceSpec,
     answers,
     fastapi_service,
     gourmetgram_service,
     image_host_service,
+    start_on_free_ports,
     triton_service,
 )
 
@@ -131,22 +133,24 @@ class Lab(TritonLab):
         running = running and answers(f"http://127.0.0.1:{default.image_host}/health")
         shared_exits = None
         if running and answers(f"http://127.0.0.1:{default.triton_http}/v2/health/ready"):
+            # `make up`'s stack (or the test suite's, moved by SERVELAB_PORT_* and SERVELAB_STACK_DIR).
             ports, repository, stacks = default, paths.TRITON_DIR / "models", []
             shared_exits = paths.LOG_DIR / service_exits.EVENTS_FILE
             print("Using the lab already running on this machine (`make up`).")
         else:
-            ports = Ports.free()
             work = NOTEBOOK_STACK_DIR / str(os.getpid())
-            services = [
-                image_host_service(ports.image_host),
-                fastapi_service("pt", ports.fastapi_pt, image_host_port=ports.image_host),
-                fastapi_service("onnx", ports.fastapi_onnx, image_host_port=ports.image_host),
-            ]
-            if triton:
-                services.append(triton_service(ports.triton, work_dir=work / "triton"))
-            stack = LocalStack(services, log_dir=work / "logs")
-            print(f"Starting the local serving stack for this notebook ({', '.join(s.name for s in services)})...")
-            stack.start()
+
+            def services(ports: Ports) -> list[ServiceSpec]:
+                return [
+                    image_host_service(ports.image_host),
+                    fastapi_service("pt", ports.fastapi_pt, image_host_port=ports.image_host),
+                    fastapi_service("onnx", ports.fastapi_onnx, image_host_port=ports.image_host),
+                    *([triton_service(ports.triton, work_dir=work / "triton")] if triton else []),
+                ]
+
+            names = "image_host, fastapi_pt, fastapi_onnx" + (", triton" if triton else "")
+            print(f"Starting the local serving stack for this notebook ({names})...")
+            stack, ports = start_on_free_ports(services, work / "logs")
             atexit.register(_stop_and_clean, stack, work)
             repository, stacks = (work / "triton" / "models" if triton else None), [stack]
         with_triton = triton or not stacks
@@ -253,12 +257,14 @@ class Lab(TritonLab):
         env |= settings
         if self.image_host_url:
             env.setdefault("IMAGE_URL_ALLOWED_HOSTS", self.image_host_url.split("://", 1)[1])
-        port = Ports.free().fastapi_pt
         work = NOTEBOOK_STACK_DIR / f"variant-{os.getpid()}"
-        with LocalStack([fastapi_service(flavor, port, env=env)], log_dir=work / "logs") as stack:
+        stack, ports = start_on_free_ports(
+            lambda ports: [fastapi_service(flavor, ports.fastapi_pt, env=env)], work / "logs"
+        )
+        with stack:
             self._stacks.append(stack)  # watched for crashes like the others, while it runs
             try:
-                yield f"http://127.0.0.1:{port}"
+                yield f"http://127.0.0.1:{ports.fastapi_pt}"
             finally:
                 self._stacks.remove(stack)
 
@@ -493,16 +499,17 @@ class Lab(TritonLab):
         """GourmetGram's URL for a backend: started here locally; the `flask` container on Chameleon."""
         if self.on_chameleon:
             return self.gourmetgram_url
-        port = Ports.free().gourmetgram
-        ports = Ports(
+        backends = Ports(
             fastapi_pt=int(self.fastapi_urls["pt"].rsplit(":", 1)[1]),
             fastapi_onnx=int(self.fastapi_urls["onnx"].rsplit(":", 1)[1]),
             triton_http=int(self.triton_http.rsplit(":", 1)[1]) if self.triton_http else Ports().triton_http,
         )
-        stack = LocalStack([gourmetgram_service(port, backend, ports)], log_dir=NOTEBOOK_STACK_DIR / "ui-logs").start()
+        stack, ports = start_on_free_ports(
+            lambda ports: [gourmetgram_service(ports.gourmetgram, backend, backends)], NOTEBOOK_STACK_DIR / "ui-logs"
+        )
         self._stacks.append(stack)
         atexit.register(stack.stop)
-        return f"http://127.0.0.1:{port}"
+        return f"http://127.0.0.1:{ports.gourmetgram}"
 
     @staticmethod
     def upload_to_ui(ui_url: str, image_name: str, image: bytes) -> ui.PageAnswer:

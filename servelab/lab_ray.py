@@ -30,10 +30,7 @@ from typing import Any
 from servelab import ray_local, timeline
 from servelab.cores import available_cores
 from servelab.ray_watch import ServeSample, ServeWatcher
-from servelab.stack import LocalStack, Ports, StackError, answers, ray_serve_service
-
-# What Ray says when its node does not register in time: the one start failure worth a retry.
-RAY_SLOW_START = "timed out during startup"
+from servelab.stack import LocalStack, Ports, answers, ray_serve_service, start_on_free_ports
 
 APPLICATION, DEPLOYMENT = "food11", "Food11"
 
@@ -74,6 +71,17 @@ class RayServe:
                 print(f"Adapted for this machine ({available_cores()} cores, no GPU):")
                 print(ray_local.config_diff(config, served).replace("serve_config.yaml", "edited"))
         started = time.monotonic()
+        self._deploy(served, timeout_s)
+        if not quiet:
+            print(f"Deployed in {time.monotonic() - started:.1f} s: {self.replicas()}")
+
+    def redeploy(self, application: dict[str, Any], timeout_s: float = 240.0) -> None:
+        """Deploy the Food-11 app as Serve once reported it (`deployed_app`), and wait for it."""
+        self._deploy({**self.served(self.shipped_config()), "applications": [application]}, timeout_s)
+
+    def _deploy(self, served: dict[str, Any], timeout_s: float) -> None:
+        """Send `served` (a whole config, as it is to run) to Serve; return once it runs."""
+        started = time.monotonic()
         ray_local.deploy(self.dashboard, served, self.token_file)
         (application,) = [app for app in served["applications"] if app["name"] == APPLICATION]
         while True:
@@ -94,12 +102,14 @@ class RayServe:
                     f"{deployment.get('message', '')}, replicas {states}"
                 )
             time.sleep(0.5)
-        if not quiet:
-            print(f"Deployed in {time.monotonic() - started:.1f} s: {self.replicas()}")
 
     def restore(self) -> None:
         """Back to the config as shipped."""
         self.apply(self.shipped_config(), quiet=True)
+
+    def deployed_app(self) -> dict[str, Any] | None:
+        """The Food-11 app's config as Serve deployed it, by its own account (None: not deployed)."""
+        return ray_local.applications(self.dashboard, self.token_file).get(APPLICATION, {}).get("deployed_app_config")
 
     def replicas(self) -> dict[str, int]:
         """Serve's own count of the deployment's replicas, by state."""
@@ -124,31 +134,22 @@ def local(stacks: list[LocalStack], work: Path) -> RayServe:
     """The Ray Serve of `make up` if it runs, else one started here (added to `stacks`)."""
     default = Ports.from_env()
     if answers(f"http://127.0.0.1:{default.ray_serve}/health") and ray_local.TOKEN_FILE.exists():
-        serve = _on(default, ray_local.TOKEN_FILE)
+        serve = serve_at(default, ray_local.TOKEN_FILE)
         print("Using the Ray Serve already running on this machine (`make up`); its shipped config returns at exit.")
         atexit.register(serve.restore)
         return serve
     token_file = work / "ray_auth_token"
     print("Starting Ray Serve for this notebook (a one-node Ray on 127.0.0.1; about half a minute)...")
-    for attempt in (1, 2):
-        ports = Ports.free()
-        stack = LocalStack([ray_serve_service(ports, token_file=token_file)], log_dir=work / f"ray-logs-{attempt}")
-        try:
-            stack.start()
-            break
-        except StackError as exc:
-            # Ray gives its raylet a fixed 30 s to register (ray/_private/node.py); on a small
-            # machine still busy with the processes before it, that can pass. Its processes
-            # died with the one that started them, so a second start begins clean.
-            if attempt == 2 or RAY_SLOW_START not in str(exc):
-                raise
-            print(f"Ray's node did not come up within Ray's own 30 s ({RAY_SLOW_START!r}); starting it once more.")
+    stack, ports = start_on_free_ports(
+        lambda ports: [ray_serve_service(ports, token_file=token_file)], work / "ray-logs"
+    )
     stacks.append(stack)
     atexit.register(stack.stop)
-    return _on(ports, token_file)
+    return serve_at(ports, token_file)
 
 
-def _on(ports: Ports, token_file: Path) -> RayServe:
+def serve_at(ports: Ports, token_file: Path) -> RayServe:
+    """The lab's client of a Ray Serve running on this machine on `ports`, behind `token_file`'s token."""
     return RayServe(
         url=f"http://127.0.0.1:{ports.ray_serve}",
         dashboard=f"http://127.0.0.1:{ports.ray_dashboard}",

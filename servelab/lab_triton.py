@@ -25,15 +25,15 @@ from pathlib import Path
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from servelab import paths, perf_analyzer, plots, triton_local
+from servelab import paths, perf_analyzer, plots, retries, triton_local
 from servelab.resources import ProcessCpu, ResourceSampler, triton_instance_processes
 from servelab.results import RunResult
 from servelab.service_exits import ServiceExit
-from servelab.stack import LocalStack, Ports, triton_service
+from servelab.stack import LocalStack, Ports, ServiceSpec, start_on_free_ports, triton_service
 from servelab.triton_config import ConfigError, TritonConfig
 
 # Where a notebook's own services keep their staged files and logs while they run.
-NOTEBOOK_STACK_DIR = paths.LAB_DIR / "notebook-stack"
+NOTEBOOK_STACK_DIR = paths.STACK_DIR / "notebook-stack"
 
 
 class ServiceCrashed(RuntimeError):
@@ -149,10 +149,11 @@ class TritonLab:
                 with ResourceSampler(pids=instances.values()) as sampler, ProcessCpu(instances) as per_instance:
                     result = self._perf_analyzer(model, started, **load)
                 break
-            except perf_analyzer.NoStableMeasurement as unstable:
-                print(f"{model} {load}: {unstable.meaning} (attempt {attempt} of {attempts}).")
-            except ServiceCrashed as crashed:
-                print(f"{model} {load}: {crashed} (attempt {attempt} of {attempts}).")
+            except (perf_analyzer.NoStableMeasurement, ServiceCrashed) as failed:
+                why = failed.meaning if isinstance(failed, perf_analyzer.NoStableMeasurement) else str(failed)
+                print(f"{model} {load}: {why} (attempt {attempt} of {attempts}).")
+                if attempt < attempts:
+                    retries.note(f"perf_analyzer against {model} {load}", why)
         else:
             print(f"{model} {load}: perf_analyzer gave up every time, so this run has no result.")
             return None
@@ -318,13 +319,17 @@ class TritonLab:
         only: the Jupyter container on the node has no Triton to start."""
         if self.on_chameleon:
             raise RuntimeError("A private Triton runs on the local target only: the node's Jupyter has no Triton.")
-        ports = Ports.free()
         work = NOTEBOOK_STACK_DIR / f"private-triton-{os.getpid()}"
-        spec = dataclasses.replace(triton_service(ports.triton, work_dir=work, load=[model]), name="private_triton")
-        served = triton_local.served_config(self.models.get(model), config, work / "models" / model)
-        (work / "models" / model / "config.pbtxt").write_text(served.text)
+
+        def services(ports: Ports) -> list[ServiceSpec]:
+            spec = dataclasses.replace(triton_service(ports.triton, work_dir=work, load=[model]), name="private_triton")
+            served = triton_local.served_config(self.models.get(model), config, work / "models" / model)
+            (work / "models" / model / "config.pbtxt").write_text(served.text)
+            return [spec]
+
         print(f"Starting a Triton of this notebook's own, serving {model} alone...")
-        with LocalStack([spec], log_dir=work / "logs") as stack:
+        stack, ports = start_on_free_ports(services, work / "logs")
+        with stack:
             self._stacks.append(stack)  # its crashes are seen like those of the lab's services
             try:
                 yield TritonAddresses(

@@ -11,8 +11,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # under one git-ignored folder, so `rm -rf .lab` is a full reset.
 LAB_DIR = Path(os.environ.get("SERVELAB_DIR", REPO_ROOT / ".lab")).resolve()
 ARTIFACTS_DIR = LAB_DIR / "artifacts"
-LOG_DIR = LAB_DIR / "logs"
-TRITON_DIR = LAB_DIR / "triton"
+# The running lab's own files (logs and restarts, the staged Triton repository, Ray's token):
+# where `make up` keeps them, and where a notebook finds the lab it joins. The tests move them to
+# a scratch folder with SERVELAB_STACK_DIR, so that their stack never touches a running `make up`.
+STACK_DIR = Path(os.environ.get("SERVELAB_STACK_DIR", LAB_DIR)).resolve()
+LOG_DIR = STACK_DIR / "logs"
+TRITON_DIR = STACK_DIR / "triton"
+RAY_DIR = STACK_DIR / "ray"
 
 # What the lab measured, to keep and compare: the benchmark's reports, every notebook's runs.
 RESULTS_DIR = Path(os.environ.get("SERVELAB_RESULTS_DIR", REPO_ROOT / "results")).resolve()

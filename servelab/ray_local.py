@@ -53,7 +53,7 @@ CONFIG_PATH = paths.RAY_SERVE_DIR / "serve_config.yaml"
 # docstring); SERVELAB_LOOPBACK_ONLY=1 makes ray_serve/app.py bind each replica's gRPC server to
 # 127.0.0.1 (Ray binds it to every interface, with no setting).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "SERVELAB_LOOPBACK_ONLY": "1"}
-TOKEN_FILE = paths.LAB_DIR / "ray" / "auth_token"
+TOKEN_FILE = paths.RAY_DIR / "auth_token"
 
 
 class RayConfigError(ValueError):

@@ -25,12 +25,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab import paths, service_exits, triton_local
+from servelab import paths, retries, service_exits, triton_local
 from servelab.models import ModelRepository
 from servelab.triton_local import StagingError
 
@@ -39,6 +39,16 @@ log = logging.getLogger(__name__)
 
 class StackError(RuntimeError):
     """A service could not start; the message says why and where its log is."""
+
+
+class PortClash(StackError):
+    """A service's port was taken, before it started or while it started: another process got
+    there first."""
+
+
+# How servers say their port was taken between the check and their own bind (uvicorn, Flask,
+# Triton's HTTP and gRPC front ends, Ray).
+_BIND_FAILED = ("address already in use", "failed to listen", "failed to bind")
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,9 @@ class ServiceSpec:
     # down while Ray's own processes still run); the group is killed after the grace period anyway.
     stop_leader_first: bool = False
     stop_grace_s: float = 10.0
+    # Words in the start-up failure of a known transient (Ray's node slow to register on a busy
+    # machine): such a start is tried once more, and logged as a retry.
+    retry_start_on: str | None = None
 
 
 def port_is_free(port: int) -> bool:
@@ -129,7 +142,7 @@ class ManagedProcess:
         """Start the service; `after` (a restart: what happened before) keeps the log, adding a line."""
         taken = [port for port in self.spec.ports if not port_is_free(port)]
         if taken:
-            raise StackError(
+            raise PortClash(
                 f"{self.spec.name}: port {', '.join(map(str, taken))} on 127.0.0.1 is already in use. "
                 f"Stop whatever holds it (`ss -ltnp | grep :{taken[0]}` shows it; an earlier `make up` "
                 f"still running?) or move this service with SERVELAB_PORT_<NAME>=<port>."
@@ -163,9 +176,11 @@ class ManagedProcess:
             if cancelled is not None and cancelled.is_set():
                 return
             if self.process.poll() is not None:
-                raise StackError(
+                tail = self.log_tail()
+                failure = PortClash if any(words in tail.lower() for words in _BIND_FAILED) else StackError
+                raise failure(
                     f"{self.spec.name} exited with code {self.process.returncode} before it was ready.\n"
-                    f"Last lines of {self.log_path}:\n{self.log_tail()}"
+                    f"Last lines of {self.log_path}:\n{tail}"
                 )
             if answers(self.spec.ready_url):
                 log.info("%s is ready at %s", self.spec.name, self.spec.ready_url)
@@ -244,7 +259,15 @@ class LocalStack:
             for managed in self.processes:
                 managed.start()
             for managed in self.processes:
-                managed.wait_ready()
+                try:
+                    managed.wait_ready()
+                except StackError as exc:
+                    if not (managed.spec.retry_start_on and managed.spec.retry_start_on in str(exc)):
+                        raise
+                    retries.note(f"starting {managed.spec.name} once more", managed.spec.retry_start_on)
+                    managed.stop()
+                    managed.start(after=f"did not start: {managed.spec.retry_start_on}")
+                    managed.wait_ready()
         except BaseException:
             self.stop()
             raise
@@ -261,7 +284,8 @@ class LocalStack:
             managed.stop()
 
     def __enter__(self) -> LocalStack:
-        return self.start()
+        # A stack already started (by start_on_free_ports) is stopped at the block's end just the same.
+        return self if self._supervisor is not None else self.start()
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
@@ -278,6 +302,21 @@ class LocalStack:
     def given_up(self) -> list[str]:
         """The services the supervisor stopped restarting: they stay down."""
         return [event.service for event in self.exits if event.outcome == service_exits.GIVEN_UP]
+
+
+def start_on_free_ports(services: Callable[[Ports], list[ServiceSpec]], log_dir: Path) -> tuple[LocalStack, Ports]:
+    """Start the services that `services(ports)` describes, on ports the OS says are free now.
+    Nothing reserves them until each server binds its own (Ports.free), so another process can
+    take one first: that clash is tried once more, on new ports (servelab.retries says so).
+    Returns the running stack and its ports."""
+    ports = Ports.free()
+    stack = LocalStack(services(ports), log_dir=log_dir)
+    try:
+        return stack.start(), ports
+    except PortClash as clash:
+        retries.note(f"starting {', '.join(managed.spec.name for managed in stack.processes)} on new ports", clash)
+    ports = Ports.free()
+    return LocalStack(services(ports), log_dir=log_dir / "second-start").start(), ports
 
 
 # At most this many restarts of one service within the window; then it stays down (a crash loop).
@@ -460,6 +499,9 @@ def ray_serve_service(ports: Ports, config: Path | None = None, token_file: Path
         ready_timeout_s=240.0,
         stop_leader_first=True,
         stop_grace_s=45.0,
+        # Ray gives its raylet a fixed 30 s to register (ray/_private/node.py), which a small machine
+        # still busy with the services started before it can miss; a second start begins clean.
+        retry_start_on="timed out during startup",
     )
 
 

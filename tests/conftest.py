@@ -1,23 +1,46 @@
-"""Shared fixtures: real servers started as processes on free 127.0.0.1 ports, torn down after.
+"""Shared fixtures: the lab's real servers, each started once for the whole session, on free
+127.0.0.1 ports, and stopped at its end.
 
-The servers run from the repository's own folders with the artifacts `make artifacts` placed
-there (built here too if missing), and write their logs under pytest's temporary directory,
-so a running `make up` on the default ports is never disturbed.
+The session's stack is the lab as `make up` runs it (image host, both FastAPI services, Triton;
+Ray Serve and GourmetGram when a test first asks for them). Its ports are exported as
+SERVELAB_PORT_* and its files live under SERVELAB_STACK_DIR (a scratch folder the root conftest.py
+sets), so a notebook run by the suite finds it with `Lab.connect()`, as a student's notebook finds
+`make up`, and a running `make up` on the default ports is never disturbed.
+
+A test that changes how a shared server serves (a Triton model's config, Ray Serve's deployment)
+puts it back itself; `unchanged_servers` checks after every test that it did, names the test
+that did not, and restores the server so that the next test starts from the shipped state.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 import logging
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
+import requests
+import tritonclient.http as triton_http
 from PIL import Image
 
-from servelab import artifacts
-from servelab.stack import LocalStack, Ports, fastapi_service, gourmetgram_service, triton_service
+from servelab import artifacts, paths, ray_local, retries
+from servelab.lab_ray import RayServe, serve_at
+from servelab.stack import (
+    LocalStack,
+    Ports,
+    ServiceSpec,
+    fastapi_service,
+    gourmetgram_service,
+    image_host_service,
+    ray_serve_service,
+    start_on_free_ports,
+    triton_service,
+)
 
 # Small enough to test 413 with a modest body, large enough for every real test image.
 TEST_MAX_REQUEST_BYTES = 2_000_000
@@ -51,64 +74,234 @@ def image_b64(test_images) -> str:
     return base64.b64encode(test_images[0]).decode()
 
 
-@pytest.fixture(scope="session")
-def ports() -> Ports:
-    return Ports.free()
+def export_ports(ports: Ports, names: tuple[str, ...]) -> None:
+    """Tell the processes started from now on (notebook kernels) where the session's services are."""
+    for name in names:
+        os.environ[f"SERVELAB_PORT_{name.upper()}"] = str(getattr(ports, name))
+
+
+@dataclass
+class SessionStack:
+    stack: LocalStack
+    ports: Ports
 
 
 @pytest.fixture(scope="session")
-def model_servers(built_artifacts, ports, tmp_path_factory):
-    """Both FastAPI services and Triton, started together once for the whole session."""
+def session_stack(built_artifacts) -> Iterator[SessionStack]:
+    """The image host, both FastAPI services and Triton, started together once for the session."""
     logging.getLogger("servelab").setLevel(logging.INFO)
-    work = tmp_path_factory.mktemp("stack")
     limit = {"MAX_REQUEST_BYTES": str(TEST_MAX_REQUEST_BYTES)}
-    stack = LocalStack(
-        [
-            fastapi_service("pt", ports.fastapi_pt, env=limit),
-            fastapi_service("onnx", ports.fastapi_onnx, env=limit),
-            triton_service(ports.triton, work_dir=work / "triton"),
-        ],
-        log_dir=work / "logs",
-    )
-    with stack:
-        yield stack
+
+    def services(ports: Ports) -> list[ServiceSpec]:
+        return [
+            image_host_service(ports.image_host),
+            fastapi_service("pt", ports.fastapi_pt, env=limit, image_host_port=ports.image_host),
+            fastapi_service("onnx", ports.fastapi_onnx, env=limit, image_host_port=ports.image_host),
+            triton_service(ports.triton),
+        ]
+
+    stack, ports = start_on_free_ports(services, paths.LOG_DIR)
+    SHARED.triton = f"127.0.0.1:{ports.triton_http}"
+    SHARED.shipped.update(SHARED.state())
+    export_ports(ports, ("image_host", "fastapi_pt", "fastapi_onnx", "triton_http", "triton_grpc", "triton_metrics"))
+    try:
+        yield SessionStack(stack, ports)
+    finally:
+        SHARED.triton = None
+        stack.stop()
 
 
 @pytest.fixture(scope="session")
-def fastapi_urls(model_servers, ports) -> dict[str, str]:
+def model_servers(session_stack) -> LocalStack:
+    return session_stack.stack
+
+
+@pytest.fixture(scope="session")
+def ports(session_stack) -> Ports:
+    return session_stack.ports
+
+
+@pytest.fixture(scope="session")
+def fastapi_urls(ports) -> dict[str, str]:
     return {"pt": f"http://127.0.0.1:{ports.fastapi_pt}", "onnx": f"http://127.0.0.1:{ports.fastapi_onnx}"}
 
 
 @pytest.fixture(scope="session")
-def triton_http_url(model_servers, ports) -> str:
+def triton_http_url(ports) -> str:
     return f"127.0.0.1:{ports.triton_http}"
 
 
 @pytest.fixture(scope="session")
-def triton_grpc_url(model_servers, ports) -> str:
+def triton_grpc_url(ports) -> str:
     return f"127.0.0.1:{ports.triton_grpc}"
 
 
-@pytest.fixture
-def start_gourmetgram(model_servers, ports, tmp_path):
-    """Start GourmetGram against one backend; stopped when the test ends."""
-    stacks = []
+@dataclass
+class SessionRay:
+    """The session's Ray Serve: its stack (for its processes) and the lab's client of it."""
 
-    def start(backend: str, backend_ports: Ports = ports) -> str:
-        port = Ports.free().gourmetgram
-        stack = LocalStack([gourmetgram_service(port, backend, backend_ports)], log_dir=tmp_path / "logs").start()
-        stacks.append(stack)
-        return f"http://127.0.0.1:{port}"
+    stack: LocalStack
+    serve: RayServe
 
-    yield start
-    for stack in stacks:
+
+@pytest.fixture(scope="session")
+def ray_serve(built_artifacts) -> Iterator[SessionRay]:
+    """Ray Serve as `make up` runs it (the shipped config, adapted to this machine), started the
+    first time a test or a notebook needs it, then shared by all of them."""
+    stack, ports = start_on_free_ports(
+        lambda ports: [ray_serve_service(ports, token_file=ray_local.TOKEN_FILE)], paths.LOG_DIR
+    )
+    export_ports(ports, ("ray_serve", "ray_dashboard", "ray_metrics"))
+    SHARED.serve = serve_at(ports, ray_local.TOKEN_FILE)
+    SHARED.shipped["ray"] = SHARED.serve.deployed_app()
+    try:
+        yield SessionRay(stack, SHARED.serve)
+    finally:
+        SHARED.serve = None
         stack.stop()
 
 
-def pytest_collection_modifyitems(items):
+class GourmetGrams:
+    """GourmetGram in front of each backend asked for, one process per backend for the session."""
+
+    def __init__(self, backends: Ports) -> None:
+        self.backends = backends
+        self.urls: dict[tuple[str, Ports], str] = {}
+        self.first_health: dict[str, dict] = {}  # url -> its /healthz before any request
+        self.stacks: list[LocalStack] = []
+
+    def __call__(self, backend: str, backend_ports: Ports | None = None) -> str:
+        key = (backend, backend_ports or self.backends)
+        if key not in self.urls:
+            stack, own = start_on_free_ports(
+                lambda own: [gourmetgram_service(own.gourmetgram, backend, key[1])],
+                paths.LOG_DIR / f"gourmetgram-{len(self.stacks)}",
+            )
+            self.stacks.append(stack)
+            url = self.urls[key] = f"http://127.0.0.1:{own.gourmetgram}"
+            self.first_health[url] = requests.get(f"{url}/healthz", timeout=10).json()
+        return self.urls[key]
+
+
+@pytest.fixture(scope="session")
+def gourmetgram(model_servers, ports) -> Iterator[GourmetGrams]:
+    started = GourmetGrams(ports)
+    try:
+        yield started
+    finally:
+        for stack in started.stacks:
+            stack.stop()
+
+
+# ---- the shared servers are left as the test found them --------------------------------------
+
+
+class SharedServers:
+    """What the session's shared servers serve: Triton's ready models (each one's config as served
+    and its file in the repository) and Ray Serve's deployed app, once each has started. A test
+    or a module that changes them puts them back; `put_back` finds what it did not, and undoes it."""
+
+    def __init__(self) -> None:
+        self.triton: str | None = None  # host:port, once the session's Triton runs
+        self.serve: RayServe | None = None
+        self.shipped: dict = {}  # the state as each server started
+
+    def state(self) -> dict:
+        found = {}
+        if self.triton:
+            client = triton_http.InferenceServerClient(self.triton)
+            index = client.get_model_repository_index()
+            found["triton"] = {
+                entry["name"]: (
+                    json.dumps(client.get_model_config(entry["name"]), sort_keys=True),
+                    (paths.TRITON_DIR / "models" / entry["name"] / "config.pbtxt").read_text(),
+                )
+                for entry in index
+                if entry.get("state") == "READY"
+            }
+        if self.serve:
+            found["ray"] = self.serve.deployed_app()
+        return found
+
+    def put_back(self, expected: dict, who: str) -> list[str]:
+        """Serve as in `expected` again; returns what had changed."""
+        now, changed = self.state(), []
+        for name, (config, file) in expected.get("triton", {}).items():
+            if now.get("triton", {}).get(name) != (config, file):
+                changed.append(f"Triton's {name}")
+                retries.note(f"loading {name} as it was served before {who}", "its config had changed")
+                (paths.TRITON_DIR / "models" / name / "config.pbtxt").write_text(file)
+                triton_http.InferenceServerClient(self.triton).load_model(name, config=config)
+        if "ray" in expected and now.get("ray") != expected["ray"]:
+            changed.append("Ray Serve's deployment")
+            retries.note(f"deploying Ray Serve's config as it was before {who}", "it had changed")
+            self.serve.redeploy(expected["ray"])
+        return changed
+
+
+SHARED = SharedServers()
+
+
+@pytest.fixture(autouse=True)
+def unchanged_servers(request) -> Iterator[None]:
+    """A test that uses a shared server leaves it serving as it found it."""
+    if not {"model_servers", "ray_serve"} & set(request.fixturenames):
+        yield
+        return
+    before = SHARED.state()
+    yield
+    left = SHARED.put_back(before, request.node.nodeid)
+    assert not left, f"the test left {', '.join(left)} changed: a test puts back what it changes"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def unchanged_servers_after_each_module(request) -> Iterator[None]:
+    """The same for a module's own fixtures (a config for all its tests): as shipped once it ends."""
+    yield
+    left = SHARED.put_back(SHARED.shipped, request.node.nodeid)
+    assert not left, f"{request.node.nodeid} left {', '.join(left)} changed after its last test"
+
+
+# ---- every retry is listed at the end ------------------------------------------------------------
+
+
+class RetryLog(logging.Handler):
+    """The retries made in this process (servelab.retries), each with the test it happened in."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+        self.test = "(no test)"
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{self.test}: {record.getMessage()}")
+
+
+RETRIES = RetryLog()
+logging.getLogger(retries.log.name).addHandler(RETRIES)
+
+
+def pytest_runtest_logstart(nodeid: str) -> None:
+    RETRIES.test = nodeid
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    terminalreporter.section(f"retries: {len(RETRIES.lines)}")
+    for line in RETRIES.lines:
+        terminalreporter.write_line(line)
+
+
+# ---- lanes and order ---------------------------------------------------------------------------
+
+SHARED_SERVER_FIXTURES = {"session_stack", "ray_serve", "gourmetgram"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark what uses real servers (`make test-fast` leaves it out), and run the notebooks last:
+    they take longest, and a broken unit is better found first."""
     for item in items:
-        if {"model_servers", "start_gourmetgram"} & set(getattr(item, "fixturenames", ())):
+        if SHARED_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-
-
-os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+        if item.get_closest_marker("notebook"):
+            item.add_marker(pytest.mark.integration)
+    items.sort(key=lambda item: item.get_closest_marker("notebook") is not None)

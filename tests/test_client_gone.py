@@ -21,20 +21,23 @@ import requests
 
 from servelab import paths, service_stats
 from servelab.client_gone import ClientGone, DisconnectWatch
-from servelab.stack import LocalStack, Ports, fastapi_service, image_host_service
+from servelab.stack import LocalStack, fastapi_service, image_host_service, start_on_free_ports
+from tests.helpers import until
 
 HOLD_MS = 1500  # how long the image host takes: the slot is held that long
 
 
 @pytest.fixture(scope="module")
 def slow_image_host(built_artifacts, tmp_path_factory):
-    port = Ports.free().image_host
-    with LocalStack([image_host_service(port, latency_ms=HOLD_MS)], log_dir=tmp_path_factory.mktemp("host-logs")):
-        yield f"http://127.0.0.1:{port}"
+    log_dir = tmp_path_factory.mktemp("host-logs")
+    stack, ports = start_on_free_ports(
+        lambda ports: [image_host_service(ports.image_host, latency_ms=HOLD_MS)], log_dir
+    )
+    with stack:
+        yield f"http://127.0.0.1:{ports.image_host}"
 
 
 def start_one_slot_service(image_host: str, log_dir, abandon: str, **settings: str) -> tuple[LocalStack, str]:
-    port = Ports.free().fastapi_onnx
     env = {
         "PREDICT_CONCURRENCY": "1",
         "INFERENCE_THREADS": "1",
@@ -43,26 +46,43 @@ def start_one_slot_service(image_host: str, log_dir, abandon: str, **settings: s
         "ABANDON_ON_DISCONNECT": abandon,
         **settings,
     }
-    return LocalStack([fastapi_service("onnx", port, env=env)], log_dir=log_dir).start(), f"http://127.0.0.1:{port}"
+    stack, ports = start_on_free_ports(lambda ports: [fastapi_service("onnx", ports.fastapi_onnx, env=env)], log_dir)
+    return stack, f"http://127.0.0.1:{ports.fastapi_onnx}"
 
 
 def hold_the_slot(url: str, image_host: str) -> tuple[threading.Thread, list[requests.Response]]:
-    """A request whose image is downloaded inside the slot: the slot is busy for HOLD_MS."""
+    """A request whose image is downloaded inside the slot: the slot is busy for HOLD_MS from the
+    moment the image host sees the download begin."""
     answers: list[requests.Response] = []
     photo = f"{image_host}/images/{paths.SAMPLE_IMAGE.name}"
     holding = threading.Thread(target=lambda: answers.append(requests.post(f"{url}/predict", json={"url": photo})))
     holding.start()
-    time.sleep(0.3)  # the holder has the slot, downloading
+    until(lambda: downloads_under_way(image_host) == 1, 30, "the holder downloading its image inside the slot")
     return holding, answers
 
 
-def send_and_leave(url: str, body: bytes, stay_s: float) -> None:
-    """POST `body` to /predict over a raw socket, stay `stay_s`, and close without reading."""
+def downloads_under_way(image_host: str) -> int:
+    return requests.get(f"{image_host}/health", timeout=5).json()["downloads_under_way"]
+
+
+def in_flight(url: str) -> int:
+    """The /predict requests the service is serving now (its own gauge)."""
+    return round(service_stats.scrape(url)[("predict_in_flight", ())])
+
+
+def answered(url: str, before: service_stats.Scrape) -> int:
+    """The /predict requests the service has answered (any status) since `before`."""
+    return service_stats.diff(url, before, service_stats.scrape(url)).requests
+
+
+def send_and_leave(url: str, body: bytes, arrived: int) -> None:
+    """POST `body` to /predict over a raw socket, wait until the service serves `arrived`
+    requests (this one among them), and close without reading."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as connection:
         head = f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
         connection.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        time.sleep(stay_s)
+        until(lambda: in_flight(url) >= arrived, 30, f"{arrived} requests in flight")
 
 
 @pytest.mark.parametrize("abandon", ["on", "off"])
@@ -75,9 +95,10 @@ def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unle
         image = base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()
         with service_stats.measure(url) as stats:
             holding, holder = hold_the_slot(url, slow_image_host)
-            send_and_leave(url, json.dumps({"image": image}).encode(), stay_s=0.3)
+            send_and_leave(url, json.dumps({"image": image}).encode(), arrived=2)
+            assert downloads_under_way(slow_image_host) == 1, "the slot was free before the client left"
             holding.join(timeout=30)
-            time.sleep(0.5)  # the second request gets the slot now, unless it was abandoned
+            until(lambda: answered(url, stats.before) == 2, 30, "both requests answered (or abandoned)")
         assert holder and holder[0].status_code == 200, holder
         assert requests.post(f"{url}/predict", json={"image": image}, timeout=30).status_code == 200
     finally:
@@ -104,8 +125,12 @@ def test_decoding_runs_at_most_decode_ahead_requests_ahead_of_a_busy_slot(slow_i
         holding, holder = hold_the_slot(url, slow_image_host)
         with ThreadPoolExecutor(6) as senders:
             answers = [senders.submit(requests.post, f"{url}/predict", json=body, timeout=30) for _ in range(6)]
-            time.sleep(0.6)  # every sender has been waiting a while; the slot is still held
+            until(lambda: in_flight(url) == 7, 30, "the six senders and the holder in flight")
+            decoded = lambda: service_stats.diff(url, before, service_stats.scrape(url)).stage_counts["preprocess"]  # noqa: E731
+            until(lambda: decoded() >= 2, 30, "two requests decoded ahead")
+            time.sleep(0.3)  # time enough to decode more, were decoding not held back
             while_held = service_stats.diff(url, before, service_stats.scrape(url))
+            assert downloads_under_way(slow_image_host) == 1, "the slot was free before the decoding was read"
             statuses = [answer.result().status_code for answer in answers]
         holding.join(timeout=30)
         after = service_stats.diff(url, before, service_stats.scrape(url))
@@ -124,7 +149,8 @@ def test_requests_abandoned_while_waiting_give_their_room_to_decode_back(slow_im
         with service_stats.measure(url) as stats:
             holding, holder = hold_the_slot(url, slow_image_host)
             with ThreadPoolExecutor(3) as leavers:  # one decoded and queued, two waiting for room
-                list(leavers.map(lambda _: send_and_leave(url, json.dumps(body).encode(), stay_s=0.4), range(3)))
+                list(leavers.map(lambda _: send_and_leave(url, json.dumps(body).encode(), arrived=4), range(3)))
+            assert downloads_under_way(slow_image_host) == 1, "the slot was free before the clients left"
             holding.join(timeout=30)
             answer = requests.post(f"{url}/predict", json=body, timeout=10)
     finally:

@@ -102,8 +102,8 @@ def test_a_lab_run_that_spans_a_crash_is_marked_and_saved_as_such(model_servers,
     ]
 
 
-def test_gourmetgram_says_its_backend_is_down_and_classifies_again_once_it_is_back(model_servers, start_gourmetgram):
-    ui_url = start_gourmetgram("fastapi_pt")
+def test_gourmetgram_says_its_backend_is_down_and_classifies_again_once_it_is_back(model_servers, gourmetgram):
+    ui_url = gourmetgram("fastapi_pt")
     photo = paths.SAMPLE_IMAGE.read_bytes()
     assert ui.upload(ui_url, "soup.jpg", photo).status == 200
     managed, exits_before = service(model_servers, "fastapi_pt"), len(model_servers.exits)

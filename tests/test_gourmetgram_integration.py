@@ -1,4 +1,8 @@
-"""GourmetGram as a real process, against each real backend, through real HTTP (form upload included)."""
+"""GourmetGram as a real process, against each real backend, through real HTTP (form upload included).
+
+One GourmetGram per backend serves every test here (tests/conftest.py); each test's checks hold
+whatever the tests before it asked.
+"""
 
 import dataclasses
 import html
@@ -8,7 +12,7 @@ import pytest
 import requests
 
 from servelab.food11 import LABELS
-from servelab.stack import LocalStack, Ports, gourmetgram_service
+from servelab.stack import Ports, gourmetgram_service, start_on_free_ports
 from tests.conftest import make_image_bytes
 
 BACKENDS = ["fastapi_pt", "fastapi_onnx", "food_classifier", "food_classifier_onnx"]
@@ -29,12 +33,12 @@ def _predicted_label(page: str) -> str:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_upload_form_classifies_an_image_through_each_backend(start_gourmetgram, backend, built_artifacts):
-    url = start_gourmetgram(backend)
+def test_upload_form_classifies_an_image_through_each_backend(gourmetgram, backend, built_artifacts):
+    url = gourmetgram(backend)
     form = requests.get(f"{url}/", timeout=10)
     assert form.status_code == 200 and 'type="file"' in form.text and 'name="file"' in form.text
     kind, model_input = EXPECTED_HEALTH[backend]
-    before = requests.get(f"{url}/healthz", timeout=10).json()
+    before = gourmetgram.first_health[url]  # as it answered at start, before any request
     assert before["backend"] == kind
     assert before["model_input"] == (model_input if kind == "fastapi" else None)  # Triton: not asked yet
 
@@ -55,25 +59,25 @@ def test_upload_form_classifies_an_image_through_each_backend(start_gourmetgram,
 
 
 @pytest.mark.parametrize("backend", ["fastapi_pt", "food_classifier_onnx"])
-def test_bundled_sample_route_classifies_a_sample(start_gourmetgram, backend):
-    url = start_gourmetgram(backend)
+def test_bundled_sample_route_classifies_a_sample(gourmetgram, backend):
+    url = gourmetgram(backend)
     response = requests.get(f"{url}/test", timeout=60)
     assert response.status_code == 200
     assert _predicted_label(response.text) in LABELS
 
 
-def test_all_backends_give_the_same_answer_for_the_same_upload(start_gourmetgram):
+def test_all_backends_give_the_same_answer_for_the_same_upload(gourmetgram):
     upload = make_image_bytes(4)
     labels = set()
     for backend in BACKENDS:
-        url = start_gourmetgram(backend)
+        url = gourmetgram(backend)
         page = requests.post(f"{url}/predict", files={"file": ("dish.jpg", upload, "image/jpeg")}, timeout=60).text
         labels.add(_predicted_label(page))
     assert len(labels) == 1, f"backends disagree: {labels}"
 
 
-def test_non_image_upload_is_refused_and_the_app_keeps_serving(start_gourmetgram):
-    url = start_gourmetgram("fastapi_onnx")
+def test_non_image_upload_is_refused_and_the_app_keeps_serving(gourmetgram):
+    url = gourmetgram("fastapi_onnx")
     bad = requests.post(
         f"{url}/predict", files={"file": ("fake.jpg", b"%PDF-1.4 not an image", "image/jpeg")}, timeout=30
     )
@@ -84,8 +88,8 @@ def test_non_image_upload_is_refused_and_the_app_keeps_serving(start_gourmetgram
     assert good.status_code == 200
 
 
-def test_metrics_count_pages_and_time_the_backend(start_gourmetgram):
-    url = start_gourmetgram("fastapi_onnx")
+def test_metrics_count_pages_and_time_the_backend(gourmetgram):
+    url = gourmetgram("fastapi_onnx")
 
     def sample(text: str, name: str) -> float:
         match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
@@ -107,9 +111,9 @@ def test_metrics_count_pages_and_time_the_backend(start_gourmetgram):
 
 
 @pytest.mark.parametrize("backend", ["fastapi_pt", "food_classifier"])
-def test_backend_down_shows_a_clear_message_and_the_app_keeps_running(start_gourmetgram, backend):
+def test_backend_down_shows_a_clear_message_and_the_app_keeps_running(gourmetgram, backend):
     nobody_listens = Ports.free()
-    url = start_gourmetgram(backend, backend_ports=nobody_listens)
+    url = gourmetgram(backend, backend_ports=nobody_listens)
     for _ in range(2):
         response = requests.post(
             f"{url}/predict", files={"file": ("a.jpg", make_image_bytes(6), "image/jpeg")}, timeout=60
@@ -120,11 +124,13 @@ def test_backend_down_shows_a_clear_message_and_the_app_keeps_running(start_gour
 
 
 def test_unknown_triton_model_gets_a_clear_error_and_the_app_keeps_serving(model_servers, ports, tmp_path):
-    port = Ports.free().gourmetgram
-    spec = gourmetgram_service(port, "food_classifier", ports)
-    spec = dataclasses.replace(spec, env={**spec.env, "FOOD11_MODEL_NAME": "no_such_model"})
-    with LocalStack([spec], log_dir=tmp_path / "logs"):
-        url = f"http://127.0.0.1:{port}"
+    def unknown_model(own: Ports) -> list:
+        spec = gourmetgram_service(own.gourmetgram, "food_classifier", ports)
+        return [dataclasses.replace(spec, env={**spec.env, "FOOD11_MODEL_NAME": "no_such_model"})]
+
+    stack, own = start_on_free_ports(unknown_model, tmp_path / "logs")
+    with stack:
+        url = f"http://127.0.0.1:{own.gourmetgram}"
         for _ in range(2):  # the same clear answer each time, not a crash or a stale state
             upload = {"file": ("a.jpg", make_image_bytes(7), "image/jpeg")}
             response = requests.post(f"{url}/predict", files=upload, timeout=60)

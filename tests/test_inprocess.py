@@ -1,10 +1,11 @@
 """The in-process ceiling: the same work as a service, in one process, for each thread plan."""
 
+import psutil
 import pytest
 
 from servelab import paths
-from servelab.cores import thread_plan
-from servelab.inprocess import Point, decoding_threads, measure_point, sweep_points
+from servelab.cores import available_cores, thread_plan
+from servelab.inprocess import Point, decoding_threads, measure_point, sweep, sweep_points
 
 
 def test_the_sweep_tries_every_core_busy_in_one_slot_or_spread_and_threads_for_one_in_flight():
@@ -63,3 +64,19 @@ def test_a_ceiling_asked_for_a_gpu_it_cannot_use_says_it_ran_on_the_cpu(built_ar
     assert "(on cpu (" in result.notes[0] and "INSTEAD OF THE GPU ASKED FOR (cuda)" in result.notes[0]
     asked = "onnxruntime" if runtime == "onnxruntime" else "torch"
     assert result.notes[1].startswith(f"Asked {asked} for the GPU (cuda); it runs on the CPU instead. Its reason: ")
+
+
+def test_the_winning_plan_is_measured_again_in_the_process_that_swept_it_and_the_others_end(built_artifacts):
+    ceiling = sweep("onnxruntime", pipelined=False, duration_s=0.5, warmup_s=0.2)
+    try:
+        assert len(ceiling.points) == len(sweep_points(available_cores(), pipelined=False))
+        assert ceiling.best.throughput_rps == max(point.throughput_rps for point in ceiling.points)
+        kept = psutil.Process(ceiling.process.process.pid)
+        swept = [child for child in psutil.Process().children() if "servelab.inprocess" in " ".join(child.cmdline())]
+        assert swept == [kept], "only the winner's process is left"
+        again = [ceiling.measure_now(0.3, 0.1) for _ in range(2)]
+        assert all(run.requests > 0 and ceiling.plan.name in run.notes[0] for run in again)
+        assert ceiling.points[-2:] == again and kept.is_running()
+    finally:
+        ceiling.close()
+    assert not kept.is_running() or kept.status() == psutil.STATUS_ZOMBIE

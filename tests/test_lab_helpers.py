@@ -157,8 +157,8 @@ def test_perf_analyzer_that_never_settles_raises_the_typed_error(triton_http_url
     assert raised.value.meaning == "the windows never agreed within the stability percentage"
 
 
-def test_a_result_page_is_read_as_a_browser_shows_it(start_gourmetgram):
-    url = start_gourmetgram("fastapi_onnx")
+def test_a_result_page_is_read_as_a_browser_shows_it(gourmetgram):
+    url = gourmetgram("fastapi_onnx")
     answer = ui.upload(url, "lunch.jpg", make_image_bytes(7))
     assert answer.status == 200 and answer.label in LABELS and answer.error is None
     assert re.fullmatch(r"\d+\.\d% probability", answer.probability)
@@ -168,43 +168,3 @@ def test_a_result_page_is_read_as_a_browser_shows_it(start_gourmetgram):
     assert "JPEG or PNG" in refused.error
     with pytest.raises(RuntimeError, match="answered HTTP 400"):
         Lab.upload_to_ui(url, "notes.jpg", b"not an image")
-
-
-@pytest.mark.parametrize(
-    ("failures", "started"),
-    [
-        (["timed out during startup"], 2),
-        (["timed out during startup", "timed out during startup"], None),
-        (["boom"], None),
-    ],
-)
-def test_ray_serve_is_started_once_more_only_when_ray_s_node_was_too_slow_to_register(
-    tmp_path, monkeypatch, failures, started
-):
-    from servelab import lab_ray
-    from servelab.stack import StackError
-
-    attempts = []
-
-    class Stack:
-        def __init__(self, services, log_dir):
-            attempts.append(log_dir)
-
-        def start(self):
-            if len(attempts) <= len(failures):
-                raise StackError(f"ray_serve exited with code 1 before it was ready.\n{failures[len(attempts) - 1]}")
-            return self
-
-        def stop(self):
-            pass
-
-    monkeypatch.setattr(lab_ray, "LocalStack", Stack)
-    monkeypatch.setattr(lab_ray, "answers", lambda url: False)  # no `make up` running
-    stacks = []
-    if started is None:
-        with pytest.raises(StackError):
-            lab_ray.local(stacks, tmp_path)
-        assert len(attempts) == min(len(failures), 2) and not stacks
-    else:
-        lab_ray.local(stacks, tmp_path)
-        assert len(attempts) == started and len(stacks) == 1

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from servelab import food11, loadgen
 from servelab.food11 import LABELS
-from servelab.loadgen import FastAPITarget, TritonHttpTarget, closed_loop, open_loop
+from servelab.loadgen import FastAPITarget, TritonHttpTarget, closed_loop, open_loop, runners
 from servelab.results import RunResult, load_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -135,6 +135,18 @@ def server():
         process.stdout.close()
 
 
+def plain_client_p50_ms(server: SyntheticServer, count: int = 20) -> float:
+    """The median latency of the server as it is configured now, one request at a time, measured
+    by a plain client, not the load generator: the bound its figures are judged against."""
+    latencies = []
+    with requests.Session() as session:
+        for _ in range(count):
+            started = time.perf_counter()
+            session.post(f"{server.url}/predict", json={"image": "x"}, timeout=30).raise_for_status()
+            latencies.append((time.perf_counter() - started) * 1000)
+    return float(np.median(latencies))
+
+
 def closed(server: SyntheticServer, concurrency: int, **kwargs) -> RunResult:
     return closed_loop("fastapi", server.url, concurrency, image_bytes=IMAGE, progress=False, **kwargs)
 
@@ -158,7 +170,8 @@ def test_closed_loop_one_sender_measures_the_server_latency(server):
     assert (result.tool, result.mode, result.concurrency) == ("loadgen", "closed", 1)
     assert result.requests == 50 and len(result.latencies_ms) == 50 and result.errors == {}
     assert len(server.arrivals()) == 50
-    assert 20 <= result.latency.p50_ms <= 35
+    # The server's 20 ms, plus no more than an independent client pays for a round trip here.
+    assert 20 <= result.latency.p50_ms <= plain_client_p50_ms(server) + 10
     # One sender: one request at a time, so throughput is the inverse of latency.
     assert result.throughput_rps == pytest.approx(1000 / result.latency.mean_ms, rel=0.25)
 
@@ -194,7 +207,7 @@ def test_closed_loop_throughput_grows_with_concurrency_when_the_server_serves_in
 def test_percentiles_follow_the_server_latency_distribution(server):
     server.configure(sleep_ms=10, slow_ms=100, slow_every=10)  # 90% at 10 ms, 10% at 100 ms
     result = closed(server, 1, requests=100)
-    assert 10 <= result.latency.p50_ms <= 20
+    assert 10 <= result.latency.p50_ms <= plain_client_p50_ms(server) + 10
     assert result.latency.p95_ms >= 90 and result.latency.max_ms >= 100
     assert sum(latency >= 100 for latency in result.latencies_ms) == 10
     assert result.latency.mean_ms == pytest.approx(0.9 * 10 + 0.1 * 100, abs=8)
@@ -203,8 +216,9 @@ def test_percentiles_follow_the_server_latency_distribution(server):
 def test_duration_bounds_the_run(server):
     server.configure(sleep_ms=20)
     result = closed(server, 2, duration_s=1.0)
-    assert 0.95 <= result.wall_s <= 1.3
-    assert 50 <= result.requests <= 110  # about 2 senders x 1 s / 20 ms
+    # It stops sending at 1 s, and ends once the requests then in flight are answered.
+    assert 0.95 <= result.wall_s <= 1.0 + result.latency.max_ms / 1000 + 0.1
+    assert result.requests == pytest.approx(2 * result.wall_s / (result.latency.mean_ms / 1000), rel=0.2)
     # With both bounds, the first reached ends the run.
     assert closed(server, 2, requests=5, duration_s=30).requests == 5
 
@@ -213,14 +227,14 @@ def test_warmup_requests_are_not_measured(server):
     server.configure(sleep_ms=5, slow_ms=300, slow_first=5)
     result = closed(server, 2, requests=20, warmup_requests=5)
     assert result.requests == 20 and len(server.arrivals()) == 25
-    assert result.latency.max_ms < 150
+    assert result.latency.max_ms < 300  # none of the 300 ms warm-up requests
 
 
 def test_open_loop_warmup_seconds_are_not_measured(server):
     server.configure(sleep_ms=5, slow_ms=300, slow_first=9)  # the 9 arrivals before 0.5 s at 20 req/s
     result = opened(server, 20, requests=10, warmup_s=0.5)
     assert result.requests == 10 and len(server.arrivals()) == 19
-    assert result.latency.max_ms < 150
+    assert result.latency.max_ms < 300  # none of the 300 ms warm-up requests
 
 
 # ---- open loop -----------------------------------------------------------------------------
@@ -233,7 +247,8 @@ def test_open_loop_keeps_a_constant_rate(server):
     assert result.requests == 100 and result.errors == {}
     assert result.throughput_rps == pytest.approx(50, rel=0.1)
     lag = result.schedule_lag
-    assert lag["fell_behind"] is False and lag["mean_ms"] < 3, lag["message"]
+    # Timers wake about a millisecond late, a busy machine runs the generator a few more later.
+    assert lag["fell_behind"] is False and lag["mean_ms"] < 1000 * runners.LAG_LIMIT_S, lag["message"]
     assert "kept to its schedule" in lag["message"]
 
 
@@ -345,8 +360,9 @@ def test_a_sender_backs_off_after_a_refusal_and_only_then(server):
     assert polite.errors == {"http_503": 5} and polite.wall_s >= 4 * 0.2
     assert any("waited 0.2 s" in note for note in polite.notes)
     server.configure(sleep_ms=1)
-    answered = closed(server, 1, requests=5, backoff_s=0.2)
-    assert answered.error_count == 0 and answered.wall_s < 0.2
+    without = closed(server, 1, requests=5)
+    answered = closed(server, 1, requests=5, backoff_s=1.0)
+    assert answered.error_count == 0 and answered.wall_s < without.wall_s + 1.0  # not one wait
     with pytest.raises(ValueError, match="backoff_s"):
         closed(server, 1, requests=1, backoff_s=-1)
 

@@ -99,7 +99,7 @@ def test_impossible_sequence_options_are_refused(monkeypatch, option):
 
 
 def test_closed_loop_run_against_the_local_triton(triton_http_url):
-    run = perf_analyzer.run(
+    run = perf_analyzer.run_stable(
         triton_http_url,
         "food_classifier_onnx",
         concurrency=2,
@@ -124,7 +124,7 @@ def test_closed_loop_run_against_the_local_triton(triton_http_url):
 
 
 def test_batched_requests_over_grpc_count_requests_and_images(triton_grpc_url):
-    (result,) = perf_analyzer.run(
+    (result,) = perf_analyzer.run_stable(
         triton_grpc_url,
         "food_classifier_onnx",
         concurrency=1,
@@ -139,7 +139,7 @@ def test_batched_requests_over_grpc_count_requests_and_images(triton_grpc_url):
 
 
 def test_request_rate_mode_with_poisson_arrivals(triton_http_url):
-    (result,) = perf_analyzer.run(
+    (result,) = perf_analyzer.run_stable(
         triton_http_url,
         "food_classifier_onnx",
         concurrency=None,
@@ -166,7 +166,7 @@ def test_a_model_the_server_does_not_have_is_a_clear_error(triton_http_url):
 def test_sequences_to_the_stateful_model(triton_http_url, tmp_path):
     """perf_analyzer finds the sequence batcher in the model's config and sends sequences of 4 frames."""
     image_input = ModelRepository().get("food_sequence").perf_analyzer_input(paths.SAMPLE_IMAGE.read_bytes(), tmp_path)
-    run = perf_analyzer.run(
+    run = perf_analyzer.run_stable(
         triton_http_url,
         "food_sequence",
         concurrency=2,

@@ -1,18 +1,20 @@
 """The Ray Serve app on a real one-node Ray, on 127.0.0.1: the FastAPI services' contract, the
 concurrency target with its queue and its 503, autoscaling read from Serve's own status, loopback
-only, and nothing of Ray left behind when it stops."""
+only. The session's Ray serves them all (tests/conftest.py).
+
+Tested elsewhere: that stopping the lab leaves no Ray process behind (tests/test_stack.py, the
+`up` test), and a two-node cluster on loopback (notebook 8, whose claim must hold in
+tests/test_notebooks.py)."""
 
 import base64
 import concurrent.futures
 import copy
 import dataclasses
 import ipaddress
-import json
 import math
 import re
-import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,12 +23,13 @@ import pytest
 import requests
 import yaml
 
-from servelab import loadgen, paths, ray_local
+from servelab import loadgen, ray_local
 from servelab.food11 import LABELS
 from servelab.lab_ray import RayServe
 from servelab.ray_watch import ServeSample, ServeWatcher, during, in_replica_mean_ms, serve_metrics
-from servelab.stack import LocalStack, Ports, gourmetgram_service, ray_serve_service
+from servelab.stack import LocalStack
 from tests.conftest import TEST_MAX_REQUEST_BYTES, make_image_bytes
+from tests.helpers import until
 from tests.test_fastapi_services import BAD_REQUESTS, check_bad_request
 
 # Small on purpose: two requests per replica, then a queue of three in front, then 503; a second
@@ -54,21 +57,19 @@ def _test_config(path) -> None:
 
 
 @pytest.fixture(scope="module")
-def ray_service(built_artifacts, tmp_path_factory):
-    """A Ray Serve app started for this module."""
+def ray_service(ray_serve, tmp_path_factory) -> Iterator["RayService"]:
+    """The session's Ray Serve, serving this module's config (through Serve's REST API, as notebook 8
+    edits it) for the module's tests, then the shipped config again."""
     work = tmp_path_factory.mktemp("ray")
     _test_config(work / "serve_config.yaml")
-    ports = Ports.free()
-    stack = LocalStack([ray_serve_service(ports, work / "serve_config.yaml", work / "auth_token")], work)
-    with stack:
+    serve = ray_serve.serve
+    serve.apply(ray_local.read_config(work / "serve_config.yaml"), quiet=True)
+    try:
         yield RayService(
-            f"http://127.0.0.1:{ports.ray_serve}",
-            f"http://127.0.0.1:{ports.ray_dashboard}",
-            f"http://127.0.0.1:{ports.ray_metrics}/metrics",
-            work / "auth_token",
-            stack,
-            work / "serve_config.yaml",
+            serve.url, serve.dashboard, serve.metrics_url, serve.token_file, ray_serve.stack, work / "serve_config.yaml"
         )
+    finally:
+        serve.restore()
 
 
 @dataclass
@@ -87,6 +88,11 @@ class RayService:
 def _replicas(service: RayService) -> dict[str, int]:
     """Serve's own count of the replicas in each state, from its REST API."""
     return ray_local.replicas_by_state(service.dashboard, "food11", "Food11", service.token_file)
+
+
+def _served(service: RayService) -> float:
+    """Requests the replicas have served so far, by Serve's own metrics (reported every second)."""
+    return serve_metrics(requests.get(service.metrics, timeout=10).text, "food11", "Food11").in_replica_count_total
 
 
 def _post(url: str, image_b64: str) -> requests.Response:
@@ -190,31 +196,6 @@ def test_every_ray_process_talks_on_loopback_only(ray_service):
     assert seen > 0 and not elsewhere, elsewhere
 
 
-def test_stopping_the_service_leaves_no_ray_process_behind(built_artifacts, tmp_path):
-    _test_config(tmp_path / "serve_config.yaml")
-    ports = Ports.free()
-    stack = LocalStack([ray_serve_service(ports, tmp_path / "serve_config.yaml", tmp_path / "auth_token")], tmp_path)
-    with stack:
-        processes = _ray_processes(stack)
-        assert len(processes) > 3  # the launcher, GCS, raylet, Serve's controller and proxy, a replica...
-    time.sleep(1)
-    left = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not left, [" ".join(p.cmdline())[:80] for p in left]
-
-
-def test_two_nodes_on_loopback_each_hold_a_replica_and_serve_requests(built_artifacts):
-    """Ray's own two-node test cluster, on this machine: Serve places one replica on each node,
-    and requests through the proxy are served by both."""
-    command = [sys.executable, "-m", "servelab.ray_cluster", "--port", str(Ports.free().ray_serve), "--requests", "24"]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=paths.REPO_ROOT)
-    assert run.returncode == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(report["nodes"]) == 2 and report["node_addresses"] == ["127.0.0.1"]
-    assert report["statuses"] == {"200": 24}
-    assert set(report["requests_by_node"]) == set(report["nodes"])
-    assert [len(replicas) for replicas in report["replicas_by_node"].values()] == [1, 1]
-
-
 def test_serves_rest_api_refuses_a_client_without_the_token(ray_service):
     """Ray's dashboard runs code on request: without this launch's token, nothing."""
     url = f"{ray_service.dashboard}/api/serve/applications/"
@@ -228,11 +209,13 @@ def test_a_replica_that_dies_is_replaced_and_the_run_counts_what_failed(ray_serv
     url = ray_service.url
     replicas = [p for p in _ray_processes(ray_service.stack) if p.name().startswith("ray::ServeReplica")]
     assert replicas, "no replica process found"
+    served_before = _served(ray_service)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         load = pool.submit(
             loadgen.closed_loop, "fastapi", url, image_bytes=test_images[2], concurrency=2, duration_s=12, warmup_s=0
         )
-        time.sleep(3)
+        # In the middle of the load: once Serve's own metrics count requests served under it.
+        until(lambda: _served(ray_service) >= served_before + 4, 30, "requests served under the load")
         replicas[0].kill()
         started = time.monotonic()
         result = load.result(timeout=120)
@@ -297,12 +280,11 @@ def test_an_edited_config_is_deployed_and_awaited_through_serve_s_rest_api(ray_s
     assert deployed["deployments"][0]["max_queued_requests"] == MAX_QUEUED
 
 
-def test_gourmetgram_classifies_an_upload_through_ray_serve_unchanged(ray_service, tmp_path):
+def test_gourmetgram_classifies_an_upload_through_ray_serve_unchanged(ray_service, gourmetgram, ports):
     """The web UI, configured as for a FastAPI service, works against the Ray Serve app as is."""
-    ports = dataclasses.replace(Ports.free(), ray_serve=int(ray_service.url.rsplit(":", 1)[1]))
-    with LocalStack([gourmetgram_service(ports.gourmetgram, "ray_serve", ports)], tmp_path):
-        upload = {"file": ("lunch.jpg", make_image_bytes(4), "image/jpeg")}
-        result = requests.post(f"http://127.0.0.1:{ports.gourmetgram}/predict", files=upload, timeout=60)
+    url = gourmetgram("ray_serve", dataclasses.replace(ports, ray_serve=int(ray_service.url.rsplit(":", 1)[1])))
+    upload = {"file": ("lunch.jpg", make_image_bytes(4), "image/jpeg")}
+    result = requests.post(f"{url}/predict", files=upload, timeout=60)
     assert result.status_code == 200, result.text[-1000:]
     assert re.search(r"<h1>(.*?)</h1>", result.text).group(1) in LABELS
     assert "answered by fastapi in" in result.text

@@ -1,6 +1,7 @@
 """The process supervisor: readiness, port conflicts, failure reports, restarts after a crash and
 full clean-up."""
 
+import dataclasses
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ import pytest
 from servelab import paths, service_exits, stack, triton_local
 from servelab.models import ModelRepository
 from servelab.stack import LocalStack, Ports, ServiceSpec, StackError, answers, port_is_free
+from tests.helpers import until
 
 SERVER_WITH_A_CHILD = textwrap.dedent(
     """
@@ -69,16 +71,6 @@ SERVER_STUCK_ON_RESTART = textwrap.dedent(
     http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()
     """
 )
-
-
-def _until(check, timeout_s: float, what: str):
-    """Poll `check` until it returns something true; fail naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout_s:g} s: {what}")
 
 
 def test_stack_waits_for_readiness_and_stops_the_whole_process_group(tmp_path):
@@ -137,11 +129,11 @@ def test_a_service_killed_while_running_is_restarted_its_log_kept_and_its_exit_r
         first = running.processes[0].process.pid
         first_child = int((tmp_path / "child.pid").read_text())
         os.kill(first, signal.SIGKILL)
-        event = _until(lambda: running.exits and running.exits[0].back_at and running.exits[0], 30, "back up")
+        event = until(lambda: running.exits and running.exits[0].back_at and running.exits[0], 30, "back up")
         assert running.processes[0].process.pid != first and answers(f"http://127.0.0.1:{port}/")
         assert (event.service, event.cause, event.outcome) == ("toy", "was killed by signal 9 (SIGKILL)", "back")
         assert "GET / HTTP/1.1" in event.log_tail, "the exit carries the last lines of the service's log"
-        _until(lambda: not _pid_alive(first_child), 5, "the crashed service's child process cleared")
+        until(lambda: not _pid_alive(first_child), 5, "the crashed service's child process cleared")
         log_text = (tmp_path / "logs" / "toy.log").read_text()
         before, marker, after = log_text.partition("---- servelab: toy restarted after it was killed by signal 9")
         assert marker and "GET / HTTP/1.1" in before and "GET / HTTP/1.1" in after, "both runs' lines, in order"
@@ -155,7 +147,7 @@ def test_a_service_that_keeps_crashing_is_given_up_after_the_restart_limit(tmp_p
     monkeypatch.setattr(stack, "MAX_RESTARTS", 2)
     port = Ports.free().fastapi_pt
     with LocalStack([_spec(tmp_path, port, script=SERVER_THAT_EXITS)], log_dir=tmp_path / "logs") as running:
-        _until(running.given_up, 30, "the supervisor gives up")
+        until(running.given_up, 30, "the supervisor gives up")
         exits = service_exits.read(tmp_path / "logs" / service_exits.EVENTS_FILE)
         assert [item.outcome for item in exits] == ["back", "back", "given up"]
         assert {item.cause for item in exits} == {"exited with code 3"}
@@ -170,7 +162,7 @@ def test_stopping_the_stack_while_a_restart_waits_for_readiness_returns_at_once(
     running = LocalStack([_spec(tmp_path, port, script=SERVER_STUCK_ON_RESTART, timeout=120)], log_dir=tmp_path)
     running.start()
     os.kill(running.processes[0].process.pid, signal.SIGKILL)
-    _until(lambda: running.processes[0].alive() and running.exits, 10, "the restart under way")
+    until(lambda: running.processes[0].alive() and running.exits, 10, "the restart under way")
     restarted = running.processes[0].process.pid
     began = time.monotonic()
     running.stop()
@@ -191,21 +183,21 @@ def test_a_restarted_service_also_stops_when_the_process_that_started_the_stack_
         from tests.test_stack import _spec, _until
         stack = LocalStack([_spec(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
         os.kill(stack.processes[0].process.pid, signal.SIGKILL)
-        _until(lambda: stack.exits and stack.exits[0].back_at, 30, "restarted")
+        until(lambda: stack.exits and stack.exits[0].back_at, 30, "restarted")
         Path({str(tmp_path / "leader.pid")!r}).write_text(str(stack.processes[0].process.pid))
         time.sleep(600)
         """
     )
     parent = subprocess.Popen([sys.executable, "-c", starter], cwd=paths.REPO_ROOT)
     try:
-        leader = int(_until(lambda: (tmp_path / "leader.pid").exists() and (tmp_path / "leader.pid").read_text(), 60,
+        leader = int(until(lambda: (tmp_path / "leader.pid").exists() and (tmp_path / "leader.pid").read_text(), 60,
                             "the restarted service's pid"))  # fmt: skip
         assert _pid_alive(leader)
     finally:
         parent.kill()
         parent.wait()
-    _until(lambda: not _pid_alive(leader), 10, "the restarted service stopped with its starter")
-    _until(lambda: port_is_free(port), 10, "its port free")
+    until(lambda: not _pid_alive(leader), 10, "the restarted service stopped with its starter")
+    until(lambda: port_is_free(port), 10, "its port free")
 
 
 def test_a_taken_port_is_reported_clearly_and_nothing_is_left_running(tmp_path):
@@ -237,12 +229,12 @@ def test_a_service_that_never_becomes_ready_times_out_and_is_stopped(tmp_path):
 
 def test_up_restarts_a_crashed_service_and_stops_everything_on_ctrl_c(tmp_path):
     """`python -m servelab up` as a student runs it: a service killed while the lab runs comes back,
-    and SIGINT must leave no process and no port behind."""
+    and SIGINT must leave no process (Ray's and Triton's included) and no port behind."""
     ports = Ports.free()
     env = {
         **os.environ,
         **{f"SERVELAB_PORT_{name.upper()}": str(getattr(ports, name)) for name in Ports.__dataclass_fields__},
-        "SERVELAB_DIR": str(tmp_path / "lab"),
+        "SERVELAB_STACK_DIR": str(tmp_path / "lab"),
     }
     up = subprocess.Popen([sys.executable, "-m", "servelab", "up"], env=env, stderr=subprocess.PIPE, text=True)
     output = []
@@ -253,14 +245,15 @@ def test_up_restarts_a_crashed_service_and_stops_everything_on_ctrl_c(tmp_path):
                 break
         assert any("The lab is up" in line for line in output), "".join(output[-30:])
         assert any("UNTRAINED" in line or "trained" in line for line in output)
-        image_host = next(
-            child for child in psutil.Process(up.pid).children(recursive=True) if "server.py" in child.cmdline()
-        )
+        started = psutil.Process(up.pid).children(recursive=True)
+        assert any("raylet" in " ".join(child.cmdline()) for child in started), "Ray runs under `up`"
+        image_host = next(child for child in started if "server.py" in child.cmdline())
         image_host.kill()
         events = tmp_path / "lab" / "logs" / service_exits.EVENTS_FILE
-        back = _until(lambda: [item for item in service_exits.read(events) if item.back_at], 60, "image host back")
+        back = until(lambda: [item for item in service_exits.read(events) if item.back_at], 60, "image host back")
         assert (back[0].service, back[0].cause) == ("image_host", "was killed by signal 9 (SIGKILL)")
         assert answers(f"http://127.0.0.1:{ports.image_host}/health")
+        started = psutil.Process(up.pid).children(recursive=True)  # the image host's new process too
         up.send_signal(2)
         _, rest = up.communicate(timeout=60)
     finally:
@@ -269,6 +262,8 @@ def test_up_restarts_a_crashed_service_and_stops_everything_on_ctrl_c(tmp_path):
     assert up.returncode == 0, rest[-2000:]
     for name in Ports.__dataclass_fields__:
         assert port_is_free(getattr(ports, name)), f"{name} port still taken after Ctrl-C"
+    _, alive = psutil.wait_procs(started, timeout=15)  # a killed process is gone once the kernel reaps it
+    assert all(child.status() == psutil.STATUS_ZOMBIE for child in alive), [child.cmdline()[:3] for child in alive]
     assert "stopped triton" in rest and "stopped gourmetgram" in rest and "stopped image_host" in rest
     log = "".join(output) + rest
     assert "image_host was killed by signal 9 (SIGKILL) unexpectedly" in log and "image_host is back" in log
@@ -299,3 +294,61 @@ def test_shipped_configs_target_the_gpu_node():
         assert config.name == model.name and config.max_batch_size == (8 if model.stateful else 16)
         assert all(group.kind == group.KIND_GPU for group in config.instance_group)
     assert ModelRepository().get("food_classifier_onnx").backend == "onnxruntime"
+
+
+@pytest.mark.parametrize(("clashes", "started"), [(0, 1), (1, 2), (2, None)])
+def test_a_port_taken_at_start_up_is_tried_once_more_on_new_ports_and_logged(
+    tmp_path, monkeypatch, caplog, clashes, started
+):
+    attempts: list[Ports] = []
+
+    class Stack:  # the services' start, which finds its port taken `clashes` times
+        def __init__(self, services, log_dir):
+            self.processes = []
+
+        def start(self):
+            if len(attempts) <= clashes:
+                raise stack.PortClash(f"port {attempts[-1].fastapi_pt} on 127.0.0.1 is already in use")
+            return self
+
+    def services(ports: Ports) -> list:
+        attempts.append(ports)
+        return []
+
+    monkeypatch.setattr(stack, "LocalStack", Stack)
+    if started is None:
+        with pytest.raises(stack.PortClash):
+            stack.start_on_free_ports(services, tmp_path)
+        assert len(attempts) == 2
+    else:
+        _, ports = stack.start_on_free_ports(services, tmp_path)
+        assert len(attempts) == started and ports == attempts[-1]
+    assert len({ports.fastapi_pt for ports in attempts}) == len(attempts) or clashes == 0  # new ports each time
+    logged = [record.getMessage() for record in caplog.records if record.name == "servelab.retry"]
+    assert len(logged) == min(clashes, 1) and all("already in use" in line for line in logged), logged
+
+
+def test_a_known_transient_start_failure_is_tried_once_more_and_logged(tmp_path, caplog):
+    """A service whose first start fails with the words its spec names (Ray's node slow to
+    register) is started once more, in the same log; any other failure is reported at once."""
+    port = Ports.free().fastapi_pt
+    flaky = textwrap.dedent(
+        """
+        import http.server, pathlib, sys
+        tried = pathlib.Path(sys.argv[2] + ".tried")
+        if not tried.exists():
+            tried.write_text("once")
+            sys.exit("The current node timed out during startup.")
+        http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()
+        """
+    )
+    spec = dataclasses.replace(_spec(tmp_path, port, script=flaky), retry_start_on="timed out during startup")
+    with LocalStack([spec], log_dir=tmp_path) as started:
+        assert answers(f"http://127.0.0.1:{port}/")
+        log = started.processes[0].log_path.read_text()
+    assert "timed out during startup" in log and "did not start: timed out during startup" in log
+    logged = [record.getMessage() for record in caplog.records if record.name == "servelab.retry"]
+    assert logged == ["RETRY starting toy once more, after: timed out during startup"]
+    (tmp_path / "child.pid.tried").unlink()
+    with pytest.raises(StackError, match="timed out during startup"):
+        LocalStack([dataclasses.replace(spec, retry_start_on="another failure")], log_dir=tmp_path / "again").start()

@@ -1,5 +1,5 @@
 """Cancelled requests against the real local Triton: a gRPC cancel of a request that waits behind
-another is never computed. Triton drops it before the model (a failed request in its statistics)
+others is never computed. Triton drops it before the model (a failed request in its statistics)
 or, once the request is in a batch the model holds, the model sees `is_cancelled()` and answers
 CANCELLED, which it logs. The session's Triton serves `food_classifier` with dynamic batching for
 these tests, then as its file says again.
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import queue
-import time
 
 import numpy as np
 import pytest
@@ -33,6 +32,28 @@ def cancelled_in_log(model_servers) -> int:
 
 
 @pytest.fixture
+def metrics_url(ports) -> str:
+    return f"http://127.0.0.1:{ports.triton_metrics}/metrics"
+
+
+BLOCKERS = 2  # requests of a full batch (16 images) each, ahead of the ones cancelled
+
+
+def busy_with_blockers(grpc, metrics_url: str, image_b64: str, on_answer) -> None:
+    """Two requests of 16 images each, sent together: once Triton's own gauge counts one waiting,
+    the first is in the one instance, running, and the second waits behind it."""
+    for _ in range(BLOCKERS):
+        grpc.async_infer(MODEL, image_inputs(grpcclient, [image_b64] * 16), on_answer)
+    triton_stats.wait_for_pending(metrics_url, MODEL, lambda count: count == BLOCKERS - 1)
+
+
+def wait_until_waiting(metrics_url: str, count: int, answers: queue.Queue) -> None:
+    """Until `count` more requests wait behind the blockers, which are not answered yet."""
+    triton_stats.wait_for_pending(metrics_url, MODEL, lambda waiting: waiting == BLOCKERS - 1 + count)
+    assert answers.empty(), "a blocker was answered before the requests queued: it was too quick"
+
+
+@pytest.fixture
 def batched_model(triton_http_url):
     """`food_classifier` with one instance and dynamic batching, for the length of a test."""
     client = httpclient.InferenceServerClient(triton_http_url)
@@ -46,7 +67,7 @@ def batched_model(triton_http_url):
 
 
 def test_a_grpc_cancel_of_a_waiting_request_means_it_is_never_computed(
-    batched_model, model_servers, triton_http_url, triton_grpc_url, image_b64
+    batched_model, model_servers, metrics_url, triton_http_url, triton_grpc_url, image_b64
 ):
     grpc = grpcclient.InferenceServerClient(triton_grpc_url)
     before = cancelled_in_log(model_servers)
@@ -56,25 +77,24 @@ def test_a_grpc_cancel_of_a_waiting_request_means_it_is_never_computed(
         def on_answer(result, error) -> None:
             answers.put((result, error))
 
-        # 16 images keep the one instance busy while the next requests wait in the queue.
-        grpc.async_infer(MODEL, image_inputs(grpcclient, [image_b64] * 16), on_answer)
-        time.sleep(0.05)
+        # Full batches keep the one instance busy while the next requests wait in the queue.
+        busy_with_blockers(grpc, metrics_url, image_b64, on_answer)
         contexts = [grpc.async_infer(MODEL, image_inputs(grpcclient, [image_b64]), on_answer) for _ in range(3)]
-        time.sleep(0.05)
+        wait_until_waiting(metrics_url, 3, answers)
         for context in contexts:
             context.cancel()
-        outcomes = [answers.get(timeout=30) for _ in range(4)]
+        outcomes = [answers.get(timeout=60) for _ in range(BLOCKERS + 3)]
     cancelled = [error for result, error in outcomes if result is None]
     assert len(cancelled) == 3 and all(error.status() == "StatusCode.CANCELLED" for error in cancelled), outcomes
     # None of the three was computed: Triton dropped it (a failure in its statistics), or the
     # model answered it CANCELLED (Triton's statistics count that as a success; the log says).
     assert stats.delta.fail_count + cancelled_in_log(model_servers) - before == 3
-    assert stats.delta.execution_count <= 2  # the blocker's batch, and at most one batch for the three
+    assert stats.delta.execution_count <= BLOCKERS + 1  # the blockers' batches, and at most one for the three
     assert grpc.is_model_ready(MODEL)
 
 
 def test_the_verbose_log_names_the_step_at_which_each_cancellation_was_handled(
-    batched_model, model_servers, triton_grpc_url, image_b64
+    batched_model, model_servers, metrics_url, triton_grpc_url, image_b64
 ):
     """What notebook 9's probe of Triton 2.51's cancellation race reads: the real server's verbose
     log, turned on and off through its logging API, says where each cancelled request was."""
@@ -88,13 +108,12 @@ def test_the_verbose_log_names_the_step_at_which_each_cancellation_was_handled(
         def on_answer(result, error):
             answers.put((result, error))
 
-        grpc.async_infer(MODEL, image_inputs(grpcclient, [image_b64] * 16), on_answer)
-        time.sleep(0.05)
+        busy_with_blockers(grpc, metrics_url, image_b64, on_answer)
         waiting = grpc.async_infer(MODEL, image_inputs(grpcclient, [image_b64]), on_answer)
-        time.sleep(0.05)
+        wait_until_waiting(metrics_url, 1, answers)
         waiting.cancel()
-        for _ in range(2):
-            answers.get(timeout=30)
+        for _ in range(BLOCKERS + 1):
+            answers.get(timeout=60)
         steps = triton_stats.settled(
             lambda: triton_stats.cancellation_steps(triton_stats.log_since(triton.log_path, start))
         )
