@@ -4,13 +4,20 @@ PY := .venv/bin/python
 # Passed through to `servelab artifacts` to serve a trained checkpoint instead of untrained weights.
 export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256
 
-.PHONY: up test bench bench-quick notebooks format setup artifacts clean
+.PHONY: up test test-fast test-notebook bench bench-quick notebooks format setup artifacts clean
 
 up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve and GourmetGram on 127.0.0.1; Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
 
 test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: artifacts  ## the day-to-day lane: unit tests and lint, no server started (under 2 minutes)
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+test-notebook: artifacts  ## one notebook against the lab, as `make test` runs it: make test-notebook NOTEBOOK=8_concurrency_target
+	@test -f "notebooks/$(NOTEBOOK).py" || { echo "NOTEBOOK=$(NOTEBOOK) is not one of: $(basename $(notdir $(wildcard notebooks/[0-9]*.py)))" >&2; exit 2; }
+	$(PY) -m pytest "tests/test_notebooks.py::test_notebook_runs_against_the_lab_and_its_verdicts_use_its_own_numbers[$(NOTEBOOK)]" $(PYTEST_ARGS)
 
 bench: artifacts  ## the headline benchmark (about 30 minutes); report in results/bench-<time>-full/
 	$(PY) -m servelab bench --profile full

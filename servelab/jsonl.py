@@ -2,8 +2,10 @@
 
 Each record is written with a single `write` on a file opened for appending, then flushed to disk,
 so a process killed at any moment leaves every earlier record whole, and two processes appending
-to one file never interleave their lines. A reader skips a last line cut short (a machine that
-lost power mid-write) and says so, instead of losing the whole file.
+to one file never interleave their lines. A write can still be cut short: a large record, when the
+writer is killed in the middle (Linux stops a write to a file between pages on SIGKILL), or when
+the machine loses power. The next record then starts on a line of its own, and a reader skips the
+line cut short and says so, instead of losing the whole file or the record after it.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ def append(path: Path, record: dict[str, Any], default: Callable[[Any], Any] | N
     """Add `record` as one line at the end of `path` (created with its folders if missing)."""
     line = (json.dumps(record, default=default, separators=(",", ":")) + "\n").encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    descriptor = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        size = os.fstat(descriptor).st_size
+        if size and os.pread(descriptor, 1, size - 1) != b"\n":  # the last write was cut short
+            line = b"\n" + line
         os.write(descriptor, line)
         os.fsync(descriptor)
     finally:

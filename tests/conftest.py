@@ -293,15 +293,17 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 # ---- lanes and order ---------------------------------------------------------------------------
 
-SHARED_SERVER_FIXTURES = {"session_stack", "ray_serve", "gourmetgram"}
+# Fixtures that start real server processes: the session's, and those of single modules (the load
+# generator's synthetic server, the image host and services of tests/test_image_url.py...).
+SERVER_FIXTURES = {
+    "session_stack", "ray_serve", "gourmetgram", "server", "image_host", "service", "redirector", "slow_image_host",
+}  # fmt: skip
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark what uses real servers (`make test-fast` leaves it out), and run the notebooks last:
-    they take longest, and a broken unit is better found first."""
+    """Mark what runs real servers or runtimes (`make test-fast` leaves it out), and run the
+    notebooks last: they take longest, and a broken unit is better found first."""
     for item in items:
-        if SHARED_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.integration)
-        if item.get_closest_marker("notebook"):
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("notebook"):
             item.add_marker(pytest.mark.integration)
     items.sort(key=lambda item: item.get_closest_marker("notebook") is not None)

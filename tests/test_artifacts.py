@@ -71,6 +71,7 @@ def test_untrained_weights_are_declared_as_such(built_artifacts):
     assert "not meaningful" in built_artifacts.weights_info["note"]
 
 
+@pytest.mark.integration
 def test_a_second_build_with_the_same_inputs_does_nothing(tmp_path):
     source = artifacts.WeightsSource()
     first = artifacts.build_artifacts(tmp_path, source)
@@ -87,6 +88,7 @@ def _checkpoint(tmp_path, whole_module: bool):
     return model, path, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("whole_module", [False, True], ids=["state_dict", "pickled_module"])
 def test_a_supplied_checkpoint_with_the_right_checksum_is_used_and_marked_trained(tmp_path, whole_module):
     model, path, sha = _checkpoint(tmp_path, whole_module)

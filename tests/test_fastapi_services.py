@@ -64,6 +64,7 @@ def test_health_states_the_thread_plan_and_the_default_never_crowds_the_cores(se
         assert plan.slots == cores and plan.threads == cores and "elastic" in body["threads"]
 
 
+@pytest.mark.integration
 def test_thread_settings_come_from_the_environment_and_a_crowded_plan_is_reported(tmp_path, test_images):
     port = Ports.free().fastapi_pt
     settings = {"PREDICT_CONCURRENCY": "3", "INFERENCE_THREADS": "2"}
@@ -80,6 +81,7 @@ def test_thread_settings_come_from_the_environment_and_a_crowded_plan_is_reporte
     assert answer.status_code == 200
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_a_gpu_the_runtime_cannot_use_is_reported_as_the_cpu_with_its_reason(tmp_path, flavor, image_b64):
     """Asked for the GPU where none can be used (none is visible, even on a GPU machine), the
@@ -106,12 +108,14 @@ def test_a_gpu_the_runtime_cannot_use_is_reported_as_the_cpu_with_its_reason(tmp
     assert answer.status_code == 200
 
 
+@pytest.mark.integration
 def test_a_bad_device_setting_stops_the_service_with_what_to_do(tmp_path):
     port = Ports.free().fastapi_pt
     with pytest.raises(StackError, match="INFERENCE_DEVICE='gpu': use auto, cuda, cpu"):
         LocalStack([fastapi_service("pt", port, env={"INFERENCE_DEVICE": "gpu"})], log_dir=tmp_path).start()
 
 
+@pytest.mark.integration
 def test_a_bad_thread_setting_stops_the_service_with_what_to_do(tmp_path):
     port = Ports.free().fastapi_pt
     with pytest.raises(StackError, match="INFERENCE_THREADS='many' is not a whole number"):

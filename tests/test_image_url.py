@@ -171,6 +171,7 @@ def test_upstream_failures_get_gateway_errors_and_bad_content_a_400(service, ima
     assert time.perf_counter() - started < TIMEOUT_S + 5  # bounded: the server gave up, it did not hang
 
 
+@pytest.mark.integration
 def test_a_host_that_is_down_gets_a_502_and_the_service_keeps_serving(image_host, redirector, tmp_path):
     down = f"http://127.0.0.1:{Ports.free().image_host}"  # nothing listens there
     stack, url = start_service(down, redirector, tmp_path)
@@ -198,6 +199,7 @@ def test_metrics_count_every_request_and_time_every_stage(service, image_host):
     assert 'predict_requests_total{outcome="refused",status="403"}' in text and "predict_in_flight" in text
 
 
+@pytest.mark.integration
 def test_a_download_inside_the_slot_holds_the_model_and_outside_it_does_not(image_host, redirector, tmp_path):
     """One slot, four photos by URL sent at once, each download 300 ms: inside the slot, each request
     waits for the downloads of those ahead of it (at least 300 + 600 + 900 ms of waiting in all);
@@ -238,6 +240,7 @@ def test_the_413_reaches_a_client_that_sends_its_whole_body_first(fastapi_urls):
         assert requests.get(f"{url}/health", timeout=5).status_code == 200
 
 
+@pytest.mark.integration
 def test_the_image_host_spec_serves_the_lab_samples(built_artifacts):
     spec: ServiceSpec = image_host_service(8400)
     assert spec.command[spec.command.index("--images") + 1] == str(paths.SAMPLE_IMAGE.parent)

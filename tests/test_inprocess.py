@@ -24,6 +24,7 @@ def test_a_pipeline_decodes_on_every_core_when_a_gpu_infers():
     assert decoding_threads("cuda", Point(1, 8, False), cores=8) == 0  # its one thread decodes
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("runtime", ["onnxruntime", "pytorch"])
 @pytest.mark.parametrize("point", [Point(1, 1, False), Point(2, 1, True)], ids=lambda p: p.name)
 def test_a_point_runs_in_its_own_process_and_measures_every_image(built_artifacts, runtime, point):
@@ -50,11 +51,13 @@ def test_the_pytorch_model_is_built_for_fp32_convolutions_as_the_service_builds_
     assert "torch.backends.cudnn.allow_tf32 = False" in (paths.FASTAPI_PT_DIR / "app.py").read_text()
 
 
+@pytest.mark.integration
 def test_inference_only_skips_the_decoding(built_artifacts):
     result = measure_point("onnxruntime", Point(1, 1, False), duration_s=1.0, warmup_s=0.3, decode=False)
     assert result.target == "in-process/onnxruntime (inference only)" and "inference only" in result.notes[0]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("runtime", ["onnxruntime", "pytorch"])
 def test_a_ceiling_asked_for_a_gpu_it_cannot_use_says_it_ran_on_the_cpu(built_artifacts, runtime, monkeypatch):
     """As in the services: INFERENCE_DEVICE=cuda where no GPU is visible (even on a GPU machine)."""
@@ -66,6 +69,7 @@ def test_a_ceiling_asked_for_a_gpu_it_cannot_use_says_it_ran_on_the_cpu(built_ar
     assert result.notes[1].startswith(f"Asked {asked} for the GPU (cuda); it runs on the CPU instead. Its reason: ")
 
 
+@pytest.mark.integration
 def test_the_winning_plan_is_measured_again_in_the_process_that_swept_it_and_the_others_end(built_artifacts):
     ceiling = sweep("onnxruntime", pipelined=False, duration_s=0.5, warmup_s=0.2)
     try:

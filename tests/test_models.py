@@ -196,6 +196,7 @@ def _tracked_changes() -> str:
     return subprocess.run(["git", "status", "--porcelain"], cwd=paths.REPO_ROOT, capture_output=True, text=True).stdout
 
 
+@pytest.mark.integration
 def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_file_changed(repository, tmp_path):
     """What a new lesson's model needs: its folder, nothing else. The real local Triton stages and
     loads it, and the lab's own perf, load generator and config helpers serve it."""

@@ -11,7 +11,9 @@ def test_readme_gives_the_two_commands_and_ci_runs_the_test_one():
     block = re.search(r"```bash\n(.*?)```", readme, re.S).group(1)
     assert "make up" in block and "make test" in block
     ci = (paths.REPO_ROOT / ".ci" / "run").read_text()
-    assert re.search(r"^make test$", ci, re.M)
+    run = re.search(r"^make test( PYTEST_ARGS=\"(?P<args>[^\"]*)\")?$", ci, re.M)
+    assert run, "CI runs the README's test command"
+    assert "--durations=20" in (run.group("args") or ""), "CI prints the 20 slowest tests"
 
 
 def test_makefile_targets_bootstrap_their_own_environment():

@@ -3,7 +3,6 @@ service exits, and how Lab marks, saves and reloads a notebook's runs."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import signal
@@ -67,9 +66,24 @@ def test_a_process_killed_while_it_appends_leaves_every_record_whole(tmp_path):
             time.sleep(0.05)
         process.send_signal(signal.SIGKILL)
         process.wait()
-    lines = path.read_text().splitlines()
-    assert len(lines) >= 3
-    assert all(json.loads(line)["latencies_ms"][-1] == 19999.0 for line in lines), "a record was cut short"
+    records = jsonl.read(path)
+    assert len(records) >= 3
+    assert all(record["latencies_ms"][-1] == 19999.0 for record in records), "a record was cut short"
+    # A record cut short by its writer's kill stays alone on its line: the next writer's first record
+    # starts a line of its own, and is whole.
+    cut_short = [line for line in path.read_text().splitlines() if line.count('{"n":') != 1 or not line.endswith("}")]
+    assert all(line.count('{"n":') == 1 for line in cut_short) and len(cut_short) <= 3, cut_short
+
+
+def test_a_record_after_one_cut_short_starts_a_line_of_its_own_and_is_read_whole(tmp_path, caplog):
+    path = tmp_path / "runs.jsonl"
+    jsonl.append(path, {"n": 1})
+    with path.open("a") as file:
+        file.write('{"n": 2, "cut sho')  # a writer killed in the middle of its record
+    jsonl.append(path, {"n": 3})
+    with caplog.at_level(logging.WARNING):
+        assert jsonl.read(path) == [{"n": 1}, {"n": 3}]
+    assert "line 2 is not a whole record" in caplog.text
 
 
 def test_a_run_and_a_run_of_sequences_come_back_from_the_file_as_they_were_saved(tmp_path):

@@ -180,7 +180,8 @@ def test_a_restarted_service_also_stops_when_the_process_that_started_the_stack_
         from pathlib import Path
         sys.path.insert(0, {str(paths.REPO_ROOT)!r})
         from servelab.stack import LocalStack
-        from tests.test_stack import _spec, _until
+        from tests.helpers import until
+        from tests.test_stack import _spec
         stack = LocalStack([_spec(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
         os.kill(stack.processes[0].process.pid, signal.SIGKILL)
         until(lambda: stack.exits and stack.exits[0].back_at, 30, "restarted")
@@ -227,6 +228,7 @@ def test_a_service_that_never_becomes_ready_times_out_and_is_stopped(tmp_path):
     assert stack.processes[0].process.poll() is not None
 
 
+@pytest.mark.integration
 def test_up_restarts_a_crashed_service_and_stops_everything_on_ctrl_c(tmp_path):
     """`python -m servelab up` as a student runs it: a service killed while the lab runs comes back,
     and SIGINT must leave no process (Ray's and Triton's included) and no port behind."""

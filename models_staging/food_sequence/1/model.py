@@ -17,9 +17,10 @@ on the first request of the sequence").
 Cancel: a frame whose gRPC client cancelled it while this model holds it is answered CANCELLED
 and its sequence's state dropped (`is_cancelled()` is asked once per request, after decoding: it
 is a round trip to the server). A frame cancelled while it still waits in Triton's queue never
-gets here: Triton fails it, and the state stays. A client that wants to stop a sequence sends its last frame with the request parameter
-`cancel: true` and sequence_end: the frame is not computed, the state is dropped, and the answer
-is a CANCELLED error, since there is no classification to return.
+gets here: Triton fails it, and the state stays. A client that wants to stop a sequence sends
+its last frame with the request parameter `cancel: true` and sequence_end: the frame is not
+computed, the state is dropped, and the answer is a CANCELLED error, since there is no
+classification to return.
 
 Each execute logs one line per kind of event with its count ("food_sequence: evicted 3
 sequence(s) ..."), which servelab.triton_stats.sequence_events counts.
