@@ -266,6 +266,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
             return page("result.html", 502, error=error, hint=backend.hint, **context)
         elapsed_ms = (time.perf_counter() - started) * 1000
         backend_s.labels("predicted").observe(elapsed_ms / 1000)
+        state.weights.backend_answered()
         log.info(
             "backend=%s url=%s origin=%s latency=%.1f ms -> %s (%.3f)",
             choice.kind,

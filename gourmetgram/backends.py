@@ -422,6 +422,12 @@ class WeightsCache:
         with self._lock:
             self._remember(WeightsStatus("unknown", reason, reachable=False))
 
+    def backend_answered(self) -> None:
+        """A prediction just succeeded: a remembered "unreachable" is stale, so ask again."""
+        with self._lock:
+            if self._status is not None and not self._status.reachable:
+                self._status = None
+
     def _remember(self, status: WeightsStatus) -> None:
         if status != self._status:
             log.info("backend weights: %s (reachable=%s) %s", status.weights, status.reachable, status.note)

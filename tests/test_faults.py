@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+import requests
 
 from servelab import lab as lab_module
 from servelab import loadgen, paths, service_exits, ui
@@ -113,3 +114,5 @@ def test_gourmetgram_says_its_backend_is_down_and_classifies_again_once_it_is_ba
     back(model_servers, "fastapi_pt", exits_before)
     again = ui.upload(ui_url, "soup.jpg", photo)
     assert again.status == 200 and again.label, again
+    # The banner no longer says the backend is unreachable: the answer proved it is back.
+    assert requests.get(f"{ui_url}/healthz", timeout=10).json()["backend_reachable"] is True

@@ -311,10 +311,16 @@ def test_weights_cache_asks_once_within_ttl_and_unreachable_overrides() -> None:
     cache.mark_unreachable("connection refused")
     assert cache.get().reachable is False
     assert backend.calls == 1
+    cache.backend_answered()  # a prediction succeeded: "unreachable" is stale, ask again
+    assert cache.get().reachable is True
+    assert backend.calls == 2
+    cache.backend_answered()  # while reachable, the cached answer stands
+    cache.get()
+    assert backend.calls == 2
     expired = bk.WeightsCache(backend, ttl_s=1e-9)  # type: ignore[arg-type]
     expired.get()
     expired.get()
-    assert backend.calls == 3
+    assert backend.calls == 4
 
 
 # --- Backend selection -------------------------------------------------------------------------
