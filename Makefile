@@ -4,13 +4,16 @@ PY := .venv/bin/python
 # Passed through to `servelab artifacts` to serve a trained checkpoint instead of untrained weights.
 export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256
 
-.PHONY: up test bench bench-quick notebooks format setup artifacts clean
+.PHONY: up test test-docker bench bench-quick notebooks format setup artifacts clean
 
 up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve and GourmetGram on 127.0.0.1; Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
 
 test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3-10 in its Jupyter, tear down
+	bash scripts/test_docker.sh
 
 bench: artifacts  ## the headline benchmark (about 30 minutes); report in results/bench-<time>-full/
 	$(PY) -m servelab bench --profile full
@@ -28,7 +31,7 @@ format: setup  ## fix what ruff can (lint and format); `make test` checks that n
 setup:  ## virtualenv, Python packages and the system libraries perf_analyzer and Triton need
 	@bash scripts/bootstrap.sh
 
-artifacts: setup  ## food11.pth, food11.onnx and the shared modules, placed in every service folder
+artifacts: setup  ## the model files (food11.pth, food11.onnx), placed where each service and Triton model loads them
 	$(PY) -m servelab artifacts
 
 clean:  ## remove generated files (artifacts, staged Triton repository, logs); keeps .venv

@@ -9,7 +9,6 @@ import atexit
 import os
 import shutil
 import tempfile
-from pathlib import Path
 
 os.environ.setdefault("LAB_PROFILE", "quick")
 os.environ.setdefault("LAB_TARGET", "local")
@@ -20,9 +19,7 @@ if "SERVELAB_RESULTS_DIR" not in os.environ:
 # Notebooks that judge expectations (their source calls `lab.expect(`) run in
 # tests/test_notebook_verdicts.py, which also checks every verdict they record against their own
 # tables; nbmake would run them a second time. A new lesson's notebook is found here by itself.
-JUDGED = sorted(
-    source.with_suffix(".ipynb").name
-    for source in (Path(__file__).parent / "notebooks").glob("[0-9]*.py")
-    if "lab.expect(" in source.read_text()
-)
+from servelab.notebook_runs import judging  # noqa: E402 (servelab.paths reads the settings above)
+
+JUDGED = judging()
 collect_ignore = [f"notebooks/{name}" for name in JUDGED]

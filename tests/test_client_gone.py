@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from servelab import paths, service_stats
-from servelab.client_gone import ClientGone, DisconnectWatch
+from servelab.service.client_gone import ClientGone, DisconnectWatch
 from servelab.stack import LocalStack, Ports, fastapi_service, image_host_service
 
 HOLD_MS = 1500  # how long the image host takes: the slot is held that long

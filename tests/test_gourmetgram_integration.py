@@ -7,7 +7,7 @@ import re
 import pytest
 import requests
 
-from servelab.food11 import LABELS
+from servelab.service.food11 import LABELS
 from servelab.stack import LocalStack, Ports, gourmetgram_service
 from tests.conftest import make_image_bytes
 

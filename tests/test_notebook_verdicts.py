@@ -1,69 +1,33 @@
 """The notebooks that judge expectations (4 and 6 to 10 today), run as a student runs them (local
 target, quick profile), and every verdict they record checked against the runs in their own tables;
-every run they kept is also the one they saved to their file of runs.
+every run they kept is also the one they saved to their file of runs (servelab.notebook_runs,
+which `make test-docker` runs in the Compose project's Jupyter container too).
 
-A verdict's conditions carry their figures with the run each was read from (servelab.expectations).
-Here each figure is read again from that run, as the notebook's final table shows it: a verdict
-can only say what its table says. These notebooks run here rather than under nbmake, so that the
-suite executes them once: the root conftest.py finds them (JUDGED: every notebook whose source
-calls `lab.expect(`), so a new lesson's notebook is checked here with no edit to this file.
+These notebooks run here rather than under nbmake, so that the suite executes them once: the root
+conftest.py finds them (servelab.notebook_runs.judging: every notebook whose source calls
+`lab.expect(`), so a new lesson's notebook is checked here with no edit to this file.
 """
 
 from __future__ import annotations
 
-import json
-import math
-
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from conftest import JUDGED
-from servelab import paths
-from servelab.expectations import Outcome, read
-from servelab.results import RunResult
-
-NOTEBOOKS = paths.REPO_ROOT / "notebooks"
-MARK = "VERDICTS:"
-DUMP = f"""
-import json as _json
-from dataclasses import asdict as _asdict
-print({MARK!r} + _json.dumps({{
-    "figures": [_asdict(item) for item in lab.expectations.figures()],
-    "outcomes": [[expectation.claim, expectation.outcome.value] for expectation in lab.expectations],
-    "results": [result.to_dict() for result in lab.results],
-    "saved": [result.to_dict() for result in Lab.saved_runs(lab.notebook)],
-}}, default=str))
-"""
-
-
-def run_notebook(name: str) -> dict:
-    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-    notebook.cells.append(nbformat.v4.new_code_cell(DUMP))
-    NotebookClient(
-        notebook, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
-    ).execute()
-    output = "".join(item.get("text", "") for item in notebook.cells[-1].outputs)
-    return json.loads(output.split(MARK, 1)[1])
+from servelab.notebook_runs import NOTEBOOKS, run_notebook, verdict_problems
 
 
 @pytest.mark.parametrize("name", JUDGED)
 def test_every_verdict_uses_the_numbers_of_the_runs_in_its_tables(name, built_artifacts):
-    dump = run_notebook(name)
-    results = {(item["target"], item["started_at"]): RunResult.from_dict(item) for item in dump["results"]}
-    # Every run the notebook kept was saved as it ended, whole, under the notebook's own name.
-    as_kept = lambda runs: [(run["target"], run["started_at"], run["requests"], run["interrupted_by"]) for run in runs]  # noqa: E731
-    assert as_kept(dump["saved"]) == as_kept(dump["results"]), f"{name}: the saved runs are not those of its table"
-    by_label = {(result.label, started): result for (_, started), result in results.items()}
-    assert dump["outcomes"], f"{name} recorded no expectation"
-    assert {outcome for _, outcome in dump["outcomes"]} <= {outcome.value for outcome in Outcome}
-    from_runs = [item for item in dump["figures"] if item["run"] is not None]
-    assert from_runs, f"{name}: no verdict read a number from a run"
-    for item in from_runs:
-        run = by_label.get((item["run"], item["started_at"]))
-        assert run is not None, f"{name}: a verdict used {item['name']} of {item['run']}, which is not in its table"
-        again = read(run, item["field"])
-        assert (math.isnan(again) and math.isnan(item["value"])) or again == pytest.approx(item["value"]), item
+    assert verdict_problems(name, run_notebook(name)) == []
+
+
+def test_a_verdict_that_reads_a_figure_its_table_does_not_show_is_a_problem():
+    run = {"target": "t", "started_at": "2026-01-01T00:00:00", "requests": 1, "interrupted_by": []}
+    dump = {"results": [], "saved": [run], "outcomes": [], "figures": [{"run": "x", "started_at": "s", "name": "n"}]}
+    problems = verdict_problems("n.ipynb", dump)
+    assert "n.ipynb: the saved runs are not those of its table" in problems
+    assert "n.ipynb recorded no expectation" in problems
+    assert "n.ipynb: a verdict used n of x, which is not in its table" in problems
 
 
 def test_the_notebooks_that_judge_expectations_are_found_and_each_is_generated():

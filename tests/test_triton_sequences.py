@@ -29,7 +29,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from servelab import triton_stats
-from servelab.food11 import LABELS
+from servelab.service.food11 import LABELS
 
 MODEL = "food_sequence"
 TINY_CACHE = {"state_capacity": "3"}
