@@ -186,7 +186,8 @@ rate = {name: figure(result, "throughput_rps", name) for name, result in scaling
 instances_cpu = {
     name: measured(f"instances' CPU with {name}", sum(summarize(result.resources).get("processes", {}).values()),
                    "% of a core")
-    for name, result in scaling.items() if result is not None and result.resources
+    for name, result in scaling.items()
+    if result is not None and result.resources and summarize(result.resources).get("processes")  # seen from here
 }
 for name, used in instances_cpu.items():
     print(

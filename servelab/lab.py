@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 
 SAVED_RUNS_DIR = paths.RESULTS_DIR / "notebooks"
 RESTART_WAIT_S = 300.0  # Triton with every model loads in about 10-60 s; a busy machine takes longer
+COMPOSE_RESTART_RECORD_S = 10.0  # Docker restarts a crashed container at once; its start records it
 
 
 def saved_runs_file(notebook: str) -> Path:
@@ -419,6 +420,12 @@ class Lab(TritonLab):
         while not all(stack.checked_since(ended) for stack in self._stacks) and time.monotonic() < deadline:
             time.sleep(POLL_S / 5)
         crashes = [event for event in self.service_exits() if event.between(started, ended)]
+        # In the Compose project a crash is recorded once Docker has restarted the container: give
+        # a run with failed requests the time that takes before saying none interrupted it.
+        deadline = time.monotonic() + COMPOSE_RESTART_RECORD_S
+        while self.on_compose and result.error_count and not crashes and time.monotonic() < deadline:
+            time.sleep(0.5)
+            crashes = [event for event in self.service_exits() if event.between(started, ended)]
         result.interrupted_by = [event.describe() for event in crashes]
         self.results.append(result)
         print(summary_line(result))

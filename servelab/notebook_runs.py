@@ -47,16 +47,23 @@ def judging(folder: Path = NOTEBOOKS) -> list[str]:
     )
 
 
-def run_notebook(name: str, timeout_s: int = 1200) -> dict:
-    """Execute notebooks/`name` from the top; what its `lab` kept, as the added last cell printed it."""
+def run_notebook(name: str, timeout_s: int = 1200, executed_to: Path | None = None) -> dict:
+    """Execute notebooks/`name` from the top; what its `lab` kept, as the added last cell printed it.
+    With `executed_to`, the notebook with its outputs is written there, also when a cell fails."""
     import nbformat
     from nbclient import NotebookClient
 
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     notebook.cells.append(nbformat.v4.new_code_cell(DUMP))
-    NotebookClient(
+    client = NotebookClient(
         notebook, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
-    ).execute()
+    )
+    try:
+        client.execute()
+    finally:
+        if executed_to is not None:
+            executed_to.mkdir(parents=True, exist_ok=True)
+            nbformat.write(notebook, executed_to / name)
     output = "".join(item.get("text", "") for item in notebook.cells[-1].outputs)
     return json.loads(output.split(MARK, 1)[1])
 
@@ -95,13 +102,14 @@ def verdict_problems(name: str, dump: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m servelab.notebook_runs", description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="+", help="file names in notebooks/, e.g. 4_fastapi_bench.ipynb")
+    parser.add_argument("--executed-to", type=Path, help="a folder to write each notebook to, with its outputs")
     args = parser.parse_args(argv)
     judged, failed = judging(), []
     for name in args.notebooks:
         started = time.monotonic()
         print(f"--- {name}: running", file=sys.stderr, flush=True)
         try:
-            dump = run_notebook(name)
+            dump = run_notebook(name, executed_to=args.executed_to)
         except Exception as exc:  # a failing cell: nbclient's message names it and quotes the traceback
             print(f"FAILED {name}: {exc}", file=sys.stderr, flush=True)
             failed.append(name)

@@ -63,38 +63,44 @@ def share_with_notebooks(folder: Path) -> None:
 
 def record_restart(files: dict[str, Path], container: str) -> None:
     """This container staged before: its server exited and Docker started it again."""
-    tail = "(no log)"
+    tail, exited_at = "(no log)", time.time()
     if files["log"].is_file():
         tail = "\n".join(files["log"].read_text(errors="replace").splitlines()[-25:])
-    event = service_exits.ServiceExit("triton", time.time(), "exited (Docker restarted its container)", tail)
+        exited_at = files["log"].stat().st_mtime  # the server's last words: about when it exited
+    event = service_exits.ServiceExit("triton", exited_at, "exited (Docker restarted its container)", tail)
     event.detail = f"container {container}"
     service_exits.record(files["exits"], event)
     log.warning("the server of container %s exited; serving again what it served", container)
 
 
-def main() -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    files = shared_paths(Path(os.environ.get("TRITON_SHARED_DIR", "/triton")))
-    container = socket.gethostname()  # Docker names a container's host after its ID: a restart keeps it
+def prepare(files: dict[str, Path], container: str, backends_dir: Path = BACKENDS, shipped: Path = SHIPPED) -> None:
+    """Stage `shipped` for this server, unless this same container staged it before (a restart),
+    which is recorded instead. Raises StagingError for a model folder the server cannot serve."""
     staged_by = files["staged_by"].read_text().strip() if files["staged_by"].is_file() else None
     if staged_by == container:
         record_restart(files, container)
-    else:
-        backends = tuple(path.name for path in BACKENDS.iterdir() if path.is_dir()) if BACKENDS.is_dir() else ()
-        server = Hardware.here(backends)
-        log.info("Triton on %s: staging %s in %s", server.describe(), SHIPPED, files["models"])
-        try:
-            staged = stage_model_repository(files["models"], SHIPPED, server, prelude="")
-        except StagingError as exc:
-            log.error("%s", exc)
-            return 2
-        for model in staged:
-            if model.changes:
-                log.info("Triton model %s, adapted for this server:\n%s", model.name, model.changes)
-        share_with_notebooks(files["models"])
-        server.write(files["hardware"])
-        files["exits"].unlink(missing_ok=True)
-        files["staged_by"].write_text(container + "\n")
+        return
+    backends = tuple(path.name for path in backends_dir.iterdir() if path.is_dir()) if backends_dir.is_dir() else ()
+    server = Hardware.here(backends)
+    log.info("Triton on %s: staging %s in %s", server.describe(), shipped, files["models"])
+    for model in stage_model_repository(files["models"], shipped, server, prelude=""):
+        if model.changes:
+            log.info("Triton model %s, adapted for this server:\n%s", model.name, model.changes)
+    share_with_notebooks(files["models"])
+    server.write(files["hardware"])
+    files["exits"].unlink(missing_ok=True)
+    files["staged_by"].write_text(container + "\n")
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    files = shared_paths(Path(os.environ.get("TRITON_SHARED_DIR", "/triton")))
+    try:
+        # Docker names a container's host after its ID: a restart keeps it, a new container does not.
+        prepare(files, socket.gethostname())
+    except StagingError as exc:
+        log.error("%s", exc)
+        return 2
     # Explicit model control: a notebook edits one model's config.pbtxt and reloads that model
     # through the repository API, without restarting the server. In explicit mode nothing loads
     # unless asked for; --load-model=* (which must be the only --load-model) loads every model.

@@ -50,11 +50,16 @@ TRITON_BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.12-py3"
 
 
 class _ComposeLoader(yaml.SafeLoader):
-    """YAML as Compose reads it: `!reset` drops what the files before it set."""
+    """YAML as Compose reads it: `!reset` drops what the files before it set, `!override` replaces it."""
 
 
-_ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
+class Override(dict):
+    """A mapping that replaces the one before it instead of merging into it."""
+
+
 RESET = object()
+_ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
+_ComposeLoader.add_constructor("!override", lambda loader, node: Override(loader.construct_mapping(node, deep=True)))
 
 _VAR_RE = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<arg>[^}]*))?\}")
 
@@ -81,6 +86,8 @@ def load(path: Path, env: dict[str, str] | None = None) -> dict:
 
 def merge(base, override):
     """Compose's merge of an override file: mappings merged key by key, `!reset` removes."""
+    if isinstance(override, Override):
+        return dict(override)
     if isinstance(base, dict) and isinstance(override, dict):
         merged = dict(base)
         for key, value in override.items():
@@ -178,6 +185,7 @@ def test_the_gpu_variant_reserves_the_gpus_and_the_cpu_variant_none():
         devices = gpu[name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}], name
     assert not any("deploy" in service for service in cpu.values())
+    assert gpu["triton"]["ulimits"]["memlock"] == -1 and cpu["triton"]["ulimits"] == {"stack": 67108864}
 
 
 def test_the_cpu_variant_installs_cpu_builds_and_asks_the_services_for_the_cpu():

@@ -4,10 +4,11 @@ reading GourmetGram's result page. Servers are real; only the retry test replace
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
-from servelab import perf_analyzer, plots, ui
+from servelab import perf_analyzer, plots, service_exits, ui
 from servelab.expectations import ExpectationLog, Outcome, condition, figure, measured
 from servelab.lab import Lab
 from servelab.profiles import PROFILES, profile
@@ -100,6 +101,21 @@ def test_in_the_compose_project_triton_s_log_is_the_copy_beside_its_repository_w
     assert lab.triton_log() is None  # the server has not written it (yet)
     copy.write_text("I1123 model.py:1] food_classifier_onnx: 2 cancelled request(s)\n")
     assert lab.triton_log() == copy
+
+
+def test_in_the_compose_project_a_triton_restart_is_back_once_triton_answers_again(tmp_path, monkeypatch):
+    exits = tmp_path / "restarts.jsonl"
+    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models")
+    lab._shared_exits_file = exits
+    service_exits.record(exits, service_exits.ServiceExit("triton", time.time(), "exited", "Signal (11)"))
+    monkeypatch.setattr("servelab.lab.answers", lambda url: False)
+    (event,) = lab.service_exits()
+    assert event.outcome == service_exits.RESTARTING
+    monkeypatch.setattr("servelab.lab.answers", lambda url: url == "http://triton:8000/v2/health/ready")
+    (event,) = lab.service_exits()
+    assert event.outcome == service_exits.BACK and event.back_at is not None
+    assert lab.service_exits()[0].back_at == event.back_at  # first seen back, not each time asked
+    lab.wait_for_services()  # nothing left to wait for
 
 
 @pytest.mark.parametrize(
