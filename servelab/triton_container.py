@@ -70,6 +70,8 @@ def record_restart(files: dict[str, Path], container: str) -> None:
     event = service_exits.ServiceExit("triton", exited_at, "exited (Docker restarted its container)", tail)
     event.detail = f"container {container}"
     service_exits.record(files["exits"], event)
+    with files["log"].open("a") as log_file:  # as the local stack's log says it, before the new server's lines
+        log_file.write(f"\n---- servelab: triton restarted by Docker after it {event.cause.split(' (')[0]} ----\n")
     log.warning("the server of container %s exited; serving again what it served", container)
 
 
@@ -89,6 +91,7 @@ def prepare(files: dict[str, Path], container: str, backends_dir: Path = BACKEND
     share_with_notebooks(files["models"])
     server.write(files["hardware"])
     files["exits"].unlink(missing_ok=True)
+    files["log"].unlink(missing_ok=True)  # a new container's server starts a new log
     files["staged_by"].write_text(container + "\n")
 
 
