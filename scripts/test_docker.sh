@@ -31,9 +31,8 @@ phases=()
 phase() { phases+=("$1: $(($(date +%s) - phase_start)) s"); phase_start=$(date +%s); }
 phase_start=$started
 
-engine_was_running=1
-[ -f "$DOCKERD_PID" ] && kill -0 "$(cat "$DOCKERD_PID")" 2>/dev/null || engine_was_running=0
-docker info >/dev/null 2>&1 || engine_was_running=0
+engine_was_running=0
+if docker info >/dev/null 2>&1; then engine_was_running=1; fi
 bash scripts/docker_engine.sh
 phase "engine"
 

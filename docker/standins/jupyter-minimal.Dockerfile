@@ -19,7 +19,7 @@ ENV PATH=${CONDA_DIR}/bin:/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbi
 RUN useradd --create-home --uid "${NB_UID}" --gid "${NB_GID}" --shell /bin/bash "${NB_USER}" \
  && python3 -m venv "${CONDA_DIR}" \
  && "${CONDA_DIR}/bin/pip" install --no-cache-dir -q jupyterlab \
- && printf '#!/bin/sh\n# As the real image'"'"'s: group users may write, so any notebook user can.\nfor d in "$@"; do chgrp -R "%s" "$d" && chmod -R g+rwX "$d"; done\n' "${NB_GID}" > /usr/local/bin/fix-permissions \
+ && printf '#!/bin/sh\n# As the real image'"'"'s: group users may write, so any notebook user can; only what is\n# not so yet is changed (a file of an earlier layer is not copied into a new one).\nfor d in "$@"; do find "$d" ! \\( -group %s -a -perm -g+rwX \\) -exec chgrp %s {} + -exec chmod g+rwX {} +; done\n' "${NB_GID}" "${NB_GID}" > /usr/local/bin/fix-permissions \
  && printf '#!/bin/sh\nexec jupyter lab --ip=0.0.0.0 --port=8888 --no-browser "$@"\n' > /usr/local/bin/start-notebook.py \
  && chmod +x /usr/local/bin/fix-permissions /usr/local/bin/start-notebook.py \
  && chown -R "${NB_UID}:${NB_GID}" "${CONDA_DIR}" "/home/${NB_USER}"
