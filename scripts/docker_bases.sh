@@ -27,8 +27,8 @@ standin_for() {
 
 apt_mirror() {
   # The Debian mirror this machine's apt uses (deb822 or one-line format), never a name written here.
-  { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}'
-    grep -hs '^deb ' /etc/apt/sources.list | awk '{print $2}'; } | grep -v security | head -n 1
+  cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null \
+    | awk '/^URIs:/ || /^deb / {print $2}' | grep -v security | head -n 1 || true
 }
 
 build_rootfs_image() {
