@@ -9,7 +9,8 @@
 #     so a second run rebuilds nothing that did not change), the project brought up, every health
 #     check waited for;
 #  4. notebooks 3-10 run in the Jupyter container, quick profile, against the containers, every
-#     verdict checked against its own tables (servelab.notebook_runs);
+#     verdict checked against its own tables (servelab.notebook_runs), the notebooks with their
+#     outputs copied out to .lab/docker/executed/;
 #  5. a photo uploaded to GourmetGram through its published port, which answers with a class;
 #  6. a service container killed, and checked to come back healthy (Docker's restart policy);
 #  7. everything torn down, and checked: no container, network or volume of the project is left.
@@ -97,9 +98,16 @@ compose ps --format '{{.Service}}: {{.Status}}' >&2
 phase "up"
 
 say "running notebooks ${NOTEBOOKS[*]} in the Jupyter container (quick profile)"
-# The runs and the notebooks' own services go to folders in the container, not into the clone.
+# The runs and the notebooks' own services go to folders in the container, not into the clone;
+# the notebooks with their outputs are copied out to .lab/docker/executed/, to read after the run.
+notebooks_status=0
 compose exec -T -e LAB_PROFILE=quick -e SERVELAB_RESULTS_DIR=/tmp/servelab-check/results \
-  -e SERVELAB_DIR=/tmp/servelab-check/lab jupyter python -m servelab.notebook_runs "${NOTEBOOKS[@]}"
+  -e SERVELAB_DIR=/tmp/servelab-check/lab jupyter python -m servelab.notebook_runs \
+  --executed-to /tmp/servelab-check/executed "${NOTEBOOKS[@]}" || notebooks_status=$?
+rm -rf .lab/docker/executed
+compose cp jupyter:/tmp/servelab-check/executed .lab/docker/executed >/dev/null 2>&1 || true
+say "the notebooks with their outputs: .lab/docker/executed/"
+[ "$notebooks_status" -eq 0 ] || exit "$notebooks_status"
 phase "notebooks"
 
 say "uploading a sample photo to GourmetGram through its published port"
