@@ -33,7 +33,11 @@ apt_mirror() {
 
 build_rootfs_image() {
   docker image inspect "$ROOTFS_IMAGE" >/dev/null 2>&1 && return
-  command -v debootstrap >/dev/null || { apt-get install -y -qq debootstrap >/dev/null; }
+  if ! command -v debootstrap >/dev/null; then
+    say "installing debootstrap (Debian's package)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null \
+      || { say "could not install debootstrap (this needs root), which the stand-ins are built with"; exit 1; }
+  fi
   local mirror root
   mirror=$(apt_mirror)
   [ -n "$mirror" ] || { say "no Debian mirror found in this machine's apt sources"; exit 1; }
