@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import atexit
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,9 @@ class RayServe:
     dashboard: str  # Ray's dashboard: Serve's REST API
     metrics_url: str  # Ray's Prometheus metrics, Serve's among them
     token_file: Path
-    hardware: Hardware  # what the Ray that serves the replicas has
-    local_port: int | None = None  # the proxy's port on this machine; None in the Compose project
+    local_port: int | None  # the proxy's port on this machine; None in the Compose project
+    # What the Ray that serves the replicas has: locally this machine's cores, no GPU.
+    hardware: Hardware = field(default_factory=lambda: Hardware(gpus=0, cores=available_cores()))
 
     def shipped_config(self) -> dict[str, Any]:
         return ray_local.read_config()
@@ -121,6 +122,7 @@ def compose() -> RayServe:
         dashboard=compose_setting("RAY_DASHBOARD_URL"),
         metrics_url=compose_setting("RAY_METRICS_URL"),
         token_file=shared / "token",
+        local_port=None,
         hardware=Hardware.read(shared / "hardware.json"),
     )
 
@@ -159,7 +161,6 @@ def _on(ports: Ports, token_file: Path) -> RayServe:
         dashboard=f"http://127.0.0.1:{ports.ray_dashboard}",
         metrics_url=f"http://127.0.0.1:{ports.ray_metrics}/metrics",
         token_file=token_file,
-        hardware=Hardware(gpus=0, cores=available_cores()),
         local_port=ports.ray_serve,
     )
 
