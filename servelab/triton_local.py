@@ -90,12 +90,15 @@ class StagedModel:
 
 
 def site_packages_prelude() -> str:
-    """The first lines of a locally staged model.py: the lab's virtualenv (the servelab package
-    included, installed editable) for the backend's interpreter, which ignores PYTHONPATH."""
+    """The first lines of a locally staged model.py: the lab's virtualenv first on sys.path, with
+    its .pth files read (servelab is installed editable there), for the backend's interpreter,
+    which ignores PYTHONPATH."""
+    purelib = sysconfig.get_paths()["purelib"]
     return (
         "# Added by servelab for the local stack: the pip-installed Triton runs model.py in an isolated\n"
-        "# interpreter that ignores PYTHONPATH, so the lab's virtualenv is put on sys.path here.\n"
-        f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})  # noqa: E702\n"
+        "# interpreter that ignores PYTHONPATH, so the lab's virtualenv is put first on sys.path here,\n"
+        "# with its .pth files read (servelab is installed editable there).\n"
+        f"import site, sys; sys.path.insert(0, {purelib!r}); site.addsitedir({purelib!r})  # noqa: E401, E702\n"
     )
 
 
