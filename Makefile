@@ -4,7 +4,7 @@ PY := .venv/bin/python
 # Passed through to `servelab artifacts` to serve a trained checkpoint instead of untrained weights.
 export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256
 
-.PHONY: up test test-fast test-notebook bench bench-quick notebooks format setup artifacts clean
+.PHONY: up test test-fast test-notebook test-docker bench bench-quick notebooks format setup artifacts clean
 
 up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve and GourmetGram on 127.0.0.1; Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
@@ -18,6 +18,9 @@ test-fast: artifacts  ## the day-to-day lane: unit tests and lint, no server sta
 test-notebook: artifacts  ## one notebook against the lab, as `make test` runs it: make test-notebook NOTEBOOK=8_concurrency_target
 	@test -f "notebooks/$(NOTEBOOK).py" || { echo "NOTEBOOK=$(NOTEBOOK) is not one of: $(basename $(notdir $(wildcard notebooks/[0-9]*.py)))" >&2; exit 2; }
 	$(PY) -m pytest "tests/test_notebooks.py::test_notebook_runs_against_the_lab_and_its_verdicts_use_its_own_numbers[$(NOTEBOOK)]" $(PYTEST_ARGS)
+
+test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3-10 in its Jupyter, tear down
+	bash scripts/test_docker.sh
 
 bench: artifacts  ## the headline benchmark (about 30 minutes); report in results/bench-<time>-full/
 	$(PY) -m servelab bench --profile full
@@ -35,7 +38,7 @@ format: setup  ## fix what ruff can (lint and format); `make test` checks that n
 setup:  ## virtualenv, Python packages and the system libraries perf_analyzer and Triton need
 	@bash scripts/bootstrap.sh
 
-artifacts: setup  ## food11.pth, food11.onnx and the shared modules, placed in every service folder
+artifacts: setup  ## the model files (food11.pth, food11.onnx), placed where each service and Triton model loads them
 	$(PY) -m servelab artifacts
 
 clean:  ## remove generated files (artifacts, staged Triton repository, logs); keeps .venv

@@ -7,6 +7,8 @@ set -euo pipefail
 if [[ -n "${TRITON_LOG_FILE:-}" ]]; then
   mkdir -p "$(dirname "$TRITON_LOG_FILE")"
   # exec keeps the command as the container's main process, so `docker stop` reaches it directly.
-  exec "$@" > >(tee "$TRITON_LOG_FILE") 2>&1
+  # Appended: after a crash, the restarted server's log follows the lines that tell why it ended
+  # (the container's start empties it for a new container).
+  exec "$@" > >(tee -a "$TRITON_LOG_FILE") 2>&1
 fi
 exec "$@"

@@ -9,7 +9,7 @@ import logging
 import os
 from pathlib import Path
 
-from onnx_service import onnx_app
+from servelab.service.onnx_service import onnx_app
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

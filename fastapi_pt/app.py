@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from cores import ThreadPlan
-from devices import torch_device
-from food11 import LABELS
-from predict_api import ServedModel, create_app, device_setting_from_env
 from torchvision.models import mobilenet_v2
+
+from servelab.service.cores import ThreadPlan
+from servelab.service.devices import torch_device
+from servelab.service.food11 import LABELS
+from servelab.service.predict_api import ServedModel, create_app, device_setting_from_env
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -17,7 +17,8 @@ http://127.0.0.1:8000. Other settings: MAX_UPLOAD_BYTES (default 8 MiB), BACKEND
 SAMPLES_DIR (default static/samples), HOST (default 0.0.0.0), PORT (default 5000).
 
 Run from this folder with `python app.py` or `python -m flask --app app run`.
-`food11.py` beside this file is a copy of servelab/food11.py made by `make artifacts`.
+Decoding and preprocessing come from the lab's service package (servelab.service.food11), installed
+in GourmetGram's image as in every service's.
 """
 
 from __future__ import annotations
@@ -33,22 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, jsonify, render_template, request
-from PIL import Image
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from werkzeug.exceptions import RequestEntityTooLarge
-from werkzeug.utils import secure_filename
-
-try:
-    import food11
-except ImportError as exc:  # the copy is generated, so a fresh checkout does not have it yet
-    raise ImportError(
-        "gourmetgram/food11.py is missing: run `make artifacts` in the repository root "
-        "(or `cp servelab/food11.py gourmetgram/food11.py`)."
-    ) from exc
-
-# After food11, so that a missing copy is reported by the message above.
-from backends import (  # noqa: E402
+from backends import (
     Backend,
     BackendChoice,
     BackendFailed,
@@ -56,6 +42,13 @@ from backends import (  # noqa: E402
     WeightsCache,
     make_backend,
 )
+from flask import Flask, Response, jsonify, render_template, request
+from PIL import Image
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.utils import secure_filename
+
+from servelab.service import food11
 
 log = logging.getLogger("gourmetgram")
 

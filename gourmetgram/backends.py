@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
 
-import food11  # app.py imports it first, with a message saying how to generate it if missing
 import numpy as np
 import requests
 import tritonclient.http as triton_http
 from PIL import Image
 from tritonclient.utils import InferenceServerException
+
+from servelab.service import food11
 
 log = logging.getLogger("gourmetgram.backends")
 

@@ -98,9 +98,12 @@
 # ## Where are you running?
 #
 # The notebooks read the target from the `LAB_TARGET` environment variable: `local` (the
-# default) or `chameleon`. The Jupyter container on the GPU node sets it for you. On Chameleon's
-# own Jupyter server, the next cell sets it (a JupyterHub sets `JUPYTERHUB_API_URL`; your laptop's
-# JupyterLab does not), unless you set `LAB_TARGET` yourself.
+# default: the lab's services as processes on this machine), `compose` (the services of the lab's
+# Docker Compose project, from its Jupyter container, on the GPU node or any machine with Docker;
+# that container sets it for you) or `chameleon` (Chameleon's own Jupyter server, where notebooks 1
+# and 2 reserve and set up the node). On Chameleon's Jupyter server, the next cell sets it (a
+# JupyterHub sets `JUPYTERHUB_API_URL`; your laptop's JupyterLab does not), unless you set
+# `LAB_TARGET` yourself.
 #
 # Run the cell: it prints the target, and, on the local target, what this machine has to work
 # with.

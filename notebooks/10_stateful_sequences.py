@@ -28,7 +28,7 @@
 #   by `request.correlation_id()`, in an LRU of `state_capacity` sequences.
 
 # %%
-# runs in the Jupyter container on the node (Chameleon) or on your machine (local)
+# runs in the Jupyter container (Docker) or on your machine (local)
 import time
 
 import matplotlib.pyplot as plt

@@ -253,45 +253,49 @@ if chameleon_only("print the SSH command for this node"):
     print(f"ssh -i ~/.ssh/id_rsa_chameleon cc@{FLOATING_IP}")
 
 # %% [markdown]
-# ## Start the FastAPI stack and its Jupyter container
+# ## Start the lab's Compose project and its Jupyter container
 #
-# Notebooks 3 and 4 run in a Jupyter server *on the node*, in a container next to the services they
-# measure. It comes with the FastAPI stack, which you start on the node from the repository root:
+# Notebooks 3 to 10 run in a Jupyter server *on the node*, in a container next to the services
+# they measure. It comes with the lab's Compose project (`compose.yaml`: FastAPI with PyTorch and
+# with ONNX Runtime, Triton, Ray Serve, the image host, GourmetGram and Jupyter), which you start
+# on the node from the repository root:
 #
 # ```bash
 # # runs on the node, in ~/serve-system
-# docker compose -f docker/docker-compose-fastapi.yaml up -d --build
+# docker compose up -d --build
 # ```
 #
-# The first start builds the images, which takes a few minutes. Jupyter is protected by a random
-# token; the container tells you its URL, with the token, when you ask it:
+# The first start builds the images, which takes many minutes. Every port is published on the
+# node's 127.0.0.1 only: your browser reaches them through an SSH tunnel. Jupyter is protected by
+# a random token; the container tells you its URL, with the token, when you ask it:
 #
 # ```bash
 # # runs on the node
-# docker exec jupyter jupyter server list
+# docker compose exec jupyter jupyter server list
 # ```
 #
-# The next cell does both for you over SSH, and prints the address to open in your browser (the
-# URL the container prints says `localhost` or the container's name, because that is where the
-# container sees itself: from your browser, the address is the node's floating IP).
+# The next cell does both for you over SSH, and prints the tunnel to open and the address to open
+# in your browser.
 #
-# The compose file sets `LAB_TARGET=chameleon` in the Jupyter container, so the notebooks there
-# know that they run on the node and reach the services by their Docker names (`fastapi_server`,
-# `flask`). You do not need to set anything.
+# The compose file sets `LAB_TARGET=compose` in the Jupyter container, so the notebooks there
+# reach the services by their Compose names (`fastapi_pt`, `triton`...). You do not need to set
+# anything.
 
 # %%
-if chameleon_only("start the FastAPI stack and read the Jupyter token"):
-    node.execute(f"cd {REPO_DIR} && docker compose -f docker/docker-compose-fastapi.yaml up -d --build")
+if chameleon_only("start the lab's Compose project and read the Jupyter token"):
+    node.execute(f"cd {REPO_DIR} && docker compose up -d --build")
     # Jupyter writes its URL a few seconds after its container starts: ask until it is there.
     servers = node.execute(
-        "for attempt in $(seq 30); do"
-        " docker exec jupyter jupyter server list 2>/dev/null | grep -q 'token=' && break; sleep 2; done;"
-        " docker exec jupyter jupyter server list"
+        f"cd {REPO_DIR} && for attempt in $(seq 30); do"
+        " docker compose exec -T jupyter jupyter server list 2>/dev/null | grep -q 'token=' && break; sleep 2; done;"
+        " docker compose exec -T jupyter jupyter server list"
     )
     token = re.search(r"token=(\w+)", servers.stdout)
     if token is None:
-        raise RuntimeError("The Jupyter container printed no token: check `docker logs jupyter` on the node.")
-    print(f"Open in your browser: http://{FLOATING_IP}:8888/lab?token={token.group(1)}")
+        raise RuntimeError("The Jupyter container printed no token: check `docker compose logs jupyter` on the node.")
+    print(f"On your own machine, open the tunnel: ssh -i ~/.ssh/id_rsa_chameleon -N -L 8888:127.0.0.1:8888 "
+          f"-L 8300:127.0.0.1:8300 -L 8100:127.0.0.1:8100 -L 8101:127.0.0.1:8101 cc@{FLOATING_IP}")
+    print(f"Then open in your browser: http://127.0.0.1:8888/lab?token={token.group(1)}")
 
 # %% [markdown]
 # ## Next

@@ -11,7 +11,8 @@
 # - why the web UI and the model service are two separate processes;
 # - how to bring the FastAPI stack up, and how to check that it serves the model you think it does.
 #
-# **Where the cells run.** On Chameleon, the code cells run *in the Jupyter container on the node*
+# **Where the cells run.** On the GPU node (or any machine with Docker), the code cells run *in the
+# Jupyter container of the lab's Compose project*
 # (it has the repository mounted and can reach the services by their Docker names). Notebook 2
 # started that container and printed its address: open this notebook there and run it from the top.
 # The section "Bring the FastAPI stack up" below shows the commands it ran, for when you start the
@@ -27,9 +28,9 @@
 #   it does. Its twin, `fastapi_onnx/app.py`, does the same with ONNX Runtime, and you will switch
 #   to it in the next notebook.
 # - `servelab/predict_api.py` is the HTTP side that both apps share: the request and response
-#   schemas, the error codes, the size limit, and where decoding and inference run. (`make artifacts`
-#   copies it next to each `app.py`, so that each service folder is a self-contained Docker build
-#   context. Edit the original in `servelab/`, never the copies.)
+#   schemas, the error codes, the size limit, and where decoding and inference run. It is part of
+#   the lab's service package, `servelab/service/`, which every service installs: locally in the
+#   lab's virtualenv, and in every Docker image, built from the repository root.
 #
 # The next cell prints the first file as it is on disk.
 
@@ -46,7 +47,7 @@ print((paths.FASTAPI_PT_DIR / "app.py").read_text())
 # one, CPU otherwise) is chosen once at start-up. Everything about HTTP lives in the shared file:
 
 # %%
-print((paths.SHARED_SOURCE_DIR / "predict_api.py").read_text())
+print((paths.SERVICE_PACKAGE_DIR / "predict_api.py").read_text())
 
 # %% [markdown]
 # ### What to take from it
@@ -129,51 +130,56 @@ show_method(paths.GOURMETGRAM_DIR / "backends.py", "FastAPIBackend", "predict")
 
 # %% [markdown]
 # The UI learns where the model lives from one environment variable, `FASTAPI_SERVER_URL`. In the
-# Docker Compose stack it is `http://fastapi_server:8000`: Compose puts the containers on one
+# Docker Compose project it is `http://fastapi_pt:8000`: Compose puts the containers on one
 # network where each service is reachable by its name.
 #
-# ## Bring the FastAPI stack up
+# ## Bring the lab's services up
 #
-# ### On Chameleon (in your SSH session on the node)
+# ### In Docker: the GPU node, or any machine with Docker (in your SSH session on the node)
 #
-# Notebook 2 already did this for you; here is what it ran, so you can do it yourself (running it
-# again is harmless: Compose only starts what is not running yet). The containers are built from
-# the model files that `make artifacts` places in each service folder, so that comes first:
+# Notebook 2 already did this for you on the node; here is what it ran, so you can do it yourself
+# (running it again is harmless: Compose only starts what is not running yet). The images carry
+# the model files that `make artifacts` builds, so that comes first:
 #
 # ```bash
 # # runs on the node, in the repository clone (~/serve-system)
 # make artifacts
-# docker compose -f docker/docker-compose-fastapi.yaml up -d --build
+# docker compose up -d --build
+# # on a machine without an NVIDIA GPU (a laptop with Docker), the CPU variant instead:
+# # docker compose -f compose.yaml -f docker/compose.cpu.yaml up -d --build
 # ```
 #
-# This builds and starts three containers:
+# This builds and starts one project (`compose.yaml`) with every service of notebooks 3 to 10:
+# `fastapi_pt` (the model service above), `fastapi_onnx` (the same with ONNX Runtime, next
+# notebook), `triton`, `ray_serve`, `image_host`, `gourmetgram` (the web UI, talking to
+# `http://fastapi_pt:8000`) and `jupyter`, a Jupyter server with the repository mounted at `work/`:
+# this is where the code cells of notebooks 3 to 10 run. Each port is published on the node's
+# 127.0.0.1 only, at the numbers of the README's table (Jupyter 8888, GourmetGram 8300, FastAPI
+# 8100 and 8101...).
 #
-# - `fastapi_server`: the model service above (PyTorch by default), on port 8000, with the GPUs;
-# - `flask`: GourmetGram, on port 80, talking to `http://fastapi_server:8000`;
-# - `jupyter`: a Jupyter server on port 8888, with the repository mounted at `work/`. This is where
-#   the code cells of notebooks 3 and 4 run.
-#
-# `docker compose -f docker/docker-compose-fastapi.yaml ps` shows them; `fastapi_server` reports
-# `healthy` once its model is loaded. Jupyter is protected by a random token. Ask the container for it:
+# `docker compose ps` shows them; each reports `healthy` once its model is loaded. Jupyter is
+# protected by a random token. Ask the container for it:
 #
 # ```bash
 # # runs on the node
-# docker exec jupyter jupyter server list
+# docker compose exec jupyter jupyter server list
 # ```
 #
-# It prints a line like `http://127.0.0.1:8888/?token=0123abcd...`. Paste that address into your
-# browser, with your node's floating IP in place of `127.0.0.1`, then open
+# It prints a line like `http://127.0.0.1:8888/?token=0123abcd...`. Your browser reaches the
+# node's 127.0.0.1 through an SSH tunnel: on your own machine, run
+# `ssh -L 8888:127.0.0.1:8888 -L 8300:127.0.0.1:8300 -L 8100:127.0.0.1:8100 cc@A.B.C.D` (your
+# node's floating IP in place of `A.B.C.D`), paste the address into your browser, then open
 # `work/notebooks/3_fastapi.ipynb` and run it from the top.
 #
 # The notebook cannot run these commands for you: it runs *inside* one of those containers, and
 # the container has no access to Docker on the host.
 #
-# ### On your laptop (the local target)
+# ### On your laptop without Docker (the local target)
 #
-# No Docker needed. `Lab.connect(...)` uses the lab if `make up` is already running it, and otherwise
-# starts the services this notebook needs (FastAPI with PyTorch and with ONNX Runtime; Triton comes
-# in notebook 5) as local processes, and stops them when the notebook's kernel exits. On
-# Chameleon the same line just finds the containers by name.
+# `Lab.connect(...)` uses the lab if `make up` is already running it, and otherwise starts the
+# services this notebook needs (FastAPI with PyTorch and with ONNX Runtime; Triton comes in
+# notebook 5) as local processes, and stops them when the notebook's kernel exits. In the Jupyter
+# container the same line finds the Compose project's services by name, and waits until they answer.
 
 # %%
 from servelab.lab import Lab
@@ -237,7 +243,7 @@ for what, request_kwargs in bad_requests.items():
 # with a 200 that hides an error message in the body.
 #
 # Next, in `4_fastapi_bench.ipynb`, you send real predictions, through the API and through the web
-# UI, and measure how fast the service answers one user, then sixteen. On Chameleon, leave the stack
+# UI, and measure how fast the service answers one user, then sixteen. In Docker, leave the project
 # running. Locally, the next cell stops the services this notebook started; the next notebook starts
 # its own.
 

@@ -8,10 +8,10 @@
 # 3. measure how fast it answers **one** user (PyTorch, then ONNX Runtime);
 # 4. measure what happens when **sixteen** users send at once, and see where the extra time goes.
 #
-# **Where the cells run.** On Chameleon: in the Jupyter container on the node (open
-# `work/notebooks/4_fastapi_bench.ipynb` there), with the Compose stack from notebook 3 running. One
-# step asks you to run a command in your SSH session on the node; the notebook says when. On your
-# laptop: right here. The notebook starts its own local services, and stops them at the end.
+# **Where the cells run.** In Docker (the GPU node, or any machine with Docker): in the Jupyter
+# container of the Compose project from notebook 3 (open `work/notebooks/4_fastapi_bench.ipynb`
+# there). On your laptop without Docker: right here. The notebook starts its own local services,
+# and stops them at the end.
 #
 # Every number in this notebook is printed by a cell from a measurement made during your run.
 # Expect different numbers on a GPU node and on a laptop: the *trends* are what the lab is about.
@@ -29,7 +29,7 @@ import requests
 
 from servelab import paths, plots
 from servelab.expectations import condition, figure, measured
-from servelab.lab import Lab, chameleon_only
+from servelab.lab import Lab
 from servelab.resources import ResourceSampler
 
 lab = Lab.connect("4_fastapi_bench", triton=False)  # these notebooks use FastAPI only
@@ -41,15 +41,16 @@ lab = Lab.connect("4_fastapi_bench", triton=False)  # these notebooks use FastAP
 # Open it in your browser (the cell prints where), click **POST /predict**, then **Try it out**:
 # you can send requests from the page.
 #
-# On Chameleon, your browser reaches the service through the node's floating IP. The name
-# `fastapi_server` only exists inside the Docker network, where this notebook runs.
+# In Docker, your browser reaches the service on port 8100 of the Docker host (through your SSH
+# tunnel on the node: notebook 3 says how). The name
+# `fastapi_pt` only exists inside the Docker network, where this notebook runs.
 
 # %%
 for flavor, url in lab.fastapi_urls.items():
-    if lab.on_chameleon:
+    if lab.on_compose:
         print(
-            f"FastAPI ({flavor}): open http://<your floating IP>:8000/docs in your browser "
-            f"(this notebook itself reaches it as {url})."
+            f"FastAPI ({flavor}): open http://127.0.0.1:{8100 if flavor == 'pt' else 8101}/docs in your browser "
+            f"(the Compose project's published port; this notebook itself reaches it as {url})."
         )
     else:
         print(f"FastAPI ({flavor}): {url}/docs")
@@ -114,12 +115,12 @@ print(f"FastAPI (PyTorch) answered: {api_answer}")
 # upload, forwards it to FastAPI, and renders the answer as HTML. Open the page in your browser to
 # click through it yourself. The next cell does the same as the browser: it posts the photo as a
 # multipart form upload to GourmetGram's `/predict`, and reads the label out of the page it gets
-# back. On Chameleon the page is the `flask` container (port 80 on the node's floating IP); locally,
-# `lab.ui` starts GourmetGram in front of the PyTorch service.
+# back. `lab.ui` starts a GourmetGram in front of the PyTorch service, where this notebook runs;
+# in Docker, your browser has the Compose project's own, the `gourmetgram` service on port 8300.
 
 # %%
 ui_url = lab.ui("fastapi_pt")
-print(f"GourmetGram: {ui_url}" + ("  (in your browser: http://<your floating IP>/)" if lab.on_chameleon else ""))
+print(f"GourmetGram: {ui_url}" + ("  (in your browser: http://127.0.0.1:8300/)" if lab.on_compose else ""))
 
 ui_answer = lab.upload_to_ui(ui_url, paths.SAMPLE_IMAGE.name, image_bytes)
 print(f"Same label as the direct API call: {ui_answer.label == api_answer['prediction']}")
@@ -159,19 +160,8 @@ report(sequential_pt)
 # The service around the model is the same code (`predict_api.py`), so any difference comes from
 # the runtime.
 #
-# **On Chameleon**, one variable picks which app the `fastapi_server` container runs. In your SSH
-# session on the node, in the repository clone, run:
-#
-# ```bash
-# # runs on the node, in the repository clone (~/serve-system)
-# FASTAPI_SERVICE=fastapi_onnx docker compose -f docker/docker-compose-fastapi.yaml up -d --build fastapi_server
-# ```
-#
-# Naming `fastapi_server` at the end rebuilds and restarts only that container, so this Jupyter
-# container, its kernel and the PyTorch measurement above stay as they are. GourmetGram needs no change: it
-# still talks to `http://fastapi_server:8000`, which now answers with ONNX Runtime.
-#
-# **Locally**, both services are already running side by side, so there is nothing to switch.
+# Both services run side by side, in Docker as locally (`fastapi_onnx` beside `fastapi_pt`), so
+# there is nothing to switch: ask the ONNX one what it runs.
 
 
 # %%
@@ -183,21 +173,6 @@ def served_runtime(url: str) -> str | None:
         return None
 
 
-if chameleon_only("wait for the ONNX Runtime server you start on the node, then point this notebook at it"):
-    print(
-        "This notebook runs inside the jupyter container, which cannot run docker on the host: run the "
-        "command above in your SSH session on the node. Waiting for fastapi_server to answer with ONNX Runtime..."
-    )
-    node_url = next(iter(lab.fastapi_urls.values()))
-    deadline = time.monotonic() + 900  # a first build of the ONNX image takes a few minutes
-    while not (served_runtime(node_url) or "").startswith("onnxruntime"):
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                "fastapi_server did not come back with ONNX Runtime within 15 minutes; "
-                "check `docker compose -f docker/docker-compose-fastapi.yaml logs fastapi_server`."
-            )
-        time.sleep(5)
-    lab.fastapi_urls = {"onnx": node_url}
 print(f"ONNX Runtime service: {lab.fastapi_url('onnx')} ({served_runtime(lab.fastapi_url('onnx'))})")
 
 # %% [markdown]
@@ -260,9 +235,9 @@ lab.expect(
 
 # %%
 def listening_pids(url: str) -> list[int]:
-    """Locally, the process serving `url`, so the sampler can show its own CPU use. On Chameleon the
-    server is in another container, out of this one's sight: the sampler then shows the whole node."""
-    if lab.on_chameleon:
+    """Locally, the process serving `url`, so the sampler can show its own CPU use. In Docker the
+    server is in another container, out of this one's sight: the sampler then shows the whole machine."""
+    if lab.on_compose:
         return []
     port = int(url.rsplit(":", 1)[1])
     return sorted(
@@ -327,7 +302,7 @@ lab.expect(
     reason=f"a request alone already ran its inference on {threads_alone} thread(s) of {lab.hardware()}, so "
     f"{senders} senders could add little beyond overlapping one request's decoding with another's inference, "
     "and the load generator shares the machine"
-    if not lab.on_chameleon
+    if not lab.gpus
     else f"the service runs {slots} inference slot(s) with {threads_alone} thread(s) each",
 );
 # %% [markdown]
@@ -384,7 +359,7 @@ plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concur
 # `/health` states the plan a service runs.
 #
 # The next cell starts the PyTorch service four times, each with one plan, on this machine
-# (locally, or in the Jupyter container on the node), and measures each one alone (one request at
+# (locally, or in the Jupyter container in Docker), and measures each one alone (one request at
 # a time) and under load (four senders per core).
 #
 # **Expectation.** On a CPU:
@@ -398,7 +373,7 @@ plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concur
 # work: expect much smaller differences there.
 
 # %%
-from servelab.cores import available_cores
+from servelab.service.cores import available_cores
 
 cores = available_cores()
 crowded = max(2, cores)  # slots, each with every core: more busy threads than cores
@@ -491,13 +466,7 @@ lab.table();
 # %%
 plots.plot_latency_cdf(lab.results, log_x=True, title="FastAPI: latency per request, every run of this notebook");
 # %% [markdown]
-# On Chameleon, bring this stack down before starting Triton in the next notebook (both use port 8000):
-#
-# ```bash
-# # runs on the node, in the repository clone (~/serve-system)
-# docker compose -f docker/docker-compose-fastapi.yaml down
-# ```
-#
+# In Docker, leave the project running: Triton, in the next notebook, is already up beside FastAPI.
 # Locally, the next cell stops the services this notebook started.
 
 # %%

@@ -21,88 +21,49 @@
 #
 # The benchmarks come in the next notebook, `6_triton_bench.ipynb`.
 #
-# **Where things run.** On Chameleon, the shell commands below run on the GPU node
-# (`node-serve-system`, in your SSH session), and the Python cells run in the Jupyter
-# container on that node. On your own machine, every cell runs locally: the notebook starts
-# its own Triton server, CPU only, on 127.0.0.1.
+# **Where things run.** In Docker (the GPU node, or any machine with Docker), the Python cells
+# run in the Jupyter container of the lab's Compose project, next to its `triton` service, and the
+# shell commands below on the Docker host (on the node, in your SSH session). On your own machine
+# without Docker, every cell runs locally: the notebook starts its own Triton server, CPU only,
+# on 127.0.0.1.
 
 # %% [markdown]
-# ## Bring up the Triton stack
+# ## Bring up Triton
 #
-# **On Chameleon**, the FastAPI containers from the previous notebook use the same ports, so
-# stop them first. Then, on the node host, in the repository clone:
-#
-# ```bash
-# # runs on node-serve-system
-# docker compose -f docker/docker-compose-fastapi.yaml down
-# docker compose -f docker/docker-compose-triton.yaml up -d --build
-# ```
-#
-# This builds and starts three containers: `triton_server` (Triton 24.12 with PyTorch added
-# for the Python backend), `flask` (GourmetGram, published on port 80) and `jupyter`. The
-# first build downloads a large image and installs PyTorch into it, which takes many minutes;
-# later starts are quick. Follow the server as it loads the models:
+# **In Docker**, Triton is already up: the Compose project of notebook 3 runs it beside FastAPI
+# (`triton`, with the NVIDIA image 24.12 and PyTorch added for the Python backend). Its first
+# build downloads a large image and installs PyTorch into it, which takes many minutes. Follow
+# the server as it loads the models, on the Docker host, in the repository clone:
 #
 # ```bash
-# # runs on node-serve-system
-# docker logs -f triton_server
+# # runs on the Docker host (the node)
+# docker compose logs -f triton
 # ```
 #
 # Wait for a table that lists `food_classifier` and `food_classifier_onnx` as `READY`, and for
 # `Started HTTPService at 0.0.0.0:8000`; then Ctrl-C stops following the log (the server keeps
-# running). Get the new Jupyter container's address with
-# `docker exec jupyter jupyter server list`, open it with your node's floating IP in place of
-# `localhost`, and open `work/notebooks/5_triton.ipynb` there.
+# running). `Lab.connect(...)` below waits until Triton answers.
 #
 # **On your own machine**, there is nothing to start by hand: `Lab.connect(...)` uses a stack
 # already started with `make up`, or starts a private one for this notebook (FastAPI and Triton)
 # and stops it when the notebook's kernel shuts down.
 
 # %%
-# runs in the Jupyter container on the node (Chameleon) or on your machine (local)
+# runs in the Jupyter container (Docker) or on your machine (local)
 import base64
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import requests
 import tritonclient.http as triton_http
-from tritonclient.utils import InferenceServerException
 
 from servelab import paths
-from servelab.lab import Lab, chameleon_only
+from servelab.lab import Lab
 from servelab.triton_config import TritonConfig
 
 lab = Lab.connect("5_triton")
 triton = triton_http.InferenceServerClient(lab.triton_http)
-
-# %% [markdown]
-# The compose command itself has to run on the host: this Jupyter container is one of the
-# containers it creates, and it has no Docker inside. What the notebook *can* do on Chameleon
-# is wait until the server it talks to is up, which is useful right after a first build, when
-# Triton is still loading models. (Locally, `Lab.connect(...)` already waited.)
-
-
-# %%
-def server_ready(client: triton_http.InferenceServerClient) -> bool:
-    try:
-        return client.is_server_ready()
-    except (OSError, InferenceServerException):  # not listening yet, or still starting up
-        return False
-
-
-if chameleon_only("wait for the Triton container started by docker compose on the node"):
-    deadline = time.monotonic() + 600
-    while not server_ready(triton):
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"Triton at {lab.triton_http} is not ready after 10 minutes: "
-                "check `docker logs triton_server` on the node."
-            )
-        print("Triton is not ready yet (still starting, or still loading models); checking again in 10 s...")
-        time.sleep(10)
-    print(f"Triton at {lab.triton_http} is ready.")
 
 # %% [markdown]
 # ## Anatomy of a Triton model repository
@@ -111,8 +72,8 @@ if chameleon_only("wait for the Triton container started by docker compose on th
 # model. Each model folder holds a `config.pbtxt` that describes the model, and one numbered
 # sub-folder per model version (we have only version `1`) with the model's files.
 #
-# Our repository is `models_staging/` in the lab's repository. On Chameleon it is mounted into
-# the Triton container as `/models`. Here is our first model, `food_classifier`, which runs the
+# Our repository is `models_staging/` in the lab's repository. In Docker it is mounted into the
+# Triton container as `/models`. Here is our first model, `food_classifier`, which runs the
 # PyTorch MobileNetV2 inside Triton's **Python backend**:
 
 
@@ -142,12 +103,13 @@ show_tree(paths.MODELS_STAGING_DIR / "food_classifier")
 #   how large a batch it accepts, and how many instances of it to run, where.
 # - `1/model.py`: the Python backend's entry point, the code that runs for each request.
 # - `1/food11.pth`: the MobileNetV2 weights that `model.py` loads.
-# - `1/food11.py`: the lab's labels, image decoding and preprocessing, shared by every service.
 # - `1/food11.pth.weights.json`: a record of whether those weights are trained (see the
 #   README: without a downloadable checkpoint, the lab builds an *untrained* model, so its
 #   timing is real but its labels are not meaningful).
 #
-# The last three are generated by `make artifacts` and are not committed to git.
+# The last two are generated by `make artifacts` and are not committed to git. The lab's labels,
+# image decoding and preprocessing that `model.py` imports are not copied here: they are the lab's
+# service package (`servelab.service.food11`), installed where the server runs, as in every service.
 #
 # ### `config.pbtxt`
 #
@@ -245,20 +207,17 @@ for entry in triton.get_model_repository_index():
 # (`GET /v2/models/<name>/config`) reports what it is *actually* running, with all its own
 # defaults filled in. That is worth checking, because it can differ from the file.
 #
-# It does differ on your own machine, and the lab does not hide it. The local stack runs Triton
-# 2.51 from a pip package (the node runs 2.53), with no GPU and no ONNX Runtime backend, so it
-# serves an adapted copy of the repository:
-#
-# - every `KIND_GPU` instance group becomes `KIND_CPU`;
-# - `food_classifier_onnx` is served by a Python-backend model that runs the same `model.onnx`
-#   with ONNX Runtime on the CPU, and its config carries a `served_by` parameter that says so;
-# - both configs carry a `weights` parameter saying whether the weights are trained;
-# - each staged `model.py` starts with one added line that puts the lab's virtualenv on
-#   `sys.path`, because the pip-installed Triton runs `model.py` in an interpreter that ignores
-#   `PYTHONPATH`.
-#
-# On Chameleon, the configs are served as written: `KIND_GPU` and the real `onnxruntime`
-# backend.
+# Every Triton of the lab serves a copy of the repository staged for the server it runs on, and
+# the lab does not hide the difference. Both configs carry a `weights` parameter saying whether the
+# weights are trained. Where the server has no GPU (your own machine, or Docker's CPU variant),
+# every `KIND_GPU` instance group becomes `KIND_CPU`. Where it has no ONNX Runtime backend (the
+# local stack runs Triton 2.51 from a pip package, which has only the Python backend),
+# `food_classifier_onnx` is served by a Python-backend model that runs the same `model.onnx` with
+# ONNX Runtime on the CPU, and its config carries a `served_by` parameter that says so. Locally,
+# each staged `model.py` also starts with one added line that puts the lab's virtualenv on
+# `sys.path`, because the pip-installed Triton runs `model.py` in an interpreter that ignores
+# `PYTHONPATH`. On the GPU node's image, the configs are served as written: `KIND_GPU` and the
+# real `onnxruntime` backend.
 
 
 # %%
@@ -287,8 +246,8 @@ for model in lab.models.names():
     print()
 
 # %% [markdown]
-# Locally you can also compare the file the server loads with the one in `models_staging/`,
-# line by line (on Chameleon they are the same file, so there is no difference to show):
+# You can also compare the file the server loads with the one in `models_staging/`, line by line
+# (on the GPU node only the weights parameters differ):
 
 # %%
 for model in lab.models.names():
@@ -325,13 +284,13 @@ print(f"food_classifier says: {label} (probability {probability:.3f}); weights: 
 # GourmetGram has not changed: it still takes a photo upload, but now it forwards the image to
 # Triton's `food_classifier` model instead of to FastAPI.
 #
-# - **On Chameleon**, open `http://A.B.C.D` in your browser (your node's floating IP in place
-#   of `A.B.C.D`), upload a food photo and press the button to classify it.
-# - **Locally**, the next cell starts GourmetGram on 127.0.0.1 and prints its address; open it
-#   in a browser on this machine while the notebook's kernel is running.
-#
-# Either way, the cell then does what your browser does: it uploads a photo to `/predict` as an
-# HTTP multipart form, and reads the label from the page that comes back.
+# The next cell starts a GourmetGram in front of `food_classifier` where this notebook runs, and
+# does what your browser does: it uploads a photo to `/predict` as an HTTP multipart form, and
+# reads the label from the page that comes back. Locally, open its address in a browser on this
+# machine while the notebook's kernel is running. In Docker, your browser has the Compose
+# project's `gourmetgram` service (port 8300, through your SSH tunnel on the node); put it in front
+# of Triton on the Docker host with
+# `GOURMETGRAM_TRITON_URL=triton:8000 FOOD11_MODEL_NAME=food_classifier docker compose up -d gourmetgram`.
 
 # %%
 ui_url = lab.ui("food_classifier")
@@ -346,13 +305,13 @@ lab.upload_to_ui(ui_url, "soup.jpg", lab.sample_image())
 #
 # ## Wrapping up
 #
-# The Triton stack stays up for the next notebook, `6_triton_bench.ipynb`, where we measure
+# In Docker, Triton stays up for the next notebook, `6_triton_bench.ipynb`, where we measure
 # it: queueing under concurrency, more model instances, the ONNX Runtime backend, bursty
 # arrivals and dynamic batching.
 #
 # Locally, the services this notebook started stop with its kernel; the next cell stops them
-# right away, to free the CPU for the benchmarks (on Chameleon it does nothing: the containers
-# keep running).
+# right away, to free the CPU for the benchmarks (in Docker it does nothing: the containers keep
+# running).
 
 # %%
 lab.stop()

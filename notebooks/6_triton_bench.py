@@ -7,10 +7,11 @@
 # against this run's own numbers. Some expectations come from the GPU node this lab was written
 # for and may not hold on a laptop's CPU; when one does not, the check says so and explains why.
 #
-# **Where things run.** On Chameleon, the Python cells run in the Jupyter container on the GPU
-# node, next to the `triton_server` container they measure, and the shell commands run on the
-# node host in your SSH session. On your own machine, every cell runs locally against a Triton
-# server the notebook starts, CPU only.
+# **Where things run.** In Docker (the GPU node, or any machine with Docker), the Python cells
+# run in the Jupyter container of the lab's Compose project, next to the `triton` service they
+# measure, and the shell commands run on the Docker host (on the node, in your SSH session). On
+# your own machine without Docker, every cell runs locally against a Triton server the notebook
+# starts, CPU only.
 #
 # **The tool.** We measure with `perf_analyzer`, the load generator that ships with Triton's
 # client library. It runs in one of two modes:
@@ -33,7 +34,7 @@
 # summary, and keeps every result for the table at the end.
 
 # %%
-# runs in the Jupyter container on the node (Chameleon) or on your machine (local)
+# runs in the Jupyter container (Docker) or on your machine (local)
 import matplotlib.pyplot as plt
 import numpy as np
 import requests
@@ -130,13 +131,13 @@ lab.expect(
 # If one instance is busy, a second could serve the next request in parallel. The lab's
 # original GPU node has two GPUs; the next cell asks for two instances on each of them (four
 # in all) by editing `instance_group`, and reloads the model. The printout shows the edit to
-# `config.pbtxt`, and, on your own machine, how the local stack adapts it to the CPU: the same
-# number of instances, as CPU instances. Triton then starts one Python process per instance.
+# `config.pbtxt`, and, where the server has no GPU, how it is adapted to the CPU: the same number
+# of instances, as CPU instances. Triton then starts one Python process per instance.
 #
-# On Chameleon, run `nvidia-smi` on the node host afterwards: it lists a
-# `triton_python_backend_stub` process per instance, two on each GPU. The instances run in the
-# Triton container, out of this notebook's sight, so here each run records the GPUs' utilization;
-# on your own machine it records the CPU of every instance's process.
+# On the GPU node, run `nvidia-smi` on the node host afterwards: it lists a
+# `triton_python_backend_stub` process per instance, two on each GPU. In Docker the instances run
+# in the Triton container, out of this notebook's sight, so there each run records the GPUs'
+# utilization; on your own machine it records the CPU of every instance's process.
 
 # %%
 two_per_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_GPU", "gpus": [1]}]
@@ -185,7 +186,8 @@ rate = {name: figure(result, "throughput_rps", name) for name, result in scaling
 instances_cpu = {
     name: measured(f"instances' CPU with {name}", sum(summarize(result.resources).get("processes", {}).values()),
                    "% of a core")
-    for name, result in scaling.items() if result is not None and result.resources
+    for name, result in scaling.items()
+    if result is not None and result.resources and summarize(result.resources).get("processes")  # seen from here
 }
 for name, used in instances_cpu.items():
     print(
@@ -212,7 +214,7 @@ lab.expect(
 # What the machine did during each run, in place of the original lab's nvtop screenshots. On your
 # own machine: the CPU of each instance's process, stacked (100% is one core busy all the time);
 # the dashed line is every core busy. Where the stack reaches the line, more instances can only
-# take turns. On Chameleon: the GPUs' utilization, from the Jupyter container.
+# take turns. In Docker: the machine's CPU and the GPUs' utilization, from the Jupyter container.
 
 # %%
 for name, result in scaling.items():
@@ -221,7 +223,7 @@ for name, result in scaling.items():
     summary = summarize(result.resources)
     gpus = ", ".join(f"GPU {gpu['index']} {gpu['util_percent_mean']}%" for gpu in summary["gpus"]) or "no GPU"
     print(f"{name}: machine CPU {summary['cpu_percent_mean']}% of all {lab.cores} cores; {gpus}")
-if not lab.on_chameleon:
+if not lab.on_compose:
     plots.plot_process_cpu(scaling, lab.cores, title="food_classifier at 8 clients: CPU of each instance")
     plt.show()
 
@@ -258,9 +260,9 @@ lab.expect(
     "the ONNX Runtime model beats the Python-backend model at concurrency 1",
     condition("more requests per second", onnx_rate.value > python_rate.value, onnx_rate, python_rate),
     condition("a lower mean latency", onnx_ms.value < python_ms.value, onnx_ms, python_ms),
-    reason="locally the ONNX model also runs behind the Python backend, and each of its requests carries "
-    "600 KB of float32 pixels instead of a compressed JPEG"
-    if not lab.on_chameleon
+    reason="this Triton has no ONNX Runtime backend: the ONNX model also runs behind the Python backend, and "
+    "each of its requests carries 600 KB of float32 pixels instead of a compressed JPEG"
+    if lab.served_config("food_classifier_onnx").get("backend") == "python"
     else f"on {lab.hardware()}, both models spend most of a request outside the network",
 );
 
@@ -309,18 +311,15 @@ lab.expect(
 # do the decoding, resizing and normalizing before it calls Triton, and the softmax and the
 # label after. The same app does this when it is pointed at `food_classifier_onnx`.
 #
-# **On Chameleon**, switch the `flask` container to the ONNX model on the node host. Name the
-# service (`flask`) and pass `--no-deps`, so that Compose recreates only that container and not
-# the Jupyter container this notebook runs in:
+# The next cell starts a second GourmetGram, pointed at the ONNX model, asks it which backend it
+# uses and uploads a photo to it, as a browser would. In Docker, put the project's own
+# `gourmetgram` service (your browser's, port 8300) in front of it on the Docker host, and upload a
+# photo there too; name the service, so that Compose recreates only that container:
 #
 # ```bash
-# # runs on node-serve-system
-# FOOD11_MODEL_NAME=food_classifier_onnx docker compose -f docker/docker-compose-triton.yaml up -d --no-deps flask
+# # runs on the Docker host (the node)
+# GOURMETGRAM_TRITON_URL=triton:8000 FOOD11_MODEL_NAME=food_classifier_onnx docker compose up -d gourmetgram
 # ```
-#
-# Then upload a photo at `http://A.B.C.D` again. **Locally**, the next cell starts a second
-# GourmetGram pointed at the ONNX model. Either way, the cell asks the UI which backend it uses
-# and uploads a photo to it, as a browser would.
 
 # %%
 onnx_ui = lab.ui("food_classifier_onnx")
@@ -328,10 +327,6 @@ health = requests.get(f"{onnx_ui}/healthz", timeout=10).json()
 print(
     f"GourmetGram at {onnx_ui}: backend {health['backend']!r}, model {health['model']!r}, weights {health['weights']}"
 )
-if health["model"] != "food_classifier_onnx":
-    print(
-        "This UI still talks to another model: run the docker compose command above on the node, then this cell again."
-    )
 lab.upload_to_ui(onnx_ui, "soup.jpg", lab.sample_image())
 print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()["model_input"])
 
@@ -352,7 +347,7 @@ print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()[
 # slower machine those rates would simply overload the server. So first `lab.capacity` measures
 # what one ONNX instance can do here, once: a request alone (its latency, and how much that
 # varies), and the requests per second it completes when it is never idle. That one capacity
-# figure is used from here on: to scale the four rates (on Chameleon they are used unchanged),
+# figure is used from here on: to scale the four rates (on a GPU server they are used unchanged),
 # and by the queueing models at the end.
 #
 # In open-loop mode the throughput just follows the rate we chose, so we look at latency only.
@@ -564,16 +559,16 @@ plots.plot_latency_throughput_vs_concurrency(lab.results, title="Triton: latency
 plt.show()
 
 # %% [markdown]
-# On Chameleon, when you are done, download this notebook with its outputs for your records,
-# then bring the services down on the node host:
+# In Docker, the project keeps running for the next notebooks; when you are done with the lab,
+# download the notebooks with their outputs for your records, then bring it down on the Docker host:
 #
 # ```bash
-# # runs on node-serve-system
-# docker compose -f docker/docker-compose-triton.yaml down
+# # runs on the Docker host (the node), in the repository clone
+# docker compose down
 # ```
 #
-# Locally, the next cell stops the services this notebook started (on Chameleon it does
-# nothing: the containers keep running until you bring them down).
+# Locally, the next cell stops the services this notebook started (in Docker it does nothing:
+# the containers keep running until you bring them down).
 
 # %%
 lab.stop()

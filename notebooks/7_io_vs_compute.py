@@ -23,8 +23,8 @@
 # slot, downloads overlap each other and the model, so once enough requests are in flight the slot
 # is always busy, and the throughput approaches one request per S.
 #
-# **Where the cells run.** On Chameleon: in the Jupyter container on the node, with the services of
-# `docker/docker-compose-fastapi.yaml` (its `image_host` container is the object store). Locally: here,
+# **Where the cells run.** In Docker: in the Jupyter container of the lab's Compose project (its
+# `image_host` service is the object store). Locally: here,
 # against services this notebook starts. Either way, the two service variants measured below run as
 # processes next to this notebook.
 
@@ -223,8 +223,8 @@ lab.table()
 lab.verdicts();
 
 # %% [markdown]
-# Locally, the next cell stops the services this notebook started (on Chameleon it does nothing:
-# the containers keep running until you bring them down on the node).
+# Locally, the next cell stops the services this notebook started (in Docker it does nothing: the
+# containers keep running until you bring them down).
 
 # %%
 lab.stop()

@@ -25,11 +25,11 @@
 # Each replica runs the very app of `fastapi_onnx` (same `/predict`, same errors, same predict
 # slot), so every client of the lab works with it unchanged.
 #
-# **Where the cells run.** On Chameleon: against the `ray_serve` Compose service (two GPU
-# replicas at most, one GPU each); the notebook deploys its edited configs through Serve's REST
-# API and puts the shipped one back at the end. Locally: against a one-node Ray on 127.0.0.1 (the
-# one of `make up`, or one this notebook starts), each replica given a share of the CPU cores
-# instead of a GPU.
+# **Where the cells run.** In Docker: against the `ray_serve` service of the lab's Compose project
+# (on the GPU node, two GPU replicas at most, one GPU each); the notebook deploys its edited
+# configs through Serve's REST API and puts the shipped one back at the end. Locally: against a
+# one-node Ray on 127.0.0.1 (the one of `make up`, or one this notebook starts). Where Ray has no
+# GPU (locally, or Docker's CPU variant), each replica is given a share of the CPU cores instead.
 
 # %%
 import base64
@@ -55,8 +55,8 @@ print(f"The models run on {lab.hardware()}; Ray Serve at {serve.url}.")
 # %% [markdown]
 # ## The config as shipped
 #
-# This is the file the GPU node's container deploys. Locally it is adapted before it is served:
-# the next cells print the difference each time.
+# This is the file the GPU node's container deploys. Where Ray has no GPU, and locally, it is
+# adapted before it is served: the next cells print the difference each time.
 
 # %%
 print((paths.RAY_SERVE_DIR / "serve_config.yaml").read_text())
@@ -334,15 +334,15 @@ lab.expect(
 # left, 100% / (CPU % with two replicas), give or take 15%.
 
 # %%
-replica_counts = (1, 2) if lab.gpus else (1, 2, 3)
+replica_counts = (1, 2) if serve.hardware.gpus else (1, 2, 3)
 by_replicas, cpu_by_replicas = {}, {}
 for replicas in replica_counts:
     config = serve.shipped_config()
     food11 = serve.settings(config)
     food11.pop("autoscaling_config")
     food11.update(num_replicas=replicas, max_ongoing_requests=MAX_ONGOING)
-    if serve.local_port is not None:  # every run gives a replica the same share, small enough for the most replicas
-        food11["ray_actor_options"]["num_cpus"] = int(lab.cores / max(replica_counts) * 1000) / 1000
+    if not serve.hardware.gpus:  # every run gives a replica the same share, small enough for the most replicas
+        food11["ray_actor_options"]["num_cpus"] = int(serve.hardware.cores / max(replica_counts) * 1000) / 1000
     serve.apply(config, quiet=replicas > 1)
     with serve.watch() as watcher:
         by_replicas[replicas] = lab.closed_loop(
@@ -352,7 +352,7 @@ for replicas in replica_counts:
     print(f"  CPU busy: {cpu_by_replicas[replicas]:.0f}% of all cores")
 
 throughputs = {n: figure(by_replicas[n], "throughput_rps", f"{n} replica(s)") for n in replica_counts}
-if lab.gpus:
+if serve.hardware.gpus:
     gain = throughputs[2].value / throughputs[1].value
     lab.expect(
         "each GPU replica adds capacity",
@@ -511,7 +511,7 @@ MODEL = "food_classifier_onnx"
 triton_runs = {}
 for max_queue in (2, 0):
     queue_policy = {"max_queue_size": max_queue, "timeout_action": "REJECT"} if max_queue else {}
-    edited = lab.config(MODEL).with_fields(max_batch_size=1).with_instance_groups([{"count": 2, "kind": "KIND_CPU"}])
+    edited = lab.config(MODEL).with_fields(max_batch_size=1).with_instance_groups(lab.instance_groups(2))
     edited = (
         edited.with_dynamic_batching(default_queue_policy=queue_policy)
         if queue_policy
@@ -574,7 +574,7 @@ lab.table()
 lab.verdicts()
 # %% [markdown]
 # The next cell deploys the shipped Ray Serve config again and, locally, stops what this notebook
-# started (on Chameleon the containers keep running until you bring them down on the node).
+# started (in Docker the containers keep running until you bring them down).
 
 # %%
 serve.restore()

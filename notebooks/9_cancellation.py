@@ -145,14 +145,14 @@ for setting in ("off", "on"):
 # that requests wait in the scheduler's queue where a cancel can drop them. Triton's statistics
 # count a request the model answered CANCELLED as a success, so the inferences computed are its
 # successes less the cancelled requests the model logged (read from Triton's log: locally the
-# stack's log file; on the node the copy the Triton container writes to a volume this notebook's
-# container mounts, while `docker logs triton_server` shows the same lines).
+# stack's log file; in Docker the copy the Triton container writes to a volume this notebook's
+# container mounts, while `docker compose logs triton` shows the same lines).
 
 # %%
 one_at_a_time = (
     lab.config(TRITON_MODEL)
     .with_fields(max_batch_size=1)
-    .with_instance_groups([{"count": 1, "kind": "KIND_CPU"}])
+    .with_instance_groups(lab.instance_groups(1))
     .with_dynamic_batching()
 )
 lab.apply_config(TRITON_MODEL, one_at_a_time)
@@ -254,7 +254,8 @@ plt.show()
 # Verbose logging slows every step the server takes, the handling of a cancellation included,
 # which widens the race's window: that is how the probe sees in seconds what otherwise takes
 # minutes. Locally it runs against a Triton of this notebook's own, with the same model and
-# config, so that the lab's server is never crashed on purpose; on the node, against the node's.
+# config, so that the lab's server is never crashed on purpose; in Docker, against the Compose
+# project's (Docker restarts it if it crashes, and the runs it interrupted are marked).
 #
 # **Prediction 5**, on a release with the race (2.51): at the service-time deadline a larger share
 # of the cancellations is handled as the answer completes (COMPLETE or FINISH) than at the
@@ -268,8 +269,8 @@ RACE_FIXED_IN = (2, 53)
 
 @contextlib.contextmanager
 def probe_server():
-    """Locally a private Triton serving the model alone; on the node the node's, configured alike."""
-    if not lab.on_chameleon:
+    """Locally a private Triton serving the model alone; in Docker the project's, configured alike."""
+    if not lab.on_compose:
         with lab.private_triton(TRITON_MODEL, one_at_a_time) as own:
             yield own
         return

@@ -63,7 +63,8 @@ class SayWhere:
 
 def build_app():
     import ray
-    from onnx_service import onnx_app  # imported in the replica, where the model runs
+
+    from servelab.service.onnx_service import onnx_app  # imported in the replica, where the model runs
 
     app = onnx_app(MODEL_PATH, title="Food-11 classifier (ONNX Runtime on Ray Serve)")
     replica = serve.get_replica_context().replica_id.unique_id

@@ -3,7 +3,9 @@
 # `serve run serve_config.yaml` would start it, except that Ray's dashboard (Serve's REST API,
 # where notebook 8 deploys its edited configs) and Ray's metrics answer on the Compose network.
 # Neither port is published on the host, and both want Ray's token, which this script writes to
-# the volume the Jupyter container shares (read-only there).
+# the volume the Jupyter container shares (read-only there), with the container's hardware: the
+# config is deployed as written with a GPU, and with a share of the cores per replica without one
+# (servelab.service.serve_config), and the notebooks adapt their edits the same way.
 set -eu
 
 token="${RAY_AUTH_TOKEN_PATH:?set RAY_AUTH_TOKEN_PATH (the Compose file does)}"
@@ -14,9 +16,12 @@ fi
 # Readable by the Jupyter container's user (group users, 100), no one else.
 chgrp 100 "$token" && chmod 0640 "$token"
 
+shared="${RAY_SHARED_DIR:?set RAY_SHARED_DIR (the Compose file does)}"
+python -m servelab.service.serve_config serve_config.yaml /tmp/serve_config.served.yaml --hardware "$shared/hardware.json"
+
 ray start --head --disable-usage-stats \
     --dashboard-host 0.0.0.0 --dashboard-port 8265 --metrics-export-port 8080
-serve deploy serve_config.yaml --address http://127.0.0.1:8265
+serve deploy /tmp/serve_config.served.yaml --address http://127.0.0.1:8265
 
 # `docker compose down` sends SIGTERM: stop Ray cleanly. Until then, stay up while Ray runs.
 trap 'ray stop; exit 0' TERM INT

@@ -4,8 +4,8 @@
 1. builds `food11.pth` (a MobileNetV2 state_dict with an 11-class head) and `food11.onnx`
    (input `input` float32 [N,3,224,224], output `output` float32 [N,11], N dynamic),
 2. copies them, with a `<file>.weights.json` record of where their weights came from, into the
-   FastAPI folders and the Triton model versions, together with the shared Python modules
-   (`food11.py`, `predict_api.py` and the modules it imports) so that each Docker build context is self-contained.
+   service folders and the Triton model versions that load them. Model files only: the code the
+   services share is a package (servelab.service), installed, never copied.
 
 Weights: a trained Food-11 checkpoint when the user supplies one (path or URL plus its SHA-256,
 which is verified); otherwise a deterministic, seeded, UNTRAINED model. Serving cost is the same
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab import paths
-from servelab.food11 import IMAGE_SIZE, LABELS, WEIGHTS_INFO_SUFFIX
-from servelab.models import ENTRIES, SHARED_MODULES
+from servelab.models import ENTRIES
+from servelab.service.food11 import IMAGE_SIZE, LABELS, WEIGHTS_INFO_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -246,37 +246,15 @@ def build_artifacts(out_dir: Path, source: WeightsSource, force: bool = False) -
     return BuiltArtifacts(pth, onnx, weights_info)
 
 
-# The shared modules each service folder gets a copy of: the prediction service (predict_api.py
-# and what it imports) in every one, its ONNX Runtime app in the two that run ONNX.
-SERVICE_MODULES = (
-    "food11.py",
-    "cores.py",
-    "devices.py",
-    "predict_api.py",
-    "image_fetch.py",
-    "predict_metrics.py",
-    "client_gone.py",
-)
-FOLDER_MODULES = {
-    paths.FASTAPI_PT_DIR: SERVICE_MODULES,
-    paths.FASTAPI_ONNX_DIR: (*SERVICE_MODULES, "onnx_service.py"),
-    paths.RAY_SERVE_DIR: (*SERVICE_MODULES, "onnx_service.py"),
-}
-
-
 def placements(built: BuiltArtifacts) -> list[tuple[Path, Path]]:
-    """(source, destination) for every generated file a service or Triton model reads."""
-    shared = paths.SHARED_SOURCE_DIR
+    """(source, destination) for every model file a service or Triton model loads."""
     pairs = [
         (built.pth, paths.FASTAPI_PT_DIR / "food11.pth"),
         (built.onnx, paths.FASTAPI_ONNX_DIR / "food11.onnx"),
         (built.onnx, paths.RAY_SERVE_DIR / "food11.onnx"),
-        *((shared / module, folder / module) for folder, modules in FOLDER_MODULES.items() for module in modules),
-        (shared / "food11.py", paths.GOURMETGRAM_DIR / "food11.py"),
     ]
     # Each Triton model's generated files, as its registry entry lists them, in its version 1.
     generated = {"pytorch weights": built.pth, "onnx graph": built.onnx}
-    generated |= {module: shared / module for module in SHARED_MODULES}
     for name, entry in ENTRIES.items():
         for file_name, kind in entry.artifacts.items():
             if kind not in generated:

@@ -47,12 +47,12 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from servelab import artifacts, bench_report, inprocess, loadgen, paths, perf_analyzer, triton_stats
-from servelab.cores import available_cores, thread_plan
 from servelab.environment import machine_info
 from servelab.models import ModelRepository
 from servelab.profiles import PROFILES, Profile
 from servelab.resources import ResourceSampler
 from servelab.results import RunResult, pooled, save_results
+from servelab.service.cores import available_cores, thread_plan
 from servelab.stack import LocalStack, Ports, ServiceSpec, fastapi_service, triton_service
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,12 @@
 """Where the lab runs: the target, the Chameleon-only guard, and the machine.
 
+LAB_TARGET names the services the notebooks measure, wherever they run:
+- `local` (the default): the lab's services as processes on this machine (servelab.stack);
+- `compose`: the services of the Compose project (compose.yaml), reached by their service names
+  from its Jupyter container, on the GPU node or on any Docker host (the CPU variant);
+- `chameleon`: Chameleon's own Jupyter server, where notebooks 1 and 2 reserve and set up the GPU
+  node with python-chi; the lab's services are not there.
+
 Standard library only: notebooks 0-2 import this on Chameleon's own Jupyter server, where none
 of the lab's other packages are installed.
 """
@@ -12,25 +19,27 @@ import platform
 import subprocess
 from pathlib import Path
 
-TARGETS = ("local", "chameleon")
+TARGETS = ("local", "compose", "chameleon")
 
 
 def current_target() -> str:
     target = os.environ.get("LAB_TARGET", "local")
     if target not in TARGETS:
-        raise ValueError(f"LAB_TARGET={target!r}: use 'local' or 'chameleon'")
+        raise ValueError(f"LAB_TARGET={target!r}: use 'local', 'compose' or 'chameleon'")
     return target
 
 
 def chameleon_only(what: str) -> bool:
-    """Guard for cells that can only run on Chameleon (credentials, the node, Docker).
+    """Guard for cells that can only run on Chameleon's Jupyter server (python-chi, your
+    credentials, commands on the node).
 
-    Returns True on the chameleon target. On the local target it prints that the cell was
-    skipped and why, so the skip is visible in the notebook's output, never silent.
+    Returns True on the chameleon target. On another target it prints that the cell was skipped
+    and why, so the skip is visible in the notebook's output, never silent.
     """
-    if current_target() == "chameleon":
+    target = current_target()
+    if target == "chameleon":
         return True
-    print(f"[skipped on the local target] {what}: this needs Chameleon (set LAB_TARGET=chameleon there).")
+    print(f"[skipped on the {target} target] {what}: this needs Chameleon (set LAB_TARGET=chameleon there).")
     return False
 
 
@@ -53,3 +62,14 @@ def machine_info() -> dict:
         )
         gpus = [line.strip() for line in listing.stdout.splitlines() if line.strip()]
     return {"cpu": cpu_model, "cores": os.cpu_count(), "gpus": gpus or ["none"], "platform": platform.platform()}
+
+
+def compose_setting(name: str) -> str:
+    """A setting compose.yaml gives the Jupyter container (a service's address, a shared folder)."""
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(
+            f"{name} is not set. On the compose target the notebooks run in the Jupyter container of the "
+            "Compose project (compose.yaml), which sets it: open them there."
+        )
+    return value

@@ -42,10 +42,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from servelab import paths
-from servelab.cores import ThreadPlan, available_cores, thread_plan
-from servelab.devices import Placement, device_setting, onnx_session, torch_device
-from servelab.food11 import LABELS, decode_base64_image, preprocess
 from servelab.results import LatencySummary, RunResult
+from servelab.service.cores import ThreadPlan, available_cores, thread_plan
+from servelab.service.devices import Placement, device_setting, onnx_session, torch_device
+from servelab.service.food11 import LABELS, decode_base64_image, preprocess
 
 log = logging.getLogger(__name__)
 

@@ -3,21 +3,23 @@
     from servelab.lab import Lab
     lab = Lab.connect()
 
-LAB_TARGET chooses the target:
-- `local` (the default): the embedded stack on 127.0.0.1, CPU only. A stack already started with
-  `make up` is used; otherwise the notebook starts one and stops it when its kernel exits.
-- `chameleon`: the Docker Compose services on the GPU node, reached by their service names from
-  the Jupyter container.
+LAB_TARGET chooses the target (servelab.environment):
+- `local` (the default): the lab's services as processes on 127.0.0.1, CPU only. A stack already
+  started with `make up` is used; otherwise the notebook starts one and stops it when its kernel exits.
+- `compose`: the services of the Compose project (compose.yaml), reached by their service names
+  from its Jupyter container, on the GPU node or on any Docker host. A config edit is adapted to
+  the hardware of the server that runs it, as its container's start recorded it.
 
 LAB_PROFILE chooses how long each measurement runs (servelab.profiles): `full` (the default) or
 `quick` (CI; every experiment still runs, with short windows).
 
 Every run is appended to `results/notebooks/<notebook>.jsonl` as it ends, so a crash, a kernel
 restart or a closed tab loses nothing measured: `Lab.saved_runs("9_cancellation")` loads them
-back. Locally, the stack's supervisor restarts a service that crashes (servelab.stack); Lab says
-so in the notebook, waits for the service to come back before the next run, and marks a run that
-a crash interrupted (`result.interrupted_by`): its row says so, and a verdict that reads it is
-NOT CHECKED.
+back. Locally, the stack's supervisor restarts a service that crashes (servelab.stack); in the
+Compose project, Docker restarts a crashed Triton, whose container's start records it
+(servelab.triton_container). Lab says so in the notebook, waits for the service to come back
+before the next run, and marks a run that a crash interrupted (`result.interrupted_by`): its row
+says so, and a verdict that reads it is NOT CHECKED.
 
 The Triton methods (perf_analyzer runs, capacity, config edits) are in servelab.lab_triton.
 """
@@ -42,13 +44,19 @@ from pathlib import Path
 import requests
 
 from servelab import lab_ray, loadgen, paths, plots, service_exits, service_stats, ui
-from servelab.cores import available_cores
-from servelab.environment import chameleon_only, current_target, machine_info  # noqa: F401 (notebooks use them)
+from servelab.environment import (  # noqa: F401 (notebooks use chameleon_only and machine_info)
+    chameleon_only,
+    compose_setting,
+    current_target,
+    machine_info,
+)
 from servelab.expectations import Condition, Expectation, ExpectationLog
 from servelab.lab_triton import NOTEBOOK_STACK_DIR, Capacity, TritonLab
 from servelab.models import ModelRepository
 from servelab.profiles import Profile, profile
 from servelab.results import RunResult, SequenceRunResult, append_result, load_appended
+from servelab.service.cores import available_cores
+from servelab.service.hardware import Hardware
 from servelab.stack import (
     POLL_S,
     LocalStack,
@@ -61,11 +69,13 @@ from servelab.stack import (
     start_on_free_ports,
     triton_service,
 )
+from servelab.triton_local import LOCAL_TRITON
 
 log = logging.getLogger(__name__)
 
 SAVED_RUNS_DIR = paths.RESULTS_DIR / "notebooks"
 RESTART_WAIT_S = 300.0  # Triton with every model loads in about 10-60 s; a busy machine takes longer
+COMPOSE_RESTART_RECORD_S = 10.0  # Docker restarts a crashed container at once; its start records it
 
 
 def saved_runs_file(notebook: str) -> Path:
@@ -82,9 +92,8 @@ class Lab(TritonLab):
     triton_grpc: str | None
     repository: Path | None  # the model repository the running Triton loads
     source: Path = paths.MODELS_STAGING_DIR  # the models as shipped
-    gourmetgram_url: str | None = None
     image_host_url: str | None = None  # the image host (object store stand-in), http://host:port
-    has_gpu: bool = False
+    triton_server: Hardware = LOCAL_TRITON  # what the Triton server has: configs are adapted to it
     notebook: str = "unnamed"  # whose runs these are: the file they are saved to
     results: list[RunResult] = field(default_factory=list)
     expectations: ExpectationLog = field(default_factory=ExpectationLog)
@@ -96,6 +105,7 @@ class Lab(TritonLab):
     _exits_told: set[tuple[str, float, str]] = field(default_factory=set, repr=False)
     _capacities: dict[tuple[str, str], Capacity] = field(default_factory=dict, repr=False)
     _ray_serve: lab_ray.RayServe | None = field(default=None, repr=False)
+    _back_at: dict[tuple[str, float], float] = field(default_factory=dict, repr=False)
 
     # ---- connecting ------------------------------------------------------------------------
 
@@ -105,26 +115,55 @@ class Lab(TritonLab):
         `notebook` (the notebook's file name without .ipynb) names the file its runs are saved to."""
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
         chosen = profile()
-        lab = cls._chameleon(chosen) if current_target() == "chameleon" else cls._local(chosen, triton)
+        target = current_target()
+        if target == "chameleon":
+            raise RuntimeError(
+                "This is Chameleon's Jupyter server, where notebooks 1 and 2 set up the node: the lab's services "
+                "run on the node. Open this notebook in the node's Jupyter container (notebook 2 prints its address)."
+            )
+        lab = cls._compose(chosen) if target == "compose" else cls._local(chosen, triton)
         lab.notebook = notebook
         print(lab.describe())
         return lab
 
     @classmethod
-    def _chameleon(cls, chosen: Profile) -> Lab:
-        triton = os.environ.get("TRITON_SERVER_URL", "triton_server:8000")
-        fastapi = os.environ.get("FASTAPI_SERVER_URL", "http://fastapi_server:8000")
-        return cls(
-            target="chameleon",
+    def _compose(cls, chosen: Profile) -> Lab:
+        """The Compose project's services, at the addresses compose.yaml gives the Jupyter container,
+        once each answers; Triton's repository and hardware are in the volume both containers share."""
+        shared = Path(compose_setting("TRITON_SHARED_DIR"))
+        lab = cls(
+            target="compose",
             profile=chosen,
-            fastapi_urls={_fastapi_flavor(fastapi): fastapi} if answers(f"{fastapi}/health") else {},
-            triton_http=triton,
-            triton_grpc=triton.rsplit(":", 1)[0] + ":8001",
-            repository=paths.MODELS_STAGING_DIR,  # mounted into the Triton container as /models
-            gourmetgram_url=os.environ.get("GOURMETGRAM_URL", "http://flask:5000"),
-            image_host_url=os.environ.get("IMAGE_HOST_URL", "http://image_host:8000"),
-            has_gpu=True,
+            fastapi_urls={"pt": compose_setting("FASTAPI_PT_URL"), "onnx": compose_setting("FASTAPI_ONNX_URL")},
+            triton_http=compose_setting("TRITON_HTTP"),
+            triton_grpc=compose_setting("TRITON_GRPC"),
+            repository=shared / "models",
+            image_host_url=compose_setting("IMAGE_HOST_URL"),
+            _shared_exits_file=shared / service_exits.EVENTS_FILE,
         )
+        lab._wait_until_answering()
+        lab.triton_server = Hardware.read(shared / "hardware.json")
+        return lab
+
+    def _health_urls(self) -> dict[str, str]:
+        urls = {f"fastapi_{flavor}": f"{url}/health" for flavor, url in self.fastapi_urls.items()}
+        if self.image_host_url:
+            urls["image_host"] = f"{self.image_host_url}/health"
+        if self.triton_http:
+            urls["triton"] = f"http://{self.triton_http}/v2/health/ready"
+        return urls
+
+    def _wait_until_answering(self) -> None:
+        """Wait for the Compose services, which may still be starting (a first Triton start loads
+        every model), and say which does not answer."""
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while silent := [name for name, url in self._health_urls().items() if not answers(url)]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{', '.join(silent)} did not answer within {RESTART_WAIT_S:.0f} s. On the Docker host, "
+                    f"`docker compose ps` shows each service's state and `docker compose logs {silent[0]}` its log."
+                )
+            time.sleep(2)
 
     @classmethod
     def _local(cls, chosen: Profile, triton: bool) -> Lab:
@@ -170,8 +209,8 @@ class Lab(TritonLab):
         )
 
     @property
-    def on_chameleon(self) -> bool:
-        return self.target == "chameleon"
+    def on_compose(self) -> bool:
+        return self.target == "compose"
 
     @property
     def models(self) -> ModelRepository:
@@ -179,16 +218,17 @@ class Lab(TritonLab):
 
     def describe(self) -> str:
         where = (
-            "Chameleon GPU node (Docker Compose services)"
-            if self.on_chameleon
-            else "this machine, CPU only (local stack)"
+            "the Compose project's services, from its Jupyter container"
+            if self.on_compose
+            else "the lab's services as processes on this machine, CPU only"
         )
         lines = [
             f"Target: {self.target} -- {where}; profile: {self.profile.name}",
             *(f"  FastAPI ({flavor}): {url}" for flavor, url in self.fastapi_urls.items()),
         ]
         if self.triton_http:
-            lines.append(f"  Triton: HTTP {self.triton_http}, gRPC {self.triton_grpc}")
+            server = f"; its server has {self.triton_server.describe()}" if self.on_compose else ""
+            lines.append(f"  Triton: HTTP {self.triton_http}, gRPC {self.triton_grpc}{server}")
         if self.image_host_url:
             lines.append(f"  Image host (an object store with an emulated network latency): {self.image_host_url}")
         lines.append(
@@ -199,7 +239,7 @@ class Lab(TritonLab):
 
     @property
     def cores(self) -> int:
-        """The CPU cores this notebook's process may use (on Chameleon: the Jupyter container's)."""
+        """The CPU cores this notebook's process may use (on the compose target: the Jupyter container's)."""
         return available_cores()
 
     @functools.cached_property
@@ -214,7 +254,7 @@ class Lab(TritonLab):
         return f"{self.cores} CPU core(s) and no GPU"
 
     def stop(self) -> None:
-        """Stop what this notebook started (nothing, when it uses `make up` or Docker)."""
+        """Stop what this notebook started (nothing else: not `make up`'s services, nor the Compose project's)."""
         for stack in self._stacks:
             stack.stop()
         self._stacks.clear()
@@ -226,17 +266,8 @@ class Lab(TritonLab):
         return paths.SAMPLE_IMAGE.read_bytes()
 
     def fastapi_url(self, flavor: str) -> str:
-        if flavor not in self.fastapi_urls and self.on_chameleon:
-            # The student may have switched the server since connecting: ask it what it runs now.
-            url = os.environ.get("FASTAPI_SERVER_URL", "http://fastapi_server:8000")
-            if answers(f"{url}/health"):
-                self.fastapi_urls = {_fastapi_flavor(url): url}
         if flavor not in self.fastapi_urls:
-            raise RuntimeError(
-                f"The FastAPI server runs {', '.join(self.fastapi_urls) or 'nothing reachable'}, not {flavor}. "
-                f"Switch it on the node with FASTAPI_SERVICE=fastapi_{flavor} docker compose "
-                "-f docker/docker-compose-fastapi.yaml up -d --build fastapi_server"
-            )
+            raise ValueError(f"There is no FastAPI service {flavor!r}: the lab's are {', '.join(self.fastapi_urls)}.")
         return self.fastapi_urls[flavor]
 
     @contextlib.contextmanager
@@ -246,8 +277,9 @@ class Lab(TritonLab):
         """A private FastAPI service of `flavor` with `slots` inference slots (PREDICT_CONCURRENCY)
         and `threads` threads per inference (INFERENCE_THREADS); None keeps the default; other
         settings by their environment name (IMAGE_DOWNLOAD_PLACEMENT="inside_slot"). It runs on
-        127.0.0.1 of the machine this notebook runs on (locally, or in the Jupyter container on
-        the node, next to the GPU), for the `with` block: `with lab.fastapi_variant("pt", 2, 1) as url:`.
+        127.0.0.1 of the machine this notebook runs on (locally, or in the Compose project's
+        Jupyter container, next to the GPU on the node), for the `with` block:
+        `with lab.fastapi_variant("pt", 2, 1) as url:`.
         It fetches images by URL from this lab's image host."""
         env = {
             name: str(value)
@@ -273,8 +305,8 @@ class Lab(TritonLab):
         on first use when `make up` does not run one."""
         if self._ray_serve is None:
             self._ray_serve = (
-                lab_ray.chameleon()
-                if self.on_chameleon
+                lab_ray.compose()
+                if self.on_compose
                 else lab_ray.local(self._stacks, NOTEBOOK_STACK_DIR / f"ray-{os.getpid()}")
             )
         return self._ray_serve
@@ -379,7 +411,7 @@ class Lab(TritonLab):
         if not self.image_host_url:
             raise RuntimeError(
                 "This lab has no image host. Locally, `make up` (or Lab.connect() with no stack running) starts "
-                "one; on Chameleon, start the Compose stack, which has the image_host service, or set IMAGE_HOST_URL."
+                "one; the Compose project has the image_host service."
             )
         query = "" if latency_ms is None else f"?latency_ms={latency_ms:g}"
         return f"{self.image_host_url}/images/{name}{query}"
@@ -394,6 +426,12 @@ class Lab(TritonLab):
         while not all(stack.checked_since(ended) for stack in self._stacks) and time.monotonic() < deadline:
             time.sleep(POLL_S / 5)
         crashes = [event for event in self.service_exits() if event.between(started, ended)]
+        # In the Compose project a crash is recorded once Docker has restarted the container: give
+        # a run with failed requests the time that takes before saying none interrupted it.
+        deadline = time.monotonic() + COMPOSE_RESTART_RECORD_S
+        while self.on_compose and result.error_count and not crashes and time.monotonic() < deadline:
+            time.sleep(0.5)
+            crashes = [event for event in self.service_exits() if event.between(started, ended)]
         result.interrupted_by = [event.describe() for event in crashes]
         self.results.append(result)
         print(summary_line(result))
@@ -441,13 +479,26 @@ class Lab(TritonLab):
     # ---- crashed services ------------------------------------------------------------------
 
     def service_exits(self) -> list[service_exits.ServiceExit]:
-        """The unexpected exits of this lab's local services since this Lab connected, as the
-        stacks' supervisors recorded them (none on Chameleon, where Docker restarts them)."""
+        """The unexpected exits of this lab's services since this Lab connected, as the local
+        stacks' supervisors recorded them, or, in the Compose project, the Triton container's start
+        (the services Docker restarts otherwise are not watched)."""
         exits = [event for stack in self._stacks for event in stack.exits]
         if self._shared_exits_file is not None:
-            exits += service_exits.read(self._shared_exits_file)
+            exits += [self._restarted_by_docker(event) for event in service_exits.read(self._shared_exits_file)]
         since = self.connected_at.timestamp()
         return sorted((event for event in exits if event.exited_at >= since), key=lambda event: event.exited_at)
+
+    def _restarted_by_docker(self, event: service_exits.ServiceExit) -> service_exits.ServiceExit:
+        """A Compose service's exit is recorded as it restarts, and never updated: it is back once
+        the service answers again, first seen here."""
+        if not self.on_compose or event.outcome != service_exits.RESTARTING:
+            return event
+        key = (event.service, event.exited_at)
+        if key not in self._back_at and answers(self._health_urls()[event.service]):
+            self._back_at[key] = time.time()
+        if key in self._back_at:
+            event.outcome, event.back_at = service_exits.BACK, self._back_at[key]
+        return event
 
     def _ready_to_measure(self) -> float:
         """Wait for the services (see `wait_for_services`); the time the next run starts."""
@@ -496,16 +547,17 @@ class Lab(TritonLab):
     # ---- the web UI -----------------------------------------------------------------------
 
     def ui(self, backend: str) -> str:
-        """GourmetGram's URL for a backend: started here locally; the `flask` container on Chameleon."""
-        if self.on_chameleon:
-            return self.gourmetgram_url
-        backends = Ports(
-            fastapi_pt=int(self.fastapi_urls["pt"].rsplit(":", 1)[1]),
-            fastapi_onnx=int(self.fastapi_urls["onnx"].rsplit(":", 1)[1]),
-            triton_http=int(self.triton_http.rsplit(":", 1)[1]) if self.triton_http else Ports().triton_http,
-        )
+        """The URL of a GourmetGram in front of `backend`, started for this notebook where it runs
+        (locally, or in the Compose project's Jupyter container, where a browser reaches the
+        project's own `gourmetgram` service instead)."""
+        urls = {"fastapi_pt": self.fastapi_urls["pt"], "fastapi_onnx": self.fastapi_urls["onnx"]}
+        if self.triton_http:
+            urls["triton"] = self.triton_http
+        if self.on_compose:
+            urls["ray_serve"] = compose_setting("RAY_SERVE_URL")
         stack, ports = start_on_free_ports(
-            lambda ports: [gourmetgram_service(ports.gourmetgram, backend, backends)], NOTEBOOK_STACK_DIR / "ui-logs"
+            lambda ports: [gourmetgram_service(ports.gourmetgram, backend, Ports.from_env(), urls=urls)],
+            NOTEBOOK_STACK_DIR / "ui-logs",
         )
         self._stacks.append(stack)
         atexit.register(stack.stop)
@@ -547,12 +599,6 @@ def _summary(result: RunResult) -> str:
         f"{result.label}: {result.throughput_rps:.1f} req/s, p50 {latency.p50_ms:.1f} ms, {tail} "
         f"({result.requests} requests{errors})"
     )
-
-
-def _fastapi_flavor(url: str) -> str:
-    """Which FastAPI service answers at url, from the runtime its /health reports."""
-    runtime = requests.get(f"{url}/health", timeout=5).json()["runtime"]
-    return "onnx" if runtime.startswith("onnxruntime") else "pt"
 
 
 def _shown(path: Path) -> str:

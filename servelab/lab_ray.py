@@ -9,27 +9,30 @@
 Where it runs:
 - locally, the Ray Serve of `make up` when it runs (the shipped config is deployed again when the
   notebook's kernel exits), else one the notebook starts on free ports and stops at exit;
-- on Chameleon, the `ray_serve` Compose service, reached by its service name: its dashboard
+- in the Compose project, the `ray_serve` service, reached by its service name: its dashboard
   (Serve's REST API) and its metrics are open to the Compose network only, behind Ray's token,
-  which the service writes to a volume the Jupyter container shares.
+  which the service writes to a volume the Jupyter container shares, with its hardware.
 
-Every config goes through Serve's REST API, as `serve deploy` would send it. Locally it is
-adapted first (servelab.ray_local.adapt_for_local: CPU shares instead of GPUs), and the
+Every config goes through Serve's REST API, as `serve deploy` would send it. It is adapted first
+to the hardware of the Ray that serves it (servelab.service.serve_config: CPU shares instead of
+GPUs where Ray has no GPU; locally also 127.0.0.1 and the lab's port, servelab.ray_local), and the
 adaptation is printed too.
 """
 
 from __future__ import annotations
 
 import atexit
-import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from servelab import ray_local, timeline
-from servelab.cores import available_cores
+from servelab.environment import compose_setting
 from servelab.ray_watch import ServeSample, ServeWatcher
+from servelab.service.cores import available_cores
+from servelab.service.hardware import Hardware
+from servelab.service.serve_config import for_hardware
 from servelab.stack import LocalStack, Ports, answers, ray_serve_service, start_on_free_ports
 
 APPLICATION, DEPLOYMENT = "food11", "Food11"
@@ -41,7 +44,9 @@ class RayServe:
     dashboard: str  # Ray's dashboard: Serve's REST API
     metrics_url: str  # Ray's Prometheus metrics, Serve's among them
     token_file: Path
-    local_port: int | None  # the proxy's port on this machine; None on Chameleon (configs served as written)
+    local_port: int | None  # the proxy's port on this machine; None in the Compose project
+    # What the Ray that serves the replicas has: locally this machine's cores, no GPU.
+    hardware: Hardware = field(default_factory=lambda: Hardware(gpus=0, cores=available_cores()))
 
     def shipped_config(self) -> dict[str, Any]:
         return ray_local.read_config()
@@ -55,8 +60,8 @@ class RayServe:
 
     def served(self, config: dict[str, Any]) -> dict[str, Any]:
         if self.local_port is None:
-            return config
-        return ray_local.adapt_for_local(config, self.local_port, available_cores())
+            return for_hardware(config, self.hardware)
+        return ray_local.adapt_for_local(config, self.local_port, self.hardware.cores)
 
     def apply(self, config: dict[str, Any], timeout_s: float = 240.0, quiet: bool = False) -> None:
         """Check `config` against Serve's schema, show how it differs from the shipped one (and,
@@ -68,7 +73,7 @@ class RayServe:
             print(ray_local.config_diff(shipped, config).replace("served on this machine", "edited")
                   or "serve_config.yaml: as shipped")  # fmt: skip
             if served is not config:
-                print(f"Adapted for this machine ({available_cores()} cores, no GPU):")
+                print(f"Adapted for Ray Serve's hardware ({self.hardware.describe()}):")
                 print(ray_local.config_diff(config, served).replace("serve_config.yaml", "edited"))
         started = time.monotonic()
         self._deploy(served, timeout_s)
@@ -119,14 +124,16 @@ class RayServe:
         return ServeWatcher(self.dashboard, self.metrics_url, APPLICATION, DEPLOYMENT, self.token_file, interval_s)
 
 
-def chameleon() -> RayServe:
-    """The Compose service's Ray Serve, as the Jupyter container reaches it."""
+def compose() -> RayServe:
+    """The Compose project's Ray Serve, as its Jupyter container reaches it."""
+    shared = Path(compose_setting("RAY_SHARED_DIR"))
     return RayServe(
-        url=os.environ.get("RAY_SERVE_URL", "http://ray_serve:8000"),
-        dashboard=os.environ.get("RAY_DASHBOARD_URL", "http://ray_serve:8265"),
-        metrics_url=os.environ.get("RAY_METRICS_URL", "http://ray_serve:8080/metrics"),
-        token_file=Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "/ray-auth/token")),
+        url=compose_setting("RAY_SERVE_URL"),
+        dashboard=compose_setting("RAY_DASHBOARD_URL"),
+        metrics_url=compose_setting("RAY_METRICS_URL"),
+        token_file=shared / "token",
         local_port=None,
+        hardware=Hardware.read(shared / "hardware.json"),
     )
 
 

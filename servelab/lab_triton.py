@@ -4,8 +4,10 @@
 `lab.capacity(...)`, `lab.config(...)`, `lab.apply_config(...)`. A config change is made on the
 config as shipped (`lab.config(model)`, a `servelab.triton_config.TritonConfig`), shown as the
 exact text change to `config.pbtxt`, and applied by reloading that one model through Triton's
-model-control API (the server runs with explicit model control, on both targets). Locally the
-edited config is adapted to the CPU first, and that adaptation is printed too. Locally, a notebook
+model-control API (the server runs with explicit model control, on both targets). The edited
+config is first adapted to the server that runs it (`lab.triton_server`: locally the pip-installed
+Triton on the CPU; in the Compose project, what its container has), and that adaptation is printed
+too. `lab.instance_groups(n)` writes n instances for that server's hardware. Locally, a notebook
 can also start a Triton of its own for one model (`lab.private_triton(...)`), for an experiment
 that must not disturb the lab's server.
 """
@@ -16,7 +18,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from tritonclient.utils import InferenceServerException
 from servelab import paths, perf_analyzer, plots, retries, triton_local
 from servelab.resources import ProcessCpu, ResourceSampler, triton_instance_processes
 from servelab.results import RunResult
+from servelab.service.hardware import Hardware
 from servelab.service_exits import ServiceExit
 from servelab.stack import LocalStack, Ports, ServiceSpec, start_on_free_ports, triton_service
 from servelab.triton_config import ConfigError, TritonConfig
@@ -86,6 +88,7 @@ class TritonLab:
 
     _capacities: dict[tuple[str, str], Capacity]
     _stacks: list[LocalStack]
+    triton_server: Hardware
 
     def perf(
         self,
@@ -177,12 +180,12 @@ class TritonLab:
         return f"{count} instance{'s' if count != 1 else ''}{batching}"
 
     def triton_log(self) -> Path | None:
-        """Triton's log file, where the models log too. Locally, the stack's; on Chameleon, the copy
-        the Triton container writes to the volume this container mounts (`TRITON_LOG_FILE`, set by
-        docker-compose-triton.yaml), or None where there is no such copy to read."""
-        if self.on_chameleon:
-            copy = os.environ.get("TRITON_LOG_FILE")
-            return Path(copy) if copy and Path(copy).is_file() else None
+        """Triton's log file, where the models log too. Locally, the stack's; in the Compose project,
+        the copy the Triton container writes beside its repository, in the volume this container
+        mounts (None until there is one)."""
+        if self.on_compose:
+            copy = self.repository.parent / "triton.log"
+            return copy if copy.is_file() else None
         for stack in self._stacks:
             for process in stack.processes:
                 if process.spec.name == "triton":
@@ -191,8 +194,8 @@ class TritonLab:
 
     def instance_processes(self, model: str) -> dict[str, int]:
         """The processes of `model`'s instances (name -> pid), where this notebook can see them: on
-        this machine locally; on Chameleon they run in the Triton container, out of sight."""
-        if self.on_chameleon or self.repository is None:
+        this machine locally; in the Compose project they run in the Triton container, out of sight."""
+        if self.on_compose or self.repository is None:
             return {}
         return triton_instance_processes(self.repository, model)
 
@@ -226,35 +229,33 @@ class TritonLab:
     def scale_rates(self, rates: list[float], capacity: Capacity) -> list[float]:
         """The request rates to use here for an experiment written for two P100 GPUs.
 
-        On Chameleon they are used as written. Locally they are scaled so that the highest one is
-        90% of `capacity`: the experiment keeps its shape (light load to near saturation) on a
-        machine many times slower.
+        On a Triton server with GPUs they are used as written. On one without, they are scaled so
+        that the highest one is 90% of `capacity`: the experiment keeps its shape (light load to
+        near saturation) on a machine many times slower.
         """
-        if self.on_chameleon:
+        if self.triton_server.gpus:
             return list(rates)
         factor = 0.9 * capacity.rps / max(rates)
         scaled = [round(rate * factor, 1) for rate in rates]
         print(
-            f"The lab's rates {rates} req/s were chosen for a P100 GPU; here they are scaled by {factor:.3f} "
+            f"The lab's rates {rates} req/s were chosen for a P100 GPU; on this CPU they are scaled by {factor:.3f} "
             f"to {scaled} req/s, so the highest is 90% of {capacity.model}'s capacity of {capacity.rps:.1f} req/s."
         )
         return scaled
 
     def config(self, model: str) -> TritonConfig:
-        """The model's config as shipped for the GPU node (what a student edits).
+        """The model's config as shipped for the GPU node (what a student edits); the server
+        serves a staged copy, so this file never holds an edit."""
+        return self.models.get(model).config
 
-        On Chameleon it is read from git, not from the file: the server there loads
-        models_staging/ itself, so after an edit the file no longer holds the shipped text.
-        """
-        info = self.models.get(model)
-        if self.on_chameleon:
-            relative = f"models_staging/{model}/config.pbtxt"
-            shipped = subprocess.run(
-                ["git", "show", f"HEAD:{relative}"], cwd=paths.REPO_ROOT, capture_output=True, text=True
-            )
-            if shipped.returncode == 0:
-                return TritonConfig(shipped.stdout, origin=relative)
-        return info.config
+    def instance_groups(self, count: int) -> list[dict]:
+        """`count` instances of a model as config instance groups for the Triton server's
+        hardware: spread over its GPUs, one group per GPU, where it has GPUs; on its CPU otherwise."""
+        gpus = self.triton_server.gpus
+        if not gpus:
+            return [{"count": count, "kind": "KIND_CPU"}]
+        per_gpu = [count // gpus + (1 if gpu < count % gpus else 0) for gpu in range(gpus)]
+        return [{"count": n, "kind": "KIND_GPU", "gpus": [gpu]} for gpu, n in enumerate(per_gpu) if n]
 
     def served_config(self, model: str) -> dict:
         """What Triton reports it runs for `model` (its own defaults filled in)."""
@@ -282,13 +283,10 @@ class TritonLab:
             shipped.diff(edited, f"{model}/config.pbtxt (as shipped)", f"{model}/config.pbtxt (edited)")
             or f"{model}/config.pbtxt: back to the config as shipped"
         )
-        served = edited
-        if not self.on_chameleon:
-            served = triton_local.served_config(info, edited, self.repository / model)
-            print(
-                "Adapted for this machine (no GPU, pip-installed Triton):\n"
-                + edited.diff(served, "edited", "served on this CPU-only machine")
-            )
+        served = triton_local.served_config(info, edited, self.repository / model, self.triton_server)
+        adaptation = edited.diff(served, "edited", "served by this Triton")
+        if adaptation:
+            print(f"Adapted for the Triton server ({self.triton_server.describe()}):\n{adaptation}")
         (self.repository / model / "config.pbtxt").write_text(served.text)
         client = triton_http.InferenceServerClient(self._triton())
         started = time.monotonic()
@@ -316,9 +314,9 @@ class TritonLab:
         """A Triton of this notebook's own serving `model` alone, with `config` (adapted to this
         machine as the lab's is), on free ports, for the `with` block. Its stack's supervisor
         restarts it after a crash, and a run against it is marked as the lab's are. Local target
-        only: the Jupyter container on the node has no Triton to start."""
-        if self.on_chameleon:
-            raise RuntimeError("A private Triton runs on the local target only: the node's Jupyter has no Triton.")
+        only: the Compose project's Jupyter container has no Triton to start."""
+        if self.on_compose:
+            raise RuntimeError("A private Triton runs on the local target only: the Jupyter container has no Triton.")
         work = NOTEBOOK_STACK_DIR / f"private-triton-{os.getpid()}"
 
         def services(ports: Ports) -> list[ServiceSpec]:

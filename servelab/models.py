@@ -26,12 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab import food11, paths
+from servelab import paths
+from servelab.service import food11
 from servelab.triton_config import ConfigError, TritonConfig, backend_of
-
-# The lab's modules a model's own code may import, copied beside it: preprocessing, thread plans,
-# the device a runtime runs on.
-SHARED_MODULES = ("food11.py", "cores.py", "devices.py")
 
 # How a photo becomes a request, for the models that classify photos.
 IMAGE_FILE = "image file"  # the file's bytes, base64-encoded, in a BYTES input: the model decodes it
@@ -44,8 +41,8 @@ class LabEntry:
 
     description: str
     image_request: str | None = None  # IMAGE_FILE or PREPROCESSED; None: not a photo classifier
-    # Generated files `make artifacts` places in the version folder: file name -> what it is
-    # ("pytorch weights", "onnx graph", or one of the SHARED_MODULES, copied from servelab/).
+    # Model files `make artifacts` places in the version folder: file name -> what it is
+    # ("pytorch weights" or "onnx graph"). The code a model.py imports is the installed servelab.service.
     artifacts: Mapping[str, str] = field(default_factory=dict)
     weights_file: str | None = None  # the artifact whose weights record the served config reports
 
@@ -54,24 +51,14 @@ ENTRIES: dict[str, LabEntry] = {
     "food_classifier": LabEntry(
         "MobileNetV2 (PyTorch) in the Python backend: an image file in, its label and probability out",
         image_request=IMAGE_FILE,
-        artifacts={
-            "food11.pth": "pytorch weights",
-            "food11.py": "food11.py",
-            "cores.py": "cores.py",
-            "devices.py": "devices.py",
-        },
+        artifacts={"food11.pth": "pytorch weights"},
         weights_file="food11.pth",
     ),
     "food_sequence": LabEntry(
         "The same PyTorch network on a stream of frames: each request one frame of a sequence, the "
         "sequence's running label and probabilities out (stateful: sequence batching)",
         image_request=IMAGE_FILE,
-        artifacts={
-            "food11.pth": "pytorch weights",
-            "food11.py": "food11.py",
-            "cores.py": "cores.py",
-            "devices.py": "devices.py",
-        },
+        artifacts={"food11.pth": "pytorch weights"},
         weights_file="food11.pth",
     ),
     "food_classifier_onnx": LabEntry(

@@ -18,7 +18,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
 from servelab import paths
-from servelab.food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction
+from servelab.service.food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction
 
 RUNTIME = os.environ.get("NAIVE_RUNTIME", "pytorch")
 

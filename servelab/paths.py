@@ -27,7 +27,8 @@ FASTAPI_ONNX_DIR = REPO_ROOT / "fastapi_onnx"
 RAY_SERVE_DIR = REPO_ROOT / "ray_serve"
 GOURMETGRAM_DIR = REPO_ROOT / "gourmetgram"
 MODELS_STAGING_DIR = REPO_ROOT / "models_staging"
-SHARED_SOURCE_DIR = Path(__file__).resolve().parent
+# The code every service shares, installed by every service (locally and in every image).
+SERVICE_PACKAGE_DIR = Path(__file__).resolve().parent / "service"
 
 # The photo every measurement sends unless told otherwise: one of GourmetGram's bundled samples.
 SAMPLE_IMAGE = GOURMETGRAM_DIR / "static" / "samples" / "soup.jpg"

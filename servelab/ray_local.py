@@ -44,7 +44,9 @@ import requests
 import yaml
 
 from servelab import paths
-from servelab.cores import available_cores
+from servelab.service.cores import available_cores
+from servelab.service.hardware import Hardware
+from servelab.service.serve_config import for_hardware
 
 log = logging.getLogger(__name__)
 
@@ -136,20 +138,10 @@ def check_config(config: Any, origin: str) -> dict[str, Any]:
 def adapt_for_local(config: dict[str, Any], port: int, cores: int) -> dict[str, Any]:
     """The config served on this machine (see the module's docstring). The lab's own ONNX Runtime
     is the CPU build, so a replica's GPU always becomes a share of the cores here."""
-    local = copy.deepcopy(config)
+    local = for_hardware(config, Hardware(gpus=0, cores=cores))
+    if local is config:
+        local = copy.deepcopy(config)
     local["http_options"] = {**local.get("http_options", {}), "host": "127.0.0.1", "port": port}
-    for application in local["applications"]:
-        for deployment in application.get("deployments", []):
-            actor = deployment.setdefault("ray_actor_options", {})
-            if actor.get("num_gpus"):
-                del actor["num_gpus"]
-                replicas = (deployment.get("autoscaling_config") or {}).get("max_replicas") or deployment.get(
-                    "num_replicas", 1
-                )
-                actor.setdefault("num_cpus", round(cores / replicas, 3))
-            # Threads are a resource: a replica's inferences get the cores it reserved (at least one).
-            env = actor.setdefault("runtime_env", {}).setdefault("env_vars", {})
-            env.setdefault("INFERENCE_THREADS", str(max(1, int(actor.get("num_cpus") or 1))))
     return local
 
 

@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -505,12 +505,16 @@ def ray_serve_service(ports: Ports, config: Path | None = None, token_file: Path
     )
 
 
-def gourmetgram_service(port: int, backend: str, ports: Ports) -> ServiceSpec:
-    """GourmetGram in front of `backend` (see ui_backends), configured as in the Docker stacks."""
+def gourmetgram_service(port: int, backend: str, ports: Ports, urls: Mapping[str, str] | None = None) -> ServiceSpec:
+    """GourmetGram in front of `backend` (see ui_backends), configured as in the Compose project.
+    The backend is on 127.0.0.1 at its port in `ports`, unless `urls` names its address (by
+    backend: a URL for fastapi_pt, fastapi_onnx and ray_serve; host:port for triton)."""
+    urls = urls or {}
     if backend in PREDICT_API_SERVICES:
-        backend_env = {"FASTAPI_SERVER_URL": f"http://127.0.0.1:{getattr(ports, backend)}"}
+        backend_env = {"FASTAPI_SERVER_URL": urls.get(backend, f"http://127.0.0.1:{getattr(ports, backend)}")}
     elif backend in ui_backends():
-        backend_env = {"TRITON_SERVER_URL": f"127.0.0.1:{ports.triton_http}", "FOOD11_MODEL_NAME": backend}
+        triton = urls.get("triton", f"127.0.0.1:{ports.triton_http}")
+        backend_env = {"TRITON_SERVER_URL": triton, "FOOD11_MODEL_NAME": backend}
     elif backend in (models := ModelRepository()).names() and models.get(backend).stateful:
         raise ValueError(
             f"GourmetGram cannot use {backend!r}: it is a stateful model (sequence batching), whose every "

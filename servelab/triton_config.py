@@ -27,6 +27,8 @@ from google.protobuf.message import Message
 from google.protobuf.text_encoding import CEscape
 from tritonclient.grpc import model_config_pb2
 
+from servelab.service.hardware import Hardware
+
 ModelConfig = model_config_pb2.ModelConfig
 INDENT = "  "
 
@@ -447,17 +449,18 @@ class TritonConfig:
         )
 
 
-# ---- the local stack: the same config on a CPU-only machine with the pip-installed Triton -----
+# ---- a config adapted to the server that runs it ------------------------------------------------
 
-# The pip-installed Triton (nvidia-pytriton's build of 2.51) ships the Python backend only.
-LOCAL_BACKEND = "python"
-# Models for Triton's ONNX Runtime backend are served locally by a Python-backend model that runs
-# the same model.onnx with ONNX Runtime (servelab/triton_onnx_model.py).
+# Every Triton build has the Python backend; the pip-installed one (the local stack, and the
+# Compose project's stand-in for the Triton image where that image cannot be pulled) has no other.
+PYTHON_BACKEND = "python"
+# A model for Triton's ONNX Runtime backend is served, by a server without that backend, by a
+# Python-backend model that runs the same model.onnx with ONNX Runtime (servelab/triton_onnx_model.py).
 ONNX_BACKEND = "onnxruntime"
 ONNX_PLATFORM = "onnxruntime_onnx"
 SERVED_BY_ONNX = (
-    "Python backend running model.onnx with ONNX Runtime (CPU). Local adaptation: the shipped config asks for "
-    'backend "onnxruntime", which the pip-installed Triton does not include.'
+    "Python backend running model.onnx with ONNX Runtime (CPU). Adapted: the shipped config asks for "
+    'backend "onnxruntime", which this Triton server does not include.'
 )
 
 
@@ -468,26 +471,31 @@ def backend_of(config: Message) -> str:
     return ONNX_BACKEND if config.platform == ONNX_PLATFORM else config.platform
 
 
-def adapt_for_local_cpu(config: TritonConfig, weights: Mapping[str, str] | None = None) -> TritonConfig:
-    """The config the local stack serves: CPU instances, the Python backend, the weights record.
+def adapt_to_server(config: TritonConfig, server: Hardware, weights: Mapping[str, str] | None = None) -> TritonConfig:
+    """The config a Triton server with `server`'s GPUs and backends serves: CPU instances where it
+    has no GPU, the Python backend running the ONNX graph where it has no ONNX Runtime backend, and
+    the weights record as parameters. On the GPU node's image, only the weights record is added.
 
-    Raises ConfigError, saying what to do, for a backend the pip-installed Triton cannot run.
+    Raises ConfigError, saying what to do, for a backend the server cannot run.
     """
     backend = backend_of(config.proto)
-    if backend not in (LOCAL_BACKEND, ONNX_BACKEND):
+    onnx_by_python = backend == ONNX_BACKEND and backend not in server.backends
+    if backend not in server.backends and not onnx_by_python:
         raise ConfigError(
-            f"{config.origin}: backend {backend!r} is not in the pip-installed Triton the local stack runs, "
-            f"which has only the Python backend (ONNX models are run by it with ONNX Runtime). Serve this model "
-            f"on the GPU node (Docker), or write it as a Python-backend model (1/model.py)."
+            f"{config.origin}: backend {backend!r} is not in this Triton server, which has "
+            f"{', '.join(server.backends)} (an ONNX model is run by the Python backend with ONNX Runtime where the "
+            f"onnxruntime backend is missing). Serve this model on the GPU node's Triton image, or write it as a "
+            f"Python-backend model (1/model.py)."
         )
 
     def change(edited: Message) -> None:
-        for group in edited.instance_group:
-            if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU:
-                group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
-            del group.gpus[:]
-        if backend == ONNX_BACKEND:
-            edited.backend, edited.platform = LOCAL_BACKEND, ""
+        if not server.gpus:
+            for group in edited.instance_group:
+                if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU:
+                    group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+                del group.gpus[:]
+        if onnx_by_python:
+            edited.backend, edited.platform = PYTHON_BACKEND, ""
             edited.parameters["served_by"].string_value = SERVED_BY_ONNX
         for key, value in (weights or {}).items():
             edited.parameters[key].string_value = value

@@ -3,15 +3,17 @@
 The `nvidia-pytriton` wheel ships the same `tritonserver` binary as the 24.10 container image,
 with its Python backend, but no other backend. This module
 - builds a backend directory from the wheel's files,
-- stages a copy of every model folder in `models_staging/` adapted to a CPU-only machine
-  (`servelab.triton_config.adapt_for_local_cpu`), and returns each change as a diff to print:
+- stages a copy of every model folder in `models_staging/` adapted to the server that runs it
+  (`servelab.triton_config.adapt_to_server`), and returns each change as a diff to print. For the
+  local server (LOCAL_TRITON: no GPU, the Python backend only), and for the Triton container of
+  the Compose project where it has no GPU or no ONNX Runtime backend (servelab.triton_container):
   * every `KIND_GPU` instance group becomes `KIND_CPU` (a `KIND_GPU` model fails to load without a GPU);
   * a model for the ONNX Runtime backend is served by the Python backend running the same
-    `model.onnx` with ONNX Runtime (`servelab/triton_onnx_model.py`), because the onnxruntime
-    backend is not in the wheel. Its config says so in a `served_by` parameter, and Triton's own
-    model config endpoint reports `backend: "python"`: the difference is visible, not hidden;
+    `model.onnx` with ONNX Runtime (`servelab/triton_onnx_model.py`). Its config says so in a
+    `served_by` parameter, and Triton's own model config endpoint reports `backend: "python"`:
+    the difference is visible, not hidden;
   * the weights status (trained/untrained) is added as config parameters, which Triton reports;
-  * each `model.py` gets one first line that puts the lab's virtualenv on `sys.path`.
+  * locally, each `model.py` gets one first line that puts the lab's virtualenv on `sys.path`.
   A folder it cannot adapt stops the start-up with a message naming the folder and what to do.
 - builds the `tritonserver` command line, with explicit model control so a single model can be
   reloaded after a config change without restarting the server, and every staged model loaded.
@@ -29,11 +31,15 @@ from pathlib import Path
 
 from servelab import paths
 from servelab.models import Model, ModelError, ModelRepository
-from servelab.triton_config import LOCAL_BACKEND, ONNX_BACKEND, ConfigError, TritonConfig, adapt_for_local_cpu
+from servelab.service.cores import available_cores
+from servelab.service.hardware import Hardware
+from servelab.triton_config import ONNX_BACKEND, PYTHON_BACKEND, ConfigError, TritonConfig, adapt_to_server
 
 log = logging.getLogger(__name__)
 
-ONNX_RUNNER_SOURCE = paths.SHARED_SOURCE_DIR / "triton_onnx_model.py"
+ONNX_RUNNER_SOURCE = Path(__file__).resolve().parent / "triton_onnx_model.py"
+# The server the local stack runs: the pip-installed build, on this machine, with no GPU.
+LOCAL_TRITON = Hardware(gpus=0, cores=available_cores(), backends=(PYTHON_BACKEND,))
 
 
 class StagingError(RuntimeError):
@@ -83,11 +89,16 @@ class StagedModel:
     changes: str  # unified diffs of every file the staging changed
 
 
-def _site_packages_prelude() -> str:
+def site_packages_prelude() -> str:
+    """The first lines of a locally staged model.py: the lab's virtualenv first on sys.path, with
+    its .pth files read (servelab is installed editable there), for the backend's interpreter,
+    which ignores PYTHONPATH."""
+    purelib = sysconfig.get_paths()["purelib"]
     return (
         "# Added by servelab for the local stack: the pip-installed Triton runs model.py in an isolated\n"
-        "# interpreter that ignores PYTHONPATH, so the lab's virtualenv is put on sys.path here.\n"
-        f"import sys; sys.path.insert(0, {sysconfig.get_paths()['purelib']!r})  # noqa: E702\n"
+        "# interpreter that ignores PYTHONPATH, so the lab's virtualenv is put first on sys.path here,\n"
+        "# with its .pth files read (servelab is installed editable there).\n"
+        f"import site, sys; sys.path.insert(0, {purelib!r}); site.addsitedir({purelib!r})  # noqa: E401, E702\n"
     )
 
 
@@ -102,21 +113,27 @@ def _diff(before: str, after: str, name: str) -> str:
     )
 
 
-def served_config(model: Model, config: TritonConfig, staged_folder: Path | None = None) -> TritonConfig:
-    """`config` (the shipped one, or a student's edit of it) as the local stack serves `model`."""
+def served_config(
+    model: Model, config: TritonConfig, staged_folder: Path | None = None, server: Hardware = LOCAL_TRITON
+) -> TritonConfig:
+    """`config` (the shipped one, or a student's edit of it) as `server` serves `model`."""
     try:
-        return adapt_for_local_cpu(config, model.weights_info(staged_folder))
+        return adapt_to_server(config, server, model.weights_info(staged_folder))
     except ConfigError as exc:
-        raise StagingError(f"models_staging/{model.name} cannot be served by the local Triton: {exc}") from None
+        raise StagingError(f"models_staging/{model.name} cannot be served by this Triton: {exc}") from None
 
 
-def stage_model(model: Model, destination: Path) -> StagedModel:
-    """Copy one model folder to `destination`, adapted to this machine; returns what changed."""
+def stage_model(
+    model: Model, destination: Path, server: Hardware = LOCAL_TRITON, prelude: str | None = None
+) -> StagedModel:
+    """Copy one model folder to `destination`, adapted to `server`, each model.py starting with
+    `prelude` (by default the local one, site_packages_prelude); returns what changed."""
+    prelude = site_packages_prelude() if prelude is None else prelude
     where = f"models_staging/{model.name}"
     shutil.copytree(model.folder, destination, ignore=shutil.ignore_patterns("__pycache__"))
-    adapted = served_config(model, model.config, destination)
+    adapted = served_config(model, model.config, destination, server)
     (destination / "config.pbtxt").write_text(adapted.text)
-    changes = [model.config.diff(adapted, f"{where}/config.pbtxt", f"staged/{model.name}/config.pbtxt (this machine)")]
+    changes = [model.config.diff(adapted, f"{where}/config.pbtxt", f"staged/{model.name}/config.pbtxt (this server)")]
     for version in model.version_folders(destination):
         for artifact in model.entry.artifacts if model.entry else ():
             if not (version / artifact).is_file():
@@ -124,32 +141,37 @@ def stage_model(model: Model, destination: Path) -> StagedModel:
                     f"{where}/{version.name}/{artifact} is missing: run `make artifacts`, which builds it."
                 )
         model_py = version / "model.py"
-        if model.backend == ONNX_BACKEND:
+        if model.backend == ONNX_BACKEND and ONNX_BACKEND not in server.backends:
             if not (version / "model.onnx").is_file():
                 raise StagingError(
                     f"{where}/{version.name}/model.onnx is missing: an ONNX Runtime model needs its graph."
                 )
             original = ONNX_RUNNER_SOURCE.read_text()
-            shutil.copyfile(paths.SHARED_SOURCE_DIR / "cores.py", version / "cores.py")
             changes.append(
-                f"+ {model.name}/{version.name}/model.py: added, a copy of servelab/{ONNX_RUNNER_SOURCE.name} "
-                "(with servelab/cores.py beside it)\n"
+                f"+ {model.name}/{version.name}/model.py: added, a copy of servelab/{ONNX_RUNNER_SOURCE.name}\n"
             )
-        elif model.backend == LOCAL_BACKEND and model_py.is_file():
+        elif model.backend == PYTHON_BACKEND and model_py.is_file():
             original = model_py.read_text()
+        elif model.backend in server.backends and model.backend != PYTHON_BACKEND:
+            continue  # a backend of the server's own runs the model's files as they are
         else:
             raise StagingError(
                 f"{where}/{version.name} has no model.py: a Python-backend model needs one (see Triton's "
                 "python_backend README: a class TritonPythonModel with initialize and execute)."
             )
-        staged = _site_packages_prelude() + original
-        model_py.write_text(staged)
-        changes.append(_diff(original, staged, f"{model.name}/{version.name}/model.py"))
+        model_py.write_text(prelude + original)
+        changes.append(_diff(original, prelude + original, f"{model.name}/{version.name}/model.py"))
     return StagedModel(model.name, "".join(changes))
 
 
-def stage_model_repository(destination: Path, source: Path = paths.MODELS_STAGING_DIR) -> list[StagedModel]:
-    """Stage every model folder of `source` into `destination` (replaced); returns what changed."""
+def stage_model_repository(
+    destination: Path,
+    source: Path = paths.MODELS_STAGING_DIR,
+    server: Hardware = LOCAL_TRITON,
+    prelude: str | None = None,
+) -> list[StagedModel]:
+    """Stage every model folder of `source` into `destination` (replaced), adapted to `server`;
+    returns what changed."""
     if destination.exists():
         shutil.rmtree(destination)
     destination.mkdir(parents=True)
@@ -159,7 +181,7 @@ def stage_model_repository(destination: Path, source: Path = paths.MODELS_STAGIN
         raise StagingError(str(exc)) from None
     if not models:
         raise StagingError(f"{source} holds no model folder: there is nothing for Triton to serve.")
-    return [stage_model(model, destination / model.name) for model in models]
+    return [stage_model(model, destination / model.name, server, prelude) for model in models]
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,12 @@ cancelled them (a gRPC cancel), which are answered with CANCELLED instead, and l
 
 import json
 import os
-import sys
 
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-# cores.py (thread plans, shared with every service) is staged beside this file.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cores import RunningAcrossProcesses, thread_plan, threads_at_work  # noqa: E402
+from servelab.service.cores import RunningAcrossProcesses, thread_plan, threads_at_work
 
 
 def cancelled_response():

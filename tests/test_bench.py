@@ -15,10 +15,10 @@ import pytest
 import requests
 
 from servelab import bench, bench_report, plots
-from servelab.cores import available_cores
 from servelab.inprocess import sweep_points
 from servelab.profiles import PROFILES
 from servelab.results import LatencySummary, RunResult, load_results
+from servelab.service.cores import available_cores
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from servelab import paths, service_stats
-from servelab.client_gone import ClientGone, DisconnectWatch
+from servelab.service.client_gone import ClientGone, DisconnectWatch
 from servelab.stack import LocalStack, fastapi_service, image_host_service, start_on_free_ports
 from tests.helpers import until
 

@@ -6,14 +6,15 @@ import sys
 
 import pytest
 
-from servelab import cores, paths
-from servelab.cores import RunningAcrossProcesses, available_cores, thread_plan, threads_at_work
+from servelab import paths
+from servelab.service import cores
+from servelab.service.cores import RunningAcrossProcesses, available_cores, thread_plan, threads_at_work
 
 
 def test_available_cores_follow_the_cpu_affinity():
     script = (
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-        "from servelab import cores; print(cores.available_cores())"
+        "from servelab.service import cores; print(cores.available_cores())"
     )
     pinned = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=paths.REPO_ROOT
@@ -82,7 +83,7 @@ def test_an_instance_that_died_while_inferring_is_not_counted(tmp_path):
     """The lock files are held by live processes only: a killed instance leaves no count behind."""
     code = (
         "import sys, time; sys.path.insert(0, sys.argv[1]);"
-        "from pathlib import Path; from servelab.cores import RunningAcrossProcesses;"
+        "from pathlib import Path; from servelab.service.cores import RunningAcrossProcesses;"
         "r = RunningAcrossProcesses('m', 'dying', directory=Path(sys.argv[2]));"
         "c = r.running(); c.__enter__(); print('running', flush=True); time.sleep(60)"
     )

@@ -12,8 +12,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from servelab import devices, paths
-from servelab.devices import Placement, device_setting, onnx_session, torch_device
+from servelab import paths
+from servelab.service import devices
+from servelab.service.devices import Placement, device_setting, onnx_session, torch_device
 
 # What onnxruntime-gpu 1.25 printed in a python:3.11 image whose CUDA libraries were not found
 # (issue 32): its C++ log, written straight to the stderr file descriptor, in colour.

@@ -5,8 +5,8 @@ import base64
 import pytest
 import requests
 
-from servelab.cores import available_cores, thread_plan
-from servelab.food11 import LABELS
+from servelab.service.cores import available_cores, thread_plan
+from servelab.service.food11 import LABELS
 from servelab.stack import LocalStack, Ports, StackError, fastapi_service
 from tests.conftest import TEST_MAX_REQUEST_BYTES
 

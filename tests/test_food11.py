@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from servelab import food11
+from servelab.service import food11
 from tests.conftest import make_image_bytes
 
 

@@ -11,7 +11,7 @@ import re
 import pytest
 import requests
 
-from servelab.food11 import LABELS
+from servelab.service.food11 import LABELS
 from servelab.stack import Ports, gourmetgram_service, start_on_free_ports
 from tests.conftest import make_image_bytes
 

@@ -22,8 +22,8 @@ import pytest
 import requests
 
 from servelab import paths, service_stats
-from servelab.food11 import LABELS
-from servelab.image_fetch import AllowList, DownloadError
+from servelab.service.food11 import LABELS
+from servelab.service.image_fetch import AllowList, DownloadError
 from servelab.stack import LocalStack, Ports, ServiceSpec, fastapi_service, image_host_service
 from tests.conftest import TEST_MAX_REQUEST_BYTES
 

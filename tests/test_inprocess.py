@@ -4,8 +4,8 @@ import psutil
 import pytest
 
 from servelab import paths
-from servelab.cores import available_cores, thread_plan
 from servelab.inprocess import Point, decoding_threads, measure_point, sweep, sweep_points
+from servelab.service.cores import available_cores, thread_plan
 
 
 def test_the_sweep_tries_every_core_busy_in_one_slot_or_spread_and_threads_for_one_in_flight():

@@ -4,15 +4,17 @@ reading GourmetGram's result page. Servers are real; only the retry test replace
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
-from servelab import perf_analyzer, plots, ui
+from servelab import perf_analyzer, plots, service_exits, ui
 from servelab.expectations import ExpectationLog, Outcome, condition, figure, measured
-from servelab.food11 import LABELS
 from servelab.lab import Lab
 from servelab.profiles import PROFILES, profile
 from servelab.results import LatencySummary, RunResult
+from servelab.service.food11 import LABELS
+from servelab.service.hardware import Hardware
 from tests.conftest import make_image_bytes
 
 
@@ -93,15 +95,45 @@ def test_the_lab_records_every_expectation_for_its_final_list(capsys):
     assert lab.verdicts().splitlines() == ["        HELD: a", " NOT CHECKED: b"]
 
 
-def test_on_chameleon_triton_s_log_is_the_copy_in_the_mounted_volume_when_there_is_one(tmp_path, monkeypatch):
-    lab = Lab("chameleon", profile("quick"), {}, "triton_server:8000", "triton_server:8001", None)
+def test_in_the_compose_project_triton_s_log_is_the_copy_beside_its_repository_when_there_is_one(tmp_path):
+    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models")
     copy = tmp_path / "triton.log"
-    monkeypatch.setenv("TRITON_LOG_FILE", str(copy))
     assert lab.triton_log() is None  # the server has not written it (yet)
     copy.write_text("I1123 model.py:1] food_classifier_onnx: 2 cancelled request(s)\n")
     assert lab.triton_log() == copy
-    monkeypatch.delenv("TRITON_LOG_FILE")
-    assert lab.triton_log() is None  # a Triton container started without the lab's compose file
+
+
+def test_in_the_compose_project_a_triton_restart_is_back_once_triton_answers_again(tmp_path, monkeypatch):
+    exits = tmp_path / "restarts.jsonl"
+    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models")
+    lab._shared_exits_file = exits
+    service_exits.record(exits, service_exits.ServiceExit("triton", time.time(), "exited", "Signal (11)"))
+    monkeypatch.setattr("servelab.lab.answers", lambda url: False)
+    (event,) = lab.service_exits()
+    assert event.outcome == service_exits.RESTARTING
+    monkeypatch.setattr("servelab.lab.answers", lambda url: url == "http://triton:8000/v2/health/ready")
+    (event,) = lab.service_exits()
+    assert event.outcome == service_exits.BACK and event.back_at is not None
+    assert lab.service_exits()[0].back_at == event.back_at  # first seen back, not each time asked
+    lab.wait_for_services()  # nothing left to wait for
+
+
+@pytest.mark.parametrize(
+    ("server", "groups"),
+    [
+        (Hardware(gpus=0, cores=2), [{"count": 3, "kind": "KIND_CPU"}]),
+        (Hardware(gpus=1, cores=8), [{"count": 3, "kind": "KIND_GPU", "gpus": [0]}]),
+        (
+            Hardware(gpus=2, cores=8),
+            [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 1, "kind": "KIND_GPU", "gpus": [1]}],
+        ),
+        (Hardware(gpus=4, cores=8), [{"count": 1, "kind": "KIND_GPU", "gpus": [gpu]} for gpu in range(3)]),
+    ],
+)
+def test_instance_groups_follow_the_hardware_of_the_triton_server(server, groups):
+    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", None, triton_server=server)
+    assert lab.instance_groups(3) == groups
+    assert sum(group["count"] for group in lab.instance_groups(3)) == 3
 
 
 def test_profiles_are_defined_once_and_an_unknown_one_is_refused(monkeypatch):

@@ -27,10 +27,11 @@ import requests
 import tritonclient.http as httpclient
 from aiohttp import web
 
-from servelab import food11, loadgen
-from servelab.food11 import LABELS
+from servelab import loadgen
 from servelab.loadgen import FastAPITarget, TritonHttpTarget, closed_loop, open_loop, runners
 from servelab.results import RunResult, load_results
+from servelab.service import food11
+from servelab.service.food11 import LABELS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IMAGE = b"not really a JPEG: the synthetic server does not look"

@@ -24,9 +24,9 @@ import requests
 import yaml
 
 from servelab import loadgen, ray_local
-from servelab.food11 import LABELS
 from servelab.lab_ray import RayServe
 from servelab.ray_watch import ServeSample, ServeWatcher, during, in_replica_mean_ms, serve_metrics
+from servelab.service.food11 import LABELS
 from servelab.stack import LocalStack
 from tests.conftest import TEST_MAX_REQUEST_BYTES, make_image_bytes
 from tests.helpers import until

@@ -4,7 +4,9 @@ import pytest
 
 from servelab import paths
 from servelab.models import ModelRepository
-from servelab.triton_config import ConfigError, TritonConfig, adapt_for_local_cpu
+from servelab.service.hardware import Hardware
+from servelab.triton_config import ConfigError, TritonConfig, adapt_to_server
+from servelab.triton_local import LOCAL_TRITON
 
 SHIPPED = {model.name: model.config for model in ModelRepository()}
 
@@ -161,20 +163,36 @@ def test_hand_edited_text_is_checked_against_the_schema_with_the_line_number():
 
 def test_the_local_adaptation_runs_gpu_configs_on_the_cpu_and_says_what_serves_onnx():
     weights = {"weights": "untrained", "weights_note": "seeded, never trained"}
-    onnx = adapt_for_local_cpu(SHIPPED["food_classifier_onnx"], weights).proto
+    onnx = adapt_to_server(SHIPPED["food_classifier_onnx"], LOCAL_TRITON, weights).proto
     assert onnx.backend == "python" and "ONNX Runtime" in onnx.parameters["served_by"].string_value
     assert onnx.parameters["weights"].string_value == "untrained"
     grouped = SHIPPED["food_classifier"].with_instance_groups([{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}])
-    adapted = adapt_for_local_cpu(grouped)
+    adapted = adapt_to_server(grouped, LOCAL_TRITON)
     (group,) = adapted.proto.instance_group
     assert (group.count, group.kind, list(group.gpus)) == (2, group.KIND_CPU, [])
     assert "served_by" not in adapted.proto.parameters
 
 
-def test_the_local_adaptation_refuses_a_backend_it_cannot_run_and_says_what_to_do():
+def test_on_the_gpu_node_s_image_a_config_is_served_as_written_with_its_weights_record():
+    gpu_node = Hardware(gpus=2, cores=16, backends=("onnxruntime", "python", "pytorch"))
+    grouped = SHIPPED["food_classifier"].with_instance_groups([{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}])
+    adapted = adapt_to_server(grouped, gpu_node, {"weights": "untrained"})
+    (group,) = adapted.proto.instance_group
+    assert (group.count, group.kind, list(group.gpus)) == (2, group.KIND_GPU, [0, 1])
+    assert adapted.proto.parameters["weights"].string_value == "untrained"
+    onnx = adapt_to_server(SHIPPED["food_classifier_onnx"], gpu_node).proto
+    assert onnx.backend == "onnxruntime" and "served_by" not in onnx.parameters
+    # A GPU server without the ONNX Runtime backend keeps its GPUs and serves the graph with Python.
+    no_onnx = adapt_to_server(SHIPPED["food_classifier_onnx"], Hardware(1, 8, ("python",))).proto
+    assert no_onnx.backend == "python" and no_onnx.instance_group[0].kind == no_onnx.instance_group[0].KIND_GPU
+
+
+def test_the_adaptation_refuses_a_backend_the_server_cannot_run_and_says_what_to_do():
     tensorrt = SHIPPED["food_classifier_onnx"].with_fields(backend="tensorrt")
-    with pytest.raises(ConfigError, match="backend 'tensorrt' is not in the pip-installed Triton.*Python-backend"):
-        adapt_for_local_cpu(tensorrt)
+    with pytest.raises(
+        ConfigError, match="backend 'tensorrt' is not in this Triton server, which has python.*Python-backend"
+    ):
+        adapt_to_server(tensorrt, LOCAL_TRITON)
 
 
 def test_a_config_read_from_a_file_names_its_origin_in_errors(tmp_path):

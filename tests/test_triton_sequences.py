@@ -29,7 +29,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from servelab import paths, triton_stats
-from servelab.food11 import LABELS
+from servelab.service.food11 import LABELS
 from tests.helpers import until
 
 MODEL = "food_sequence"

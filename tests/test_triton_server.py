@@ -10,8 +10,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from servelab import food11
-from servelab.cores import available_cores
+from servelab.service import food11
+from servelab.service.cores import available_cores
 
 
 def _image_inputs(encoded: list[str]):

@@ -11,19 +11,17 @@ decoding (each call is a round trip to the server, so not in a loop), and the mo
 
 import json
 import os
-import sys
 
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 from torchvision.models import mobilenet_v2
 
-# food11.py (labels and preprocessing), cores.py (thread plans) and devices.py (where PyTorch
-# runs), shared with every other service, sit beside this file.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cores import RunningAcrossProcesses, thread_plan, threads_at_work  # noqa: E402
-from devices import torch_device  # noqa: E402
-from food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction  # noqa: E402
+# Labels and preprocessing, thread plans and where PyTorch runs: the lab's service package
+# (servelab.service), installed in the image's Python, as in every service.
+from servelab.service.cores import RunningAcrossProcesses, thread_plan, threads_at_work
+from servelab.service.devices import torch_device
+from servelab.service.food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction
 
 
 def instance_count(config):

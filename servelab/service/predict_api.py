@@ -58,11 +58,14 @@ from typing import Literal
 
 import httpx
 import numpy as np
-from client_gone import CLIENT_CLOSED_REQUEST, ClientGone, DisconnectWatch, watching
-from cores import ThreadPlan, positive_int_setting, thread_plan
-from devices import Placement, device_setting
 from fastapi import FastAPI, HTTPException, Request, Response, status
-from food11 import (
+from pydantic import BaseModel, Field, model_validator
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from servelab.service.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, DisconnectWatch, watching
+from servelab.service.cores import ThreadPlan, positive_int_setting, thread_plan
+from servelab.service.devices import Placement, device_setting
+from servelab.service.food11 import (
     InvalidImageError,
     decode_base64_image,
     decode_image_bytes,
@@ -70,10 +73,8 @@ from food11 import (
     read_weights_info,
     top_prediction,
 )
-from image_fetch import DEFAULT_ALLOWED_HOSTS, AllowList, DownloadError, download
-from predict_metrics import CountPredictRequests, PredictMetrics
-from pydantic import BaseModel, Field, model_validator
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from servelab.service.image_fetch import DEFAULT_ALLOWED_HOSTS, AllowList, DownloadError, download
+from servelab.service.predict_metrics import CountPredictRequests, PredictMetrics
 
 log = logging.getLogger("food11.service")
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from cores import ThreadPlan, available_cores
-from devices import onnx_session
 from fastapi import FastAPI
-from predict_api import ServedModel, create_app, device_setting_from_env
+
+from servelab.service.cores import ThreadPlan, available_cores
+from servelab.service.devices import onnx_session
+from servelab.service.predict_api import ServedModel, create_app, device_setting_from_env
 
 
 def session_options(threads: int) -> ort.SessionOptions:

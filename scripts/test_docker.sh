@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# `make test-docker`: the lab's Compose project, for real, in its CPU variant.
+#
+#  1. a Docker engine with Compose v2: the running one, or one installed and started here
+#     (scripts/docker_engine.sh), stopped again at the end if this run started it;
+#  2. the base images: pulled, or local stand-ins where a registry cannot be reached
+#     (scripts/docker_bases.sh);
+#  3. every image built from the project's own Dockerfiles (pip's downloads in BuildKit's cache,
+#     so a second run rebuilds nothing that did not change), the project brought up, every health
+#     check waited for;
+#  4. notebooks 3-10 run in the Jupyter container, quick profile, against the containers, every
+#     verdict checked against its own tables (servelab.notebook_runs), the notebooks with their
+#     outputs copied out to .lab/docker/executed/;
+#  5. a photo uploaded to GourmetGram through its published port, which answers with a class;
+#  6. a service container killed, and checked to come back healthy (Docker's restart policy);
+#  7. everything torn down, and checked: no container, network or volume of the project is left.
+#
+# The project is named servelab-check and publishes free ports, so it never touches a project or
+# a `make up` of your own. Each step says what it does on stderr; the last lines give the times.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PROJECT=servelab-check
+NOTEBOOKS=(3_fastapi.ipynb 4_fastapi_bench.ipynb 5_triton.ipynb 6_triton_bench.ipynb 7_io_vs_compute.ipynb
+  8_concurrency_target.ipynb 9_cancellation.ipynb 10_stateful_sequences.ipynb)
+PY=.venv/bin/python
+DOCKERD_PID=.lab/docker/dockerd.pid
+
+say() { printf '[test-docker %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+started=$(date +%s)
+phases=()
+phase() { phases+=("$1: $(($(date +%s) - phase_start)) s"); phase_start=$(date +%s); }
+phase_start=$started
+
+engine_was_running=0
+if docker info >/dev/null 2>&1; then engine_was_running=1; fi
+bash scripts/docker_engine.sh
+phase "engine"
+
+compose() { docker compose -p "$PROJECT" -f compose.yaml -f docker/compose.cpu.yaml "$@"; }
+
+teardown() {
+  local status=$?
+  say "tearing the project down"
+  compose down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1 || true
+  local left
+  left=$(
+    docker ps -aq --filter "label=com.docker.compose.project=$PROJECT"
+    docker network ls -q --filter "label=com.docker.compose.project=$PROJECT"
+    docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT"
+  )
+  if [ -n "$left" ]; then
+    say "FAILED: the project left containers, networks or volumes behind: $(echo "$left" | tr '\n' ' ')"
+    status=1
+  else
+    say "nothing of the project is left: no container, network or volume"
+  fi
+  if [ "$engine_was_running" -eq 0 ] && [ -f "$DOCKERD_PID" ]; then
+    say "stopping the Docker engine this run started"
+    kill "$(cat "$DOCKERD_PID")" 2>/dev/null || true
+    for _ in $(seq 30); do kill -0 "$(cat "$DOCKERD_PID")" 2>/dev/null || break; sleep 1; done
+    rm -f "$DOCKERD_PID"
+  fi
+  phase "teardown"
+  say "times: ${phases[*]}; total $(($(date +%s) - started)) s"
+  if [ "$status" -eq 0 ]; then say "PASSED"; else say "FAILED (exit $status)"; fi
+  exit "$status"
+}
+trap teardown EXIT
+
+bash scripts/docker_bases.sh
+phase "base images"
+
+make --no-print-directory artifacts >/dev/null
+phase "model files"
+
+# Free ports for every published service (SERVELAB_PORT_<NAME>, as compose.yaml reads them).
+eval "$("$PY" -c 'from dataclasses import asdict
+from servelab.stack import Ports
+for name, port in asdict(Ports.free()).items(): print(f"export SERVELAB_PORT_{name.upper()}={port}")')"
+
+# PyTorch's CPU wheels come from its own index (docker/compose.cpu.yaml); where that index cannot
+# be reached, from pip's own index, whose build of torch runs on a CPU too (larger).
+torch_index=$(compose config --format json | "$PY" -c 'import json, sys
+print(json.load(sys.stdin)["services"]["fastapi_pt"]["build"]["args"]["TORCH_INDEX_URL"])')
+if [ -n "$torch_index" ] && ! curl -fsS --max-time 20 -o /dev/null "$torch_index/"; then
+  say "PyTorch's CPU wheel index cannot be reached: PyTorch comes from pip's own index"
+  export TORCH_INDEX_URL=
+fi
+
+say "building every image (BuildKit; pip's cache kept between builds)"
+compose build
+phase "build"
+
+say "starting the project and waiting for every health check"
+compose up -d --wait --wait-timeout 900
+compose ps --format '{{.Service}}: {{.Status}}' >&2
+phase "up"
+
+say "running notebooks ${NOTEBOOKS[*]} in the Jupyter container (quick profile)"
+# The runs and the notebooks' own services go to folders in the container, not into the clone;
+# the notebooks with their outputs are copied out to .lab/docker/executed/, to read after the run.
+notebooks_status=0
+compose exec -T -e LAB_PROFILE=quick -e SERVELAB_RESULTS_DIR=/tmp/servelab-check/results \
+  -e SERVELAB_DIR=/tmp/servelab-check/lab jupyter python -m servelab.notebook_runs \
+  --executed-to /tmp/servelab-check/executed "${NOTEBOOKS[@]}" || notebooks_status=$?
+rm -rf .lab/docker/executed
+compose cp jupyter:/tmp/servelab-check/executed .lab/docker/executed >/dev/null 2>&1 || true
+say "the notebooks with their outputs: .lab/docker/executed/"
+[ "$notebooks_status" -eq 0 ] || exit "$notebooks_status"
+phase "notebooks"
+
+say "uploading a sample photo to GourmetGram through its published port"
+"$PY" - <<EOF
+from servelab import paths, ui
+
+url = "http://127.0.0.1:$SERVELAB_PORT_GOURMETGRAM"
+answer = ui.upload(url, paths.SAMPLE_IMAGE.name, paths.SAMPLE_IMAGE.read_bytes())
+print(f"GourmetGram at {url}: HTTP {answer.status}, {answer}")
+assert answer.status == 200 and answer.label, f"GourmetGram gave no class: {answer}"
+EOF
+phase "GourmetGram"
+
+container=$(compose ps -q fastapi_onnx)
+if [ "$(id -u)" -eq 0 ]; then
+  # A crash: `docker kill` would count as stopping it by hand, which restart: unless-stopped obeys.
+  say "killing fastapi_onnx's server process, as a crash would, and waiting for Docker to restart it"
+  restarts_before=$(docker inspect -f '{{.RestartCount}}' "$container")
+  kill -9 "$(docker inspect -f '{{.State.Pid}}' "$container")"
+else
+  say "restarting fastapi_onnx's container (only root can kill its process as a crash would)"
+  restarts_before=-1
+  compose restart fastapi_onnx
+fi
+for _ in $(seq 180); do
+  health=$(docker inspect -f '{{.RestartCount}} {{.State.Health.Status}}' "$container")
+  [ "${health%% *}" -gt "$restarts_before" ] && [ "${health#* }" = healthy ] && break
+  sleep 1
+done
+[ "${health#* }" = healthy ] || { say "FAILED: fastapi_onnx did not come back healthy ($health)"; exit 1; }
+"$PY" - <<EOF
+import base64
+
+import requests
+
+from servelab import paths
+
+url = "http://127.0.0.1:$SERVELAB_PORT_FASTAPI_ONNX/predict"
+answer = requests.post(url, json={"image": base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()}, timeout=60)
+answer.raise_for_status()
+print(f"fastapi_onnx restarted by Docker ({'$health'.split()[0]} restart(s)), healthy, and answers: {answer.json()}")
+EOF
+phase "restart"
