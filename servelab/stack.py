@@ -310,11 +310,11 @@ def start_on_free_ports(services: Callable[[Ports], list[ServiceSpec]], log_dir:
     take one first: that clash is tried once more, on new ports (servelab.retries says so).
     Returns the running stack and its ports."""
     ports = Ports.free()
-    stack = LocalStack(services(ports), log_dir=log_dir)
+    specs = services(ports)
     try:
-        return stack.start(), ports
+        return LocalStack(specs, log_dir=log_dir).start(), ports
     except PortClash as clash:
-        retries.note(f"starting {', '.join(managed.spec.name for managed in stack.processes)} on new ports", clash)
+        retries.note(f"starting {', '.join(spec.name for spec in specs)} on new ports", clash)
     ports = Ports.free()
     return LocalStack(services(ports), log_dir=log_dir / "second-start").start(), ports
 
