@@ -28,6 +28,14 @@
 #    (on one GPU, then on two) so that more requests are served in parallel.
 # 4. **Dynamic batching.** Let Triton hold a request for a moment so that it can join others in
 #    one batch, and see when that short wait pays for itself.
+# 5. **I/O outside the predict slot.** Fetch the photo from an object store by URL, and see why
+#    the download must not hold the slot the model runs in.
+# 6. **The concurrency target.** Serve the model in Ray Serve replicas that autoscale, and tell
+#    the requests a replica takes (what triggers scaling) from the requests it runs at once.
+# 7. **Cancellation.** Stop computing for clients who gave up, in FastAPI, Triton and Ray Serve,
+#    and measure what that frees for the clients who stayed.
+# 8. **Stateful sequences.** Keep per-sequence state on the server, and batch frames of different
+#    sequences together with Triton's sequence batcher.
 #
 # Along the way you will meet the tools the measurements are made with, which you can also use on
 # your own services:
@@ -52,6 +60,9 @@
 # | `5_triton` | the same model in Triton | the Jupyter container on the node, or your laptop |
 # | `6_triton_bench` | Triton benchmarks: instances, batching | the Jupyter container on the node, or your laptop |
 # | `7_io_vs_compute` | images by URL: I/O outside the slot | the Jupyter container on the node, or your laptop |
+# | `8_concurrency_target` | Ray Serve: the concurrency target, autoscaling, two nodes | the Jupyter container on the node, or your laptop |
+# | `9_cancellation` | requests whose client left: abandoned, cancelled, or computed anyway | the Jupyter container on the node, or your laptop |
+# | `10_stateful_sequences` | stateful inference on Triton's sequence batcher | the Jupyter container on the node, or your laptop |
 #
 # Every number a notebook shows is measured in the run you are looking at; the text never quotes
 # results from somewhere else. Where the lesson predicts a trend (for example, "latency grows with
@@ -86,7 +97,8 @@
 # ```
 #
 # It creates the virtual environment, builds the model files, starts every service on
-# 127.0.0.1 (FastAPI, Triton, GourmetGram) and JupyterLab, and prints JupyterLab's URL. Open that
+# 127.0.0.1 (FastAPI, Triton, Ray Serve, GourmetGram, the image host) and JupyterLab, and prints
+# JupyterLab's URL. Open that
 # URL, skip notebooks 1 and 2 (they only reserve and set up Chameleon hardware), and continue with
 # **`3_fastapi.ipynb`**. Ctrl-C in the terminal running `make up` stops everything.
 #

@@ -8,8 +8,21 @@
 # is active, the node is yours alone. When it ends, the node is wiped and handed to the next user.
 #
 # For this lab you need one node of type **`gpu_p100`** (two NVIDIA P100 GPUs) at the **CHI@TACC**
-# site, for about **3 hours**. Plan to use all of it: read notebooks 2 to 6 before your lease
-# starts.
+# site, for about **3 hours**. Plan to use all of it: read notebooks 2 to 10 before your lease
+# starts, so that the hours go to running them. A plan for one lease (budgets to plan by, not
+# measurements: your notebooks time their own runs):
+#
+# | part of the lease | notebooks | budget |
+# | --- | --- | --- |
+# | bring the node up: server, Docker, the Compose project's images | 2 | 40 minutes |
+# | FastAPI: serve, measure one user and sixteen, threads | 3, 4 | 25 minutes |
+# | Triton: the model repository, then queueing, instances, batching | 5, 6 | 40 minutes |
+# | I/O outside the slot; the concurrency target on Ray Serve | 7, 8 | 35 minutes |
+# | cancellation; stateful sequences | 9, 10 | 30 minutes |
+# | download your notebooks with their outputs, bring the project down | | 10 minutes |
+#
+# If the lease runs short, notebooks 7 to 10 each stand alone: skip to any of them once 3 to 6 are
+# done.
 #
 # There are two ways to make the reservation. Use one of them, not both:
 #

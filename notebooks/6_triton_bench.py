@@ -42,6 +42,7 @@ import requests
 from servelab import plots, queueing, triton_stats
 from servelab.expectations import condition, figure, measured
 from servelab.lab import Lab
+from servelab.lessons import triton_bench
 from servelab.resources import summarize
 
 lab = Lab.connect("6_triton_bench")
@@ -86,8 +87,9 @@ lab.expect(
               queue["c=1"].value < queue["c=8"].value < queue["c=16"].value, *queue.values()),
     condition("compute infer stays within 50% of its lowest value", max(computes) <= 1.5 * min(computes),
               *infer.values(), detail=f"highest / lowest = {max(computes) / min(computes):.2f}"),
-    reason=f"perf_analyzer and the server share {lab.hardware()}: at high concurrency perf_analyzer's own work, "
-    "and the model's decoding of the images, compete with the model for the CPU and stretch its compute time",
+    reason=f"a hypothesis, not measured here: perf_analyzer and the server share {lab.hardware()}, so at high "
+    "concurrency perf_analyzer's own work, and the model's decoding of the images, may compete with the model for "
+    f"the cores and stretch its compute time (it went from {computes[0]:.1f} to {max(computes):.1f} ms)",
 );
 
 # %% [markdown]
@@ -97,29 +99,18 @@ lab.expect(
 # MobileNetV2 once on the whole stack.
 #
 # **Expectation.** On a GPU, a batch of 16 costs little more time than a batch of 1: the GPU
-# processes the 16 images in parallel, and a single image leaves most of it idle. So a batched
-# request should take not much longer than a single one, and the images per second should jump.
+# processes the 16 images in parallel, and a single image leaves most of it idle. The claim is
+# about the model's work, so we judge it on Triton's own account, `compute infer` (the time
+# `model.py` spent on the request; for this model that includes decoding each image), not on the
+# client's latency, which also counts uploading 16 photos:
+#
+# 1. Triton computes a request of 16 images in less than twice the time of a request of 1;
+# 2. so the client gets at least 4 times the images per second.
 
 # %%
 batch_of_16 = lab.measure("food_classifier", concurrency=1, batch_size=16)
-single = python_backend["c=1"]
-batched_ms = figure(batch_of_16, "latency.mean_ms", "16 images")
-single_ms = figure(single, "latency.mean_ms", "1 image")
-batched_rate = figure(batch_of_16, "images_per_s", "batched")
-single_rate = figure(single, "images_per_s", "one at a time")
-lab.expect(
-    "a batch of 16 costs little more than a batch of 1",
-    condition("a request of 16 images takes less than twice as long as one of 1 image",
-              batched_ms.value < 2 * single_ms.value, batched_ms, single_ms,
-              detail=f"{batched_ms.value / single_ms.value:.1f}x"),
-    condition("so batching serves at least 4 times the images per second", batched_rate.value >= 4 * single_rate.value,
-              batched_rate, single_rate),
-    reason=f"on {lab.hardware()}, one image already keeps every core busy (PyTorch spreads it over all of "
-    f"them), so 16 images took {batched_ms.value / single_ms.value:.1f} times as long as one, model.py "
-    "decoding every image too: batching pays where the hardware has idle parallelism, a GPU"
-    if not lab.gpus
-    else f"on {lab.hardware()}, decoding 16 images in model.py, on the CPU, costs 16 times one",
-);
+lab.breakdown({"1 image per request": python_backend["c=1"], "16 images per request": batch_of_16})
+lab.judge(triton_bench.client_batching(python_backend["c=1"], batch_of_16, lab.hardware(), lab.cores));
 
 # %% [markdown]
 # Batching raises throughput on a GPU, but only when a client *has* 16 images at once. Our users
@@ -160,8 +151,7 @@ eight_instances = lab.measure("food_classifier", concurrency=8)
 # **Expectation.** More instances help while the hardware has idle capacity: requests no longer
 # wait for a single model. Once the hardware is busy, more instances only fight over it: each
 # Python-backend instance is a whole process with its own PyTorch, its own decoding, and a copy
-# of every tensor through shared memory. On the original GPU node, eight instances were *worse*
-# than four, with the GPUs still far from busy: the Python backend, not the GPU, was the limit.
+# of every tensor through shared memory.
 #
 # On a CPU the instances share the cores the way FastAPI's slots do: an inference gets the cores
 # divided by the instances at work (decoding or inferring) when it starts, at least one thread (each
@@ -290,15 +280,8 @@ onnx_scaled = {
     f"c=16, {onnx_instances} instances": lab.measure("food_classifier_onnx", concurrency=16),
 }
 lab.breakdown(onnx_scaled)
-one, more = (figure(onnx_scaled[name], "throughput_rps", name) for name in list(onnx_scaled)[1:3])
-lab.expect(
-    f"under load, {onnx_instances} instances of the ONNX model serve more than one",
-    condition(f"at 8 clients, {onnx_instances} instances serve more requests per second than 1",
-              more.value > one.value, one, more),
-    reason=f"on {lab.hardware()}, one instance already had every core ({lab.cores} threads); "
-    f"{onnx_instances} instances, all busy, get {max(1, lab.cores // onnx_instances)} thread(s) each and do the "
-    "same work in more processes",
-);
+lab.judge(triton_bench.instance_scaling(onnx_one_busy, onnx_scaled[f"c=8, {onnx_instances} instances"],
+                                       onnx_instances, lab.hardware(), lab.cores));
 
 # %% [markdown]
 # Compare the queue column with the compute column at 16 clients. When requests arrive faster
@@ -382,10 +365,18 @@ lab.expect(
 # ## 6. Dynamic batching
 #
 # More instances would absorb the bursts, but would sit idle between them. Dynamic batching
-# uses the idle capacity inside one instance instead: when the instance finishes an
-# execution and finds several requests waiting, Triton hands them all to it as one batch.
-# A request that arrives in a clump then waits for about one execution, not for all the
-# requests ahead of it one by one.
+# uses the instance we have differently: requests waiting in Triton's queue go to the instance
+# together, as one batch, in one execution. A request that arrives in a clump then waits for
+# about one execution, not for all the requests ahead of it one by one.
+#
+# How Triton forms a batch when an instance frees up (its documentation, "Dynamic Batcher"):
+# without preferred sizes, it takes as many waiting requests as it can, up to the model's
+# `max_batch_size`; with `preferred_batch_size`, it forms the largest *preferred* size it can, and
+# only when none can be formed, the largest batch it can below `max_batch_size`.
+# `max_queue_delay_microseconds` lets it hold a request that long for others to join. Triton's
+# guide advises leaving preferred sizes out for most models (they are meant for backends, such as
+# TensorRT, whose engines are built for given sizes); we keep the original lab's settings, so that
+# your numbers compare with its.
 #
 # First, the baseline: Poisson arrivals at each of the four rates *without* dynamic batching.
 # Around each run we read Triton's statistics (`/v2/models/food_classifier_onnx/stats`) before
@@ -413,9 +404,9 @@ without_batching = poisson_sweep()
 lab.breakdown(without_batching);
 
 # %% [markdown]
-# Now we turn dynamic batching on. The block we add says: batches of 4, 6 or 8 are preferred,
-# and a request may be held back for at most 100 microseconds waiting for others to join its
-# batch. Then the same four runs:
+# Now we turn dynamic batching on, with the original lab's block: batches of 4, 6 or 8 are
+# preferred, and a request may be held back for at most 100 microseconds waiting for others to join
+# its batch. Then the same four runs:
 
 # %%
 batching = lab.config("food_classifier_onnx").with_dynamic_batching(
@@ -447,33 +438,33 @@ largest_batch = max(
 print(f"The largest batch that ran: {largest_batch}.")
 
 # %% [markdown]
-# **Expectation.** Without dynamic batching, the requests of a Poisson clump queue one behind
-# another; with it, whatever clump has formed is served in one execution. So at every rate,
-# with batching on, a request waits less in Triton's queue, and its mean latency is lower: two
-# conditions per rate, each judged on its own.
+# **Expectation.** Two claims, from the original lab:
+#
+# 1. where requests queue without batching, batching shortens their wait in Triton's queue: a
+#    clump that has formed is served in one execution instead of one request after another. Where
+#    they hardly queued (a mean wait under a quarter of the compute time), there is nothing to
+#    shorten, and the check lists that rate as not judged;
+# 2. its headline: with batching on, the mean latency stays roughly flat as the rate grows (at the
+#    highest rate at most 1.5 times the lowest rate's), and grows less than without batching.
+#
+# Whether the second can hold depends on what a batch costs. Forming a batch of 8 raises what the
+# instance can serve only if an image in it costs less compute than an image alone; if it costs
+# the same, a request's wait only moves from the queue into a longer execution. Triton times
+# every execution by its batch size, so the next cell prints the compute per image at each batch
+# size that ran, and the verdict's reason reads it.
 
 # %%
-per_rate, costs = [], []
-for name in with_batching:
-    off, on = without_batching[name], with_batching[name]
-    queue_off, queue_on = figure(off, "server_ms(queue)", "queue off"), figure(on, "server_ms(queue)", "queue on")
-    mean_off, mean_on = figure(off, "latency.mean_ms", "mean off"), figure(on, "latency.mean_ms", "mean on")
-    per_rate += [
-        condition(f"at {name}, batching lowers the time in the queue", queue_on.value < queue_off.value,
-                  queue_off, queue_on),
-        condition(f"at {name}, batching lowers the mean latency", mean_on.value < mean_off.value, mean_off, mean_on),
-    ]
-    if off is not None and on is not None:
-        costs.append(
-            f"at {name}, batching took the queue from {queue_off.value:.1f} to {queue_on.value:.1f} ms and compute "
-            f"infer from {off.server_ms('compute_infer'):.1f} to {on.server_ms('compute_infer'):.1f} ms per request"
-        )
-lab.expect(
-    "dynamic batching lowers the time in the queue and the mean latency at every rate",
-    *per_rate,
-    reason="; ".join(costs) + f" (on {lab.hardware()}; the largest batch that ran was {largest_batch}): where "
-    "the compute time grew by more than the queue shrank, batching could not lower the mean",
-);
+highest = f"{rates[-1]:g} req/s"
+for name, sweep in (("no batching", without_batching), ("dynamic batching", with_batching)):
+    run = sweep[highest]
+    if run is None:
+        continue
+    per_image = run.triton_stats["compute_ms_per_inference_by_batch_size"]
+    executions = run.triton_stats["executions_by_batch_size"]
+    print(f"{name}, {highest}: compute per image, by batch size: " + ", ".join(
+        f"{size}: {per_image[size]:.2f} ms ({executions[size]} executions)" for size in sorted(per_image)))
+lab.judge(triton_bench.batching_shortens_the_queue(without_batching, with_batching))
+lab.judge(triton_bench.batching_keeps_latency_flat(without_batching, with_batching, lab.hardware()));
 
 # %% [markdown]
 # ### The queueing view

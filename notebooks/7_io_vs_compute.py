@@ -9,7 +9,7 @@
 # Serving frameworks such as Truss split a model's code into three parts:
 #
 # - **preprocess**: fetch and prepare the input (download, decode, resize); as many requests at once
-#   as arrive. In this lab's service (`servelab/predict_api.py`): `fetch`, the download, asynchronous
+#   as arrive. In this lab's service (`servelab/service/predict_api.py`): `fetch`, the download, asynchronous
 #   I/O on the event loop (`image_fetch.py`), then `decode`, in a thread pool.
 # - **predict**: run the model; at most *predict concurrency* requests at once. Here: `in_slot`, run
 #   by a pool of `PREDICT_CONCURRENCY` inference threads, the slots; a request waits in the pool's
@@ -35,8 +35,8 @@ import matplotlib.pyplot as plt
 import requests
 
 from servelab import plots
-from servelab.expectations import condition, figure
 from servelab.lab import Lab
+from servelab.lessons import io_vs_compute
 
 lab = Lab.connect("7_io_vs_compute", triton=False)
 print(f"The models run on {lab.hardware()}.")
@@ -90,7 +90,9 @@ for url in (lab.image_url("soup.jpg"), f"{service}/health", "file:///etc/passwd"
 #
 # **Prediction**, for each download latency:
 #
-# 1. inside the slot, the throughput stays below 1 / (D + S): the slot is held for the download too;
+# 1. inside the slot, more senders only lengthen the queue: from 4 to 16 senders the throughput
+#    changes by less than 15%, because the slot, held for the download too, is the limit (by
+#    design at most 1 / (D + decoding + S): the dotted line of the plot below);
 # 2. outside the slot, with 16 senders, the throughput is above that bound;
 # 3. outside the slot, with enough senders, the throughput approaches 1 / S: the slot is busy at
 #    least 70% of the time;
@@ -147,50 +149,16 @@ for by_concurrency in runs.values():
 # condition judges.
 
 # %%
-def stage(run, name: str, label: str):
-    """The server's mean time of one stage in `run`, as a figure for a condition."""
-    return figure(run, f"service_stats.stage_mean_ms.{name}", label)
-
-
 top = CONCURRENCIES[-1]
 bounds = {}
 for latency_ms in LATENCIES_MS:
-    inside, outside = runs[latency_ms, "inside_slot"][top], runs[latency_ms, "outside_slot"][top]
-    d_in, s_in = stage(inside, "download", "D inside"), stage(inside, "inference", "S inside")
-    rate_in, rate_out = figure(inside, "throughput_rps", "inside"), figure(outside, "throughput_rps", "outside")
-    wait_in = stage(inside, "slot_wait", "slot wait inside")
-    wait_out = stage(outside, "slot_wait", "slot wait outside")
-    many = enough[latency_ms]
-    saturated = runs[latency_ms, "outside_slot"][many]
-    rate_many = figure(saturated, "throughput_rps", f"outside, {many} senders")
-    s_many = stage(saturated, "inference", f"S outside, {many} senders")
-    bound_in = 1000 / (d_in.value + s_in.value)
-    busy = rate_many.value * s_many.value / 1000
-    d_many = stage(saturated, "download", "D").value
-    arriving = 1000 * many / (d_many + s_many.value)  # what those senders could send, never waiting
+    inside, outside = runs[latency_ms, "inside_slot"], runs[latency_ms, "outside_slot"]
+    inside_stages = inside[top].service_stats["stage_mean_ms"]
     bounds[f"host latency {latency_ms} ms (emulated)"] = {
-        "1 / (D + S)": bound_in,
-        "1 / S": 1000 / s_many.value,
+        "1 / (D + S)": 1000 / (inside_stages["download"] + inside_stages["inference"]),
+        "1 / S": 1000 / outside[enough[latency_ms]].service_stats["stage_mean_ms"]["inference"],
     }
-    lab.expect(
-        f"with a {latency_ms} ms download, the slot should hold only the inference",
-        condition(f"inside the slot, {top} senders stay below 1 / (D + S)", rate_in.value < bound_in,
-                  rate_in, d_in, s_in, detail=f"1 / (D + S) = {bound_in:.1f} req/s"),
-        condition(f"outside the slot, {top} senders go above that 1 / (D + S)", rate_out.value > bound_in,
-                  rate_out, d_in, s_in, detail=f"1 / (D + S) = {bound_in:.1f} req/s"),
-        condition(f"outside the slot, {many} senders keep the slot busy at least 70% of the time",
-                  busy >= 0.7, rate_many, s_many, detail=f"busy {busy:.0%} = throughput x S" + (
-                      "; above 100% because the two come from different windows: the throughput from the "
-                      "client's measured seconds, S from the server's whole run, warm-up included"
-                      if busy > 1 else "")),
-        condition(f"with {top} senders, a request waits longer for the slot when the download is inside it",
-                  wait_in.value > wait_out.value, wait_in, wait_out),
-        reason=f"{many} senders, each needing D + S = {d_many + s_many.value:.0f} ms when nothing waits, "
-        f"send at most {arriving:.0f} req/s, and the slot's limit is {1000 / s_many.value:.0f} req/s"
-        + (": more senders are needed to keep the slot busy" if arriving < 1000 / s_many.value else
-           f"; on {lab.hardware()}, the downloads, the decoding and the load generator share the cores "
-           "with the inference"),
-    );
+    lab.judge(io_vs_compute.slot_holds_only_inference(inside, outside, enough[latency_ms], latency_ms, lab.hardware()))
 
 # %% [markdown]
 # Throughput against concurrency, both designs, one panel per download latency; the dotted line is

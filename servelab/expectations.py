@@ -76,7 +76,11 @@ def read(result: RunResult, field: str) -> float:
     head, _, rest = field.partition(".")
     value: Any = summarize(result.resources) if head == "resources" else getattr(result, head)
     for part in rest.split(".") if rest else ():
-        value = value[part] if isinstance(value, dict) else getattr(value, part)
+        if isinstance(value, dict):
+            # A batch size is an int key in a run as measured, a string once saved as JSON.
+            value = value[int(part)] if part not in value and part.isdigit() else value[part]
+        else:
+            value = getattr(value, part)
     return float(value)
 
 

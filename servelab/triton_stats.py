@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 
 import requests
 
+from servelab.results import StepCounts
+
 T = TypeVar("T")
 
 
@@ -58,6 +60,8 @@ class StatsDelta:
     # The executions' own compute time (batch_stats) per inference: what one inference cost the
     # model, a batch's time shared among its inferences.
     compute_ms_per_inference: float = math.nan
+    # The same, for the executions of each batch size: what an image cost in a batch of that size.
+    compute_ms_per_inference_by_batch_size: dict[int, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,6 +130,12 @@ def _executions_by_batch_size(model_stat: dict[str, Any]) -> dict[int, int]:
     }
 
 
+def _compute_ns_by_batch_size(model_stat: dict[str, Any]) -> dict[int, int]:
+    return {
+        int(entry["batch_size"]): _duration(entry, "compute_infer")[1] for entry in model_stat.get("batch_stats", [])
+    }
+
+
 def diff(before: dict[str, Any], after: dict[str, Any]) -> StatsDelta:
     """What happened between two `fetch` snapshots of the same model (before taken first)."""
     old, new = _model_stat(before), _model_stat(after)
@@ -148,6 +158,10 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> StatsDelta:
         for size, count in sorted(_executions_by_batch_size(new).items())
         if count > old_batches.get(size, 0)
     }
+    old_ns, new_ns = _compute_ns_by_batch_size(old), _compute_ns_by_batch_size(new)
+    per_inference_by_batch_size = {
+        size: (new_ns[size] - old_ns.get(size, 0)) / 1e6 / (count * size) for size, count in by_batch_size.items()
+    }
     return StatsDelta(
         model=str(new.get("name")),
         inference_count=inferences,
@@ -164,6 +178,7 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> StatsDelta:
         compute_ms_per_inference=(_execution_compute_ns(new) - _execution_compute_ns(old)) / 1e6 / inferences
         if inferences
         else math.nan,
+        compute_ms_per_inference_by_batch_size=per_inference_by_batch_size,
     )
 
 
@@ -227,6 +242,20 @@ def cancelled_by_model(log_text: str, model: str) -> int:
     """Requests the lab's Python-backend `model` answered CANCELLED instead of computing them, as
     its log lines say. Triton's statistics count those requests as successes."""
     return sum(int(count) for count in re.findall(rf"{re.escape(model)}: (\d+) cancelled request\(s\)", log_text))
+
+
+def refine_steps(log_text: str, model: str) -> StepCounts:
+    """The steps the lab's decoupled `model` (food_refine) computed, as its log lines count them
+    (one as each stream starts, one as it ends): steps computed, those computed after the client
+    had cancelled, and the streams started but not ended (running; or cut short by a crash)."""
+    name = re.escape(model)
+    started = len(re.findall(rf"{name}: a stream of \d+ steps started", log_text))
+    ended = re.findall(rf"{name}: (\d+) of \d+ steps computed, (\d+) after the client cancelled", log_text)
+    return StepCounts(
+        computed=sum(int(computed) for computed, _ in ended),
+        for_gone_clients=sum(int(for_nobody) for _, for_nobody in ended),
+        running=started - len(ended),
+    )
 
 
 # Where a request was when its gRPC cancellation was handled, as Triton's verbose log says

@@ -137,6 +137,8 @@ def test_diff_of_synthetic_snapshots():
     assert delta.avg_batch_size == pytest.approx(2.5)
     # 8 executions of 1 us each (the synthetic batch_stats) computed the 20 inferences.
     assert delta.compute_ms_per_inference == pytest.approx(8 * 1000 / 1e6 / 20)
+    # Per batch size: 2 executions of 1 image, and 6 of 4 images, each execution 1 us.
+    assert delta.compute_ms_per_inference_by_batch_size == pytest.approx({1: 0.001, 4: 0.001 / 4})
 
 
 def test_diff_of_an_idle_interval_has_no_averages():

@@ -1,0 +1,98 @@
+"""Notebook 7's check: where the download runs, inside the predict slot or outside it.
+
+D and S are the service's own mean download and inference times (its /metrics around a run, in
+`RunResult.service_stats`); throughputs are the client's.
+"""
+
+from __future__ import annotations
+
+from servelab.expectations import Expectation, condition, figure
+from servelab.results import RunResult
+
+
+def stage(run: RunResult | None, name: str, label: str):
+    """The service's mean time of one stage in `run`, as a figure."""
+    return figure(run, f"service_stats.stage_mean_ms.{name}", label)
+
+
+def slot_holds_only_inference(
+    inside: dict[int, RunResult], outside: dict[int, RunResult], enough: int, latency_ms: float, hardware: str
+) -> Expectation:
+    """With a download of `latency_ms`, one slot, runs by number of senders for each design:
+
+    1. inside the slot, more senders only lengthen the queue: from the fewest senders above one to
+       the most, the throughput changes by less than 15% (the slot is the limit);
+    2. outside the slot, the most senders go above 1 / (D + S), the inside design's limit;
+    3. outside the slot, `enough` senders keep the slot busy at least 70% of the time
+       (throughput x S, by Little's law on the slot);
+    4. with the most senders, a request waits longer for the slot when the download is inside it.
+    """
+    few, top = sorted(c for c in inside if c > 1)[0], max(inside)
+    rate_few, rate_top = (
+        figure(inside[few], "throughput_rps", f"inside, {few}"),
+        figure(inside[top], "throughput_rps", f"inside, {top}"),
+    )
+    d_in, s_in = stage(inside[top], "download", "D inside"), stage(inside[top], "inference", "S inside")
+    rate_out = figure(outside[top], "throughput_rps", f"outside, {top}")
+    wait_in, wait_out = (
+        stage(inside[top], "slot_wait", "slot wait inside"),
+        stage(outside[top], "slot_wait", "slot wait outside"),
+    )
+    saturated = outside[enough]
+    rate_many, s_many = (
+        figure(saturated, "throughput_rps", f"outside, {enough}"),
+        stage(saturated, "inference", f"S outside, {enough}"),
+    )
+    d_many = stage(saturated, "download", "D").value
+    bound_in = 1000 / (d_in.value + s_in.value)
+    busy = rate_many.value * s_many.value / 1000
+    change = rate_top.value / rate_few.value - 1
+    arriving = 1000 * enough / (d_many + s_many.value)  # what those senders could send, never waiting
+    return Expectation(
+        f"with a {latency_ms:g} ms download, the slot should hold only the inference",
+        (
+            condition(
+                f"inside the slot, more senders only lengthen the queue: from {few} to {top} senders the "
+                "throughput changes by less than 15%",
+                abs(change) < 0.15,
+                rate_few,
+                rate_top,
+                detail=f"{change:+.0%}",
+            ),
+            condition(
+                f"outside the slot, {top} senders go above 1 / (D + S)",
+                rate_out.value > bound_in,
+                rate_out,
+                d_in,
+                s_in,
+                detail=f"1 / (D + S) = {bound_in:.1f} req/s",
+            ),
+            condition(
+                f"outside the slot, {enough} senders keep the slot busy at least 70% of the time",
+                busy >= 0.7,
+                rate_many,
+                s_many,
+                detail=f"busy {busy:.0%} = throughput x S"
+                + (
+                    "; above 100% because the two come from different windows: the throughput from the "
+                    "client's measured seconds, S from the server's whole run, warm-up included"
+                    if busy > 1
+                    else ""
+                ),
+            ),
+            condition(
+                f"with {top} senders, a request waits longer for the slot when the download is inside it",
+                wait_in.value > wait_out.value,
+                wait_in,
+                wait_out,
+            ),
+        ),
+        reason=f"{enough} senders, each needing D + S = {d_many + s_many.value:.0f} ms when nothing waits, "
+        f"send at most {arriving:.0f} req/s, and the slot's limit is {1000 / s_many.value:.0f} req/s"
+        + (
+            ": more senders are needed to keep the slot busy"
+            if arriving < 1000 / s_many.value
+            else f"; on {hardware}, the downloads, the decoding and the load generator share the cores with the "
+            "inference (a hypothesis: this run does not measure their share)"
+        ),
+    )

@@ -1,0 +1,184 @@
+"""Notebook 6's checks: batches of images, instances, and dynamic batching on Triton.
+
+Claims about what the model costs are judged on Triton's own statistics (perf_analyzer's
+server-side breakdown, or the model's /stats around a run, with its per-batch-size compute
+times), never on the client's latency, which also counts uploads and the network.
+"""
+
+from __future__ import annotations
+
+import math
+
+from servelab.expectations import Expectation, Figure, condition, figure, measured
+from servelab.resources import summarize
+from servelab.results import RunResult
+
+NOT_MEASURED = math.nan
+
+
+def instances_cpu(run: RunResult | None) -> float:
+    """The CPU the model's instance processes used during `run`, in % of one core, summed over
+    them; NaN where this notebook could not see them (in Docker, or no run)."""
+    if run is None or not run.resources:
+        return NOT_MEASURED
+    processes = summarize(run.resources).get("processes") or {}
+    return float(sum(processes.values())) if processes else NOT_MEASURED
+
+
+def _cpu_said(name: str, run: RunResult | None, cores: int) -> str:
+    used = instances_cpu(run)
+    if math.isnan(used):
+        return f"{name}: the instances ran out of this notebook's sight (their CPU is not known)"
+    return f"{name}: the instances used {used:.0f}% of a core, of the {100 * cores}% this machine has"
+
+
+def client_batching(single: RunResult | None, batched: RunResult | None, hardware: str, cores: int) -> Expectation:
+    """One client, a request of 16 images against one of 1: Triton computes the 16 in less than
+    twice the time of 1 (its compute infer, per request), and the client gets at least 4 times the
+    images per second."""
+    size = batched.batch_size if batched is not None else 16
+    compute_batched = figure(batched, "server_ms(compute_infer)", f"compute infer, {size} images")
+    compute_single = figure(single, "server_ms(compute_infer)", "compute infer, 1 image")
+    rate_batched, rate_single = (
+        figure(batched, "images_per_s", "batched"),
+        figure(single, "images_per_s", "one at a time"),
+    )
+    ratio = compute_batched.value / compute_single.value
+    per_image_batched = compute_batched.value / size
+    return Expectation(
+        f"a batch of {size} costs little more than a batch of 1",
+        (
+            condition(
+                f"Triton computes a request of {size} images in less than twice the time of 1 image",
+                ratio < 2,
+                compute_batched,
+                compute_single,
+                detail=f"{ratio:.1f}x",
+            ),
+            condition(
+                "so the client gets at least 4 times the images per second",
+                rate_batched.value >= 4 * rate_single.value,
+                rate_batched,
+                rate_single,
+            ),
+        ),
+        reason=f"on {hardware}, an image cost {per_image_batched:.1f} ms of compute infer in a batch of {size} "
+        f"against {compute_single.value:.1f} ms alone (compute infer here includes model.py decoding each image); "
+        f"{_cpu_said('with 1 image per request', single, cores)}. A batch pays where one image leaves the "
+        "hardware idle: what the single-image run left unused is the most a batch could use",
+    )
+
+
+def instance_scaling(one: RunResult | None, more: RunResult | None, instances: int, hardware: str, cores: int):
+    """Under load, `instances` instances serve more requests per second than one."""
+    one_rate, more_rate = (
+        figure(one, "throughput_rps", "1 instance"),
+        figure(more, "throughput_rps", f"{instances} instances"),
+    )
+    return Expectation(
+        f"under load, {instances} instances of the ONNX model serve more than one",
+        (
+            condition(
+                f"at 8 clients, {instances} instances serve more requests per second than 1",
+                more_rate.value > one_rate.value,
+                one_rate,
+                more_rate,
+            ),
+        ),
+        reason=f"on {hardware}: {_cpu_said('1 instance', one, cores)}; "
+        f"{_cpu_said(f'{instances} instances', more, cores)}. More instances can only use what one left idle",
+    )
+
+
+def _queued_enough(off: RunResult) -> bool:
+    """Whether requests queued enough without batching for batching to shorten it: a mean wait of at
+    least a quarter of the compute time."""
+    return off.server_ms("queue") >= 0.25 * off.server_ms("compute_infer")
+
+
+def batching_shortens_the_queue(without: dict[str, RunResult | None], with_batching: dict[str, RunResult | None]):
+    """At each rate where requests queued without batching (a mean wait of at least a quarter of
+    the compute time), they wait less in Triton's queue with dynamic batching on."""
+    conditions, skipped = [], []
+    for name, off in without.items():
+        on = with_batching.get(name)
+        if off is None or on is None:
+            conditions.append(condition(f"at {name}, batching lowers the time in the queue", False,
+                                        figure(off, "server_ms(queue)", "queue off"),
+                                        figure(on, "server_ms(queue)", "queue on")))  # fmt: skip
+            continue
+        if not _queued_enough(off):
+            skipped.append(
+                f"{name} ({off.server_ms('queue'):.2f} ms queue, {off.server_ms('compute_infer'):.2f} ms compute)"
+            )
+            continue
+        queue_off, queue_on = figure(off, "server_ms(queue)", "queue off"), figure(on, "server_ms(queue)", "queue on")
+        conditions.append(condition(f"at {name}, batching lowers the time in the queue",
+                                    queue_on.value < queue_off.value, queue_off, queue_on))  # fmt: skip
+    if not conditions:
+        conditions.append(condition("at some rate, requests queued enough to judge", False,
+                                    measured("rates with a queue worth shortening", NOT_MEASURED)))  # fmt: skip
+    return Expectation(
+        "where requests queue, dynamic batching shortens the time they wait",
+        tuple(conditions),
+        reason="not judged, too little queueing without batching: " + ", ".join(skipped) if skipped else "",
+    )
+
+
+def batch_cost(run: RunResult | None) -> tuple[int, Figure]:
+    """The batch size larger than 1 that served most images in `run` (Triton's statistics), and
+    what an image cost in it; (1, NaN) where no larger batch ran."""
+    stats = (run.triton_stats or {}) if run is not None else {}
+    served = {int(size): int(size) * int(count) for size, count in stats.get("executions_by_batch_size", {}).items()}
+    larger = {size: images for size, images in served.items() if size > 1}
+    if not larger:
+        return 1, measured("compute per image in a batch", NOT_MEASURED, "ms")
+    size = max(larger, key=larger.get)
+    field = f"triton_stats.compute_ms_per_inference_by_batch_size.{size}"
+    return size, figure(run, field, f"compute per image, batches of {size}")
+
+
+def batching_keeps_latency_flat(
+    without: dict[str, RunResult | None], with_batching: dict[str, RunResult | None], hardware: str
+) -> Expectation:
+    """The seed's headline: with dynamic batching on, the mean latency stays roughly flat as the
+    rate grows (the highest rate's at most 1.5x the lowest's), and grows less than without it.
+    The reason reads what an image cost in a batch against alone, from Triton's statistics at the
+    highest rate: only a cheaper image lets a batch absorb a higher rate."""
+    low, high = list(without)[0], list(without)[-1]
+    on_low, on_high = (figure(with_batching.get(name), "latency.mean_ms", f"on, {name}") for name in (low, high))
+    off_low, off_high = (figure(without.get(name), "latency.mean_ms", f"off, {name}") for name in (low, high))
+    growth_on, growth_off = on_high.value / on_low.value, off_high.value / off_low.value
+    size, in_batch = batch_cost(with_batching.get(high))
+    alone = figure(without.get(high), "triton_stats.compute_ms_per_inference", "compute per image alone")
+    saving = 1 - in_batch.value / alone.value
+    return Expectation(
+        "with dynamic batching on, latency stays roughly flat as the rate grows",
+        (
+            condition(
+                f"with batching, the mean at {high} is at most 1.5x the mean at {low}",
+                growth_on <= 1.5,
+                on_low,
+                on_high,
+                detail=f"x{growth_on:.2f}",
+            ),
+            condition(
+                "with batching, the mean grows less than without",
+                growth_on < growth_off,
+                on_low,
+                on_high,
+                off_low,
+                off_high,
+                detail=f"x{growth_on:.2f} against x{growth_off:.2f}",
+            ),
+        ),  # fmt: skip
+        reason=f"at {high}, an image cost {in_batch.value:.2f} ms of compute in the batches of {size} that served "
+        f"most images, against {alone.value:.2f} ms alone ({saving:+.0%} saved) on {hardware}: "
+        + (
+            "a batch saves little per image here, so forming one only moves a request's wait from the queue into "
+            "a longer execution, and the capacity, hence the latency at a high rate, stays as it was"
+            if not saving > 0.2
+            else "a batch does save compute per image, so what remains is the time a request waits for its batch "
+            "and the spread of the arrivals"
+        ),
+    )

@@ -1,0 +1,94 @@
+"""Notebook 6's checks, each fed a case it must pass and one it must fail."""
+
+import math
+
+from servelab.expectations import Outcome
+from servelab.lessons import triton_bench
+from tests.helpers import synthetic_run
+
+
+def outcomes(expectation) -> list[Outcome]:
+    return [part.outcome for part in expectation.conditions]
+
+
+def perf_run(throughput_rps=30.0, mean_ms=30.0, queue_ms=0.0, compute_ms=25.0, batch_size=1, concurrency=1, **fields):
+    breakdown = {"server_queue_us": 1000 * queue_ms, "server_compute_infer_us": 1000 * compute_ms}
+    return synthetic_run("triton/m", concurrency, throughput_rps, mean_ms, tool="perf_analyzer",
+                         batch_size=batch_size, server_breakdown=breakdown, **fields)  # fmt: skip
+
+
+def test_client_batching_is_judged_on_triton_s_compute_time_not_the_client_s_latency():
+    single = perf_run(throughput_rps=34, mean_ms=29, compute_ms=25)
+    # The client waited 10x as long for its 16 images (uploads), but Triton computed them in 1.5x.
+    cheap = perf_run(throughput_rps=10, mean_ms=290, compute_ms=37.5, batch_size=16)
+    held = triton_bench.client_batching(single, cheap, "1 GPU", cores=8)
+    assert outcomes(held) == [Outcome.HELD, Outcome.HELD]  # 160 images/s against 34
+    assert "2.3 ms of compute infer in a batch of 16 against 25.0 ms alone" in held.reason
+    # Triton computed the 16 in 14x the time of one: the claim fails on Triton's own figure.
+    costly = perf_run(throughput_rps=2.3, mean_ms=400, compute_ms=350, batch_size=16)
+    failed = triton_bench.client_batching(single, costly, "2 CPU cores", cores=2)
+    assert outcomes(failed) == [Outcome.NOT_HELD, Outcome.NOT_HELD]
+    assert failed.conditions[0].detail == "14.0x"
+    assert "ran out of this notebook's sight" in failed.reason  # no instance CPU sampled
+
+
+def test_client_batching_with_no_batched_measurement_is_not_checked():
+    single = perf_run()
+    assert triton_bench.client_batching(single, None, "cpu", 2).outcome is Outcome.NOT_CHECKED
+
+
+def test_instance_scaling_reason_reads_the_instances_cpu():
+    def with_cpu(rps, percents):
+        series = {"t_s": [0, 1], "cpu_percent": [90, 90], "memory_percent": [5, 5], "gpus": [], "gpu_source": "none"}
+        processes = {f"instance {n}": percent for n, percent in enumerate(percents)}  # ProcessCpu's reading
+        return perf_run(throughput_rps=rps, resources={**series, "processes": processes})
+
+    failed = triton_bench.instance_scaling(with_cpu(120, [190]), with_cpu(110, [95, 95]), 2, "2 CPU cores", 2)
+    assert failed.outcome is Outcome.NOT_HELD
+    assert "1 instance: the instances used 190% of a core, of the 200%" in failed.reason
+    held = triton_bench.instance_scaling(with_cpu(60, [100]), with_cpu(110, [95, 95]), 2, "2 CPU cores", 2)
+    assert held.outcome is Outcome.HELD
+
+
+def poisson(rate_rps, mean_ms, queue_ms, compute_ms, batches=None, per_image=None):
+    stats = {"executions_by_batch_size": batches or {1: 100}, "compute_ms_per_inference": compute_ms,
+             "compute_ms_per_inference_by_batch_size": per_image or {1: compute_ms}}  # fmt: skip
+    return perf_run(rate_rps, mean_ms, queue_ms, compute_ms, concurrency=None, mode="open", rate_rps=rate_rps,
+                    arrival="poisson", triton_stats=stats)  # fmt: skip
+
+
+def test_the_queue_is_judged_only_where_requests_queued_without_batching():
+    without = {"50 req/s": poisson(50, 8, 0.5, 6), "100 req/s": poisson(100, 20, 10, 6)}
+    with_on = {"50 req/s": poisson(50, 9, 0.6, 6), "100 req/s": poisson(100, 12, 3, 7)}
+    held = triton_bench.batching_shortens_the_queue(without, with_on)
+    # 50 req/s queued 0.5 ms for 6 ms of compute: too little to judge, and said so.
+    assert [part.text for part in held.conditions] == ["at 100 req/s, batching lowers the time in the queue"]
+    assert held.outcome is Outcome.HELD and "50 req/s" in held.reason
+    longer = {**with_on, "100 req/s": poisson(100, 25, 12, 6)}
+    assert triton_bench.batching_shortens_the_queue(without, longer).outcome is Outcome.NOT_HELD
+
+
+def test_with_no_queue_worth_shortening_the_queue_check_is_not_checked_rather_than_held():
+    quiet = {"50 req/s": poisson(50, 8, 0.1, 6)}
+    assert triton_bench.batching_shortens_the_queue(quiet, quiet).outcome is Outcome.NOT_CHECKED
+
+
+def test_flat_latency_holds_on_cheap_batches_and_fails_with_its_reason_read_from_the_per_batch_costs():
+    without = {"50 req/s": poisson(50, 8, 1, 6), "150 req/s": poisson(150, 40, 30, 6)}
+    cheap = {"50 req/s": poisson(50, 8, 1, 6),
+             "150 req/s": poisson(150, 10, 2, 3, batches={1: 10, 4: 30}, per_image={1: 6, 4: 2})}  # fmt: skip
+    held = triton_bench.batching_keeps_latency_flat(without, cheap, "1 GPU")
+    assert held.outcome is Outcome.HELD
+    assert "2.00 ms of compute in the batches of 4" in held.reason and "+67% saved" in held.reason
+    costly = {"50 req/s": poisson(50, 8, 1, 6),
+              "150 req/s": poisson(150, 45, 5, 12, batches={1: 10, 4: 30}, per_image={1: 6, 4: 6})}  # fmt: skip
+    failed = triton_bench.batching_keeps_latency_flat(without, costly, "2 CPU cores")
+    assert outcomes(failed) == [Outcome.NOT_HELD, Outcome.NOT_HELD]
+    assert "+0% saved" in failed.reason and "moves a request's wait" in failed.reason
+
+
+def test_batch_cost_is_read_back_from_a_saved_run_whose_batch_sizes_are_strings():
+    run = poisson(150, 10, 2, 3, batches={"1": 10, "4": 30}, per_image={"1": 6.0, "4": 2.0})
+    size, cost = triton_bench.batch_cost(run)
+    assert (size, cost.value) == (4, 2.0)
+    assert math.isnan(triton_bench.batch_cost(poisson(50, 8, 1, 6))[1].value)  # only batches of 1 ran
