@@ -325,17 +325,21 @@ class Lab(TritonLab):
 
     def sequential(self, flavor: str, url: str | None = None, target: str | None = None) -> RunResult:
         """One request at a time, as many as the profile says: the latency without queueing.
-        Against the `flavor` service, or the one at `url`, recorded as `target`."""
+        Against the `flavor` service, or the one at `url`, recorded as `target`. The service's own
+        account of the run (its /metrics) is in `result.service_stats`."""
+        base = url or self.fastapi_url(flavor)
         started = self._ready_to_measure()
-        result = loadgen.closed_loop(
-            "fastapi",
-            url or self.fastapi_url(flavor),
-            concurrency=1,
-            requests=self.profile.sequential_requests,
-            warmup_requests=3,
-            image_bytes=self.sample_image(),
-            progress=False,
-        )
+        with service_stats.measure(base) as stats:
+            result = loadgen.closed_loop(
+                "fastapi",
+                base,
+                concurrency=1,
+                requests=self.profile.sequential_requests,
+                warmup_requests=3,
+                image_bytes=self.sample_image(),
+                progress=False,
+            )
+        result.service_stats = stats.delta.to_dict()
         return self._keep(result, target or f"fastapi_{flavor}", started)
 
     def concurrent(
@@ -537,6 +541,10 @@ class Lab(TritonLab):
         """Record what the lesson expected, as the conditions it states, each judged on this run's
         figures (servelab.expectations.condition); `reason` says why it may not hold here."""
         return self.expectations.record(claim, conditions, reason)
+
+    def judge(self, expectation: Expectation) -> Expectation:
+        """Record an expectation a lesson's check built (servelab.lessons), as `expect` does."""
+        return self.expectations.record(expectation.claim, expectation.conditions, expectation.reason)
 
     def verdicts(self) -> str:
         """Every expectation of this notebook and its outcome, with each condition's."""
