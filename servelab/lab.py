@@ -36,7 +36,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -54,7 +54,7 @@ from servelab.expectations import Condition, Expectation, ExpectationLog
 from servelab.lab_triton import NOTEBOOK_STACK_DIR, Capacity, TritonLab
 from servelab.models import ModelRepository
 from servelab.profiles import Profile, profile
-from servelab.results import RunResult, SequenceRunResult, append_result, load_appended
+from servelab.results import RunResult, SequenceRunResult, StepCounts, append_result, load_appended
 from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
 from servelab.stack import (
@@ -70,12 +70,14 @@ from servelab.stack import (
     triton_service,
 )
 from servelab.triton_local import LOCAL_TRITON
+from servelab.triton_stats import settled
 
 log = logging.getLogger(__name__)
 
 SAVED_RUNS_DIR = paths.RESULTS_DIR / "notebooks"
 RESTART_WAIT_S = 300.0  # Triton with every model loads in about 10-60 s; a busy machine takes longer
 COMPOSE_RESTART_RECORD_S = 10.0  # Docker restarts a crashed container at once; its start records it
+STREAMS_END_S = 60.0  # how long the streams a run left on the server may take to end
 
 
 def saved_runs_file(notebook: str) -> Path:
@@ -392,6 +394,46 @@ class Lab(TritonLab):
             image_bytes=self.sample_image(), progress=False, backoff_s=backoff_s,
             impatient=impatient, patience_s=patience_s,
         )  # fmt: skip
+        return self._keep(result, target, started)
+
+    def streams(
+        self,
+        address: str,
+        concurrency: int,
+        steps: int,
+        duration_s: float,
+        target: str,
+        server_steps: Callable[[], StepCounts],
+        kind: str = "fastapi",
+        model: str | None = None,
+        **leaving,
+    ) -> RunResult:
+        """`concurrency` clients streaming `steps`-step refinements (servelab.loadgen.streams) for
+        `duration_s` seconds against the service at `address` of `kind` ("fastapi": POST /refine;
+        "triton-grpc": the decoupled `model`); `leaving` says when the impatient ones leave
+        (impatient, leave_after_steps, patience_s, backoff_s). `server_steps` reads the server's
+        own step counters: before the run, and after it once the streams it left running have
+        ended, their difference is the run's `steps["computed"]` and `steps["for_gone_clients"]`."""
+        started = self._ready_to_measure()
+        before = server_steps()
+        result = loadgen.stream_loop(
+            kind, address, concurrency, steps, duration_s, model=model, image_bytes=self.sample_image(),
+            models=self.models, progress=False, **leaving,
+        )  # fmt: skip
+        # Steps of streams whose client left may still be computed: with cancellation off, all of them.
+        deadline = time.monotonic() + STREAMS_END_S
+        while (after := server_steps()).running > before.running and time.monotonic() < deadline:
+            if any(event.between(started, time.time()) for event in self.service_exits()):
+                break  # a crash cut streams short: they never end, and the run is marked
+            time.sleep(0.1)
+        if after.running > before.running:
+            result.notes.append(f"{after.running - before.running} stream(s) had not ended on the server when read")
+        else:
+            after = settled(server_steps)  # a server counts a step, or logs a stream's end, just after it
+        result.steps |= {
+            "computed": after.computed - before.computed,
+            "for_gone_clients": after.for_gone_clients - before.for_gone_clients,
+        }
         return self._keep(result, target, started)
 
     def sequences(

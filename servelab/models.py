@@ -61,6 +61,13 @@ ENTRIES: dict[str, LabEntry] = {
         artifacts={"food11.pth": "pytorch weights"},
         weights_file="food11.pth",
     ),
+    "food_refine": LabEntry(
+        "The ONNX network over N steps, a view of the photo each: decoupled, one response per step (the running "
+        "label and probability), streamed over gRPC; it stops at the next step once the client cancels",
+        image_request=IMAGE_FILE,
+        artifacts={"model.onnx": "onnx graph"},
+        weights_file="model.onnx",
+    ),
     "food_classifier_onnx": LabEntry(
         "The same network as an ONNX graph: a preprocessed tensor in, 11 scores out",
         image_request=PREPROCESSED,
@@ -155,6 +162,12 @@ class Model:
     def stateful(self) -> bool:
         """A sequence-batched model keeps state per sequence: each request needs a sequence ID."""
         return self.config.proto.HasField("sequence_batching")
+
+    @property
+    def decoupled(self) -> bool:
+        """A decoupled model sends any number of responses per request (food_refine: one per step),
+        which only gRPC streaming reads: Triton's HTTP /infer refuses it."""
+        return self.config.proto.model_transaction_policy.decoupled
 
     def version_folders(self, root: Path | None = None) -> list[Path]:
         """The numbered version folders, in `root` (a staged copy) or in the model's own folder."""

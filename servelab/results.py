@@ -78,6 +78,11 @@ class RunResult:
     server_breakdown: dict[str, float] | None = None
     triton_stats: dict[str, Any] | None = None  # difference of /v2/models/<m>/stats over the run
     service_stats: dict[str, Any] | None = None  # difference of a FastAPI service's /metrics over the run
+    # A streamed run (servelab.loadgen.streams): "asked" (steps per stream), "leave_after_steps" and
+    # "patience_s" (when the impatient senders left), "received" (the steps each stream got, in the
+    # order they ended); and from the server's own account over the run (servelab.lab.Lab.streams),
+    # "computed" (steps) and "for_gone_clients" (steps that ended after their client had left).
+    steps: dict[str, Any] | None = None
     resources: dict[str, Any] | None = None  # resource utilization time series sampled during the run
     notes: list[str] = field(default_factory=list)
     # A service of the lab exited during the run (the local stack's supervisor said so): its
@@ -137,6 +142,17 @@ class RunResult:
             if values.get(name) is not None:
                 values[name] = LatencySummary(**values[name])
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """The steps of a streamed workload by the server's own account, cumulative since it started
+    (service_stats.refine_steps, triton_stats.refine_steps): read before and after a run, their
+    difference is what the server computed for it."""
+
+    computed: int  # steps computed
+    for_gone_clients: int  # steps that ended after their client had left: computed for nobody
+    running: int  # streams being computed now
 
 
 def pooled(windows: list[RunResult]) -> RunResult:

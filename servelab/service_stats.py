@@ -4,7 +4,8 @@ a run, as servelab.triton_stats does for Triton.
 A service's /metrics counters are cumulative since it started. Two scrapes and their difference
 give, for the requests of one run: how many there were by HTTP status, the mean time of each
 stage the service measures (download, waiting for a predict slot, preprocessing, inference), and
-the requests abandoned, and inferences run, for clients who had gone.
+the requests abandoned, and inferences run, for clients who had gone; and the /refine streams'
+steps, those computed after their client had gone among them.
 The counters cover every client, so a run measures only its own requests when nothing else is
 sending to that service at the same time.
 """
@@ -20,6 +21,7 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from servelab.results import StepCounts
 from servelab.triton_stats import settled
 
 # The stages a FastAPI service times (predict_metrics.py), by their histogram's name.
@@ -62,6 +64,9 @@ class ServiceDelta:
     stage_mean_ms: dict[str, float] = field(default_factory=dict)  # stage -> mean time (NaN: none)
     abandoned_by_stage: dict[str, int] = field(default_factory=dict)  # stage -> requests whose client had gone
     inferences_for_gone_clients: int = 0  # inferences that finished after their client had gone
+    refine_steps: int = 0  # steps of /refine streams computed
+    refine_steps_for_gone_clients: int = 0  # of them, those that finished after their client had gone
+    refine_streams_by_outcome: dict[str, int] = field(default_factory=dict)  # completed, stopped, failed -> streams
 
     @property
     def inferences(self) -> int:
@@ -90,12 +95,26 @@ def diff(url: str, before: Scrape, after: Scrape) -> ServiceDelta:
             delta.requests_by_status[dict(labels)["status"]] = count
         if name == "predict_abandoned_total" and (count := round(moved(name, labels))):
             delta.abandoned_by_stage[dict(labels)["stage"]] = count
+        if name == "refine_streams_total" and (count := round(moved(name, labels))):
+            delta.refine_streams_by_outcome[dict(labels)["outcome"]] = count
     delta.inferences_for_gone_clients = round(moved("predict_inferences_for_gone_clients_total"))
+    delta.refine_steps = round(moved("refine_steps_total"))
+    delta.refine_steps_for_gone_clients = round(moved("refine_steps_for_gone_clients_total"))
     for stage, histogram in STAGES.items():
         count = round(moved(f"{histogram}_count"))
         delta.stage_counts[stage] = count
         delta.stage_mean_ms[stage] = 1000 * moved(f"{histogram}_sum") / count if count else math.nan
     return delta
+
+
+def refine_steps(url: str) -> StepCounts:
+    """The service's own count of /refine steps so far (servelab.results.StepCounts)."""
+    now = scrape(url)
+    return StepCounts(
+        computed=round(now.get(("refine_steps_total", ()), 0.0)),
+        for_gone_clients=round(now.get(("refine_steps_for_gone_clients_total", ()), 0.0)),
+        running=round(now.get(("refine_running", ()), 0.0)),
+    )
 
 
 @dataclass

@@ -474,9 +474,12 @@ PREDICT_API_SERVICES = ("fastapi_pt", "fastapi_onnx", "ray_serve")
 
 def ui_backends() -> list[str]:
     """What the web UI can talk to: a service with the FastAPI contract, or a Triton model that
-    classifies photos one at a time (a stateful model takes frames of a sequence, not photos)."""
+    classifies photos one at a time with one answer each (a stateful model takes frames of a
+    sequence, not photos; a decoupled one streams its answers over gRPC, and the UI asks over HTTP)."""
     photo_models = [
-        model.name for model in ModelRepository() if model.entry and model.entry.image_request and not model.stateful
+        model.name
+        for model in ModelRepository()
+        if model.entry and model.entry.image_request and not model.stateful and not model.decoupled
     ]
     return [*PREDICT_API_SERVICES, *photo_models]
 
@@ -520,6 +523,11 @@ def gourmetgram_service(port: int, backend: str, ports: Ports, urls: Mapping[str
             f"GourmetGram cannot use {backend!r}: it is a stateful model (sequence batching), whose every "
             f"request is a frame of a sequence, and the page classifies single photos. Choose one of "
             f"{', '.join(ui_backends())}"
+        )
+    elif backend in models.names() and models.get(backend).decoupled:
+        raise ValueError(
+            f"GourmetGram cannot use {backend!r}: it is a decoupled model, which streams its answers over gRPC, "
+            f"and the page asks Triton over HTTP for one answer. Choose one of {', '.join(ui_backends())}"
         )
     else:
         raise ValueError(f"GourmetGram cannot use {backend!r}: choose one of {', '.join(ui_backends())}")

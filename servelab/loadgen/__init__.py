@@ -4,7 +4,9 @@
   one request prepared up front and sent again and again;
 - `runners`: the closed and the open loop, and the `RunResult` each run returns;
 - `sequences`: a stateful model's load, concurrent sequences of frames (`run_sequences`);
-- `sync`: the same from synchronous code (`closed_loop`, `open_loop`, `sequence_loop`), as notebooks call them;
+- `streams`: streamed requests, one answer per step, and clients who leave midway (`run_streams`);
+- `sync`: the same from synchronous code (`closed_loop`, `open_loop`, `sequence_loop`, `stream_loop`),
+  as notebooks call them;
 - `cli`: the command line.
 
 From the shell:
@@ -24,7 +26,15 @@ from servelab.loadgen.sequences import (
     run_sequences,
     sequence_error_kind,
 )
-from servelab.loadgen.sync import closed_loop, open_loop, sequence_loop, summarize
+from servelab.loadgen.streams import (
+    STREAM_TARGET_KINDS,
+    HttpStreamTarget,
+    StreamTarget,
+    TritonGrpcStreamTarget,
+    make_stream_target,
+    run_streams,
+)
+from servelab.loadgen.sync import closed_loop, open_loop, sequence_loop, stream_loop, summarize
 from servelab.loadgen.targets import (
     DEFAULT_TIMEOUT_S,
     TARGET_KINDS,
@@ -40,12 +50,16 @@ __all__ = [
     "ARRIVALS",
     "DEFAULT_TIMEOUT_S",
     "SEQUENCE_ERRORS",
+    "STREAM_TARGET_KINDS",
     "TARGET_KINDS",
     "FastAPITarget",
+    "HttpStreamTarget",
     "RequestError",
     "SequenceTarget",
+    "StreamTarget",
     "Target",
     "TritonGrpcSequenceTarget",
+    "TritonGrpcStreamTarget",
     "TritonGrpcTarget",
     "TritonHttpSequenceTarget",
     "TritonHttpTarget",
@@ -53,12 +67,15 @@ __all__ = [
     "closed_loop",
     "main",
     "make_sequence_target",
+    "make_stream_target",
     "make_target",
     "open_loop",
     "run_closed",
     "run_open",
     "run_sequences",
+    "run_streams",
     "sequence_error_kind",
     "sequence_loop",
+    "stream_loop",
     "summarize",
 ]

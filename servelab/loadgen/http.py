@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 # A reused connection the server had closed while it was idle fails before any answer arrives;
@@ -93,7 +94,7 @@ class PreparedPost:
             await writer.drain()
             head = await reader.readuntil(b"\r\n\r\n")
             status = int(head[9:12])
-            length, chunked, keep_alive = _framing(head)
+            length, chunked, keep_alive = framing(head)
             if length is not None:
                 body = await reader.readexactly(length)
             elif chunked:
@@ -119,7 +120,7 @@ class PreparedPost:
             _close(self._idle.pop())
 
 
-def _framing(head: bytes) -> tuple[int | None, bool, bool]:
+def framing(head: bytes) -> tuple[int | None, bool, bool]:
     """(Content-Length, chunked?, keep-alive?) from the answer's status line and headers."""
     length, chunked, keep_alive = None, False, not head.startswith(b"HTTP/1.0")
     for line in head.split(b"\r\n")[1:]:
@@ -135,13 +136,16 @@ def _framing(head: bytes) -> tuple[int | None, bool, bool]:
 
 
 async def _read_chunks(reader: asyncio.StreamReader) -> bytes:
-    parts = []
+    return b"".join([chunk async for chunk in chunks(reader)])
+
+
+async def chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """The chunks of a chunked body, each as it arrives (a streamed answer reads them one by one)."""
     while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
-        parts.append(await reader.readexactly(size))
+        yield await reader.readexactly(size)
         await reader.readexactly(2)
     while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, if any, end with an empty line
         pass
-    return b"".join(parts)
 
 
 def _close(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:

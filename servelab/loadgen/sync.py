@@ -1,7 +1,8 @@
 """The load generator from synchronous code: scripts, notebooks, the command line.
 
-`closed_loop` and `open_loop` run a measurement to its end and return its `RunResult`, and
-`sequence_loop` a stateful model's run of sequences (a `SequenceRunResult`); Ctrl-C stops a run
+`closed_loop` and `open_loop` run a measurement to its end and return its `RunResult`,
+`sequence_loop` a stateful model's run of sequences (a `SequenceRunResult`), and `stream_loop` a
+closed loop of streamed requests (a `RunResult` with its `steps`); Ctrl-C stops a run
 and returns what it had measured so far. `summarize` says a result in words.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from servelab.loadgen.runners import run_closed, run_open
 from servelab.loadgen.sequences import make_sequence_target, run_sequences
+from servelab.loadgen.streams import make_stream_target, run_streams
 from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, make_target
 from servelab.models import ModelRepository
 from servelab.results import RunResult, SequenceRunResult
@@ -152,6 +154,26 @@ def sequence_loop(
     return _run_sync(
         run_sequences(target, concurrency, length, sequences, duration_s, frame_interval_s, warmup_sequences, progress)
     )
+
+
+def stream_loop(
+    kind: str,
+    address: str,
+    concurrency: int,
+    steps: int,
+    duration_s: float,
+    model: str | None = None,
+    image_bytes: bytes | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    models: ModelRepository | None = None,
+    progress: bool = True,
+    **leaving: Any,
+) -> RunResult:
+    """`run_streams` against `make_stream_target(kind, address, model, image_bytes, timeout_s, models)`,
+    from synchronous code; `leaving` are its impatient senders' settings (impatient,
+    leave_after_steps, patience_s, backoff_s). Ctrl-C returns the partial result."""
+    target = make_stream_target(kind, address, model, image_bytes, timeout_s, models)
+    return _run_sync(run_streams(target, concurrency, steps, duration_s, progress=progress, **leaving))
 
 
 def summarize(result: RunResult) -> str:

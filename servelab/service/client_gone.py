@@ -66,6 +66,12 @@ class DisconnectWatch:
     def stop(self) -> None:
         self._task.cancel()
 
+    def client_left(self) -> None:
+        """The server learnt another way that the client left: the response it was streaming was
+        cancelled (Starlette does that when it hears the disconnect first; Ray Serve cancels the
+        handler in the replica when its proxy sees the connection close)."""
+        self.gone.set()
+
     def check(self, stage: str) -> None:
         """Raise ClientGone if the client has gone and requests are abandoned. Safe to call from
         an inference thread: it only reads a flag."""

@@ -91,7 +91,11 @@ def preprocess(image: Image.Image) -> np.ndarray:
     """RGB image -> float32 array [3, 224, 224]: resize, scale to [0, 1], ImageNet mean/std."""
     if image.mode != "RGB":
         image = image.convert("RGB")
-    pixels = np.asarray(image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR))  # [224, 224, 3] uint8
+    return normalize(np.asarray(image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR)))
+
+
+def normalize(pixels: np.ndarray) -> np.ndarray:
+    """uint8 pixels [224, 224, 3] (any strides: a crop, a mirrored view) -> float32 [3, 224, 224]."""
     # Channel by channel, straight into the [3, 224, 224] layout: a few times faster than
     # broadcasting over a trailing axis of 3, which costs as much as the resize itself.
     normalized = np.empty((3, IMAGE_SIZE, IMAGE_SIZE), dtype=np.float32)

@@ -39,6 +39,8 @@ Where the work runs, and why:
   computes it anyway, for the lab's experiment.
 - /metrics (predict_metrics.py) has the server's own account of each stage's time, and of the
   requests abandoned and the inferences run for clients who had gone.
+- POST /refine (refine_api.py) streams a photo classified over N steps, each step an inference in
+  the same slots, and stops at the next step once its client has gone.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ from servelab.service.food11 import (
 )
 from servelab.service.image_fetch import DEFAULT_ALLOWED_HOSTS, AllowList, DownloadError, download
 from servelab.service.predict_metrics import CountPredictRequests, PredictMetrics
+from servelab.service.refine_api import add_refine_route
 
 log = logging.getLogger("food11.service")
 
@@ -232,7 +235,9 @@ class HealthResponse(BaseModel):
     image_url_allowed_hosts: str
     image_download_timeout_s: float
     abandon_on_disconnect: bool = Field(
-        ..., description="ABANDON_ON_DISCONNECT: a request whose client has gone stops at its next stage."
+        ...,
+        description="ABANDON_ON_DISCONNECT: a request whose client has gone stops at its next stage, "
+        "a /refine stream at its next step.",
     )
 
 
@@ -407,17 +412,13 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
             decoding.add_done_callback(room_given_back_unless_failed)
             raise
 
-    def in_slot(prepare: Callable[[], np.ndarray], queued_at: float, watch: DisconnectWatch) -> np.ndarray:
-        """A request's work in its predict slot (an inference thread): `prepare` gives the batch
-        (the naive design downloads and decodes it here, holding the slot), then the model runs."""
+    def infer(batch: np.ndarray) -> np.ndarray:
+        """Run the model on an inference thread (a predict slot), with the threads the plan gives
+        an inference that starts while the others run."""
         nonlocal running
-        metrics.slot_wait_s.observe(time.perf_counter() - queued_at)
-        batch = prepare()
-        watch.check("before_inference")
         with running_lock:
             running += 1
             threads = plan.threads_for(running)
-        started = time.perf_counter()
         try:
             return run_model(batch, threads)
         except Exception as exc:
@@ -429,6 +430,17 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
         finally:
             with running_lock:
                 running -= 1
+
+    def in_slot(prepare: Callable[[], np.ndarray], queued_at: float, watch: DisconnectWatch) -> np.ndarray:
+        """A request's work in its predict slot (an inference thread): `prepare` gives the batch
+        (the naive design downloads and decodes it here, holding the slot), then the model runs."""
+        metrics.slot_wait_s.observe(time.perf_counter() - queued_at)
+        batch = prepare()
+        watch.check("before_inference")
+        started = time.perf_counter()
+        try:
+            return infer(batch)
+        finally:
             metrics.inference_s.observe(time.perf_counter() - started)
             if watch.gone.is_set():
                 metrics.inferences_for_gone_clients.inc()
@@ -487,6 +499,9 @@ def create_app(model: ServedModel, title: str, description: str) -> FastAPI:
                 ) from None
         label, probability = top_prediction(logits)[0]
         return PredictResponse(prediction=label, probability=probability)
+
+    # POST /refine: a photo classified over N steps, streamed, from the same slots (refine_api.py).
+    add_refine_route(app, inference_pool, infer, preprocess_pool, metrics, settings.abandon_on_disconnect)
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus_metrics() -> Response:

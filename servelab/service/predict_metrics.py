@@ -2,7 +2,8 @@
 
 What a request spent its time on, measured by the server itself: downloading the image (when
 sent by URL), waiting for a predict slot, preprocessing, and inference; plus every /predict
-request by outcome and HTTP status, and how many are in flight. The lab reads two scrapes, before
+request by outcome and HTTP status, and how many are in flight; and the steps of /refine streams,
+those computed after their client had gone among them. The lab reads two scrapes, before
 and after a run, and turns the difference into that run's figures (servelab/service_stats.py).
 `python -m servelab artifacts` copies this file into each service folder; edit it here.
 """
@@ -56,6 +57,19 @@ class PredictMetrics:
             "predict_inferences_for_gone_clients", "Inferences whose client had gone by the time they finished",
             registry=self.registry,
         )  # fmt: skip
+        # POST /refine (refine_api.py): a stream of steps, one inference each.
+        self.refine_steps = Counter("refine_steps", "Steps of /refine streams computed", registry=self.registry)
+        self.refine_steps_for_gone_clients = Counter(
+            "refine_steps_for_gone_clients", "Steps of /refine streams that finished after their client had gone",
+            registry=self.registry,
+        )  # fmt: skip
+        self.refine_streams = Counter(
+            "refine_streams", "/refine streams by how they ended: completed, stopped (the client left), failed",
+            ["outcome"], registry=self.registry,
+        )  # fmt: skip
+        self.refine_running = Gauge(
+            "refine_running", "/refine streams whose steps are being computed now", registry=self.registry
+        )
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

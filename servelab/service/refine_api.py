@@ -1,0 +1,161 @@
+"""POST /refine: the refinement (refine.py) streamed as NDJSON, one line per step, stopped at the
+next step once its client has gone.
+
+Both FastAPI services and every Ray Serve replica serve it, from the predict slots of /predict
+(predict_api.py hands over `infer`, which runs the model on the thread plan): each step is one
+inference, a job in the slots' queue like a /predict request's, so concurrent streams take turns
+step by step, with /predict requests between them. The photo is decoded once, in the decoding
+pool, before the stream starts: a body that is not an image is a 400, never a broken stream.
+
+A stream's steps are computed by a task of its own (`Stream.produce`), and the response sends what
+it made. How a stream learns that its client has gone:
+- under uvicorn, Starlette's StreamingResponse listens for `http.disconnect` and cancels the
+  response's iteration, and DisconnectWatch (client_gone.py) hears it too;
+- on Ray Serve, the proxy sees the connection close and cancels the handler in the replica, which
+  cancels the response's iteration.
+Before each step the producer checks whether the client has gone, and stops there: a step already
+running in a slot runs to its end (a model call cannot be interrupted), a step still waiting for a
+slot leaves the queue. With ABANDON_ON_DISCONNECT=off the producer computes every step anyway, for
+nobody: the lab's experiment (notebook 9).
+
+/metrics counts the steps computed, those that finished after their client had gone, the streams
+by how they ended, and the streams running now (predict_metrics.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
+
+import numpy as np
+from fastapi import FastAPI, HTTPException, Request, status
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field, field_validator
+
+from servelab.service.client_gone import ClientGone, DisconnectWatch
+from servelab.service.food11 import InvalidImageError, decode_base64_image
+from servelab.service.predict_metrics import PredictMetrics
+from servelab.service.refine import DEFAULT_STEPS, MAX_STEPS, RunningMean, Views, checked_steps
+
+NDJSON = "application/x-ndjson"
+# The event loop keeps only weak references to tasks: a producer whose response has gone (with
+# abandoning off) is kept here until it ends.
+_producers: set[asyncio.Task] = set()
+
+
+class RefineRequest(BaseModel):
+    image: str = Field(..., min_length=1, description="A JPEG or PNG file, base64-encoded.")
+    steps: int = Field(DEFAULT_STEPS, description=f"Views to classify, from 1 to {MAX_STEPS}: one inference each.")
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def from_one_to_max(cls, steps: object) -> int:
+        return checked_steps(steps)
+
+
+def _line(fields: dict) -> bytes:
+    return json.dumps(fields).encode() + b"\n"
+
+
+class Stream:
+    """One /refine stream: `produce` computes its steps in the predict slots and queues one line
+    per step; `lines` is what the response sends."""
+
+    def __init__(
+        self,
+        views: Views,
+        steps: int,
+        watch: DisconnectWatch,
+        slots: ThreadPoolExecutor,
+        infer: Callable[[np.ndarray], np.ndarray],
+        metrics: PredictMetrics,
+    ) -> None:
+        self.views, self.steps, self.watch = views, steps, watch
+        self.slots, self.infer, self.metrics = slots, infer, metrics
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()  # None: no more lines
+        self.producer = asyncio.create_task(self.produce())
+        _producers.add(self.producer)
+        self.producer.add_done_callback(_producers.discard)
+
+    def step(self, number: int) -> np.ndarray:
+        """Step `number`, in a predict slot (an inference thread)."""
+        self.watch.check("slot_wait")  # its client left while it waited for the slot
+        logits = self.infer(self.views.batch(number))
+        self.metrics.refine_steps.inc()
+        if self.watch.gone.is_set():
+            self.metrics.refine_steps_for_gone_clients.inc()
+        return logits
+
+    async def produce(self) -> None:
+        outcome = "completed"
+        self.metrics.refine_running.inc()
+        answer = RunningMean()
+        try:
+            for number in range(1, self.steps + 1):
+                self.watch.check("before_inference")  # between two steps: stop once the client has gone
+                logits = await asyncio.wrap_future(self.slots.submit(self.step, number))
+                ((label, probability),) = answer.add(logits)
+                fields = {"step": number, "steps": self.steps, "prediction": label, "probability": probability}
+                self.queue.put_nowait(_line(fields))
+        except (ClientGone, asyncio.CancelledError):  # cancelled: by `lines`, once the client has gone
+            outcome = "stopped"
+        except HTTPException as failed:  # the model failed; the status was sent with the first line
+            outcome = "failed"
+            self.queue.put_nowait(_line({"error": failed.detail}))
+        finally:
+            self.queue.put_nowait(None)
+            self.watch.stop()
+            self.metrics.refine_running.dec()
+            self.metrics.refine_streams.labels(outcome).inc()
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        try:
+            while (line := await self.queue.get()) is not None:
+                yield line
+        finally:
+            if not self.producer.done():  # the response ended before the stream did: its client left
+                self.watch.client_left()
+                if self.watch.abandon:
+                    self.producer.cancel()  # a step waiting for a slot leaves the queue
+
+
+def add_refine_route(
+    app: FastAPI,
+    slots: ThreadPoolExecutor,
+    infer: Callable[[np.ndarray], np.ndarray],
+    decoding: ThreadPoolExecutor,
+    metrics: PredictMetrics,
+    abandon: bool,
+) -> None:
+    """POST /refine on `app`: steps run by `infer` in the `slots` pool, the photo decoded in `decoding`."""
+
+    async def decoded(image: str) -> Views:
+        try:
+            return await asyncio.wrap_future(decoding.submit(lambda: Views([decode_base64_image(image)])))
+        except InvalidImageError as exc:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+
+    @app.post(
+        "/refine",
+        response_class=StreamingResponse,
+        responses={
+            status.HTTP_200_OK: {
+                "content": {NDJSON: {}},
+                "description": 'One JSON line per step: {"step", "steps", "prediction", "probability"}, the '
+                'running mean\'s best class so far; a line {"error": ...} if the model failed midway.',
+            },
+            status.HTTP_400_BAD_REQUEST: {"description": "Not a decodable image"},
+            HTTPStatus.UNPROCESSABLE_ENTITY: {"description": f"No image, or steps not from 1 to {MAX_STEPS}"},
+        },
+    )
+    async def refine(request: RefineRequest, connection: Request) -> StreamingResponse:
+        """Classify the photo over `steps` views, streaming the answer so far after each one;
+        the stream stops at its next step once the client has gone (unless ABANDON_ON_DISCONNECT=off)."""
+        views = await decoded(request.image)
+        # The body has been read: from here on, the connection can only tell that the client left.
+        watch = DisconnectWatch(connection.receive, abandon)
+        stream = Stream(views, request.steps, watch, slots, infer, metrics)
+        return StreamingResponse(stream.lines(), media_type=NDJSON)
