@@ -27,7 +27,7 @@
 # - `fastapi_pt/app.py` loads the model and says how to run it on a batch of images. That is all
 #   it does. Its twin, `fastapi_onnx/app.py`, does the same with ONNX Runtime, and you will switch
 #   to it in the next notebook.
-# - `servelab/predict_api.py` is the HTTP side that both apps share: the request and response
+# - `servelab/service/predict_api.py` is the HTTP side that both apps share: the request and response
 #   schemas, the error codes, the size limit, and where decoding and inference run. It is part of
 #   the lab's service package, `servelab/service/`, which every service installs: locally in the
 #   lab's virtualenv, and in every Docker image, built from the repository root.
@@ -35,8 +35,6 @@
 # The next cell prints the first file as it is on disk.
 
 # %%
-from pathlib import Path
-
 from servelab import paths
 
 print((paths.FASTAPI_PT_DIR / "app.py").read_text())
@@ -44,16 +42,25 @@ print((paths.FASTAPI_PT_DIR / "app.py").read_text())
 # %% [markdown]
 # Notice what is *not* in there: no routes, no JSON, no error handling. `run_model` takes a NumPy
 # batch of shape `[N, 3, 224, 224]` and returns logits `[N, 11]`; the device (GPU when PyTorch sees
-# one, CPU otherwise) is chosen once at start-up. Everything about HTTP lives in the shared file:
+# one, CPU otherwise) is chosen once at start-up. Everything about HTTP lives in the shared file,
+# `servelab/service/predict_api.py`. Most of it is plumbing you can read later (settings from the
+# environment, the size limit, metrics, what happens when a client hangs up). The next cell prints
+# the four parts that matter here, found by name in the file as it is on disk: the request and
+# response schemas, the `/predict` route, and `compute`, which decides where a request's work runs.
 
 # %%
-print((paths.SERVICE_PACKAGE_DIR / "predict_api.py").read_text())
+from servelab.source_excerpts import excerpt
+
+predict_api = paths.SERVICE_PACKAGE_DIR / "predict_api.py"
+print(f"# {len(predict_api.read_text().splitlines())} lines in all; the parts that matter here:\n")
+print(excerpt(predict_api, "PredictRequest", "PredictResponse", "create_app.predict", "create_app.compute"))
 
 # %% [markdown]
 # ### What to take from it
 #
 # **Request and response.** `POST /predict` takes a JSON body with one field,
-# `{"image": "<the JPEG or PNG file, base64-encoded>"}`, and answers
+# `{"image": "<the JPEG or PNG file, base64-encoded>"}` (or, instead, `{"url": ...}`: where to fetch
+# the photo, which notebook 7 uses), and answers
 # `{"prediction": "<one of the 11 Food-11 classes>", "probability": <its softmax probability>}`.
 # Base64 turns the binary file into text, so it fits in JSON, at the price of a body about a third
 # larger than the file. Both shapes are Pydantic models (`PredictRequest`, `PredictResponse`), so
@@ -110,23 +117,7 @@ print((paths.SERVICE_PACKAGE_DIR / "predict_api.py").read_text())
 # failure into a page the user can read.
 
 # %%
-import ast
-
-
-def show_method(path: Path, class_name: str, method_name: str) -> None:
-    """Print one method of a class, exactly as it is written in the source file."""
-    source = path.read_text()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == method_name:
-                    print(f"# {path.relative_to(paths.REPO_ROOT)}, {class_name}.{method_name}")
-                    print("    " + ast.get_source_segment(source, item, padded=False))
-                    return
-    raise LookupError(f"{class_name}.{method_name} is not in {path}")
-
-
-show_method(paths.GOURMETGRAM_DIR / "backends.py", "FastAPIBackend", "predict")
+print(excerpt(paths.GOURMETGRAM_DIR / "backends.py", "FastAPIBackend.predict"))
 
 # %% [markdown]
 # The UI learns where the model lives from one environment variable, `FASTAPI_SERVER_URL`. In the

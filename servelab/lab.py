@@ -33,6 +33,7 @@ import functools
 import logging
 import math
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -625,8 +626,11 @@ class Lab(TritonLab):
 
 
 def summary_line(result: RunResult) -> str:
+    """A run's figures in one line; under it, the command that measured it, for a tool run by one."""
     line = _summary(result)
-    return line if result.clean else f"{line} -- NOT A CLEAN RUN: {'; '.join(result.interrupted_by)}"
+    if not result.clean:
+        line = f"{line} -- NOT A CLEAN RUN: {'; '.join(result.interrupted_by)}"
+    return line if result.command is None else f"{line}\n  command: {shown_command(result.command)}"
 
 
 def _summary(result: RunResult) -> str:
@@ -649,6 +653,13 @@ def _summary(result: RunResult) -> str:
         f"{result.label}: {result.throughput_rps:.1f} req/s, p50 {latency.p50_ms:.1f} ms, {tail} "
         f"({result.requests} requests{errors})"
     )
+
+
+def shown_command(command: list[str]) -> str:
+    """A command line as a student reads it: the program by its name, a file by its path from the
+    repository's root, each argument quoted for a shell where it needs to be."""
+    program, *arguments = command
+    return shlex.join([Path(program).name, *(_shown(Path(a)) if Path(a).is_absolute() else a for a in arguments)])
 
 
 def _shown(path: Path) -> str:

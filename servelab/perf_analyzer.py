@@ -1,8 +1,9 @@
 """Run NVIDIA's perf_analyzer (from the tritonclient 2.51.0 wheel) and read its CSV report.
 
 Every run comes back as the lab's `RunResult`, with perf_analyzer's server-side breakdown
-(queue, compute input, compute infer, compute output) in `server_breakdown`, so its numbers sit in
-the same tables and plots as the lab's own load generator.
+(queue, compute input, compute infer, compute output) in `server_breakdown`, and the exact command
+line that measured it in `command`, so its numbers sit in the same tables and plots as the lab's
+own load generator, and a student can run the same command by hand.
 
 perf_analyzer needs libcudart.so.12 even without a GPU (from the nvidia-cuda-runtime-cu12 wheel,
 put on LD_LIBRARY_PATH here) and libb64 (the Debian/Ubuntu package libb64-0d, which
@@ -16,6 +17,7 @@ import io
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -38,6 +40,9 @@ SERVER_COLUMNS = {
     "Server Compute Output": "server_compute_output_us",
     "Client Recv": "client_recv_us",
 }
+
+
+REPORT = "report.csv"  # the CSV report perf_analyzer writes (-f), in the folder it runs in
 
 
 class PerfAnalyzerError(RuntimeError):
@@ -135,8 +140,9 @@ def run(
         sequence_length, sequence_length_variation, sequence_id_range, num_of_sequences, serial_sequences
     )
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.csv"
-        command = [str(binary()), "-u", url, "-i", protocol, "-m", model, "-b", str(batch_size), "-f", str(report)]
+        # perf_analyzer runs in a folder of its own and writes its report there, so that the command
+        # (kept in each result) names no folder that is gone: run again anywhere, it works the same.
+        command = [str(binary()), "-u", url, "-i", protocol, "-m", model, "-b", str(batch_size), "-f", REPORT]
         if concurrency is not None:
             command += ["--concurrency-range", str(concurrency)]
         else:
@@ -148,11 +154,14 @@ def run(
         command += ["--max-trials", str(max_trials), "--stability-percentage", f"{stability_percentage:g}"]
         for item in shape or []:
             command += ["--shape", item]
-        if input_data:
-            command += ["--input-data", str(input_data)]
+        if input_data:  # a file or folder of data, by its absolute path; or "zero", "random"
+            data = Path(input_data)
+            command += ["--input-data", str(data.resolve()) if data.exists() else str(input_data)]
         command += sequence_options + (extra_args or [])
-        log.info("running %s", " ".join(command))
-        completed = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=timeout_s)
+        log.info("running %s", shlex.join(command))
+        completed = subprocess.run(
+            command, cwd=tmp, env=environment(), capture_output=True, text=True, timeout=timeout_s
+        )
         if completed.returncode != 0:
             output = (
                 f"perf_analyzer exited with {completed.returncode}:\n"
@@ -162,10 +171,11 @@ def run(
                 if message in completed.stdout + completed.stderr:
                     raise NoStableMeasurement(meaning, output)
             raise PerfAnalyzerError(output)
-        rows = parse_csv(report.read_text())
+        rows = parse_csv((Path(tmp) / REPORT).read_text())
     target = f"triton/{model} ({protocol})"
     results = [
-        to_run_result(row, target, batch_size, request_rate, request_distribution, completed.stdout) for row in rows
+        to_run_result(row, target, batch_size, request_rate, request_distribution, completed.stdout, command)
+        for row in rows
     ]
     return PerfAnalyzerRun(command, rows, completed.stdout, results)
 
@@ -230,8 +240,10 @@ def to_run_result(
     request_rate: float | None = None,
     request_distribution: str = "constant",
     stdout: str = "",
+    command: list[str] | None = None,
 ) -> RunResult:
-    """One CSV row as a RunResult. perf_analyzer reports no maximum latency, so max_ms is its p99."""
+    """One CSV row as a RunResult, with the `command` that measured it. perf_analyzer reports no
+    maximum latency, so max_ms is its p99."""
     ms = 1 / 1000
     latency = LatencySummary(
         mean_ms=_mean_latency_us(row, stdout) * ms,
@@ -257,6 +269,7 @@ def to_run_result(
         arrival=request_distribution if open_loop else None,
         batch_size=batch_size,
         server_breakdown={key: row[column] for column, key in SERVER_COLUMNS.items() if column in row},
+        command=command,
         notes=[
             "perf_analyzer reports p99, not the maximum: max_ms is p99_ms",
             f"throughput is requests/s; images/s = {row['Inferences/Second']:.1f}",

@@ -84,6 +84,8 @@ class RunResult:
     # "computed" (steps) and "for_gone_clients" (steps that ended after their client had left).
     steps: dict[str, Any] | None = None
     resources: dict[str, Any] | None = None  # resource utilization time series sampled during the run
+    # perf_analyzer: the command line that measured the run (on a retry, the attempt that counted).
+    command: list[str] | None = None
     notes: list[str] = field(default_factory=list)
     # A service of the lab exited during the run (the local stack's supervisor said so): its
     # figures are not those of a clean run. Each entry says which, how and when.

@@ -157,7 +157,9 @@ def test_the_breakdown_table_shows_each_stage_in_ms_and_says_when_a_run_gave_no_
 
 def test_measure_retries_an_unstable_measurement_and_gives_none_when_it_never_settles(monkeypatch, capsys):
     lab = Lab("local", profile("quick"), {}, "127.0.0.1:1", "127.0.0.1:2", None)
-    outcomes = [perf_analyzer.NoStableMeasurement("the windows never agreed", ""), perf_result()]
+    counted = perf_result()
+    counted.command = ["/venv/bin/perf_analyzer", "-m", "toy", "--concurrency-range", "2"]
+    outcomes = [perf_analyzer.NoStableMeasurement("the windows never agreed", ""), counted]
 
     def perf(model, started, **load):
         outcome = outcomes.pop(0)
@@ -170,7 +172,12 @@ def test_measure_retries_an_unstable_measurement_and_gives_none_when_it_never_se
     monkeypatch.setattr(lab, "served_config", lambda model: 'name: "toy"\ndynamic_batching { }\n')
     measured = lab.measure("toy", concurrency=2)
     assert measured.target.endswith(", 2 instances, dynamic batching")
-    assert "the windows never agreed (attempt 1 of 2)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "the windows never agreed (attempt 1 of 2)" in printed
+    # The attempt that counted is the one kept, with its command printed under its summary.
+    assert measured is counted
+    assert "2 instances, dynamic batching [perf_analyzer, c=2]: 42.0 req/s" in printed
+    assert printed.endswith("(40 requests)\n  command: perf_analyzer -m toy --concurrency-range 2\n")
     outcomes[:] = [perf_analyzer.NoStableMeasurement("no request completed", "")] * 2
     assert lab.measure("toy", concurrency=2) is None
     assert "gave up every time, so this run has no result" in capsys.readouterr().out

@@ -5,14 +5,18 @@ is read, on a 2-core machine that may be busy, not how steady the machine is.
 """
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from servelab import lab as lab_module
 from servelab import paths, perf_analyzer
+from servelab.lab import Lab, shown_command, summary_line
 from servelab.models import ModelRepository
-from servelab.results import RunResult
+from servelab.profiles import profile
+from servelab.results import RunResult, append_result, load_appended
 
 SAMPLE_CSV = (  # a real perf_analyzer -f report
     "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
@@ -41,7 +45,7 @@ def fake_perf_analyzer(monkeypatch) -> list[list[str]]:
 
     def fake_run(command, **kwargs):
         commands.append(command)
-        Path(command[command.index("-f") + 1]).write_text(SAMPLE_CSV)
+        (Path(kwargs["cwd"]) / command[command.index("-f") + 1]).write_text(SAMPLE_CSV)
         return subprocess.CompletedProcess(command, 0, stdout="    Request count: 120\n", stderr="")
 
     monkeypatch.setattr(perf_analyzer.subprocess, "run", fake_run)
@@ -77,6 +81,38 @@ def test_sequence_options_reach_the_command_line(monkeypatch):
     assert _option(command, "--num-of-sequences") == "6" and "--serial-sequences" in command
     assert _option(command, "--sequence-id-range") == "5"  # no end: IDs without bound
     assert "--sequence-length" not in command  # perf_analyzer's default
+
+
+def test_each_result_keeps_the_command_that_measured_it_and_saved_runs_keep_it_too(monkeypatch, tmp_path):
+    commands = fake_perf_analyzer(monkeypatch)
+    data = tmp_path / "input.json"
+    data.write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    (result,) = perf_analyzer.run(
+        "127.0.0.1:1", "m", concurrency=None, request_rate=30, input_data="input.json"
+    ).results
+    (command,) = commands
+    assert result.command == command
+    # The input by its absolute path, the report by its name: perf_analyzer runs in a folder of its own.
+    assert _option(command, "--input-data") == str(data) and _option(command, "-f") == "report.csv"
+    assert _option(command, "--request-rate-range") == "30" and "--stability-percentage" in command
+    assert perf_analyzer.run("127.0.0.1:1", "m", input_data="random").command[-2:] == ["--input-data", "random"]
+    assert RunResult.from_dict(json.loads(json.dumps(result.to_dict()))).command == command
+    append_result(tmp_path / "runs.jsonl", result, {})
+    ((saved, _),) = load_appended(tmp_path / "runs.jsonl")
+    assert saved.command == command
+
+
+def test_a_run_s_summary_shows_its_command_under_it_with_short_paths_quoted_for_a_shell():
+    (row,) = perf_analyzer.parse_csv(SAMPLE_CSV)
+    data = paths.REPO_ROOT / ".lab" / "perf input.json"
+    command = [str(paths.REPO_ROOT / ".venv/bin/perf_analyzer"), "-u", "127.0.0.1:8000", "--input-data", str(data)]
+    result = perf_analyzer.to_run_result(row, "triton/m (http)", command=command)
+    first, second = summary_line(result).split("\n")
+    assert first == summary_line(perf_analyzer.to_run_result(row, "triton/m (http)"))  # a run with no command: one line
+    assert second == "  command: perf_analyzer -u 127.0.0.1:8000 --input-data '.lab/perf input.json'"
+    elsewhere = ["/opt/perf_analyzer", "--input-data", "/data/x.json"]
+    assert shown_command(elsewhere) == "perf_analyzer --input-data /data/x.json"
 
 
 @pytest.mark.parametrize("option", [{"num_of_sequences": 6}, {"serial_sequences": True}])
@@ -152,6 +188,39 @@ def test_request_rate_mode_with_poisson_arrivals(triton_http_url):
     assert (result.mode, result.rate_rps, result.arrival) == ("open", 10, "poisson")
     assert result.throughput_rps == pytest.approx(10, rel=0.5)
     assert result.latency.mean_ms > 0
+
+
+def test_a_notebook_s_measurement_prints_the_command_that_ran_and_that_command_measures_again(
+    triton_http_url, triton_grpc_url, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(lab_module, "SAVED_RUNS_DIR", tmp_path / "results")
+    lab = Lab("local", profile("quick"), {}, triton_http_url, triton_grpc_url, None, notebook="perf_command")
+    # The ONNX model: its short requests settle perf_analyzer's windows even on a busy machine (the
+    # Python-backend model's input file, shown by its path in the repository, is tested above).
+    result = lab.measure("food_classifier_onnx", attempts=3, concurrency=2)
+    assert result is not None
+    command = result.command
+    assert Path(command[0]).name == "perf_analyzer" and _option(command, "-m") == "food_classifier_onnx"
+    assert (_option(command, "--concurrency-range"), _option(command, "-b")) == ("2", "1")
+    assert (_option(command, "--stability-percentage"), _option(command, "--max-trials")) == ("50", "5")
+    # Printed under the run's summary, as a student reads it: the program by its name.
+    assert f"{summary_line(result)}\n" in capsys.readouterr().out
+    line = summary_line(result).split("\n")[1]
+    shown = shlex.split(line.removeprefix("  command: "))
+    assert shown == ["perf_analyzer", *command[1:]]
+    ((saved, _),) = load_appended(tmp_path / "results" / "perf_command.jsonl")
+    assert saved.command == command
+    # It is the command that ran: run again by hand, it measures the same model at the same load.
+    for _attempt in range(3):  # as lab.measure does: perf_analyzer's windows may not settle on a busy machine
+        again = subprocess.run(
+            command, cwd=tmp_path, env=perf_analyzer.environment(), capture_output=True, text=True, timeout=300
+        )
+        if not any(message in again.stdout + again.stderr for message in perf_analyzer.UNSTABLE_MESSAGES):
+            break
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    (row,) = perf_analyzer.parse_csv((tmp_path / "report.csv").read_text())
+    assert row["Concurrency"] == 2 and row["Inferences/Second"] > 0
+    assert "Request concurrency: 2" in again.stdout
 
 
 def test_a_model_the_server_does_not_have_is_a_clear_error(triton_http_url):
