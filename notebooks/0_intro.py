@@ -55,14 +55,14 @@
 # | `0_intro` | this overview | anywhere |
 # | `1_reserve` | reserves a GPU node on Chameleon | Chameleon's Jupyter server |
 # | `2_bring_up_node` | starts and sets up that node | Chameleon's Jupyter server |
-# | `3_fastapi` | the model behind a FastAPI service | the Jupyter container on the node, or your laptop |
-# | `4_fastapi_bench` | benchmarks the FastAPI service | the Jupyter container on the node, or your laptop |
-# | `5_triton` | the same model in Triton | the Jupyter container on the node, or your laptop |
-# | `6_triton_bench` | Triton benchmarks: instances, batching | the Jupyter container on the node, or your laptop |
-# | `7_io_vs_compute` | images by URL: I/O outside the slot | the Jupyter container on the node, or your laptop |
-# | `8_concurrency_target` | Ray Serve: the concurrency target, autoscaling, two nodes | the Jupyter container on the node, or your laptop |
-# | `9_cancellation` | requests whose client left: abandoned, cancelled, or computed anyway | the Jupyter container on the node, or your laptop |
-# | `10_stateful_sequences` | stateful inference on Triton's sequence batcher | the Jupyter container on the node, or your laptop |
+# | `3_fastapi` | the model behind a FastAPI service | node's Jupyter container, or laptop |
+# | `4_fastapi_bench` | benchmarks the FastAPI service | node's Jupyter container, or laptop |
+# | `5_triton` | the same model in Triton | node's Jupyter container, or laptop |
+# | `6_triton_bench` | Triton benchmarks: instances, batching | node's Jupyter container, or laptop |
+# | `7_io_vs_compute` | images by URL: I/O outside the slot | node's Jupyter container, or laptop |
+# | `8_concurrency_target` | Ray Serve: the concurrency target, autoscaling | node's Jupyter container, or laptop |
+# | `9_cancellation` | clients who leave: cancelled or computed anyway | node's Jupyter container, or laptop |
+# | `10_stateful_sequences` | stateful models, Triton's sequence batcher | node's Jupyter container, or laptop |
 #
 # Every number a notebook shows is measured in the run you are looking at; the text never quotes
 # results from somewhere else. Where the lesson predicts a trend (for example, "latency grows with
