@@ -166,10 +166,13 @@ def serve_at(ports: Ports, token_file: Path) -> RayServe:
     )
 
 
-def plot_step_load(samples: list[ServeSample], steps: list[tuple], max_ongoing: int, width_s: float):
+def plot_step_load(
+    samples: list[ServeSample], steps: list[tuple], max_ongoing: int, width_s: float, target: float | None = None
+):
     """A step load on one time axis: clients and replicas; requests inside the replicas (with
-    what the running replicas may hold) and queued in front; the clients' p50 and p95 per window;
-    answers and refusals per second with the CPU use. `steps`: (start_s, end_s, clients, run)."""
+    what the running replicas may hold, and with `target`, the autoscaler's target for them) and
+    queued in front; the clients' p50 and p95 per window; answers and refusals per second with the
+    CPU use. `steps`: (start_s, end_s, clients, run)."""
     import matplotlib.pyplot as plt
 
     figure, (load, requests_, latency, rate) = plt.subplots(4, 1, sharex=True, figsize=(10, 10))
@@ -180,6 +183,8 @@ def plot_step_load(samples: list[ServeSample], steps: list[tuple], max_ongoing: 
     requests_.plot(t, [sample.ongoing for sample in samples], label="inside the replicas")
     requests_.plot(t, [sample.queued for sample in samples], label="queued in front")
     requests_.plot(t, [sample.running * max_ongoing for sample in samples], "--", label="replicas x max_ongoing")
+    if target is not None:
+        requests_.plot(t, [sample.running * target for sample in samples], ":", label="replicas x target")
     requests_.set_ylabel("requests")
     windows = [window for start, _, _, run in steps for window in timeline.windows(run, width_s, start)]
     middle = [(window.start_s + window.end_s) / 2 for window in windows]

@@ -49,6 +49,17 @@ class ServeSample:
     def running(self) -> int:
         return self.replicas.get("RUNNING", 0)
 
+    @property
+    def added(self) -> int:
+        """Replicas Serve runs or has decided to run (starting): all but those stopping."""
+        return sum(count for state, count in self.replicas.items() if state != "STOPPING")
+
+    @property
+    def per_replica(self) -> float:
+        """Requests per running replica, inside the replicas or queued in front of them (NaN when
+        none runs): what Serve's autoscaler compares with `target_ongoing_requests`."""
+        return (self.ongoing + self.queued) / self.running if self.running else math.nan
+
 
 @dataclass
 class ServeMetrics:

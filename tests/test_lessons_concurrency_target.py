@@ -1,0 +1,169 @@
+"""Notebook 8's checks, each fed the case it must pass and the cases it must fail."""
+
+import math
+import statistics
+
+from servelab.expectations import Outcome
+from servelab.lessons import concurrency_target
+from servelab.lessons.concurrency_target import Step
+from servelab.ray_watch import ServeSample
+from tests.helpers import synthetic_run
+
+AUTOSCALING = {"target_ongoing_requests": 1.5, "min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 2,
+               "downscale_delay_s": 5, "look_back_period_s": 4, "metrics_interval_s": 1}  # fmt: skip
+MAX_ONGOING = 4
+
+
+def outcomes(expectation) -> list[Outcome]:
+    return [part.outcome for part in expectation.conditions]
+
+
+def sample(t_s, running, ongoing, queued=0.0, starting=0, in_ms_total=0.0, in_count_total=0.0, cpu=80.0):
+    replicas = {"RUNNING": running, **({"STARTING": starting} if starting else {})}
+    return ServeSample(t_s, replicas, ongoing, queued, in_ms_total, in_count_total, cpu)
+
+
+def step_load(replicas_at, ongoing_at, queued_at=lambda t: 0.0):
+    """One sample a second for 70 s; `replicas_at(t)` gives (running, starting)."""
+    return [sample(t, replicas_at(t)[0], ongoing_at(t), queued_at(t), replicas_at(t)[1]) for t in range(71)]
+
+
+def steps(clients=(1, 3, 12, 1)):
+    bounds = [(0, 10), (10, 25), (25, 40), (40, 70)]
+    return [Step(start, end, c, synthetic_run("ray_serve", c)) for (start, end), c in zip(bounds, clients, strict=True)]
+
+
+def as_predicted(t):  # the second replica decided 6 s into the 3-client step, running 5 s later, gone at 56 s
+    return (1, 1) if 16 <= t < 21 else (2, 0) if 21 <= t < 56 else (1, 0)
+
+
+def load(t):  # one request per client in the system; the replicas hold 4 each, the rest queue
+    return 1.0 if t <= 10 or t > 40 else 3.0 if t <= 25 else 8.0
+
+
+def test_a_scale_up_on_the_target_before_any_replica_is_full_holds_every_condition():
+    held = concurrency_target.scales_on_the_target(step_load(as_predicted, load), steps(), AUTOSCALING, MAX_ONGOING)
+    assert outcomes(held) == [Outcome.HELD] * 4, held
+    assert held.conditions[1].figures[0].value == 3.0  # per replica, 11 to 20 s
+    assert held.conditions[2].detail == "added 6 s into the step of 3 clients"
+
+
+def test_a_prompt_scale_up_is_judged_before_the_second_replica_ran_not_over_the_whole_step():
+    def prompt(t):
+        return (1, 1) if t == 12 else (2, 0) if 13 <= t < 56 else (1, 0)
+
+    def settled(t):  # once two replicas run, the 3 clients keep 2.6 requests in Serve: 1.3 per replica
+        return 2.6 if 13 <= t <= 25 else load(t)
+
+    samples = step_load(prompt, settled)
+    whole_step = statistics.fmean(s.per_replica for s in samples if 10 <= s.t_s <= 25)
+    assert whole_step <= AUTOSCALING["target_ongoing_requests"]  # the former check's window: it failed
+    held = concurrency_target.scales_on_the_target(samples, steps(), AUTOSCALING, MAX_ONGOING)
+    assert outcomes(held) == [Outcome.HELD] * 4, held
+    assert [item.value for item in held.conditions[1].figures] == [3.0, 1]  # the sample at 12 s, after SETTLE_S
+
+
+def test_a_load_that_never_exceeded_the_target_fails():
+    def light(t):  # a lighter load: 1.2 requests per replica, below the target of 1.5
+        return 1.2 if 10 < t <= 25 else load(t)
+
+    def on_the_cap(t):  # the second replica only once the replicas were full, with 12 clients
+        return (1, 1) if 27 <= t < 31 else (2, 0) if 31 <= t < 56 else (1, 0)
+
+    failed = concurrency_target.scales_on_the_target(step_load(on_the_cap, light), steps(), AUTOSCALING, MAX_ONGOING)
+    assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_HELD, Outcome.HELD]
+    assert failed.conditions[2].detail == "not added during the step of 3 clients"
+    assert "not added during the step of 3 clients" in failed.reason
+
+
+def test_a_replica_added_only_once_the_replica_was_full_and_requests_queued_fails():
+    def full(t):  # 3 clients, but the replica counts 4 and one waits in front: the cap, not the target
+        return 4.0 if 10 < t <= 25 else load(t)
+
+    failed = concurrency_target.scales_on_the_target(
+        step_load(as_predicted, full, lambda t: 1.0 if 10 < t <= 25 else 0.0), steps(), AUTOSCALING, MAX_ONGOING
+    )
+    assert outcomes(failed)[2] is Outcome.NOT_HELD
+    assert [item.value for item in failed.conditions[2].figures] == [2, 4.0, 1.0]
+
+
+def test_a_replica_never_added_or_never_removed_fails_the_removal():
+    never = concurrency_target.scales_on_the_target(step_load(lambda t: (1, 0), load), steps(), AUTOSCALING, 4)
+    assert outcomes(never)[3] is Outcome.NOT_HELD  # nothing to remove is not a removal
+    kept = concurrency_target.scales_on_the_target(
+        step_load(lambda t: (1, 0) if t < 16 else (2, 0), load), steps(), AUTOSCALING, MAX_ONGOING
+    )
+    assert outcomes(kept)[3] is Outcome.NOT_HELD
+    assert [item.value for item in kept.conditions[3].figures] == [2, 2]
+
+
+def test_no_sample_before_the_second_replica_ran_is_not_checked():
+    at_once = concurrency_target.scales_on_the_target(
+        step_load(lambda t: (2, 0) if 11 <= t < 56 else (1, 0), load), steps(), AUTOSCALING, MAX_ONGOING
+    )
+    assert outcomes(at_once)[1] is Outcome.NOT_CHECKED
+
+
+def queue_samples(in_replica_ms_12, queued_12):
+    """The step load with Serve's running totals of time in the replica: 20 ms a request with one
+    client, `in_replica_ms_12` with twelve."""
+    samples, ms, count = [], 0.0, 0.0
+    for t in range(71):
+        per_request, served = (in_replica_ms_12, 60) if 25 < t <= 40 else (20.0, 40)
+        ms, count = ms + per_request * served, count + served
+        samples.append(sample(t, 2 if 20 <= t < 56 else 1, load(t), queued_12 if 25 < t <= 40 else 0.0,
+                              in_ms_total=ms, in_count_total=count))  # fmt: skip
+    return samples
+
+
+def queue_steps(client_ms_1=24.0, client_ms_12=200.0):
+    return [
+        Step(0, 10, 1, synthetic_run("ray_serve, 1", 1, 40, client_ms_1)),
+        Step(10, 25, 3, synthetic_run("ray_serve, 3", 3, 60, 50)),
+        Step(25, 40, 12, synthetic_run("ray_serve, 12", 12, 60, client_ms_12)),
+        Step(40, 70, 1, synthetic_run("ray_serve, 1 again", 1, 40, client_ms_1)),
+    ]
+
+
+def test_requests_waiting_in_front_hold_the_queue_check():
+    held = concurrency_target.queue_in_front(queue_samples(120.0, 3.0), queue_steps(), MAX_ONGOING)
+    assert outcomes(held) == [Outcome.HELD] * 3, held
+    assert held.conditions[1].detail == "outside 40%, expected about 33% = 1 - 2 x 4 / 12"
+    assert held.conditions[2].detail == "outside 4.0 ms against 80.0 ms"
+
+
+def test_requests_waiting_inside_the_replicas_fail_the_queue_check():
+    # No queue in front, and nearly all of a request's time spent inside a replica.
+    failed = concurrency_target.queue_in_front(queue_samples(190.0, 0.0), queue_steps(), MAX_ONGOING)
+    assert outcomes(failed) == [Outcome.NOT_HELD] * 3
+    assert [item.name for item in failed.conditions[0].figures] == ["queued in front, 12 clients (mean)"]
+    assert failed.reason.startswith("with 12 clients, Serve's gauges counted 7.7 requests inside the replicas and "
+                                    "0.0 queued on average: the other 4.3 were in neither")  # fmt: skip
+
+
+def slot_run(cap, throughput_rps, inferences, inference_ms, slot_wait_ms):
+    stats = {"stage_counts": {"inference": inferences},
+             "stage_mean_ms": {"inference": inference_ms, "slot_wait": slot_wait_ms}}  # fmt: skip
+    return synthetic_run(f"ray_serve, max_ongoing_requests {cap}", 4, throughput_rps, 4000 / throughput_rps,
+                         wall_s=5.0, service_stats=stats)  # fmt: skip
+
+
+def watched(queued, cpu=80.0):
+    return [sample(t, 1, 1.0, queued, cpu=cpu) for t in range(5)]
+
+
+def test_slots_filling_with_room_in_the_replica_hold_every_condition():
+    runs = {1: slot_run(1, 25, 125, 8.3, 0.7), 2: slot_run(2, 48, 240, 10.6, 2.2), 4: slot_run(4, 84, 420, 15.2, 4.6)}
+    held = concurrency_target.slots_need_room(runs, {1: watched(2.2), 2: watched(1.4), 4: watched(0.4)}, 2)
+    assert outcomes(held) == [Outcome.HELD] * 4, held
+    assert held.conditions[1].detail == "0.21 -> 0.51 -> 1.28"
+    assert math.isclose(concurrency_target.busy_slots(runs[4]), 420 * 15.2 / 1000 / 5)
+
+
+def test_slots_that_fill_whatever_the_cap_fail():
+    # What one would expect if PREDICT_CONCURRENCY alone decided: both slots busy even with room for one
+    # request in the replica, nothing waiting in front, no gain from a larger cap.
+    runs = {1: slot_run(1, 84, 420, 15.2, 4.6), 2: slot_run(2, 84, 420, 15.2, 4.6), 4: slot_run(4, 84, 420, 15.2, 4.6)}
+    failed = concurrency_target.slots_need_room(runs, {cap: watched(0.0, cpu=99.0) for cap in runs}, 2)
+    assert outcomes(failed) == [Outcome.NOT_HELD, Outcome.NOT_HELD, Outcome.HELD, Outcome.NOT_HELD]
+    assert "CPU samples read 99%" in failed.reason
