@@ -5,8 +5,8 @@ runs in their own tables.
 
 A notebook is executed from the top in a fresh kernel (nbclient), with one cell added at its end
 that prints what its `lab` kept: each expectation's outcome, the figures its conditions read, its
-runs, and the runs it saved. A notebook that judges expectations (its source calls `lab.expect(`)
-is then checked: a verdict's conditions carry their figures with the run each was read from
+runs, and the runs it saved. A notebook that judges expectations (its source calls `lab.expect(` or
+`lab.judge(`) is then checked: a verdict's conditions carry their figures with the run each was read from
 (servelab.expectations), and each figure is read again from that run, as the notebook's final
 table shows it, so a verdict can only say what its table says; every run the notebook kept is
 also the one it saved to its file of runs. tests/test_notebooks.py checks the notebooks this way
@@ -41,9 +41,12 @@ print({MARK!r} + _json.dumps({{
 
 
 def judging(folder: Path = NOTEBOOKS) -> list[str]:
-    """The notebooks that judge expectations (their source calls `lab.expect(`), by file name."""
+    """The notebooks that judge expectations (their source calls `lab.expect(` or `lab.judge(`), by
+    file name."""
     return sorted(
-        source.with_suffix(".ipynb").name for source in folder.glob("[0-9]*.py") if "lab.expect(" in source.read_text()
+        source.with_suffix(".ipynb").name
+        for source in folder.glob("[0-9]*.py")
+        if any(call in source.read_text() for call in ("lab.expect(", "lab.judge("))
     )
 
 

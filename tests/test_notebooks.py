@@ -1,7 +1,7 @@
 """Every notebook, run as a student runs it (local target, quick profile), against the session's
 servers: `Lab.connect()` in the notebook finds them, as it finds `make up` (tests/conftest.py).
 
-A notebook that judges expectations (its source calls `lab.expect(`) has every verdict checked
+A notebook that judges expectations (its source calls `lab.expect(` or `lab.judge(`) has every verdict checked
 against the runs in its own tables: a verdict's conditions carry their figures with the run each
 was read from (servelab.expectations), and each figure is read again from that run (servelab.notebook_runs), as the
 notebook's final table shows it; every run it kept is also the one it saved to its file of runs.
