@@ -10,7 +10,10 @@ Two levels of concurrency, both set in serve_config.yaml:
 
 Each replica builds the whole FastAPI app of onnx_service.py (same /predict contract, same error
 codes, /health, /metrics): `serve.ingress` is given a builder, which Serve calls in the replica,
-so the model is loaded there and never in the process that deploys the app.
+so the model is loaded there and never in the process that deploys the app. Its POST /refine is a
+StreamingResponse, which Serve streams through its proxy step by step; when the client leaves,
+the proxy cancels the request in the replica, the handler is cancelled at its next `await`, and
+the stream's steps stop there (servelab/service/refine_api.py).
 
 Run: serve run serve_config.yaml   (from this folder, after `make artifacts`; the GPU node's
 Compose service does this). Locally the lab's stack runs it on 127.0.0.1: python -m servelab.ray_local.

@@ -180,6 +180,9 @@ class TritonGrpcStreamTarget(StreamTarget):
         if self._client is not None:
             await self._client.close()
             self._client = None
+            # A cancelled call's status arrives in a task of gRPC's own: let it end before the
+            # loop does, or asyncio reports it destroyed while pending.
+            await asyncio.sleep(0)
 
 
 def make_stream_target(

@@ -1,4 +1,5 @@
-"""Noticing that a /predict client has gone, so that its request stops taking capacity.
+"""Noticing that a client has gone (of /predict, or of a /refine stream: refine_api.py), so that
+its request stops taking capacity.
 
 uvicorn does not cancel a handler when its client disconnects: the handler runs to the end and
 its answer is thrown away. What can be saved is the work not started yet. `DisconnectWatch`
