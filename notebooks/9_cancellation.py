@@ -25,6 +25,9 @@
 #
 # uvicorn, which runs the FastAPI apps, never cancels a handler by itself: the service has to
 # notice (`predict_api.py` and `client_gone.py` show how).
+#
+# Work that runs long and streams its answer step by step (a text generation, say) can do more:
+# stop midway, between two steps. The section "Streams" measures it on all three engines.
 
 # %%
 import contextlib
@@ -37,6 +40,8 @@ from servelab import retries, service_stats, triton_stats
 from servelab.expectations import condition, figure, measured
 from servelab.lab import Lab
 from servelab.lab_triton import TritonAddresses
+from servelab.lessons import cancellation
+from servelab.results import StepCounts
 
 lab = Lab.connect("9_cancellation")
 serve = lab.ray_serve()
@@ -199,7 +204,7 @@ lab.restore_config(TRITON_MODEL)
 #
 # One replica, no autoscaling, with the shipped concurrency target (`max_ongoing_requests`) and
 # one predict slot inside: requests wait in the replica for its slot and, beyond the target, in
-# front of it.
+# front of it. The deployment stays for the streams of the next section.
 
 # %%
 config = serve.shipped_config()
@@ -213,7 +218,167 @@ with service_stats.measure(serve.url) as stats:  # with one replica, its /metric
     result = impatient_load(name, serve.url, pace)
 result.service_stats = stats.delta.to_dict()
 account(name, result, stats.delta.inferences)
+
+# %% [markdown]
+# ## Streams: stopping a generation midway
+#
+# Everything above saves work that has not started: a model call under way runs to its end.
+# Work that runs long and streams its answer, a step at a time, can also stop midway: between two
+# steps the server looks whether anyone still reads, and stops there. The step running at that
+# moment finishes, as every model call does; the steps after it are saved.
+#
+# The workload is a **refinement** (`servelab/service/refine.py`): step k runs MobileNetV2 once
+# more, on one more view of the photo (a crop, every other one mirrored), and streams the running
+# mean of the probabilities so far, an answer that settles as the steps go. Every step is a real
+# forward pass. The same workload, served three ways:
+#
+# - **FastAPI**, `POST /refine`: one NDJSON line per step. Each step is a job in the predict
+#   slots' queue, as a `/predict` request is, so streams take turns step by step. A task of the
+#   stream's own computes the steps and, before each, checks whether the client has gone: Starlette's
+#   `StreamingResponse` hears uvicorn's `http.disconnect` and cancels the response, and the
+#   service's `DisconnectWatch` hears it too (`refine_api.py`). A step still waiting for the slot
+#   leaves the queue. `ABANDON_ON_DISCONNECT=off` computes every step anyway.
+# - **Triton**, `food_refine`: a *decoupled* Python-backend model (`model_transaction_policy {
+#   decoupled: true }`): `execute()` answers through the request's response sender, one response per
+#   step, and the client reads them over gRPC streaming. After each step the model asks
+#   `response_sender.is_cancelled()`, which turns true once the client cancels its stream, and
+#   stops there; the config parameter `abandon_on_cancel: "off"` computes every step anyway. Its
+#   one instance streams one request at a time: the others wait in Triton's queue.
+# - **Ray Serve**: the same `/refine` in the replica. Serve's proxy sees the connection close and
+#   cancels the request in the replica: the handler is cancelled at its next `await`, and the
+#   stream with it. With `ABANDON_ON_DISCONNECT=off` in the replicas' environment the steps go on:
+#   they are computed by the stream's own task, which Serve's cancellation of the handler does not
+#   reach, as a server that computes a generation apart from its response would.
+#
+# An inference engine that runs many requests in one loop (vLLM, TensorRT-LLM) has the same check
+# inside its loop: its *abort* (vLLM's `abort(request_id)`, TensorRT-LLM's cancel) drops a request
+# between two iterations, and the server calls it when its client leaves.
+#
+# The load: `STREAM_PATIENT` clients read every one of `STEPS` steps; `STREAM_IMPATIENT` clients
+# read `LEAVE_AFTER` steps, leave (close the connection, cancel the gRPC stream: the answer so far
+# was good enough) and start a new stream at once. Each engine runs one step at a time, as above
+# (one slot; one instance; one replica with one slot). What each server computed comes from its
+# own counters, read before and after each run, once the streams the run left behind have ended:
+# the services' `/metrics` (`refine_steps_total`, `refine_steps_for_gone_clients_total`) and the
+# lines `food_refine` logs for each stream. A step **for a client who left** is one that ended
+# after the server knew the client was gone.
+#
+# **Predictions for streams**, on each engine:
+#
+# 1. With cancellation off, the steps computed for clients who left are at least half of the
+#    steps they left behind (streams left x (`STEPS` - `LEAVE_AFTER`)): the server goes on for
+#    nobody.
+# 2. With it on, at most 2 steps per client who left: the step running when it left, and one more
+#    while the news travels (from Serve's proxy to the replica, say).
+# 3. The patient clients get their last step sooner with it on (median), since the steps saved
+#    were taking turns with theirs.
+
+# %%
+STREAM_PATIENT, STREAM_IMPATIENT = 2, 2
+STEPS, LEAVE_AFTER = 8, 2
+STREAM_S = max(lab.profile.duration_s, 3)
+REFINE_MODEL = "food_refine"
+streams = {}  # (engine, "off" or "on") -> the run
+
+
+def stream_load(engine: str, setting: str, address: str, server_steps, kind: str = "fastapi") -> None:
+    """The streamed load against `address` for STREAM_S seconds, counted by `server_steps`."""
+    run = lab.streams(
+        address, STREAM_PATIENT + STREAM_IMPATIENT, STEPS, STREAM_S, f"{engine} /refine, cancellation {setting}",
+        server_steps, kind=kind, model=REFINE_MODEL if kind == "triton-grpc" else None,
+        impatient=STREAM_IMPATIENT, leave_after_steps=LEAVE_AFTER,
+    )  # fmt: skip
+    streams[engine, setting] = run
+    print(
+        f"  {run.cancelled} streams left after {LEAVE_AFTER} steps, {len(run.latencies_ms)} read to the last; the "
+        f"server computed {run.steps['computed']} steps, {run.steps['for_gone_clients']} for clients who had left"
+    )
+    if not run.clean:
+        print("  A service crashed during this run (its table row says which): its figures are NOT CHECKED.")
+
+
+for setting in ("off", "on"):
+    with lab.fastapi_variant("onnx", slots=1, ABANDON_ON_DISCONNECT=setting) as url:
+        stream_load("FastAPI", setting, url, lambda: service_stats.refine_steps(url))
+
+# %% [markdown]
+# Triton's `food_refine`, with `abandon_on_cancel` off, then as shipped (on). Its steps are counted
+# from the lines it logs from here on. Triton 2.51 can crash when a gRPC cancellation races its
+# request's end (the section "Triton 2.51's cancellation race" below measures it); here a client
+# cancels between two steps, while the model computes the next, where that race is rare. Should
+# it crash anyway, the run says so (NOT A CLEAN RUN), the local stack restarts Triton, and the
+# verdict that reads the run is NOT CHECKED.
+
+# %%
+triton_log = lab.triton_log()
+log_start = triton_log.stat().st_size if triton_log else 0
+
+
+def refine_steps_logged() -> StepCounts:
+    """food_refine's steps so far, from its log lines since this section began (NaN: no log to read)."""
+    if triton_log is None:
+        return StepCounts(math.nan, math.nan, 0)
+    return triton_stats.refine_steps(triton_stats.log_since(triton_log, log_start), REFINE_MODEL)
+
+
+lab.apply_config(REFINE_MODEL, lab.config(REFINE_MODEL).with_parameters(abandon_on_cancel="off"))
+stream_load("Triton", "off", lab.triton_grpc, refine_steps_logged, kind="triton-grpc")
+lab.restore_config(REFINE_MODEL)
+stream_load("Triton", "on", lab.triton_grpc, refine_steps_logged, kind="triton-grpc")
+
+# %% [markdown]
+# Ray Serve's one replica, as deployed above (cancellation on), then with `ABANDON_ON_DISCONNECT`
+# off in its environment; then the config as shipped again.
+
+# %%
+stream_load("Ray Serve", "on", serve.url, lambda: service_stats.refine_steps(serve.url))
+food11["ray_actor_options"]["runtime_env"]["env_vars"]["ABANDON_ON_DISCONNECT"] = "off"
+serve.apply(config)
+stream_load("Ray Serve", "off", serve.url, lambda: service_stats.refine_steps(serve.url))
 serve.restore()
+
+# %%
+engines = ["FastAPI", "Triton", "Ray Serve"]
+print(
+    f"{'engine':>9} | {'cancellation':>12} | {'streams left':>12} | {'steps computed':>14} | "
+    f"{'for clients who left':>20} | {'per client who left':>19} | patient p50 / p95 to the last step"
+)
+for engine in engines:
+    for setting in ("off", "on"):
+        run = streams[engine, setting]
+        per_client = run.steps["for_gone_clients"] / run.cancelled if run.cancelled else math.nan
+        patient = run.patient_latency
+        print(
+            f"{engine:>9} | {setting:>12} | {run.cancelled:>12} | {run.steps['computed']:>14} | "
+            f"{run.steps['for_gone_clients']:>20} | {per_client:>19.2f} | "
+            f"{patient.p50_ms:.0f} / {patient.p95_ms:.0f} ms ({len(run.latencies_ms)} streams)"
+        )
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.5))
+width = 0.38
+for offset, setting, color in ((-width / 2, "off", "tab:red"), (width / 2, "on", "tab:green")):
+    at = [index + offset for index in range(len(engines))]
+    left.bar(at, [streams[e, setting].steps["for_gone_clients"] for e in engines], width, color=color, label=setting)
+    right.bar(at, [streams[e, setting].patient_latency.p50_ms for e in engines], width, color=color, label=setting)
+for axis, title in ((left, "steps computed for clients who left"), (right, "patient p50 to the last step (ms)")):
+    axis.set_xticks(range(len(engines)), engines)
+    axis.set_title(title)
+    axis.legend(title="cancellation")
+fig.suptitle(
+    f"{STREAM_PATIENT} patient + {STREAM_IMPATIENT} impatient clients, {STEPS} steps, leaving after {LEAVE_AFTER}"
+)
+fig.tight_layout()
+plt.show()
+
+# %%
+for engine in engines:
+    lab.judge(cancellation.stream_stops_at_the_next_step(engine, streams[engine, "off"], streams[engine, "on"]))
+
+# %% [markdown]
+# Stopping midway takes the same three things on every engine: the work is cut into steps, the
+# server learns that the client left (a disconnect on HTTP, a cancel on gRPC, Serve's cancellation
+# of the handler), and something between two steps looks. The step running then is never saved;
+# the finer the steps, the less a client who left costs.
 
 # %% [markdown]
 # ## Goodput and waste, side by side

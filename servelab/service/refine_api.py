@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -40,6 +41,7 @@ from servelab.service.food11 import InvalidImageError, decode_base64_image
 from servelab.service.predict_metrics import PredictMetrics
 from servelab.service.refine import DEFAULT_STEPS, MAX_STEPS, RunningMean, Views, checked_steps
 
+log = logging.getLogger("food11.service")
 NDJSON = "application/x-ndjson"
 # The event loop keeps only weak references to tasks: a producer whose response has gone (with
 # abandoning off) is kept here until it ends.
@@ -102,9 +104,13 @@ class Stream:
                 self.queue.put_nowait(_line(fields))
         except (ClientGone, asyncio.CancelledError):  # cancelled: by `lines`, once the client has gone
             outcome = "stopped"
-        except HTTPException as failed:  # the model failed; the status was sent with the first line
+        except HTTPException as failed:  # the model failed (infer logged it); the 200 went with the first line
             outcome = "failed"
             self.queue.put_nowait(_line({"error": failed.detail}))
+        except Exception:
+            outcome = "failed"
+            log.exception("A /refine stream failed")
+            self.queue.put_nowait(_line({"error": "the stream failed; the server log says why"}))
         finally:
             self.queue.put_nowait(None)
             self.watch.stop()
