@@ -58,8 +58,11 @@ class Figure:
 
 
 def _unit(field: str) -> str:
-    if field.startswith(("latency.", "server_ms(", "service_stats.stage_mean_ms.")) or field.endswith("_ms"):
+    parts = field.split(".")
+    if field.startswith(("latency.", "server_ms(")) or any(p.endswith("_ms") or "_ms_" in p for p in parts):
         return "ms"
+    if any(part.endswith("_us") for part in parts):
+        return "us"
     if field.startswith("resources."):
         return "% of a core" if "process" in field else "% of all cores"
     return UNITS.get(field.split(".")[-1], "")
