@@ -442,8 +442,8 @@ print(f"The largest batch that ran: {largest_batch}.")
 #
 # 1. where requests queue without batching, batching shortens their wait in Triton's queue: a
 #    clump that has formed is served in one execution instead of one request after another. Where
-#    they hardly queued (a mean wait under a quarter of the compute time), there is nothing to
-#    shorten, and the check lists that rate as not judged;
+#    they hardly queued (a mean wait shorter than the compute time: most requests found the
+#    instance idle), there is little to shorten, and the check lists that rate as not judged;
 # 2. its headline: with batching on, the mean latency stays roughly flat as the rate grows (at the
 #    highest rate at most 1.5 times the lowest rate's), and grows less than without batching.
 #

@@ -91,14 +91,15 @@ def instance_scaling(one: RunResult | None, more: RunResult | None, instances: i
 
 
 def _queued_enough(off: RunResult) -> bool:
-    """Whether requests queued enough without batching for batching to shorten it: a mean wait of at
-    least a quarter of the compute time."""
-    return off.server_ms("queue") >= 0.25 * off.server_ms("compute_infer")
+    """Whether requests queued enough without batching for batching to shorten it: a mean wait at
+    least as long as the compute time, so that a request typically found another ahead of it.
+    Below that, most requests found the instance idle, and a difference is noise."""
+    return off.server_ms("queue") >= off.server_ms("compute_infer")
 
 
 def batching_shortens_the_queue(without: dict[str, RunResult | None], with_batching: dict[str, RunResult | None]):
-    """At each rate where requests queued without batching (a mean wait of at least a quarter of
-    the compute time), they wait less in Triton's queue with dynamic batching on."""
+    """At each rate where requests queued without batching (a mean wait at least as long as the
+    compute time), they wait less in Triton's queue with dynamic batching on."""
     conditions, skipped = [], []
     for name, off in without.items():
         on = with_batching.get(name)
