@@ -44,10 +44,11 @@ import tritonclient.grpc as grpcclient
 from IPython.display import Markdown, display
 from tritonclient.utils import InferenceServerException
 
-from servelab import paths, triton_stats
-from servelab.expectations import condition, figure, measured
+from servelab import paths
 from servelab.lab import Lab
 from servelab.lessons import sequences
+from servelab.lessons.expectations import condition, figure, measured
+from servelab.triton import stats as triton_stats
 
 lab = Lab.connect("10_stateful_sequences")
 MODEL = "food_sequence"

@@ -49,7 +49,7 @@ print((paths.FASTAPI_PT_DIR / "app.py").read_text())
 # response schemas, the `/predict` route, and `compute`, which decides where a request's work runs.
 
 # %%
-from servelab.source_excerpts import excerpt
+from servelab.lab.source_excerpts import excerpt
 
 predict_api = paths.SERVICE_PACKAGE_DIR / "predict_api.py"
 print(f"# {len(predict_api.read_text().splitlines())} lines in all; the parts that matter here:\n")

@@ -27,11 +27,12 @@ import numpy as np
 import psutil
 import requests
 
-from servelab import paths, plots
-from servelab.expectations import condition, figure, measured
+from servelab import paths
 from servelab.lab import Lab
 from servelab.lessons import fastapi_bench
-from servelab.resources import ResourceSampler
+from servelab.lessons.expectations import condition, figure, measured
+from servelab.measure.resources import ResourceSampler
+from servelab.report import plots
 
 lab = Lab.connect("4_fastapi_bench", triton=False)  # these notebooks use FastAPI only
 

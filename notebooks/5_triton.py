@@ -60,7 +60,7 @@ import tritonclient.http as triton_http
 
 from servelab import paths
 from servelab.lab import Lab
-from servelab.triton_config import TritonConfig
+from servelab.triton.config import TritonConfig
 
 lab = Lab.connect("5_triton")
 triton = triton_http.InferenceServerClient(lab.triton_http)

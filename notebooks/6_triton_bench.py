@@ -39,11 +39,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import requests
 
-from servelab import plots, queueing, triton_stats
-from servelab.expectations import condition, figure, measured
 from servelab.lab import Lab
 from servelab.lessons import triton_bench
-from servelab.resources import summarize
+from servelab.lessons.expectations import condition, figure, measured
+from servelab.measure import queueing
+from servelab.measure.resources import summarize
+from servelab.report import plots
+from servelab.triton import stats as triton_stats
 
 lab = Lab.connect("6_triton_bench")
 print(f"The models run on {lab.hardware()}.")

@@ -34,9 +34,9 @@ import math
 import matplotlib.pyplot as plt
 import requests
 
-from servelab import plots
 from servelab.lab import Lab
 from servelab.lessons import io_vs_compute
+from servelab.report import plots
 
 lab = Lab.connect("7_io_vs_compute", triton=False)
 print(f"The models run on {lab.hardware()}.")

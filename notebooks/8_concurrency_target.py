@@ -53,13 +53,16 @@ import matplotlib.pyplot as plt
 import requests
 import yaml
 
-from servelab import lab_ray, paths, service_stats, triton_stats
-from servelab.expectations import condition, figure, measured
+from servelab import paths
 from servelab.lab import Lab
+from servelab.lab import ray_side as lab_ray
 from servelab.lessons import concurrency_target
 from servelab.lessons.concurrency_target import Step
-from servelab.ray_watch import during, in_replica_mean_ms
-from servelab.stack import Ports
+from servelab.lessons.expectations import condition, figure, measured
+from servelab.measure import service_stats
+from servelab.ray.watch import during, in_replica_mean_ms
+from servelab.stack.local import Ports
+from servelab.triton import stats as triton_stats
 
 lab = Lab.connect("8_concurrency_target")
 serve = lab.ray_serve()
@@ -411,7 +414,7 @@ for replicas in replica_counts:
 
 # %%
 two_nodes = subprocess.run(
-    [sys.executable, "-m", "servelab.ray_cluster", "--port", str(Ports.free().ray_serve), "--requests", "40"],
+    [sys.executable, "-m", "servelab.ray.cluster", "--port", str(Ports.free().ray_serve), "--requests", "40"],
     capture_output=True,
     text=True,
     timeout=600,

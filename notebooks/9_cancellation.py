@@ -36,12 +36,14 @@ import time
 
 import matplotlib.pyplot as plt
 
-from servelab import retries, service_stats, triton_stats
-from servelab.expectations import condition, figure, measured
+from servelab import retries
 from servelab.lab import Lab
-from servelab.lab_triton import TritonAddresses
+from servelab.lab.triton_side import TritonAddresses
 from servelab.lessons import cancellation
+from servelab.lessons.expectations import condition, figure, measured
+from servelab.measure import service_stats
 from servelab.results import StepCounts
+from servelab.triton import stats as triton_stats
 
 lab = Lab.connect("9_cancellation")
 serve = lab.ray_serve()

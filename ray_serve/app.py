@@ -16,7 +16,7 @@ the proxy cancels the request in the replica, the handler is cancelled at its ne
 the stream's steps stop there (servelab/service/refine_api.py).
 
 Run: serve run serve_config.yaml   (from this folder, after `make artifacts`; the GPU node's
-Compose service does this). Locally the lab's stack runs it on 127.0.0.1: python -m servelab.ray_local.
+Compose service does this). Locally the lab's stack runs it on 127.0.0.1: python -m servelab.ray.local.
 """
 
 import logging

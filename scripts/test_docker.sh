@@ -9,7 +9,7 @@
 #     so a second run rebuilds nothing that did not change), the project brought up, every health
 #     check waited for;
 #  4. notebooks 3-10 run in the Jupyter container, quick profile, against the containers, every
-#     verdict checked against its own tables (servelab.notebook_runs), the notebooks with their
+#     verdict checked against its own tables (servelab.lab.notebook_runs), the notebooks with their
 #     outputs copied out to .lab/docker/executed/;
 #  5. a photo uploaded to GourmetGram through its published port, which answers with a class;
 #  6. a service container killed, and checked to come back healthy (Docker's restart policy);
@@ -76,7 +76,7 @@ phase "model files"
 
 # Free ports for every published service (SERVELAB_PORT_<NAME>, as compose.yaml reads them).
 eval "$("$PY" -c 'from dataclasses import asdict
-from servelab.stack import Ports
+from servelab.stack.local import Ports
 for name, port in asdict(Ports.free()).items(): print(f"export SERVELAB_PORT_{name.upper()}={port}")')"
 
 # PyTorch's CPU wheels come from its own index (docker/compose.cpu.yaml); where that index cannot
@@ -102,7 +102,7 @@ say "running notebooks ${NOTEBOOKS[*]} in the Jupyter container (quick profile)"
 # the notebooks with their outputs are copied out to .lab/docker/executed/, to read after the run.
 notebooks_status=0
 compose exec -T -e LAB_PROFILE=quick -e SERVELAB_RESULTS_DIR=/tmp/servelab-check/results \
-  -e SERVELAB_DIR=/tmp/servelab-check/lab jupyter python -m servelab.notebook_runs \
+  -e SERVELAB_DIR=/tmp/servelab-check/lab jupyter python -m servelab.lab.notebook_runs \
   --executed-to /tmp/servelab-check/executed "${NOTEBOOKS[@]}" || notebooks_status=$?
 rm -rf .lab/docker/executed
 compose cp jupyter:/tmp/servelab-check/executed .lab/docker/executed >/dev/null 2>&1 || true
@@ -112,7 +112,8 @@ phase "notebooks"
 
 say "uploading a sample photo to GourmetGram through its published port"
 "$PY" - <<EOF
-from servelab import paths, ui
+from servelab import paths
+from servelab.lab.facade import ui
 
 url = "http://127.0.0.1:$SERVELAB_PORT_GOURMETGRAM"
 answer = ui.upload(url, paths.SAMPLE_IMAGE.name, paths.SAMPLE_IMAGE.read_bytes())

@@ -1,1 +1,20 @@
-"""Tooling for the serve-system lab: model artifacts, the local serving stack and its processes."""
+"""Tooling for the serve-system lab, in layers: a folder imports only the folders below it.
+
+    lab/       what notebooks call: Lab.connect(), its Triton and Ray Serve sides, GourmetGram's
+               client, running a notebook and checking its verdicts
+    lessons/   each notebook's checks, and the expectation/verdict records they return
+    bench/     the headline benchmark: its targets, the run, its report, the naive reference app
+    report/    figures and Markdown tables drawn from run records
+    loadgen/   the load generator (closed and open loop, sequences, streams)
+    measure/   CPU/GPU sampling, timelines, a service's own metrics, queueing models, the
+               in-process ceiling
+    ray/       Ray Serve on this machine: the launcher, its REST API, two nodes, watching replicas
+    stack/     the local services as supervised processes; building the model files
+    triton/    Triton: the local server, model configs and registry, statistics, perf_analyzer,
+               the Triton container's start, the ONNX Runtime model for the Python backend
+    service/   what runs inside a service (every Docker image installs it; imports nothing above)
+
+At the bottom, modules every folder may use: paths (where files live), environment (local or
+the Compose services), results (the run record), profiles (quick/full), retries, jsonl and
+service_exits. tests/test_layout.py keeps the arrows pointing down.
+"""

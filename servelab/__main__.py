@@ -18,10 +18,11 @@ import signal
 import sys
 import time
 
-from servelab import artifacts, paths
-from servelab.models import ModelError, ModelRepository
-from servelab.stack import DEFAULT_IMAGE_LATENCY_MS, LocalStack, Ports, StackError, lab_services
-from servelab.triton_local import StagingError
+from servelab import paths
+from servelab.stack import artifacts
+from servelab.stack.local import DEFAULT_IMAGE_LATENCY_MS, LocalStack, Ports, StackError, lab_services
+from servelab.triton.models import ModelError, ModelRepository
+from servelab.triton.server import StagingError
 
 log = logging.getLogger("servelab")
 
@@ -103,7 +104,7 @@ def up(argv: list[str]) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    from servelab import bench  # imports matplotlib and the clients: only when benchmarking
+    from servelab.bench import run as bench  # imports matplotlib and the clients: only when benchmarking
 
     return bench.main(argv)
 

@@ -28,9 +28,11 @@ import requests
 import tritonclient.http as triton_http
 from PIL import Image
 
-from servelab import artifacts, paths, ray_local, retries
-from servelab.lab_ray import RayServe, serve_at
-from servelab.stack import (
+from servelab import paths, retries
+from servelab.lab.ray_side import RayServe, serve_at
+from servelab.ray import rest as ray_rest
+from servelab.stack import artifacts
+from servelab.stack.local import (
     LocalStack,
     Ports,
     ServiceSpec,
@@ -149,10 +151,10 @@ def ray_serve(built_artifacts) -> Iterator[SessionRay]:
     """Ray Serve as `make up` runs it (the shipped config, adapted to this machine), started the
     first time a test or a notebook needs it, then shared by all of them."""
     stack, ports = start_on_free_ports(
-        lambda ports: [ray_serve_service(ports, token_file=ray_local.TOKEN_FILE)], paths.LOG_DIR
+        lambda ports: [ray_serve_service(ports, token_file=ray_rest.TOKEN_FILE)], paths.LOG_DIR
     )
     export_ports(ports, ("ray_serve", "ray_dashboard", "ray_metrics"))
-    SHARED.serve = serve_at(ports, ray_local.TOKEN_FILE)
+    SHARED.serve = serve_at(ports, ray_rest.TOKEN_FILE)
     SHARED.shipped["ray"] = SHARED.serve.deployed_app()
     try:
         yield SessionRay(stack, SHARED.serve)

@@ -11,8 +11,9 @@ import pytest
 import torch
 from torchvision.models import mobilenet_v2
 
-from servelab import artifacts, paths
+from servelab import paths
 from servelab.service import food11
+from servelab.stack import artifacts
 from tests.conftest import make_image_bytes
 
 

@@ -14,9 +14,11 @@ import sys
 import pytest
 import requests
 
-from servelab import bench, bench_report, plots
-from servelab.inprocess import sweep_points
+from servelab.bench import report as bench_report
+from servelab.bench import run as bench
+from servelab.measure.inprocess import sweep_points
 from servelab.profiles import PROFILES
+from servelab.report import tables
 from servelab.results import LatencySummary, RunResult, load_results
 from servelab.service.cores import available_cores
 
@@ -107,11 +109,11 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
         )
         assert row and row.group(1) == f"{100 * ratio:.1f}", result.label
     targets = report.split("## Targets")[1].split("##")[0]
-    judged = sum(len(goal.loads) for goal in bench_report.TARGETS)
+    judged = sum(len(goal.loads) for goal in bench_report.GOALS)
     assert len(re.findall(r"^- (met|NOT MET|NOT JUDGED): ", targets, re.M)) == judged + len(bench.TARGETS) + 2
     # A FastAPI service is judged against its cap where its point kept every core busy, and only there.
     # Each line shows its windows one by one, and a FastAPI one its CPU split, from the run's own figures.
-    for goal in (goal for goal in bench_report.TARGETS if goal.of_cap):
+    for goal in (goal for goal in bench_report.GOALS if goal.of_cap):
         for load in goal.loads:
             point = metadata["windows_rps"][goal.service][str(load)]
             cpu = bench.CpuSplit(**point["cpu_s"])
@@ -298,4 +300,4 @@ def test_a_load_point_a_server_crash_interrupted_is_not_judged_and_its_row_says_
     lines = bench_report.target_lines([crashed], meta)
     assert f"- NOT JUDGED: fastapi_onnx at c=16: {crashed.interrupted_by[0]}" in lines
     assert not any(line.startswith("- met: fastapi_onnx at c=16 reaches") for line in lines)
-    assert "NOT A CLEAN RUN: fastapi_onnx was killed by signal 9" in plots.results_table([crashed])
+    assert "NOT A CLEAN RUN: fastapi_onnx was killed by signal 9" in tables.results_table([crashed])

@@ -19,9 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from servelab import paths, service_stats
+from servelab import paths
+from servelab.measure import service_stats
 from servelab.service.client_gone import ClientGone, DisconnectWatch
-from servelab.stack import LocalStack, fastapi_service, image_host_service, start_on_free_ports
+from servelab.stack.local import LocalStack, fastapi_service, image_host_service, start_on_free_ports
 from tests.helpers import until
 
 HOLD_MS = 1500  # how long the image host takes: the slot is held that long

@@ -32,7 +32,7 @@ COMPOSE_SPEC_SCHEMA = REPO_ROOT / "tests" / "data" / "compose-spec.json"
 
 SERVICES = {"fastapi_pt", "fastapi_onnx", "triton", "ray_serve", "image_host", "gourmetgram", "jupyter"}
 GPU_SERVICES = {"fastapi_pt", "fastapi_onnx", "triton", "ray_serve", "jupyter"}
-# The host ports, as `make up` numbers them (servelab.stack.Ports), each movable with SERVELAB_PORT_<NAME>.
+# The host ports, as `make up` numbers them (servelab.stack.local.Ports), each movable with SERVELAB_PORT_<NAME>.
 PUBLISHED = {
     "fastapi_pt": {"FASTAPI_PT": (8100, 8000)},
     "fastapi_onnx": {"FASTAPI_ONNX": (8101, 8000)},
@@ -314,7 +314,7 @@ def test_the_fastapi_and_ray_images_serve_the_gpu_builds_by_default():
 def test_the_triton_image_stages_the_repository_for_its_server_and_pins_the_release():
     instructions = dockerfile_instructions(dockerfiles()["triton"])
     assert [args for keyword, args in instructions if keyword == "FROM"] == [TRITON_BASE_IMAGE]
-    assert json.loads(dict(instructions)["CMD"]) == ["python3", "-m", "servelab.triton_container"]
+    assert json.loads(dict(instructions)["CMD"]) == ["python3", "-m", "servelab.triton.container"]
     assert ("COPY", "docker/triton_log_copy.sh /usr/local/bin/triton_log_copy.sh") in instructions
     runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
     assert '"tritonclient[grpc]==2.53.0"' in runs and '"numpy<2"' in runs

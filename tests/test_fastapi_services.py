@@ -7,7 +7,7 @@ import requests
 
 from servelab.service.cores import available_cores, thread_plan
 from servelab.service.food11 import LABELS
-from servelab.stack import LocalStack, Ports, StackError, fastapi_service
+from servelab.stack.local import LocalStack, Ports, StackError, fastapi_service
 from tests.conftest import TEST_MAX_REQUEST_BYTES
 
 FLAVORS = ["pt", "onnx"]

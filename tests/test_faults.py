@@ -17,12 +17,12 @@ import time
 import pytest
 import requests
 
-from servelab import lab as lab_module
-from servelab import loadgen, paths, service_exits, ui
-from servelab.lab import Lab
+from servelab import loadgen, paths, service_exits
+from servelab.lab import Lab, ui
+from servelab.lab import facade as lab_module
 from servelab.profiles import profile
 from servelab.results import append_result, load_appended
-from servelab.stack import ManagedProcess
+from servelab.stack.local import ManagedProcess
 
 LOAD_S = 4.0
 KILL_AFTER_S = 1.0

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from servelab.service.food11 import LABELS
-from servelab.stack import Ports, gourmetgram_service, start_on_free_ports
+from servelab.stack.local import Ports, gourmetgram_service, start_on_free_ports
 from tests.conftest import make_image_bytes
 
 BACKENDS = ["fastapi_pt", "fastapi_onnx", "food_classifier", "food_classifier_onnx"]

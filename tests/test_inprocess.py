@@ -4,7 +4,7 @@ import psutil
 import pytest
 
 from servelab import paths
-from servelab.inprocess import Point, decoding_threads, measure_point, sweep, sweep_points
+from servelab.measure.inprocess import Point, decoding_threads, measure_point, sweep, sweep_points
 from servelab.service.cores import available_cores, thread_plan
 
 
@@ -40,7 +40,7 @@ def test_the_pytorch_model_is_built_for_fp32_convolutions_as_the_service_builds_
     """TF32 (on by default for cuDNN on Ampere and newer GPUs) would move the answers by ~2e-4."""
     import torch
 
-    from servelab.inprocess import load_model
+    from servelab.measure.inprocess import load_model
 
     before = torch.backends.cudnn.allow_tf32
     try:
@@ -76,7 +76,9 @@ def test_the_winning_plan_is_measured_again_in_the_process_that_swept_it_and_the
         assert len(ceiling.points) == len(sweep_points(available_cores(), pipelined=False))
         assert ceiling.best.throughput_rps == max(point.throughput_rps for point in ceiling.points)
         kept = psutil.Process(ceiling.process.process.pid)
-        swept = [child for child in psutil.Process().children() if "servelab.inprocess" in " ".join(child.cmdline())]
+        swept = [
+            child for child in psutil.Process().children() if "servelab.measure.inprocess" in " ".join(child.cmdline())
+        ]
         assert swept == [kept], "only the winner's process is left"
         again = [ceiling.measure_now(0.3, 0.1) for _ in range(2)]
         assert all(run.requests > 0 and ceiling.plan.name in run.notes[0] for run in again)

@@ -8,13 +8,15 @@ import time
 
 import pytest
 
-from servelab import perf_analyzer, plots, service_exits, ui
-from servelab.expectations import ExpectationLog, Outcome, condition, figure, measured
-from servelab.lab import Lab
+from servelab import service_exits
+from servelab.lab import Lab, ui
+from servelab.lessons.expectations import ExpectationLog, Outcome, condition, figure, measured
 from servelab.profiles import PROFILES, profile
+from servelab.report import tables
 from servelab.results import LatencySummary, RunResult
 from servelab.service.food11 import LABELS
 from servelab.service.hardware import Hardware
+from servelab.triton import perf_analyzer
 from tests.conftest import make_image_bytes
 
 
@@ -108,10 +110,10 @@ def test_in_the_compose_project_a_triton_restart_is_back_once_triton_answers_aga
     lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models")
     lab._shared_exits_file = exits
     service_exits.record(exits, service_exits.ServiceExit("triton", time.time(), "exited", "Signal (11)"))
-    monkeypatch.setattr("servelab.lab.answers", lambda url: False)
+    monkeypatch.setattr("servelab.lab.facade.answers", lambda url: False)
     (event,) = lab.service_exits()
     assert event.outcome == service_exits.RESTARTING
-    monkeypatch.setattr("servelab.lab.answers", lambda url: url == "http://triton:8000/v2/health/ready")
+    monkeypatch.setattr("servelab.lab.facade.answers", lambda url: url == "http://triton:8000/v2/health/ready")
     (event,) = lab.service_exits()
     assert event.outcome == service_exits.BACK and event.back_at is not None
     assert lab.service_exits()[0].back_at == event.back_at  # first seen back, not each time asked
@@ -144,12 +146,12 @@ def test_profiles_are_defined_once_and_an_unknown_one_is_refused(monkeypatch):
 
 
 def test_the_breakdown_table_shows_each_stage_in_ms_and_says_when_a_run_gave_no_number():
-    table = plots.breakdown_table({"c=1": perf_result(2000, 5000), "c=16": None})
+    table = tables.breakdown_table({"c=1": perf_result(2000, 5000), "c=16": None})
     header, first, missing = table.splitlines()
     assert "queue ms" in header and "compute infer ms" in header
     assert re.search(r"c=1 \|\s+42\.0 \|\s+8\.0 \|\s+9\.5 \|\s+2\.0 \|\s+5\.0$", first)
     assert missing.strip() == "c=16 | no stable measurement"
-    short = plots.breakdown_table({"c=1": perf_result(requests=10)}).splitlines()[1]
+    short = tables.breakdown_table({"c=1": perf_result(requests=10)}).splitlines()[1]
     assert re.search(r"\|\s+8\.0 \|\s+n/a \|", short)  # 10 requests say nothing about the p95
     with pytest.raises(ValueError, match="only perf_analyzer runs"):
         RunResult("fastapi", "loadgen", "closed", 1, 1.0, LatencySummary.of([1.0]), 1.0).server_ms("queue")

@@ -1,7 +1,7 @@
 """Notebook 9's check on streamed work, fed a case it must pass and cases it must fail."""
 
-from servelab.expectations import Outcome
 from servelab.lessons import cancellation
+from servelab.lessons.expectations import Outcome
 from servelab.results import LatencySummary, RunResult
 
 ASKED, READ = 12, 2

@@ -3,10 +3,10 @@
 import math
 import statistics
 
-from servelab.expectations import Outcome
 from servelab.lessons import concurrency_target
 from servelab.lessons.concurrency_target import Step
-from servelab.ray_watch import ServeSample
+from servelab.lessons.expectations import Outcome
+from servelab.ray.watch import ServeSample
 from tests.helpers import synthetic_run
 
 AUTOSCALING = {"target_ongoing_requests": 1.5, "min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 2,

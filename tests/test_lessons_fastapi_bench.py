@@ -1,7 +1,7 @@
 """Notebook 4's checks, each fed a case it must pass and one it must fail."""
 
-from servelab.expectations import Outcome
 from servelab.lessons import fastapi_bench
+from servelab.lessons.expectations import Outcome
 from tests.helpers import service_stages, synthetic_run
 
 

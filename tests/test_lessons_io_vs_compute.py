@@ -1,7 +1,7 @@
 """Notebook 7's check, fed a case it must pass and ones it must fail."""
 
-from servelab.expectations import Outcome
 from servelab.lessons import io_vs_compute
+from servelab.lessons.expectations import Outcome
 from tests.helpers import service_stages, synthetic_run
 
 

@@ -1,7 +1,7 @@
 """Notebook 10's checks, each fed a case it must pass and one it must fail."""
 
-from servelab.expectations import Outcome
 from servelab.lessons import sequences
+from servelab.lessons.expectations import Outcome
 from tests.helpers import synthetic_run
 
 

@@ -2,8 +2,8 @@
 
 import math
 
-from servelab.expectations import Outcome
 from servelab.lessons import triton_bench
+from servelab.lessons.expectations import Outcome
 from tests.helpers import synthetic_run
 
 

@@ -22,8 +22,8 @@ from aiohttp import web
 
 from servelab import loadgen, paths
 from servelab.loadgen import SEQUENCE_ERRORS, TritonHttpSequenceTarget, run_sequences, sequence_error_kind
-from servelab.models import ModelError, ModelRepository, ModelRequest, RequestTensor
 from servelab.results import SequenceRunResult, load_results, save_results
+from servelab.triton.models import ModelError, ModelRepository, ModelRequest, RequestTensor
 
 FRAME = ModelRequest(
     (RequestTensor("FRAME", "BYTES", np.array([[b"a base64 photo: the server does not look"]], dtype=object)),),
@@ -295,7 +295,9 @@ def test_the_synchronous_api_runs_sequences_of_a_stateful_model_from_the_registr
     try:
         models.get("toy").request()
     except ModelError:
-        pytest.skip("servelab.models cannot build a stateful model's request yet (the food_sequence work adds it)")
+        pytest.skip(
+            "servelab.triton.models cannot build a stateful model's request yet (the food_sequence work adds it)"
+        )
     server.configure(sleep_ms=2)
     result = loadgen.sequence_loop("triton-http", server.address, "toy", 2, 3, progress=False, models=models)
     assert result.sequences_completed == 2 and result.errors == {}

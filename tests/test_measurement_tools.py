@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from servelab import plots, queueing, triton_stats
-from servelab.resources import NO_GPU, ResourceSampler, summarize
+from servelab.measure import queueing
+from servelab.measure.resources import NO_GPU, ResourceSampler, summarize
+from servelab.report import plots, tables
 from servelab.results import LatencySummary, RunResult, load_results, pooled, save_results
-from servelab.triton_stats import StatsDelta, TritonStatsError
+from servelab.triton import stats as triton_stats
+from servelab.triton.stats import StatsDelta, TritonStatsError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -478,7 +480,7 @@ def test_results_table_has_one_row_per_result_with_formatted_numbers():
         _result("fastapi_onnx", concurrency=4, throughput=123.44),
         _result("fast|api", rate=50, arrival="poisson", throughput=49.96, errors={"timeout": 2, "http_503": 1}),
     ]
-    table = plots.results_table(results, baseline_rps=200.0)
+    table = tables.results_table(results, baseline_rps=200.0)
     lines = table.strip().splitlines()
     assert len(lines) == 2 + len(results)
     assert lines[0].startswith("| target | tool | load |") and lines[0].endswith("| vs in-process |")
@@ -489,11 +491,11 @@ def test_results_table_has_one_row_per_result_with_formatted_numbers():
     assert row.endswith("| 0 | 61.7% |")
     assert "| fast\\|api | loadgen | 50 req/s poisson |" in lines[4]
     assert "| 3 (http_503: 1, timeout: 2) | 25.0% |" in lines[4]
-    assert "vs in-process" not in plots.results_table(results)
+    assert "vs in-process" not in tables.results_table(results)
 
 
 def test_results_table_compares_each_target_with_its_own_baseline():
-    from servelab.plots import results_table
+    from servelab.report.tables import results_table
     from servelab.results import LatencySummary, RunResult
 
     def result(target, rps):

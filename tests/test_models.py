@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from servelab import loadgen, paths, triton_local
+from servelab import loadgen, paths
 from servelab.lab import Lab
-from servelab.models import ENTRIES, IMAGE_FILE, PREPROCESSED, ModelError, ModelRepository
 from servelab.profiles import profile
-from servelab.stack import LocalStack, Ports, gourmetgram_service, triton_service, ui_backends
-from servelab.triton_config import ConfigError
+from servelab.stack.local import LocalStack, Ports, gourmetgram_service, triton_service, ui_backends
+from servelab.triton import server as triton_local
+from servelab.triton.config import ConfigError
+from servelab.triton.models import ENTRIES, IMAGE_FILE, PREPROCESSED, ModelError, ModelRepository
 
 TOY_CONFIG = """\
 # A toy model: doubles a vector of four numbers.
@@ -137,7 +138,7 @@ def test_a_model_without_an_entry_gets_requests_from_its_own_config(repository):
     ("options", "message"),
     [
         ({"dims": "-1"}, "variable size.*shape=\\['X:4'\\]"),
-        ({"dtype": "TYPE_STRING"}, "holds strings.*Add an entry for toy in servelab/models.py"),
+        ({"dtype": "TYPE_STRING"}, "holds strings.*Add an entry for toy in servelab/triton/models.py"),
     ],
 )
 def test_a_request_the_config_cannot_describe_is_refused_with_what_to_do(repository, options, message):

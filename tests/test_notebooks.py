@@ -3,8 +3,9 @@ servers: `Lab.connect()` in the notebook finds them, as it finds `make up` (test
 
 A notebook that judges expectations (its source calls `lab.expect(` or `lab.judge(`) has every verdict checked
 against the runs in its own tables: a verdict's conditions carry their figures with the run each
-was read from (servelab.expectations), and each figure is read again from that run (servelab.notebook_runs), as the
-notebook's final table shows it; every run it kept is also the one it saved to its file of runs.
+was read from (servelab.lessons.expectations), and each figure is read again from that run
+(servelab.lab.notebook_runs), as the notebook's final table shows it; every run it kept is also
+the one it saved to its file of runs.
 A claim about what the lab's software does (not about speed) must also hold (MUST_HOLD): the test
 that checked it before the notebook did is gone, and the notebook's check took its place.
 
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.expectations import Outcome
-from servelab.notebook_runs import NOTEBOOKS, judging, run_notebook, verdict_problems
+from servelab.lab.notebook_runs import NOTEBOOKS, judging, run_notebook, verdict_problems
+from servelab.lessons.expectations import Outcome
 from tests.conftest import RETRIES
 
 SOURCES = sorted(NOTEBOOKS.glob("[0-9]*.py"), key=lambda path: int(path.name.split("_")[0]))

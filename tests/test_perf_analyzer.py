@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from servelab import lab as lab_module
-from servelab import paths, perf_analyzer
-from servelab.lab import Lab, shown_command, summary_line
-from servelab.models import ModelRepository
+from servelab import paths
+from servelab.lab import facade as lab_module
+from servelab.lab.facade import Lab, shown_command, summary_line
 from servelab.profiles import profile
 from servelab.results import RunResult, append_result, load_appended
+from servelab.triton import perf_analyzer
+from servelab.triton.models import ModelRepository
 
 SAMPLE_CSV = (  # a real perf_analyzer -f report
     "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"

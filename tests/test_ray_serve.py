@@ -23,11 +23,13 @@ import pytest
 import requests
 import yaml
 
-from servelab import loadgen, ray_local
-from servelab.lab_ray import RayServe
-from servelab.ray_watch import ServeSample, ServeWatcher, during, in_replica_mean_ms, serve_metrics
+from servelab import loadgen
+from servelab.lab.ray_side import RayServe
+from servelab.ray import local as ray_local
+from servelab.ray import rest as ray_rest
+from servelab.ray.watch import ServeSample, ServeWatcher, during, in_replica_mean_ms, serve_metrics
 from servelab.service.food11 import LABELS
-from servelab.stack import LocalStack
+from servelab.stack.local import LocalStack
 from tests.conftest import TEST_MAX_REQUEST_BYTES, make_image_bytes
 from tests.helpers import until
 from tests.test_fastapi_services import BAD_REQUESTS, check_bad_request
@@ -87,7 +89,7 @@ class RayService:
 
 def _replicas(service: RayService) -> dict[str, int]:
     """Serve's own count of the replicas in each state, from its REST API."""
-    return ray_local.replicas_by_state(service.dashboard, "food11", "Food11", service.token_file)
+    return ray_rest.replicas_by_state(service.dashboard, "food11", "Food11", service.token_file)
 
 
 def _served(service: RayService) -> float:
@@ -267,16 +269,16 @@ def test_an_edited_config_is_deployed_and_awaited_through_serve_s_rest_api(ray_s
     config = ray_local.read_config(ray_service.config)
     as_tested = copy.deepcopy(config)
     serve.settings(config)["max_queued_requests"] = MAX_QUEUED + 7
-    with pytest.raises(ray_local.RayConfigError, match="max_queue_request"):
+    with pytest.raises(ray_rest.RayConfigError, match="max_queue_request"):
         broken = copy.deepcopy(config)
         serve.settings(broken)["max_queue_request"] = 1
         serve.apply(broken)
     serve.apply(config, quiet=True)
-    deployed = ray_local.applications(ray_service.dashboard, ray_service.token_file)["food11"]["deployed_app_config"]
+    deployed = ray_rest.applications(ray_service.dashboard, ray_service.token_file)["food11"]["deployed_app_config"]
     assert deployed["deployments"][0]["max_queued_requests"] == MAX_QUEUED + 7
     assert _post(ray_service.url, image_b64).status_code == 200
     serve.apply(as_tested, quiet=True)  # the other tests count on the module's queue
-    deployed = ray_local.applications(ray_service.dashboard, ray_service.token_file)["food11"]["deployed_app_config"]
+    deployed = ray_rest.applications(ray_service.dashboard, ray_service.token_file)["food11"]["deployed_app_config"]
     assert deployed["deployments"][0]["max_queued_requests"] == MAX_QUEUED
 
 
@@ -303,6 +305,6 @@ def test_a_config_serve_would_misread_is_refused_saying_which_field(tmp_path, ed
     config = ray_local.read_config()
     edit(config["applications"][0]["deployments"][0])
     (tmp_path / "serve_config.yaml").write_text(yaml.safe_dump(config))
-    with pytest.raises(ray_local.RayConfigError, match="serve_config.yaml") as refused:
+    with pytest.raises(ray_rest.RayConfigError, match="serve_config.yaml") as refused:
         ray_local.read_config(tmp_path / "serve_config.yaml")
     assert complaint in str(refused.value)

@@ -20,9 +20,11 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from servelab import loadgen, paths, service_stats, triton_stats
+from servelab import loadgen, paths
+from servelab.measure import service_stats
 from servelab.service.refine import MAX_STEPS, RunningMean, Views, checked_steps, view_geometry
-from servelab.stack import LocalStack, fastapi_service, start_on_free_ports
+from servelab.stack.local import LocalStack, fastapi_service, start_on_free_ports
+from servelab.triton import stats as triton_stats
 from tests.helpers import until
 
 MODEL = "food_refine"

@@ -14,14 +14,15 @@ import time
 
 import pytest
 
-from servelab import jsonl, perf_analyzer, service_exits
-from servelab import lab as lab_module
-from servelab.expectations import Outcome, condition, figure
-from servelab.lab import Lab, summary_line
-from servelab.lab_triton import ServiceCrashed
+from servelab import jsonl, service_exits
+from servelab.lab import facade as lab_module
+from servelab.lab.facade import Lab, summary_line
+from servelab.lab.triton_side import ServiceCrashed
+from servelab.lessons.expectations import Outcome, condition, figure
 from servelab.profiles import profile
 from servelab.results import LatencySummary, RunResult, SequenceRunResult, append_result, load_appended
 from servelab.service_exits import ServiceExit
+from servelab.triton import perf_analyzer
 
 
 def run(target: str = "fastapi_onnx", rps: float = 50.0) -> RunResult:

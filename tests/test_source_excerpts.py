@@ -5,7 +5,7 @@ import textwrap
 import pytest
 
 from servelab import paths
-from servelab.source_excerpts import definition, excerpt
+from servelab.lab.source_excerpts import definition, excerpt
 
 SOURCE = textwrap.dedent(
     '''

@@ -13,9 +13,11 @@ import time
 import psutil
 import pytest
 
-from servelab import paths, service_exits, stack, triton_local
-from servelab.models import ModelRepository
-from servelab.stack import LocalStack, Ports, ServiceSpec, StackError, answers, port_is_free
+from servelab import paths, service_exits
+from servelab.stack import local as stack
+from servelab.stack.local import LocalStack, Ports, ServiceSpec, StackError, answers, port_is_free
+from servelab.triton import server as triton_local
+from servelab.triton.models import ModelRepository
 from tests.helpers import until
 
 SERVER_WITH_A_CHILD = textwrap.dedent(
@@ -96,7 +98,7 @@ def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path):
         import sys, time
         from pathlib import Path
         sys.path.insert(0, {str(paths.REPO_ROOT)!r})
-        from servelab.stack import LocalStack
+        from servelab.stack.local import LocalStack
         from tests.test_stack import _spec
         stack = LocalStack([_spec(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
         Path({str(tmp_path / "leader.pid")!r}).write_text(str(stack.processes[0].process.pid))
@@ -179,7 +181,7 @@ def test_a_restarted_service_also_stops_when_the_process_that_started_the_stack_
         import os, signal, sys, time
         from pathlib import Path
         sys.path.insert(0, {str(paths.REPO_ROOT)!r})
-        from servelab.stack import LocalStack
+        from servelab.stack.local import LocalStack
         from tests.helpers import until
         from tests.test_stack import _spec
         stack = LocalStack([_spec(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
+from servelab.measure.timeline import windows
 from servelab.results import LatencySummary, RunResult
-from servelab.timeline import windows
 
 
 def _run(timeline: list[list], wall_s: float) -> RunResult:

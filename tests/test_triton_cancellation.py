@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from servelab import triton_stats
+from servelab.triton import stats as triton_stats
 
 MODEL = "food_classifier"
 

@@ -3,10 +3,10 @@
 import pytest
 
 from servelab import paths
-from servelab.models import ModelRepository
 from servelab.service.hardware import Hardware
-from servelab.triton_config import ConfigError, TritonConfig, adapt_to_server
-from servelab.triton_local import LOCAL_TRITON
+from servelab.triton.config import ConfigError, TritonConfig, adapt_to_server
+from servelab.triton.models import ModelRepository
+from servelab.triton.server import LOCAL_TRITON
 
 SHIPPED = {model.name: model.config for model in ModelRepository()}
 

@@ -1,4 +1,4 @@
-"""The Triton container's start (servelab.triton_container), on this machine: the repository staged
+"""The Triton container's start (servelab.triton.container), on this machine: the repository staged
 for the server the container has, shared with the notebooks, and a restart recorded, not restaged."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ import os
 
 import pytest
 
-from servelab import paths, service_exits, triton_container
-from servelab.models import ModelRepository
+from servelab import paths, service_exits
 from servelab.service.hardware import Hardware
-from servelab.triton_config import TritonConfig
+from servelab.triton import container as triton_container
+from servelab.triton.config import TritonConfig
+from servelab.triton.models import ModelRepository
 
 
 @pytest.fixture

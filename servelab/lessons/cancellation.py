@@ -9,7 +9,7 @@ whose client left, its `patient_latency` the patient clients' time to their last
 
 from __future__ import annotations
 
-from servelab.expectations import Expectation, condition, figure
+from servelab.lessons.expectations import Expectation, condition, figure
 from servelab.results import RunResult
 
 # With cancellation on, what a client who left may still cost: the step running when it left, and

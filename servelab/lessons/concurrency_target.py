@@ -1,7 +1,7 @@
 """Notebook 8's checks: Ray Serve's concurrency target (`max_ongoing_requests`), its autoscaler
 (`target_ongoing_requests`) and its queue in front of the replicas.
 
-They are judged on Serve's own accounts of itself, sampled every second by servelab.ray_watch
+They are judged on Serve's own accounts of itself, sampled every second by servelab.ray.watch
 (replicas by state, requests inside the replicas and queued in front, time inside a replica), on
 the clients' runs, and on the replica's own /metrics around a run (`RunResult.service_stats`: how
 long its requests spent at the model and waiting for a predict slot).
@@ -14,8 +14,8 @@ import statistics
 from itertools import pairwise
 from typing import NamedTuple
 
-from servelab.expectations import Expectation, Figure, condition, figure, measured
-from servelab.ray_watch import ServeSample, during, in_replica_mean_ms
+from servelab.lessons.expectations import Expectation, Figure, condition, figure, measured
+from servelab.ray.watch import ServeSample, during, in_replica_mean_ms
 from servelab.results import RunResult
 
 # Serve's gauges are reported every second: a sample taken this soon after a step began may

@@ -7,7 +7,7 @@ service's own timing, not on the client's latency alone.
 
 from __future__ import annotations
 
-from servelab.expectations import Expectation, condition, figure
+from servelab.lessons.expectations import Expectation, condition, figure
 from servelab.results import RunResult
 
 

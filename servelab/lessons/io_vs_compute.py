@@ -6,7 +6,7 @@ D and S are the service's own mean download and inference times (its /metrics ar
 
 from __future__ import annotations
 
-from servelab.expectations import Expectation, condition, figure
+from servelab.lessons.expectations import Expectation, condition, figure
 from servelab.results import RunResult
 
 

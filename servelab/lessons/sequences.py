@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from servelab.expectations import Expectation, condition, figure
+from servelab.lessons.expectations import Expectation, condition, figure
 from servelab.results import RunResult
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from servelab.expectations import Expectation, Figure, condition, figure, measured
-from servelab.resources import summarize
+from servelab.lessons.expectations import Expectation, Figure, condition, figure, measured
+from servelab.measure.resources import summarize
 from servelab.results import RunResult
 
 NOT_MEASURED = math.nan

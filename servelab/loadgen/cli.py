@@ -13,8 +13,8 @@ from servelab import paths
 from servelab.loadgen.runners import ARRIVALS
 from servelab.loadgen.sync import closed_loop, open_loop, sequence_loop, summarize
 from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, TARGET_KINDS
-from servelab.models import ModelError
 from servelab.results import save_results
+from servelab.triton.models import ModelError
 
 log = logging.getLogger(__name__)
 

@@ -44,8 +44,8 @@ from servelab.loadgen.targets import (
     grpc_tensors,
     host_port_of,
 )
-from servelab.models import ModelError, ModelRepository, ModelRequest
 from servelab.results import SEQUENCES, LatencySummary, SequenceRunResult
+from servelab.triton.models import ModelError, ModelRepository, ModelRequest
 
 log = logging.getLogger(__name__)
 

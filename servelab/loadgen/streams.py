@@ -13,7 +13,7 @@ A stream is answered (a success) when it got every step; its latency is the time
 step, and the patient senders' answers are the run's `patient_latency`. A stream its client left
 is `cancelled`. The run's `steps` record the steps each stream received. What the server computed
 for the clients who left is only the server's to say: whoever runs the loop reads it from the
-server's own counters around the run (servelab.lab.Lab.streams).
+server's own counters around the run (servelab.lab.facade.Lab.streams).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from servelab import paths
 from servelab.loadgen.http import chunks, framing
 from servelab.loadgen.runners import Recorder, interrupted_note, run_result
 from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, RequestError, grpc_tensors, host_port_of, model_request
-from servelab.models import ModelRepository
 from servelab.results import RunResult
+from servelab.triton.models import ModelRepository
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from servelab.loadgen.runners import run_closed, run_open
 from servelab.loadgen.sequences import make_sequence_target, run_sequences
 from servelab.loadgen.streams import make_stream_target, run_streams
 from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, make_target
-from servelab.models import ModelRepository
 from servelab.results import RunResult, SequenceRunResult
+from servelab.triton.models import ModelRepository
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Every request of a run sends the same image, prepared once per target: the reque
 tensors) is built up front and reused, connections are reused, and only the response status is
 checked. This keeps the generator cheap enough to keep up with perf_analyzer (C++) on a small
 machine. What a Triton model's request holds comes from the lab's model registry
-(servelab.models), so any model in models_staging/ can be a target.
+(servelab.triton.models), so any model in models_staging/ can be a target.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from servelab import paths
 from servelab.loadgen.http import HttpError, PreparedPost
-from servelab.models import ModelRepository, ModelRequest
+from servelab.triton.models import ModelRepository, ModelRequest
 
 log = logging.getLogger(__name__)
 

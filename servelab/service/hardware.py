@@ -3,8 +3,8 @@ for Triton, the backends its server ships.
 
 The start of the Triton and Ray Serve containers writes this record to a volume the Jupyter
 container shares, so that the notebooks adapt a config to the hardware of the server that runs it
-(servelab.lab), not to the hardware of the container they run in. Locally the servers run on this
-machine, with no GPU (servelab.triton_local.LOCAL_TRITON).
+(servelab.lab.facade), not to the hardware of the container they run in. Locally the servers run on this
+machine, with no GPU (servelab.triton.server.LOCAL_TRITON).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ What a request spent its time on, measured by the server itself: downloading the
 sent by URL), waiting for a predict slot, preprocessing, and inference; plus every /predict
 request by outcome and HTTP status, and how many are in flight; and the steps of /refine streams,
 those computed after their client had gone among them. The lab reads two scrapes, before
-and after a run, and turns the difference into that run's figures (servelab/service_stats.py).
+and after a run, and turns the difference into that run's figures (servelab/measure/service_stats.py).
 `python -m servelab artifacts` copies this file into each service folder; edit it here.
 """
 

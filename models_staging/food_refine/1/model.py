@@ -15,7 +15,7 @@ config parameter abandon_on_cancel "off" the model goes on to the last step anyw
 experiment).
 
 The model logs each stream as it starts and as it ends, with the steps computed and how many of
-them ended after the client had cancelled; servelab.triton_stats.refine_steps reads the lines.
+them ended after the client had cancelled; servelab.triton.stats.refine_steps reads the lines.
 (Python-backend metrics would count them, but incrementing one crashed Triton 2.51 here.)
 """
 

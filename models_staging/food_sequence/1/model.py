@@ -23,7 +23,7 @@ computed, the state is dropped, and the answer is a CANCELLED error, since there
 classification to return.
 
 Each execute logs one line per kind of event with its count ("food_sequence: evicted 3
-sequence(s) ..."), which servelab.triton_stats.sequence_events counts.
+sequence(s) ..."), which servelab.triton.stats.sequence_events counts.
 """
 
 import json

@@ -28,7 +28,7 @@ import numpy as np
 
 from servelab import paths
 from servelab.service import food11
-from servelab.triton_config import ConfigError, TritonConfig, backend_of
+from servelab.triton.config import ConfigError, TritonConfig, backend_of
 
 # How a photo becomes a request, for the models that classify photos.
 IMAGE_FILE = "image file"  # the file's bytes, base64-encoded, in a BYTES input: the model decodes it
@@ -207,7 +207,8 @@ class Model:
             if declared.datatype == "BYTES":
                 raise ModelError(
                     f"{self.name}: input {declared.name} holds strings, and the lab cannot guess their content. "
-                    f"Add an entry for {self.name} in servelab/models.py (ENTRIES) that says how to build its request."
+                    f"Add an entry for {self.name} in servelab/triton/models.py (ENTRIES) that says how to build "
+                    "its request."
                 )
             shape = (1, *declared.dims)
             values = rng.standard_normal(shape) if declared.datatype.startswith("FP") else rng.integers(0, 2, shape)
@@ -255,7 +256,7 @@ class ModelRepository:
         if name not in self.names():
             raise ModelError(
                 f"There is no model {name!r} in {self.folder.name}/: the lab's models are {', '.join(self.names())}. "
-                f"A new model is a folder there (config.pbtxt and 1/), plus an entry in servelab/models.py "
+                f"A new model is a folder there (config.pbtxt and 1/), plus an entry in servelab/triton/models.py "
                 "if it takes a photo."
             )
         model = Model(name, self.folder / name, self.entries.get(name))
@@ -292,7 +293,7 @@ def _check_folder(model: Model) -> None:
     if model.entry is not None and model.entry.image_request is not None:
         if model.entry.image_request not in (IMAGE_FILE, PREPROCESSED):
             raise ModelError(
-                f"servelab/models.py: {model.name}'s image_request must be IMAGE_FILE, PREPROCESSED or None."
+                f"servelab/triton/models.py: {model.name}'s image_request must be IMAGE_FILE, PREPROCESSED or None."
             )
         if len(model.inputs) != 1:
             raise ModelError(

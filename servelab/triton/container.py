@@ -1,11 +1,11 @@
 """The Triton container's start (docker/Dockerfile.triton): stage the lab's model repository for
 the server this container has, then run the server.
 
-    python3 -m servelab.triton_container
+    python3 -m servelab.triton.container
 
 The shipped repository (models_staging/) is mounted read-only at /models. The start stages it in
 the volume the Jupyter container shares (TRITON_SHARED_DIR, /triton), adapted to this container's
-hardware and this server's backends (servelab.triton_local.stage_model_repository): served as
+hardware and this server's backends (servelab.triton.server.stage_model_repository): served as
 written on the GPU node's image; CPU instances where no GPU is visible; the Python backend
 running an ONNX graph where the onnxruntime backend is missing (the stand-in for the image, see
 docker/standins/). Each change is logged, as `make up` prints it. Beside the repository:
@@ -31,9 +31,9 @@ from pathlib import Path
 
 from servelab import service_exits
 from servelab.service.hardware import Hardware
-from servelab.triton_local import StagingError, stage_model_repository
+from servelab.triton.server import StagingError, stage_model_repository
 
-log = logging.getLogger("servelab.triton_container")
+log = logging.getLogger("servelab.triton.container")
 
 SHIPPED = Path("/models")
 BACKENDS = Path("/opt/tritonserver/backends")

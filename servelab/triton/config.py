@@ -455,7 +455,7 @@ class TritonConfig:
 # Compose project's stand-in for the Triton image where that image cannot be pulled) has no other.
 PYTHON_BACKEND = "python"
 # A model for Triton's ONNX Runtime backend is served, by a server without that backend, by a
-# Python-backend model that runs the same model.onnx with ONNX Runtime (servelab/triton_onnx_model.py).
+# Python-backend model that runs the same model.onnx with ONNX Runtime (servelab/triton/onnx_model.py).
 ONNX_BACKEND = "onnxruntime"
 ONNX_PLATFORM = "onnxruntime_onnx"
 SERVED_BY_ONNX = (

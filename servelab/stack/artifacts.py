@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab import paths
-from servelab.models import ENTRIES
 from servelab.service.food11 import IMAGE_SIZE, LABELS, WEIGHTS_INFO_SUFFIX
+from servelab.triton.models import ENTRIES
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +259,7 @@ def placements(built: BuiltArtifacts) -> list[tuple[Path, Path]]:
         for file_name, kind in entry.artifacts.items():
             if kind not in generated:
                 raise ArtifactError(
-                    f"servelab/models.py: {name}'s artifact {file_name} is a {kind!r}; "
+                    f"servelab/triton/models.py: {name}'s artifact {file_name} is a {kind!r}; "
                     f"`make artifacts` builds: {', '.join(generated)}."
                 )
             pairs.append((generated[kind], paths.MODELS_STAGING_DIR / name / "1" / file_name))

@@ -17,14 +17,15 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab import bench, plots
+from servelab.bench import targets
+from servelab.report import plots, tables
 from servelab.results import RunResult
 
 AGREEMENT_LIMITS = {"throughput": 0.10, "p50": 0.15}
 
 
 @dataclass(frozen=True)
-class Target:
+class Goal:
     """A goal the benchmark is judged on: `service` at `loads` reaches `fraction` of its ceiling,
     or, `of_cap`, of its cap: the share of the ceiling its CPU split leaves it (overhead_cap),
     judged only where every core was busy, since only then does the cap bind."""
@@ -38,10 +39,10 @@ class Target:
 # A FastAPI service pays for HTTP, its event loop and the load generator, which the in-process
 # ceiling never pays: on busy cores, that caps it below the ceiling, so it is judged against its
 # cap. Triton's front end has no event loop of ours to count (no CPU split): judged on the ceiling.
-TARGETS = (
-    Target("fastapi_pt", 0.95, (1, 8, 16), of_cap=True),
-    Target("fastapi_onnx", 0.95, (1, 8, 16), of_cap=True),
-    Target("triton/food_classifier", 0.8, (1, 8, 16)),
+GOALS = (
+    Goal("fastapi_pt", 0.95, (1, 8, 16), of_cap=True),
+    Goal("fastapi_onnx", 0.95, (1, 8, 16), of_cap=True),
+    Goal("triton/food_classifier", 0.8, (1, 8, 16)),
 )
 
 # A load point kept every core busy when the server and the load generator used at least this
@@ -51,9 +52,9 @@ TARGETS = (
 EVERY_CORE_BUSY = 0.9
 
 
-def _served(result: RunResult) -> bench.ServedTarget | None:
-    named = {target.name: target for target in bench.TARGETS}
-    named |= {name: bench.ServedTarget(name, "fastapi", None, runtime) for runtime, name in bench.NAIVE.items()}
+def _served(result: RunResult) -> targets.ServedTarget | None:
+    named = {target.name: target for target in targets.TARGETS}
+    named |= {name: targets.ServedTarget(name, "fastapi", None, runtime) for runtime, name in targets.NAIVE.items()}
     return named.get(result.target)
 
 
@@ -81,7 +82,7 @@ def machine_speed(result: RunResult, meta: dict) -> float:
     different moments compare fairly once each throughput is divided by its speed and each
     latency multiplied by it (a slower machine makes every request slower, whoever serves it)."""
     served = _served(result)
-    key = bench.ceiling_key(served.runtime, served.decode, "one" if result.concurrency == 1 else "many")
+    key = targets.ceiling_key(served.runtime, served.decode, "one" if result.concurrency == 1 else "many")
     return ceiling_of(result, meta["ceilings_rps"]) / meta["sweep_best_rps"][key]
 
 
@@ -107,7 +108,7 @@ def overhead_cap(point: dict, meta: dict) -> str:
     """What a load point's CpuSplit (`point["cpu_s"]`) says about its ratio, in words; empty without one."""
     if "cpu_s" not in point:
         return ""
-    cpu, cores = bench.CpuSplit(**point["cpu_s"]), meta["machine"]["cores_available"]
+    cpu, cores = targets.CpuSplit(**point["cpu_s"]), meta["machine"]["cores_available"]
     return (
         f"; the event loop and the load generator took {cpu.overhead_share():.1%} of the CPU its requests "
         f"cost, which caps it at {1 - cpu.overhead_share():.1%} of the ceiling while every core is busy "
@@ -119,7 +120,7 @@ def cpu_table(meta: dict) -> list[str]:
     """Where the CPU went in every load point measured with its server's process id."""
     cores = meta["machine"]["cores_available"]
     rows = [
-        (name, load, bench.CpuSplit(**point["cpu_s"]))
+        (name, load, targets.CpuSplit(**point["cpu_s"]))
         for name, by_load in meta.get("windows_rps", {}).items()
         for load, point in by_load.items()
         if "cpu_s" in point
@@ -147,7 +148,7 @@ def _window_spread(point: dict) -> str:
     return f"; window by window, against the ceiling beside each: {shares}"
 
 
-def against_ceiling(goal: Target, result: RunResult, ceiling: float, point: dict) -> str:
+def against_ceiling(goal: Goal, result: RunResult, ceiling: float, point: dict) -> str:
     """A target on the ratio to the ceiling, met or not, with its numbers."""
     fraction = result.throughput_rps / ceiling
     return (
@@ -157,7 +158,7 @@ def against_ceiling(goal: Target, result: RunResult, ceiling: float, point: dict
     )
 
 
-def against_cap(goal: Target, result: RunResult, ceiling: float, point: dict, meta: dict) -> str:
+def against_cap(goal: Goal, result: RunResult, ceiling: float, point: dict, meta: dict) -> str:
     """A target on the ratio to the cap (the ceiling times 1 - the CPU split's overhead share),
     met or not where every core was busy; NOT JUDGED, saying why, where they were not or where no
     CPU split was measured."""
@@ -171,7 +172,7 @@ def against_cap(goal: Target, result: RunResult, ceiling: float, point: dict, me
             f"- NOT JUDGED: {where}: this run measured no CPU split (it did not know the server's process id), "
             f"so there is no cap to judge it against; {of_ceiling}" + _window_spread(point)
         )
-    cpu = bench.CpuSplit(**point["cpu_s"])
+    cpu = targets.CpuSplit(**point["cpu_s"])
     if cpu.cores_busy(meta["machine"]["cores_available"]) < EVERY_CORE_BUSY:
         return (
             f"- NOT JUDGED: {where}: not every core was busy (under {EVERY_CORE_BUSY:.0%}), and the cap binds "
@@ -193,7 +194,7 @@ def target_lines(results: list[RunResult], meta: dict) -> list[str]:
     the spread of a ratio's windows, which does not decide it)."""
     ceilings, windows, agreement = meta["ceilings_rps"], meta.get("windows_rps", {}), meta["agreement"]
     lines = []
-    for goal in TARGETS:
+    for goal in GOALS:
         for concurrency in goal.loads:
             result = _find(results, goal.service, concurrency)
             if result is None:
@@ -209,10 +210,10 @@ def target_lines(results: list[RunResult], meta: dict) -> list[str]:
             else:
                 lines.append(against_ceiling(goal, result, ceiling, point))
     busiest = max(r.concurrency or 0 for r in results if r.tool == "loadgen")
-    for target in bench.TARGETS:
-        ours, naive = _find(results, target.name, busiest), _find(results, bench.NAIVE[target.runtime], busiest)
+    for target in targets.TARGETS:
+        ours, naive = _find(results, target.name, busiest), _find(results, targets.NAIVE[target.runtime], busiest)
         if ours is None or naive is None:
-            lines.append(f"- NOT MEASURED: {target.name} against {bench.NAIVE[target.runtime]} at c={busiest}")
+            lines.append(f"- NOT MEASURED: {target.name} against {targets.NAIVE[target.runtime]} at c={busiest}")
             continue
         # Measured minutes apart: compared at one machine speed, the sweep's.
         speed = {run.target: machine_speed(run, meta) for run in (ours, naive)}
@@ -305,10 +306,10 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "'of ceiling' is throughput as a fraction of the ceiling for the same work (PyTorch or ONNX Runtime, "
         "with decoding; Triton's ONNX model gets tensors, so inference alone): for one request in flight at "
         "concurrency 1, the best plan otherwise, measured around and between the row's windows. The naive rows are the "
-        "reference app a student writes first (servelab/naive_service.py). Triton's rows: on a server with "
+        "reference app a student writes first (servelab/bench/naive_app.py). Triton's rows: on a server with "
         "no GPU, one instance per core (see Threads), set for these runs through the repository API.",
         "",
-        plots.results_table(served, lambda r: ceiling_of(r, ceilings), "of ceiling"),
+        tables.results_table(served, lambda r: ceiling_of(r, ceilings), "of ceiling"),
         "",
         "## Targets",
         "",

@@ -30,9 +30,10 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab import paths, retries, service_exits, triton_local
-from servelab.models import ModelRepository
-from servelab.triton_local import StagingError
+from servelab import paths, retries, service_exits
+from servelab.triton import server as triton_local
+from servelab.triton.models import ModelRepository
+from servelab.triton.server import StagingError
 
 log = logging.getLogger(__name__)
 
@@ -485,9 +486,9 @@ def ui_backends() -> list[str]:
 
 
 def ray_serve_service(ports: Ports, config: Path | None = None, token_file: Path | None = None) -> ServiceSpec:
-    """The Ray Serve app (ray_serve/) on a one-node Ray of its own, on 127.0.0.1 (servelab.ray_local).
+    """The Ray Serve app (ray_serve/) on a one-node Ray of its own, on 127.0.0.1 (servelab.ray.local).
     Stopping it stops Ray: the launcher shuts Ray down on SIGTERM, and the process group goes too."""
-    command = [sys.executable, "-m", "servelab.ray_local", "--port", str(ports.ray_serve)]
+    command = [sys.executable, "-m", "servelab.ray.local", "--port", str(ports.ray_serve)]
     command += ["--dashboard-port", str(ports.ray_dashboard), "--metrics-port", str(ports.ray_metrics)]
     if config is not None:
         command += ["--config", str(config)]

@@ -1,6 +1,6 @@
 """Run the Ray Serve app (ray_serve/) on this machine, on 127.0.0.1 only, until stopped.
 
-    python -m servelab.ray_local --port 8500 --dashboard-port 8501 --metrics-port 8502 [--config FILE]
+    python -m servelab.ray.local --port 8500 --dashboard-port 8501 --metrics-port 8502 [--config FILE]
 
 It starts a one-node Ray with the cores this process may use and deploys the config (Ray Serve's
 own config-file format) through Serve's REST API, as `serve deploy` does on a real cluster. The
@@ -22,13 +22,12 @@ process inherits it.
 
 Ray 2.60 protects its dashboard and Serve's REST API with a token. Each launch makes a new one,
 in a file only this user can read (--token-file, by default .lab/ray/auth_token), instead of
-Ray's default ~/.ray/auth_token outside the lab; `auth_headers()` reads it for a client.
+Ray's default ~/.ray/auth_token outside the lab; a client reads it (servelab.ray.rest).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import copy
 import difflib
 import logging
@@ -40,10 +39,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import requests
 import yaml
 
 from servelab import paths
+from servelab.ray.rest import TOKEN_FILE, RayConfigError, deploy
 from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
 from servelab.service.serve_config import for_hardware
@@ -55,11 +54,6 @@ CONFIG_PATH = paths.RAY_SERVE_DIR / "serve_config.yaml"
 # docstring); SERVELAB_LOOPBACK_ONLY=1 makes ray_serve/app.py bind each replica's gRPC server to
 # 127.0.0.1 (Ray binds it to every interface, with no setting).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "SERVELAB_LOOPBACK_ONLY": "1"}
-TOKEN_FILE = paths.RAY_DIR / "auth_token"
-
-
-class RayConfigError(ValueError):
-    """A Serve config the lab cannot deploy; the message says what to change."""
 
 
 def ray_environment(token_file: Path) -> dict[str, str]:
@@ -76,14 +70,6 @@ def new_token(token_file: Path) -> None:
     descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as file:
         file.write(secrets.token_hex(32))
-
-
-def auth_headers(token_file: Path = TOKEN_FILE) -> dict[str, str]:
-    """The header Ray's dashboard and Serve's REST API want from a client."""
-    try:
-        return {"Authorization": f"Bearer {token_file.read_text().strip()}"}
-    except FileNotFoundError:
-        raise RayConfigError(f"{token_file} is missing: is the Ray Serve service (make up) running?") from None
 
 
 def unknown_fields(config: dict[str, Any]) -> list[str]:
@@ -152,32 +138,6 @@ def config_diff(before: dict, after: dict) -> str:
     return "\n".join(
         difflib.unified_diff(lines(before), lines(after), "serve_config.yaml", "served on this machine", lineterm="")
     )
-
-
-def deploy(dashboard: str, config: dict[str, Any], token_file: Path = TOKEN_FILE, timeout_s: float = 30.0) -> None:
-    """Hand `config` to Serve's REST API (`PUT /api/serve/applications/`, what `serve deploy`
-    does): Serve then brings the applications to it, replacing what ran before."""
-    url = f"{dashboard}/api/serve/applications/"
-    response = requests.put(url, json=config, headers=auth_headers(token_file), timeout=timeout_s)
-    if response.status_code != 200:
-        raise RayConfigError(f"Ray Serve refused the config ({response.status_code}): {response.text[:2000]}")
-
-
-def applications(dashboard: str, token_file: Path = TOKEN_FILE) -> dict[str, Any]:
-    """Serve's own account of its applications (`GET /api/serve/applications/`): each
-    deployment's status and its replicas, each with its state and node."""
-    url = f"{dashboard}/api/serve/applications/"
-    response = requests.get(url, headers=auth_headers(token_file), timeout=10)
-    response.raise_for_status()
-    return response.json()["applications"]
-
-
-def replicas_by_state(
-    dashboard: str, application: str, deployment: str, token_file: Path = TOKEN_FILE
-) -> dict[str, int]:
-    """How many replicas of `deployment` are in each state (RUNNING, STARTING, STOPPING...)."""
-    found = applications(dashboard, token_file).get(application, {}).get("deployments", {}).get(deployment, {})
-    return dict(collections.Counter(replica["state"] for replica in found.get("replicas", [])))
 
 
 def run(config_path: Path, port: int, dashboard_port: int, metrics_port: int, token_file: Path) -> None:

@@ -15,7 +15,7 @@ Where it runs:
 
 Every config goes through Serve's REST API, as `serve deploy` would send it. It is adapted first
 to the hardware of the Ray that serves it (servelab.service.serve_config: CPU shares instead of
-GPUs where Ray has no GPU; locally also 127.0.0.1 and the lab's port, servelab.ray_local), and the
+GPUs where Ray has no GPU; locally also 127.0.0.1 and the lab's port, servelab.ray.local), and the
 adaptation is printed too.
 """
 
@@ -27,13 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab import ray_local, timeline
 from servelab.environment import compose_setting
-from servelab.ray_watch import ServeSample, ServeWatcher
+from servelab.measure import timeline
+from servelab.ray import local as ray_local
+from servelab.ray import rest as ray_rest
+from servelab.ray.watch import ServeSample, ServeWatcher
 from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
 from servelab.service.serve_config import for_hardware
-from servelab.stack import LocalStack, Ports, answers, ray_serve_service, start_on_free_ports
+from servelab.stack.local import LocalStack, Ports, answers, ray_serve_service, start_on_free_ports
 
 APPLICATION, DEPLOYMENT = "food11", "Food11"
 
@@ -87,10 +89,10 @@ class RayServe:
     def _deploy(self, served: dict[str, Any], timeout_s: float) -> None:
         """Send `served` (a whole config, as it is to run) to Serve; return once it runs."""
         started = time.monotonic()
-        ray_local.deploy(self.dashboard, served, self.token_file)
+        ray_rest.deploy(self.dashboard, served, self.token_file)
         (application,) = [app for app in served["applications"] if app["name"] == APPLICATION]
         while True:
-            found = ray_local.applications(self.dashboard, self.token_file).get(APPLICATION, {})
+            found = ray_rest.applications(self.dashboard, self.token_file).get(APPLICATION, {})
             deployment = found.get("deployments", {}).get(DEPLOYMENT, {})
             states = [replica["state"] for replica in deployment.get("replicas", [])]
             if (
@@ -114,11 +116,11 @@ class RayServe:
 
     def deployed_app(self) -> dict[str, Any] | None:
         """The Food-11 app's config as Serve deployed it, by its own account (None: not deployed)."""
-        return ray_local.applications(self.dashboard, self.token_file).get(APPLICATION, {}).get("deployed_app_config")
+        return ray_rest.applications(self.dashboard, self.token_file).get(APPLICATION, {}).get("deployed_app_config")
 
     def replicas(self) -> dict[str, int]:
         """Serve's own count of the deployment's replicas, by state."""
-        return ray_local.replicas_by_state(self.dashboard, APPLICATION, DEPLOYMENT, self.token_file)
+        return ray_rest.replicas_by_state(self.dashboard, APPLICATION, DEPLOYMENT, self.token_file)
 
     def watch(self, interval_s: float = 1.0) -> ServeWatcher:
         return ServeWatcher(self.dashboard, self.metrics_url, APPLICATION, DEPLOYMENT, self.token_file, interval_s)
@@ -140,8 +142,8 @@ def compose() -> RayServe:
 def local(stacks: list[LocalStack], work: Path) -> RayServe:
     """The Ray Serve of `make up` if it runs, else one started here (added to `stacks`)."""
     default = Ports.from_env()
-    if answers(f"http://127.0.0.1:{default.ray_serve}/health") and ray_local.TOKEN_FILE.exists():
-        serve = serve_at(default, ray_local.TOKEN_FILE)
+    if answers(f"http://127.0.0.1:{default.ray_serve}/health") and ray_rest.TOKEN_FILE.exists():
+        serve = serve_at(default, ray_rest.TOKEN_FILE)
         print("Using the Ray Serve already running on this machine (`make up`); its shipped config returns at exit.")
         atexit.register(serve.restore)
         return serve

@@ -27,7 +27,7 @@ import psutil
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from servelab import ray_local
+from servelab.ray import rest as ray_rest
 
 ONGOING = "ray_serve_replica_processing_queries"
 QUEUED = "ray_serve_deployment_queued_queries"
@@ -97,7 +97,7 @@ class ServeWatcher:
         metrics_url: str,
         application: str,
         deployment: str,
-        token_file: Path = ray_local.TOKEN_FILE,
+        token_file: Path = ray_rest.TOKEN_FILE,
         interval_s: float = 1.0,
     ) -> None:
         self.dashboard, self.metrics_url = dashboard, metrics_url
@@ -110,7 +110,7 @@ class ServeWatcher:
         self._thread = threading.Thread(target=self._run, name="serve-watcher", daemon=True)
 
     def sample(self) -> ServeSample:
-        replicas = ray_local.replicas_by_state(self.dashboard, self.application, self.deployment, self.token_file)
+        replicas = ray_rest.replicas_by_state(self.dashboard, self.application, self.deployment, self.token_file)
         text = requests.get(self.metrics_url, timeout=5).text
         metrics = serve_metrics(text, self.application, self.deployment)
         return ServeSample(
@@ -128,7 +128,7 @@ class ServeWatcher:
         while not self._stop.is_set():
             try:
                 self.samples.append(self.sample())
-            except (requests.RequestException, ray_local.RayConfigError, ValueError) as exc:
+            except (requests.RequestException, ray_rest.RayConfigError, ValueError) as exc:
                 self.failures[type(exc).__name__] += 1
             self._stop.wait(self.interval_s)
 

@@ -4,12 +4,12 @@ The `nvidia-pytriton` wheel ships the same `tritonserver` binary as the 24.10 co
 with its Python backend, but no other backend. This module
 - builds a backend directory from the wheel's files,
 - stages a copy of every model folder in `models_staging/` adapted to the server that runs it
-  (`servelab.triton_config.adapt_to_server`), and returns each change as a diff to print. For the
+  (`servelab.triton.config.adapt_to_server`), and returns each change as a diff to print. For the
   local server (LOCAL_TRITON: no GPU, the Python backend only), and for the Triton container of
-  the Compose project where it has no GPU or no ONNX Runtime backend (servelab.triton_container):
+  the Compose project where it has no GPU or no ONNX Runtime backend (servelab.triton.container):
   * every `KIND_GPU` instance group becomes `KIND_CPU` (a `KIND_GPU` model fails to load without a GPU);
   * a model for the ONNX Runtime backend is served by the Python backend running the same
-    `model.onnx` with ONNX Runtime (`servelab/triton_onnx_model.py`). Its config says so in a
+    `model.onnx` with ONNX Runtime (`servelab/triton/onnx_model.py`). Its config says so in a
     `served_by` parameter, and Triton's own model config endpoint reports `backend: "python"`:
     the difference is visible, not hidden;
   * the weights status (trained/untrained) is added as config parameters, which Triton reports;
@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab import paths
-from servelab.models import Model, ModelError, ModelRepository
 from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
-from servelab.triton_config import ONNX_BACKEND, PYTHON_BACKEND, ConfigError, TritonConfig, adapt_to_server
+from servelab.triton.config import ONNX_BACKEND, PYTHON_BACKEND, ConfigError, TritonConfig, adapt_to_server
+from servelab.triton.models import Model, ModelError, ModelRepository
 
 log = logging.getLogger(__name__)
 
-ONNX_RUNNER_SOURCE = Path(__file__).resolve().parent / "triton_onnx_model.py"
+ONNX_RUNNER_SOURCE = Path(__file__).resolve().parent / "onnx_model.py"
 # The server the local stack runs: the pip-installed build, on this machine, with no GPU.
 LOCAL_TRITON = Hardware(gpus=0, cores=available_cores(), backends=(PYTHON_BACKEND,))
 

@@ -1,13 +1,13 @@
 """Run the lab's notebooks as a student runs them, and check every verdict they record against the
 runs in their own tables.
 
-    python -m servelab.notebook_runs 3_fastapi.ipynb 4_fastapi_bench.ipynb ...
+    python -m servelab.lab.notebook_runs 3_fastapi.ipynb 4_fastapi_bench.ipynb ...
 
 A notebook is executed from the top in a fresh kernel (nbclient), with one cell added at its end
 that prints what its `lab` kept: each expectation's outcome, the figures its conditions read, its
 runs, and the runs it saved. A notebook that judges expectations (its source calls `lab.expect(` or
 `lab.judge(`) is then checked: a verdict's conditions carry their figures with the run each was read from
-(servelab.expectations), and each figure is read again from that run, as the notebook's final
+(servelab.lessons.expectations), and each figure is read again from that run, as the notebook's final
 table shows it, so a verdict can only say what its table says; every run the notebook kept is
 also the one it saved to its file of runs. tests/test_notebooks.py checks the notebooks this way
 on the local target; `make test-docker` in the Compose project's Jupyter container.
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from servelab import paths, retries
-from servelab.expectations import Outcome, read
+from servelab.lessons.expectations import Outcome, read
 from servelab.results import RunResult
 
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"
@@ -114,7 +114,7 @@ def verdict_problems(name: str, dump: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m servelab.notebook_runs", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m servelab.lab.notebook_runs", description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="+", help="file names in notebooks/, e.g. 4_fastapi_bench.ipynb")
     parser.add_argument("--executed-to", type=Path, help="a folder to write each notebook to, with its outputs")
     args = parser.parse_args(argv)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from servelab.resources import summarize
+from servelab.measure.resources import summarize
 from servelab.results import RunResult
 
 

@@ -1,8 +1,8 @@
 """The Triton half of the notebooks' Lab: perf_analyzer runs, capacity, and model configs.
 
-`servelab.lab.Lab` mixes this in; the notebooks call these as `lab.measure(...)`,
+`servelab.lab.facade.Lab` mixes this in; the notebooks call these as `lab.measure(...)`,
 `lab.capacity(...)`, `lab.config(...)`, `lab.apply_config(...)`. A config change is made on the
-config as shipped (`lab.config(model)`, a `servelab.triton_config.TritonConfig`), shown as the
+config as shipped (`lab.config(model)`, a `servelab.triton.config.TritonConfig`), shown as the
 exact text change to `config.pbtxt`, and applied by reloading that one model through Triton's
 model-control API (the server runs with explicit model control, on both targets). The edited
 config is first adapted to the server that runs it (`lab.triton_server`: locally the pip-installed
@@ -26,13 +26,16 @@ from pathlib import Path
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from servelab import paths, perf_analyzer, plots, retries, triton_local
-from servelab.resources import ProcessCpu, ResourceSampler, triton_instance_processes
+from servelab import paths, retries
+from servelab.measure.resources import ProcessCpu, ResourceSampler, triton_instance_processes
+from servelab.report import tables
 from servelab.results import RunResult
 from servelab.service.hardware import Hardware
 from servelab.service_exits import ServiceExit
-from servelab.stack import LocalStack, Ports, ServiceSpec, start_on_free_ports, triton_service
-from servelab.triton_config import ConfigError, TritonConfig
+from servelab.stack.local import LocalStack, Ports, ServiceSpec, start_on_free_ports, triton_service
+from servelab.triton import perf_analyzer
+from servelab.triton import server as triton_local
+from servelab.triton.config import ConfigError, TritonConfig
 
 # Where a notebook's own services keep their staged files and logs while they run.
 NOTEBOOK_STACK_DIR = paths.STACK_DIR / "notebook-stack"
@@ -84,7 +87,7 @@ class TritonAddresses:
 
 
 class TritonLab:
-    """Lab's methods for Triton (see servelab.lab.Lab for the attributes they use)."""
+    """Lab's methods for Triton (see servelab.lab.facade.Lab for the attributes they use)."""
 
     _capacities: dict[tuple[str, str], Capacity]
     _stacks: list[LocalStack]
@@ -100,7 +103,7 @@ class TritonLab:
         **options,
     ) -> RunResult:
         """perf_analyzer against Triton, with this profile's measurement windows. `options` go to
-        servelab.perf_analyzer.run (e.g. shape=[...]) and override the model's defaults."""
+        servelab.triton.perf_analyzer.run (e.g. shape=[...]) and override the model's defaults."""
         started = self._ready_to_measure()
         load = dict(concurrency=concurrency, batch_size=batch_size, rate=rate, distribution=distribution)
         result = self._perf_analyzer(model, started, **load, **options)
@@ -201,7 +204,7 @@ class TritonLab:
 
     def breakdown(self, results: Mapping[str, RunResult | None]) -> str:
         """Print where the time went (Triton's breakdown) for named perf_analyzer runs."""
-        table = plots.breakdown_table(results)
+        table = tables.breakdown_table(results)
         print(table)
         return table
 

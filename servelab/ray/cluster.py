@@ -1,6 +1,6 @@
 """Ray Serve past one machine, shown on one: a two-node Ray cluster on 127.0.0.1.
 
-    python -m servelab.ray_cluster --port 8510 [--requests 40]      (prints a JSON report)
+    python -m servelab.ray.cluster --port 8510 [--requests 40]      (prints a JSON report)
 
 Ray's own multi-node test utility (`ray.cluster_utils.Cluster`) starts a head node and a second
 node, each a raylet with its own CPUs, as two machines would have. The app of ray_serve/ is
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import requests
 
-from servelab import paths, ray_local
+from servelab import paths
+from servelab.ray import local as ray_local
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
     python -m servelab bench [--profile full|quick] [--out DIR]     (make bench / make bench-quick)
 
-1. The in-process ceilings (servelab.inprocess): for PyTorch and ONNX Runtime, with decoding and
+1. The in-process ceilings (servelab.measure.inprocess): for PyTorch and ONNX Runtime, with decoding and
    (ONNX, as Triton's ONNX model serves it) without, the best of a small sweep of thread plans,
    for one request in flight and for many. This machine's speed drifts within minutes, even
    within one run, so each load point is measured in short windows (the profile's `windows`)
@@ -12,14 +12,14 @@
    `food_classifier_onnx`, each at concurrency 1, 8 and 16, with the lab's load generator
    (closed loop), sampling CPU/GPU during each window and reading Triton's statistics over them
    (and, for a FastAPI server whose process id is known, the CPU its process, its event loop and
-   the load generator spent: CpuSplit); and the naive reference apps (servelab.naive_service) at
+   the load generator spent: CpuSplit); and the naive reference apps (servelab.bench.naive_app) at
    the highest concurrency. On a server with no GPU, Triton's models run one instance per core
    for their runs (the CPU counterpart of FastAPI's one slot per core), set through the
    repository API and put back afterwards.
 3. The load generator against perf_analyzer: at concurrency 8 against `food_classifier_onnx`,
    alternating, with the CPU each tool spent per request.
 
-Writes results.json, report.md (servelab.bench_report) and PNG plots to a new folder under
+Writes results.json, report.md (servelab.bench.report) and PNG plots to a new folder under
 results/ (git-ignored). Speed is never asserted here: this reports what the machine did.
 """
 
@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, astuple, dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -46,14 +46,20 @@ import requests
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from servelab import artifacts, bench_report, inprocess, loadgen, paths, perf_analyzer, triton_stats
+from servelab import loadgen, paths
+from servelab.bench import report as bench_report
+from servelab.bench.targets import CEILINGS, NAIVE, TARGETS, CpuSplit, ServedTarget, ceiling_key
 from servelab.environment import machine_info
-from servelab.models import ModelRepository
+from servelab.measure import inprocess
+from servelab.measure.resources import ResourceSampler
 from servelab.profiles import PROFILES, Profile
-from servelab.resources import ResourceSampler
 from servelab.results import RunResult, pooled, save_results
 from servelab.service.cores import available_cores, thread_plan
-from servelab.stack import LocalStack, Ports, ServiceSpec, fastapi_service, triton_service
+from servelab.stack import artifacts
+from servelab.stack.local import LocalStack, Ports, ServiceSpec, fastapi_service, triton_service
+from servelab.triton import perf_analyzer
+from servelab.triton import stats as triton_stats
+from servelab.triton.models import ModelRepository
 
 log = logging.getLogger(__name__)
 
@@ -77,34 +83,6 @@ class Endpoints:
             f"http://127.0.0.1:{ports.fastapi_onnx}",
             f"127.0.0.1:{ports.triton_http}",
         )
-
-
-@dataclass(frozen=True)
-class ServedTarget:
-    name: str
-    kind: str  # loadgen target kind
-    model: str | None  # Triton model
-    runtime: str  # the in-process ceiling it is compared with: its runtime...
-    decode: bool = True  # ...and whether the server decodes images (or gets tensors)
-
-
-TARGETS = (
-    ServedTarget("fastapi_pt", "fastapi", None, "pytorch"),
-    ServedTarget("fastapi_onnx", "fastapi", None, "onnxruntime"),
-    ServedTarget("triton/food_classifier", "triton-http", "food_classifier", "pytorch"),
-    # Its clients send tensors they preprocessed themselves (here: once), so it is compared with
-    # inference alone.
-    ServedTarget("triton/food_classifier_onnx", "triton-http", "food_classifier_onnx", "onnxruntime", decode=False),
-)
-# The naive reference apps, measured at the highest concurrency only.
-NAIVE = {"pytorch": "naive/pytorch", "onnxruntime": "naive/onnxruntime"}
-# (runtime, decode) of every ceiling: each is swept for one request in flight and for many.
-CEILINGS = (("pytorch", True), ("onnxruntime", True), ("onnxruntime", False))
-
-
-def ceiling_key(runtime: str, decode: bool, in_flight: str) -> str:
-    """A ceiling's name in the results and the report, e.g. "pytorch, decode, many"."""
-    return f"{runtime}, {'decode' if decode else 'inference only'}, {in_flight}"
 
 
 def address(target: ServedTarget, endpoints: Endpoints) -> str:
@@ -138,34 +116,6 @@ def thread_plan_of(target: ServedTarget, endpoints: Endpoints) -> str:
     instances = sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in groups)
     device = "cpu" if all(group.get("kind") == "KIND_CPU" for group in groups) else "cuda"
     return thread_plan(slots=instances, device=device, given_by=f"{instances} instance(s)").describe()
-
-
-@dataclass
-class CpuSplit:
-    """CPU seconds spent while a load point's windows ran (warm-ups included): by the server
-    process, by its main thread (uvicorn's event loop: HTTP, JSON, FastAPI's routing and
-    validation), and by this process (the load generator, and the resource sampler)."""
-
-    server_s: float = 0.0
-    event_loop_s: float = 0.0
-    load_generator_s: float = 0.0
-    wall_s: float = 0.0
-
-    def __add__(self, other: CpuSplit) -> CpuSplit:
-        return CpuSplit(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other), strict=True)))
-
-    def __sub__(self, other: CpuSplit) -> CpuSplit:
-        return CpuSplit(*(mine - theirs for mine, theirs in zip(astuple(self), astuple(other), strict=True)))
-
-    def overhead_share(self) -> float:
-        """The event loop's and the load generator's part of all the CPU the requests cost. With
-        every core busy, a service whose decoding and inference cost what the ceiling's do reaches
-        at most 1 - this share of the ceiling, which pays for neither."""
-        return (self.event_loop_s + self.load_generator_s) / (self.server_s + self.load_generator_s)
-
-    def cores_busy(self, cores: int) -> float:
-        """How busy the server and the load generator kept the cores, 0 to 1."""
-        return (self.server_s + self.load_generator_s) / (self.wall_s * cores)
 
 
 def _cpu_now(pid: int | None) -> CpuSplit | None:
@@ -304,7 +254,7 @@ def _naive(
     concurrency = max(profile.concurrencies)
     for runtime, name in NAIVE.items():
         port = Ports.free().fastapi_pt
-        command = [sys.executable, "-m", "uvicorn", "servelab.naive_service:app", "--host", "127.0.0.1"]
+        command = [sys.executable, "-m", "uvicorn", "servelab.bench.naive_app:app", "--host", "127.0.0.1"]
         spec = ServiceSpec(
             name.replace("/", "_"), [*command, "--port", str(port)], paths.REPO_ROOT, [port],
             f"http://127.0.0.1:{port}/health", env={"NAIVE_RUNTIME": runtime},

@@ -15,13 +15,13 @@ LAB_PROFILE chooses how long each measurement runs (servelab.profiles): `full` (
 
 Every run is appended to `results/notebooks/<notebook>.jsonl` as it ends, so a crash, a kernel
 restart or a closed tab loses nothing measured: `Lab.saved_runs("9_cancellation")` loads them
-back. Locally, the stack's supervisor restarts a service that crashes (servelab.stack); in the
+back. Locally, the stack's supervisor restarts a service that crashes (servelab.stack.local); in the
 Compose project, Docker restarts a crashed Triton, whose container's start records it
-(servelab.triton_container). Lab says so in the notebook, waits for the service to come back
+(servelab.triton.container). Lab says so in the notebook, waits for the service to come back
 before the next run, and marks a run that a crash interrupted (`result.interrupted_by`): its row
 says so, and a verdict that reads it is NOT CHECKED.
 
-The Triton methods (perf_analyzer runs, capacity, config edits) are in servelab.lab_triton.
+The Triton methods (perf_analyzer runs, capacity, config edits) are in servelab.lab.triton_side.
 """
 
 from __future__ import annotations
@@ -44,21 +44,24 @@ from pathlib import Path
 
 import requests
 
-from servelab import lab_ray, loadgen, paths, plots, service_exits, service_stats, ui
+from servelab import loadgen, paths, service_exits
 from servelab.environment import (  # noqa: F401 (notebooks use chameleon_only and machine_info)
     chameleon_only,
     compose_setting,
     current_target,
     machine_info,
 )
-from servelab.expectations import Condition, Expectation, ExpectationLog
-from servelab.lab_triton import NOTEBOOK_STACK_DIR, Capacity, TritonLab
-from servelab.models import ModelRepository
+from servelab.lab import ray_side as lab_ray
+from servelab.lab import ui
+from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, Capacity, TritonLab
+from servelab.lessons.expectations import Condition, Expectation, ExpectationLog
+from servelab.measure import service_stats
 from servelab.profiles import Profile, profile
+from servelab.report import tables
 from servelab.results import RunResult, SequenceRunResult, StepCounts, append_result, load_appended
 from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
-from servelab.stack import (
+from servelab.stack.local import (
     POLL_S,
     LocalStack,
     Ports,
@@ -70,8 +73,9 @@ from servelab.stack import (
     start_on_free_ports,
     triton_service,
 )
-from servelab.triton_local import LOCAL_TRITON
-from servelab.triton_stats import settled
+from servelab.triton.models import ModelRepository
+from servelab.triton.server import LOCAL_TRITON
+from servelab.triton.stats import settled
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +308,7 @@ class Lab(TritonLab):
                 self._stacks.remove(stack)
 
     def ray_serve(self) -> lab_ray.RayServe:
-        """The lab's Ray Serve (servelab.lab_ray), to edit, redeploy and watch; locally, started
+        """The lab's Ray Serve (servelab.lab.ray_side), to edit, redeploy and watch; locally, started
         on first use when `make up` does not run one."""
         if self._ray_serve is None:
             self._ray_serve = (
@@ -574,7 +578,7 @@ class Lab(TritonLab):
                 print(f"NOTE: {event.describe()}.")
 
     def table(self, results: list[RunResult] | None = None) -> str:
-        table = plots.results_table(results if results is not None else self.results)
+        table = tables.results_table(results if results is not None else self.results)
         print(table)
         return table
 
@@ -582,7 +586,7 @@ class Lab(TritonLab):
 
     def expect(self, claim: str, *conditions: Condition, reason: str = "") -> Expectation:
         """Record what the lesson expected, as the conditions it states, each judged on this run's
-        figures (servelab.expectations.condition); `reason` says why it may not hold here."""
+        figures (servelab.lessons.expectations.condition); `reason` says why it may not hold here."""
         return self.expectations.record(claim, conditions, reason)
 
     def judge(self, expectation: Expectation) -> Expectation:

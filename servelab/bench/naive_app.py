@@ -6,7 +6,7 @@ runtime's default threads. The same work per request as the lab's services (the 
 and preprocessing, the same model file), none of their care. The benchmark measures it beside
 them as a reference: every lab service must be at least as fast, with a shorter tail.
 
-    NAIVE_RUNTIME=pytorch uvicorn servelab.naive_service:app --port 8000   (or onnxruntime)
+    NAIVE_RUNTIME=pytorch uvicorn servelab.bench.naive_app:app --port 8000   (or onnxruntime)
 """
 
 from __future__ import annotations

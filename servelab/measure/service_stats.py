@@ -1,5 +1,5 @@
 """What a FastAPI service (or GourmetGram) says it did: its Prometheus metrics, read before and after
-a run, as servelab.triton_stats does for Triton.
+a run, as servelab.triton.stats does for Triton.
 
 A service's /metrics counters are cumulative since it started. Two scrapes and their difference
 give, for the requests of one run: how many there were by HTTP status, the mean time of each
@@ -22,7 +22,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from servelab.results import StepCounts
-from servelab.triton_stats import settled
+from servelab.triton.stats import settled
 
 # The stages a FastAPI service times (predict_metrics.py), by their histogram's name.
 STAGES = {

@@ -1,4 +1,4 @@
-"""The lab's figures and tables, drawn from `RunResult`s whichever tool measured them.
+"""The lab's figures, drawn from `RunResult`s whichever tool measured them.
 
 Every plot function returns its matplotlib Figure and, given `path`, also saves it as a PNG. In
 Jupyter a figure shows inline by itself; end the line with `;` so that the returned Figure is
@@ -33,9 +33,9 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator, ScalarFormatter  # noqa: E402
 
-from servelab import queueing  # noqa: E402
+from servelab.measure import queueing  # noqa: E402
 from servelab.results import RunResult  # noqa: E402
-from servelab.triton_stats import StatsDelta  # noqa: E402
+from servelab.triton.stats import StatsDelta  # noqa: E402
 
 PathLike = str | Path | None
 # What plot_batch_sizes accepts as one set of batch statistics.
@@ -467,103 +467,3 @@ def plot_queueing(
     ax.legend(loc="upper left", fontsize="small")
     ax.set_title(title or f"Latency vs offered load, against queueing theory (S = {service_time_s * 1000:.1f} ms)")
     return _finish(fig, path)
-
-
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|")
-
-
-def _number(value: float, digits: int = 1) -> str:
-    """A number for a table; n/a for one that was not measured, or a percentile the run was too short for."""
-    return f"{value:.{digits}f}" if math.isfinite(value) else "n/a"
-
-
-def _load(result: RunResult) -> str:
-    if result.concurrency is not None:
-        load = f"c={result.concurrency}"
-    elif result.rate_rps is not None:
-        load = f"{result.rate_rps:g} req/s" + (f" {result.arrival}" if result.arrival else "")
-    else:
-        load = "n/a"
-    return load + (f", batch {result.batch_size}" if result.batch_size != 1 else "")
-
-
-def _errors(result: RunResult) -> str:
-    crashed = "" if result.clean else f"; NOT A CLEAN RUN: {'; '.join(result.interrupted_by)}"
-    if not result.error_count:
-        return "0" + crashed
-    kinds = ", ".join(f"{kind}: {count}" for kind, count in sorted(result.errors.items()) if count)
-    return f"{result.error_count} ({kinds}){crashed}"
-
-
-def results_table(
-    results: Sequence[RunResult],
-    baseline_rps: float | Mapping[str, float] | Callable[[RunResult], float | None] | None = None,
-    baseline_heading: str = "vs in-process",
-) -> str:
-    """A Markdown table, one row per result; with `baseline_rps` (the in-process throughput), a
-    last column gives each throughput as a percentage of it. A mapping gives each target its own
-    baseline (a PyTorch service against in-process PyTorch, say), a function each row its own."""
-    # (heading, Markdown alignment): numbers are right-aligned so their digits line up.
-    columns = [
-        ("target", "---"),
-        ("tool", "---"),
-        ("load", "---"),
-        ("requests", "---:"),
-        ("throughput (req/s)", "---:"),
-        ("p50 (ms)", "---:"),
-        ("p95 (ms)", "---:"),
-        ("p99 (ms)", "---:"),
-        ("errors", "---"),
-    ]
-    if isinstance(baseline_rps, Mapping):
-        baseline_of = lambda result: baseline_rps.get(result.target)  # noqa: E731
-    elif callable(baseline_rps):
-        baseline_of = baseline_rps
-    else:
-        baseline_of = lambda result: baseline_rps  # noqa: E731
-    if baseline_rps is not None:
-        if any((value := baseline_of(result)) is not None and value <= 0 for result in results):
-            raise ValueError("baseline_rps must be positive")
-        columns.append((baseline_heading, "---:"))
-    lines = [
-        "| " + " | ".join(heading for heading, _ in columns) + " |",
-        "|" + "|".join(alignment for _, alignment in columns) + "|",
-    ]
-    for result in results:
-        cells = [
-            result.target,
-            result.tool,
-            _load(result),
-            str(result.requests),
-            _number(result.throughput_rps),
-            _number(result.latency_ms(50)),
-            _number(result.latency_ms(95)),
-            _number(result.latency_ms(99)),
-            _errors(result),
-        ]
-        if baseline_rps is not None:
-            baseline = baseline_of(result)
-            # One decimal: a ratio judged against a target (80%) must not round onto it.
-            cells.append(f"{100 * result.throughput_rps / baseline:.1f}%" if baseline else "n/a")
-        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def breakdown_table(results: Mapping[str, RunResult | None]) -> str:
-    """Where each named perf_analyzer run spent its time: throughput, latency, and Triton's queue
-    and compute-infer per request. A None result is a run that gave no stable measurement; p95 is
-    n/a for a run of fewer than 20 requests."""
-    lines = [
-        f"{'run':>18} | {'req/s':>7} | {'mean ms':>8} | {'p95 ms':>7} | {'queue ms':>8} | {'compute infer ms':>16}"
-    ]
-    for name, result in results.items():
-        if result is None:
-            lines.append(f"{name:>18} | no stable measurement")
-            continue
-        queue, infer = result.server_ms("queue"), result.server_ms("compute_infer")
-        lines.append(
-            f"{name:>18} | {result.throughput_rps:7.1f} | {result.latency.mean_ms:8.1f} | "
-            f"{_number(result.latency_ms(95)):>7} | {queue:8.1f} | {infer:16.1f}"
-        )
-    return "\n".join(lines)

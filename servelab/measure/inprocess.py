@@ -19,7 +19,7 @@ its own, so that one plan's threads never slow the next. It is reported with the
 whose process stays to measure it again next to each service (`Ceiling.measure_now`): its model is
 already built, so measuring again costs the measurement only, not a process start.
 
-    python -m servelab.inprocess --runtime pytorch --slots 2 --threads 1 --duration 10
+    python -m servelab.measure.inprocess --runtime pytorch --slots 2 --threads 1 --duration 10
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ class PointProcess:
     def __init__(self, runtime: str, point: Point, decode: bool = True, timeout_s: float = 300) -> None:
         self.point, self.timeout_s = point, timeout_s
         command = [
-            sys.executable, "-m", "servelab.inprocess", "--runtime", runtime, "--slots", str(point.slots),
+            sys.executable, "-m", "servelab.measure.inprocess", "--runtime", runtime, "--slots", str(point.slots),
             "--threads", str(point.threads), "--serve",
         ]  # fmt: skip
         command += ([] if point.pipelined else ["--one-in-flight"]) + ([] if decode else ["--inference-only"])
@@ -324,7 +324,7 @@ def sweep(runtime: str, pipelined: bool, duration_s: float, warmup_s: float, dec
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m servelab.inprocess", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m servelab.measure.inprocess", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runtime", choices=RUNTIMES, required=True)
     parser.add_argument("--slots", type=int, default=1, help="inference threads running at once")
     parser.add_argument("--threads", type=int, default=1, help="threads per inference (intra-op)")

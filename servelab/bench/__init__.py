@@ -1,0 +1,10 @@
+"""The headline benchmark (`python -m servelab bench`): every way the lab serves the model, measured
+in one run on this machine and judged against the in-process ceiling measured in the same run.
+
+- `targets`: what is measured (the served targets, the naive references, the ceilings) and the
+  CPU split of a load point, shared by the run and its report;
+- `run`: the run itself; `report`: report.md from its results; `naive_app`: the reference app a
+  student writes first.
+
+May import: report, loadgen, measure, stack, triton, service and the foundation modules.
+"""

@@ -1,0 +1,15 @@
+"""What the notebooks call: `Lab.connect()` and the lab's methods on it.
+
+- `facade`: `Lab`, the notebooks' one object: it finds or starts the services, runs the load
+  generator and perf_analyzer, records every run and every verdict;
+- `triton_side`, `ray_side`: Lab's methods for Triton and for Ray Serve;
+- `ui`: GourmetGram's client (an upload, as a browser sends it);
+- `notebook_runs`: runs a notebook and checks each verdict against the tables it printed;
+- `source_excerpts`: the part of a service's source a notebook shows.
+
+May import every other folder of servelab.
+"""
+
+from servelab.lab.facade import Lab
+
+__all__ = ["Lab"]

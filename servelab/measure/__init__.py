@@ -1,0 +1,10 @@
+"""Measuring what the load generator cannot see from outside.
+
+- `resources`: CPU/GPU sampling, per process and per Triton instance;
+- `timeline`: a run's requests over time;
+- `service_stats`: a FastAPI or Ray Serve service's own metrics, read around a run;
+- `queueing`: the queueing models a lesson compares with;
+- `inprocess`: the in-process ceiling (the model called directly, no server).
+
+May import: triton (its statistics), service and the foundation modules.
+"""

@@ -1,0 +1,102 @@
+"""servelab's layout as servelab/__init__.py draws it: each folder imports only the folders below
+it and the foundation modules, no module imports itself back through others, and each folder
+says what it owns."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from servelab import paths
+
+PACKAGE = paths.REPO_ROOT / "servelab"
+# Top to bottom, as servelab/__init__.py lists them: a folder may import any folder after it.
+LAYERS = ["lab", "lessons", "bench", "report", "loadgen", "measure", "ray", "stack", "triton", "service"]
+FOUNDATION = {"paths", "environment", "results", "profiles", "retries", "jsonl", "service_exits"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The servelab modules `path` imports, anywhere in it (a deferred import is an arrow too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("servelab"):
+            if node.module == "servelab" or (PACKAGE / node.module.split(".", 1)[1].replace(".", "/")).is_dir():
+                # `from servelab import paths`, `from servelab.triton import stats`: modules
+                found |= {f"{node.module}.{alias.name}" for alias in node.names}
+            else:
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("servelab")}
+    return found
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+GRAPH = {name: {m for m in imported_modules(path) if m in MODULES and m != name} for name, path in MODULES.items()}
+
+
+def folder_of(module: str) -> str:
+    return module.split(".")[1] if module.count(".") >= 1 else ""
+
+
+def test_every_folder_is_a_layer_and_every_top_level_module_is_a_foundation():
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert folders == set(LAYERS)
+    top = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
+    assert top == FOUNDATION
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_folder_imports_only_the_folders_below_it_and_the_foundation(layer):
+    allowed = set(LAYERS[LAYERS.index(layer) :]) | FOUNDATION
+    if layer == "service":  # every image installs servelab/service alone
+        allowed = {"service"}
+    upward = sorted(
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if folder_of(module) == layer
+        for target in targets
+        if folder_of(target) not in allowed
+    )
+    assert upward == []
+
+
+def test_the_foundation_imports_only_the_foundation():
+    upward = sorted(
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if folder_of(module) in FOUNDATION
+        for target in targets
+        if folder_of(target) not in FOUNDATION
+    )
+    assert upward == []
+
+
+def test_no_module_imports_itself_back():
+    def cycle_from(start: str) -> list[str] | None:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            module, trail = stack.pop()
+            for target in GRAPH[module]:
+                if target == start:
+                    return [*trail, start]
+                if target not in seen:
+                    seen.add(target)
+                    stack.append((target, [*trail, target]))
+        return None
+
+    cycles = [" -> ".join(cycle) for module in sorted(GRAPH) if (cycle := cycle_from(module))]
+    assert cycles == []
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_each_folder_says_what_it_owns(layer):
+    docstring = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text())) or ""
+    assert len(docstring.split()) >= 15, f"servelab/{layer}/__init__.py says too little about what it owns"
+    assert f"    {layer}/" in ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text()))
