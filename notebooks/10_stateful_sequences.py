@@ -170,7 +170,7 @@ runs = {}
 
 def sequences_run(name: str, concurrency: int):
     """`concurrency` live sequences for DURATION_S, with Triton's account of the executions."""
-    with triton_stats.measure(lab.triton_http, MODEL) as stats:
+    with triton_stats.counted_over(lab.triton_http, MODEL) as stats:
         result = lab.sequences(MODEL, concurrency, LENGTH, target=name, duration_s=DURATION_S, warmup_sequences=1)
     result.triton_stats = stats.delta.to_dict()
     per_frame_ms = stats.delta.compute_ms_per_inference  # the executions' compute time, shared among their frames

@@ -390,7 +390,7 @@ def poisson_sweep() -> dict:
     """Poisson runs at every rate, each with the server's statistics over that run."""
     sweep = {}
     for rate in rates:
-        with triton_stats.measure(lab.triton_http, "food_classifier_onnx") as stats:
+        with triton_stats.counted_over(lab.triton_http, "food_classifier_onnx") as stats:
             result = lab.measure("food_classifier_onnx", rate=rate, distribution="poisson")
         if result is not None:
             result.triton_stats = stats.delta.to_dict()

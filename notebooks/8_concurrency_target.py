@@ -237,7 +237,7 @@ for cap in (1, PREDICT_CONCURRENCY, MAX_ONGOING):
         env["INFERENCE_THREADS"] = str(max(1, serve.hardware.cores // PREDICT_CONCURRENCY))
     serve.apply(config, quiet=cap != 1)
     label = f"ray_serve, {PREDICT_CONCURRENCY} predict slots, max_ongoing_requests {cap}"
-    with serve.watch() as watcher, service_stats.measure(serve.url) as stats:
+    with serve.watch() as watcher, service_stats.counted_over(serve.url) as stats:
         slot_runs[cap] = lab.closed_loop(serve.url, SLOT_CLIENTS, max(lab.profile.duration_s, 5), target=label)
     slot_runs[cap].service_stats = stats.delta.to_dict()
     slot_samples[cap] = watcher.samples
@@ -530,7 +530,7 @@ for max_queue in (2, 0):
     )
     lab.apply_config(MODEL, edited)
     label = f"triton/{MODEL}, 2 instances, queue {'of ' + str(max_queue) if max_queue else 'unbounded'}"
-    with triton_stats.measure(lab.triton_http, MODEL) as stats:
+    with triton_stats.counted_over(lab.triton_http, MODEL) as stats:
         triton_runs[max_queue] = lab.closed_loop(
             lab.triton_http, 16, max(lab.profile.duration_s, 5), target=label, kind="triton-http", model=MODEL,
             backoff_s=BACKOFF_S,

@@ -139,7 +139,7 @@ for setting in ("off", "on"):
     name = f"fastapi_onnx, 1 slot, abandon {setting}"
     with lab.fastapi_variant("onnx", slots=1, ABANDON_ON_DISCONNECT=setting) as url:
         pace = paced(name, url)
-        with service_stats.measure(url) as stats:
+        with service_stats.counted_over(url) as stats:
             result = impatient_load(name, url, pace)
     result.service_stats = stats.delta.to_dict()
     account(name, result, stats.delta.inferences)
@@ -216,7 +216,7 @@ food11.update(num_replicas=1)
 serve.apply(config)
 name = "ray_serve, 1 replica"
 pace = paced(name, serve.url)
-with service_stats.measure(serve.url) as stats:  # with one replica, its /metrics are the deployment's
+with service_stats.counted_over(serve.url) as stats:  # with one replica, its /metrics are the deployment's
     result = impatient_load(name, serve.url, pace)
 result.service_stats = stats.delta.to_dict()
 account(name, result, stats.delta.inferences)

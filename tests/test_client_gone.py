@@ -94,7 +94,7 @@ def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unle
     try:
         assert requests.get(f"{url}/health", timeout=5).json()["abandon_on_disconnect"] is (abandon == "on")
         image = base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()
-        with service_stats.measure(url) as stats:
+        with service_stats.counted_over(url) as stats:
             holding, holder = hold_the_slot(url, slow_image_host)
             send_and_leave(url, json.dumps({"image": image}).encode(), arrived=2)
             assert downloads_under_way(slow_image_host) == 1, "the slot was free before the client left"
@@ -147,7 +147,7 @@ def test_requests_abandoned_while_waiting_give_their_room_to_decode_back(slow_im
     stack, url = start_one_slot_service(slow_image_host, tmp_path, "on", DECODE_AHEAD="1")
     try:
         body = {"image": base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()}
-        with service_stats.measure(url) as stats:
+        with service_stats.counted_over(url) as stats:
             holding, holder = hold_the_slot(url, slow_image_host)
             with ThreadPoolExecutor(3) as leavers:  # one decoded and queued, two waiting for room
                 list(leavers.map(lambda _: send_and_leave(url, json.dumps(body).encode(), arrived=4), range(3)))

@@ -186,7 +186,7 @@ def test_a_host_that_is_down_gets_a_502_and_the_service_keeps_serving(image_host
 
 
 def test_metrics_count_every_request_and_time_every_stage(service, image_host):
-    with service_stats.measure(service) as stats:
+    with service_stats.counted_over(service) as stats:
         for _ in range(3):
             assert predict_url(service, f"{image_host}/images/soup.jpg?latency_ms=50").status_code == 200
         assert predict_url(service, "http://example.com/soup.jpg").status_code == 403
@@ -215,7 +215,7 @@ def test_a_download_inside_the_slot_holds_the_model_and_outside_it_does_not(imag
             assert requests.get(f"{url}/health", timeout=5).json()["download_placement"] == placement
             photo = f"{image_host}/images/soup.jpg?latency_ms={latency_ms}"
             predict_url(url, photo)  # warm-up
-            with service_stats.measure(url) as stats, ThreadPoolExecutor(senders) as pool:
+            with service_stats.counted_over(url) as stats, ThreadPoolExecutor(senders) as pool:
                 answers = [pool.submit(predict_url, url, photo) for _ in range(senders)]
                 statuses = [answer.result().status_code for answer in answers]
             assert statuses == [200] * senders

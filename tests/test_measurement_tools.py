@@ -65,7 +65,7 @@ def test_stats_difference_counts_images_executions_and_batch_sizes(triton_http_u
 
 
 def test_measure_context_manager_gives_the_same_difference(triton_http_url, test_images):
-    with triton_stats.measure(f"http://{triton_http_url}", "food_classifier") as stats:
+    with triton_stats.counted_over(f"http://{triton_http_url}", "food_classifier") as stats:
         assert stats.delta is None
         _one_batch_of_three_and_two_singles(triton_http_url, test_images)
     _check_three_requests_five_images(stats.delta)
@@ -73,7 +73,7 @@ def test_measure_context_manager_gives_the_same_difference(triton_http_url, test
 
 def test_measure_leaves_no_delta_when_the_block_fails(triton_http_url):
     with pytest.raises(KeyError):
-        with triton_stats.measure(triton_http_url, "food_classifier") as stats:
+        with triton_stats.counted_over(triton_http_url, "food_classifier") as stats:
             raise KeyError("the load generator failed")
     assert stats.delta is None
 

@@ -72,7 +72,7 @@ def test_a_grpc_cancel_of_a_waiting_request_means_it_is_never_computed(
     grpc = grpcclient.InferenceServerClient(triton_grpc_url)
     before = cancelled_in_log(model_servers)
     answers: queue.Queue = queue.Queue()
-    with triton_stats.measure(triton_http_url, MODEL) as stats:
+    with triton_stats.counted_over(triton_http_url, MODEL) as stats:
 
         def on_answer(result, error) -> None:
             answers.put((result, error))

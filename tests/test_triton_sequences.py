@@ -290,7 +290,7 @@ def test_a_frame_its_grpc_client_cancelled_while_it_waited_is_never_computed(seq
         triton_stats.wait_for_pending(sequences.metrics_url, MODEL, lambda count: count == waiting or outcomes)
         assert not outcomes, f"answered before the next step (the large frames were too quick): {outcomes}"
 
-    with triton_stats.measure(sequences.http_url, MODEL) as stats:
+    with triton_stats.counted_over(sequences.http_url, MODEL) as stats:
         for name in ("large 1", "large 2"):
             send(name, blocker, large)
         wait_for(1)  # one large frame runs, the other waits
@@ -340,7 +340,7 @@ def run_concurrently(sequences: Sequences, test_images, count: int, frames: int)
 
 
 def test_the_sequence_batcher_runs_frames_of_several_sequences_in_one_execution(sequences, test_images):
-    with triton_stats.measure(sequences.http_url, MODEL) as stats:
+    with triton_stats.counted_over(sequences.http_url, MODEL) as stats:
         answers = run_concurrently(sequences, test_images, count=3, frames=4)
     assert [[answer["frames_seen"] for answer in answered] for answered in answers] == [[1, 2, 3, 4]] * 3
     assert stats.delta.inference_count == 12
@@ -359,7 +359,7 @@ def test_the_direct_strategy_answers_empty_slots_without_computing_them(
     try:
         before = sequences.events()
         first, second = next(sequence_ids), next(sequence_ids)
-        with triton_stats.measure(triton_http_url, MODEL) as stats:
+        with triton_stats.counted_over(triton_http_url, MODEL) as stats:
             sequences.send(first, test_images[0], sequence_start=True)  # slot 0
             sequences.send(second, test_images[0], sequence_start=True)  # slot 1: slot 0 comes along empty
             assert sequences.send(second, test_images[1])["frames_seen"] == 2

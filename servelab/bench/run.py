@@ -202,7 +202,7 @@ def _load_point(
         return point.throughput_rps
 
     ceiling_rps, windows, splits = [ceiling_now(1)], [], []
-    stats = triton_stats.measure(triton, served.model) if served.model else contextlib.nullcontext()
+    stats = triton_stats.counted_over(triton, served.model) if served.model else contextlib.nullcontext()
     with stats as stats_window:  # the ceiling's windows send Triton nothing
         for turn in range(1, profile.windows + 1):
             log.info("%s at concurrency %d: window %d of %d", served.name, concurrency, turn, profile.windows)
@@ -271,7 +271,7 @@ def _counted(run, triton: str) -> tuple[RunResult, int, float, float]:
     """Run `run()`; return its result, the requests Triton answered meanwhile, and the CPU
     seconds this process and its finished children spent meanwhile."""
     own, children = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    with triton_stats.measure(triton, AGREEMENT_MODEL) as stats:
+    with triton_stats.counted_over(triton, AGREEMENT_MODEL) as stats:
         result = run()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     child_s = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)

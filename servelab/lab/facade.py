@@ -336,7 +336,7 @@ class Lab(TritonLab):
         account of the run (its /metrics) is in `result.service_stats`."""
         base = url or self.fastapi_url(flavor)
         started = self._ready_to_measure()
-        with service_stats.measure(base) as stats:
+        with service_stats.counted_over(base) as stats:
             result = loadgen.closed_loop(
                 "fastapi",
                 base,
@@ -362,7 +362,7 @@ class Lab(TritonLab):
         URL. The service's own account of the run (its /metrics) is in `result.service_stats`."""
         base = url or self.fastapi_url(flavor)
         started = self._ready_to_measure()
-        with service_stats.measure(base) as stats:
+        with service_stats.counted_over(base) as stats:
             result = loadgen.closed_loop(
                 "fastapi",
                 base,

@@ -118,7 +118,10 @@ def refine_steps(url: str) -> StepCounts:
 
 
 @dataclass
-class Measurement:
+class Snapshots:
+    """A service's metrics scraped before and after a block of code; `delta` is set when the block
+    ends without an error."""
+
     url: str
     before: Scrape
     after: Scrape | None = None
@@ -126,14 +129,16 @@ class Measurement:
 
 
 @contextmanager
-def measure(url: str) -> Iterator[Measurement]:
-    """The service's metrics over the `with` block:
+def counted_over(url: str) -> Iterator[Snapshots]:
+    """The service's counters scraped before and after the `with` block, and their difference
+    (it sends nothing itself: the block's requests are what it counts):
 
-    with service_stats.measure("http://127.0.0.1:8101") as stats:
+    with service_stats.counted_over("http://127.0.0.1:8101") as stats:
         run_load()
     print(stats.delta.mean_ms("slot_wait"))
     """
-    measurement = Measurement(url, before=scrape(url))
-    yield measurement
-    measurement.after = settled(lambda: scrape(url))
-    measurement.delta = diff(url, measurement.before, measurement.after)
+    snapshots = Snapshots(url, before=scrape(url))
+    # No scrape after an error in the block: reading the service again could hide that error.
+    yield snapshots
+    snapshots.after = settled(lambda: scrape(url))
+    snapshots.delta = diff(url, snapshots.before, snapshots.after)

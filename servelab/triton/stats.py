@@ -183,8 +183,9 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> StatsDelta:
 
 
 @dataclass
-class Measurement:
-    """Snapshots around a block of code; `delta` is set when the block ends without an error."""
+class Snapshots:
+    """A model's statistics read before and after a block of code; `delta` is set when the block
+    ends without an error."""
 
     address: str
     model: str
@@ -194,18 +195,19 @@ class Measurement:
 
 
 @contextmanager
-def measure(address: str, model: str, version: str | None = None) -> Iterator[Measurement]:
-    """Statistics of `model` over the `with` block:
+def counted_over(address: str, model: str, version: str | None = None) -> Iterator[Snapshots]:
+    """Triton's counters of `model` read before and after the `with` block, and their difference
+    (it sends nothing itself: the block's requests are what it counts):
 
-    with triton_stats.measure("127.0.0.1:8200", "food_classifier") as stats:
+    with triton_stats.counted_over("127.0.0.1:8200", "food_classifier") as stats:
         run_load()
     print(stats.delta.avg_batch_size)
     """
-    measurement = Measurement(address, model, before=fetch(address, model, version))
+    snapshots = Snapshots(address, model, before=fetch(address, model, version))
     # No snapshot after an error in the block: reading the server again could hide that error.
-    yield measurement
-    measurement.after = fetch_settled(address, model, version)
-    measurement.delta = diff(measurement.before, measurement.after)
+    yield snapshots
+    snapshots.after = fetch_settled(address, model, version)
+    snapshots.delta = diff(snapshots.before, snapshots.after)
 
 
 def fetch_settled(address: str, model: str, version: str | None = None, timeout_s: float = 2.0) -> dict[str, Any]:
