@@ -434,8 +434,8 @@ def plot_queueing(
         waits = [row["queueing_delay_ms"] for row in queueing.mg1_prediction(rates, service_time_s, variation)]
         ax.plot(rates, base_ms + np.asarray(waits), color=color, linewidth=2, label=f"{name}: predicted mean")
     ax.plot(
-        [0, capacity],
-        [base_ms, base_ms],
+        rates,
+        [base_ms + 1000 * queueing.dd1_mean_wait_s(rate, service_time_s) for rate in rates],
         color="black",
         linestyle=":",
         linewidth=1.5,
