@@ -293,7 +293,7 @@ def test_mg1_waits_longer_as_the_service_time_varies_and_is_md1_when_it_does_not
 
 
 def test_dd1_has_no_queueing_below_saturation():
-    assert [row["queueing_delay_ms"] for row in queueing.dd1_prediction([10, 50, 99], 0.010)] == [0, 0, 0]
+    assert [queueing.dd1_mean_wait_s(rate, 0.010) for rate in (10, 50, 99, 100)] == [0, 0, 0, 0]
     assert queueing.dd1_mean_wait_s(101, 0.010) == math.inf
     with pytest.raises(ValueError):
         queueing.md1_mean_wait_s(10, 0)

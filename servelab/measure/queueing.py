@@ -106,8 +106,3 @@ def md1_prediction(rates: Iterable[float], service_time_s: float) -> list[dict[s
 def mg1_prediction(rates: Iterable[float], service_time_s: float, cv2: float) -> list[dict[str, Any]]:
     """M/G/1 predictions at each offered rate, in the same form as `md1_prediction`."""
     return _prediction(lambda rate, service: mg1_mean_wait_s(rate, service, cv2), rates, service_time_s)
-
-
-def dd1_prediction(rates: Iterable[float], service_time_s: float) -> list[dict[str, Any]]:
-    """D/D/1 predictions at each offered rate, in the same form as `md1_prediction`."""
-    return _prediction(dd1_mean_wait_s, rates, service_time_s)

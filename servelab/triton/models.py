@@ -299,7 +299,3 @@ def _check_folder(model: Model) -> None:
             raise ModelError(
                 f"{where}: a photo classifier takes one input, but its config declares {len(model.inputs)}."
             )
-
-
-def default_repository() -> ModelRepository:
-    return ModelRepository(paths.MODELS_STAGING_DIR)
