@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
@@ -36,6 +37,10 @@ from servelab.stack.local import LocalStack, Ports, ServiceSpec, start_on_free_p
 from servelab.triton import perf_analyzer
 from servelab.triton import server as triton_local
 from servelab.triton.config import ConfigError, TritonConfig
+
+if TYPE_CHECKING:
+    from servelab.profiles import Profile
+    from servelab.triton.models import ModelRepository
 
 # Where a notebook's own services keep their staged files and logs while they run.
 NOTEBOOK_STACK_DIR = paths.STACK_DIR / "notebook-stack"
@@ -92,6 +97,21 @@ class TritonLab:
     _capacities: dict[tuple[str, str], Capacity]
     _stacks: list[LocalStack]
     triton_server: Hardware
+    profile: Profile
+    repository: Path | None
+
+    if TYPE_CHECKING:  # what Lab defines and these methods use, for the type checker
+
+        @property
+        def on_compose(self) -> bool: ...
+        @property
+        def models(self) -> ModelRepository: ...
+        @staticmethod
+        def sample_image() -> bytes: ...
+        def service_exits(self) -> list[ServiceExit]: ...
+        def _triton(self) -> str: ...
+        def _ready_to_measure(self) -> float: ...
+        def _keep(self, result: RunResult, target: str, started: float) -> RunResult: ...
 
     def perf(
         self,
@@ -105,8 +125,15 @@ class TritonLab:
         """perf_analyzer against Triton, with this profile's measurement windows. `options` go to
         servelab.triton.perf_analyzer.run (e.g. shape=[...]) and override the model's defaults."""
         started = self._ready_to_measure()
-        load = dict(concurrency=concurrency, batch_size=batch_size, rate=rate, distribution=distribution)
-        result = self._perf_analyzer(model, started, **load, **options)
+        result = self._perf_analyzer(
+            model,
+            started,
+            concurrency=concurrency,
+            batch_size=batch_size,
+            rate=rate,
+            distribution=distribution,
+            **options,
+        )
         return self._keep(result, result.target, started)
 
     def _perf_analyzer(
@@ -187,6 +214,7 @@ class TritonLab:
         the copy the Triton container writes beside its repository, in the volume this container
         mounts (None until there is one)."""
         if self.on_compose:
+            assert self.repository is not None, "the Compose project's Triton loads the shared volume's repository"
             copy = self.repository.parent / "triton.log"
             return copy if copy.is_file() else None
         for stack in self._stacks:
@@ -286,6 +314,8 @@ class TritonLab:
             shipped.diff(edited, f"{model}/config.pbtxt (as shipped)", f"{model}/config.pbtxt (edited)")
             or f"{model}/config.pbtxt: back to the config as shipped"
         )
+        if self.repository is None:
+            raise RuntimeError("This notebook connected without Triton (Lab.connect(triton=False)).")
         served = triton_local.served_config(info, edited, self.repository / model, self.triton_server)
         adaptation = edited.diff(served, "edited", "served by this Triton")
         if adaptation:
