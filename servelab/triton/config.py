@@ -16,10 +16,10 @@ the edit. Changed fields are written in the style of the shipped configs (`[ ]` 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
@@ -30,6 +30,9 @@ from tritonclient.grpc import model_config_pb2
 from servelab.service.hardware import Hardware
 
 ModelConfig = model_config_pb2.ModelConfig
+# A parsed config, a ModelConfig message: tritonclient's generated classes carry no types, so its
+# fields are not checked (the generic protobuf code below takes any Message).
+ModelConfigProto: TypeAlias = Any
 INDENT = "  "
 
 
@@ -97,7 +100,7 @@ def _skip_balanced(text: str, i: int) -> int:
 
 def _fields(text: str, start: int, end: int) -> list[_Field]:
     """The fields of the message body text[start:end], in order."""
-    found = []
+    found: list[_Field] = []
     i = start
     while True:
         i = _skip_space(text, i, end)
@@ -150,7 +153,7 @@ def _is_map(field: FieldDescriptor) -> bool:
     return field.message_type is not None and field.message_type.GetOptions().map_entry
 
 
-def _message_lines(message: Message, indent: str, order: list[str] = ()) -> list[str]:
+def _message_lines(message: Message, indent: str, order: Sequence[str] = ()) -> list[str]:
     """The fields of `message`; those named in `order` first, in that order (to match a neighbour)."""
     rank = {name: position for position, name in enumerate(order)}
     fields = sorted(message.ListFields(), key=lambda item: rank.get(item[0].name, len(rank) + item[0].index))
@@ -168,7 +171,7 @@ def _inline_message(message: Message) -> str | None:
     return None
 
 
-def _block(opening: str, message: Message, indent: str, order: list[str] = ()) -> list[str]:
+def _block(opening: str, message: Message, indent: str, order: Sequence[str] = ()) -> list[str]:
     return [f"{indent}{opening}{{", *_message_lines(message, indent + INDENT, order), f"{indent}}}"]
 
 
@@ -209,7 +212,9 @@ def _field_lines(field: FieldDescriptor, value: Any, indent: str) -> list[str]:
 def _has(message: Message, field: FieldDescriptor) -> bool:
     if field.label == FieldDescriptor.LABEL_REPEATED:
         return len(getattr(message, field.name)) > 0
-    return message.HasField(field.name) if field.has_presence else getattr(message, field.name) != field.default_value
+    # has_presence: protobuf has it since 4.22, types-protobuf 4.25's stubs leave it out.
+    has_presence = field.has_presence  # type: ignore[attr-defined]
+    return message.HasField(field.name) if has_presence else getattr(message, field.name) != field.default_value
 
 
 def _line_bounds(text: str, start: int, end: int) -> tuple[int, int, bool]:
@@ -298,7 +303,7 @@ def _rewrite(text: str, before: Message, after: Message, indent: str) -> str:
 # ---- the config ------------------------------------------------------------------------------
 
 
-def _parse(text: str, origin: str) -> Message:
+def _parse(text: str, origin: str) -> ModelConfigProto:
     config = ModelConfig()
     try:
         text_format.Parse(text, config)
@@ -310,7 +315,7 @@ def _parse(text: str, origin: str) -> Message:
     return config
 
 
-def _check_semantics(config: Message, origin: str) -> None:
+def _check_semantics(config: ModelConfigProto, origin: str) -> None:
     """What Triton 2.51 refuses at load time with a message that does not say why ("failed to poll
     from model repository"), or accepts while doing something else, said here instead."""
     problems = []
@@ -346,7 +351,7 @@ class TritonConfig:
         return self.text
 
     @property
-    def proto(self) -> Message:
+    def proto(self) -> ModelConfigProto:
         """A fresh parsed copy (a ModelConfig message): change it freely, then `with_proto` it back."""
         return _parse(self.text, self.origin)
 
@@ -362,7 +367,7 @@ class TritonConfig:
             raise AssertionError(f"{self.origin}: rewriting the text did not reproduce the edit:\n{text}")
         return result
 
-    def edit(self, change: Callable[[Message], None]) -> TritonConfig:
+    def edit(self, change: Callable[[ModelConfigProto], None]) -> TritonConfig:
         """This config after `change(config)` has modified a parsed copy in place."""
         edited = self.proto
         change(edited)
@@ -386,7 +391,12 @@ class TritonConfig:
 
     def without(self, *names: str) -> TritonConfig:
         """This config with the named top-level fields removed (e.g. "dynamic_batching")."""
-        return self.edit(lambda config: [config.ClearField(name) for name in names])
+
+        def clear(config: ModelConfigProto) -> None:
+            for name in names:
+                config.ClearField(name)
+
+        return self.edit(clear)
 
     def with_instance_groups(self, groups: list[Mapping[str, Any]]) -> TritonConfig:
         """Replace instance_group, e.g. `[{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]` (for a GPU
@@ -412,7 +422,7 @@ class TritonConfig:
         if not self.proto.HasField("sequence_batching"):
             raise ConfigError(f"{self.origin}: this model has no sequence_batching to change (it is not stateful).")
 
-        def change(config: Message) -> None:
+        def change(config: ModelConfigProto) -> None:
             config.sequence_batching.ClearField("direct")
             config.sequence_batching.ClearField("oldest")
             chosen = getattr(config.sequence_batching, strategy)
@@ -427,7 +437,7 @@ class TritonConfig:
     def with_parameters(self, **parameters: str) -> TritonConfig:
         """Add (or change) string `parameters`, which Triton reports in the model's config."""
 
-        def change(config: Message) -> None:
+        def change(config: ModelConfigProto) -> None:
             for key, value in parameters.items():
                 config.parameters[key].string_value = value
 
@@ -464,7 +474,7 @@ SERVED_BY_ONNX = (
 )
 
 
-def backend_of(config: Message) -> str:
+def backend_of(config: ModelConfigProto) -> str:
     """The backend a config asks for, also when it names a platform instead (`onnxruntime_onnx`)."""
     if config.backend:
         return config.backend
@@ -488,7 +498,7 @@ def adapt_to_server(config: TritonConfig, server: Hardware, weights: Mapping[str
             f"Python-backend model (1/model.py)."
         )
 
-    def change(edited: Message) -> None:
+    def change(edited: ModelConfigProto) -> None:
         if not server.gpus:
             for group in edited.instance_group:
                 if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU:
