@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from itertools import cycle
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, TypeVar, cast
 
 import matplotlib
 
@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator, ScalarFormatter  # noqa: E402
+from matplotlib.typing import LineStyleType  # noqa: E402
 
 from servelab.measure import queueing  # noqa: E402
 from servelab.results import RunResult  # noqa: E402
@@ -41,12 +42,12 @@ PathLike = str | Path | None
 # What plot_batch_sizes accepts as one set of batch statistics.
 BatchStats = StatsDelta | Mapping[str, Any] | Mapping[int, int]
 
-PERCENTILE_STYLES = {"p50": "-", "p95": "--", "p99": ":"}
+PERCENTILE_STYLES: dict[str, LineStyleType] = {"p50": "-", "p95": "--", "p99": ":"}
 PERCENTILE_MARKERS = {"p50": "o", "p95": "s", "p99": "^"}
 DPI = 120
 
 
-def _colors() -> Iterable[str]:
+def _colors() -> Iterator[str]:
     """Matplotlib's colour cycle, repeating without end (so zip it with strict=False)."""
     return cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])
 
@@ -59,11 +60,26 @@ def _finish(fig: Figure, path: PathLike) -> Figure:
     return fig
 
 
-def _group(results: Iterable[RunResult], key: Callable[[RunResult], Hashable]) -> dict[Hashable, list[RunResult]]:
-    groups: dict[Hashable, list[RunResult]] = {}
+Key = TypeVar("Key", bound=Hashable)
+
+
+def _group(results: Iterable[RunResult], key: Callable[[RunResult], Key]) -> dict[Key, list[RunResult]]:
+    groups: dict[Key, list[RunResult]] = {}
     for result in results:
         groups.setdefault(key(result), []).append(result)
     return groups
+
+
+def _concurrency(result: RunResult) -> int:
+    """A closed-loop result's concurrency (the plots of closed-loop runs keep only those that have one)."""
+    assert result.concurrency is not None, f"{result.label} is not a closed-loop run"
+    return result.concurrency
+
+
+def _rate(result: RunResult) -> float:
+    """An open-loop result's offered rate (the plots of open-loop runs keep only those that have one)."""
+    assert result.rate_rps is not None, f"{result.label} is not an open-loop run"
+    return result.rate_rps
 
 
 def _series_name(target: str, tool: str, batch_size: int = 1) -> str:
@@ -102,9 +118,9 @@ def plot_latency_throughput_vs_concurrency(
     fig, (ax_latency, ax_throughput) = plt.subplots(1, 2, figsize=(13, 5.2), layout="constrained")
     groups = _group(closed, lambda r: (r.target, r.tool, r.batch_size))
     for color, ((target, tool, batch_size), runs) in zip(_colors(), groups.items(), strict=False):
-        at = _group(runs, lambda r: r.concurrency)
+        at = _group(runs, _concurrency)
         concurrency = sorted(at)
-        repeated = [r for r in runs if len(at[r.concurrency]) > 1]
+        repeated = [r for r in runs if len(at[_concurrency(r)]) > 1]
         for percentile, style in PERCENTILE_STYLES.items():
             # A percentile the run was too short for is left out (NaN), not drawn as a guess.
             p = int(percentile[1:])
@@ -128,7 +144,7 @@ def plot_latency_throughput_vs_concurrency(
                 [r.concurrency for r in repeated], [r.images_per_s for r in repeated],
                 marker="o", s=22, facecolors="none", edgecolors=color,
             )  # fmt: skip
-    all_concurrency = [r.concurrency for r in closed]
+    all_concurrency = [_concurrency(r) for r in closed]
     for ax in (ax_latency, ax_throughput):
         _concurrency_axis(ax, all_concurrency)
         ax.grid(True, which="both", alpha=0.3)
@@ -205,7 +221,8 @@ def plot_latency_cdf(
 
 def _histogram(stats: BatchStats) -> tuple[str | None, dict[int, int], float | None]:
     """(model name, executions by batch size, average batch size) of one set of batch statistics."""
-    data = stats.to_dict() if isinstance(stats, StatsDelta) else stats
+    # Either form: {"executions_by_batch_size": {...}, ...} or {batch size: count}.
+    data: Mapping[Any, Any] = stats.to_dict() if isinstance(stats, StatsDelta) else stats
     if "executions_by_batch_size" in data:
         # JSON turns the integer batch sizes into strings: accept both.
         counts = {int(size): int(count) for size, count in data["executions_by_batch_size"].items()}
@@ -213,7 +230,7 @@ def _histogram(stats: BatchStats) -> tuple[str | None, dict[int, int], float | N
     return None, {int(size): int(count) for size, count in data.items()}, None
 
 
-def _is_one_set(stats: Any) -> bool:
+def _is_one_set(stats: Any) -> TypeGuard[BatchStats]:
     """A StatsDelta, its dict, or a {batch size: count} mapping, rather than a {label: stats} mapping."""
     if isinstance(stats, StatsDelta):
         return True
@@ -240,17 +257,18 @@ def plot_batch_sizes(
     """
     if _is_one_set(stats):
         items: list[BatchStats] = [stats]
-    elif isinstance(stats, Mapping):
-        labels = labels or list(stats)
-        items = list(stats.values())
-    else:
-        items = list(stats)
+    elif isinstance(stats, Mapping):  # not one set (above): {label: stats}
+        labelled = cast(Mapping[str, BatchStats], stats)
+        labels = labels or list(labelled)
+        items = list(labelled.values())
+    else:  # neither one set nor a mapping: a list of sets
+        items = list(cast(Sequence[BatchStats], stats))
     histograms = [_histogram(item) for item in items]
     if not any(counts for _, counts, _ in histograms):
         raise ValueError("nothing to plot: no executions recorded")
     if labels is None:
-        models = [model for model, _, _ in histograms]
-        unique = None not in models and len(set(models)) == len(models)
+        models = [model for model, _, _ in histograms if model is not None]
+        unique = len(models) == len(histograms) and len(set(models)) == len(models)
         labels = models if unique else [f"run {i + 1}" for i in range(len(histograms))]
     if len(labels) != len(histograms):
         raise ValueError(f"{len(labels)} labels for {len(histograms)} sets of statistics")
@@ -445,12 +463,12 @@ def plot_queueing(
 
     groups = _group(runs, lambda r: (r.target, r.tool, r.arrival))
     for color, ((target, tool, arrival), group) in zip(_colors(), groups.items(), strict=False):
-        group = sorted(group, key=lambda r: r.rate_rps)
-        offered = [r.rate_rps for r in group]
+        group = sorted(group, key=_rate)
+        offered = [_rate(r) for r in group]
         name = f"{_series_name(target, tool)}, {arrival or 'unknown'} arrivals"
         ax.plot(offered, [r.latency.mean_ms for r in group], color=color, marker="o", label=f"{name}: measured mean")
 
-    ax.set_xlim(0, max(max(r.rate_rps for r in runs), capacity) * 1.05)
+    ax.set_xlim(0, max(max(_rate(r) for r in runs), capacity) * 1.05)
     if log_y:
         ax.set_yscale("log")
     else:
@@ -458,7 +476,7 @@ def plot_queueing(
         measured_max = max((r.latency.mean_ms for r in runs if math.isfinite(r.latency.mean_ms)), default=base_ms)
         ax.set_ylim(0, max(measured_max, 10 * base_ms) * 1.1)
     utilization_axis = ax.secondary_xaxis(
-        "top", functions=(lambda rate: rate * service_time_s, lambda rho: rho / service_time_s)
+        "top", functions=(lambda rate: np.asarray(rate) * service_time_s, lambda rho: np.asarray(rho) / service_time_s)
     )
     utilization_axis.set_xlabel("utilization ρ = λ·S")
     ax.set_xlabel("offered rate λ (req/s)")
