@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import psutil
 import requests
@@ -216,12 +217,14 @@ def _load_point(
     # The machine as sampled in the last window: a sampler across all of them would see the ceiling's too.
     result.resources = windows[-1].resources
     result.notes.append("resources: sampled during the last window")
-    if served.model:
+    if stats_window is not None:  # counted_over's, when Triton served this target
+        assert stats_window.delta is not None, "set as the block ended without an error"
         result.triton_stats = stats_window.delta.to_dict()
     served_rps = [window.throughput_rps for window in windows]
-    point = {"served_rps": served_rps, "ceiling_rps": ceiling_rps}
-    if splits and all(splits):
-        point["cpu_s"] = asdict(sum(splits, CpuSplit()))
+    point: dict[str, Any] = {"served_rps": served_rps, "ceiling_rps": ceiling_rps}
+    measured_splits = [split for split in splits if split is not None]
+    if measured_splits and len(measured_splits) == len(splits):
+        point["cpu_s"] = asdict(sum(measured_splits, CpuSplit()))
     windows_rps.setdefault(served.name, {})[str(concurrency)] = point
     return result
 
@@ -273,6 +276,7 @@ def _counted(run, triton: str) -> tuple[RunResult, int, float, float]:
     own, children = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     with triton_stats.counted_over(triton, AGREEMENT_MODEL) as stats:
         result = run()
+    assert stats.delta is not None, "set as the block ended without an error"
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     child_s = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
     return result, stats.delta.success_count + stats.delta.fail_count, time.process_time() - own, child_s
