@@ -82,6 +82,8 @@ def machine_speed(result: RunResult, meta: dict) -> float:
     different moments compare fairly once each throughput is divided by its speed and each
     latency multiplied by it (a slower machine makes every request slower, whoever serves it)."""
     served = _served(result)
+    if served is None:
+        raise ValueError(f"{result.target} is not a target of the benchmark: it has no ceiling")
     key = targets.ceiling_key(served.runtime, served.decode, "one" if result.concurrency == 1 else "many")
     return ceiling_of(result, meta["ceilings_rps"]) / meta["sweep_best_rps"][key]
 
@@ -205,6 +207,7 @@ def target_lines(results: list[RunResult], meta: dict) -> list[str]:
                 continue
             point = windows.get(goal.service, {}).get(str(concurrency)) or {}
             ceiling = ceiling_of(result, ceilings)
+            assert ceiling is not None, f"{goal.service} is a target of the benchmark, with a ceiling"
             if goal.of_cap:
                 lines.append(against_cap(goal, result, ceiling, point, meta))
             else:
@@ -257,13 +260,14 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
     served = [r for r in results if r.tool == "loadgen"]
     lab_runs = [r for r in served if not r.target.startswith("naive/")]
     plots.plot_latency_throughput_vs_concurrency(lab_runs, out_dir / "latency_throughput.png")
-    busiest = max(r.concurrency for r in served)
+    busiest = max(r.concurrency or 0 for r in served)
     plots.plot_latency_cdf([r for r in served if r.concurrency == busiest], out_dir / "latency_cdf.png")
     plots.plot_batch_sizes(
         {r.label: r.triton_stats for r in served if r.triton_stats and r.concurrency == busiest},
         path=out_dir / "batch_sizes.png",
     )
     heaviest = max(lab_runs, key=lambda r: r.throughput_rps)
+    assert heaviest.resources is not None, "every window of the benchmark samples the machine's resources"
     plots.plot_resources(
         heaviest.resources, out_dir / "resources.png", title=f"Resources during {heaviest.label}, last window"
     )
