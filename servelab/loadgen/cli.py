@@ -13,7 +13,7 @@ from servelab import paths
 from servelab.loadgen.runners import ARRIVALS
 from servelab.loadgen.sync import closed_loop, open_loop, sequence_loop, summarize
 from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, TARGET_KINDS
-from servelab.results import save_results
+from servelab.results import RunResult, save_results
 from servelab.triton.models import ModelError
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     common = {"model": args.model, "image_bytes": args.image.read_bytes(), "timeout_s": args.timeout}
     bounds = {"requests": args.requests, "duration_s": args.duration, "warmup_s": args.warmup_s}
+    result: RunResult
     try:
         if args.sequences is not None:
             result = sequence_loop(

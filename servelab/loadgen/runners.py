@@ -138,14 +138,14 @@ def interrupted_note(recorder: Recorder) -> str:
     return f"stopped early by Ctrl-C after {recorder.count} {recorder.unit}s"
 
 
-def run_result(target: Target, mode: str, recorder: Recorder, notes: list[str], **load: Any) -> RunResult:
+def run_result(target: str, mode: str, recorder: Recorder, notes: list[str], **load: Any) -> RunResult:
     """The RunResult of a finished run: `load` are the fields that say how it loaded the target."""
     successes = len(recorder.latencies_ms)
     wall_s = recorder.wall_s
     if recorder.cancelled or load.get("impatient"):
         load["patient_latency"] = LatencySummary.of(recorder.patient_latencies_ms)
     return RunResult(
-        target=target.name,
+        target=target,
         tool="loadgen",
         mode=mode,
         requests=recorder.count,
@@ -246,7 +246,7 @@ async def run_closed(
         log.warning("%s", notes[-1])
     finally:
         await target.close()
-    return run_result(target, "closed", recorder, notes, concurrency=concurrency, impatient=impatient)
+    return run_result(target.name, "closed", recorder, notes, concurrency=concurrency, impatient=impatient)
 
 
 def arrival_offsets(rate_rps: float, arrival: str = "constant", seed: int = 0) -> Iterator[float]:
@@ -384,7 +384,7 @@ async def run_open(
     lag = _schedule_lag(lags_s, rate_rps)
     if lag["fell_behind"]:
         log.warning("%s", lag["message"])
-    result = run_result(target, "open", recorder, notes, rate_rps=rate_rps, arrival=arrival)
+    result = run_result(target.name, "open", recorder, notes, rate_rps=rate_rps, arrival=arrival)
     result.schedule_lag = lag
     return result
 

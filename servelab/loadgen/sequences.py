@@ -147,6 +147,7 @@ class TritonGrpcSequenceTarget(SequenceTarget):
         self._client = grpcclient_aio.InferenceServerClient(self.host_port)
 
     async def send_frame(self, sequence_id: int, start: bool, end: bool) -> None:
+        assert self._client is not None, "open() before sending"
         try:
             await self._client.infer(
                 self.model,

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,13 +49,14 @@ class StreamTarget(ABC):
     """An endpoint that answers one request with a stream of steps. `open` before, `close` after."""
 
     name: str
+    timeout_s: float  # the longest a stream may take
 
     @abstractmethod
     async def open(self) -> None:
         """Connect, where the protocol keeps one connection for every stream."""
 
     @abstractmethod
-    def stream(self, steps: int) -> AsyncIterator[dict[str, Any]]:
+    def stream(self, steps: int) -> AsyncGenerator[dict[str, Any], None]:
         """Ask for `steps` steps; yield each as it arrives ({"step", "prediction", "probability"}).
         Closing the iterator before its end is leaving: the request is cancelled as the protocol
         does it. Raises RequestError when the request fails."""
@@ -92,7 +93,7 @@ class HttpStreamTarget(StreamTarget):
         )
         return head.encode() + body
 
-    async def stream(self, steps: int) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, steps: int) -> AsyncGenerator[dict[str, Any], None]:
         try:
             reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
         except OSError as exc:
@@ -144,7 +145,7 @@ class TritonGrpcStreamTarget(StreamTarget):
         # gRPC multiplexes every stream over the channel's one HTTP/2 connection.
         self._client = grpcclient_aio.InferenceServerClient(self.host_port)
 
-    async def stream(self, steps: int) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, steps: int) -> AsyncGenerator[dict[str, Any], None]:
         async def one_request():
             yield {
                 "model_name": self.model,
@@ -154,6 +155,7 @@ class TritonGrpcStreamTarget(StreamTarget):
             }
 
         # The request side ends after its one request; the server ends the stream after the last step.
+        assert self._client is not None, "open() before streaming"
         call = self._client.stream_infer(one_request())
         received = 0
         try:
@@ -294,7 +296,7 @@ async def run_streams(
     finally:
         recorder.finish()
         await target.close()
-    result = run_result(target, "closed", recorder, notes, concurrency=concurrency, impatient=impatient)
+    result = run_result(target.name, "closed", recorder, notes, concurrency=concurrency, impatient=impatient)
     result.steps = {
         "asked": steps,
         "leave_after_steps": leave_after_steps,

@@ -13,7 +13,7 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from servelab.loadgen.runners import run_closed, run_open
 from servelab.loadgen.sequences import make_sequence_target, run_sequences
@@ -24,8 +24,11 @@ from servelab.triton.models import ModelRepository
 
 log = logging.getLogger(__name__)
 
+# A run's result: a RunResult, or a SequenceRunResult for a run of sequences.
+Result = TypeVar("Result", bound=RunResult)
 
-def _run_sync(run: Coroutine[Any, Any, RunResult]) -> RunResult:
+
+def _run_sync(run: Coroutine[Any, Any, Result]) -> Result:
     """Run a measurement to its end from synchronous code, and keep its result on Ctrl-C.
 
     The event loop runs in a worker thread, in a script and in a notebook alike: in Jupyter
@@ -51,7 +54,7 @@ def _run_sync(run: Coroutine[Any, Any, RunResult]) -> RunResult:
         loop.close()
 
 
-def _interruptible_result(outcome: concurrent.futures.Future[RunResult]) -> RunResult:
+def _interruptible_result(outcome: concurrent.futures.Future[Result]) -> Result:
     # Python raises KeyboardInterrupt only when the main thread runs Python code. A wait that
     # never times out would not notice a SIGINT that the OS delivered to another thread.
     while True:
@@ -61,11 +64,11 @@ def _interruptible_result(outcome: concurrent.futures.Future[RunResult]) -> RunR
             continue
 
 
-async def _start_task(run: Coroutine[Any, Any, RunResult]) -> asyncio.Task:
+async def _start_task(run: Coroutine[Any, Any, Result]) -> asyncio.Task[Result]:
     return asyncio.ensure_future(run)
 
 
-async def _wait_for(task: asyncio.Task) -> RunResult:
+async def _wait_for(task: asyncio.Task[Result]) -> Result:
     # Awaited from a second coroutine so that cancelling `task` leaves this one waiting for the
     # partial result that the cancelled run returns.
     return await task
@@ -202,6 +205,7 @@ def summarize(result: RunResult) -> str:
 def _summarize_sequences(result: SequenceRunResult) -> str:
     pace = f"a frame every {result.frame_interval_s * 1000:g} ms" if result.frame_interval_s else "frames back to back"
     frame, sequence = result.latency, result.sequence_latency
+    assert sequence is not None, "a run of sequences measures each sequence's latency"
     failed = ", ".join(f"{count} {kind}" for kind, count in sorted(result.sequences_failed.items())) or "none"
     parts = [
         f"{result.concurrency} sequences of {result.sequence_length} frames at once ({pace}), against "

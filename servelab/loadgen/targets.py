@@ -182,6 +182,7 @@ class TritonGrpcTarget(Target):
         self._client = grpcclient_aio.InferenceServerClient(self.host_port)
 
     async def send(self) -> None:
+        assert self._client is not None, "open() before sending"
         try:
             await self._client.infer(self.model, self.inputs, outputs=self.outputs, client_timeout=self.timeout_s)
         except InferenceServerException as exc:
