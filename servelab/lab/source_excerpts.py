@@ -32,9 +32,10 @@ def _find(tree: ast.Module, name: str) -> Definition:
         here = [node for node in scope.body if isinstance(node, Definition)]
         matches = [node for node in here if node.name == part]
         if not matches:
-            where = "the module" if scope is tree else scope.name
+            where = "the module" if isinstance(scope, ast.Module) else scope.name
             raise LookupError(f"{name}: {where} defines no {part!r}; it defines {sorted({n.name for n in here})}")
         scope = matches[-1]  # defined twice: the later definition is the one Python keeps
+    assert not isinstance(scope, ast.Module), "a name has at least one part"
     return scope
 
 

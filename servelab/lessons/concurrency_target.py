@@ -189,6 +189,8 @@ def queue_in_front(samples: list[ServeSample], steps: list[Step], max_ongoing: i
 def busy_slots(run: RunResult) -> float:
     """The predict slots at work on average during `run`: the replica's own inference time over
     the run (its /metrics, `service_stats`) divided by the run's measured seconds."""
+    if run.service_stats is None:
+        raise ValueError(f"{run.label}: the service's /metrics were not read over this run (service_stats)")
     count = run.service_stats["stage_counts"]["inference"]
     return 0.0 if count == 0 else count * run.service_stats["stage_mean_ms"]["inference"] / 1000 / run.wall_s
 

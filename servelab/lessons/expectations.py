@@ -77,7 +77,12 @@ def read(result: RunResult, field: str) -> float:
     if match := re.fullmatch(r"server_ms\((\w+)\)", field):
         return result.server_ms(match.group(1))
     head, _, rest = field.partition(".")
-    value: Any = summarize(result.resources) if head == "resources" else getattr(result, head)
+    if head != "resources":
+        value: Any = getattr(result, head)
+    elif result.resources is None:
+        raise ValueError(f"{result.label}: no resources were sampled during this run, so it has no {field}")
+    else:
+        value = summarize(result.resources)
     for part in rest.split(".") if rest else ():
         if isinstance(value, dict):
             # A batch size is an int key in a run as measured, a string once saved as JSON.

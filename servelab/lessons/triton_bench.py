@@ -134,7 +134,7 @@ def batch_cost(run: RunResult | None) -> tuple[int, Figure]:
     larger = {size: images for size, images in served.items() if size > 1}
     if not larger:
         return 1, measured("compute per image in a batch", NOT_MEASURED, "ms")
-    size = max(larger, key=larger.get)
+    size = max(larger, key=larger.__getitem__)
     field = f"triton_stats.compute_ms_per_inference_by_batch_size.{size}"
     return size, figure(run, field, f"compute per image, batches of {size}")
 
