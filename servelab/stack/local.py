@@ -139,6 +139,13 @@ class ManagedProcess:
         self.log_path = log_dir / f"{spec.name}.log"
         self.process: subprocess.Popen | None = None
 
+    @property
+    def started_process(self) -> subprocess.Popen:
+        """The service's process, once `start` has started it."""
+        if self.process is None:
+            raise StackError(f"{self.spec.name} has not been started")
+        return self.process
+
     def start(self, after: str | None = None) -> None:
         """Start the service; `after` (a restart: what happened before) keeps the log, adding a line."""
         taken = [port for port in self.spec.ports if not port_is_free(port)]
@@ -176,11 +183,11 @@ class ManagedProcess:
         while time.monotonic() < deadline:
             if cancelled is not None and cancelled.is_set():
                 return
-            if self.process.poll() is not None:
+            if self.started_process.poll() is not None:
                 tail = self.log_tail()
                 failure = PortClash if any(words in tail.lower() for words in _BIND_FAILED) else StackError
                 raise failure(
-                    f"{self.spec.name} exited with code {self.process.returncode} before it was ready.\n"
+                    f"{self.spec.name} exited with code {self.started_process.returncode} before it was ready.\n"
                     f"Last lines of {self.log_path}:\n{tail}"
                 )
             if answers(self.spec.ready_url):
@@ -203,7 +210,7 @@ class ManagedProcess:
 
     def clear_group(self) -> None:
         """Kill what is left of an exited service's process group (Triton's backend stubs)."""
-        _signal_group(self.process.pid, signal.SIGKILL)
+        _signal_group(self.started_process.pid, signal.SIGKILL)
 
     def stop(self) -> None:
         if self.process is None:
@@ -293,7 +300,7 @@ class LocalStack:
 
     def pids(self) -> dict[str, int]:
         """The running services' process ids, by name."""
-        return {managed.spec.name: managed.process.pid for managed in self.processes if managed.alive()}
+        return {managed.spec.name: managed.started_process.pid for managed in self.processes if managed.alive()}
 
     def checked_since(self, moment: float) -> bool:
         """Whether the supervisor has looked at every service since `moment` (a Unix time), so
@@ -348,7 +355,7 @@ class Supervisor(threading.Thread):
     def _restart(self, managed: ManagedProcess) -> None:
         name = managed.spec.name
         event = service_exits.ServiceExit(
-            name, time.time(), service_exits.exit_cause(managed.process.returncode), managed.log_tail()
+            name, time.time(), service_exits.exit_cause(managed.started_process.returncode), managed.log_tail()
         )
         log.error("%s %s unexpectedly. Last lines of %s:\n%s", name, event.cause, managed.log_path, event.log_tail)
         self.stack.exits.append(event)
