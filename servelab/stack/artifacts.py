@@ -82,6 +82,7 @@ def sha256_of(path: Path) -> str:
 
 
 def _fetch_checkpoint(source: WeightsSource, download_dir: Path) -> Path:
+    assert source.checkpoint is not None, "only a trained source has a checkpoint to fetch"
     if not source.sha256:
         raise ArtifactError(
             f"FOOD11_CHECKPOINT={source.checkpoint} was given without FOOD11_CHECKPOINT_SHA256. "
