@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import IO
 
 import numpy as np
 
@@ -215,18 +216,21 @@ class PointProcess:
         self.process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True, cwd=paths.REPO_ROOT
         )
+        assert self.process.stdin is not None and self.process.stdout is not None, "both are pipes"
+        self.requests: IO[str] = self.process.stdin  # one line per `measure`
+        self.answers: IO[str] = self.process.stdout
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        for line in self.process.stdout:
+        for line in self.answers:
             self.lines.put(line)
         self.lines.put(None)  # the process has ended
 
     def measure(self, duration_s: float, warmup_s: float) -> RunResult:
         """The point measured now: warmed up for warmup_s, then measured for duration_s."""
-        self.process.stdin.write(json.dumps({"duration_s": duration_s, "warmup_s": warmup_s}) + "\n")
-        self.process.stdin.flush()
+        self.requests.write(json.dumps({"duration_s": duration_s, "warmup_s": warmup_s}) + "\n")
+        self.requests.flush()
         deadline = time.monotonic() + self.timeout_s
         while True:  # a runtime may print before the answer (ONNX Runtime, when it drops a provider)
             try:
@@ -242,7 +246,7 @@ class PointProcess:
 
     def close(self) -> None:
         if self.process.poll() is None:
-            self.process.stdin.close()  # the process ends at the end of its input
+            self.requests.close()  # the process ends at the end of its input
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -319,6 +323,7 @@ def sweep(runtime: str, pipelined: bool, duration_s: float, warmup_s: float, dec
             best = (point, result, process)
         else:
             process.close()
+    assert best is not None, "sweep_points gives at least one plan"
     plan, result, process = best
     return Ceiling(runtime, decode, plan, result, measured, process)
 
