@@ -3,16 +3,18 @@
 Run: uvicorn app:app --host 0.0.0.0 --port 8000   (from this folder, after `make artifacts`)
 Threads: PREDICT_CONCURRENCY inference slots x INFERENCE_THREADS threads each (see cores.py).
 The app itself (sessions, routes, error codes) is onnx_service.py, shared with ray_serve/.
+Every setting it reads, and its default: servelab/service/settings.py.
 """
 
 import logging
-import os
 from pathlib import Path
 
 from servelab.service.onnx_service import onnx_app
+from servelab.service.settings import ServiceSettings
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-MODEL_PATH = Path(os.environ.get("FOOD11_MODEL_PATH", Path(__file__).parent / "food11.onnx"))
+SETTINGS = ServiceSettings.at_start_up()
+MODEL_PATH = SETTINGS.model_path or Path(__file__).parent / "food11.onnx"
 
-app = onnx_app(MODEL_PATH, title="Food-11 classifier (ONNX Runtime)")
+app = onnx_app(MODEL_PATH, title="Food-11 classifier (ONNX Runtime)", settings=SETTINGS)

@@ -2,10 +2,10 @@
 
 Run: uvicorn app:app --host 0.0.0.0 --port 8000   (from this folder, after `make artifacts`)
 Threads: PREDICT_CONCURRENCY inference slots x INFERENCE_THREADS threads each (see cores.py).
+Every setting it reads, and its default: servelab/service/settings.py.
 """
 
 import logging
-import os
 import threading
 from pathlib import Path
 
@@ -16,17 +16,19 @@ from torchvision.models import mobilenet_v2
 from servelab.service.cores import ThreadPlan
 from servelab.service.devices import torch_device
 from servelab.service.food11 import LABELS
-from servelab.service.predict_api import ServedModel, create_app, device_setting_from_env
+from servelab.service.predict_api import ServedModel, create_app
+from servelab.service.settings import ServiceSettings
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-MODEL_PATH = Path(os.environ.get("FOOD11_MODEL_PATH", Path(__file__).parent / "food11.pth"))
+SETTINGS = ServiceSettings.at_start_up()
+MODEL_PATH = SETTINGS.model_path or Path(__file__).parent / "food11.pth"
 if not MODEL_PATH.is_file():
     raise SystemExit(f"{MODEL_PATH} is missing: run `make artifacts` in the repository root to build it.")
 
 # Chosen once at start-up, by INFERENCE_DEVICE (devices.py): by default the GPU when PyTorch can
 # use one, the CPU otherwise. A GPU asked for that PyTorch cannot use means the CPU, and says why.
-device, placement = torch_device(device_setting_from_env())
+device, placement = torch_device(SETTINGS.device)
 # Full FP32 convolutions on every GPU: by default PyTorch lets cuDNN use TF32 on Ampere and newer
 # GPUs (A100, H100), which moves the probabilities by about 2e-4 from the CPU's and ONNX Runtime's
 # answers to the same model (measured on an H100), so the answer would depend on the GPU's
@@ -57,4 +59,5 @@ app = create_app(
     ServedModel(model_file=MODEL_PATH, placement=placement, load=load_model),
     title="Food-11 classifier (PyTorch)",
     description="POST a base64-encoded food photo to /predict; get its Food-11 class and probability.",
+    settings=SETTINGS,
 )

@@ -20,14 +20,17 @@ Compose service does this). Locally the lab's stack runs it on 127.0.0.1: python
 """
 
 import logging
-import os
 from pathlib import Path
 
 from ray import serve
 
+from servelab.service.settings import ServiceSettings
+
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-MODEL_PATH = Path(os.environ.get("FOOD11_MODEL_PATH", Path(__file__).parent / "food11.onnx"))
+# Read in every process that imports this module: each replica, with the environment Serve gives it.
+SETTINGS = ServiceSettings.at_start_up()
+MODEL_PATH = SETTINGS.model_path or Path(__file__).parent / "food11.onnx"
 
 
 def keep_replica_grpc_on_loopback() -> None:
@@ -44,7 +47,7 @@ def keep_replica_grpc_on_loopback() -> None:
     replica.add_port_to_grpc_server = on_loopback
 
 
-if os.environ.get("SERVELAB_LOOPBACK_ONLY") == "1":
+if SETTINGS.loopback_only:
     keep_replica_grpc_on_loopback()
 
 
@@ -69,7 +72,7 @@ def build_app():
 
     from servelab.service.onnx_service import onnx_app  # imported in the replica, where the model runs
 
-    app = onnx_app(MODEL_PATH, title="Food-11 classifier (ONNX Runtime on Ray Serve)")
+    app = onnx_app(MODEL_PATH, title="Food-11 classifier (ONNX Runtime on Ray Serve)", settings=SETTINGS)
     replica = serve.get_replica_context().replica_id.unique_id
     app.add_middleware(SayWhere, node=ray.get_runtime_context().get_node_id(), replica=replica)
     return app

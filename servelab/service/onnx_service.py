@@ -13,7 +13,8 @@ from fastapi import FastAPI
 
 from servelab.service.cores import ThreadPlan, available_cores
 from servelab.service.devices import onnx_session
-from servelab.service.predict_api import ServedModel, create_app, device_setting_from_env
+from servelab.service.predict_api import ServedModel, create_app
+from servelab.service.settings import ServiceSettings
 
 
 def session_options(threads: int) -> ort.SessionOptions:
@@ -26,7 +27,7 @@ def session_options(threads: int) -> ort.SessionOptions:
     return options
 
 
-def onnx_app(model_path: Path, title: str) -> FastAPI:
+def onnx_app(model_path: Path, title: str, settings: ServiceSettings) -> FastAPI:
     """The service for `model_path`; it stops with a message saying what to do when it is missing."""
     if not model_path.is_file():
         raise SystemExit(f"{model_path} is missing: run `make artifacts` in the repository root to build it.")
@@ -35,7 +36,7 @@ def onnx_app(model_path: Path, title: str) -> FastAPI:
     # made on this thread, before the inference threads exist: a session's threads are its own,
     # whichever thread makes it.
     first_threads = available_cores()
-    first, placement = onnx_session(model_path, session_options(first_threads), device_setting_from_env())
+    first, placement = onnx_session(model_path, session_options(first_threads), settings.device)
 
     def load_model(plan: ThreadPlan):
         """A session per thread count the plan may ask for (a session's threads are fixed when it
@@ -58,4 +59,5 @@ def onnx_app(model_path: Path, title: str) -> FastAPI:
         ServedModel(model_file=model_path, placement=placement, load=load_model),
         title=title,
         description="POST a base64-encoded food photo to /predict; get its Food-11 class and probability.",
+        settings=settings,
     )

@@ -2,10 +2,11 @@
 next step once its client has gone.
 
 Both FastAPI services and every Ray Serve replica serve it, from the predict slots of /predict
-(predict_api.py hands over `infer`, which runs the model on the thread plan): each step is one
-inference, a job in the slots' queue like a /predict request's, so concurrent streams take turns
-step by step, with /predict requests between them. The photo is decoded once, in the decoding
-pool, before the stream starts: a body that is not an image is a 400, never a broken stream.
+(predict_api.py hands over its scheduler, scheduler.py, whose `infer` runs the model on the thread
+plan): each step is one inference, a job in the slots' queue like a /predict request's, so
+concurrent streams take turns step by step, with /predict requests between them. The photo is
+decoded once, in the decoding pool, before the stream starts: a body that is not an image is a
+400, never a broken stream.
 
 A stream's steps are computed by a task of its own (`Stream.produce`), and the response sends what
 it made. How a stream learns that its client has gone:
@@ -27,8 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator
 from http import HTTPStatus
 
 import numpy as np
@@ -37,9 +37,10 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
 from servelab.service.client_gone import ClientGone, DisconnectWatch
-from servelab.service.food11 import InvalidImageError, decode_base64_image
+from servelab.service.food11 import BASE64_PATTERN, InvalidImageError, decode_base64_image
 from servelab.service.predict_metrics import PredictMetrics
 from servelab.service.refine import DEFAULT_STEPS, MAX_STEPS, RunningMean, Views, checked_steps
+from servelab.service.scheduler import InferenceFailed, Scheduler
 
 log = logging.getLogger("food11.service")
 NDJSON = "application/x-ndjson"
@@ -48,9 +49,20 @@ NDJSON = "application/x-ndjson"
 _producers: set[asyncio.Task] = set()
 
 
+# An image in a request body, as the published schema states it (POST /predict's too): canonical
+# base64 text, the only kind food11.decode_base64 takes (anything else is a 400 saying so).
+IMAGE_SCHEMA = {"contentEncoding": "base64", "pattern": BASE64_PATTERN}
+
+
 class RefineRequest(BaseModel):
-    image: str = Field(..., min_length=1, description="A JPEG or PNG file, base64-encoded.")
-    steps: int = Field(DEFAULT_STEPS, description=f"Views to classify, from 1 to {MAX_STEPS}: one inference each.")
+    image: str = Field(
+        ..., min_length=1, description="A JPEG or PNG file, base64-encoded.", json_schema_extra=IMAGE_SCHEMA
+    )
+    steps: int = Field(
+        DEFAULT_STEPS,
+        description=f"Views to classify, from 1 to {MAX_STEPS}: one inference each.",
+        json_schema_extra={"minimum": 1, "maximum": MAX_STEPS},
+    )
 
     @field_validator("steps", mode="before")
     @classmethod
@@ -71,12 +83,11 @@ class Stream:
         views: Views,
         steps: int,
         watch: DisconnectWatch,
-        slots: ThreadPoolExecutor,
-        infer: Callable[[np.ndarray], np.ndarray],
+        scheduler: Scheduler,
         metrics: PredictMetrics,
     ) -> None:
         self.views, self.steps, self.watch = views, steps, watch
-        self.slots, self.infer, self.metrics = slots, infer, metrics
+        self.scheduler, self.metrics = scheduler, metrics
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()  # None: no more lines
         self.producer = asyncio.create_task(self.produce())
         _producers.add(self.producer)
@@ -85,7 +96,7 @@ class Stream:
     def step(self, number: int) -> np.ndarray:
         """Step `number`, in a predict slot (an inference thread)."""
         self.watch.check("slot_wait")  # its client left while it waited for the slot
-        logits = self.infer(self.views.batch(number))
+        logits = self.scheduler.infer(self.views.batch(number))
         self.metrics.refine_steps.inc()
         if self.watch.gone.is_set():
             self.metrics.refine_steps_for_gone_clients.inc()
@@ -98,15 +109,15 @@ class Stream:
         try:
             for number in range(1, self.steps + 1):
                 self.watch.check("before_inference")  # between two steps: stop once the client has gone
-                logits = await asyncio.wrap_future(self.slots.submit(self.step, number))
+                logits = await asyncio.wrap_future(self.scheduler.slots.submit(self.step, number))
                 ((label, probability),) = answer.add(logits)
                 fields = {"step": number, "steps": self.steps, "prediction": label, "probability": probability}
                 self.queue.put_nowait(_line(fields))
         except (ClientGone, asyncio.CancelledError):  # cancelled: by `lines`, once the client has gone
             outcome = "stopped"
-        except HTTPException as failed:  # the model failed (infer logged it); the 200 went with the first line
+        except InferenceFailed as failed:  # the model failed (infer logged it); the 200 went with the first line
             outcome = "failed"
-            self.queue.put_nowait(_line({"error": failed.detail}))
+            self.queue.put_nowait(_line({"error": str(failed)}))
         except Exception:
             outcome = "failed"
             log.exception("A /refine stream failed")
@@ -128,19 +139,12 @@ class Stream:
                     self.producer.cancel()  # a step waiting for a slot leaves the queue
 
 
-def add_refine_route(
-    app: FastAPI,
-    slots: ThreadPoolExecutor,
-    infer: Callable[[np.ndarray], np.ndarray],
-    decoding: ThreadPoolExecutor,
-    metrics: PredictMetrics,
-    abandon: bool,
-) -> None:
-    """POST /refine on `app`: steps run by `infer` in the `slots` pool, the photo decoded in `decoding`."""
+def add_refine_route(app: FastAPI, scheduler: Scheduler, metrics: PredictMetrics, abandon: bool) -> None:
+    """POST /refine on `app`: the photo decoded in the scheduler's decoding pool, the steps run in its slots."""
 
     async def decoded(image: str) -> Views:
         try:
-            return await asyncio.wrap_future(decoding.submit(lambda: Views([decode_base64_image(image)])))
+            return await asyncio.wrap_future(scheduler.decoding.submit(lambda: Views([decode_base64_image(image)])))
         except InvalidImageError as exc:
             raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
 
@@ -163,5 +167,5 @@ def add_refine_route(
         views = await decoded(request.image)
         # The body has been read: from here on, the connection can only tell that the client left.
         watch = DisconnectWatch(connection.receive, abandon)
-        stream = Stream(views, request.steps, watch, slots, infer, metrics)
+        stream = Stream(views, request.steps, watch, scheduler, metrics)
         return StreamingResponse(stream.lines(), media_type=NDJSON)
