@@ -10,8 +10,8 @@ STAMP="$VENV/.servelab-installed"
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 
-if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
-  say "Python 3.10 or newer is needed; '$PYTHON' is $("$PYTHON" --version 2>&1 || echo missing). Set PYTHON=/path/to/python3.11."
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  say "Python 3.11 or newer is needed; '$PYTHON' is $("$PYTHON" --version 2>&1 || echo missing). Set PYTHON=/path/to/python3.11."
   exit 1
 fi
 

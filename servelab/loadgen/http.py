@@ -10,7 +10,6 @@ request is still sent and its whole answer read, on kept-alive connections, like
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -29,10 +28,8 @@ class HttpError(Exception):
 
 async def _within(seconds: float, coroutine):
     """`coroutine`'s result, or asyncio.TimeoutError after `seconds`."""
-    if sys.version_info >= (3, 11):  # cheaper than wait_for, which wraps the coroutine in a task
-        async with asyncio.timeout(seconds):
-            return await coroutine
-    return await asyncio.wait_for(coroutine, seconds)  # pragma: no cover - Python 3.10
+    async with asyncio.timeout(seconds):  # cheaper than wait_for, which wraps the coroutine in a task
+        return await coroutine
 
 
 class PreparedPost:
