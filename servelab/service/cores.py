@@ -137,7 +137,7 @@ def thread_plan(
     *,
     device: str = "cpu",
     cores: int | None = None,
-    environ: dict | None = None,
+    environ: Mapping[str, str] | None = None,
     given_by: str = "the caller",
 ) -> ThreadPlan:
     """The plan for a process: `slots` and `threads` as given, else from PREDICT_CONCURRENCY and

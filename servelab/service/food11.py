@@ -60,8 +60,8 @@ def decode_base64(encoded: str | bytes) -> bytes:
         raw = None
     # Python's strict decoder also takes '=' past a complete group ("AAAA=="): checked here, at the
     # cost of a length, rather than by matching BASE64_PATTERN, ten times slower than the decoding.
-    padding = "===" if isinstance(encoded, str) else b"==="
-    if raw is None or len(encoded) % 4 or encoded.endswith(padding):
+    padded = encoded.endswith("===") if isinstance(encoded, str) else encoded.endswith(b"===")
+    if raw is None or len(encoded) % 4 or padded:
         raise InvalidImageError(
             "The 'image' field is not valid base64. Send the file's bytes base64-encoded, "
             "for example base64.b64encode(open('food.jpg', 'rb').read()).decode()."
@@ -106,7 +106,7 @@ def preprocess(image: Image.Image) -> np.ndarray:
     """RGB image -> float32 array [3, 224, 224]: resize, scale to [0, 1], ImageNet mean/std."""
     if image.mode != "RGB":
         image = image.convert("RGB")
-    return normalize(np.asarray(image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR)))
+    return normalize(np.asarray(image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR)))
 
 
 def normalize(pixels: np.ndarray) -> np.ndarray:

@@ -285,16 +285,18 @@ def create_app(model: ServedModel, title: str, description: str, settings: Servi
         if request.url is not None and settings.download_placement == "inside_slot":
             # The naive design: the slot, and with it the model, waits while the bytes travel
             # (downloaded on the event loop, while the slot's thread waits for them).
-            loop = asyncio.get_running_loop()
+            loop, url = asyncio.get_running_loop(), request.url
 
             def download_and_decode() -> np.ndarray:
                 watch.check("before_preprocess")
-                return scheduler.decode_now(asyncio.run_coroutine_threadsafe(fetch(request.url), loop).result())
+                return scheduler.decode_now(asyncio.run_coroutine_threadsafe(fetch(url), loop).result())
 
             return await scheduler.predict_holding_the_slot(download_and_decode, watch)
         # Downloaded first, outside the slot; then decoded ahead of the slots, and run in the first free one.
-        image = request.image if request.url is None else await fetch(request.url)
-        return await scheduler.predict(image, watch)
+        if request.url is not None:
+            return await scheduler.predict(await fetch(request.url), watch)
+        assert request.image is not None, "PredictRequest holds exactly one of image and url"
+        return await scheduler.predict(request.image, watch)
 
     @app.post(
         "/predict",

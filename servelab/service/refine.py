@@ -53,7 +53,7 @@ class Views:
 
     def __init__(self, images: list[Image.Image]) -> None:
         size = (VIEW_SOURCE, VIEW_SOURCE)
-        self.pixels = [np.asarray(image.convert("RGB").resize(size, Image.BILINEAR)) for image in images]
+        self.pixels = [np.asarray(image.convert("RGB").resize(size, Image.Resampling.BILINEAR)) for image in images]
 
     def batch(self, step: int) -> np.ndarray:
         """[photos, 3, 224, 224]: view `step` of every photo, normalised as the model expects."""

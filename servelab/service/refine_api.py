@@ -35,6 +35,7 @@ import numpy as np
 from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, field_validator
+from pydantic.json_schema import JsonDict
 
 from servelab.service.client_gone import ClientGone, DisconnectWatch
 from servelab.service.food11 import BASE64_PATTERN, InvalidImageError, decode_base64_image
@@ -51,7 +52,7 @@ _producers: set[asyncio.Task] = set()
 
 # An image in a request body, as the published schema states it (POST /predict's too): canonical
 # base64 text, the only kind food11.decode_base64 takes (anything else is a 400 saying so).
-IMAGE_SCHEMA = {"contentEncoding": "base64", "pattern": BASE64_PATTERN}
+IMAGE_SCHEMA: JsonDict = {"contentEncoding": "base64", "pattern": BASE64_PATTERN}
 
 
 class RefineRequest(BaseModel):
