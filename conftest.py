@@ -13,7 +13,7 @@ import shutil
 import tempfile
 
 os.environ.setdefault("LAB_PROFILE", "quick")
-os.environ.setdefault("LAB_TARGET", "local")
+os.environ.setdefault("LAB_SERVICES", "local")
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 for variable, prefix in (
     ("SERVELAB_RESULTS_DIR", "servelab-test-results-"),

@@ -109,16 +109,16 @@
 # %% [markdown]
 # ## Where are you running?
 #
-# The notebooks read the target from the `LAB_TARGET` environment variable: `local` (the
-# default: the lab's services as processes on this machine), `compose` (the services of the lab's
-# Docker Compose project, from its Jupyter container, on the GPU node or any machine with Docker;
-# that container sets it for you) or `chameleon` (Chameleon's own Jupyter server, where notebooks 1
-# and 2 reserve and set up the node). On Chameleon's Jupyter server, the next cell sets it (a
-# JupyterHub sets `JUPYTERHUB_API_URL`; your laptop's JupyterLab does not), unless you set
-# `LAB_TARGET` yourself.
+# The notebooks read where the lab's services are from the `LAB_SERVICES` environment variable:
+# `local` (the default: the lab's services as processes on this machine), `compose` (the services
+# of the lab's Docker Compose project, from its Jupyter container, on the GPU node or any machine
+# with Docker; that container sets it for you) or `chameleon` (Chameleon's own Jupyter server, where
+# notebooks 1 and 2 reserve and set up the node). On Chameleon's Jupyter server, the next cell sets
+# it (a JupyterHub sets `JUPYTERHUB_API_URL`; your laptop's JupyterLab does not), unless you set
+# `LAB_SERVICES` yourself.
 #
-# Run the cell: it prints the target, and, on the local target, what this machine has to work
-# with.
+# Run the cell: it prints where the services are, and, when they are local, what this machine has
+# to work with.
 
 # %%
 import os
@@ -129,14 +129,14 @@ from pathlib import Path
 # Jupyter server). servelab.environment needs nothing beyond the standard library.
 if (Path.cwd().parent / "servelab").is_dir():
     sys.path.insert(0, str(Path.cwd().parent))
-from servelab.environment import current_target, machine_info
+from servelab.environment import current_services, machine_info
 
 if os.environ.get("JUPYTERHUB_API_URL"):
-    os.environ.setdefault("LAB_TARGET", "chameleon")
+    os.environ.setdefault("LAB_SERVICES", "chameleon")
 
-target = current_target()
-print(f"Target: {target}")
-if target == "local":
+services = current_services()
+print(f"LAB_SERVICES: {services}")
+if services == "local":
     machine = machine_info()
     gpus = ", ".join(machine["gpus"])
     print(f"CPU: {machine['cpu']} ({machine['cores']} logical cores)")

@@ -36,9 +36,9 @@
 # %% [markdown]
 # ## Set up python-chi
 #
-# The first cell loads python-chi and decides the target. On Chameleon's Jupyter server (a
-# JupyterHub, which sets `JUPYTERHUB_API_URL`), it sets `LAB_TARGET=chameleon`, unless you set
-# `LAB_TARGET` yourself.
+# The first cell loads python-chi and decides where the lab's services are. On Chameleon's Jupyter
+# server (a JupyterHub, which sets `JUPYTERHUB_API_URL`), it sets `LAB_SERVICES=chameleon`, unless
+# you set `LAB_SERVICES` yourself.
 
 # %%
 import os
@@ -52,11 +52,11 @@ from chi import context, hardware, lease
 # Jupyter server). servelab.environment needs nothing beyond the standard library.
 if (Path.cwd().parent / "servelab").is_dir():
     sys.path.insert(0, str(Path.cwd().parent))
-from servelab.environment import chameleon_only, current_target
+from servelab.environment import chameleon_only, current_services
 
 if os.environ.get("JUPYTERHUB_API_URL"):
-    os.environ.setdefault("LAB_TARGET", "chameleon")
-print(f"Target: {current_target()}")
+    os.environ.setdefault("LAB_SERVICES", "chameleon")
+print(f"LAB_SERVICES: {current_services()}")
 
 # %% [markdown]
 # Now choose the project to charge the lease to, and the site. Two drop-down menus appear: check

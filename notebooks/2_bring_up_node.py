@@ -26,8 +26,9 @@
 # %% [markdown]
 # ## Set up python-chi
 #
-# As in notebook 1: load python-chi, decide the target (on Chameleon's Jupyter server, `chameleon`
-# unless you set `LAB_TARGET` yourself), then choose the project and the site of your lease.
+# As in notebook 1: load python-chi, decide where the lab's services are (on Chameleon's Jupyter
+# server, `LAB_SERVICES=chameleon` unless you set it yourself), then choose the project and the
+# site of your lease.
 
 # %%
 import os
@@ -43,11 +44,11 @@ from chi import context, lease, server
 # Jupyter server). servelab.environment needs nothing beyond the standard library.
 if (Path.cwd().parent / "servelab").is_dir():
     sys.path.insert(0, str(Path.cwd().parent))
-from servelab.environment import chameleon_only, current_target
+from servelab.environment import chameleon_only, current_services
 
 if os.environ.get("JUPYTERHUB_API_URL"):
-    os.environ.setdefault("LAB_TARGET", "chameleon")
-print(f"Target: {current_target()}")
+    os.environ.setdefault("LAB_SERVICES", "chameleon")
+print(f"LAB_SERVICES: {current_services()}")
 
 # %%
 if chameleon_only("choose the Chameleon project and site"):
@@ -277,7 +278,7 @@ if chameleon_only("print the SSH command for this node"):
 # The next cell does both for you over SSH, and prints the tunnel to open and the address to open
 # in your browser.
 #
-# The compose file sets `LAB_TARGET=compose` in the Jupyter container, so the notebooks there
+# The compose file sets `LAB_SERVICES=compose` in the Jupyter container, so the notebooks there
 # reach the services by their Compose names (`fastapi_pt`, `triton`...). You do not need to set
 # anything.
 

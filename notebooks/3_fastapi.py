@@ -16,7 +16,7 @@
 # (it has the repository mounted and can reach the services by their Docker names). Notebook 2
 # started that container and printed its address: open this notebook there and run it from the top.
 # The section "Bring the FastAPI stack up" below shows the commands it ran, for when you start the
-# stack yourself. On your laptop (the local target) every cell runs right here, and the notebook
+# stack yourself. On your laptop (`LAB_SERVICES=local`, the default) every cell runs right here, and the notebook
 # starts the services it needs itself.
 
 # %% [markdown]
@@ -165,7 +165,7 @@ print(excerpt(paths.GOURMETGRAM_DIR / "backends.py", "FastAPIBackend.predict"))
 # The notebook cannot run these commands for you: it runs *inside* one of those containers, and
 # the container has no access to Docker on the host.
 #
-# ### On your laptop without Docker (the local target)
+# ### On your laptop without Docker (local services)
 #
 # `Lab.connect(...)` uses the lab if `make up` is already running it, and otherwise starts the
 # services this notebook needs (FastAPI with PyTorch and with ONNX Runtime; Triton comes in

@@ -414,7 +414,7 @@ for replicas in replica_counts:
 
 # %%
 two_nodes = subprocess.run(
-    [sys.executable, "-m", "servelab.ray.cluster", "--port", str(Ports.free().ray_serve), "--requests", "40"],
+    [sys.executable, "-m", "servelab.ray.cluster", "--port", str(Ports.found_free().ray_serve), "--requests", "40"],
     capture_output=True,
     text=True,
     timeout=600,

@@ -77,7 +77,7 @@ phase "model files"
 # Free ports for every published service (SERVELAB_PORT_<NAME>, as compose.yaml reads them).
 eval "$("$PY" -c 'from dataclasses import asdict
 from servelab.stack.local import Ports
-for name, port in asdict(Ports.free()).items(): print(f"export SERVELAB_PORT_{name.upper()}={port}")')"
+for name, port in asdict(Ports.found_free()).items(): print(f"export SERVELAB_PORT_{name.upper()}={port}")')"
 
 # PyTorch's CPU wheels come from its own index (docker/compose.cpu.yaml); where that index cannot
 # be reached, from pip's own index, whose build of torch runs on a CPU too (larger).

@@ -14,7 +14,8 @@
                the Triton container's start, the ONNX Runtime model for the Python backend
     service/   what runs inside a service (every Docker image installs it; imports nothing above)
 
-At the bottom, modules every folder may use: paths (where files live), environment (local or
-the Compose services), results (the run record), profiles (quick/full), retries, jsonl and
+At the bottom, modules every folder may use: settings (every environment variable the tooling
+reads, read once), paths (where files live), environment (where the lab's services are: local or
+the Compose project's), results (the run record), profiles (quick/full), retries, jsonl and
 service_exits. tests/test_layout.py keeps the arrows pointing down.
 """

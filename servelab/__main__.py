@@ -19,6 +19,7 @@ import sys
 import time
 
 from servelab import paths
+from servelab.settings import SettingError, settings
 from servelab.stack import artifacts
 from servelab.stack.local import DEFAULT_IMAGE_LATENCY_MS, LocalStack, Ports, StackError, lab_services
 from servelab.triton.models import ModelError, ModelRepository
@@ -73,7 +74,7 @@ def up(argv: list[str]) -> int:
     except artifacts.ArtifactError as exc:
         log.error("%s", exc)
         return 2
-    ports = Ports.from_env()
+    ports = Ports.configured()
     # Ctrl-C, and SIGTERM from a process manager or `kill`, take the same clean path. SIGINT is set
     # explicitly because a shell starts background jobs with it ignored, and Python keeps that.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -121,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"artifacts": artifacts.main, "up": up, "bench": _bench, "loadgen": _loadgen}
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        settings()  # read at start-up: a bad value stops the command before it starts anything
+    except SettingError as exc:
+        log.error("%s", exc)
         return 2
     return commands[argv[0]](argv[1:])
 

@@ -1,6 +1,6 @@
-"""Where the lab runs: the target, the Chameleon-only guard, and the machine.
+"""Where the lab's services are, the Chameleon-only guard, and the machine.
 
-LAB_TARGET names the services the notebooks measure, wherever they run:
+LAB_SERVICES (servelab.settings) says where the services the notebooks measure are:
 - `local` (the default): the lab's services as processes on this machine (servelab.stack.local);
 - `compose`: the services of the Compose project (compose.yaml), reached by their service names
   from its Jupyter container, on the GPU node or on any Docker host (the CPU variant);
@@ -19,27 +19,25 @@ import platform
 import subprocess
 from pathlib import Path
 
-TARGETS = ("local", "compose", "chameleon")
+from servelab.settings import settings
 
 
-def current_target() -> str:
-    target = os.environ.get("LAB_TARGET", "local")
-    if target not in TARGETS:
-        raise ValueError(f"LAB_TARGET={target!r}: use 'local', 'compose' or 'chameleon'")
-    return target
+def current_services() -> str:
+    """Where the lab's services are: "local", "compose" or "chameleon" (LAB_SERVICES)."""
+    return settings().services
 
 
 def chameleon_only(what: str) -> bool:
     """Guard for cells that can only run on Chameleon's Jupyter server (python-chi, your
     credentials, commands on the node).
 
-    Returns True on the chameleon target. On another target it prints that the cell was skipped
-    and why, so the skip is visible in the notebook's output, never silent.
+    Returns True with LAB_SERVICES=chameleon. Otherwise it prints that the cell was skipped and
+    why, so the skip is visible in the notebook's output, never silent.
     """
-    target = current_target()
-    if target == "chameleon":
+    services = current_services()
+    if services == "chameleon":
         return True
-    print(f"[skipped on the {target} target] {what}: this needs Chameleon (set LAB_TARGET=chameleon there).")
+    print(f"[skipped with LAB_SERVICES={services}] {what}: this needs Chameleon (set LAB_SERVICES=chameleon there).")
     return False
 
 
@@ -62,14 +60,3 @@ def machine_info() -> dict:
         )
         gpus = [line.strip() for line in listing.stdout.splitlines() if line.strip()]
     return {"cpu": cpu_model, "cores": os.cpu_count(), "gpus": gpus or ["none"], "platform": platform.platform()}
-
-
-def compose_setting(name: str) -> str:
-    """A setting compose.yaml gives the Jupyter container (a service's address, a shared folder)."""
-    value = os.environ.get(name)
-    if not value:
-        raise RuntimeError(
-            f"{name} is not set. On the compose target the notebooks run in the Jupyter container of the "
-            "Compose project (compose.yaml), which sets it: open them there."
-        )
-    return value

@@ -2,12 +2,12 @@
 
 `full` is for real runs (a student's notebook, `make bench`); `quick` is for CI, where every
 experiment still runs, with short windows, to prove that it works, never to judge speed. The
-notebooks read LAB_PROFILE (default full); `python -m servelab bench --profile` picks one too.
+notebooks take LAB_PROFILE's (servelab.settings; default full); `python -m servelab bench
+--profile` picks one too.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 
@@ -49,9 +49,8 @@ PROFILES = {
 }
 
 
-def profile(name: str | None = None) -> Profile:
-    """The profile called `name`, or LAB_PROFILE's (default full); an unknown name is an error."""
-    name = name or os.environ.get("LAB_PROFILE", "full")
+def profile(name: str) -> Profile:
+    """The profile called `name`; an unknown name is an error."""
     if name not in PROFILES:
-        raise ValueError(f"LAB_PROFILE={name!r}: use one of {', '.join(sorted(PROFILES))}")
+        raise ValueError(f"no profile {name!r}: use one of {', '.join(sorted(PROFILES))}")
     return PROFILES[name]

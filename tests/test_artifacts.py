@@ -68,7 +68,7 @@ def test_every_placed_copy_matches_its_source_and_has_a_weights_record(built_art
 
 
 def test_untrained_weights_are_declared_as_such(built_artifacts):
-    if artifacts.WeightsSource.from_env().trained:
+    if artifacts.WeightsSource.configured().trained:
         pytest.skip("this run serves a user-supplied checkpoint (FOOD11_CHECKPOINT is set)")
     assert built_artifacts.weights_info["weights"] == "untrained"
     assert "not meaningful" in built_artifacts.weights_info["note"]

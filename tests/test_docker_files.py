@@ -10,6 +10,7 @@ has run: a Dockerfile may COPY them although a fresh clone does not have them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,6 +23,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+
+from servelab.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = REPO_ROOT / "compose.yaml"
@@ -213,7 +216,8 @@ def test_every_image_is_built_from_the_repository_root_with_its_own_dockerfile()
 def test_the_jupyter_container_reaches_every_service_by_name_on_the_port_it_listens_on():
     services = variant(cpu=False)["services"]
     environment = services["jupyter"]["environment"]
-    assert environment["LAB_TARGET"] == "compose"
+    assert environment["LAB_SERVICES"] == "compose"
+    assert set(environment) <= {field.metadata["variable"] for field in dataclasses.fields(Settings)}
     checked = 0
     for key, value in environment.items():
         match = re.fullmatch(r"(?:http://)?([a-z_]+):(\d+)(/.*)?", str(value))

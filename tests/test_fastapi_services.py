@@ -66,7 +66,7 @@ def test_health_states_the_thread_plan_and_the_default_never_crowds_the_cores(se
 
 @pytest.mark.integration
 def test_thread_settings_come_from_the_environment_and_a_crowded_plan_is_reported(tmp_path, test_images):
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     settings = {"PREDICT_CONCURRENCY": "3", "INFERENCE_THREADS": "2"}
     with LocalStack([fastapi_service("pt", port, env=settings)], log_dir=tmp_path) as stack:
         body = requests.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
@@ -87,7 +87,7 @@ def test_a_gpu_the_runtime_cannot_use_is_reported_as_the_cpu_with_its_reason(tmp
     """Asked for the GPU where none can be used (none is visible, even on a GPU machine), the
     service runs on the CPU and says so in /health and its log, with the runtime's reason, and
     its threads are planned for the CPU: a slot per core, not the GPU's one."""
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     settings = {"INFERENCE_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": ""}
     with LocalStack([fastapi_service(flavor, port, env=settings)], log_dir=tmp_path) as stack:
         body = requests.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
@@ -110,14 +110,14 @@ def test_a_gpu_the_runtime_cannot_use_is_reported_as_the_cpu_with_its_reason(tmp
 
 @pytest.mark.integration
 def test_a_bad_device_setting_stops_the_service_with_what_to_do(tmp_path):
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     with pytest.raises(StackError, match="INFERENCE_DEVICE='gpu': use auto, cuda, cpu"):
         LocalStack([fastapi_service("pt", port, env={"INFERENCE_DEVICE": "gpu"})], log_dir=tmp_path).start()
 
 
 @pytest.mark.integration
 def test_a_bad_thread_setting_stops_the_service_with_what_to_do(tmp_path):
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     with pytest.raises(StackError, match="INFERENCE_THREADS='many' is not a whole number"):
         LocalStack([fastapi_service("onnx", port, env={"INFERENCE_THREADS": "many"})], log_dir=tmp_path).start()
 

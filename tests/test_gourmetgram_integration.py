@@ -112,7 +112,7 @@ def test_metrics_count_pages_and_time_the_backend(gourmetgram):
 
 @pytest.mark.parametrize("backend", ["fastapi_pt", "food_classifier"])
 def test_backend_down_shows_a_clear_message_and_the_app_keeps_running(gourmetgram, backend):
-    nobody_listens = Ports.free()
+    nobody_listens = Ports.found_free()
     url = gourmetgram(backend, backend_ports=nobody_listens)
     for _ in range(2):
         response = requests.post(

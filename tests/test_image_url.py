@@ -43,7 +43,7 @@ def image_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def image_host(image_folder, tmp_path_factory, built_artifacts):
-    port = Ports.free().image_host
+    port = Ports.found_free().image_host
     spec = image_host_service(port, latency_ms=0)
     spec.command[spec.command.index("--images") + 1] = str(image_folder)
     with LocalStack([spec], log_dir=tmp_path_factory.mktemp("image-host-logs")):
@@ -73,7 +73,7 @@ def redirector():
 
 
 def start_service(image_host: str, redirector: str, log_dir, **settings: str) -> tuple[LocalStack, str]:
-    port = Ports.free().fastapi_onnx
+    port = Ports.found_free().fastapi_onnx
     env = {
         "IMAGE_URL_ALLOWED_HOSTS": ",".join(url.removeprefix("http://") for url in (image_host, redirector)),
         "IMAGE_DOWNLOAD_TIMEOUT_S": str(TIMEOUT_S),
@@ -174,7 +174,7 @@ def test_upstream_failures_get_gateway_errors_and_bad_content_a_400(service, ima
 
 @pytest.mark.integration
 def test_a_host_that_is_down_gets_a_502_and_the_service_keeps_serving(image_host, redirector, tmp_path):
-    down = f"http://127.0.0.1:{Ports.free().image_host}"  # nothing listens there
+    down = f"http://127.0.0.1:{Ports.found_free().image_host}"  # nothing listens there
     stack, url = start_service(down, redirector, tmp_path)
     try:
         answer = predict_url(url, f"{down}/images/soup.jpg")

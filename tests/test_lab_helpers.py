@@ -16,6 +16,7 @@ from servelab.report import tables
 from servelab.results import LatencySummary, RunResult
 from servelab.service.food11 import LABELS
 from servelab.service.hardware import Hardware
+from servelab.settings import Settings
 from servelab.triton import perf_analyzer
 from tests.conftest import make_image_bytes
 
@@ -138,11 +139,10 @@ def test_instance_groups_follow_the_hardware_of_the_triton_server(server, groups
     assert sum(group["count"] for group in lab.instance_groups(3)) == 3
 
 
-def test_profiles_are_defined_once_and_an_unknown_one_is_refused(monkeypatch):
+def test_profiles_are_defined_once_and_an_unknown_one_is_refused():
     assert profile("quick") is PROFILES["quick"] and profile("full").duration_s > profile("quick").duration_s
-    monkeypatch.setenv("LAB_PROFILE", "fast")
     with pytest.raises(ValueError, match="LAB_PROFILE='fast'.*full, quick"):
-        profile()
+        Settings.from_environ({"LAB_PROFILE": "fast"})
 
 
 def test_the_breakdown_table_shows_each_stage_in_ms_and_says_when_a_run_gave_no_number():

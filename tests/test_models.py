@@ -203,7 +203,7 @@ def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_fi
     loads it, and the lab's own perf, load generator and config helpers serve it."""
     add_toy_model(repository, name="scale_vector")
     before = _tracked_changes()
-    ports = Ports.free()
+    ports = Ports.found_free()
     work = tmp_path / "triton"
     with LocalStack([triton_service(ports.triton, work_dir=work, source=repository)], log_dir=tmp_path / "logs"):
         client = httpclient.InferenceServerClient(f"127.0.0.1:{ports.triton_http}")

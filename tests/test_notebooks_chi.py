@@ -10,8 +10,8 @@ variables they are assigned to), and checks every use against the installed libr
 - a call (`server.Server(...)`, `node.submit(...)`) must bind to the function's signature, the way
   Python binds arguments at call time (the values themselves are stand-ins).
 
-Every such use must also sit in the body of an `if chameleon_only(...):` block, so that the
-local target skips it.
+Every such use must also sit in the body of an `if chameleon_only(...):` block, so that a
+notebook elsewhere (LAB_SERVICES local or compose) skips it.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ SERVER_STUCK_ON_RESTART = textwrap.dedent(
 
 
 def test_stack_waits_for_readiness_and_stops_the_whole_process_group(tmp_path):
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     with LocalStack([_spec(tmp_path, port)], log_dir=tmp_path) as stack:
         assert not port_is_free(port)
         leader = stack.processes[0].process.pid
@@ -92,7 +92,7 @@ def test_stack_waits_for_readiness_and_stops_the_whole_process_group(tmp_path):
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is a Linux feature (prctl)")
 def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path):
     """A notebook kernel killed before its clean-up ran must not leave its services running."""
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     starter = textwrap.dedent(
         f"""
         import sys, time
@@ -126,7 +126,7 @@ def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path):
 
 
 def test_a_service_killed_while_running_is_restarted_its_log_kept_and_its_exit_recorded(tmp_path):
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     with LocalStack([_spec(tmp_path, port)], log_dir=tmp_path / "logs") as running:
         first = running.processes[0].process.pid
         first_child = int((tmp_path / "child.pid").read_text())
@@ -147,7 +147,7 @@ def test_a_service_killed_while_running_is_restarted_its_log_kept_and_its_exit_r
 
 def test_a_service_that_keeps_crashing_is_given_up_after_the_restart_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(stack, "MAX_RESTARTS", 2)
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     with LocalStack([_spec(tmp_path, port, script=SERVER_THAT_EXITS)], log_dir=tmp_path / "logs") as running:
         until(running.given_up, 30, "the supervisor gives up")
         exits = service_exits.read(tmp_path / "logs" / service_exits.EVENTS_FILE)
@@ -160,7 +160,7 @@ def test_a_service_that_keeps_crashing_is_given_up_after_the_restart_limit(tmp_p
 
 
 def test_stopping_the_stack_while_a_restart_waits_for_readiness_returns_at_once(tmp_path):
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     running = LocalStack([_spec(tmp_path, port, script=SERVER_STUCK_ON_RESTART, timeout=120)], log_dir=tmp_path)
     running.start()
     os.kill(running.processes[0].process.pid, signal.SIGKILL)
@@ -175,7 +175,7 @@ def test_stopping_the_stack_while_a_restart_waits_for_readiness_returns_at_once(
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is a Linux feature (prctl)")
 def test_a_restarted_service_also_stops_when_the_process_that_started_the_stack_is_killed(tmp_path):
     """The supervisor's thread starts the restarted service: it too must go with the notebook's kernel."""
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     starter = textwrap.dedent(
         f"""
         import os, signal, sys, time
@@ -215,14 +215,14 @@ def test_a_taken_port_is_reported_clearly_and_nothing_is_left_running(tmp_path):
 
 
 def test_a_service_that_dies_at_start_up_is_reported_with_its_log(tmp_path):
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     crashing = "import sys; print('model file missing: run make artifacts'); sys.exit(3)"
     with pytest.raises(StackError, match="(?s)exited with code 3.*model file missing"):
         LocalStack([_spec(tmp_path, port, script=crashing)], log_dir=tmp_path).start()
 
 
 def test_a_service_that_never_becomes_ready_times_out_and_is_stopped(tmp_path):
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     silent = "import time; print('still loading'); time.sleep(600)"
     stack = LocalStack([_spec(tmp_path, port, script=silent, timeout=1.5)], log_dir=tmp_path)
     with pytest.raises(StackError, match="(?s)not ready.*still loading"):
@@ -234,7 +234,7 @@ def test_a_service_that_never_becomes_ready_times_out_and_is_stopped(tmp_path):
 def test_up_restarts_a_crashed_service_and_stops_everything_on_ctrl_c(tmp_path):
     """`python -m servelab up` as a student runs it: a service killed while the lab runs comes back,
     and SIGINT must leave no process (Ray's and Triton's included) and no port behind."""
-    ports = Ports.free()
+    ports = Ports.found_free()
     env = {
         **os.environ,
         **{f"SERVELAB_PORT_{name.upper()}": str(getattr(ports, name)) for name in Ports.__dataclass_fields__},
@@ -336,7 +336,7 @@ def test_a_port_taken_at_start_up_is_tried_once_more_on_new_ports_and_logged(
 def test_a_known_transient_start_failure_is_tried_once_more_and_logged(tmp_path, caplog):
     """A service whose first start fails with the words its spec names (Ray's node slow to
     register) is started once more, in the same log; any other failure is reported at once."""
-    port = Ports.free().fastapi_pt
+    port = Ports.found_free().fastapi_pt
     flaky = textwrap.dedent(
         """
         import http.server, pathlib, sys

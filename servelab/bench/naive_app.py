@@ -11,16 +11,15 @@ them as a reference: every lab service must be at least as fast, with a shorter 
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
 from servelab import paths
 from servelab.service.food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction
+from servelab.settings import settings
 
-RUNTIME = os.environ.get("NAIVE_RUNTIME", "pytorch")
+RUNTIME = settings().naive_runtime
 
 if RUNTIME == "pytorch":
     import torch
@@ -34,7 +33,7 @@ if RUNTIME == "pytorch":
         with torch.no_grad():
             return model(torch.from_numpy(batch)).numpy()
 
-elif RUNTIME == "onnxruntime":
+else:  # onnxruntime, the other runtime the settings take
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(paths.ARTIFACTS_DIR / "food11.onnx"), providers=["CPUExecutionProvider"])
@@ -42,8 +41,6 @@ elif RUNTIME == "onnxruntime":
     def run(batch: np.ndarray) -> np.ndarray:
         return session.run(None, {"input": batch})[0]
 
-else:
-    raise SystemExit(f"NAIVE_RUNTIME={RUNTIME!r}: use pytorch or onnxruntime")
 
 app = FastAPI(title=f"Naive Food-11 classifier ({RUNTIME})")
 

@@ -256,7 +256,7 @@ def _naive(
     results = []
     concurrency = max(profile.concurrencies)
     for runtime, name in NAIVE.items():
-        port = Ports.free().fastapi_pt
+        port = Ports.found_free().fastapi_pt
         command = [sys.executable, "-m", "uvicorn", "servelab.bench.naive_app:app", "--host", "127.0.0.1"]
         spec = ServiceSpec(
             name.replace("/", "_"), [*command, "--port", str(port)], paths.REPO_ROOT, [port],
@@ -388,7 +388,7 @@ def _measure_and_report(
     with contextlib.ExitStack() as cleanup:
         stack = None
         if endpoints is None:
-            ports = Ports.free()
+            ports = Ports.found_free()
             stack = LocalStack(
                 [
                     fastapi_service("pt", ports.fastapi_pt),

@@ -1,9 +1,9 @@
-"""What the notebooks use: one lab, two targets.
+"""What the notebooks use: one lab, wherever its services are.
 
     from servelab.lab import Lab
     lab = Lab.connect()
 
-LAB_TARGET chooses the target (servelab.environment):
+LAB_SERVICES says where the lab's services are (servelab.settings, servelab.environment):
 - `local` (the default): the lab's services as processes on 127.0.0.1, CPU only. A stack already
   started with `make up` is used; otherwise the notebook starts one and stops it when its kernel exits.
 - `compose`: the services of the Compose project (compose.yaml), reached by their service names
@@ -47,8 +47,7 @@ import requests
 from servelab import loadgen, paths, service_exits
 from servelab.environment import (  # noqa: F401 (notebooks use chameleon_only and machine_info)
     chameleon_only,
-    compose_setting,
-    current_target,
+    current_services,
     machine_info,
 )
 from servelab.lab import ray_side as lab_ray
@@ -61,6 +60,7 @@ from servelab.report import tables
 from servelab.results import RunResult, SequenceRunResult, StepCounts, append_result, load_appended
 from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
+from servelab.settings import settings
 from servelab.stack.local import (
     POLL_S,
     LocalStack,
@@ -92,7 +92,7 @@ def saved_runs_file(notebook: str) -> Path:
 
 @dataclass
 class Lab(TritonLab):
-    target: str
+    services: str  # where the lab's services are: "local" or "compose" (LAB_SERVICES)
     profile: Profile
     fastapi_urls: dict[str, str]  # flavor ("pt"/"onnx") -> http://host:port
     triton_http: str | None  # host:port; None when this notebook runs without Triton
@@ -118,17 +118,17 @@ class Lab(TritonLab):
 
     @classmethod
     def connect(cls, notebook: str = "unnamed", triton: bool = True) -> Lab:
-        """Connect to the target's services; locally, `triton=False` starts FastAPI only (faster).
+        """Connect to the lab's services; locally, `triton=False` starts FastAPI only (faster).
         `notebook` (the notebook's file name without .ipynb) names the file its runs are saved to."""
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-        chosen = profile()
-        target = current_target()
-        if target == "chameleon":
+        chosen = profile(settings().profile)
+        services = current_services()
+        if services == "chameleon":
             raise RuntimeError(
                 "This is Chameleon's Jupyter server, where notebooks 1 and 2 set up the node: the lab's services "
                 "run on the node. Open this notebook in the node's Jupyter container (notebook 2 prints its address)."
             )
-        lab = cls._compose(chosen) if target == "compose" else cls._local(chosen, triton)
+        lab = cls._compose(chosen) if services == "compose" else cls._local(chosen, triton)
         lab.notebook = notebook
         print(lab.describe())
         return lab
@@ -137,15 +137,16 @@ class Lab(TritonLab):
     def _compose(cls, chosen: Profile) -> Lab:
         """The Compose project's services, at the addresses compose.yaml gives the Jupyter container,
         once each answers; Triton's repository and hardware are in the volume both containers share."""
-        shared = Path(compose_setting("TRITON_SHARED_DIR"))
+        given = settings()
+        shared = given.triton_shared_dir
         lab = cls(
-            target="compose",
+            services="compose",
             profile=chosen,
-            fastapi_urls={"pt": compose_setting("FASTAPI_PT_URL"), "onnx": compose_setting("FASTAPI_ONNX_URL")},
-            triton_http=compose_setting("TRITON_HTTP"),
-            triton_grpc=compose_setting("TRITON_GRPC"),
+            fastapi_urls={"pt": given.compose("fastapi_pt_url"), "onnx": given.compose("fastapi_onnx_url")},
+            triton_http=given.compose("triton_http"),
+            triton_grpc=given.compose("triton_grpc"),
             repository=shared / "models",
-            image_host_url=compose_setting("IMAGE_HOST_URL"),
+            image_host_url=given.compose("image_host_url"),
             _shared_exits_file=shared / service_exits.EVENTS_FILE,
         )
         lab._wait_until_answering()
@@ -174,7 +175,7 @@ class Lab(TritonLab):
 
     @classmethod
     def _local(cls, chosen: Profile, triton: bool) -> Lab:
-        default = Ports.from_env()
+        default = Ports.configured()
         running = answers(f"http://127.0.0.1:{default.fastapi_pt}/health")
         running = running and answers(f"http://127.0.0.1:{default.image_host}/health")
         shared_exits = None
@@ -201,7 +202,7 @@ class Lab(TritonLab):
             repository, stacks = (work / "triton" / "models" if triton else None), [stack]
         with_triton = triton or not stacks
         return cls(
-            target="local",
+            services="local",
             profile=chosen,
             fastapi_urls={
                 "pt": f"http://127.0.0.1:{ports.fastapi_pt}",
@@ -217,7 +218,7 @@ class Lab(TritonLab):
 
     @property
     def on_compose(self) -> bool:
-        return self.target == "compose"
+        return self.services == "compose"
 
     @property
     def models(self) -> ModelRepository:
@@ -230,7 +231,7 @@ class Lab(TritonLab):
             else "the lab's services as processes on this machine, CPU only"
         )
         lines = [
-            f"Target: {self.target} -- {where}; profile: {self.profile.name}",
+            f"Services: {self.services} -- {where}; profile: {self.profile.name}",
             *(f"  FastAPI ({flavor}): {url}" for flavor, url in self.fastapi_urls.items()),
         ]
         if self.triton_http:
@@ -246,7 +247,7 @@ class Lab(TritonLab):
 
     @property
     def cores(self) -> int:
-        """The CPU cores this notebook's process may use (on the compose target: the Jupyter container's)."""
+        """The CPU cores this notebook's process may use (in the Compose project: the Jupyter container's)."""
         return available_cores()
 
     @functools.cached_property
@@ -494,7 +495,7 @@ class Lab(TritonLab):
         metadata = {
             "notebook": self.notebook,
             "session": self.session,
-            "target": self.target,
+            "services": self.services,
             "profile": self.profile.name,
         }
         try:
@@ -609,9 +610,9 @@ class Lab(TritonLab):
         if self.triton_http:
             urls["triton"] = self.triton_http
         if self.on_compose:
-            urls["ray_serve"] = compose_setting("RAY_SERVE_URL")
+            urls["ray_serve"] = settings().compose("ray_serve_url")
         stack, ports = start_on_free_ports(
-            lambda ports: [gourmetgram_service(ports.gourmetgram, backend, Ports.from_env(), urls=urls)],
+            lambda ports: [gourmetgram_service(ports.gourmetgram, backend, Ports.configured(), urls=urls)],
             NOTEBOOK_STACK_DIR / "ui-logs",
         )
         self._stacks.append(stack)

@@ -10,7 +10,7 @@ runs, and the runs it saved. A notebook that judges expectations (its source cal
 (servelab.lessons.expectations), and each figure is read again from that run, as the notebook's final
 table shows it, so a verdict can only say what its table says; every run the notebook kept is
 also the one it saved to its file of runs. tests/test_notebooks.py checks the notebooks this way
-on the local target; `make test-docker` in the Compose project's Jupyter container.
+on local services; `make test-docker` in the Compose project's Jupyter container.
 """
 
 from __future__ import annotations

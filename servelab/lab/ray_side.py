@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.environment import compose_setting
 from servelab.measure import timeline
 from servelab.ray import local as ray_local
 from servelab.ray import rest as ray_rest
@@ -35,6 +34,7 @@ from servelab.ray.watch import ServeSample, ServeWatcher
 from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
 from servelab.service.serve_config import for_hardware
+from servelab.settings import settings
 from servelab.stack.local import LocalStack, Ports, answers, ray_serve_service, start_on_free_ports
 
 APPLICATION, DEPLOYMENT = "food11", "Food11"
@@ -128,11 +128,12 @@ class RayServe:
 
 def compose() -> RayServe:
     """The Compose project's Ray Serve, as its Jupyter container reaches it."""
-    shared = Path(compose_setting("RAY_SHARED_DIR"))
+    given = settings()
+    shared = Path(given.compose("ray_shared_dir"))
     return RayServe(
-        url=compose_setting("RAY_SERVE_URL"),
-        dashboard=compose_setting("RAY_DASHBOARD_URL"),
-        metrics_url=compose_setting("RAY_METRICS_URL"),
+        url=given.compose("ray_serve_url"),
+        dashboard=given.compose("ray_dashboard_url"),
+        metrics_url=given.compose("ray_metrics_url"),
         token_file=shared / "token",
         local_port=None,
         hardware=Hardware.read(shared / "hardware.json"),
@@ -141,7 +142,7 @@ def compose() -> RayServe:
 
 def local(stacks: list[LocalStack], work: Path) -> RayServe:
     """The Ray Serve of `make up` if it runs, else one started here (added to `stacks`)."""
-    default = Ports.from_env()
+    default = Ports.configured()
     if answers(f"http://127.0.0.1:{default.ray_serve}/health") and ray_rest.TOKEN_FILE.exists():
         serve = serve_at(default, ray_rest.TOKEN_FILE)
         print("Using the Ray Serve already running on this machine (`make up`); its shipped config returns at exit.")

@@ -28,7 +28,6 @@ import argparse
 import base64
 import json
 import logging
-import os
 import queue
 import subprocess
 import sys
@@ -45,8 +44,9 @@ import numpy as np
 from servelab import paths
 from servelab.results import LatencySummary, RunResult
 from servelab.service.cores import ThreadPlan, available_cores, thread_plan
-from servelab.service.devices import Placement, device_setting, onnx_session, torch_device
+from servelab.service.devices import Placement, onnx_session, torch_device
 from servelab.service.food11 import LABELS, decode_base64_image, preprocess
+from servelab.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def load_model(runtime: str, plan: ThreadPlan) -> tuple[Callable[[np.ndarray], n
     """The model as the matching FastAPI service builds it, for `plan`: (batch -> logits, where it
     runs, as the runtime reports it). Call it on the thread that will run the model (an inference
     thread). INFERENCE_DEVICE chooses the device, as in the services."""
-    setting = device_setting(os.environ)
+    setting = settings().inference_device
     if runtime == "onnxruntime":
         import onnxruntime as ort
 

@@ -20,7 +20,6 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 import urllib.request
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from servelab import paths
 from servelab.service.food11 import IMAGE_SIZE, LABELS, WEIGHTS_INFO_SUFFIX
+from servelab.settings import settings
 from servelab.triton.models import ENTRIES
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,9 @@ class WeightsSource:
     sha256: str | None = None
 
     @classmethod
-    def from_env(cls) -> WeightsSource:
-        return cls(os.environ.get("FOOD11_CHECKPOINT") or None, os.environ.get("FOOD11_CHECKPOINT_SHA256") or None)
+    def configured(cls) -> WeightsSource:
+        """What the settings name: FOOD11_CHECKPOINT and FOOD11_CHECKPOINT_SHA256 (servelab.settings)."""
+        return cls(settings().checkpoint, settings().checkpoint_sha256)
 
     @property
     def trained(self) -> bool:
@@ -292,7 +293,7 @@ def place_artifacts(built: BuiltArtifacts) -> list[Path]:
 
 
 def ensure_artifacts(source: WeightsSource | None = None, force: bool = False) -> BuiltArtifacts:
-    source = source or WeightsSource.from_env()
+    source = source or WeightsSource.configured()
     built = build_artifacts(paths.ARTIFACTS_DIR, source, force=force)
     changed = place_artifacts(built)
     for destination in changed:
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sha256", help="its SHA-256 (default: $FOOD11_CHECKPOINT_SHA256)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the artifacts are current")
     args = parser.parse_args(argv)
-    env = WeightsSource.from_env()
+    env = WeightsSource.configured()
     source = WeightsSource(args.checkpoint or env.checkpoint, args.sha256 or env.sha256)
     try:
         ensure_artifacts(source, force=args.force)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servelab import paths, retries, service_exits
+from servelab.settings import Settings, settings
 from servelab.triton import server as triton_local
 from servelab.triton.models import ModelRepository
 from servelab.triton.server import StagingError
@@ -52,34 +53,34 @@ class PortClash(StackError):
 _BIND_FAILED = ("address already in use", "failed to listen", "failed to bind")
 
 
+_DEFAULT = Settings()
+
+
 @dataclass(frozen=True)
 class Ports:
-    """Every port the local stack uses; each can be moved with SERVELAB_PORT_<NAME>."""
+    """Every port the local stack uses; each can be moved with SERVELAB_PORT_<NAME> (servelab.settings)."""
 
-    fastapi_pt: int = 8100
-    fastapi_onnx: int = 8101
-    triton_http: int = 8200
-    triton_grpc: int = 8201
-    triton_metrics: int = 8202
-    gourmetgram: int = 8300
-    image_host: int = 8400
-    ray_serve: int = 8500
-    ray_dashboard: int = 8501
-    ray_metrics: int = 8502
-    jupyter: int = 8888
-
-    @classmethod
-    def from_env(cls) -> Ports:
-        overrides = {}
-        for name in cls.__dataclass_fields__:
-            raw = os.environ.get(f"SERVELAB_PORT_{name.upper()}")
-            if raw:
-                overrides[name] = int(raw)
-        return cls(**overrides)
+    fastapi_pt: int = _DEFAULT.port_fastapi_pt
+    fastapi_onnx: int = _DEFAULT.port_fastapi_onnx
+    triton_http: int = _DEFAULT.port_triton_http
+    triton_grpc: int = _DEFAULT.port_triton_grpc
+    triton_metrics: int = _DEFAULT.port_triton_metrics
+    gourmetgram: int = _DEFAULT.port_gourmetgram
+    image_host: int = _DEFAULT.port_image_host
+    ray_serve: int = _DEFAULT.port_ray_serve
+    ray_dashboard: int = _DEFAULT.port_ray_dashboard
+    ray_metrics: int = _DEFAULT.port_ray_metrics
+    jupyter: int = _DEFAULT.port_jupyter
 
     @classmethod
-    def free(cls) -> Ports:
-        """Ports the OS says are free now: for tests that must not clash with a running lab."""
+    def configured(cls) -> Ports:
+        """The ports the settings give (the defaults, moved by SERVELAB_PORT_<NAME>)."""
+        return cls(**settings().ports())
+
+    @classmethod
+    def found_free(cls) -> Ports:
+        """Ports the OS says are free now. Nothing reserves them: another process may take one
+        before a server binds it (start_on_free_ports tries again then)."""
         sockets = [socket.socket() for _ in cls.__dataclass_fields__]
         try:
             for sock in sockets:
@@ -254,9 +255,11 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 class LocalStack:
     """Start services in order, supervise them, stop them in reverse; a context manager that
-    always cleans up. `exits` lists every unexpected exit the supervisor handled."""
+    always cleans up. `exits` lists every unexpected exit the supervisor handled. Logs go to
+    `log_dir` (default: the stack's, paths.LOG_DIR)."""
 
-    def __init__(self, specs: Iterable[ServiceSpec], log_dir: Path = paths.LOG_DIR) -> None:
+    def __init__(self, specs: Iterable[ServiceSpec], log_dir: Path | None = None) -> None:
+        log_dir = log_dir or paths.LOG_DIR
         self.processes = [ManagedProcess(spec, log_dir) for spec in specs]
         self.events_path = log_dir / service_exits.EVENTS_FILE
         self.exits: list[service_exits.ServiceExit] = []
@@ -314,16 +317,16 @@ class LocalStack:
 
 def start_on_free_ports(services: Callable[[Ports], list[ServiceSpec]], log_dir: Path) -> tuple[LocalStack, Ports]:
     """Start the services that `services(ports)` describes, on ports the OS says are free now.
-    Nothing reserves them until each server binds its own (Ports.free), so another process can
+    Nothing reserves them until each server binds its own (Ports.found_free), so another process can
     take one first: that clash is tried once more, on new ports (servelab.retries says so).
     Returns the running stack and its ports."""
-    ports = Ports.free()
+    ports = Ports.found_free()
     specs = services(ports)
     try:
         return LocalStack(specs, log_dir=log_dir).start(), ports
     except PortClash as clash:
         retries.note(f"starting {', '.join(spec.name for spec in specs)} on new ports", clash)
-    ports = Ports.free()
+    ports = Ports.found_free()
     return LocalStack(services(ports), log_dir=log_dir / "second-start").start(), ports
 
 
@@ -411,7 +414,7 @@ def fastapi_service(
     """flavor: "pt" (PyTorch) or "onnx" (ONNX Runtime). It fetches images by URL from the image
     host on `image_host_port` (default: the lab's port, which is also the services' default)."""
     folder = {"pt": paths.FASTAPI_PT_DIR, "onnx": paths.FASTAPI_ONNX_DIR}[flavor]
-    allowed = f"127.0.0.1:{image_host_port or Ports.from_env().image_host}"
+    allowed = f"127.0.0.1:{image_host_port or Ports.configured().image_host}"
     return ServiceSpec(
         name=f"fastapi_{flavor}",
         command=[sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port)],
@@ -449,13 +452,14 @@ def image_host_service(port: int, latency_ms: float = DEFAULT_IMAGE_LATENCY_MS) 
 
 def triton_service(
     ports: triton_local.TritonPorts,
-    work_dir: Path = paths.TRITON_DIR,
+    work_dir: Path | None = None,
     source: Path = paths.MODELS_STAGING_DIR,
     load: list[str] | None = None,
 ) -> ServiceSpec:
-    """Stage every model of `source` adapted to this machine, log what changed, and describe the
-    server process, which loads the models named in `load` (default: all). A model folder that
-    cannot be staged raises StagingError, naming it."""
+    """Stage every model of `source` adapted to this machine in `work_dir` (default: the stack's,
+    paths.TRITON_DIR), log what changed, and describe the server process, which loads the models
+    named in `load` (default: all). A model folder that cannot be staged raises StagingError, naming it."""
+    work_dir = work_dir or paths.TRITON_DIR
     repository = work_dir / "models"
     backends = triton_local.build_backend_dir(work_dir / "backends")
     staged = triton_local.stage_model_repository(repository, source)
@@ -570,7 +574,7 @@ def jupyter_service(port: int, token: str) -> ServiceSpec:
         cwd=paths.REPO_ROOT / "notebooks",
         ports=[port],
         ready_url=f"http://127.0.0.1:{port}/api",
-        env={"LAB_TARGET": "local"},
+        env={"LAB_SERVICES": "local"},
     )
 
 

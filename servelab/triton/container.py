@@ -31,6 +31,7 @@ from pathlib import Path
 
 from servelab import service_exits
 from servelab.service.hardware import Hardware
+from servelab.settings import settings
 from servelab.triton.server import StagingError, stage_model_repository
 
 log = logging.getLogger("servelab.triton.container")
@@ -97,7 +98,7 @@ def prepare(files: dict[str, Path], container: str, backends_dir: Path = BACKEND
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    files = shared_paths(Path(os.environ.get("TRITON_SHARED_DIR", "/triton")))
+    files = shared_paths(settings().triton_shared_dir)
     try:
         # Docker names a container's host after its ID: a restart keeps it, a new container does not.
         prepare(files, socket.gethostname())

@@ -1,0 +1,258 @@
+"""Every environment variable the lab's tooling reads, read in one place, once per process.
+
+`settings()` reads the environment the first time it is called and keeps what it read: the
+notebooks, `make up`, the benchmark and the tests all take their configuration from it, and no
+other module of the tooling reads a variable of the lab (the services have their own settings,
+servelab/service/settings.py). A process that sets one of these variables for itself (a notebook
+choosing LAB_SERVICES, the root conftest.py) does so before anything asks for the settings; a
+process started later inherits what it sets.
+
+A value the lab cannot use is an error that names the variable and says what it takes, raised
+where the settings are first read. Unset, or empty, means the default. README's table of the
+variables is generated from this class: `python -m servelab.settings --markdown` prints it, and
+`python scripts/build_readme_settings.py` writes it into README.md.
+
+Standard library only: notebooks 0-2 read LAB_SERVICES on Chameleon's own Jupyter server, where
+none of the lab's other packages are installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servelab.profiles import PROFILES
+
+# Where the lab's services are, as seen from the process that reads the settings.
+SERVICES = ("local", "compose", "chameleon")
+# What INFERENCE_DEVICE asks a runtime for, as in the services (servelab/service/devices.py).
+DEVICES = ("auto", "cuda", "cpu")
+NAIVE_RUNTIMES = ("pytorch", "onnxruntime")
+RENAMED = {"LAB_TARGET": "LAB_SERVICES"}
+
+
+class SettingError(ValueError):
+    """A variable holds a value the lab cannot use; the message names it and says what it takes."""
+
+
+def _text(variable: str, raw: str) -> str:
+    return raw
+
+
+def _path(variable: str, raw: str) -> Path:
+    return Path(raw).expanduser()
+
+
+def _port(variable: str, raw: str) -> int:
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise SettingError(f"{variable}={raw!r}: set it to a TCP port, a whole number from 1 to 65535.")
+    return int(raw)
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(variable: str, raw: str) -> str:
+        if raw not in choices:
+            raise SettingError(f"{variable}={raw!r}: use one of {', '.join(choices)}.")
+        return raw
+
+    return parse
+
+
+def _lower_one_of(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    parse = _one_of(choices)
+    return lambda variable, raw: parse(variable, raw.lower())
+
+
+def _sha256(variable: str, raw: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", raw):
+        raise SettingError(f"{variable}={raw!r}: set it to the file's SHA-256, 64 hex digits (`sha256sum FILE`).")
+    return raw.lower()
+
+
+def _setting(variable: str, default: Any, meaning: str, parse: Callable[[str, str], Any] = _text, shown: str = ""):
+    """A field of Settings: the variable it is read from, what it means, and how its text is read;
+    `shown` is the default as README says it, where the value alone would not say it."""
+    metadata = {"variable": variable, "meaning": meaning, "parse": parse, "shown": shown}
+    return field(default=default, metadata=metadata)
+
+
+def _port_setting(service: str, default: int, what: str):
+    return _setting(f"SERVELAB_PORT_{service.upper()}", default, f"the local stack's port for {what}", _port)
+
+
+def _compose_setting(variable: str, what: str):
+    return _setting(variable, None, f"compose: {what} (compose.yaml sets it in the Jupyter container)")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The tooling's settings; each field is read from the variable its metadata names."""
+
+    services: str = _setting(
+        "LAB_SERVICES",
+        "local",
+        "where the lab's services are: `local` (processes on this machine, `make up`), `compose` (the "
+        "Compose project, from its Jupyter container) or `chameleon` (Chameleon's Jupyter server, which "
+        "sets up the node; notebooks 0-2 choose it there)",
+        _one_of(SERVICES),
+    )
+    profile: str = _setting(
+        "LAB_PROFILE",
+        "full",
+        "how long each measurement runs (servelab/profiles.py): `full`, or `quick` (CI: every experiment, "
+        "short windows)",
+        _one_of(tuple(sorted(PROFILES))),
+    )
+    lab_dir: Path | None = _setting(
+        "SERVELAB_DIR",
+        None,
+        "everything the lab generates at run time (model files, logs, the staged Triton repository); "
+        "`rm -rf` it for a full reset",
+        _path,
+        shown="`.lab` in the repository",
+    )
+    stack_dir: Path | None = _setting(
+        "SERVELAB_STACK_DIR",
+        None,
+        "the running stack's own files (logs, restarts, the staged Triton repository, Ray's token): where "
+        "`make up` keeps them and a notebook finds them; the tests move them to a scratch folder",
+        _path,
+        shown="SERVELAB_DIR's folder",
+    )
+    results_dir: Path | None = _setting(
+        "SERVELAB_RESULTS_DIR",
+        None,
+        "what the lab measured: the benchmark's reports, every notebook's runs",
+        _path,
+        shown="`results` in the repository",
+    )
+    port_fastapi_pt: int = _port_setting("fastapi_pt", 8100, "FastAPI (PyTorch)")
+    port_fastapi_onnx: int = _port_setting("fastapi_onnx", 8101, "FastAPI (ONNX Runtime)")
+    port_triton_http: int = _port_setting("triton_http", 8200, "Triton's HTTP")
+    port_triton_grpc: int = _port_setting("triton_grpc", 8201, "Triton's gRPC")
+    port_triton_metrics: int = _port_setting("triton_metrics", 8202, "Triton's metrics")
+    port_gourmetgram: int = _port_setting("gourmetgram", 8300, "GourmetGram")
+    port_image_host: int = _port_setting("image_host", 8400, "the image host")
+    port_ray_serve: int = _port_setting("ray_serve", 8500, "Ray Serve")
+    port_ray_dashboard: int = _port_setting("ray_dashboard", 8501, "Ray's dashboard")
+    port_ray_metrics: int = _port_setting("ray_metrics", 8502, "Ray's metrics")
+    port_jupyter: int = _port_setting("jupyter", 8888, "JupyterLab")
+    checkpoint: str | None = _setting(
+        "FOOD11_CHECKPOINT",
+        None,
+        "trained weights to serve (a path or a URL) instead of untrained ones; `make artifacts` builds the "
+        "model files from it",
+        shown="untrained weights",
+    )
+    checkpoint_sha256: str | None = _setting(
+        "FOOD11_CHECKPOINT_SHA256", None, "FOOD11_CHECKPOINT's SHA-256, checked before it is served", _sha256
+    )
+    inference_device: str = _setting(
+        "INFERENCE_DEVICE",
+        "auto",
+        "the in-process ceiling's device, as the services read it: `auto` (the GPU when the runtime has "
+        "one), `cuda` or `cpu`",
+        _lower_one_of(DEVICES),
+    )
+    naive_runtime: str = _setting(
+        "NAIVE_RUNTIME",
+        "pytorch",
+        "the benchmark's naive reference app (servelab/bench/naive_app.py): `pytorch` or `onnxruntime`",
+        _one_of(NAIVE_RUNTIMES),
+    )
+    triton_shared_dir: Path = _setting(
+        "TRITON_SHARED_DIR",
+        Path("/triton"),
+        "compose: the volume Triton's container shares with the Jupyter container (staged models, log, hardware)",
+        _path,
+    )
+    ray_shared_dir: Path | None = _setting(
+        "RAY_SHARED_DIR",
+        None,
+        "compose: the volume Ray Serve's container shares with the Jupyter container (its token, hardware)",
+        _path,
+    )
+    fastapi_pt_url: str | None = _compose_setting("FASTAPI_PT_URL", "FastAPI (PyTorch), http://host:port")
+    fastapi_onnx_url: str | None = _compose_setting("FASTAPI_ONNX_URL", "FastAPI (ONNX Runtime), http://host:port")
+    triton_http: str | None = _compose_setting("TRITON_HTTP", "Triton's HTTP, host:port")
+    triton_grpc: str | None = _compose_setting("TRITON_GRPC", "Triton's gRPC, host:port")
+    image_host_url: str | None = _compose_setting("IMAGE_HOST_URL", "the image host, http://host:port")
+    ray_serve_url: str | None = _compose_setting("RAY_SERVE_URL", "Ray Serve, http://host:port")
+    ray_dashboard_url: str | None = _compose_setting("RAY_DASHBOARD_URL", "Ray's dashboard, http://host:port")
+    ray_metrics_url: str | None = _compose_setting("RAY_METRICS_URL", "Ray's metrics, http://host:port/metrics")
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> Settings:
+        """The settings in `environ`; SettingError naming the variable at the first bad value."""
+        for old, new in RENAMED.items():
+            if old in environ:
+                raise SettingError(
+                    f"{old} was renamed {new} (it said where the lab's services are): set {new}={environ[old]} "
+                    f"instead and unset {old}."
+                )
+        values = {}
+        for setting in dataclasses.fields(cls):
+            raw = environ.get(setting.metadata["variable"], "").strip()
+            if raw:
+                values[setting.name] = setting.metadata["parse"](setting.metadata["variable"], raw)
+        return cls(**values)
+
+    def ports(self) -> dict[str, int]:
+        """Each local service's port, by service name (fastapi_pt: 8100...)."""
+        names = [f.name for f in dataclasses.fields(self) if f.name.startswith("port_")]
+        return {name.removeprefix("port_"): getattr(self, name) for name in names}
+
+    def compose(self, name: str) -> str:
+        """A Compose-only setting (a service's address, a shared folder), which must be set."""
+        value = getattr(self, name)
+        if value is None:
+            variable = variable_of(name)
+            raise SettingError(
+                f"{variable} is not set. With LAB_SERVICES=compose the notebooks run in the Jupyter container of "
+                "the Compose project (compose.yaml), which sets it: open them there."
+            )
+        return str(value)
+
+
+def variable_of(name: str) -> str:
+    """The variable a Settings field is read from."""
+    return next(f.metadata["variable"] for f in dataclasses.fields(Settings) if f.name == name)
+
+
+@functools.cache
+def settings() -> Settings:
+    """This process's settings, read from its environment the first time they are asked for."""
+    return Settings.from_environ(os.environ)
+
+
+def markdown_table() -> str:
+    """README's table of the variables, one row per field of Settings."""
+    rows = ["| Variable | Default | Meaning | `settings()` field |", "|---|---|---|---|"]
+    for setting in dataclasses.fields(Settings):
+        default = setting.metadata["shown"] or ("unset" if setting.default is None else f"`{setting.default}`")
+        variable, meaning = setting.metadata["variable"], setting.metadata["meaning"]
+        rows.append(f"| `{variable}` | {default} | {meaning} | `{setting.name}` |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m servelab.settings", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--markdown", action="store_true", help="print README's table of the variables")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown_table(), end="")
+    else:
+        for setting in dataclasses.fields(Settings):
+            print(f"{setting.metadata['variable']}={getattr(settings(), setting.name)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
