@@ -1,4 +1,4 @@
-"""Every notebook, run as a student runs it (local target, quick profile), against the session's
+"""Every notebook, run as a student runs it (local services, quick profile), against the session's
 servers: `Lab.connect()` in the notebook finds them, as it finds `make up` (tests/conftest.py).
 
 A notebook that judges expectations (its source calls `lab.expect(` or `lab.judge(`) has every verdict checked
