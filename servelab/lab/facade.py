@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 import requests
 
@@ -53,6 +54,7 @@ from servelab.environment import (  # noqa: F401 (notebooks use chameleon_only a
 from servelab.lab import ray_side as lab_ray
 from servelab.lab import ui
 from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, Capacity, TritonLab
+from servelab.lab.ui import PageAnswer
 from servelab.lessons.expectations import Condition, Expectation, ExpectationLog
 from servelab.measure import service_stats
 from servelab.profiles import Profile, profile
@@ -60,6 +62,7 @@ from servelab.report import tables
 from servelab.results import RunResult, SequenceRunResult, StepCounts, append_result, load_appended
 from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
+from servelab.service_exits import ServiceExit
 from servelab.settings import settings
 from servelab.stack.local import (
     POLL_S,
@@ -83,6 +86,7 @@ SAVED_RUNS_DIR = paths.RESULTS_DIR / "notebooks"
 RESTART_WAIT_S = 300.0  # Triton with every model loads in about 10-60 s; a busy machine takes longer
 COMPOSE_RESTART_RECORD_S = 10.0  # Docker restarts a crashed container at once; its start records it
 STREAMS_END_S = 60.0  # how long the streams a run left on the server may take to end
+Kept = TypeVar("Kept", bound=RunResult)  # a run kept by Lab._keep: a RunResult or a SequenceRunResult
 
 
 def saved_runs_file(notebook: str) -> Path:
@@ -179,6 +183,7 @@ class Lab(TritonLab):
         running = answers(f"http://127.0.0.1:{default.fastapi_pt}/health")
         running = running and answers(f"http://127.0.0.1:{default.image_host}/health")
         shared_exits = None
+        repository: Path | None
         if running and answers(f"http://127.0.0.1:{default.triton_http}/v2/health/ready"):
             # `make up`'s stack (or the test suite's, moved by SERVELAB_PORT_* and SERVELAB_STACK_DIR).
             ports, repository, stacks = default, paths.TRITON_DIR / "models", []
@@ -347,6 +352,7 @@ class Lab(TritonLab):
                 image_bytes=self.sample_image(),
                 progress=False,
             )
+        assert stats.delta is not None, "set as the block ended without an error"
         result.service_stats = stats.delta.to_dict()
         return self._keep(result, target or f"fastapi_{flavor}", started)
 
@@ -374,6 +380,7 @@ class Lab(TritonLab):
                 image_url=image_url,
                 progress=False,
             )
+        assert stats.delta is not None, "set as the block ended without an error"
         result.service_stats = stats.delta.to_dict()
         return self._keep(result, target or f"fastapi_{flavor}", started)
 
@@ -436,6 +443,7 @@ class Lab(TritonLab):
             result.notes.append(f"{after.running - before.running} stream(s) had not ended on the server when read")
         else:
             after = settled(server_steps)  # a server counts a step, or logs a stream's end, just after it
+        assert result.steps is not None, "a streamed run's result has its steps"
         result.steps |= {
             "computed": after.computed - before.computed,
             "for_gone_clients": after.for_gone_clients - before.for_gone_clients,
@@ -468,7 +476,7 @@ class Lab(TritonLab):
         query = "" if latency_ms is None else f"?latency_ms={latency_ms:g}"
         return f"{self.image_host_url}/images/{name}{query}"
 
-    def _keep(self, result: RunResult, target: str, started: float) -> RunResult:
+    def _keep(self, result: Kept, target: str, started: float) -> Kept:
         """Name the run, mark it if a service crashed while it ran (since `started`, a Unix time),
         save it, and print its summary."""
         result.target = target
@@ -530,7 +538,7 @@ class Lab(TritonLab):
 
     # ---- crashed services ------------------------------------------------------------------
 
-    def service_exits(self) -> list[service_exits.ServiceExit]:
+    def service_exits(self) -> list[ServiceExit]:
         """The unexpected exits of this lab's services since this Lab connected, as the local
         stacks' supervisors recorded them, or, in the Compose project, the Triton container's start
         (the services Docker restarts otherwise are not watched)."""
@@ -540,7 +548,7 @@ class Lab(TritonLab):
         since = self.connected_at.timestamp()
         return sorted((event for event in exits if event.exited_at >= since), key=lambda event: event.exited_at)
 
-    def _restarted_by_docker(self, event: service_exits.ServiceExit) -> service_exits.ServiceExit:
+    def _restarted_by_docker(self, event: ServiceExit) -> ServiceExit:
         """A Compose service's exit is recorded as it restarts, and never updated: it is back once
         the service answers again, first seen here."""
         if not self.on_compose or event.outcome != service_exits.RESTARTING:
@@ -570,7 +578,7 @@ class Lab(TritonLab):
             time.sleep(0.5)
         self._tell(self.service_exits())
 
-    def _tell(self, exits: list[service_exits.ServiceExit]) -> None:
+    def _tell(self, exits: list[ServiceExit]) -> None:
         """Print each crash once when noticed, and once more when its outcome is known."""
         for event in exits:
             key = (event.service, event.exited_at, event.outcome)
@@ -620,7 +628,7 @@ class Lab(TritonLab):
         return f"http://127.0.0.1:{ports.gourmetgram}"
 
     @staticmethod
-    def upload_to_ui(ui_url: str, image_name: str, image: bytes) -> ui.PageAnswer:
+    def upload_to_ui(ui_url: str, image_name: str, image: bytes) -> PageAnswer:
         """Upload a photo as GourmetGram's form does, and print what the result page says; a page
         that is not a prediction (the backend down, say) is an error that quotes the page."""
         answer = ui.upload(ui_url, image_name, image)
