@@ -15,18 +15,15 @@ that did not, and restores the server so that the next test starts from the ship
 from __future__ import annotations
 
 import base64
-import io
 import json
 import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 import requests
 import tritonclient.http as triton_http
-from PIL import Image
 
 from servelab import paths, retries
 from servelab.lab.ray_side import RayServe, serve_at
@@ -43,22 +40,7 @@ from servelab.stack.local import (
     start_on_free_ports,
     triton_service,
 )
-
-# Small enough to test 413 with a modest body, large enough for every real test image.
-TEST_MAX_REQUEST_BYTES = 2_000_000
-
-
-def make_image_bytes(seed: int, size=(320, 240), fmt="JPEG") -> bytes:
-    """A deterministic, textured test image (smooth gradients plus noise), encoded as `fmt`."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0 : size[1], 0 : size[0]]
-    base = rng.uniform(0, 255, 3)
-    freq = rng.uniform(0.01, 0.08, 3)
-    pixels = np.stack([base[c] / 2 + 60 * np.sin(freq[c] * (x + 2 * y)) for c in range(3)], axis=-1)
-    pixels += rng.normal(0, 25, pixels.shape)
-    buffer = io.BytesIO()
-    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, fmt)
-    return buffer.getvalue()
+from tests.helpers import RETRIES, TEST_MAX_REQUEST_BYTES, make_image_bytes
 
 
 @pytest.fixture(scope="session")
@@ -267,19 +249,6 @@ def unchanged_servers_after_each_module(request) -> Iterator[None]:
 # ---- every retry is listed at the end ------------------------------------------------------------
 
 
-class RetryLog(logging.Handler):
-    """The retries made in this process (servelab.retries), each with the test it happened in."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-        self.test = "(no test)"
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(f"{self.test}: {record.getMessage()}")
-
-
-RETRIES = RetryLog()
 logging.getLogger(retries.log.name).addHandler(RETRIES)
 
 

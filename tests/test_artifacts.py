@@ -14,7 +14,7 @@ from torchvision.models import mobilenet_v2
 from servelab import paths
 from servelab.service import food11
 from servelab.stack import artifacts
-from tests.conftest import make_image_bytes
+from tests.helpers import make_image_bytes
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import requests
 from servelab.service.cores import available_cores, thread_plan
 from servelab.service.food11 import LABELS
 from servelab.stack.local import LocalStack, Ports, StackError, fastapi_service
-from tests.conftest import TEST_MAX_REQUEST_BYTES
+from tests.helpers import BAD_REQUESTS, TEST_MAX_REQUEST_BYTES, check_bad_request, make_image_bytes, still_serves
 
 FLAVORS = ["pt", "onnx"]
 
@@ -16,11 +16,6 @@ FLAVORS = ["pt", "onnx"]
 @pytest.fixture(params=FLAVORS)
 def service_url(request, fastapi_urls) -> str:
     return fastapi_urls[request.param]
-
-
-def _still_serves(url: str, image_b64: str) -> None:
-    response = requests.post(f"{url}/predict", json={"image": image_b64}, timeout=30)
-    assert response.status_code == 200, response.text
 
 
 def test_predict_returns_a_label_and_a_probability(service_url, image_b64):
@@ -34,8 +29,6 @@ def test_predict_returns_a_label_and_a_probability(service_url, image_b64):
 
 
 def test_png_is_accepted(service_url, test_images):
-    from tests.conftest import make_image_bytes
-
     png = base64.b64encode(make_image_bytes(7, fmt="PNG")).decode()
     assert requests.post(f"{service_url}/predict", json={"image": png}, timeout=30).status_code == 200
 
@@ -135,31 +128,6 @@ def test_swagger_ui_and_openapi_schema_are_served(service_url):
     assert {"400", "413", "422"} <= set(schema["paths"]["/predict"]["post"]["responses"])
 
 
-# Every bad request and the status it gets; the Ray Serve app (tests/test_ray_serve.py) must answer the same.
-BAD_REQUESTS = pytest.mark.parametrize(
-    "body, headers, status",
-    [
-        (b"{not json", {"content-type": "application/json"}, 422),
-        (b'{"picture": "abc"}', {"content-type": "application/json"}, 422),
-        (b'{"image": 12}', {"content-type": "application/json"}, 422),
-        (b'{"image": ""}', {"content-type": "application/json"}, 422),
-        (b'{"image": "%%% not base64 %%%"}', {"content-type": "application/json"}, 400),
-        (b'{"image": "' + base64.b64encode(b"hello, I am text") + b'"}', {"content-type": "application/json"}, 400),
-    ],
-    ids=["malformed-json", "missing-field", "wrong-type", "empty-image", "bad-base64", "not-an-image"],
-)
-
-
-def check_bad_request(url: str, image_b64: str, body: bytes, headers: dict, status: int) -> None:
-    response = requests.post(f"{url}/predict", data=body, headers=headers, timeout=30)
-    assert response.status_code == status
-    detail = response.json()["detail"]
-    assert detail, "the error must say what went wrong"
-    if status == 400:
-        assert "JPEG or PNG" in detail or "base64" in detail
-    _still_serves(url, image_b64)
-
-
 @BAD_REQUESTS
 def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(service_url, image_b64, body, headers, status):
     check_bad_request(service_url, image_b64, body, headers, status)
@@ -172,7 +140,7 @@ def test_a_body_over_the_limit_is_refused_with_413(service_url, image_b64):
     )
     assert response.status_code == 413
     assert "MAX_REQUEST_BYTES" in response.json()["detail"]
-    _still_serves(service_url, image_b64)
+    still_serves(service_url, image_b64)
 
 
 def test_a_chunked_body_over_the_limit_is_refused_with_413(service_url, image_b64):
@@ -186,7 +154,7 @@ def test_a_chunked_body_over_the_limit_is_refused_with_413(service_url, image_b6
         f"{service_url}/predict", data=chunks(), headers={"content-type": "application/json"}, timeout=30
     )
     assert response.status_code == 413
-    _still_serves(service_url, image_b64)
+    still_serves(service_url, image_b64)
 
 
 def test_wrong_method_and_unknown_path_get_proper_codes(service_url):

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from servelab.service import food11
-from tests.conftest import make_image_bytes
+from tests.helpers import make_image_bytes
 
 
 def test_labels_are_the_eleven_food11_classes_in_order():

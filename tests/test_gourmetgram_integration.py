@@ -13,7 +13,7 @@ import requests
 
 from servelab.service.food11 import LABELS
 from servelab.stack.local import Ports, gourmetgram_service, start_on_free_ports
-from tests.conftest import make_image_bytes
+from tests.helpers import make_image_bytes
 
 BACKENDS = ["fastapi_pt", "fastapi_onnx", "food_classifier", "food_classifier_onnx"]
 # What /healthz reports for each: the backend kind, and what the page sends the model. For Triton

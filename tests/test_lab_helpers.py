@@ -18,7 +18,7 @@ from servelab.service.food11 import LABELS
 from servelab.service.hardware import Hardware
 from servelab.settings import Settings
 from servelab.triton import perf_analyzer
-from tests.conftest import make_image_bytes
+from tests.helpers import make_image_bytes
 
 
 def perf_result(queue_us: float = 2000.0, infer_us: float = 5000.0, requests: int = 40) -> RunResult:

@@ -5,6 +5,7 @@ says what it owns."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,16 @@ def test_each_folder_says_what_it_owns(layer):
     docstring = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text())) or ""
     assert len(docstring.split()) >= 15, f"servelab/{layer}/__init__.py says too little about what it owns"
     assert f"    {layer}/" in ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text()))
+
+
+def test_tests_share_code_through_tests_helpers_only():
+    """A test module imports no other test module and no conftest (pytest imports those itself,
+    under names of its own choosing): shared test code lives in tests/helpers.py. The scripts
+    the tests run in child processes count too, so the text is searched, not only the syntax."""
+    other_test_code = re.compile(r"^\s*(?:from|import)\s+(?:tests\.(?!helpers\b)\w+|conftest\b)", re.MULTILINE)
+    found = sorted(
+        f"{path.relative_to(paths.REPO_ROOT)}: {match.group().strip()}"
+        for path in (paths.REPO_ROOT / "tests").glob("*.py")
+        for match in other_test_code.finditer(path.read_text())
+    )
+    assert found == []

@@ -18,7 +18,7 @@ import pytest
 
 from servelab.lab.notebook_runs import NOTEBOOKS, judging, run_notebook, verdict_problems
 from servelab.lessons.expectations import Outcome
-from tests.conftest import RETRIES
+from tests.helpers import RETRIES
 
 SOURCES = sorted(NOTEBOOKS.glob("[0-9]*.py"), key=lambda path: int(path.name.split("_")[0]))
 MUST_HOLD = {

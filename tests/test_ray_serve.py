@@ -30,9 +30,7 @@ from servelab.ray import rest as ray_rest
 from servelab.ray.watch import ServeSample, ServeWatcher, during, in_replica_mean_ms, serve_metrics
 from servelab.service.food11 import LABELS
 from servelab.stack.local import LocalStack
-from tests.conftest import TEST_MAX_REQUEST_BYTES, make_image_bytes
-from tests.helpers import until
-from tests.test_fastapi_services import BAD_REQUESTS, check_bad_request
+from tests.helpers import BAD_REQUESTS, TEST_MAX_REQUEST_BYTES, check_bad_request, make_image_bytes, until
 
 # Small on purpose: two requests per replica, then a queue of three in front, then 503; a second
 # replica as soon as the requests per replica stay above one for a second.

@@ -15,20 +15,10 @@ import pytest
 
 from servelab import paths, service_exits
 from servelab.stack import local as stack
-from servelab.stack.local import LocalStack, Ports, ServiceSpec, StackError, answers, port_is_free
+from servelab.stack.local import LocalStack, Ports, StackError, answers, port_is_free
 from servelab.triton import server as triton_local
 from servelab.triton.models import ModelRepository
-from tests.helpers import until
-
-SERVER_WITH_A_CHILD = textwrap.dedent(
-    """
-    import http.server, subprocess, sys
-    # A grandchild that would outlive a naive kill of the parent only (like Triton's backend stubs).
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    open(sys.argv[2], "w").write(str(child.pid))
-    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()
-    """
-)
+from tests.helpers import toy_service, until
 
 
 def _pid_alive(pid: int) -> bool:
@@ -39,17 +29,6 @@ def _pid_alive(pid: int) -> bool:
     # A zombie has exited; it only waits to be reaped by its parent.
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().split()[2] != "Z"
-
-
-def _spec(tmp_path, port: int, script: str = SERVER_WITH_A_CHILD, timeout: float = 20) -> ServiceSpec:
-    return ServiceSpec(
-        name="toy",
-        command=[sys.executable, "-c", script, str(port), str(tmp_path / "child.pid")],
-        cwd=tmp_path,
-        ports=[port],
-        ready_url=f"http://127.0.0.1:{port}/",
-        ready_timeout_s=timeout,
-    )
 
 
 # Serves, then exits with code 3 a second later: a service that crashes every time it starts.
@@ -77,7 +56,7 @@ SERVER_STUCK_ON_RESTART = textwrap.dedent(
 
 def test_stack_waits_for_readiness_and_stops_the_whole_process_group(tmp_path):
     port = Ports.found_free().fastapi_pt
-    with LocalStack([_spec(tmp_path, port)], log_dir=tmp_path) as stack:
+    with LocalStack([toy_service(tmp_path, port)], log_dir=tmp_path) as stack:
         assert not port_is_free(port)
         leader = stack.processes[0].process.pid
         child = int((tmp_path / "child.pid").read_text())
@@ -99,8 +78,8 @@ def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path):
         from pathlib import Path
         sys.path.insert(0, {str(paths.REPO_ROOT)!r})
         from servelab.stack.local import LocalStack
-        from tests.test_stack import _spec
-        stack = LocalStack([_spec(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
+        from tests.helpers import toy_service
+        stack = LocalStack([toy_service(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
         Path({str(tmp_path / "leader.pid")!r}).write_text(str(stack.processes[0].process.pid))
         time.sleep(600)
         """
@@ -127,7 +106,7 @@ def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path):
 
 def test_a_service_killed_while_running_is_restarted_its_log_kept_and_its_exit_recorded(tmp_path):
     port = Ports.found_free().fastapi_pt
-    with LocalStack([_spec(tmp_path, port)], log_dir=tmp_path / "logs") as running:
+    with LocalStack([toy_service(tmp_path, port)], log_dir=tmp_path / "logs") as running:
         first = running.processes[0].process.pid
         first_child = int((tmp_path / "child.pid").read_text())
         os.kill(first, signal.SIGKILL)
@@ -148,7 +127,7 @@ def test_a_service_killed_while_running_is_restarted_its_log_kept_and_its_exit_r
 def test_a_service_that_keeps_crashing_is_given_up_after_the_restart_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(stack, "MAX_RESTARTS", 2)
     port = Ports.found_free().fastapi_pt
-    with LocalStack([_spec(tmp_path, port, script=SERVER_THAT_EXITS)], log_dir=tmp_path / "logs") as running:
+    with LocalStack([toy_service(tmp_path, port, script=SERVER_THAT_EXITS)], log_dir=tmp_path / "logs") as running:
         until(running.given_up, 30, "the supervisor gives up")
         exits = service_exits.read(tmp_path / "logs" / service_exits.EVENTS_FILE)
         assert [item.outcome for item in exits] == ["back", "back", "given up"]
@@ -161,7 +140,7 @@ def test_a_service_that_keeps_crashing_is_given_up_after_the_restart_limit(tmp_p
 
 def test_stopping_the_stack_while_a_restart_waits_for_readiness_returns_at_once(tmp_path):
     port = Ports.found_free().fastapi_pt
-    running = LocalStack([_spec(tmp_path, port, script=SERVER_STUCK_ON_RESTART, timeout=120)], log_dir=tmp_path)
+    running = LocalStack([toy_service(tmp_path, port, script=SERVER_STUCK_ON_RESTART, timeout=120)], log_dir=tmp_path)
     running.start()
     os.kill(running.processes[0].process.pid, signal.SIGKILL)
     until(lambda: running.processes[0].alive() and running.exits, 10, "the restart under way")
@@ -183,8 +162,8 @@ def test_a_restarted_service_also_stops_when_the_process_that_started_the_stack_
         sys.path.insert(0, {str(paths.REPO_ROOT)!r})
         from servelab.stack.local import LocalStack
         from tests.helpers import until
-        from tests.test_stack import _spec
-        stack = LocalStack([_spec(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
+        from tests.helpers import toy_service
+        stack = LocalStack([toy_service(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
         os.kill(stack.processes[0].process.pid, signal.SIGKILL)
         until(lambda: stack.exits and stack.exits[0].back_at, 30, "restarted")
         Path({str(tmp_path / "leader.pid")!r}).write_text(str(stack.processes[0].process.pid))
@@ -208,7 +187,7 @@ def test_a_taken_port_is_reported_clearly_and_nothing_is_left_running(tmp_path):
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        stack = LocalStack([_spec(tmp_path, port)], log_dir=tmp_path)
+        stack = LocalStack([toy_service(tmp_path, port)], log_dir=tmp_path)
         with pytest.raises(StackError, match=f"port {port} .* already in use.*SERVELAB_PORT_"):
             stack.start()
         assert stack.processes[0].process is None
@@ -218,13 +197,13 @@ def test_a_service_that_dies_at_start_up_is_reported_with_its_log(tmp_path):
     port = Ports.found_free().fastapi_pt
     crashing = "import sys; print('model file missing: run make artifacts'); sys.exit(3)"
     with pytest.raises(StackError, match="(?s)exited with code 3.*model file missing"):
-        LocalStack([_spec(tmp_path, port, script=crashing)], log_dir=tmp_path).start()
+        LocalStack([toy_service(tmp_path, port, script=crashing)], log_dir=tmp_path).start()
 
 
 def test_a_service_that_never_becomes_ready_times_out_and_is_stopped(tmp_path):
     port = Ports.found_free().fastapi_pt
     silent = "import time; print('still loading'); time.sleep(600)"
-    stack = LocalStack([_spec(tmp_path, port, script=silent, timeout=1.5)], log_dir=tmp_path)
+    stack = LocalStack([toy_service(tmp_path, port, script=silent, timeout=1.5)], log_dir=tmp_path)
     with pytest.raises(StackError, match="(?s)not ready.*still loading"):
         stack.start()
     assert stack.processes[0].process.poll() is not None
@@ -317,7 +296,7 @@ def test_a_port_taken_at_start_up_is_tried_once_more_on_new_ports_and_logged(
 
     def services(ports: Ports) -> list:
         attempts.append(ports)
-        return [_spec(tmp_path, ports.fastapi_pt)]
+        return [toy_service(tmp_path, ports.fastapi_pt)]
 
     monkeypatch.setattr(stack, "LocalStack", Stack)
     if started is None:
@@ -347,7 +326,7 @@ def test_a_known_transient_start_failure_is_tried_once_more_and_logged(tmp_path,
         http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()
         """
     )
-    spec = dataclasses.replace(_spec(tmp_path, port, script=flaky), retry_start_on="timed out during startup")
+    spec = dataclasses.replace(toy_service(tmp_path, port, script=flaky), retry_start_on="timed out during startup")
     with LocalStack([spec], log_dir=tmp_path) as started:
         assert answers(f"http://127.0.0.1:{port}/")
         log = started.processes[0].log_path.read_text()
