@@ -4,12 +4,12 @@
 `lab.capacity(...)`, `lab.config(...)`, `lab.apply_config(...)`. A config change is made on the
 config as shipped (`lab.config(model)`, a `servelab.triton.config.TritonConfig`), shown as the
 exact text change to `config.pbtxt`, and applied by reloading that one model through Triton's
-model-control API (the server runs with explicit model control, on both targets). The edited
-config is first adapted to the server that runs it (`lab.triton_server`: locally the pip-installed
-Triton on the CPU; in the Compose project, what its container has), and that adaptation is printed
-too. `lab.instance_groups(n)` writes n instances for that server's hardware. Locally, a notebook
-can also start a Triton of its own for one model (`lab.private_triton(...)`), for an experiment
-that must not disturb the lab's server.
+model-control API (the server runs with explicit model control, locally and in the Compose
+project). The edited config is first adapted to the server that runs it (`lab.triton_server`:
+locally the pip-installed Triton on the CPU; in the Compose project, what its container has), and
+that adaptation is printed too. `lab.instance_groups(n)` writes n instances for that server's
+hardware. Locally, a notebook can also start a Triton of its own for one model
+(`lab.private_triton(...)`), for an experiment that must not disturb the lab's server.
 """
 
 from __future__ import annotations
@@ -346,10 +346,13 @@ class TritonLab:
     def private_triton(self, model: str, config: TritonConfig) -> Iterator[TritonAddresses]:
         """A Triton of this notebook's own serving `model` alone, with `config` (adapted to this
         machine as the lab's is), on free ports, for the `with` block. Its stack's supervisor
-        restarts it after a crash, and a run against it is marked as the lab's are. Local target
+        restarts it after a crash, and a run against it is marked as the lab's are. Local services
         only: the Compose project's Jupyter container has no Triton to start."""
         if self.on_compose:
-            raise RuntimeError("A private Triton runs on the local target only: the Jupyter container has no Triton.")
+            raise RuntimeError(
+                "A private Triton runs with local services only (LAB_SERVICES=local): the Jupyter container "
+                "has no Triton."
+            )
         work = NOTEBOOK_STACK_DIR / f"private-triton-{os.getpid()}"
 
         def services(ports: Ports) -> list[ServiceSpec]:

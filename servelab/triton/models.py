@@ -1,8 +1,9 @@
 """The lab's Triton models: one registry, read by every module that needs to know about a model.
 
 Every folder of `models_staging/` is a model, in Triton's repository layout (`config.pbtxt` and
-a numbered version folder). Both targets serve every one of them: Docker loads the whole
-repository (`--load-model=*`), and the local stack stages and loads each folder it finds.
+a numbered version folder). Both Tritons (the local stack's and the Compose project's) serve every
+one of them: Docker loads the whole repository (`--load-model=*`), and the local stack stages and
+loads each folder it finds.
 
 What Triton needs is in the model's `config.pbtxt`, and the registry reads it from there (name,
 backend, inputs and outputs, batch size, whether it is stateful). What only the lab knows comes
