@@ -292,12 +292,6 @@ def _toy_stateful_repository(folder) -> ModelRepository:
 
 def test_the_synchronous_api_runs_sequences_of_a_stateful_model_from_the_registry(server, tmp_path):
     models = _toy_stateful_repository(tmp_path)
-    try:
-        models.get("toy").request()
-    except ModelError:
-        pytest.skip(
-            "servelab.triton.models cannot build a stateful model's request yet (the food_sequence work adds it)"
-        )
     server.configure(sleep_ms=2)
     result = loadgen.sequence_loop("triton-http", server.address, "toy", 2, 3, progress=False, models=models)
     assert result.sequences_completed == 2 and result.errors == {}
