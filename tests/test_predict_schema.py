@@ -1,0 +1,132 @@
+"""The request schema POST /predict publishes says what the server takes (issue 31).
+
+Bodies built from the live /openapi.json's request schema - its fields, each with a pool of values
+that covers every case it states (absent, null, empty, malformed, well-formed) - are sent to the real
+FastAPI services and judged by the schema itself (`jsonschema`): a body it allows is answered, or
+refused only with a status the route documents for what the schema cannot see (bytes that are not
+an image, a URL the server does not fetch or cannot get); a body it forbids is refused with a 4xx
+the route documents. The pattern the schema gives `image` is checked against the decoder in process.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+
+import jsonschema
+import pytest
+import requests
+
+from servelab import paths
+from servelab.service.food11 import BASE64_PATTERN, InvalidImageError, decode_base64
+
+FLAVORS = ["pt", "onnx"]
+ABSENT = object()  # a field left out of the body
+
+
+def request_schema(openapi: dict) -> dict:
+    """POST /predict's JSON body schema, with the document's components for its references."""
+    body = openapi["paths"]["/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return {**body, "components": openapi["components"]}
+
+
+def documented_statuses(openapi: dict) -> set[int]:
+    return {int(code) for code in openapi["paths"]["/predict"]["post"]["responses"]}
+
+
+def value_pools(schema: dict, image_b64: str, host: str) -> dict[str, list]:
+    """Values for each field the request schema names: what it allows and what it forbids."""
+    fields = schema["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]["properties"]
+    assert set(fields) == {"image", "url"}, f"the request's fields changed: {sorted(fields)}; update the pools"
+    photo = f"http://{host}/images/{paths.SAMPLE_IMAGE.name}"
+    return {
+        "image": [
+            ABSENT,
+            None,
+            "",
+            "0",  # not base64: one character is never a whole group
+            "%%% not base64 %%%",
+            image_b64,
+            image_b64 + "=",  # padding past the end
+            base64.b64encode(b"hello, I am text").decode(),  # base64, but not an image: a documented 400
+            12,
+        ],
+        "url": [
+            ABSENT,
+            None,
+            "",
+            photo,
+            photo.replace("http://", "ftp://"),
+            photo.replace("http://", "http://user:secret@"),
+            "http://images.example.invalid/soup.jpg",  # a host not allowed: a documented 403
+            f"http://{host}/images/no-such-photo.jpg",  # the image host fails: a documented 502
+            "not a url",
+        ],
+    }
+
+
+def bodies(pools: dict[str, list]) -> list[dict]:
+    names = sorted(pools)
+    made = []
+    for values in itertools.product(*(pools[name] for name in names)):
+        made.append({name: value for name, value in zip(names, values, strict=True) if value is not ABSENT})
+    return made
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_every_body_the_schema_allows_is_served_and_every_body_it_forbids_is_refused(
+    flavor, fastapi_urls, ports, image_b64
+):
+    url = fastapi_urls[flavor]
+    openapi = requests.get(f"{url}/openapi.json", timeout=10).json()
+    schema = request_schema(openapi)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    documented = documented_statuses(openapi)
+    assert {400, 403, 413, 422, 502, 504} <= documented
+    # What a body the schema allows may still get, for what the schema cannot see: bytes that are not
+    # an image, a URL the server does not fetch (403) or cannot get (502, 504). Never 422, never 500.
+    refusals_beyond_the_schema = documented - {200, 422, 500}
+    refusals = {status for status in documented if 400 <= status < 500}
+    pools = value_pools(schema, image_b64, f"127.0.0.1:{ports.image_host}")
+    # The edge cases the schema used to allow, and the two bodies every client sends.
+    assert not validator.is_valid({}) and not validator.is_valid({"image": "0"})
+    assert not validator.is_valid({"image": image_b64, "url": pools["url"][3]})
+    assert validator.is_valid({"image": image_b64}) and validator.is_valid({"url": pools["url"][3]})
+
+    wrong = []
+    answered = {True: 0, False: 0}
+    for body in bodies(pools) + [{"image": image_b64, "note": "a field the schema does not name"}]:
+        allowed = validator.is_valid(body)
+        response = requests.post(f"{url}/predict", json=body, timeout=60)
+        status = response.status_code
+        if allowed:
+            fine = status == 200 or status in refusals_beyond_the_schema
+        else:
+            fine = status in refusals and "detail" in response.json()
+        answered[allowed] += status == 200
+        if not fine:
+            shown = {name: (value[:24] + "...") if isinstance(value, str) else value for name, value in body.items()}
+            wrong.append(f"{json.dumps(shown)}: {'allowed' if allowed else 'forbidden'} by the schema, got {status}")
+    assert not wrong, "\n".join(wrong)
+    assert answered[False] == 0  # nothing the schema forbids was served
+    assert answered[True] >= 4  # the photo, sent or by URL, each with the other field null; and with an extra field
+
+
+def test_the_published_base64_pattern_is_what_the_decoder_takes():
+    """Every string of up to 7 characters from base64's alphabet, its padding and a stranger:
+    the schema's pattern (as jsonschema applies it) allows exactly those the decoder takes."""
+    validator = jsonschema.Draft202012Validator({"type": "string", "pattern": BASE64_PATTERN})
+    disagree = []
+    for length in range(1, 8):
+        for text in map("".join, itertools.product("A/=%", repeat=length)):
+            try:
+                decode_base64(text)
+                decodes = True
+            except InvalidImageError:
+                decodes = False
+            if validator.is_valid(text) != decodes:
+                disagree.append(text)
+    assert not disagree, f"pattern and decoder disagree on {disagree[:10]}"
+    real = base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()
+    assert validator.is_valid(real) and decode_base64(real) == paths.SAMPLE_IMAGE.read_bytes()
