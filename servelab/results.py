@@ -221,11 +221,6 @@ class SequenceRunResult(RunResult):
     sequence_latencies_ms: list[float] = field(default_factory=list)
 
     @property
-    def sequences_per_s(self) -> float:
-        """Sequences completed per second of measurement."""
-        return self.sequences_completed / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
     def label(self) -> str:
         pace = f", a frame every {self.frame_interval_s * 1000:g} ms" if self.frame_interval_s else ""
         live = f"{self.concurrency} sequence{'' if self.concurrency == 1 else 's'}"

@@ -4,8 +4,15 @@ import psutil
 import pytest
 
 from servelab import paths
-from servelab.measure.inprocess import Point, decoding_threads, measure_point, sweep, sweep_points
+from servelab.measure.inprocess import Point, PointProcess, decoding_threads, sweep, sweep_points
+from servelab.results import RunResult
 from servelab.service.cores import available_cores, thread_plan
+
+
+def measure_point(runtime: str, point: Point, duration_s: float, warmup_s: float, decode: bool = True) -> RunResult:
+    """One measurement of `point` in a fresh Python process, as the sweep makes each."""
+    with PointProcess(runtime, point, decode) as process:
+        return process.measure(duration_s, warmup_s)
 
 
 def test_the_sweep_tries_every_core_busy_in_one_slot_or_spread_and_threads_for_one_in_flight():

@@ -171,7 +171,6 @@ def test_a_sequence_lasts_its_length_times_the_frame_latency(server):
     result = run(server, 2, 6, sequences=4)
     assert 20 <= result.latency.p50_ms <= 20 + 40  # the server's 20 ms, and a busy machine's round trip
     assert result.sequence_latency.p50_ms == pytest.approx(6 * result.latency.mean_ms, rel=0.2)
-    assert result.sequences_per_s == pytest.approx(result.sequences_completed / result.wall_s)
 
 
 def test_a_duration_bounds_the_sequences_started(server):

@@ -269,7 +269,7 @@ def test_sampler_reads_every_gpu_when_there_is_one():
 def test_md1_known_value_half_load():
     # rho = 50 req/s * 10 ms = 0.5: Wq = 0.5 / (2 * 100/s * 0.5) = 5 ms.
     assert queueing.md1_mean_wait_s(50, 0.010) == pytest.approx(0.005)
-    (row,) = queueing.md1_prediction([50], 0.010)
+    (row,) = queueing.mg1_prediction([50], 0.010, 0.0)
     assert row == pytest.approx({"rate_rps": 50.0, "utilization": 0.5, "queueing_delay_ms": 5.0, "latency_ms": 15.0})
 
 
@@ -359,7 +359,7 @@ def _open_results(service_ms: float = 20.0) -> list[RunResult]:
     results = []
     for arrival, factor in (("poisson", 1.0), ("constant", 0.0)):
         for i, rate in enumerate((10, 20, 30, 40, 45)):
-            predicted = queueing.md1_prediction([rate], service_ms / 1000)[0]["latency_ms"]
+            predicted = queueing.mg1_prediction([rate], service_ms / 1000, 0.0)[0]["latency_ms"]
             center = service_ms + factor * (predicted - service_ms)
             results.append(
                 _result("fastapi_onnx", rate=rate, arrival=arrival, center_ms=center, throughput=rate, seed=20 + i)

@@ -261,14 +261,6 @@ class PointProcess:
         self.close()
 
 
-def measure_point(
-    runtime: str, point: Point, duration_s: float, warmup_s: float, decode: bool = True, timeout_s: float = 300
-) -> RunResult:
-    """One measurement of `point` in a fresh Python process, so that no earlier plan's threads are around."""
-    with PointProcess(runtime, point, decode, timeout_s) as process:
-        return process.measure(duration_s, warmup_s)
-
-
 def sweep_points(cores: int, pipelined: bool) -> list[Point]:
     """The plans worth trying: every core busy, in one slot or spread over 2, 4... slots; for one
     request in flight, one slot with 1, 2, 4... threads up to the cores."""

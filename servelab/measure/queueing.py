@@ -98,11 +98,7 @@ def _prediction(
     return rows
 
 
-def md1_prediction(rates: Iterable[float], service_time_s: float) -> list[dict[str, Any]]:
-    """M/D/1 predictions at each offered rate: rate_rps, utilization, queueing_delay_ms, latency_ms."""
-    return _prediction(md1_mean_wait_s, rates, service_time_s)
-
-
 def mg1_prediction(rates: Iterable[float], service_time_s: float, cv2: float) -> list[dict[str, Any]]:
-    """M/G/1 predictions at each offered rate, in the same form as `md1_prediction`."""
+    """M/G/1 predictions at each offered rate (M/D/1 at cv2 = 0): rate_rps, utilization,
+    queueing_delay_ms, latency_ms."""
     return _prediction(lambda rate, service: mg1_mean_wait_s(rate, service, cv2), rates, service_time_s)
