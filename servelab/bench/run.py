@@ -198,9 +198,9 @@ def _load_point(
     def ceiling_now(turn: int) -> float:
         where = f"{turn} of {profile.windows + 1} around {served.name} at c={concurrency}"
         log.info("in-process ceiling %s: %s, %s", where, key, ceilings[key].plan.name)
-        point = ceilings[key].measure_now(window_s, min(REPEAT_WARMUP_S, profile.warmup_s))
-        point.notes.append(f"ceiling: {key} ({where})")
-        return point.throughput_rps
+        again = ceilings[key].measure_now(window_s, min(REPEAT_WARMUP_S, profile.warmup_s))
+        again.notes.append(f"ceiling: {key} ({where})")
+        return again.throughput_rps
 
     ceiling_rps, windows, splits = [ceiling_now(1)], [], []
     stats = triton_stats.counted_over(triton, served.model) if served.model else contextlib.nullcontext()
