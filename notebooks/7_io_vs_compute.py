@@ -10,8 +10,8 @@
 #
 # - **preprocess**: fetch and prepare the input (download, decode, resize); as many requests at once
 #   as arrive. In this lab's service (`servelab/service/predict_api.py`): `fetch`, the download, asynchronous
-#   I/O on the event loop (`image_fetch.py`), then `decode`, in a thread pool.
-# - **predict**: run the model; at most *predict concurrency* requests at once. Here: `in_slot`, run
+#   I/O on the event loop (`image_fetch.py`), then the scheduler's `decode` (`scheduler.py`), in a thread pool.
+# - **predict**: run the model; at most *predict concurrency* requests at once. Here: the scheduler's `in_slot`, run
 #   by a pool of `PREDICT_CONCURRENCY` inference threads, the slots; a request waits in the pool's
 #   queue for one.
 # - **postprocess**: turn the model's output into an answer; as many at once as arrive. Here:

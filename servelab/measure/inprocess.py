@@ -10,9 +10,9 @@ an inference thread). Two kinds of run:
 - a pipeline: decoding threads feed a short queue, and `slots` inference threads drain it, so
   decoding overlaps inference, as in the best possible server under load. On a CPU there is one
   decoding thread per slot (the inference threads need the other cores); on a GPU every core
-  decodes, as in the services (predict_api's default PREPROCESS_WORKERS there): the GPU does the
-  inference, decoding is the CPU's main work, and a single decoding thread would cap the
-  "ceiling" below what a service reaches.
+  decodes, as in the services (PREPROCESS_WORKERS' default there,
+  ServiceSettings.preprocess_workers_for): the GPU does the inference, decoding is the CPU's
+  main work, and a single decoding thread would cap the "ceiling" below what a service reaches.
 
 A ceiling is the best of a small sweep over the thread plans (`sweep`), each run in a process of
 its own, so that one plan's threads never slow the next. It is reported with the plan that won,
