@@ -1,27 +1,44 @@
-"""Write README.md's table of the tooling's environment variables from servelab.settings.
+"""Write README.md's tables of environment variables: the tooling's from servelab.settings, the
+services' from servelab/service/settings.py's own table.
 
-The settings class is the source of truth (each field names its variable, default and meaning):
-edit it, then run `.venv/bin/python scripts/build_readme_settings.py`. tests/test_settings.py
-fails when README's table and the class disagree.
+Each class is the source of truth for its side (the tooling's fields name their variable, default
+and meaning; the services' module documents each variable it reads, and a test keeps that list
+complete): edit it, then run `.venv/bin/python scripts/build_readme_settings.py`.
+tests/test_settings.py fails when README's tables and their sources disagree.
 """
 
 from pathlib import Path
 
+from servelab.service import settings as service_settings
 from servelab.settings import markdown_table
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-START = "<!-- settings table: python scripts/build_readme_settings.py -->\n"
-END = "<!-- end of settings table -->"
+TOOLING = ("<!-- settings table: python scripts/build_readme_settings.py -->\n", "<!-- end of settings table -->")
+SERVICES = (
+    "<!-- service settings table: python scripts/build_readme_settings.py -->\n",
+    "<!-- end of service settings table -->",
+)
+
+
+def service_table() -> str:
+    """The variables table of servelab/service/settings.py's docstring, as a preformatted block."""
+    doc = service_settings.__doc__ or ""
+    lines = doc.split("\nVariable ", 1)[1].split("\n\n", 1)[0]
+    return "```\nVariable " + lines + "\n```\n"
+
+
+def replaced(text: str, markers: tuple[str, str], table: str) -> str:
+    start, end = markers
+    if start not in text or end not in text:
+        raise SystemExit(f"{README} has no table to replace between {start.strip()} and {end}")
+    before, rest = text.split(start, 1)
+    return before + start + table + end + rest.split(end, 1)[1]
 
 
 def main() -> int:
-    text = README.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{README} has no settings table to replace (its markers: {START.strip()} ... {END})")
-    before, rest = text.split(START, 1)
-    after = rest.split(END, 1)[1]
-    README.write_text(before + START + markdown_table() + END + after)
-    print(f"wrote the settings table in {README}")
+    text = replaced(README.read_text(), TOOLING, markdown_table())
+    README.write_text(replaced(text, SERVICES, service_table()))
+    print(f"wrote the settings tables in {README}")
     return 0
 
 

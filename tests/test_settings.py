@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -174,3 +175,13 @@ def test_readme_lists_every_variable_as_the_settings_class_does():
     assert start in readme and end in readme, "README has lost the markers of its settings table"
     table = readme.split(start, 1)[1].split(end, 1)[0]
     assert table == markdown_table(), "README's settings table is stale: run `python scripts/build_readme_settings.py`"
+
+
+def test_readme_lists_every_service_variable_as_the_services_settings_module_does():
+    build = runpy.run_path(str(paths.REPO_ROOT / "scripts" / "build_readme_settings.py"))
+    readme = (paths.REPO_ROOT / "README.md").read_text()
+    start, end = build["SERVICES"]
+    assert start in readme and end in readme, "README has lost the markers of its service settings table"
+    table = readme.split(start, 1)[1].split(end, 1)[0]
+    assert table == build["service_table"](), "README's service settings table is stale: run the script"
+    assert "PREDICT_CONCURRENCY" in table and "ABANDON_ON_DISCONNECT" in table
