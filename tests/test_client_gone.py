@@ -26,6 +26,9 @@ from servelab.stack.local import LocalStack, fastapi_service, image_host_service
 from tests.helpers import until
 
 HOLD_MS = 1500  # how long the image host takes: the slot is held that long
+# A hold long enough for several clients to arrive, each polling /metrics, on a busy 2-core
+# machine: were the slot free before they all arrived, the state under test would never form.
+HOLD_FOR_MANY_MS = 4000  # under the services' HTTP client's 5 s read timeout
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +54,13 @@ def start_one_slot_service(image_host: str, log_dir, abandon: str, **settings: s
     return stack, f"http://127.0.0.1:{ports.fastapi_onnx}"
 
 
-def hold_the_slot(url: str, image_host: str) -> tuple[threading.Thread, list[requests.Response]]:
-    """A request whose image is downloaded inside the slot: the slot is busy for HOLD_MS from the
+def hold_the_slot(
+    url: str, image_host: str, hold_ms: float = HOLD_MS
+) -> tuple[threading.Thread, list[requests.Response]]:
+    """A request whose image is downloaded inside the slot: the slot is busy for `hold_ms` from the
     moment the image host sees the download begin."""
     answers: list[requests.Response] = []
-    photo = f"{image_host}/images/{paths.SAMPLE_IMAGE.name}"
+    photo = f"{image_host}/images/{paths.SAMPLE_IMAGE.name}?latency_ms={hold_ms:g}"
     holding = threading.Thread(target=lambda: answers.append(requests.post(f"{url}/predict", json={"url": photo})))
     holding.start()
     until(lambda: downloads_under_way(image_host) == 1, 30, "the holder downloading its image inside the slot")
@@ -123,7 +128,7 @@ def test_decoding_runs_at_most_decode_ahead_requests_ahead_of_a_busy_slot(slow_i
         assert requests.get(f"{url}/health", timeout=5).json()["decode_ahead"] == 2
         body = {"image": base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()}
         before = service_stats.scrape(url)
-        holding, holder = hold_the_slot(url, slow_image_host)
+        holding, holder = hold_the_slot(url, slow_image_host, HOLD_FOR_MANY_MS)
         with ThreadPoolExecutor(6) as senders:
             answers = [senders.submit(requests.post, f"{url}/predict", json=body, timeout=30) for _ in range(6)]
             until(lambda: in_flight(url) == 7, 30, "the six senders and the holder in flight")
@@ -148,7 +153,7 @@ def test_requests_abandoned_while_waiting_give_their_room_to_decode_back(slow_im
     try:
         body = {"image": base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()}
         with service_stats.counted_over(url) as stats:
-            holding, holder = hold_the_slot(url, slow_image_host)
+            holding, holder = hold_the_slot(url, slow_image_host, HOLD_FOR_MANY_MS)
             with ThreadPoolExecutor(3) as leavers:  # one decoded and queued, two waiting for room
                 list(leavers.map(lambda _: send_and_leave(url, json.dumps(body).encode(), arrived=4), range(3)))
             assert downloads_under_way(slow_image_host) == 1, "the slot was free before the clients left"
