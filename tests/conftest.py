@@ -267,7 +267,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
 # Fixtures that start real server processes: the session's, and those of single modules (the load
 # generator's synthetic server, the image host and services of tests/test_image_url.py...).
 SERVER_FIXTURES = {
-    "session_stack", "ray_serve", "gourmetgram", "server", "image_host", "service", "redirector", "slow_image_host",
+    "session_stack", "ray_serve", "gourmetgram", "server", "image_host", "service", "redirector", "held_image",
 }  # fmt: skip
 
 

@@ -2,8 +2,9 @@
 ABANDON_ON_DISCONNECT=off) computes an answer nobody reads. Real processes over real HTTP; the
 service's own /metrics say what it did.
 
-To make a request wait for the predict slot, the slot (one) is held by a request whose image is
-downloaded inside the slot from the image host, which answers after an emulated latency.
+To make requests wait for the predict slot (one), the slot is held by a request whose image is
+downloaded inside the slot from a server in this process that answers only when the test releases
+it: the slot stays busy until every client under test has arrived, however busy the machine.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
@@ -22,53 +26,88 @@ import requests
 from servelab import paths
 from servelab.measure import service_stats
 from servelab.service.client_gone import ClientGone, DisconnectWatch
-from servelab.stack.local import LocalStack, fastapi_service, image_host_service, start_on_free_ports
+from servelab.stack.local import fastapi_service, start_on_free_ports
 from tests.helpers import until
 
-HOLD_MS = 1500  # how long the image host takes: the slot is held that long
-# A hold long enough for several clients to arrive, each polling /metrics, on a busy 2-core
-# machine: were the slot free before they all arrived, the state under test would never form.
-HOLD_FOR_MANY_MS = 4000  # under the services' HTTP client's 5 s read timeout
+HOLD_LIMIT_S = 60  # the service's IMAGE_DOWNLOAD_TIMEOUT_S: a held download never times out in a test
 
 
-@pytest.fixture(scope="module")
-def slow_image_host(built_artifacts, tmp_path_factory):
-    log_dir = tmp_path_factory.mktemp("host-logs")
-    stack, ports = start_on_free_ports(
-        lambda ports: [image_host_service(ports.image_host, latency_ms=HOLD_MS)], log_dir
-    )
-    with stack:
-        yield f"http://127.0.0.1:{ports.image_host}"
+class HeldImage(ThreadingHTTPServer):
+    """GET / answers the sample photo once `release` is set; `asked` is set when a download begins."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _AnswerWhenReleased)
+        self.asked, self.released = threading.Event(), threading.Event()
+        self.photo = paths.SAMPLE_IMAGE.read_bytes()
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}"
 
 
-def start_one_slot_service(image_host: str, log_dir, abandon: str, **settings: str) -> tuple[LocalStack, str]:
+class _AnswerWhenReleased(BaseHTTPRequestHandler):
+    server: HeldImage
+
+    def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
+        self.server.asked.set()
+        self.server.released.wait(HOLD_LIMIT_S)
+        self.send_response(200)
+        self.send_header("Content-Type", "image/jpeg")
+        self.send_header("Content-Length", str(len(self.server.photo)))
+        self.end_headers()
+        self.wfile.write(self.server.photo)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def held_image(built_artifacts):
+    server = HeldImage()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.released.set()
+    server.shutdown()
+    server.server_close()
+
+
+@contextmanager
+def one_slot_service(held: HeldImage, log_dir, abandon: str, **settings: str) -> Iterator[str]:
+    """A FastAPI ONNX service with one predict slot that may download from `held`; its URL."""
     env = {
         "PREDICT_CONCURRENCY": "1",
         "INFERENCE_THREADS": "1",
         "IMAGE_DOWNLOAD_PLACEMENT": "inside_slot",
-        "IMAGE_URL_ALLOWED_HOSTS": image_host.removeprefix("http://"),
+        "IMAGE_URL_ALLOWED_HOSTS": held.host,
+        "IMAGE_DOWNLOAD_TIMEOUT_S": str(HOLD_LIMIT_S),
         "ABANDON_ON_DISCONNECT": abandon,
         **settings,
     }
     stack, ports = start_on_free_ports(lambda ports: [fastapi_service("onnx", ports.fastapi_onnx, env=env)], log_dir)
-    return stack, f"http://127.0.0.1:{ports.fastapi_onnx}"
+    try:
+        yield f"http://127.0.0.1:{ports.fastapi_onnx}"
+    finally:
+        held.released.set()  # a test that failed while holding the slot would keep the service from stopping
+        stack.stop()
 
 
-def hold_the_slot(
-    url: str, image_host: str, hold_ms: float = HOLD_MS
-) -> tuple[threading.Thread, list[requests.Response]]:
-    """A request whose image is downloaded inside the slot: the slot is busy for `hold_ms` from the
-    moment the image host sees the download begin."""
+def hold_the_slot(url: str, held: HeldImage) -> tuple[threading.Thread, list[requests.Response]]:
+    """A request whose image is downloaded inside the slot: the slot is busy from the moment the
+    download begins until the test sets `held.released`."""
     answers: list[requests.Response] = []
-    photo = f"{image_host}/images/{paths.SAMPLE_IMAGE.name}?latency_ms={hold_ms:g}"
-    holding = threading.Thread(target=lambda: answers.append(requests.post(f"{url}/predict", json={"url": photo})))
+    holding = threading.Thread(
+        target=lambda: answers.append(requests.post(f"{url}/predict", json={"url": f"http://{held.host}/"}))
+    )
     holding.start()
-    until(lambda: downloads_under_way(image_host) == 1, 30, "the holder downloading its image inside the slot")
+    assert held.asked.wait(30), "the holder never began downloading its image inside the slot"
     return holding, answers
 
 
-def downloads_under_way(image_host: str) -> int:
-    return requests.get(f"{image_host}/health", timeout=5).json()["downloads_under_way"]
+def release(held: HeldImage, holding: threading.Thread, holder: list[requests.Response]) -> None:
+    """Free the slot, and check the holder was still in it (not answered early, by an error)."""
+    assert not holder, f"the holder was answered before the test freed the slot: {holder[0].text}"
+    held.released.set()
+    holding.join(timeout=30)
 
 
 def in_flight(url: str) -> int:
@@ -81,34 +120,44 @@ def answered(url: str, before: service_stats.Scrape) -> int:
     return service_stats.diff(url, before, service_stats.scrape(url)).requests
 
 
-def send_and_leave(url: str, body: bytes, arrived: int) -> None:
-    """POST `body` to /predict over a raw socket, wait until the service serves `arrived`
-    requests (this one among them), and close without reading."""
+def send(url: str, body: bytes) -> socket.socket:
+    """POST `body` to /predict over a raw socket that never reads the answer: closing it is the
+    client leaving."""
     host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as connection:
-        head = f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        connection.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        until(lambda: in_flight(url) >= arrived, 30, f"{arrived} requests in flight")
+    connection = socket.create_connection((host, int(port)), timeout=5)
+    head = f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    connection.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return connection
+
+
+def leave_once_in_flight(url: str, clients: list[socket.socket], in_flight_then: int) -> None:
+    """Close every client's connection together, once the service serves `in_flight_then` requests:
+    a client that left alone, as soon as it saw its own request arrive, would take that request out
+    of flight before the others could see the count they wait for."""
+    try:
+        until(lambda: in_flight(url) >= in_flight_then, 30, f"{in_flight_then} requests in flight")
+    finally:
+        for client in clients:
+            client.close()
+
+
+def sample_body() -> dict[str, str]:
+    return {"image": base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()}
 
 
 @pytest.mark.parametrize("abandon", ["on", "off"])
 def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unless_turned_off(
-    abandon, slow_image_host, tmp_path
+    abandon, held_image, tmp_path
 ):
-    stack, url = start_one_slot_service(slow_image_host, tmp_path, abandon)
-    try:
+    with one_slot_service(held_image, tmp_path, abandon) as url:
         assert requests.get(f"{url}/health", timeout=5).json()["abandon_on_disconnect"] is (abandon == "on")
-        image = base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()
         with service_stats.counted_over(url) as stats:
-            holding, holder = hold_the_slot(url, slow_image_host)
-            send_and_leave(url, json.dumps({"image": image}).encode(), arrived=2)
-            assert downloads_under_way(slow_image_host) == 1, "the slot was free before the client left"
-            holding.join(timeout=30)
+            holding, holder = hold_the_slot(url, held_image)
+            leave_once_in_flight(url, [send(url, json.dumps(sample_body()).encode())], in_flight_then=2)
+            release(held_image, holding, holder)
             until(lambda: answered(url, stats.before) == 2, 30, "both requests answered (or abandoned)")
         assert holder and holder[0].status_code == 200, holder
-        assert requests.post(f"{url}/predict", json={"image": image}, timeout=30).status_code == 200
-    finally:
-        stack.stop()
+        assert requests.post(f"{url}/predict", json=sample_body(), timeout=30).status_code == 200
     delta = stats.delta
     if abandon == "on":
         assert delta.abandoned_by_stage == {"slot_wait": 1}
@@ -122,45 +171,38 @@ def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unle
         assert delta.requests_by_status.get("200") == 2
 
 
-def test_decoding_runs_at_most_decode_ahead_requests_ahead_of_a_busy_slot(slow_image_host, tmp_path):
-    stack, url = start_one_slot_service(slow_image_host, tmp_path, "on", DECODE_AHEAD="2", PREPROCESS_WORKERS="2")
-    try:
+def test_decoding_runs_at_most_decode_ahead_requests_ahead_of_a_busy_slot(held_image, tmp_path):
+    with one_slot_service(held_image, tmp_path, "on", DECODE_AHEAD="2", PREPROCESS_WORKERS="2") as url:
         assert requests.get(f"{url}/health", timeout=5).json()["decode_ahead"] == 2
-        body = {"image": base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()}
         before = service_stats.scrape(url)
-        holding, holder = hold_the_slot(url, slow_image_host, HOLD_FOR_MANY_MS)
+        holding, holder = hold_the_slot(url, held_image)
         with ThreadPoolExecutor(6) as senders:
-            answers = [senders.submit(requests.post, f"{url}/predict", json=body, timeout=30) for _ in range(6)]
+            answers = [
+                senders.submit(requests.post, f"{url}/predict", json=sample_body(), timeout=60) for _ in range(6)
+            ]
             until(lambda: in_flight(url) == 7, 30, "the six senders and the holder in flight")
             decoded = lambda: service_stats.diff(url, before, service_stats.scrape(url)).stage_counts["preprocess"]  # noqa: E731
             until(lambda: decoded() >= 2, 30, "two requests decoded ahead")
             time.sleep(0.3)  # time enough to decode more, were decoding not held back
             while_held = service_stats.diff(url, before, service_stats.scrape(url))
-            assert downloads_under_way(slow_image_host) == 1, "the slot was free before the decoding was read"
+            release(held_image, holding, holder)
             statuses = [answer.result().status_code for answer in answers]
-        holding.join(timeout=30)
         after = service_stats.diff(url, before, service_stats.scrape(url))
-    finally:
-        stack.stop()
     assert holder and holder[0].status_code == 200 and statuses == [200] * 6
     assert while_held.stage_counts["preprocess"] == 2  # not 6: the others wait undecoded
     assert after.stage_counts["preprocess"] == 7  # the holder's image, decoded in its slot, and the six
 
 
-def test_requests_abandoned_while_waiting_give_their_room_to_decode_back(slow_image_host, tmp_path):
+def test_requests_abandoned_while_waiting_give_their_room_to_decode_back(held_image, tmp_path):
     # With room for one, a room kept by an abandoned request would leave the next one waiting forever.
-    stack, url = start_one_slot_service(slow_image_host, tmp_path, "on", DECODE_AHEAD="1")
-    try:
-        body = {"image": base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()}
+    with one_slot_service(held_image, tmp_path, "on", DECODE_AHEAD="1") as url:
+        body = json.dumps(sample_body()).encode()
         with service_stats.counted_over(url) as stats:
-            holding, holder = hold_the_slot(url, slow_image_host, HOLD_FOR_MANY_MS)
-            with ThreadPoolExecutor(3) as leavers:  # one decoded and queued, two waiting for room
-                list(leavers.map(lambda _: send_and_leave(url, json.dumps(body).encode(), arrived=4), range(3)))
-            assert downloads_under_way(slow_image_host) == 1, "the slot was free before the clients left"
-            holding.join(timeout=30)
-            answer = requests.post(f"{url}/predict", json=body, timeout=10)
-    finally:
-        stack.stop()
+            holding, holder = hold_the_slot(url, held_image)
+            leavers = [send(url, body) for _ in range(3)]  # one decoded and queued, two waiting for room
+            leave_once_in_flight(url, leavers, in_flight_then=4)
+            release(held_image, holding, holder)
+            answer = requests.post(f"{url}/predict", json=sample_body(), timeout=10)
     assert holder and holder[0].status_code == 200 and answer.status_code == 200
     assert sum(stats.delta.abandoned_by_stage.values()) == 3
     assert set(stats.delta.abandoned_by_stage) <= {"before_preprocess", "slot_wait"}

@@ -185,6 +185,17 @@ def test_a_host_that_is_down_gets_a_502_and_the_service_keeps_serving(image_host
         stack.stop()
 
 
+@pytest.mark.integration
+def test_a_download_slower_than_http_client_defaults_is_waited_for_up_to_the_setting(image_host, redirector, tmp_path):
+    # httpx gives up on a read after 5 s unless told otherwise: the setting, not the library, decides.
+    stack, url = start_service(image_host, redirector, tmp_path, IMAGE_DOWNLOAD_TIMEOUT_S="9")
+    try:
+        answer = predict_url(url, f"{image_host}/images/soup.jpg?latency_ms=6000")
+    finally:
+        stack.stop()
+    assert answer.status_code == 200, answer.text
+
+
 def test_metrics_count_every_request_and_time_every_stage(service, image_host):
     with service_stats.counted_over(service) as stats:
         for _ in range(3):
