@@ -340,21 +340,9 @@ class Lab(TritonLab):
         """One request at a time, as many as the profile says: the latency without queueing.
         Against the `flavor` service, or the one at `url`, recorded as `target`. The service's own
         account of the run (its /metrics) is in `result.service_stats`."""
-        base = url or self.fastapi_url(flavor)
-        started = self._ready_to_measure()
-        with service_stats.counted_over(base) as stats:
-            result = loadgen.closed_loop(
-                "fastapi",
-                base,
-                concurrency=1,
-                requests=self.profile.sequential_requests,
-                warmup_requests=3,
-                image_bytes=self.sample_image(),
-                progress=False,
-            )
-        assert stats.delta is not None, "set as the block ended without an error"
-        result.service_stats = stats.delta.to_dict()
-        return self._keep(result, target or f"fastapi_{flavor}", started)
+        return self._counted_fastapi_run(
+            flavor, url, target, concurrency=1, requests=self.profile.sequential_requests, warmup_requests=3
+        )
 
     def concurrent(
         self,
@@ -367,19 +355,18 @@ class Lab(TritonLab):
         """`concurrency` senders for the profile's duration, against the `flavor` service (or the
         one at `url`, recorded as `target`), sending the photo itself or, with `image_url`, its
         URL. The service's own account of the run (its /metrics) is in `result.service_stats`."""
+        return self._counted_fastapi_run(
+            flavor, url, target, concurrency=concurrency, duration_s=self.profile.duration_s,
+            warmup_s=self.profile.warmup_s, image_url=image_url,
+        )  # fmt: skip
+
+    def _counted_fastapi_run(self, flavor: str, url: str | None, target: str | None, **load) -> RunResult:
+        """A closed-loop run of the load generator (`load`: its arguments) against a FastAPI
+        service, with the service's /metrics counted over it."""
         base = url or self.fastapi_url(flavor)
         started = self._ready_to_measure()
         with service_stats.counted_over(base) as stats:
-            result = loadgen.closed_loop(
-                "fastapi",
-                base,
-                concurrency=concurrency,
-                duration_s=self.profile.duration_s,
-                warmup_s=self.profile.warmup_s,
-                image_bytes=self.sample_image(),
-                image_url=image_url,
-                progress=False,
-            )
+            result = loadgen.closed_loop("fastapi", base, image_bytes=self.sample_image(), progress=False, **load)
         assert stats.delta is not None, "set as the block ended without an error"
         result.service_stats = stats.delta.to_dict()
         return self._keep(result, target or f"fastapi_{flavor}", started)
