@@ -33,7 +33,7 @@ HOLD_LIMIT_S = 60  # the service's IMAGE_DOWNLOAD_TIMEOUT_S: a held download nev
 
 
 class HeldImage(ThreadingHTTPServer):
-    """GET / answers the sample photo once `release` is set; `asked` is set when a download begins."""
+    """GET / answers the sample photo once `released` is set; `asked` is set when a download begins."""
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _AnswerWhenReleased)
@@ -62,11 +62,10 @@ class _AnswerWhenReleased(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def held_image(built_artifacts):
+def held_image(built_artifacts):  # the model files: every test here starts a service beside it
     server = HeldImage()
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.released.set()
+    yield server  # one_slot_service releases any held download before the service stops
     server.shutdown()
     server.server_close()
 
@@ -96,7 +95,9 @@ def hold_the_slot(url: str, held: HeldImage) -> tuple[threading.Thread, list[req
     download begins until the test sets `held.released`."""
     answers: list[requests.Response] = []
     holding = threading.Thread(
-        target=lambda: answers.append(requests.post(f"{url}/predict", json={"url": f"http://{held.host}/"}))
+        target=lambda: answers.append(
+            requests.post(f"{url}/predict", json={"url": f"http://{held.host}/"}, timeout=2 * HOLD_LIMIT_S)
+        )
     )
     holding.start()
     assert held.asked.wait(30), "the holder never began downloading its image inside the slot"

@@ -246,9 +246,10 @@ def create_app(model: ServedModel, title: str, description: str, settings: Servi
         decode_ahead=decode_ahead,
         metrics=metrics,
     )
-    # Never the environment's proxies: the allow-list is about where this server connects. httpx's
-    # own timeouts (5 s by default) would cut a download short of IMAGE_DOWNLOAD_TIMEOUT_S.
-    downloads = httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=settings.download_timeout_s)
+    # Never the environment's proxies: the allow-list is about where this server connects. No
+    # timeouts of httpx's own (5 s by default): image_fetch.download bounds each download, redirects
+    # included, by IMAGE_DOWNLOAD_TIMEOUT_S, the one deadline.
+    downloads = httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=None)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
