@@ -1,0 +1,278 @@
+"""The build guard (servelab.service.cuda_arch) reads which GPU architectures a library has code for,
+and fails a GPU image's build where one has none for its target.
+
+Its libraries are made here: minimal ELF64 files whose `.nv_fatbin` section holds fatbins written
+by the test, with and without the target's code. Where nvcc is on the machine, a kernel it compiles
+checks the reading against the real format; where this Python has CUDA 13 libraries (the lab's
+virtualenv), one of them checks that a library built for Turing and newer fails for the P100.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servelab import paths
+from servelab.service import cuda_arch
+from servelab.service.cuda_arch import Entry, device_code, main
+
+PTX, CUBIN = 1, 2
+PLAIN = 0x11  # 64-bit, Linux: the flags of an uncompressed entry from nvcc 13
+P100 = ["--arch", "6.0"]
+
+
+def fatbin_entry(kind: int, sm: int, flags: int = PLAIN, payload: bytes = b"\x7fELF code", header_size: int = 64):
+    """One entry: a header laid out as nvcc 13 and cuDNN's write it, then its payload."""
+    header = struct.pack("<HHIQ12xI8xQ16x", kind, 0x0101, header_size, len(payload), sm, flags)
+    return header.ljust(header_size, b"\0") + payload
+
+
+def container(*entries: bytes) -> bytes:
+    body = b"".join(entries)
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+def elf(sections: dict[str, bytes]) -> bytes:
+    """A minimal ELF64 little-endian shared object holding `sections` (with a section-name table)."""
+    names = b"\0" + b"".join(name.encode() + b"\0" for name in [*sections, ".shstrtab"])
+    data, headers, offset = b"", [struct.pack("<64x")], 64  # section 0 is the null section
+    for name, content in [*sections.items(), (".shstrtab", names)]:
+        name_at = names.index(b"\0" + name.encode() + b"\0") + 1
+        kind = 3 if name == ".shstrtab" else 1  # SHT_STRTAB, SHT_PROGBITS
+        headers.append(struct.pack("<IIQQQQIIQQ", name_at, kind, 0, 0, offset + len(data), len(content), 0, 0, 1, 0))
+        data += content
+    section_offset = 64 + len(data)
+    header = b"\x7fELF\x02\x01\x01".ljust(16, b"\0") + struct.pack(
+        "<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, section_offset, 0, 64, 0, 0, 64, len(headers), len(headers) - 1
+    )
+    return header + data + b"".join(headers)
+
+
+def library(folder: Path, name: str, *containers: bytes, padding: bytes = b"") -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(elf({".text": b"\x90" * 16, ".nv_fatbin": padding.join(containers)}))
+    return path
+
+
+def guard(capsys, *args: str | Path) -> tuple[int, str]:
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("entry", "capability", "runs"),
+    [
+        (Entry("sm", 60), (6, 0), True),
+        (Entry("sm", 60), (6, 1), True),  # binary compatible forward within a major version
+        (Entry("sm", 61), (6, 0), False),  # never backward
+        (Entry("sm", 60), (7, 0), False),  # nor across major versions
+        (Entry("PTX", 52), (6, 0), True),  # the driver compiles PTX for a newer GPU
+        (Entry("PTX", 70), (6, 0), False),
+        (Entry("PTX", 120), (12, 1), True),
+        (Entry("sm", 100), (10, 3), True),
+        (Entry("sm", 100, "a"), (10, 3), False),  # sm_100a: 10.0 only
+        (Entry("sm", 90, "a"), (9, 0), True),
+        (Entry("PTX", 100, "f"), (10, 3), True),  # compute_100f: its family, 10.x from 10.0 up
+        (Entry("PTX", 100, "f"), (12, 0), False),  # and no other
+    ],
+    ids=str,
+)
+def test_what_runs_on_a_compute_capability(entry, capability, runs):
+    assert entry.runs_on(*capability) is runs
+
+
+def test_a_cubin_for_the_target_passes(tmp_path, capsys):
+    lib = library(tmp_path, "libkernels.so", container(fatbin_entry(CUBIN, 60), fatbin_entry(CUBIN, 70)))
+    assert device_code(lib) == {Entry("sm", 60), Entry("sm", 70)}
+    code, out = guard(capsys, *P100, tmp_path)
+    assert code == 0
+    assert "ok         libkernels.so: sm 60 70" in out
+    assert "OK: 1 libraries with device code can run on compute capability 6.0" in out
+
+
+def test_cubins_only_for_other_architectures_fail_naming_the_library_and_what_it_has(tmp_path, capsys):
+    cubins = container(*(fatbin_entry(CUBIN, sm) for sm in (75, 61, 70)))
+    library(tmp_path, "nvidia/cudnn/lib/libcudnn_cnn.so.9", cubins)
+    library(tmp_path, "torch/lib/libtorch_cuda.so", container(fatbin_entry(CUBIN, 60)))
+    code, out = guard(capsys, *P100, tmp_path)
+    assert code == 1
+    assert "FAILED for compute capability 6.0 (it runs a cubin sm_60 or PTX up to 60)" in out
+    assert "1 of 2 libraries with device code cannot run on 6.0:" in out
+    assert "  nvidia/cudnn/lib/libcudnn_cnn.so.9: no code for 6.0 (has sm 61 70 75)" in out
+    assert "libtorch_cuda.so: no code" not in out
+    assert main([*P100, str(tmp_path / "torch")]) == 0  # the good library alone passes
+
+
+@pytest.mark.parametrize(("ptx", "passes"), [(52, True), (60, True), (70, False)])
+def test_ptx_at_or_below_the_target_passes_as_the_driver_compiles_it(tmp_path, capsys, ptx, passes):
+    library(tmp_path, "libjit.so", container(fatbin_entry(PTX, ptx, payload=b".version 8.8\0")))
+    code, out = guard(capsys, *P100, tmp_path)
+    assert (code, f"libjit.so: PTX {ptx}" in out) == (0 if passes else 1, True)
+
+
+def test_every_container_counts_whatever_the_padding_between_them(tmp_path):
+    first = container(fatbin_entry(CUBIN, 75), fatbin_entry(PTX, 120, payload=b".version"))
+    second = container(fatbin_entry(CUBIN, 80, payload=b"odd length"))  # leaves the next one unaligned
+    last = container(fatbin_entry(CUBIN, 60))
+    lib = library(tmp_path, "libmany.so", first, second, last, padding=b"\0" * 4100)  # past one scan window
+    assert device_code(lib) == {Entry("sm", 75), Entry("PTX", 120), Entry("sm", 80), Entry("sm", 60)}
+
+
+def test_a_compressed_entry_is_read_from_its_header(tmp_path, capsys):
+    lz4, zstd = PLAIN | 0x2000, PLAIN | 0x8000  # CUDA 12's libraries and CUDA 13's
+    entries = container(
+        fatbin_entry(CUBIN, 60, lz4, payload=os.urandom(300)),
+        fatbin_entry(CUBIN, 90, zstd | 0x100000, payload=os.urandom(200), header_size=112),  # sm_90a
+        fatbin_entry(PTX, 120, zstd | 0x200000, payload=os.urandom(100), header_size=80),  # compute_120f
+    )
+    lib = library(tmp_path, "libpacked.so.12", entries)
+    assert device_code(lib) == {Entry("sm", 60, "", True), Entry("sm", 90, "a", True), Entry("PTX", 120, "f", True)}
+    code, out = guard(capsys, *P100, lib)
+    assert (code, "libpacked.so.12: sm 60 90a, PTX 120f" in out) == (0, True)
+
+
+def test_files_without_device_code_are_skipped_and_nothing_to_check_fails(tmp_path, capsys):
+    (tmp_path / "libnotelf.so").write_bytes(b"#!/bin/sh\n" * 20)
+    (tmp_path / "libhost.so.1").write_bytes(elf({".text": b"\x90" * 64}))
+    assert device_code(tmp_path / "libnotelf.so") is None
+    assert device_code(tmp_path / "libhost.so.1") is None
+    code, out = guard(capsys, *P100, tmp_path)
+    assert code == 1
+    assert "libnotelf.so" not in out and "libhost.so.1" not in out
+    assert "no library with device code under" in out and "nothing checked" in out
+    library(tmp_path, "libgpu.so", container(fatbin_entry(CUBIN, 60)))
+    code, out = guard(capsys, *P100, tmp_path)
+    assert code == 0 and "OK: 1 libraries" in out
+
+
+def test_only_the_loaded_fatbin_counts_not_relocatable_device_code(tmp_path, capsys):
+    lib = tmp_path / "librdc.so"
+    sections = {".nv_fatbin": container(fatbin_entry(CUBIN, 75)), "__nv_relfatbin": container(fatbin_entry(CUBIN, 60))}
+    lib.write_bytes(elf(sections))
+    assert device_code(lib) == {Entry("sm", 75)}
+    assert guard(capsys, *P100, lib)[0] == 1
+
+
+def test_fatbins_a_library_loads_itself_count_where_its_nv_fatbin_has_none(tmp_path, capsys):
+    # cuFFT's way: one sm_52 cubin in .nv_fatbin, its kernels as fatbins in a data section.
+    by_chance = struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 2**40)  # the magic number in other data: no container
+    data = b"tables" + by_chance + b"\0" * 10 + container(fatbin_entry(CUBIN, 60), fatbin_entry(8, 50)) + b"more"
+    lib = tmp_path / "libcufft.so.11"
+    lib.write_bytes(elf({".nv_fatbin": container(fatbin_entry(CUBIN, 52)), ".data": data}))
+    assert device_code(lib) == {Entry("sm", 52)}
+    assert cuda_arch.embedded_code(lib) == {Entry("sm", 60)}  # kind 8 (in cuFFT) is neither PTX nor a cubin
+    code, out = guard(capsys, *P100, lib)
+    assert (code, "ok         libcufft.so.11: sm 52; loads itself: sm 60" in out) == (0, True)
+    lib.write_bytes(elf({".nv_fatbin": container(fatbin_entry(CUBIN, 52)), ".data": b"tables" + by_chance}))
+    code, out = guard(capsys, *P100, lib)
+    assert (code, "libcufft.so.11: no code for 6.0 (has sm 52)" in out) == (1, True)
+
+
+def test_an_allow_entry_excuses_a_library_with_its_reason(tmp_path, capsys):
+    library(tmp_path, "cusparselt/lib/libcusparseLt.so.0", container(fatbin_entry(CUBIN, 80)))
+    library(tmp_path, "cudnn/lib/libcudnn_ops.so.9", container(fatbin_entry(CUBIN, 60)))
+    code, out = guard(capsys, *P100, "--allow", "libcusparseLt.so*=2:4 sparsity on sm_80+ only", tmp_path)
+    assert code == 0
+    assert "allowed    cusparselt/lib/libcusparseLt.so.0: sm 80" in out
+    assert "OK: 2 libraries with device code can run on compute capability 6.0; " in out
+    assert "cusparselt/lib/libcusparseLt.so.0 allowed: 2:4 sparsity on sm_80+ only" in out
+
+
+def test_a_stale_allow_entry_fails(tmp_path, capsys):
+    library(tmp_path, "libnccl.so.2", container(fatbin_entry(CUBIN, 60)))
+    code, out = guard(capsys, *P100, "--allow", "libcusparseLt*=not installed any more", tmp_path)
+    assert code == 1
+    assert "--allow 'libcusparseLt*=not installed any more' matches no library" in out
+    # One that matches a library with code is not stale: a build can allow for what a version may lack.
+    code, out = guard(capsys, *P100, "--allow", "libnccl*=may lack sm_60 in a later version", tmp_path)
+    assert (code, "ok         libnccl.so.2: sm 60" in out) == (0, True)
+
+
+def test_a_fatbin_it_cannot_read_fails_the_build(tmp_path, capsys):
+    lib = library(tmp_path, "libodd.so", container(fatbin_entry(CUBIN, 60)) + b"\0\0\0\0junk and more")
+    code, out = guard(capsys, *P100, tmp_path)
+    assert code == 1
+    assert "  libodd.so: its device code could not be read (no fatbin container at byte" in out
+    assert "UNREADABLE" in out and str(lib) not in out  # named below its root, as every library
+
+
+def test_only_headers_are_read(tmp_path, monkeypatch):
+    payloads = [os.urandom(64 * 1024) for _ in range(8)]
+    lib = library(
+        tmp_path, "libbig.so", container(*(fatbin_entry(CUBIN, 50 + i, payload=p) for i, p in enumerate(payloads)))
+    )
+    read = []
+    real_open = open
+
+    def counting_open(*args, **kwargs):
+        file = real_open(*args, **kwargs)
+        real_read = file.read
+        file.read = lambda size=-1: read.append(len(chunk := real_read(size))) or chunk
+        return file
+
+    monkeypatch.setattr(cuda_arch, "open", counting_open, raising=False)
+    assert len(device_code(lib)) == 8
+    assert sum(read) < 4096 < lib.stat().st_size // 100  # headers: a few hundred bytes of half a MiB
+
+
+def test_the_command_line(tmp_path):
+    lib = library(tmp_path, "lib/libcuda_code.so", container(fatbin_entry(CUBIN, 61)))
+    run = [sys.executable, "-m", "servelab.service.cuda_arch"]
+    for args, code, said in [
+        (["--arch", "6.1", str(tmp_path)], 0, "lib/libcuda_code.so: sm 61"),
+        (["--arch", "6.0", str(tmp_path)], 1, "lib/libcuda_code.so: no code for 6.0 (has sm 61)"),
+        (["--arch", "sm_60", str(tmp_path)], 2, "expected MAJOR.MINOR"),
+        (["--arch", "6.0", "--allow", "libcuda_code.so", str(tmp_path)], 2, "expected GLOB=WHY"),
+        (["--arch", "6.0", str(tmp_path / "missing")], 2, "no such file or folder"),
+    ]:
+        done = subprocess.run([*run, *args], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=60)
+        assert (done.returncode, said in done.stdout + done.stderr) == (code, True), done.stdout + done.stderr
+    assert lib.exists()
+
+
+def nvcc() -> str | None:
+    return shutil.which("nvcc") or next((str(p) for p in Path("/usr/local").glob("cuda*/bin/nvcc")), None)
+
+
+@pytest.mark.skipif(nvcc() is None, reason="no nvcc on this machine: the synthetic fatbins above cover the format")
+def test_a_library_nvcc_compiles_is_read_exactly(tmp_path, capsys):
+    source = tmp_path / "add_one.cu"
+    source.write_text("__global__ void add_one(float *x) { x[threadIdx.x] += 1.0f; }\n")
+    lib = tmp_path / "libadd_one.so"
+    gencode = ["-gencode", "arch=compute_75,code=sm_75", "-gencode", "arch=compute_80,code=compute_80"]
+    compiled = subprocess.run(
+        [nvcc(), "-shared", "-Xcompiler", "-fPIC", *gencode, "-o", str(lib), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    assert {(e.kind, e.sm) for e in device_code(lib)} == {("sm", 75), ("PTX", 80)}
+    results = {arch: guard(capsys, "--arch", arch, lib)[0] for arch in ("6.0", "7.0", "7.5", "8.6")}
+    assert results == {"6.0": 1, "7.0": 1, "7.5": 0, "8.6": 0}  # 8.6: the driver compiles the PTX for 8.0
+
+
+def venv_cudnn() -> Path | None:
+    """cuDNN from a CUDA 13 install in this Python (nvidia-cudnn-cu13, beside nvidia/cu13), if there is one."""
+    for folder in map(Path, site.getsitepackages()):
+        if (folder / "nvidia" / "cu13").is_dir() and (lib := folder / "nvidia/cudnn/lib/libcudnn_cnn.so.9").exists():
+            return lib
+    return None
+
+
+@pytest.mark.skipif(venv_cudnn() is None, reason="no CUDA 13 cuDNN in this Python: the synthetic fatbins cover it")
+def test_a_real_cuda_13_library_has_no_code_for_the_p100(capsys):
+    # CUDA 13 builds for Turing (sm_75) and newer only, so none of its libraries can run on a Pascal GPU.
+    lib = venv_cudnn()
+    cubins = {e.sm for e in device_code(lib) if e.kind == "sm"}
+    assert 75 in cubins and min(cubins) >= 75
+    assert guard(capsys, *P100, lib)[0] == 1
+    assert guard(capsys, "--arch", "7.5", lib)[0] == 0
