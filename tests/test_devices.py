@@ -1,4 +1,5 @@
-"""Where a model runs: read from the runtime once loaded, and a GPU asked for but not had is said.
+"""Where a model runs: read from the runtime once loaded, proved by one inference there, and a GPU
+asked for but not had, or one that cannot run the model, is said.
 
 Runs on any machine: a GPU the runtime cannot use is made so here (a failure put in the runtime's
 place, as it reports one), whatever the machine has.
@@ -6,15 +7,37 @@ place, as it reports one), whatever the machine has.
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import importlib.util
 import os
+import subprocess
+import sys
+import textwrap
 
+import httpx
+import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from fastapi import FastAPI
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
 from servelab import paths
 from servelab.service import devices
-from servelab.service.devices import Placement, device_setting, onnx_session, torch_device
+from servelab.service.cores import available_cores
+from servelab.service.devices import (
+    FirstInferenceFailed,
+    Placement,
+    device_setting,
+    onnx_session,
+    torch_device,
+    torch_model,
+)
+from servelab.service.food11 import LABELS
+from servelab.service.onnx_service import onnx_app
+from servelab.service.settings import ServiceSettings
+from tests.helpers import make_image_bytes
 
 # What onnxruntime-gpu 1.25 printed in a python:3.11 image whose CUDA libraries were not found
 # (issue 32): its C++ log, written straight to the stderr file descriptor, in colour.
@@ -26,6 +49,14 @@ ORT_LOAD_FAILURE = (
     "CreateExecutionProviderFactoryInstance] Failed to create CUDAExecutionProvider. Require cuDNN 9.* and "
     "CUDA 12.*.\x1b[m\n"
 )
+# What ONNX Runtime raises when a CUDA kernel cannot run on the GPU (a library without code for its
+# architecture: cuDNN 9.11 and later on a P100): the session loaded with CUDA, and its run fails.
+ORT_RUN_FAILURE = (
+    "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Conv node. Name:'Conv_0' "
+    "Status Message: CUDA error cudaErrorNoKernelImageForDevice:no kernel image is available for execution on "
+    "the device"
+)
+GPU_NAME = "Tesla P100-PCIE-16GB"
 
 
 @pytest.mark.parametrize(("value", "setting"), [(None, "auto"), ("", "auto"), (" CUDA ", "cuda"), ("cpu", "cpu")])
@@ -38,13 +69,15 @@ def test_a_device_setting_it_does_not_know_says_what_to_use():
         device_setting({"INFERENCE_DEVICE": "gpu"})
 
 
-def test_a_fallback_is_described_as_one():
-    placement = Placement("cpu", "torch 2.14.1", "cuda:0", fallback="Found no NVIDIA driver on your system.")
-    assert placement.describe() == "cpu (torch 2.14.1), INSTEAD OF THE GPU ASKED FOR (cuda:0)"
+def test_a_fallback_and_the_first_inference_are_described():
+    placement = Placement("cpu", "torch 2.14.1", "cuda:0", "Found no NVIDIA driver on your system.", 31.04)
+    assert placement.describe() == "cpu (torch 2.14.1), INSTEAD OF THE GPU ASKED FOR (cuda:0), first inference 31.0 ms"
     assert placement.fallback_warning() == (
         "Asked torch for the GPU (cuda:0); it runs on the CPU instead. "
         "Its reason: Found no NVIDIA driver on your system."
     )
+    on_gpu = Placement("cuda:0 (NVIDIA H200)", "torch 2.14.1", "cuda:0", first_inference_ms=35.24)
+    assert on_gpu.describe() == "cuda:0 (NVIDIA H200) (torch 2.14.1), first inference 35.2 ms"
     assert Placement("cpu", "torch 2.14.1", "cpu").describe() == "cpu (torch 2.14.1)"
 
 
@@ -54,6 +87,7 @@ def test_onnx_runtime_on_the_cpu_when_asked_for_it_or_when_it_has_no_gpu(built_a
         assert session.get_providers() == ["CPUExecutionProvider"]
         assert placement.device == "cpu" and placement.fallback is None
         assert placement.runtime == f"onnxruntime {ort.__version__} (CPUExecutionProvider)"
+        assert placement.first_inference_ms > 0  # the CPU's first inference is run too
 
 
 def test_onnx_runtime_asked_for_a_gpu_build_it_lacks_falls_back_with_its_warning(built_artifacts, monkeypatch):
@@ -91,6 +125,7 @@ def test_onnx_runtime_whose_cuda_libraries_do_not_load_is_reported_on_the_cpu_in
         "and CUDA 12.*."
     )
     assert ORT_LOAD_FAILURE in capfd.readouterr().err  # passed on to the log as it was
+    assert placement.first_inference_ms > 0
 
 
 def test_what_the_runtime_prints_meanwhile_is_kept_in_order_and_passed_on(capfd):
@@ -122,3 +157,214 @@ def test_pytorch_asked_for_auto_or_the_cpu_runs_on_the_cpu_unless_a_gpu_is_usabl
     for setting in ("auto", "cpu"):
         device, placement = torch_device(setting)
         assert device == torch.device("cpu") and placement == Placement("cpu", f"torch {torch.__version__}", "cpu")
+
+
+# ---- the first inference: a GPU that loads the model and cannot run it ------------------------
+
+REAL_SESSION = ort.InferenceSession
+
+
+class SessionOnAGpuThatCannotRun:
+    """An ONNX Runtime session as onnxruntime-gpu makes it on a GPU its libraries have no kernels
+    for: it reports CUDA first, and its run fails with ONNX Runtime's own error. A real session on
+    the CPU underneath; a session asked for the CPU only runs there (unless `cpu_fails` too)."""
+
+    cpu_fails = False
+    made: list[list[str]] = []  # the providers each session was asked for (a list of its own in each test)
+
+    def __init__(self, path, options, providers):
+        self.made.append(providers)
+        self.providers = providers
+        self.cpu = REAL_SESSION(path, options, providers=["CPUExecutionProvider"])
+
+    def get_providers(self):
+        return self.providers
+
+    def run(self, *args, **kwargs):
+        if self.providers[0] == "CUDAExecutionProvider" or self.cpu_fails:
+            raise Fail(ORT_RUN_FAILURE)
+        return self.cpu.run(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.cpu, name)
+
+
+@pytest.fixture
+def onnx_runtime_on_a_gpu_that_cannot_run(monkeypatch):
+    """The GPU build of ONNX Runtime, whose CUDA session loads and whose first run fails."""
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "preload_dlls", lambda: None)
+    monkeypatch.setattr(ort, "InferenceSession", SessionOnAGpuThatCannotRun)
+    monkeypatch.setattr(SessionOnAGpuThatCannotRun, "made", [])
+    return SessionOnAGpuThatCannotRun
+
+
+async def health_and_a_prediction(app: FastAPI) -> tuple[dict, httpx.Response]:
+    """A service's /health, and its answer to POST /predict with a photo, asked in this process
+    while it runs (from its start-up to its shutdown)."""
+    image = base64.b64encode(make_image_bytes(1)).decode()
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://service") as client,
+    ):
+        health = (await client.get("/health")).json()
+        return health, await client.post("/predict", json={"image": image})
+
+
+def test_onnx_runtime_whose_first_run_fails_on_the_gpu_runs_on_the_cpu_with_its_error(
+    built_artifacts, onnx_runtime_on_a_gpu_that_cannot_run
+):
+    session, placement = onnx_session(paths.ARTIFACTS_DIR / "food11.onnx", ort.SessionOptions(), "auto")
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    assert (placement.device, placement.asked) == ("cpu", "cuda")
+    assert placement.runtime == f"onnxruntime {ort.__version__} (CPUExecutionProvider)"
+    assert placement.fallback == f"the first inference on cuda failed: {ORT_RUN_FAILURE}"
+    assert placement.first_inference_ms > 0  # the CPU's, on the session served
+    logits = session.run(["output"], {"input": np.zeros((1, 3, 224, 224), np.float32)})[0]
+    assert logits.shape == (1, len(LABELS))
+
+
+def test_the_onnx_service_on_a_gpu_that_cannot_run_serves_on_the_cpu_and_says_why(
+    built_artifacts, onnx_runtime_on_a_gpu_that_cannot_run
+):
+    """The app of fastapi_onnx and of every Ray Serve replica, asked for the GPU by default."""
+    health, answer = asyncio.run(
+        health_and_a_prediction(onnx_app(paths.FASTAPI_ONNX_DIR / "food11.onnx", "test", ServiceSettings()))
+    )
+    assert (health["device"], health["device_asked"]) == ("cpu", "cuda")
+    assert health["device_fallback"] == f"the first inference on cuda failed: {ORT_RUN_FAILURE}"
+    assert health["first_inference_ms"] > 0
+    assert health["predict_concurrency"] == available_cores()  # the CPU's thread plan: a slot per core
+    assert answer.status_code == 200 and answer.json()["prediction"] in LABELS
+    cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert onnx_runtime_on_a_gpu_that_cannot_run.made.count(cuda) == 1, "the failed GPU is not tried again"
+
+
+def test_onnx_runtime_that_cannot_run_on_the_cpu_either_stops_the_start_saying_what_failed(
+    built_artifacts, onnx_runtime_on_a_gpu_that_cannot_run, monkeypatch
+):
+    monkeypatch.setattr(onnx_runtime_on_a_gpu_that_cannot_run, "cpu_fails", True)
+    with pytest.raises(FirstInferenceFailed) as failed:
+        onnx_session(paths.ARTIFACTS_DIR / "food11.onnx", ort.SessionOptions(), "cuda")
+    assert str(failed.value) == (
+        f"The model does not run: its first inference on the CPU (onnxruntime {ort.__version__} "
+        f"(CPUExecutionProvider)) failed: {ORT_RUN_FAILURE}; it was on the CPU instead of the GPU (cuda) because "
+        f"the first inference on cuda failed: {ORT_RUN_FAILURE}"
+    )
+    assert isinstance(failed.value.__cause__, Fail)  # the runtime's own exception, for the traceback
+
+
+@pytest.fixture
+def pytorch_naming_a_gpu_it_cannot_use(monkeypatch):
+    """PyTorch that says a GPU is there (its name) where none can run: moving the model there fails
+    inside PyTorch, as on this machine (a CUDA build, no driver) or a CPU-only build. Returns the
+    error PyTorch raises for it here, in one line."""
+    try:
+        torch.zeros(1, device="cuda")
+    except (AssertionError, RuntimeError) as exc:
+        error = devices.runtime_error(exc)
+    else:
+        pytest.skip("this machine has a GPU PyTorch can use")
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: GPU_NAME)
+    return error
+
+
+def test_pytorch_whose_gpu_cannot_run_the_model_runs_on_the_cpu_with_its_error(
+    built_artifacts, pytorch_naming_a_gpu_it_cannot_use
+):
+    weights = paths.ARTIFACTS_DIR / "food11.pth"
+    model, placement = torch_model(weights, "cuda")
+    assert placement.device == "cpu" and placement.asked == "cuda"
+    assert placement.runtime == f"torch {torch.__version__}"
+    pytorch_error = pytorch_naming_a_gpu_it_cannot_use
+    assert placement.fallback == f"the first inference on cuda ({GPU_NAME}) failed: {pytorch_error}"
+    assert placement.first_inference_ms > 0
+    assert model.device == torch.device("cpu")
+    batch = np.random.default_rng(0).standard_normal((2, 3, 224, 224), dtype=np.float32)
+    on_the_cpu, _ = torch_model(weights, "cpu")
+    np.testing.assert_array_equal(model(batch), on_the_cpu(batch))  # the same model, running
+
+
+def test_pytorch_that_cannot_run_on_the_cpu_either_stops_the_start_saying_what_failed(
+    built_artifacts, pytorch_naming_a_gpu_it_cannot_use, monkeypatch
+):
+    def failing_convolution(*args, **kwargs):
+        raise RuntimeError("could not create a primitive descriptor for a convolution forward propagation primitive")
+
+    monkeypatch.setattr(torch.nn.functional, "conv2d", failing_convolution)
+    with pytest.raises(FirstInferenceFailed) as failed:
+        torch_model(paths.ARTIFACTS_DIR / "food11.pth", "cuda")
+    assert str(failed.value) == (
+        f"The model does not run: its first inference on the CPU (torch {torch.__version__}) failed: could not "
+        "create a primitive descriptor for a convolution forward propagation primitive; it was on the CPU instead "
+        f"of the GPU (cuda) because the first inference on cuda ({GPU_NAME}) failed: "
+        f"{pytorch_naming_a_gpu_it_cannot_use}"
+    )
+    with pytest.raises(FirstInferenceFailed, match=r"^The model does not run: .* could not create a primitive"):
+        torch_model(paths.ARTIFACTS_DIR / "food11.pth", "cpu")
+
+
+def test_the_pytorch_service_on_a_gpu_that_cannot_run_serves_on_the_cpu_and_says_why(
+    built_artifacts, pytorch_naming_a_gpu_it_cannot_use, monkeypatch
+):
+    """fastapi_pt's own app.py, run in this process (it builds its app when imported)."""
+    monkeypatch.setenv("INFERENCE_DEVICE", "cuda")
+    spec = importlib.util.spec_from_file_location("fastapi_pt_app", paths.FASTAPI_PT_DIR / "app.py")
+    assert spec is not None and spec.loader is not None
+    service = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(service)
+    health, answer = asyncio.run(health_and_a_prediction(service.app))
+    assert (health["device"], health["device_asked"]) == ("cpu", "cuda")
+    assert health["device_fallback"] == (
+        f"the first inference on cuda ({GPU_NAME}) failed: {pytorch_naming_a_gpu_it_cannot_use}"
+    )
+    assert health["first_inference_ms"] > 0
+    assert health["predict_concurrency"] == available_cores()  # the CPU's thread plan: a slot per core
+    assert answer.status_code == 200 and answer.json()["prediction"] in LABELS
+
+
+def test_the_pytorch_model_is_built_for_fp32_convolutions(built_artifacts):
+    """TF32 (on by default for cuDNN on Ampere and newer GPUs) would move the answers by ~2e-4."""
+    before = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = True
+        torch_model(paths.ARTIFACTS_DIR / "food11.pth", "cpu")
+        assert torch.backends.cudnn.allow_tf32 is False
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="a team of one thread starts no thread to count")
+def test_the_pytorch_first_inference_leaves_the_calling_thread_no_team_of_threads(built_artifacts):
+    """PyTorch's CPU ops start an OpenMP team for the thread that calls them. The first inference
+    runs on a thread of its own, whose team ends with it: an inference on the calling thread
+    afterwards starts this thread's team (cores - 1 new threads), so none was left on it. Counted
+    in a fresh process, whose main thread has run nothing."""
+    script = textwrap.dedent(
+        """
+        import os, time
+        import torch
+        from servelab import paths
+        from servelab.service.cores import available_cores
+        from servelab.service.devices import torch_model
+
+        def threads():
+            return len(os.listdir("/proc/self/task"))
+
+        model, _ = torch_model(paths.ARTIFACTS_DIR / "food11.pth", "cpu")
+        settled, deadline = threads(), time.monotonic() + 10
+        while time.monotonic() < deadline:  # the first inference's team leaves once its thread has
+            time.sleep(0.5)
+            if threads() == settled:
+                break
+            settled = threads()
+        torch.set_num_threads(available_cores())
+        model(torch.zeros(1, 3, 224, 224).numpy())
+        print(threads() - settled)
+        """
+    )
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=paths.REPO_ROOT)
+    assert ran.returncode == 0, ran.stderr
+    assert int(ran.stdout.split()[-1]) == available_cores() - 1

@@ -2,8 +2,8 @@
 
 The same work a service does per request (base64 decode, image decode, preprocessing, a batch-1
 forward pass) runs in one process, with the model built and run exactly as the services do it
-(servelab/cores.py: a thread plan of inference slots x threads per inference, the model built on
-an inference thread). Two kinds of run:
+(servelab/cores.py: a thread plan of inference slots x threads per inference, the model loaded
+from an inference thread; devices.py: proved by one inference at start-up). Two kinds of run:
 
 - one request in flight: a single thread decodes, then infers, then takes the next image. No
   server answering one request at a time (concurrency 1) can beat it;
@@ -44,8 +44,8 @@ import numpy as np
 from servelab import paths
 from servelab.results import LatencySummary, RunResult
 from servelab.service.cores import ThreadPlan, available_cores, thread_plan
-from servelab.service.devices import Placement, onnx_session, torch_device
-from servelab.service.food11 import LABELS, decode_base64_image, preprocess
+from servelab.service.devices import Placement, onnx_session, torch_model
+from servelab.service.food11 import decode_base64_image, preprocess
 from servelab.settings import settings
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,8 @@ RUNTIMES = ("onnxruntime", "pytorch")
 
 def load_model(runtime: str, plan: ThreadPlan) -> tuple[Callable[[np.ndarray], np.ndarray], Placement]:
     """The model as the matching FastAPI service builds it, for `plan`: (batch -> logits, where it
-    runs, as the runtime reports it). Call it on the thread that will run the model (an inference
-    thread). INFERENCE_DEVICE chooses the device, as in the services."""
+    runs, as the runtime reports it once it has run one inference). Call it on the thread that will
+    run the model (an inference thread). INFERENCE_DEVICE chooses the device, as in the services."""
     setting = settings().inference_device
     if runtime == "onnxruntime":
         import onnxruntime as ort
@@ -68,20 +68,10 @@ def load_model(runtime: str, plan: ThreadPlan) -> tuple[Callable[[np.ndarray], n
         return (lambda batch: session.run(["output"], {"input": batch})[0]), placement
     if runtime == "pytorch":
         import torch
-        from torchvision.models import mobilenet_v2
 
-        torch.set_num_threads(plan.threads)
-        device, placement = torch_device(setting)
-        torch.backends.cudnn.allow_tf32 = False  # FP32 convolutions, as fastapi_pt/app.py runs them
-        model = mobilenet_v2(num_classes=len(LABELS))
-        model.load_state_dict(torch.load(paths.ARTIFACTS_DIR / "food11.pth", map_location=device, weights_only=True))
-        model.to(device).eval()
-
-        def run(batch: np.ndarray) -> np.ndarray:
-            with torch.inference_mode():
-                return model(torch.from_numpy(batch).to(device)).float().cpu().numpy()
-
-        return run, placement
+        model, placement = torch_model(paths.ARTIFACTS_DIR / "food11.pth", setting)
+        torch.set_num_threads(plan.threads)  # after torch_model: its first inference had every core
+        return model, placement
     raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
 
 
@@ -111,7 +101,7 @@ class Point:
 
 
 class PointRunner:
-    """One point's model, built once on its inference thread as the services build it, and
+    """One point's model, built once from its inference thread as the services build it, and
     measured as often as asked, in this process.
 
     With decode=False the image is decoded once and only inference is repeated: the ceiling for

@@ -8,7 +8,6 @@ asks it at each stage boundary (before preprocessing, while waiting for a predic
 inference) whether to go on. A request waiting for a slot waits in the inference pool's queue;
 when its client leaves, its job is taken out of that queue. A model call already running in a
 thread cannot be stopped; the watch still tells, after it, whether its answer had anyone to read it.
-`python -m servelab artifacts` copies this file into each service folder; edit it here.
 """
 
 from __future__ import annotations

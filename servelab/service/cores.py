@@ -23,8 +23,8 @@ plan then says so, and the services log it and report it in /health.
 
 "The cores this process may use" respects CPU affinity (taskset, Docker's --cpuset-cpus) and a
 container's CPU quota (Docker's --cpus, Kubernetes limits: cgroup cpu.max), not just the number
-of cores the machine has. Standard library only: `make artifacts` copies this file next to each
-service, as it does food11.py. Edit it here, never in a copy.
+of cores the machine has. Standard library only, like the rest of what every service imports
+from this package where no runtime is installed.
 """
 
 from __future__ import annotations

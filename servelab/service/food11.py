@@ -1,8 +1,7 @@
 """Food-11 labels, image decoding and preprocessing: the one definition every service uses.
 
-This file is the source of truth. `python -m servelab artifacts` copies it, unchanged, into each
-service folder and Triton model version that needs it, so that every Docker build context stays
-self-contained. Edit it here, never in a copy.
+Every service, GourmetGram and every Triton model import it from this installed package (each
+image installs servelab.service from the repository): there is no other copy.
 
 It needs only numpy and Pillow, so that services without PyTorch (ONNX Runtime, the web UI) can
 use it too.

@@ -10,8 +10,7 @@ make it read internal services (Triton's admin API, a cloud metadata endpoint) o
   that says what to do.
 
 The download is asynchronous I/O on the event loop: while it waits for the network, the server
-accepts other requests and runs other inferences. `python -m servelab artifacts` copies this file
-into each service folder; edit it here.
+accepts other requests and runs other inferences.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """The Food-11 prediction service on ONNX Runtime: the app of `fastapi_onnx` and of every Ray
-Serve replica (`ray_serve`), built once here. `python -m servelab artifacts` copies this file
-into both folders; edit it here.
+Serve replica (`ray_serve`), built once here; both images install this package.
 """
 
 from __future__ import annotations
@@ -31,10 +30,11 @@ def onnx_app(model_path: Path, title: str, settings: ServiceSettings) -> FastAPI
     """The service for `model_path`; it stops with a message saying what to do when it is missing."""
     if not model_path.is_file():
         raise SystemExit(f"{model_path} is missing: run `make artifacts` in the repository root to build it.")
-    # The first session says where the model runs, and the thread plan follows from that. It gets
+    # The first session says where the model runs, proved by one inference there (a GPU that fails
+    # it means the CPU, with ONNX Runtime's error), and the thread plan follows from that. It gets
     # every core: the threads of an inference alone in every default plan, on a CPU or a GPU. It is
-    # made on this thread, before the inference threads exist: a session's threads are its own,
-    # whichever thread makes it.
+    # made, and run once, on this thread, before the inference threads exist: a session's threads
+    # are its own, whichever thread makes or runs it.
     first_threads = available_cores()
     first, placement = onnx_session(model_path, session_options(first_threads), settings.device)
 

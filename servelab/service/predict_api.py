@@ -1,12 +1,12 @@
 """The HTTP side of a Food-11 prediction service, shared by the PyTorch and the ONNX FastAPI apps.
 
 Each app hands `create_app` a `ServedModel`: where its runtime runs the model (devices.py: the
-device the runtime reports once loaded, which may be the CPU where the GPU was asked for), and a
-`load` that builds the model and returns a function that turns a batch [N, 3, 224, 224] into
-logits [N, 11]; and the service's settings (settings.py, read once at start-up). Everything else
-(request and response schemas, error codes, the request size limit, where decoding and inference
-run, how many threads) is defined here once, with the scheduler (scheduler.py) deciding where
-and when each request's work runs.
+device the runtime reports once loaded and has run one inference on, which may be the CPU where
+the GPU was asked for), and a `load` that readies the model on an inference thread and returns a
+function that turns a batch [N, 3, 224, 224] into logits [N, 11]; and the service's settings
+(settings.py, read once at start-up). Everything else (request and response schemas, error
+codes, the request size limit, where decoding and inference run, how many threads) is defined
+here once, with the scheduler (scheduler.py) deciding where and when each request's work runs.
 
 Where the work runs, and why:
 - An image sent by URL is downloaded on the event loop (asynchronous I/O, image_fetch.py), by
@@ -78,8 +78,8 @@ class ServedModel:
     """What a service needs to know about the model it serves."""
 
     model_file: Path
-    placement: Placement  # where the runtime runs the model, as it reports once the model is loaded
-    # Builds the model for a thread plan and returns run(batch, threads) -> logits, which runs the
+    placement: Placement  # where the runtime runs the model, as it reports once it has run one inference
+    # Readies the model for a thread plan and returns run(batch, threads) -> logits, which runs the
     # batch with that many intra-op threads (one of plan.thread_counts()). Called once, on an
     # inference thread.
     load: Callable[[ThreadPlan], Callable[[np.ndarray, int], np.ndarray]]
@@ -133,6 +133,10 @@ class HealthResponse(BaseModel):
     device_asked: str = Field(..., description="What the runtime was asked for (INFERENCE_DEVICE: auto, cuda, cpu).")
     device_fallback: str | None = Field(
         ..., description="Asked for the GPU, runs on the CPU: why, in the runtime's words; null otherwise."
+    )
+    first_inference_ms: float | None = Field(
+        ...,
+        description="One inference of a blank image on `device` at start-up took this long: the device runs the model.",
     )
     predict_concurrency: int = Field(..., description="Inference slots: inferences that run at once.")
     inference_threads: int = Field(..., description="Threads each inference uses (intra-op threads).")
@@ -358,6 +362,7 @@ def create_app(model: ServedModel, title: str, description: str, settings: Servi
             device=placement.device,
             device_asked=placement.asked,
             device_fallback=placement.fallback,
+            first_inference_ms=placement.first_inference_ms,
             predict_concurrency=plan.slots,
             inference_threads=plan.threads,
             cores=plan.cores,

@@ -15,13 +15,12 @@ import os
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
-from torchvision.models import mobilenet_v2
 
 # Labels and preprocessing, thread plans and where PyTorch runs: the lab's service package
 # (servelab.service), installed in the image's Python, as in every service.
 from servelab.service.cores import RunningAcrossProcesses, thread_plan, threads_at_work
-from servelab.service.devices import torch_device
-from servelab.service.food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction
+from servelab.service.devices import torch_model
+from servelab.service.food11 import InvalidImageError, decode_base64_image, preprocess, top_prediction
 
 
 def instance_count(config):
@@ -38,22 +37,21 @@ def cancelled_response():
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        # The GPU Triton gave this instance; where PyTorch cannot use it, the CPU, logged with
-        # PyTorch's reason, and the threads are planned for the CPU.
+        # The GPU Triton gave this instance, proved by one inference there; where PyTorch cannot
+        # use it or that inference fails, the CPU, logged with PyTorch's reason, and the threads
+        # are planned for the CPU.
         asked = f"cuda:{args['model_instance_device_id']}" if args["model_instance_kind"] == "GPU" else "cpu"
-        self.device, placement = torch_device(asked)
+        weights_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
+        self.model, placement = torch_model(weights_file, asked)
         if placement.fallback is not None:
             pb_utils.Logger.log_warn(
                 f"{config['name']} instance {args['model_instance_name']}: {placement.fallback_warning()}"
             )
-        # Full FP32 convolutions, as on the CPU: cuDNN's default TF32 on Ampere and newer GPUs
-        # moves the probabilities by about 2e-4 (measured on an H100), for no gain at this size.
-        torch.backends.cudnn.allow_tf32 = False
         # Every instance is a process with its own team of PyTorch threads. On a CPU the instances
         # share the cores out elastically: an inference gets the cores divided by the instances at
         # work, counted through lock files (INFERENCE_THREADS in the server's
         # environment fixes the count instead). Triton calls initialize and execute on the same
-        # thread, so one team serves this instance.
+        # thread, so one team serves this instance (the first inference's thread has ended).
         instances = instance_count(config)
         self.plan = thread_plan(
             slots=instances, device=placement.device, given_by=f"{instances} instance(s) in the config"
@@ -64,10 +62,6 @@ class TritonPythonModel:
                 config["name"], args["model_repository"], args["model_instance_name"]
             )
         torch.set_num_threads(self.plan.threads)
-        weights_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
-        self.model = mobilenet_v2(num_classes=len(LABELS))
-        self.model.load_state_dict(torch.load(weights_file, map_location=self.device, weights_only=True))
-        self.model.to(self.device).eval()
         log = pb_utils.Logger.log_warn if self.plan.oversubscribed else pb_utils.Logger.log_info
         log(
             f"food_classifier instance {args['model_instance_name']} on {placement.describe()}, "
@@ -78,10 +72,6 @@ class TritonPythonModel:
         """The request's images as a [n, 3, 224, 224] array (n = the client's own batch size)."""
         encoded = pb_utils.get_input_tensor_by_name(request, "INPUT_IMAGE").as_numpy()
         return np.stack([preprocess(decode_base64_image(item)) for item in encoded.reshape(-1)])
-
-    def _infer(self, images):
-        with torch.inference_mode():
-            return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
 
     def execute(self, requests):
         with threads_at_work(self.plan, self.running) as threads:  # decoding counts as work too
@@ -106,7 +96,7 @@ class TritonPythonModel:
         decoded = [(index, images) for index, images in decoded if index not in cancelled]
 
         if decoded:
-            logits = self._infer(np.concatenate([images for _, images in decoded]))
+            logits = self.model(np.concatenate([images for _, images in decoded]))
             start = 0
             for index, batch in decoded:
                 predictions = top_prediction(logits[start : start + len(batch)])

@@ -54,8 +54,9 @@ class TritonPythonModel:
         if setting not in ("on", "off"):
             raise pb_utils.TritonModelException(f'{self.name}: abandon_on_cancel is "{setting}"; use "on" or "off".')
         self.abandon = setting == "on"
-        # The first session says where the model runs (the GPU Triton gave the instance, or the
-        # CPU with the runtime's reason), and the thread plan follows from that, as in the services.
+        # The first session says where the model runs (the GPU Triton gave the instance, proved by
+        # one inference there, or the CPU with the runtime's reason), and the thread plan follows
+        # from that, as in the services.
         model_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.onnx")
         asked = "cuda" if args["model_instance_kind"] == "GPU" else "cpu"
         first_threads = available_cores()

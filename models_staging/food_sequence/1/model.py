@@ -35,12 +35,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
-from torchvision.models import mobilenet_v2
 
 # Labels and preprocessing, thread plans and where PyTorch runs: the lab's service package
 # (servelab.service), installed in the image's Python, as in every service.
 from servelab.service.cores import RunningAcrossProcesses, thread_plan, threads_at_work
-from servelab.service.devices import torch_device
+from servelab.service.devices import torch_model
 from servelab.service.food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, softmax
 
 # Lost sequences whose reason is remembered, beyond the state capacity: enough for every
@@ -96,17 +95,16 @@ class TritonPythonModel:
         self.sequence_timeout_s = positive_parameter(config, "sequence_timeout_s")
         self.states = OrderedDict()  # sequence ID -> SequenceState, least recently used first
         self.lost = OrderedDict()  # sequence ID -> why it lost its state (the error message)
-        # The GPU Triton gave this instance; where PyTorch cannot use it, the CPU, logged with
-        # PyTorch's reason, and the threads are planned for the CPU.
+        # The GPU Triton gave this instance, proved by one inference there; where PyTorch cannot
+        # use it or that inference fails, the CPU, logged with PyTorch's reason, and the threads
+        # are planned for the CPU.
         asked = f"cuda:{args['model_instance_device_id']}" if args["model_instance_kind"] == "GPU" else "cpu"
-        self.device, placement = torch_device(asked)
+        weights_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
+        self.model, placement = torch_model(weights_file, asked)
         if placement.fallback is not None:
             pb_utils.Logger.log_warn(
                 f"{config['name']} instance {args['model_instance_name']}: {placement.fallback_warning()}"
             )
-        # Full FP32 convolutions, as on the CPU: cuDNN's default TF32 on Ampere and newer GPUs
-        # moves the probabilities by about 2e-4 (measured on an H100), for no gain at this size.
-        torch.backends.cudnn.allow_tf32 = False
         # Threads as in food_classifier: on a CPU the instances share the cores out elastically.
         instances = instance_count(config)
         self.plan = thread_plan(
@@ -118,10 +116,6 @@ class TritonPythonModel:
                 self.name, args["model_repository"], args["model_instance_name"]
             )
         torch.set_num_threads(self.plan.threads)
-        weights_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
-        self.model = mobilenet_v2(num_classes=len(LABELS))
-        self.model.load_state_dict(torch.load(weights_file, map_location=self.device, weights_only=True))
-        self.model.to(self.device).eval()
         log = pb_utils.Logger.log_warn if self.plan.oversubscribed else pb_utils.Logger.log_info
         log(
             f"{self.name} instance {args['model_instance_name']} on {placement.describe()}, state capacity "
@@ -201,10 +195,6 @@ class TritonPythonModel:
 
     # ---- inference ---------------------------------------------------------------------------
 
-    def _infer(self, images):
-        with torch.inference_mode():
-            return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
-
     def execute(self, requests):
         with threads_at_work(self.plan, self.running) as threads:  # decoding counts as work too
             torch.set_num_threads(threads)
@@ -251,7 +241,7 @@ class TritonPythonModel:
                 computed.append((index, state, frame))
 
         if computed:
-            probabilities = softmax(self._infer(np.stack([frame for *_, frame in computed])).astype(np.float64))
+            probabilities = softmax(self.model(np.stack([frame for *_, frame in computed])).astype(np.float64))
             for (index, state, _), frame_probabilities in zip(computed, probabilities, strict=True):
                 responses[index] = self._add_frame(state, frame_probabilities)
         # After END, Triton refuses the sequence's next frame itself, so the state can go now.
