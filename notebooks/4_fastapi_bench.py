@@ -128,6 +128,25 @@ ui_answer = lab.upload_to_ui(ui_url, paths.SAMPLE_IMAGE.name, image_bytes)
 print(f"Same label as the direct API call: {ui_answer.label == api_answer['prediction']}")
 
 # %% [markdown]
+# GourmetGram's sample photos are named for what they show: `bread.jpg`, `fried_egg.jpg` and
+# `soup.jpg` (Food-11's Bread, Egg and Soup). They are drawn cartoons (`gourmetgram/make_samples.py`),
+# not photographs.
+#
+# **Expectation.** With trained weights, each sample gets the class its name says. Before you run the
+# next cell: which would you bet on, and why might a model trained on photographs miss a cartoon?
+# The verdict gives each photo's label and probability. With untrained weights (`/health` says
+# which), the labels mean nothing, and the check says NOT CHECKED.
+
+# %%
+served_weights = requests.get(f"{lab.fastapi_url('pt')}/health", timeout=10).json()["weights"]
+print(f"FastAPI (PyTorch) /health: {served_weights} weights")
+sample_pages = {}
+for photo in sorted(paths.SAMPLE_IMAGE.parent.glob("*.jpg")):
+    page = lab.upload_to_ui(ui_url, photo.name, photo.read_bytes())
+    sample_pages[photo.name] = (page.label, page.probability)
+lab.judge(fastapi_bench.samples_get_their_labels(sample_pages, served_weights));
+
+# %% [markdown]
 # ## How fast for one user? Sequential latency
 #
 # Now measure. `lab.sequential` sends requests one at a time: each is sent as soon as the previous

@@ -1,8 +1,9 @@
 """Where things live, relative to the repository: a clone in any directory works.
 
-The folders the lab writes to (LAB_DIR and those under it, STACK_DIR, RESULTS_DIR) can be moved
-by settings (servelab.settings: SERVELAB_DIR, SERVELAB_STACK_DIR, SERVELAB_RESULTS_DIR): they are
-worked out from the settings when first used, not when this module is imported.
+The folders the lab writes to (LAB_DIR and those under it, ARTIFACTS_DIR, STACK_DIR, RESULTS_DIR)
+can be moved by settings (servelab.settings: SERVELAB_DIR, SERVELAB_ARTIFACTS_DIR,
+SERVELAB_STACK_DIR, SERVELAB_RESULTS_DIR): they are worked out from the settings when first used,
+not when this module is imported.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _folders() -> dict[str, Path]:
     stack_dir = (chosen.stack_dir or lab_dir).resolve()
     return {
         "LAB_DIR": lab_dir,
-        "ARTIFACTS_DIR": lab_dir / "artifacts",
+        "ARTIFACTS_DIR": (chosen.artifacts_dir or lab_dir / "artifacts").resolve(),
         "STACK_DIR": stack_dir,
         "LOG_DIR": stack_dir / "logs",
         "TRITON_DIR": stack_dir / "triton",

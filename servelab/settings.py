@@ -36,6 +36,9 @@ SERVICES = ("local", "compose", "chameleon")
 DEVICES = ("auto", "cuda", "cpu")
 NAIVE_RUNTIMES = ("pytorch", "onnxruntime")
 RENAMED = {"LAB_TARGET": "LAB_SERVICES"}
+# FOOD11_CHECKPOINT's one name that is not a path or URL: the original lab's trained weights, which
+# servelab/stack/weights.py fetches from a fixed commit and checks by their git blob id.
+ORIGINAL_CHECKPOINT = "original"
 
 
 class SettingError(ValueError):
@@ -74,6 +77,43 @@ def _sha256(variable: str, raw: str) -> str:
     if not re.fullmatch(r"[0-9a-fA-F]{64}", raw):
         raise SettingError(f"{variable}={raw!r}: set it to the file's SHA-256, 64 hex digits (`sha256sum FILE`).")
     return raw.lower()
+
+
+def _git_blob(variable: str, raw: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{40}", raw):
+        raise SettingError(
+            f"{variable}={raw!r}: set it to the file's git blob id, 40 hex digits (`git hash-object FILE`)."
+        )
+    return raw.lower()
+
+
+def checkpoint_problem(checkpoint: str | None, sha256: str | None, git_blob: str | None) -> str | None:
+    """What is wrong with a checkpoint and its digests taken together, or None: a path or URL takes
+    exactly one digest, `original` none (it names its own), and a digest needs a checkpoint."""
+    digests = "FOOD11_CHECKPOINT_SHA256 and FOOD11_CHECKPOINT_GIT_BLOB"
+    if checkpoint == ORIGINAL_CHECKPOINT:
+        if sha256 or git_blob:
+            return (
+                f"FOOD11_CHECKPOINT={ORIGINAL_CHECKPOINT} names the original lab's file with its own git blob id: "
+                f"unset {digests}, or give a path or URL instead."
+            )
+    elif checkpoint is None:
+        if sha256 or git_blob:
+            return (
+                "A digest of a checkpoint is set without FOOD11_CHECKPOINT: set FOOD11_CHECKPOINT to the file it "
+                f"identifies (a path or URL, or `{ORIGINAL_CHECKPOINT}`), or unset {digests} to serve untrained "
+                "weights."
+            )
+    elif sha256 and git_blob:
+        return f"FOOD11_CHECKPOINT={checkpoint} is given two digests, {digests}: set exactly one of them."
+    elif not (sha256 or git_blob):
+        return (
+            f"FOOD11_CHECKPOINT={checkpoint} was given without a digest, so a wrong file could be served: set "
+            "FOOD11_CHECKPOINT_SHA256 (`sha256sum FILE`) or FOOD11_CHECKPOINT_GIT_BLOB (`git hash-object FILE`, "
+            f"the id a repository lists for the file), or FOOD11_CHECKPOINT={ORIGINAL_CHECKPOINT} for the original "
+            "lab's trained weights."
+        )
+    return None
 
 
 def _setting(variable: str, default: Any, meaning: str, parse: Callable[[str, str], Any] = _text, shown: str = ""):
@@ -118,6 +158,14 @@ class Settings:
         _path,
         shown="`.lab` in the repository",
     )
+    artifacts_dir: Path | None = _setting(
+        "SERVELAB_ARTIFACTS_DIR",
+        None,
+        "the model files `make artifacts` builds (food11.pth, food11.onnx, each with its weights record), where "
+        "the lab's own tools load them; the lab's images set it to the files built in its PyTorch image",
+        _path,
+        shown="`artifacts` in SERVELAB_DIR's folder",
+    )
     stack_dir: Path | None = _setting(
         "SERVELAB_STACK_DIR",
         None,
@@ -147,12 +195,23 @@ class Settings:
     checkpoint: str | None = _setting(
         "FOOD11_CHECKPOINT",
         None,
-        "trained weights to serve (a path or a URL) instead of untrained ones; `make artifacts` builds the "
-        "model files from it",
+        f"trained weights to serve instead of untrained ones: `{ORIGINAL_CHECKPOINT}` (the original lab's "
+        "food11.pth, downloaded from GitHub at a fixed commit, checked by its git blob id), or a path or URL with "
+        "one digest below; `make artifacts` builds the model files from it",
         shown="untrained weights",
     )
     checkpoint_sha256: str | None = _setting(
-        "FOOD11_CHECKPOINT_SHA256", None, "FOOD11_CHECKPOINT's SHA-256, checked before it is served", _sha256
+        "FOOD11_CHECKPOINT_SHA256",
+        None,
+        "FOOD11_CHECKPOINT's SHA-256, checked before anything reads the file (or the git blob id below)",
+        _sha256,
+    )
+    checkpoint_git_blob: str | None = _setting(
+        "FOOD11_CHECKPOINT_GIT_BLOB",
+        None,
+        "FOOD11_CHECKPOINT's git blob id (`git hash-object FILE`), checked before anything reads the file "
+        "(or the SHA-256 above)",
+        _git_blob,
     )
     inference_device: str = _setting(
         "INFERENCE_DEVICE",
@@ -202,7 +261,10 @@ class Settings:
             raw = environ.get(setting.metadata["variable"], "").strip()
             if raw:
                 values[setting.name] = setting.metadata["parse"](setting.metadata["variable"], raw)
-        return cls(**values)
+        chosen = cls(**values)
+        if problem := checkpoint_problem(chosen.checkpoint, chosen.checkpoint_sha256, chosen.checkpoint_git_blob):
+            raise SettingError(problem)
+        return chosen
 
     def ports(self) -> dict[str, int]:
         """Each local service's port, by service name (fastapi_pt: 8100...)."""

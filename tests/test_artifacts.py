@@ -1,7 +1,6 @@
-"""Model artifacts: ONNX/PyTorch agreement, placement, staleness and the checkpoint path."""
+"""Model artifacts: ONNX/PyTorch agreement, placement and staleness (trained checkpoints: test_weights.py)."""
 
 import hashlib
-import json
 import subprocess
 from pathlib import Path
 
@@ -81,45 +80,6 @@ def test_a_second_build_with_the_same_inputs_does_nothing(tmp_path):
     mtimes = (first.pth.stat().st_mtime_ns, first.onnx.stat().st_mtime_ns)
     second = artifacts.build_artifacts(tmp_path, source)
     assert (second.pth.stat().st_mtime_ns, second.onnx.stat().st_mtime_ns) == mtimes
-
-
-def _checkpoint(tmp_path, whole_module: bool):
-    torch.manual_seed(123)
-    model = mobilenet_v2(num_classes=11).eval()
-    path = tmp_path / ("module.pth" if whole_module else "state.pth")
-    torch.save(model if whole_module else {"state_dict": model.state_dict()}, path)
-    return model, path, hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("whole_module", [False, True], ids=["state_dict", "pickled_module"])
-def test_a_supplied_checkpoint_with_the_right_checksum_is_used_and_marked_trained(tmp_path, whole_module):
-    model, path, sha = _checkpoint(tmp_path, whole_module)
-    built = artifacts.build_artifacts(tmp_path / "out", artifacts.WeightsSource(str(path), sha))
-    assert built.weights_info["weights"] == "trained"
-    saved = torch.load(built.pth, weights_only=True)
-    assert all(torch.equal(saved[key], value) for key, value in model.state_dict().items())
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["weights_info"]["weights"] == "trained"
-
-
-def test_a_checkpoint_with_the_wrong_checksum_is_refused(tmp_path):
-    _, path, _ = _checkpoint(tmp_path, whole_module=False)
-    with pytest.raises(artifacts.ArtifactError, match="Checksum mismatch"):
-        artifacts.build_artifacts(tmp_path / "out", artifacts.WeightsSource(str(path), "0" * 64))
-    assert not (tmp_path / "out" / "food11.pth").exists()
-
-
-def test_a_checkpoint_without_a_checksum_is_refused(tmp_path):
-    _, path, _ = _checkpoint(tmp_path, whole_module=False)
-    with pytest.raises(artifacts.ArtifactError, match="FOOD11_CHECKPOINT_SHA256"):
-        artifacts.build_artifacts(tmp_path / "out", artifacts.WeightsSource(str(path), None))
-
-
-def test_an_unreachable_checkpoint_url_fails_with_an_offline_hint(tmp_path):
-    source = artifacts.WeightsSource("http://127.0.0.1:9/food11.pth", "0" * 64)
-    with pytest.raises(artifacts.ArtifactError, match="offline"):
-        artifacts.build_artifacts(tmp_path / "out", source)
 
 
 def test_shared_logic_is_defined_once():

@@ -1,7 +1,9 @@
 """Notebook 4's checks, each fed a case it must pass and one it must fail."""
 
+from servelab import paths
 from servelab.lessons import fastapi_bench
 from servelab.lessons.expectations import Outcome
+from servelab.service import food11
 from tests.helpers import service_stages, synthetic_run
 
 
@@ -46,3 +48,29 @@ def test_queueing_fails_on_idle_slots_and_on_a_latency_that_is_stretched_service
 def test_queueing_is_not_checked_when_the_service_timed_nothing():
     run = loaded_run(160, 100, inference=float("nan"), slot_wait=float("nan"))
     assert outcomes(fastapi_bench.queueing_under_load(ALONE, run, 2, "cpu"))[1:] == [Outcome.NOT_CHECKED] * 2
+
+
+SHOWN_AS_NAMED = {"bread.jpg": ("Bread", "61.0% probability"), "fried_egg.jpg": ("Egg", "48.2% probability"),
+                  "soup.jpg": ("Soup", "90.5% probability")}  # fmt: skip
+
+
+def test_every_bundled_sample_is_named_for_a_food11_class():
+    samples = sorted(path.name for path in (paths.GOURMETGRAM_DIR / "static" / "samples").glob("*.jpg"))
+    assert samples == sorted(fastapi_bench.SAMPLE_LABELS)
+    assert set(fastapi_bench.SAMPLE_LABELS.values()) <= set(food11.LABELS)
+
+
+def test_samples_labelled_as_named_hold_on_trained_weights_and_a_miss_fails_that_photo_alone():
+    held = fastapi_bench.samples_get_their_labels(SHOWN_AS_NAMED, "trained")
+    assert outcomes(held) == [Outcome.HELD] * 3
+    assert str(held.conditions[1]) == "  - HELD: fried_egg.jpg is labelled Egg: shown Egg, probability 48.2 %"
+    missed = fastapi_bench.samples_get_their_labels({**SHOWN_AS_NAMED, "bread.jpg": ("Dessert", "37.0%")}, "trained")
+    assert outcomes(missed) == [Outcome.NOT_HELD, Outcome.HELD, Outcome.HELD]
+    assert "shown Dessert, probability 37.0 %" in str(missed.conditions[0])
+    assert "1 of 3 samples got another label" in str(missed)
+
+
+def test_samples_are_not_checked_on_untrained_weights_and_say_why():
+    judged = fastapi_bench.samples_get_their_labels(SHOWN_AS_NAMED, "untrained")
+    assert outcomes(judged) == [Outcome.NOT_CHECKED] * 3
+    assert all(part.detail == "untrained weights: the labels mean nothing" for part in judged.conditions)

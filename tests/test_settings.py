@@ -40,6 +40,7 @@ def test_each_variable_sets_its_field_and_an_empty_one_means_the_default():
         "LAB_PROFILE": "quick",
         "SERVELAB_RESULTS_DIR": "/tmp/somewhere",
         "SERVELAB_PORT_TRITON_GRPC": "9201",
+        "FOOD11_CHECKPOINT": "/models/food11.pth",
         "FOOD11_CHECKPOINT_SHA256": "AB" * 32,
         "INFERENCE_DEVICE": "CPU",
         "RAY_SERVE_URL": "http://ray_serve:8000",
@@ -63,6 +64,7 @@ def test_each_variable_sets_its_field_and_an_empty_one_means_the_default():
         ("SERVELAB_PORT_IMAGE_HOST", "0", "1 to 65535"),
         ("SERVELAB_PORT_GOURMETGRAM", "-1", "1 to 65535"),
         ("FOOD11_CHECKPOINT_SHA256", "abc123", "64 hex digits"),
+        ("FOOD11_CHECKPOINT_GIT_BLOB", "b550214", "40 hex digits"),
         ("INFERENCE_DEVICE", "gpu", "auto, cuda, cpu"),
         ("NAIVE_RUNTIME", "tensorflow", "pytorch, onnxruntime"),
     ],
@@ -70,6 +72,38 @@ def test_each_variable_sets_its_field_and_an_empty_one_means_the_default():
 def test_a_bad_value_is_refused_naming_the_variable_and_what_it_takes(variable, value, takes):
     with pytest.raises(SettingError, match=re.escape(f"{variable}={value!r}") + ".*" + re.escape(takes)):
         Settings.from_environ({variable: value})
+
+
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        ({"FOOD11_CHECKPOINT": "/m/food11.pth"}, "FOOD11_CHECKPOINT=/m/food11.pth was given without a digest"),
+        (
+            {
+                "FOOD11_CHECKPOINT": "/m/food11.pth",
+                "FOOD11_CHECKPOINT_SHA256": "a" * 64,
+                "FOOD11_CHECKPOINT_GIT_BLOB": "b" * 40,
+            },
+            "two digests.*set exactly one of them",
+        ),
+        ({"FOOD11_CHECKPOINT": "original", "FOOD11_CHECKPOINT_SHA256": "a" * 64}, "its own git blob id: unset"),
+        ({"FOOD11_CHECKPOINT_GIT_BLOB": "b" * 40}, "set without FOOD11_CHECKPOINT"),
+    ],
+    ids=["no digest", "both digests", "original with a digest", "a digest alone"],
+)
+def test_a_checkpoint_takes_exactly_one_digest_and_original_none(given, says):
+    with pytest.raises(SettingError, match=says):
+        Settings.from_environ(given)
+
+
+def test_a_checkpoint_with_one_digest_or_original_alone_is_taken():
+    by_blob = Settings.from_environ({"FOOD11_CHECKPOINT": "/m/food11.pth", "FOOD11_CHECKPOINT_GIT_BLOB": "B" * 40})
+    assert (by_blob.checkpoint, by_blob.checkpoint_sha256, by_blob.checkpoint_git_blob) == (
+        "/m/food11.pth",
+        None,
+        "b" * 40,
+    )
+    assert Settings.from_environ({"FOOD11_CHECKPOINT": "original"}).checkpoint == "original"
 
 
 def test_lab_target_was_renamed_and_says_so():

@@ -1,4 +1,5 @@
-"""Notebook 4's checks: one user against sixteen, PyTorch against ONNX Runtime.
+"""Notebook 4's checks: GourmetGram's labels for its samples, one user against sixteen, PyTorch
+against ONNX Runtime.
 
 The FastAPI services time each stage of a request themselves (their /metrics, read around a run
 into `RunResult.service_stats`), so a claim about where a request's time went is judged on the
@@ -7,8 +8,43 @@ service's own timing, not on the client's latency alone.
 
 from __future__ import annotations
 
-from servelab.lessons.expectations import Expectation, condition, figure
+import math
+from collections.abc import Mapping
+
+from servelab.lessons.expectations import Condition, Expectation, Outcome, condition, figure, measured
 from servelab.results import RunResult
+
+# GourmetGram's bundled samples (gourmetgram/static/samples), by file name, and the Food-11 class
+# each one shows.
+SAMPLE_LABELS = {"bread.jpg": "Bread", "fried_egg.jpg": "Egg", "soup.jpg": "Soup"}
+
+
+def _percent(shown: str | None) -> float:
+    """A result page's probability ("23.4% probability") as a number of percent; NaN where none was shown."""
+    return float(shown.split("%", 1)[0]) if shown else math.nan
+
+
+def samples_get_their_labels(pages: Mapping[str, tuple[str | None, str | None]], weights: str) -> Expectation:
+    """Through GourmetGram, each sample photo gets the class its name says, judged per photo on the
+    label and probability its result page showed (`pages`: photo -> (label, probability as shown)).
+    `weights` is what the service's /health says; on any but trained weights the labels mean
+    nothing, so every photo is NOT CHECKED, with that reason."""
+    parts = []
+    for photo, (label, probability) in pages.items():
+        expected = SAMPLE_LABELS[photo]
+        shown = measured(f"shown {label}, probability", _percent(probability), "%")
+        text = f"{photo} is labelled {expected}"
+        if weights == "trained":
+            parts.append(condition(text, label == expected, shown))
+        else:
+            parts.append(Condition(text, Outcome.NOT_CHECKED, (shown,), f"{weights} weights: the labels mean nothing"))
+    missed = sum(part.outcome is Outcome.NOT_HELD for part in parts)
+    return Expectation(
+        "GourmetGram labels each sample photo with the class its name says",
+        tuple(parts),
+        reason=f"{missed} of {len(parts)} samples got another label: they are drawn cartoons "
+        "(gourmetgram/make_samples.py), not the photographs the model was trained on",
+    )
 
 
 def _stage(run: RunResult, stage: str, name: str):

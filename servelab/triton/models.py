@@ -78,8 +78,29 @@ ENTRIES: dict[str, LabEntry] = {
 }
 
 
+# The files `make artifacts` builds, by what each is (the values of LabEntry.artifacts), as they
+# are named in the artifacts folder (servelab.paths.ARTIFACTS_DIR).
+BUILT_FILES: dict[str, str] = {"pytorch weights": "food11.pth", "onnx graph": "food11.onnx"}
+
+
 class ModelError(LookupError):
     """An unknown model, a model folder the lab cannot use, or a request it cannot build."""
+
+
+def model_file_places(repository: Path, built: Path) -> list[tuple[Path, Path]]:
+    """(file in the artifacts folder `built`, where a model of `repository` loads it) for every
+    generated file of every model in the registry: its version 1. `make artifacts` places them in
+    models_staging/; the Triton container's start, in its copy of the repository it serves."""
+    places = []
+    for name, entry in ENTRIES.items():
+        for file_name, kind in entry.artifacts.items():
+            if kind not in BUILT_FILES:
+                raise ModelError(
+                    f"servelab/triton/models.py: {name}'s artifact {file_name} is a {kind!r}; "
+                    f"`make artifacts` builds: {', '.join(BUILT_FILES)}."
+                )
+            places.append((built / BUILT_FILES[kind], repository / name / "1" / file_name))
+    return places
 
 
 @dataclass(frozen=True)
