@@ -125,7 +125,9 @@ lab.judge(triton_bench.client_batching(python_backend["c=1"], batch_of_16, lab.h
 # original GPU node has two GPUs; the next cell asks for two instances on each of them (four
 # in all) by editing `instance_group`, and reloads the model. The printout shows the edit to
 # `config.pbtxt`, and, where the server has no GPU, how it is adapted to the CPU: the same number
-# of instances, as CPU instances. Triton then starts one Python process per instance.
+# of instances, as CPU instances. Where it has fewer GPUs than the config names, the instances
+# written for the GPUs it lacks run on the GPUs it has, as many as written, and the printout says
+# so. Triton then starts one Python process per instance.
 #
 # On the GPU node, run `nvidia-smi` on the node host afterwards: it lists a
 # `triton_python_backend_stub` process per instance, two on each GPU. In Docker the instances run
@@ -263,8 +265,9 @@ lab.expect(
 #
 # The original lab then gave the ONNX model two instances on each of the two GPUs, with one
 # group `count: 2`, `gpus: [ 0, 1 ]` (for a GPU group, `count` is per listed GPU: four instances
-# in all). Locally that group becomes two CPU instances, sharing the cores as above. First
-# one instance under 8 clients, for comparison; then the new configuration with 8 and 16.
+# in all). Locally that group becomes two CPU instances, sharing the cores as above; on a server
+# with one GPU, all four run on that GPU. First one instance under 8 clients, for comparison;
+# then the new configuration with 8 and 16.
 #
 # **Expectation.** Under load, the larger group serves more requests per second than one
 # instance, as long as one instance left hardware idle.
@@ -328,12 +331,15 @@ print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()[
 # *average* rate may be modest while, now and then, several requests land at almost the same
 # moment. We go back to one ONNX instance and send requests at a fixed average rate.
 #
-# The original lab used 120, 180, 240 and 300 requests per second, chosen for a P100 GPU. On a
-# slower machine those rates would simply overload the server. So first `lab.capacity` measures
-# what one ONNX instance can do here, once: a request alone (its latency, and how much that
-# varies), and the requests per second it completes when it is never idle. That one capacity
-# figure is used from here on: to scale the four rates (on a GPU server they are used unchanged),
-# and by the queueing models at the end.
+# The original lab used 120, 180, 240 and 300 requests per second, chosen for its two P100 GPUs.
+# A rate means something only next to what the server can serve: on a slower machine those rates
+# would overload the server, and on a faster GPU they would leave it idle, so that the checks
+# below would judge noise. What carries over from the original is their shape, from light load to
+# close to saturation. So first `lab.capacity` measures what one ONNX instance can do on this
+# server, once: a request alone (its latency, and how much that varies), and the requests per
+# second it completes when it is never idle. That one capacity figure is used from here on: to turn
+# the four rates into the same shares of it on every device, a CPU or any GPU (the cell prints the
+# figures), and by the queueing models at the end.
 #
 # In open-loop mode the throughput just follows the rate we chose, so we look at latency only.
 #

@@ -337,7 +337,9 @@ lab.expect(
 # **Prediction**: on a GPU node, the second replica (a second GPU) adds capacity: at least 1.3x the
 # throughput. On a CPU-only machine, replicas stop adding capacity once the cores are full: with
 # two replicas the CPU samples read at least 95%, and a third replica then adds at most what is
-# left, 100% / (CPU % with two replicas), give or take 15%.
+# left, 100% / (CPU % with two replicas), give or take 15%. (On a machine with one GPU, two
+# replicas share it, each reserving half: the GPU prediction needs a GPU per replica, and is not
+# judged there.)
 
 # %%
 replica_counts = (1, 2) if serve.hardware.gpus else (1, 2, 3)
@@ -358,7 +360,10 @@ for replicas in replica_counts:
     print(f"  CPU busy: {cpu_by_replicas[replicas]:.0f}% of all cores")
 
 throughputs = {n: figure(by_replicas[n], "throughput_rps", f"{n} replica(s)") for n in replica_counts}
-if serve.hardware.gpus:
+if serve.hardware.gpus == 1:
+    print("This Ray has one GPU, which the two replicas share: a second replica adds no GPU, so the prediction")
+    print("(a GPU per replica, as on the node) is not judged here.")
+elif serve.hardware.gpus:
     gain = throughputs[2].value / throughputs[1].value
     lab.expect(
         "each GPU replica adds capacity",

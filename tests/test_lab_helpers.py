@@ -3,13 +3,15 @@ reading GourmetGram's result page. Servers are real; only the retry test replace
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
 import pytest
 
 from servelab import service_exits
-from servelab.lab import Lab, ui
+from servelab.lab import Lab, triton_side, ui
+from servelab.lab.triton_side import TOP_LOAD, Capacity, rates_at_capacity
 from servelab.lessons.expectations import ExpectationLog, Outcome, condition, figure, measured
 from servelab.profiles import PROFILES, profile
 from servelab.report import tables
@@ -18,6 +20,7 @@ from servelab.service.food11 import LABELS
 from servelab.service.hardware import Hardware
 from servelab.settings import Settings
 from servelab.triton import perf_analyzer
+from servelab.triton.config import TritonConfig, adapt_to_server, gpus_missing
 from tests.helpers import make_image_bytes
 
 
@@ -121,6 +124,18 @@ def test_in_the_compose_project_a_triton_restart_is_back_once_triton_answers_aga
     lab.wait_for_services()  # nothing left to wait for
 
 
+def test_in_the_compose_project_a_service_crashed_before_its_restart_is_recorded_is_waited_for(tmp_path, monkeypatch):
+    """Docker restarts a crashed container after a delay, and its start records the restart: in
+    between, Triton is silent and nothing says why. A measurement waits for it all the same."""
+    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models")
+    lab._shared_exits_file = tmp_path / "restarts.jsonl"  # nothing recorded yet
+    back_at = time.monotonic() + 1.0
+    monkeypatch.setattr("servelab.lab.facade.answers", lambda url: time.monotonic() >= back_at)
+    monkeypatch.setattr("servelab.lab.facade.time.sleep", lambda seconds: None)  # a fake clock's wait
+    lab.wait_for_services()
+    assert time.monotonic() >= back_at, "it returned while Triton was silent"
+
+
 @pytest.mark.parametrize(
     ("server", "groups"),
     [
@@ -137,6 +152,101 @@ def test_instance_groups_follow_the_hardware_of_the_triton_server(server, groups
     lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", None, triton_server=server)
     assert lab.instance_groups(3) == groups
     assert sum(group["count"] for group in lab.instance_groups(3)) == 3
+
+
+def capacity_of(rps: float) -> Capacity:
+    return Capacity(
+        "food_classifier_onnx", "1 instance", perf_result(), dataclasses.replace(perf_result(), throughput_rps=rps)
+    )
+
+
+def lab_on(server: Hardware, served_instances: list[dict], monkeypatch) -> Lab:
+    """A Lab whose Triton server has `server`'s hardware and reports `served_instances` as its
+    model's instance groups."""
+    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", None, triton_server=server)
+    monkeypatch.setattr(lab, "served_config", lambda model: {"instance_group": served_instances})
+    return lab
+
+
+def test_the_rates_are_shares_of_the_measured_capacity_on_a_cpu_and_on_any_gpu(monkeypatch, capsys):
+    reference = [120, 180, 240, 300]
+    on_cpu = lab_on(Hardware(gpus=0, cores=2), [{"count": 1, "kind": "KIND_CPU"}], monkeypatch)
+    on_gpu = lab_on(Hardware(gpus=1, cores=16), [{"count": 1, "kind": "KIND_GPU", "gpus": [0]}], monkeypatch)
+    rates = on_cpu.scale_rates(reference, capacity_of(40.0))
+    cpu_said = capsys.readouterr().out
+    assert on_gpu.scale_rates(reference, capacity_of(40.0)) == rates == [14.4, 21.6, 28.8, 36.0]
+    gpu_said = capsys.readouterr().out
+    assert rates[-1] == pytest.approx(TOP_LOAD * 40.0)
+    assert [rate / rates[-1] for rate in rates] == pytest.approx([rate / reference[-1] for rate in reference])
+    # Ten times the capacity, ten times the rates: the same shares of it on a faster device.
+    assert on_gpu.scale_rates(reference, capacity_of(400.0)) == pytest.approx([10 * rate for rate in rates])
+    # What it did, in figures read from the run: the capacity, where the model runs, what the server has.
+    assert "capacity measured in this run is 40.0 req/s" in cpu_said
+    assert "runs on the CPU of a Triton server with no GPU, 2 CPU core(s)" in cpu_said
+    assert "runs on GPU 0 of a Triton server with 1 GPU(s), 16 CPU core(s)" in gpu_said
+    assert "the rates would offer 300% to 750% of it" in cpu_said
+    assert cpu_said.endswith("they are 14.4, 21.6, 28.8 and 36 req/s (36%, 54%, 72% and 90% of it).\n")
+
+
+@pytest.mark.parametrize("capacity_rps", [0.05, 0.7, 3.0, 37.3, 1234.5, 20000.0])
+def test_rounding_keeps_the_scaled_rates_distinct_above_zero_and_the_top_at_the_stated_share(capacity_rps):
+    rates = rates_at_capacity([120, 180, 240, 300], capacity_rps)
+    assert len(set(rates)) == 4 and min(rates) > 0 and rates == sorted(rates)
+    assert rates[-1] == pytest.approx(TOP_LOAD * capacity_rps, rel=0.005)
+
+
+def test_rates_that_three_figures_would_merge_or_round_to_zero_get_more_decimals():
+    assert rates_at_capacity([10000, 10001], 1.0) == [0.8999, 0.9]  # 0.900 and 0.900 at three figures
+    assert rates_at_capacity([1, 10000], 1.0) == [0.0001, 0.9]  # 0.000 at three figures
+    with pytest.raises(ValueError, match="must be positive"):
+        rates_at_capacity([0, 120], 10.0)
+
+
+def test_a_config_naming_gpus_the_server_lacks_is_served_on_the_gpus_it_has_and_says_so(tmp_path, monkeypatch, capsys):
+    loaded = []
+
+    class Triton:  # the calls apply_config makes, answered as a server that loads the model
+        def __init__(self, url, **options):
+            pass
+
+        def load_model(self, model):
+            loaded.append(model)
+
+        def is_model_ready(self, model):
+            return True
+
+    monkeypatch.setattr(triton_side.triton_http, "InferenceServerClient", Triton)
+    one_gpu = Hardware(gpus=1, cores=16, backends=("onnxruntime", "python", "pytorch"))
+    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path, triton_server=one_gpu)
+    (tmp_path / "food_classifier").mkdir()
+    two_per_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_GPU", "gpus": [1]}]
+    lab.apply_config("food_classifier", lab.config("food_classifier").with_instance_groups(two_per_gpu))
+    served = TritonConfig.read(tmp_path / "food_classifier" / "config.pbtxt")
+    assert [(group.count, list(group.gpus)) for group in served.proto.instance_group] == [(2, [0]), (2, [0])]
+    printed = capsys.readouterr().out
+    assert (
+        "(1 GPU(s), 16 CPU core(s), backends onnxruntime, python, pytorch): the instances written for GPU 1, "
+        "which it lacks, run on GPU 0, as many as written:\n" in printed
+    )
+    assert "-    gpus: [ 1 ]\n+    gpus: [ 0 ]\n" in printed and loaded == ["food_classifier"]
+    # A group's count is per listed GPU: two on each of GPUs 0 and 1 is four on GPU 0.
+    two_on_each_gpu = lab.config("food_classifier").with_instance_groups(
+        [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]
+    )
+    (group,) = adapt_to_server(two_on_each_gpu, one_gpu).proto.instance_group
+    assert (group.count, group.kind, list(group.gpus)) == (4, group.KIND_GPU, [0])
+    # Three GPUs onto two do not spread evenly: one group per GPU, as many instances, names kept apart.
+    uneven = lab.config("food_classifier").with_instance_groups(
+        [{"name": "spread", "count": 1, "kind": "KIND_GPU", "gpus": [0, 1, 2]}, {"count": 1, "kind": "KIND_CPU"}]
+    )
+    adapted = adapt_to_server(uneven, dataclasses.replace(one_gpu, gpus=2))
+    assert [(group.name, group.count, list(group.gpus)) for group in adapted.proto.instance_group] == [
+        ("spread_gpu0", 2, [0]), ("spread_gpu1", 1, [1]), ("", 1, []),
+    ]  # fmt: skip
+    assert adapted.instance_count() == uneven.instance_count() == 4
+    # Where the server has every GPU named, the groups stay as written; without a GPU, nothing is missing.
+    assert adapt_to_server(two_on_each_gpu, dataclasses.replace(one_gpu, gpus=2)).proto.instance_group[0].gpus == [0, 1]
+    assert gpus_missing(uneven, dataclasses.replace(one_gpu, gpus=0)) == []
 
 
 def test_profiles_are_defined_once_and_an_unknown_one_is_refused():

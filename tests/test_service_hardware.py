@@ -1,5 +1,6 @@
 """What a server's container has (servelab.service.hardware), and a Ray Serve config for it
-(servelab.service.serve_config): served as written with a GPU, with a share of the cores without."""
+(servelab.service.serve_config): served as written with a GPU per replica, with a share of the GPUs
+with fewer, with a share of the cores without."""
 
 from __future__ import annotations
 
@@ -24,8 +25,18 @@ def test_a_record_of_the_hardware_reads_back_as_written(tmp_path):
     assert Hardware(0, 2).describe() == "no GPU, 2 CPU core(s)"
 
 
-def test_with_a_gpu_the_serve_config_is_served_as_written():
-    assert for_hardware(SHIPPED, Hardware(gpus=2, cores=16)) is SHIPPED
+def test_with_a_gpu_for_each_replica_the_serve_config_is_served_as_written():
+    assert deployment(SHIPPED)["autoscaling_config"]["max_replicas"] == 2  # the node's two GPUs
+    assert for_hardware(SHIPPED, Hardware(gpus=2, cores=48)) is SHIPPED
+
+
+def test_with_fewer_gpus_than_replicas_each_replica_reserves_a_share_of_them():
+    served = deployment(for_hardware(SHIPPED, Hardware(gpus=1, cores=16)))
+    assert served["ray_actor_options"]["num_gpus"] == 0.5  # both replicas fit on the one GPU
+    assert "num_cpus" not in served["ray_actor_options"] and "INFERENCE_THREADS" not in str(served)
+    fixed = {"applications": [{"deployments": [{"num_replicas": 3, "ray_actor_options": {"num_gpus": 1}}]}]}
+    assert deployment(for_hardware(fixed, Hardware(gpus=2, cores=16)))["ray_actor_options"]["num_gpus"] == 0.667
+    assert deployment(SHIPPED)["ray_actor_options"]["num_gpus"] == 1  # the shipped config is left as it was
 
 
 def test_without_a_gpu_each_replica_reserves_a_share_of_the_cores_and_threads_to_match():

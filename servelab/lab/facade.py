@@ -563,6 +563,10 @@ class Lab(TritonLab):
                     "its log says why (`make up` prints where the logs are)."
                 )
             time.sleep(0.5)
+        if self.on_compose:
+            # A Compose service records its restart only once Docker has started its container again:
+            # until then, one that crashed a moment ago is silent with nothing recorded yet.
+            self._wait_until_answering()
         self._tell(self.service_exits())
 
     def _tell(self, exits: list[ServiceExit]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import shutil
 import time
@@ -36,7 +37,7 @@ from servelab.service_exits import ServiceExit
 from servelab.stack.local import LocalStack, Ports, ServiceSpec, start_on_free_ports, triton_service
 from servelab.triton import perf_analyzer
 from servelab.triton import server as triton_local
-from servelab.triton.config import ConfigError, TritonConfig
+from servelab.triton.config import ConfigError, TritonConfig, gpus_missing
 
 if TYPE_CHECKING:
     from servelab.profiles import Profile
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
 
 # Where a notebook's own services keep their staged files and logs while they run.
 NOTEBOOK_STACK_DIR = paths.STACK_DIR / "notebook-stack"
+# How long a reload may take before apply_config gives up waiting. Each instance of a Python-backend
+# model starts a process that imports PyTorch and runs a first inference: four of them on a busy
+# 2-core machine took longer than tritonclient's default of 60 s (notebook 6, quick profile).
+MODEL_LOAD_TIMEOUT_S = 600.0
 
 
 class ServiceCrashed(RuntimeError):
@@ -89,6 +94,34 @@ class TritonAddresses:
     http: str  # host:port
     grpc: str
     log: Path | None
+
+
+# The share of the measured capacity the highest scaled rate offers. Near saturation yet below
+# it: at 90% an M/D/1 queue's mean wait is 4.5 service times, a queue for the batching checks to
+# judge, while a rate at or above capacity grows the queue for as long as the run lasts, so that
+# what its latency measures is the run's length.
+TOP_LOAD = 0.9
+# Significant figures the scaled rates are rounded to (more where that would make two alike).
+RATE_DIGITS = 3
+
+
+def rates_at_capacity(reference: list[float], capacity_rps: float, top_load: float = TOP_LOAD) -> list[float]:
+    """`reference` rates scaled so that the highest is `top_load` of `capacity_rps`, each keeping its
+    share of the highest; rounded to RATE_DIGITS significant figures of the highest, or to as many
+    more decimals as keep distinct rates distinct and above zero (a slow CPU's rates are fractions
+    of a request per second)."""
+    if not reference or min(reference) <= 0 or capacity_rps <= 0:
+        raise ValueError(f"Rates and a capacity must be positive: rates {reference}, capacity {capacity_rps}.")
+    exact = [rate * top_load * capacity_rps / max(reference) for rate in reference]
+    decimals = RATE_DIGITS - 1 - math.floor(math.log10(max(exact)))
+    while len(set(rates := [round(rate, decimals) for rate in exact])) < len(set(reference)) or 0 in rates:
+        decimals += 1
+    return [float(rate) for rate in rates]
+
+
+def _listed(words: list[str]) -> str:
+    """The words as a sentence lists them: "a, b and c"."""
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
 
 
 class TritonLab:
@@ -257,22 +290,33 @@ class TritonLab:
         print(capacity)
         return capacity
 
-    def scale_rates(self, rates: list[float], capacity: Capacity) -> list[float]:
-        """The request rates to use here for an experiment written for two P100 GPUs.
-
-        On a Triton server with GPUs they are used as written. On one without, they are scaled so
-        that the highest one is 90% of `capacity`: the experiment keeps its shape (light load to
-        near saturation) on a machine many times slower.
-        """
-        if self.triton_server.gpus:
-            return list(rates)
-        factor = 0.9 * capacity.rps / max(rates)
-        scaled = [round(rate * factor, 1) for rate in rates]
+    def scale_rates(self, reference: list[float], capacity: Capacity) -> list[float]:
+        """`reference`, the request rates of an experiment written for one machine (the original
+        lab's, for two P100 GPUs), as the same shares of `capacity`, the capacity measured in this
+        run, the highest at TOP_LOAD of it: the experiment keeps its shape (light load to near
+        saturation) on a CPU and on any GPU. Prints what it did, from the run's own figures."""
+        rates = rates_at_capacity(reference, capacity.rps)
+        as_written = [rate / capacity.rps for rate in reference]
+        written, scaled = _listed([f"{rate:g}" for rate in reference]), _listed([f"{rate:g}" for rate in rates])
+        shares = _listed([f"{rate / capacity.rps:.0%}" for rate in rates])
         print(
-            f"The lab's rates {rates} req/s were chosen for a P100 GPU; on this CPU they are scaled by {factor:.3f} "
-            f"to {scaled} req/s, so the highest is 90% of {capacity.model}'s capacity of {capacity.rps:.1f} req/s."
+            f"The rates {written} req/s were written for the original lab's two P100 GPUs. Here {capacity.model} "
+            f"({capacity.configuration}) runs on {self.served_on(capacity.model)} of a Triton server with "
+            f"{self.triton_server.describe()}, and its capacity measured in this run is {capacity.rps:.1f} req/s: as "
+            f"written, the rates would offer {min(as_written):.0%} to {max(as_written):.0%} of it. Scaled to keep "
+            f"their shares of the highest, with the highest at {TOP_LOAD:.0%} of that capacity, they are {scaled} "
+            f"req/s ({shares} of it)."
         )
-        return scaled
+        return rates
+
+    def served_on(self, model: str) -> str:
+        """Where Triton runs `model`'s instances, in words ("GPU 0", "the CPU"), as the server reports it."""
+        groups = self.served_config(model).get("instance_group", [])
+        gpus = sorted({gpu for group in groups if group.get("kind") == "KIND_GPU" for gpu in group.get("gpus", [])})
+        places = [f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"] if gpus else []
+        if any(group.get("kind") != "KIND_GPU" for group in groups):
+            places.append("the CPU")
+        return " and ".join(places)
 
     def config(self, model: str) -> TritonConfig:
         """The model's config as shipped for the GPU node (what a student edits); the server
@@ -319,9 +363,17 @@ class TritonLab:
         served = triton_local.served_config(info, edited, self.repository / model, self.triton_server)
         adaptation = edited.diff(served, "edited", "served by this Triton")
         if adaptation:
-            print(f"Adapted for the Triton server ({self.triton_server.describe()}):\n{adaptation}")
+            missing = gpus_missing(edited, self.triton_server)
+            moved = (
+                f": the instances written for GPU {_listed([str(gpu) for gpu in missing])}, which it lacks, run on "
+                f"GPU {_listed([str(gpu) for gpu in sorted({gpu % self.triton_server.gpus for gpu in missing})])}, "
+                "as many as written"
+                if missing
+                else ""
+            )
+            print(f"Adapted for the Triton server ({self.triton_server.describe()}){moved}:\n{adaptation}")
         (self.repository / model / "config.pbtxt").write_text(served.text)
-        client = triton_http.InferenceServerClient(self._triton())
+        client = triton_http.InferenceServerClient(self._triton(), network_timeout=MODEL_LOAD_TIMEOUT_S)
         started = time.monotonic()
         try:
             client.load_model(model)  # in explicit mode, loading a loaded model reloads it from disk
