@@ -2,9 +2,9 @@
 # Both create and fill the virtualenv (.venv) first, and build the model artifacts if needed.
 PY := .venv/bin/python
 # Passed through to `servelab artifacts` to serve a trained checkpoint instead of untrained weights.
-export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256
+export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256 FOOD11_CHECKPOINT_GIT_BLOB
 
-.PHONY: up test test-fast test-notebook test-docker bench bench-quick notebooks format setup artifacts clean
+.PHONY: up test test-fast test-notebook test-docker test-gpu bench bench-quick notebooks format setup artifacts clean
 
 up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve and GourmetGram on 127.0.0.1; Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
@@ -21,6 +21,13 @@ test-notebook: artifacts  ## one notebook against the lab, as `make test` runs i
 
 test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3-10 in its Jupyter, tear down
 	bash scripts/test_docker.sh
+
+# The GPU check runs with the Python that has torch: the lab's virtualenv where there is one, else the
+# machine's own (a bare GPU machine: servelab/bench/gpu_check/__init__.py says what to bring). It creates nothing.
+PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+
+test-gpu:  ## the GPU check (about 4 minutes): services and Triton on the GPU, their verdicts, speed and GPU memory; exit 2 without a GPU
+	$(PYTHON) -m servelab.bench.gpu_check $(if $(TRITON_SERVER_BIN),--tritonserver $(TRITON_SERVER_BIN)) $(GPU_CHECK_ARGS)
 
 bench: artifacts  ## the headline benchmark (about 30 minutes); report in results/bench-<time>-full/
 	$(PY) -m servelab bench --profile full

@@ -191,9 +191,13 @@ class TritonPorts:
     metrics: int
 
 
-def server_command(model_repository: Path, backend_dir: Path, ports: TritonPorts, models: list[str]) -> list[str]:
+def server_command(
+    model_repository: Path, backend_dir: Path, ports: TritonPorts, models: list[str], binary: Path | None = None
+) -> list[str]:
+    """`binary` (by default the nvidia-pytriton wheel's, `server_binary`) serving `models` from
+    `model_repository` on 127.0.0.1's `ports`; the GPU check passes the tritonserver it found."""
     command = [
-        str(server_binary()),
+        str(server_binary() if binary is None else binary),
         f"--model-repository={model_repository}",
         f"--backend-directory={backend_dir}",
         "--model-control-mode=explicit",

@@ -1,0 +1,57 @@
+"""`make test-gpu`: the lab's GPU path, checked on any Linux machine with an NVIDIA GPU and Python 3.11+.
+
+    python -m servelab.bench.gpu_check [--device cuda|cpu] [--seconds 10] [--warmup 2] [--concurrency 1 16 64]
+                                       [--services fastapi_pt fastapi_onnx triton] [--tritonserver PATH] [--out DIR]
+
+1. Without an NVIDIA GPU it stops at once, with exit code 2, saying what nvidia-smi, NVML (nvidia-ml-py)
+   and PyTorch each saw. `--device cpu` runs the same steps on the CPU instead (CI, a laptop), and its
+   table says that nothing on a GPU was checked.
+2. Starts fastapi_pt and fastapi_onnx with INFERENCE_DEVICE=cuda, and Triton's food_classifier (KIND_GPU)
+   where a tritonserver is found (--tritonserver, else the nvidia-pytriton wheel's, else one on PATH),
+   each on a free 127.0.0.1 port.
+3. Judges where each runs, from its own report (`judge_service`, `judge_triton`): fastapi_pt must run on
+   the GPU, with its first inference at start-up on it (/health's `device`, `device_fallback`,
+   `first_inference_ms`); fastapi_onnx too where this ONNX Runtime has a CUDA provider, and where it
+   has none it runs on the CPU, reported as such ("CPU"), neither a pass on the GPU nor a failure;
+   Triton's instances must say in its log that they run on the GPU. A service that answers any request
+   of its load with an error fails.
+4. Loads each at concurrency 1, 16 and 64 (a closed loop of the 32 KB soup photo, in a process of its
+   own: servelab.bench.gpu_check.closed_loop), a warm-up then a window each, sampling the GPU's use.
+5. Reads each service's GPU memory (its processes, as nvidia-smi lists them) while all of them are up,
+   then stops them and measures the in-process ceiling (servelab.measure.inprocess) of PyTorch on the
+   GPU, and of ONNX Runtime where it has a CUDA provider: one request in flight, and the best pipeline.
+6. Prints one table (the machine first) and writes it to results/gpu-check-<time>.md, with every run in
+   results/gpu-check-<time>.json. Speed is reported, never judged: the benchmark judges it.
+Every process it started is stopped at the end, on Ctrl-C and on a failure too. About 3-5 minutes with
+the defaults. Exit code 0: every verdict passed (or is the "CPU" case above); 1: one failed; 2: it
+cannot run here (no GPU, a model file or a package missing: the message says which).
+
+On a bare GPU machine (Python 3.12 with torch, ONNX Runtime, numpy 2, Pillow, httpx, aiohttp, psutil,
+prometheus-client, pyyaml, but none of the lab's virtualenv and no internet), nothing is installed
+for it but a few wheels. On a machine with the lab's virtualenv and internet:
+
+    make artifacts                  # the model files
+    scripts/gpu_check_wheels.sh     # FastAPI, uvicorn and what they need, for Python 3.12, into .lab/wheels
+
+then copy the working tree there with these ignored paths (about 40 MB): .lab/wheels, .lab/artifacts,
+fastapi_pt/food11.pth, fastapi_pt/food11.pth.weights.json, fastapi_onnx/food11.onnx and
+fastapi_onnx/food11.onnx.weights.json; and there, in the repository root:
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .lab/wheels/*.whl
+    PYTHONPATH=/tmp/site make test-gpu
+
+Triton runs where the lab's Triton tooling imports (tritonclient, with the nvidia-pytriton wheel's
+server): in the lab's virtualenv, not on a bare machine, where its row says why it did not run.
+
+Its modules, each importing only those listed after it:
+- `check`: the check itself (the steps above) and its command line, `main`, which `__main__` runs;
+- `report`: each service as checked, the table printed and written, and every run's table;
+- `ceilings`: the in-process ceiling of each runtime: the plans measured, and their runs;
+- `verdicts`: where a service runs, judged from its own report (its /health, Triton's log), and its
+  load's failures;
+- `processes`: the services as processes: their commands (FastAPI's, Triton's), start, readiness,
+  stop, /health, and one load point against them;
+- `closed_loop`: that load, a closed loop of one prepared POST in a process of its own;
+- `machine`: is there a GPU (what nvidia-smi, NVML and PyTorch see), GPU memory by process, the
+  machine's line.
+"""

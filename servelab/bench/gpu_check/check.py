@@ -1,0 +1,245 @@
+"""The GPU check itself, the steps servelab.bench.gpu_check lists: what this machine lacks, whether it
+has a GPU, every service started, judged, loaded and stopped, the ceilings measured, the report printed
+and written; and its command line (`main`)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from servelab import paths
+from servelab.bench import gpu_check
+from servelab.bench.gpu_check.ceilings import CEILING_RUNTIME, Ceiling, measure_ceiling
+from servelab.bench.gpu_check.machine import (
+    gpu_memory_by_pid,
+    look_for_gpus,
+    machine_line,
+    no_gpu_message,
+    nvidia_smi_gpus,
+)
+from servelab.bench.gpu_check.processes import (
+    TRITON_MODEL,
+    Running,
+    fastapi_service,
+    find_tritonserver,
+    free_ports,
+    health_of,
+    load_point,
+    triton_service,
+)
+from servelab.bench.gpu_check.report import Checked, every_run_table, report
+from servelab.bench.gpu_check.verdicts import (
+    FAIL,
+    NOT_RUN,
+    Verdict,
+    judge_load,
+    judge_service,
+    judge_triton,
+    onnx_runtime_without_gpu,
+    triton_instances,
+)
+from servelab.measure.resources import ResourceSampler, summarize
+from servelab.results import save_results
+
+log = logging.getLogger(__name__)
+
+EXIT_FAILED = 1
+EXIT_CANNOT_RUN = 2
+CONCURRENCIES = (1, 16, 64)
+SERVICES = ("fastapi_pt", "fastapi_onnx", "triton")
+
+
+def cannot_run(services: Sequence[str]) -> str | None:
+    """What this machine lacks for the check (a package, a model file), or None."""
+    missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+    if missing:
+        return (
+            f"{', '.join(missing)} not installed for {sys.executable}. On a machine with internet, "
+            "scripts/gpu_check_wheels.sh downloads the wheels the services need; install them here with "
+            "`python3 -m pip install --no-index --no-deps --target /tmp/site .lab/wheels/*.whl` and run with "
+            "PYTHONPATH=/tmp/site (servelab/bench/gpu_check/__init__.py says more)."
+        )
+    needed = {
+        "fastapi_pt": [paths.FASTAPI_PT_DIR / "food11.pth", paths.ARTIFACTS_DIR / "food11.pth"],
+        "fastapi_onnx": [paths.FASTAPI_ONNX_DIR / "food11.onnx", paths.ARTIFACTS_DIR / "food11.onnx"],
+        "triton": [paths.ARTIFACTS_DIR / "food11.pth"],
+    }
+    absent = sorted({str(path) for name in services for path in needed[name] if not path.is_file()})
+    if absent:
+        return (
+            f"Missing: {', '.join(absent)}. Run `make artifacts` (on a machine with the lab's virtualenv), and "
+            "bring the model files along (servelab/bench/gpu_check/__init__.py lists them)."
+        )
+    return None
+
+
+def check(args: argparse.Namespace) -> int:
+    device = args.device
+    if (lacking := cannot_run(args.services)) is not None:
+        print(lacking, file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    sightings = look_for_gpus() if device == "cuda" else []
+    if sightings and (message := no_gpu_message(sightings)) is not None:
+        print(message, file=sys.stderr)
+        return EXIT_CANNOT_RUN
+
+    import onnxruntime
+
+    providers = onnxruntime.get_available_providers()
+    machine = machine_line(nvidia_smi_gpus(), providers) + "".join(f"; {sighting}" for sighting in sightings)
+    log.info("%s", machine)
+    onnx_without_gpu = onnx_runtime_without_gpu(providers, onnxruntime.__version__) if device == "cuda" else None
+    # Every process started from here on (the services, the ceilings, the load) imports servelab from this
+    # working tree, also where it is not installed; the ceilings read their device from INFERENCE_DEVICE.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(paths.REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    os.environ["INFERENCE_DEVICE"] = device
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    log_dir = paths.LOG_DIR / f"gpu-check-{stamp}"
+    checked = check_services(args, onnx_without_gpu, log_dir)
+    ceilings = {}
+    for runtime in sorted({CEILING_RUNTIME[name] for name in args.services}):
+        if runtime == "onnxruntime" and onnx_without_gpu is not None:
+            ceilings[runtime] = Ceiling(runtime, note=f"not measured: {onnx_without_gpu}")
+        else:
+            ceilings[runtime] = measure_ceiling(runtime, device, args.seconds, args.warmup)
+
+    text = report(machine, args, checked, ceilings)
+    print("\n" + text)
+    out = args.out or paths.RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"gpu-check-{stamp}.md").write_text(text + "\n## Every run\n\n" + every_run_table(checked, ceilings))
+    save_results(
+        [run for service in checked for run in service.runs] + [run for c in ceilings.values() for run in c.runs],
+        out / f"gpu-check-{stamp}.json",
+        metadata={
+            "machine": machine,
+            "device": device,
+            "seconds": args.seconds,
+            "warmup_s": args.warmup,
+            "services": {
+                service.name: {
+                    "device": service.device,
+                    "verdict": service.verdict.status,
+                    "reason": service.verdict.reason,
+                    "health": service.health,
+                    "gpu_memory_mib": service.gpu_memory_mib,
+                    "gpu_busy_percent": service.gpu_busy_percent,
+                }
+                for service in checked
+            },
+            "ceilings": {runtime: ceiling.note for runtime, ceiling in ceilings.items()},
+        },
+    )
+    print(f"Written: {out / f'gpu-check-{stamp}.md'} and .json; the services' logs in {log_dir}", file=sys.stderr)
+    return EXIT_FAILED if any(service.verdict.status == FAIL for service in checked) else 0
+
+
+def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_dir: Path) -> list[Checked]:
+    """Start every service at once, judge and load each in turn, read their GPU memory while all are
+    up, and stop them all (also on Ctrl-C or a failure)."""
+    device, image = args.device, paths.SAMPLE_IMAGE.read_bytes()
+    ports = iter(free_ports(5))
+    checked = []
+    with contextlib.ExitStack() as cleanup:
+        work_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="gpu-check-")))
+        services = [fastapi_service(name, device, image, next(ports)) for name in args.services if name != "triton"]
+        if "triton" in args.services:
+            binary, found_in = find_tritonserver(args.tritonserver)
+            triton_ports = [next(ports) for _ in range(3)]
+            triton = triton_service(binary, found_in, device, image, triton_ports, work_dir) if binary else found_in
+            if isinstance(triton, str):
+                checked.append(Checked("triton", Verdict(NOT_RUN, triton)))
+            else:
+                services.append(triton)
+        running = []
+        for service in services:
+            log.info("starting %s: %s", service.name, " ".join(service.command))
+            running.append(Running(service, log_dir / f"{service.name}.log"))
+            cleanup.callback(running[-1].stop)
+        measured = [checked_service(process, args, onnx_without_gpu) for process in running]
+        memory = gpu_memory_by_pid() if device == "cuda" else "a CPU run"
+        log.info("GPU memory (MiB) by process: %s", memory)
+        for result, process in zip(measured, running, strict=True):
+            held = [memory[pid] for pid in process.pids() if pid in memory] if isinstance(memory, dict) else []
+            result.gpu_memory_mib = sum(held) if held else None
+    return sorted(checked + measured, key=lambda service: SERVICES.index(service.name))
+
+
+def checked_service(process: Running, args: argparse.Namespace, onnx_without_gpu: str | None) -> Checked:
+    """Wait for the service, judge where it runs, then load it at each concurrency."""
+    device, seconds, warmup_s, concurrencies = args.device, args.seconds, args.warmup, args.concurrency
+    service = process.service
+    if (not_ready := process.wait_ready()) is not None:
+        return Checked(service.name, Verdict(FAIL, f"did not start: {not_ready}"))
+    if service.name == "triton":
+        log_text = process.log_path.read_text(errors="replace")
+        checked = Checked(service.name, judge_triton(log_text, device))
+        checked.device = ", ".join(sorted({match["device"] for match in triton_instances(log_text)})) or "unknown"
+        target = f"triton/{TRITON_MODEL} (http)"
+    else:
+        try:
+            health = health_of(service)
+        except (OSError, ValueError) as exc:
+            return Checked(service.name, Verdict(FAIL, f"its /health could not be read: {exc}"))
+        runtime_without_gpu = onnx_without_gpu if service.name == "fastapi_onnx" else None
+        checked = Checked(service.name, judge_service(health, device, runtime_without_gpu), health=health)
+        checked.device = str(health.get("device", "unknown"))
+        target = service.name
+    log.info("%s: %s", service.name, checked.verdict)
+    for concurrency in concurrencies:
+        log.info("%s at c=%d: %g s warm-up, %g s measured", service.name, concurrency, warmup_s, seconds)
+        with ResourceSampler(pids=process.pids()) as sampler:
+            try:
+                run = load_point(service, target, concurrency, seconds, warmup_s)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                checked.verdict = Verdict(FAIL, f"its load at c={concurrency} failed: {exc}")
+                return checked
+        run.resources = series = sampler.series()
+        checked.runs.append(run)
+        log.info("%s at c=%d: %.1f req/s, %d errors", service.name, concurrency, run.throughput_rps, run.error_count)
+    if device == "cuda":
+        busy = [gpu["util_percent_mean"] for gpu in summarize(series)["gpus"]]
+        checked.gpu_busy_percent = max(busy) if busy else None
+    checked.verdict = judge_load(checked.verdict, checked.runs)
+    return checked
+
+
+@contextlib.contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM ends the check as Ctrl-C does: through its clean-up, which stops every service."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: list[str] | None = None) -> int:
+    description = (gpu_check.__doc__ or "").split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m servelab.bench.gpu_check", description=description)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same steps on the CPU")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds of each load point and plan")
+    parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds before each")
+    parser.add_argument("--concurrency", nargs="+", type=int, default=list(CONCURRENCIES), help="closed-loop users")
+    parser.add_argument("--services", nargs="+", choices=SERVICES, default=list(SERVICES))
+    parser.add_argument("--tritonserver", type=Path, help="the tritonserver to run (default: the wheel's, or PATH's)")
+    parser.add_argument("--out", type=Path, help="where the table goes (default: results/)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    with stopped_by_sigterm():
+        try:
+            return check(args)
+        except KeyboardInterrupt:  # the clean-up has run: every service is stopped
+            print("Interrupted: every process the check started is stopped.", file=sys.stderr)
+            return 130

@@ -1,0 +1,164 @@
+"""What the GPU check prints and writes: each service as checked, the one table (the machine, the
+verdicts, throughput against the in-process ceiling, GPU memory and use) with what it means, and
+every run's own table for results/."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from servelab import paths
+from servelab.bench.gpu_check.ceilings import CEILING_RUNTIME, Ceiling
+from servelab.bench.gpu_check.processes import TRITON_MODEL
+from servelab.bench.gpu_check.verdicts import Verdict
+from servelab.measure.resources import summarize
+from servelab.report.tables import results_table
+from servelab.results import RunResult
+
+
+@dataclass
+class Checked:
+    """One service as checked: its verdict, what /health said, its load runs, its GPU memory."""
+
+    name: str  # fastapi_pt, fastapi_onnx, triton
+    verdict: Verdict
+    device: str = "-"
+    runs: list[RunResult] = field(default_factory=list)
+    gpu_memory_mib: float | None = None  # None: not read (a CPU run, nvidia-smi lists none of its processes)
+    gpu_busy_percent: float | None = None  # the GPU's mean use during the highest concurrency
+    health: dict[str, Any] = field(default_factory=dict)
+
+
+def _rate(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _run_cell(run: RunResult | None) -> str:
+    if run is None:
+        return "-"
+    return _rate(run.throughput_rps) + (f" ({run.error_count} errors)" if run.error_count else "")
+
+
+def markdown_table(headings: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    cell = lambda text: str(text).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(headings) + " |", "|" + "|".join("---" for _ in headings) + "|"]
+    return "\n".join([*lines, *("| " + " | ".join(cell(text) for text in row) + " |" for row in rows)]) + "\n"
+
+
+def table_headings(concurrencies: Sequence[int]) -> list[str]:
+    return [
+        "service",
+        "runs on (its own report)",
+        "verdict",
+        "GPU memory (MiB)",
+        *(f"c={concurrency} (req/s)" for concurrency in concurrencies),
+        "ceiling: one in flight / pipelined (req/s)",
+        *(f"c={concurrency} / ceiling" for concurrency in concurrencies),
+        f"GPU busy at c={concurrencies[-1]} (%)",
+    ]
+
+
+def table_rows(
+    checked: Sequence[Checked], ceilings: Mapping[str, Ceiling], concurrencies: Sequence[int]
+) -> list[list[str]]:
+    """One row per service, then the GPU memory of all of them together. A ratio compares a run with
+    its runtime's ceiling: one request in flight at c=1, the best pipeline above."""
+    rows = []
+    for service in checked:
+        by_concurrency = {run.concurrency: run for run in service.runs}
+        ceiling = ceilings.get(CEILING_RUNTIME[service.name])
+        one = ceiling.one_in_flight if ceiling else None
+        pipelined = ceiling.pipelined if ceiling else None
+        if not service.runs or ceiling is None:
+            ceiling_cell = "-"
+        elif one is None or pipelined is None:
+            ceiling_cell = ceiling.note or "-"
+        else:
+            ceiling_cell = f"{ceiling.runtime}: {_rate(one.throughput_rps)} / {_rate(pipelined.throughput_rps)}"
+        ratios = []
+        for concurrency in concurrencies:
+            run, reference = by_concurrency.get(concurrency), one if concurrency == 1 else pipelined
+            ratios.append(f"{run.throughput_rps / reference.throughput_rps:.2f}x" if run and reference else "-")
+        rows.append(
+            [
+                "triton/" + TRITON_MODEL if service.name == "triton" else service.name,
+                service.device,
+                str(service.verdict),
+                _rate(service.gpu_memory_mib, 0),
+                *(_run_cell(by_concurrency.get(concurrency)) for concurrency in concurrencies),
+                ceiling_cell,
+                *ratios,
+                _rate(service.gpu_busy_percent),
+            ]
+        )
+    memory = [service.gpu_memory_mib for service in checked if service.gpu_memory_mib is not None]
+    total = f"{sum(memory):.0f} (total)" if memory else "-"
+    rows.append(["all services", "", "", total, *("" for _ in range(2 * len(concurrencies) + 2))])
+    return rows
+
+
+def gpu_memory_in_use(checked: Sequence[Checked]) -> str:
+    """The most GPU memory in use while the services were up (all of them, loaded one by one), as the
+    whole GPU reports it: the total even where nvidia-smi lists no process (a virtualized GPU)."""
+    readings = [
+        (gpu["memory_used_mib_max"], gpu["memory_total_mib"], gpu["name"])
+        for service in checked
+        for run in service.runs
+        if run.resources
+        for gpu in summarize(run.resources)["gpus"]
+    ]
+    if not readings:
+        return "GPU memory in use while the services were up: not read (no load ran, or no GPU reader)."
+    used, total, name = max(readings, key=lambda reading: reading[0] if math.isfinite(reading[0]) else -1.0)
+    whole = f"at most {_rate(used, 0)} of {total:.0f} MiB ({name})"
+    return f"GPU memory in use while the services were up, on the whole GPU: {whole}."
+
+
+def report(machine: str, args: argparse.Namespace, checked: Sequence[Checked], ceilings: Mapping[str, Ceiling]) -> str:
+    """The Markdown printed at the end and written to results/: the machine, the table, what it means."""
+    device, seconds, concurrencies = args.device, args.seconds, args.concurrency
+    mode = (
+        "On the GPU."
+        if device == "cuda"
+        else "**CPU mode (--device cpu): the services and the ceilings ran on the CPU; nothing on a GPU was checked.**"
+    )
+    notes = [
+        f"Load: closed loop of the {paths.SAMPLE_IMAGE.name} sample ({paths.SAMPLE_IMAGE.stat().st_size // 1024} KB) "
+        f"from a process of its own (servelab.bench.gpu_check.closed_loop), {seconds:g} s a point after its warm-up. "
+        "Speed is reported, not judged (the benchmark judges it): a ratio compares a service with the in-process "
+        "ceiling of its runtime on the same device (c=1 with one request in flight, above with the best pipeline).",
+    ]
+    if device == "cuda":
+        notes.append(gpu_memory_in_use(checked))
+    for ceiling in ceilings.values():
+        for run in ceiling.runs:
+            notes.append(f"Ceiling {ceiling.runtime}: {_rate(run.throughput_rps)} req/s, {run.notes[0]}")
+    return "\n".join(
+        [
+            "# GPU check",
+            "",
+            machine,
+            "",
+            mode,
+            "",
+            markdown_table(table_headings(concurrencies), table_rows(checked, ceilings, concurrencies)),
+            *(f"- {note}" for note in notes),
+            "",
+        ]
+    )
+
+
+def every_run_table(checked: Sequence[Checked], ceilings: Mapping[str, Ceiling]) -> str:
+    """Every load point and ceiling run, with latencies, each against its ceiling (servelab.report.tables)."""
+    service_of = {id(run): service.name for service in checked for run in service.runs}
+
+    def ceiling_of(run: RunResult) -> float | None:
+        ceiling = ceilings.get(CEILING_RUNTIME[service_of[id(run)]]) if id(run) in service_of else None
+        reference = None if ceiling is None else ceiling.one_in_flight if run.concurrency == 1 else ceiling.pipelined
+        return reference.throughput_rps if reference else None
+
+    runs = [run for service in checked for run in service.runs] + [run for c in ceilings.values() for run in c.runs]
+    return results_table(runs, baseline_rps=ceiling_of, baseline_heading="vs ceiling") if runs else "(none)\n"

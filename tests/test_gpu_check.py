@@ -1,0 +1,472 @@
+"""The GPU check (`make test-gpu`, servelab/bench/gpu_check/): its verdicts, its table, its stop without a
+GPU, and the whole check run for real on the CPU, with only what a bare GPU machine has importable."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+import psutil
+import pytest
+
+from servelab import paths
+from servelab.bench.gpu_check import ceilings, check, machine, processes, report, verdicts
+from servelab.bench.gpu_check.ceilings import Ceiling
+from servelab.bench.gpu_check.report import Checked
+from servelab.bench.gpu_check.verdicts import CPU, FAIL, NOT_RUN, PASS, Verdict
+from tests.helpers import synthetic_run, until
+
+# ---- verdicts -------------------------------------------------------------------------------------
+
+ON_THE_GPU = {"device": "cuda (NVIDIA H200)", "device_asked": "cuda", "device_fallback": None}
+FELL_BACK = {"device": "cpu", "device_asked": "cuda", "device_fallback": "CUDA error: no kernel image is available"}
+NO_CUDA_PROVIDER = verdicts.onnx_runtime_without_gpu(["AzureExecutionProvider", "CPUExecutionProvider"], "1.30.0")
+
+
+@pytest.mark.parametrize(
+    "health, asked, runtime_without_gpu, status, words",
+    [
+        ({**ON_THE_GPU, "first_inference_ms": 4.2}, "cuda", None, PASS, "cuda (NVIDIA H200), first inference 4.2 ms"),
+        ({**FELL_BACK, "first_inference_ms": 30.0}, "cuda", None, FAIL, "no kernel image is available"),
+        (ON_THE_GPU, "cuda", None, FAIL, "predates the first-inference check"),
+        ({**ON_THE_GPU, "first_inference_ms": None}, "cuda", None, FAIL, "first_inference_ms is null"),
+        ({**ON_THE_GPU, "device_fallback": "odd", "first_inference_ms": 4.2}, "cuda", None, FAIL, "a fallback"),
+        ({**FELL_BACK, "first_inference_ms": 9.0}, "cuda", NO_CUDA_PROVIDER, CPU, "has no CUDA provider"),
+        (FELL_BACK, "cuda", NO_CUDA_PROVIDER, FAIL, "predates the first-inference check"),
+        ({"device": "cuda", "first_inference_ms": 2.0}, "cuda", NO_CUDA_PROVIDER, FAIL, "yet this ONNX Runtime"),
+        ({"device": "cpu", "device_fallback": None, "first_inference_ms": 20.0}, "cpu", None, PASS, "nothing on a GPU"),
+        ({**ON_THE_GPU, "first_inference_ms": 4.2}, "cpu", None, FAIL, "asked for the CPU"),
+    ],
+    ids=[
+        "gpu-named",
+        "fell-back",
+        "no-first-inference-field",
+        "first-inference-null",
+        "gpu-and-a-fallback",
+        "onnx-without-cuda-provider",
+        "onnx-without-cuda-provider-unproven",
+        "onnx-without-cuda-provider-says-cuda",
+        "cpu-mode",
+        "cpu-mode-on-a-gpu",
+    ],
+)
+def test_a_service_passes_only_where_its_own_report_proves_it_runs(health, asked, runtime_without_gpu, status, words):
+    verdict = verdicts.judge_service(health, asked, runtime_without_gpu)
+    assert verdict.status == status
+    assert words in verdict.reason
+
+
+def test_onnx_runtime_is_without_a_gpu_exactly_when_its_build_has_no_cuda_provider():
+    assert NO_CUDA_PROVIDER is not None and "1.30.0: AzureExecutionProvider, CPUExecutionProvider" in NO_CUDA_PROVIDER
+    assert verdicts.onnx_runtime_without_gpu(["CUDAExecutionProvider", "CPUExecutionProvider"], "1.25.1") is None
+
+
+TRITON_LINE = (
+    'I1126 03:08:17.841862 29326 model.py:71] "food_classifier instance food_classifier_0_{n} on {device}, '
+    'first inference 3.1 ms, max_batch_size 16; threads: 1 inference slot(s), 16 thread(s) each"'
+)
+
+
+@pytest.mark.parametrize(
+    "devices, asked, status, words",
+    [
+        (["cuda:0 (NVIDIA H200) (torch 2.11.0+cu130)"] * 2, "cuda", PASS, "2 instance(s) on cuda:0"),
+        (["cpu (torch 2.11.0+cu130), INSTEAD OF THE GPU ASKED FOR (cuda:0)"], "cuda", FAIL, "INSTEAD OF THE GPU"),
+        (["cuda:0 (NVIDIA H200) (torch 2.11.0+cu130)", "cpu (torch 2.11.0)"], "cuda", FAIL, "food_classifier_0_1"),
+        ([], "cuda", FAIL, "no food_classifier instance said where it runs"),
+        (["cpu (torch 2.14.1)"], "cpu", PASS, "the CPU as asked"),
+    ],
+    ids=["on-the-gpu", "fell-back", "one-of-two-on-the-cpu", "silent", "cpu-mode"],
+)
+def test_triton_passes_only_where_every_instance_says_it_runs_where_asked(devices, asked, status, words):
+    log_text = "\n".join(TRITON_LINE.format(n=n, device=device) for n, device in enumerate(devices))
+    verdict = verdicts.judge_triton("I1126 started\n" + log_text, asked)
+    assert verdict.status == status
+    assert words in verdict.reason
+
+
+def test_a_service_that_answers_with_errors_under_load_fails_whatever_it_said():
+    clean, failing = synthetic_run(concurrency=1), synthetic_run(concurrency=64, errors={"http_500": 3})
+    passed = Verdict(PASS, "on cuda")
+    assert verdicts.judge_load(passed, [clean]) == passed
+    judged = verdicts.judge_load(passed, [clean, failing])
+    assert judged.status == FAIL and "3 of 200 requests failed under load (http_500 x3)" in judged.reason
+    assert verdicts.judge_load(Verdict(CPU, "no CUDA provider"), [failing]).status == FAIL
+
+
+def test_without_a_gpu_the_message_says_what_each_source_saw():
+    seen = [
+        machine.Sighting("nvidia-smi", (), "not on PATH"),
+        machine.Sighting("NVML", (), "nvidia-ml-py is not installed"),
+        machine.Sighting("PyTorch", (), "torch.cuda.is_available() is False"),
+    ]
+    message = machine.no_gpu_message(seen)
+    assert message is not None
+    for sighting in seen:
+        assert f"{sighting.source}: no GPU ({sighting.said})" in message
+    assert "--device cpu" in message
+    assert machine.no_gpu_message([*seen[:2], machine.Sighting("PyTorch", ("NVIDIA H200",), "torch")]) is None
+
+
+# ---- what it reads, measures and prints ---------------------------------------------------------
+
+
+def test_gpu_memory_is_read_per_process_summed_over_gpus_and_unknown_where_the_driver_hides_it():
+    memory = machine.parse_compute_apps("4242, 1500\n4242, 20\n77, [N/A]\n\n")
+    assert memory[4242] == 1520.0
+    assert math.isnan(memory[77])
+
+
+def test_the_gpu_memory_in_use_is_the_most_the_whole_gpu_held_during_any_load_point():
+    def sampled(used_mib: list[float]) -> dict:
+        gpu = {"index": 0, "name": "Tesla P100-PCIE-16GB", "util_percent": [9.0] * len(used_mib)}
+        gpu |= {"memory_used_mib": used_mib, "memory_total_mib": 16384.0}
+        return {"t_s": [0.5], "cpu_percent": [50.0], "memory_percent": [10.0], "gpus": [gpu], "gpu_source": "nvml"}
+
+    runs = [synthetic_run(resources=sampled([900.0, 1400.0])), synthetic_run(resources=sampled([1000.0, math.nan]))]
+    note = report.gpu_memory_in_use([Checked("fastapi_pt", Verdict(PASS, "on cuda"), runs=runs)])
+    assert note.endswith("at most 1400 of 16384 MiB (Tesla P100-PCIE-16GB).")
+    assert "not read" in report.gpu_memory_in_use([Checked("fastapi_pt", Verdict(FAIL, "did not start"))])
+
+
+def test_the_ceiling_is_measured_with_one_or_two_slots_on_a_gpu_and_a_slot_per_core_on_a_cpu():
+    one, pipelines = ceilings.ceiling_points("cuda", 16)
+    assert (one.slots, one.threads, one.pipelined) == (1, 16, False)
+    assert [(point.slots, point.threads, point.pipelined) for point in pipelines] == [(1, 16, True), (2, 8, True)]
+    one, pipelines = ceilings.ceiling_points("cpu", 2)
+    assert [(point.slots, point.threads) for point in pipelines] == [(2, 1)]
+
+
+def test_the_table_gives_each_service_its_ceiling_ratios_and_the_total_gpu_memory():
+    measured = ((1, 100.0), (16, 160.0), (64, 180.0))
+    runs = [synthetic_run("fastapi_pt", concurrency=c, throughput_rps=rps) for c, rps in measured]
+    checked = [
+        Checked("fastapi_pt", Verdict(PASS, "on cuda (NVIDIA H200)"), "cuda (NVIDIA H200)", runs, 600.0, 12.5),
+        Checked("fastapi_onnx", Verdict(CPU, "this ONNX Runtime has no CUDA provider"), "cpu", [runs[0]], None),
+        Checked("triton", Verdict(NOT_RUN, "no tritonserver binary here")),
+    ]
+    ceilings = {
+        "pytorch": Ceiling("pytorch", synthetic_run(throughput_rps=125), synthetic_run(throughput_rps=200)),
+        "onnxruntime": Ceiling("onnxruntime", note="not measured: this ONNX Runtime has no CUDA provider"),
+    }
+    headings = report.table_headings([1, 16, 64])
+    rows = [dict(zip(headings, row, strict=True)) for row in report.table_rows(checked, ceilings, [1, 16, 64])]
+    assert rows[0]["c=16 (req/s)"] == "160.0"
+    assert rows[0]["ceiling: one in flight / pipelined (req/s)"] == "pytorch: 125.0 / 200.0"
+    assert [rows[0][f"c={c} / ceiling"] for c in (1, 16, 64)] == ["0.80x", "0.80x", "0.90x"]
+    assert rows[0]["GPU busy at c=64 (%)"] == "12.5"
+    assert rows[1]["verdict"] == "CPU: this ONNX Runtime has no CUDA provider"
+    assert rows[1]["ceiling: one in flight / pipelined (req/s)"].startswith("not measured")
+    assert rows[2]["service"] == "triton/food_classifier"
+    assert rows[2]["verdict"] == "NOT RUN: no tritonserver binary here"
+    assert rows[2]["ceiling: one in flight / pipelined (req/s)"] == "-"
+    assert rows[3]["service"] == "all services" and rows[3]["GPU memory (MiB)"] == "600 (total)"
+
+
+def test_tritonserver_is_the_one_given_or_else_found_or_its_absence_said(tmp_path, monkeypatch):
+    given = tmp_path / "tritonserver"
+    given.write_text("#!/bin/sh\n")
+    assert processes.find_tritonserver(given) == (None, f"--tritonserver {given} is not an executable file")
+    given.chmod(0o755)
+    assert processes.find_tritonserver(given) == (given, "--tritonserver")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no nvidia-pytriton wheel
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert processes.find_tritonserver(None) == (None, "no tritonserver binary here")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert processes.find_tritonserver(None) == (given, "PATH")
+
+
+@pytest.mark.parametrize("device, kind", [("cuda", "KIND_GPU"), ("cpu", "KIND_CPU")])
+def test_triton_serves_food_classifier_alone_staged_for_the_device_checked(tmp_path, built_artifacts, device, kind):
+    binary, found_in = processes.find_tritonserver(None)
+    assert binary is not None, f"the lab's virtualenv has the nvidia-pytriton wheel's server: {found_in}"
+    image = paths.SAMPLE_IMAGE.read_bytes()
+    triton = processes.triton_service(binary, found_in, device, image, [8000, 8001, 8002], tmp_path)
+    assert isinstance(triton, processes.Service), triton
+    config = (tmp_path / "models" / "food_classifier" / "config.pbtxt").read_text()
+    assert f"kind: {kind}" in config
+    assert [folder.name for folder in (tmp_path / "models").iterdir()] == ["food_classifier"]
+    assert "--load-model=food_classifier" in triton.command and "--http-address=127.0.0.1" in triton.command
+    assert triton.load_url == "http://127.0.0.1:8000/v2/models/food_classifier/infer"
+    model_py = (tmp_path / "models" / "food_classifier" / "1" / "model.py").read_text()
+    assert f"sys.path.insert(0, {str(paths.REPO_ROOT)!r})" in model_py, "servelab from the working tree"
+
+
+def toy_service(tmp_path: Path, code: str) -> processes.Service:
+    command = [sys.executable, "-c", code]
+    return processes.Service("fastapi_pt", command, tmp_path, {}, "http://127.0.0.1:9/health", "", b"")
+
+
+def test_a_service_that_exits_before_it_is_ready_is_reported_with_where_its_log_is(tmp_path):
+    running = processes.Running(
+        toy_service(tmp_path, "print('no model file'); raise SystemExit(3)"), tmp_path / "x.log"
+    )
+    try:
+        reason = running.wait_ready()
+    finally:
+        running.stop()
+    assert reason == f"exited with code 3 before it was ready (its log: {tmp_path / 'x.log'})"
+    assert "no model file" in (tmp_path / "x.log").read_text()
+
+
+def test_stopping_a_service_stops_its_children_too(tmp_path):
+    # A child that outlives its parent's SIGTERM, as Triton's backend stubs may.
+    code = (
+        "import signal, subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "time.sleep(600)']); time.sleep(600)"
+    )
+    running = processes.Running(toy_service(tmp_path, code), tmp_path / "x.log")
+    pids = until(lambda: len(found := running.pids()) == 2 and found, 30, "the service and its child")
+    running.stop()
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+# ---- a bare GPU machine, simulated: only its packages import ------------------------------------
+
+# Installed in every process of a check (through PYTHONPATH, which the check passes on to every process it
+# starts): the finders of this Python no longer find a package a bare GPU machine lacks (an import of it fails,
+# importlib.util.find_spec says None, as there). Each process writes its command line to a record, then each
+# package it finds or is refused, as it goes (a service stopped by a signal has no `atexit`).
+BARE_MACHINE = textwrap.dedent(
+    """
+    import importlib.abc, os, sys
+
+    LACKING = frozenset(os.environ["BARE_MACHINE_LACKS"].split(","))
+    RECORD = open(os.path.join(os.environ["BARE_MACHINE_RECORDS"], f"{os.getpid()}.txt"), "w", buffering=1)
+    with open("/proc/self/cmdline", "rb") as command:
+        RECORD.write(command.read().replace(b"\\0", b" ").decode().strip() + "\\n")
+
+
+    class BareMachine(importlib.abc.MetaPathFinder):
+        def __init__(self, finders):
+            self.finders, self.recorded = finders, set(sys.stdlib_module_names)
+
+        def find_spec(self, name, path=None, target=None):
+            package = name.partition(".")[0]
+            if package in LACKING:
+                self.record("refused", package)
+                return None
+            for finder in self.finders:
+                if (spec := finder.find_spec(name, path, target)) is not None:
+                    self.record("found", package)
+                    return spec
+            return None
+
+        def find_distributions(self, *args, **kwargs):  # importlib.metadata asks the finders too
+            for finder in self.finders:
+                yield from getattr(finder, "find_distributions", lambda *args, **kwargs: ())(*args, **kwargs)
+
+        def record(self, what, package):
+            if package not in self.recorded:
+                self.recorded.add(package)
+                RECORD.write(f"{what} {package}\\n")
+
+
+    sys.meta_path[:] = [BareMachine(list(sys.meta_path))]
+    """
+)
+
+
+def bare_machine_records(folder: Path) -> dict[str, dict[str, set[str]]]:
+    """What each process of a check under BARE_MACHINE found and was refused, by its command line."""
+    records = {}
+    for path in folder.glob("*.txt"):
+        command, *lines = path.read_text().splitlines()
+        records[command] = {
+            what: {line.split()[1] for line in lines if line.startswith(what)} for what in ("found", "refused")
+        }
+    return records
+
+
+def _normalized(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def carried_wheels() -> set[str]:
+    """The distributions scripts/gpu_check_wheels.sh downloads for a bare GPU machine."""
+    script = (paths.REPO_ROOT / "scripts" / "gpu_check_wheels.sh").read_text()
+    return {_normalized(name) for name in re.findall(r"^\s+([A-Za-z0-9_.-]+)==", script, re.M)}
+
+
+def lacking_on_a_bare_gpu_machine() -> set[str]:
+    """The top-level modules installed here whose every distribution a bare GPU machine lacks (and
+    scripts/gpu_check_wheels.sh does not bring)."""
+    listed = (Path(__file__).parent / "data" / "bare_gpu_machine_packages.txt").read_text().splitlines()
+    there = {_normalized(line) for line in listed if line and not line.startswith("#")} | carried_wheels()
+    there.add("servelab")  # the working tree
+    return {
+        module
+        for module, distributions in metadata.packages_distributions().items()
+        if not any(_normalized(distribution) in there for distribution in distributions)
+    }
+
+
+def test_the_wheels_carried_are_those_the_services_need_beyond_a_bare_gpu_machine():
+    assert {"fastapi", "starlette", "pydantic", "pydantic-core", "uvicorn", "opentelemetry-api"} <= carried_wheels()
+    lacking = lacking_on_a_bare_gpu_machine()
+    assert {"tritonclient", "pytriton", "ray", "flask", "jupytext", "nbclient", "httptools"} <= lacking
+    assert not {"fastapi", "uvicorn", "opentelemetry", "torch", "onnxruntime", "numpy", "aiohttp", "psutil"} & lacking
+
+
+def run_check(*args: str, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "servelab.bench.gpu_check", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def bare_machine(tmp_path) -> dict[str, str]:
+    """The environment of a check whose every process imports only what a bare GPU machine has."""
+    site = tmp_path / "bare-machine"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BARE_MACHINE)
+    records = tmp_path / "imports"
+    records.mkdir()
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+        "BARE_MACHINE_LACKS": ",".join(sorted(lacking_on_a_bare_gpu_machine())),
+        "BARE_MACHINE_RECORDS": str(records),
+    }
+
+
+def test_without_a_gpu_it_stops_at_once_saying_what_each_source_saw(tmp_path, bare_machine):
+    # No nvidia-smi on PATH, no NVML (a bare machine may have nvidia-ml-py: blocked here), no GPU for PyTorch.
+    env = {**bare_machine, "PATH": str(tmp_path / "no-nvidia-smi"), "CUDA_VISIBLE_DEVICES": ""}
+    env["BARE_MACHINE_LACKS"] += ",pynvml"
+    checked = run_check("--out", str(tmp_path / "out"), cwd=paths.REPO_ROOT, env=env, timeout=120)
+    assert checked.returncode == check.EXIT_CANNOT_RUN, checked.stderr
+    assert "No NVIDIA GPU here" in checked.stderr
+    assert "nvidia-smi: no GPU (not on PATH)" in checked.stderr
+    assert "NVML: no GPU (" in checked.stderr
+    assert re.search(r"PyTorch: no GPU \(.*torch", checked.stderr)
+    assert "starting" not in checked.stderr, "nothing is started without a GPU"
+    assert not (tmp_path / "out").exists()
+
+
+def table_of(stdout: str) -> list[dict[str, str]]:
+    """The check's table, one dict per row, by heading."""
+    lines = [line for line in stdout.splitlines() if line.startswith("|")]
+    headings = [cell.strip() for cell in lines[0].strip("|").split(" | ")]
+    return [dict(zip(headings, (c.strip() for c in line.strip("|").split(" | ")), strict=True)) for line in lines[2:]]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(tmp_path, built_artifacts, bare_machine):
+    out, tritonserver = tmp_path / "out", tmp_path / "tritonserver"
+    tritonserver.write_text("#!/bin/sh\nexit 1\n")  # a server carried along: never started, as the next lines say
+    tritonserver.chmod(0o755)
+    checked = run_check(
+        "--device", "cpu", "--seconds", "1", "--warmup", "0.5", "--out", str(out), "--tritonserver", str(tritonserver),
+        cwd=paths.REPO_ROOT, env=bare_machine, timeout=840,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
+    assert "nothing on a GPU was checked" in checked.stdout
+    rows = {row["service"]: row for row in table_of(checked.stdout)}
+    for name in ("fastapi_pt", "fastapi_onnx"):
+        assert rows[name]["runs on (its own report)"] == "cpu"
+        assert rows[name]["verdict"].startswith("PASS: on the CPU as asked, first inference")
+        for concurrency in (1, 16, 64):
+            assert float(rows[name][f"c={concurrency} (req/s)"]) > 0
+            assert rows[name][f"c={concurrency} / ceiling"].endswith("x")
+        assert rows[name]["GPU memory (MiB)"] == "-"
+    assert rows["fastapi_pt"]["ceiling: one in flight / pipelined (req/s)"].startswith("pytorch: ")
+    assert rows["fastapi_onnx"]["ceiling: one in flight / pipelined (req/s)"].startswith("onnxruntime: ")
+    # The lab's Triton tooling needs tritonclient, which a bare GPU machine lacks: said, not failed.
+    assert rows["triton/food_classifier"]["verdict"] == (
+        f"NOT RUN: {tritonserver} (--tritonserver) is here, but the lab's Triton tooling needs tritonclient, "
+        "not installed"
+    )
+    assert "all services" in rows
+    (written,) = out.glob("gpu-check-*.md")
+    assert table_of(written.read_text().split("## Every run")[0]) == table_of(checked.stdout)
+    record = json.loads(next(out.glob("gpu-check-*.json")).read_text())
+    assert {result["target"] for result in record["results"]} >= {"fastapi_pt", "fastapi_onnx", "in-process/pytorch"}
+    assert record["metadata"]["services"]["fastapi_pt"]["verdict"] == PASS
+    # Every kind of process the check starts ran with a bare GPU machine's packages only, and has ended.
+    commands = bare_machine_records(tmp_path / "imports")
+    kinds = ["-m servelab.bench.gpu_check.closed_loop", "-m uvicorn app:app", "servelab.measure.inprocess"]
+    kinds.append("-m servelab.bench.gpu_check ")  # the check itself: the space sets its closed_loop apart
+    for kind in kinds:
+        assert any(kind in command for command in commands), f"no process of {kind} recorded: {list(commands)}"
+    left = [int(path.stem) for path in (tmp_path / "imports").glob("*.txt") if psutil.pid_exists(int(path.stem))]
+    assert left == [], "every process the check started is stopped"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_triton_is_checked_where_its_tooling_and_server_are_here(tmp_path, built_artifacts):
+    # One CPU instance answers one request at a time: c=16 queues it already, in a fraction of c=64's time.
+    checked = run_check(
+        "--device", "cpu", "--services", "triton", "--concurrency", "1", "16", "--seconds", "1", "--warmup", "0.5",
+        "--out", str(tmp_path), cwd=paths.REPO_ROOT, env=dict(os.environ), timeout=840,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
+    rows = {row["service"]: row for row in table_of(checked.stdout)}
+    triton = rows["triton/food_classifier"]
+    assert triton["runs on (its own report)"] == "cpu"
+    assert triton["verdict"].startswith("PASS: 1 instance(s) on the CPU as asked")
+    assert float(triton["c=1 (req/s)"]) > 0 and float(triton["c=16 (req/s)"]) > 0
+    assert triton["c=16 / ceiling"].endswith("x")
+    assert triton["ceiling: one in flight / pipelined (req/s)"].startswith("pytorch: ")
+    assert set(rows) == {"triton/food_classifier", "all services"}
+
+
+# An NVIDIA driver's nvidia-smi with a P100 that nothing here can use: PyTorch and ONNX Runtime run on the CPU.
+# Every process on the machine holds 100 MiB of it.
+UNUSABLE_GPU_SMI = textwrap.dedent(
+    """\
+    #!/bin/sh
+    case "$*" in
+      *query-compute-apps*) ps -eo pid= | sed 's/^ *\\([0-9]*\\)$/\\1, 100/' ;;
+      *driver_version*) echo "Tesla P100-PCIE-16GB, 16384, 535.183.01" ;;
+      *query-gpu=index*) echo "0, Tesla P100-PCIE-16GB, 7, 1200, 16384" ;;
+      *) exit 9 ;;
+    esac
+    """
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_on_a_gpu_the_runtimes_cannot_use_pytorch_fails_saying_why_and_onnx_runtime_is_cpu(
+    tmp_path, built_artifacts, bare_machine
+):
+    smi = tmp_path / "driver" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(UNUSABLE_GPU_SMI)
+    smi.chmod(0o755)
+    env = {**bare_machine, "PATH": f"{smi.parent}{os.pathsep}{os.environ['PATH']}"}
+    checked = run_check(
+        "--services", "fastapi_pt", "fastapi_onnx", "--concurrency", "1", "--seconds", "1", "--warmup", "0.5",
+        "--out", str(tmp_path / "out"), cwd=paths.REPO_ROOT, env=env, timeout=840,
+    )  # fmt: skip
+    assert checked.returncode == check.EXIT_FAILED, checked.stdout + checked.stderr[-4000:]
+    assert "Machine: Tesla P100-PCIE-16GB (16384 MiB), driver 535.183.01" in checked.stdout
+    assert "nvidia-smi: Tesla P100-PCIE-16GB (driver 535.183.01)" in checked.stdout
+    assert "On the GPU." in checked.stdout
+    rows = {row["service"]: row for row in table_of(checked.stdout)}
+    assert rows["fastapi_pt"]["runs on (its own report)"] == "cpu"
+    assert rows["fastapi_pt"]["verdict"].startswith("FAIL: on cpu instead of the GPU: ")
+    assert rows["fastapi_onnx"]["verdict"].startswith("CPU: this ONNX Runtime has no CUDA provider")
+    assert rows["fastapi_onnx"]["ceiling: one in flight / pipelined (req/s)"].startswith("not measured: ")
+    assert all(float(rows[name]["c=1 (req/s)"]) > 0 for name in ("fastapi_pt", "fastapi_onnx"))
+    assert rows["fastapi_pt"]["GPU memory (MiB)"] == rows["fastapi_onnx"]["GPU memory (MiB)"] == "100"
+    assert rows["all services"]["GPU memory (MiB)"] == "200 (total)"
+    assert rows["fastapi_pt"]["GPU busy at c=1 (%)"] == "7.0"
+    assert "on the whole GPU: at most 1200 of 16384 MiB (Tesla P100-PCIE-16GB)" in checked.stdout
