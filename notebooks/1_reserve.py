@@ -9,17 +9,9 @@
 #
 # For this lab you need one node of type **`gpu_p100`** (two NVIDIA P100 GPUs) at the **CHI@TACC**
 # site, for about **3 hours**. Plan to use all of it: read notebooks 2 to 10 before your lease
-# starts, so that the hours go to running them. A plan for one lease (budgets to plan by, not
-# measurements: your notebooks time their own runs):
-#
-# | part of the lease | notebooks | budget |
-# | --- | --- | --- |
-# | bring the node up: server, Docker, the Compose project's images | 2 | 40 minutes |
-# | FastAPI: serve, measure one user and sixteen, threads | 3, 4 | 25 minutes |
-# | Triton: the model repository, then queueing, instances, batching | 5, 6 | 40 minutes |
-# | I/O outside the slot; the concurrency target on Ray Serve | 7, 8 | 35 minutes |
-# | cancellation; stateful sequences | 9, 10 | 30 minutes |
-# | download your notebooks with their outputs, bring the project down | | 10 minutes |
+# starts, so that the hours go to running them. The cell after the next one prints a plan for one
+# lease: how long bringing the node up takes, computed from figures it names, and budgets for the
+# notebooks after it (your notebooks time their own runs).
 #
 # If the lease runs short, notebooks 7 to 10 each stand alone: skip to any of them once 3 to 6 are
 # done.
@@ -57,6 +49,21 @@ from servelab.environment import chameleon_only, current_services
 if os.environ.get("JUPYTERHUB_API_URL"):
     os.environ.setdefault("LAB_SERVICES", "chameleon")
 print(f"LAB_SERVICES: {current_services()}")
+
+# %% [markdown]
+# The plan of the lease. Bringing the node up (notebook 2) is mostly waiting: for the server to boot,
+# and for the lab's images to download and build. The build's own work was timed on a machine
+# without a GPU; what only the GPU images download is counted at an assumed download rate (set
+# `DOWNLOAD_MB_PER_S` to your site's, if you know it), and notebook 2 prints how long the build
+# really took.
+
+# %%
+from servelab import node_plan
+
+DOWNLOAD_MB_PER_S = node_plan.PLANNING_DOWNLOAD_MB_PER_S
+print(node_plan.lease_plan(DOWNLOAD_MB_PER_S))
+print()
+print(node_plan.setup_table(DOWNLOAD_MB_PER_S))
 
 # %% [markdown]
 # Now choose the project to charge the lease to, and the site. Two drop-down menus appear: check

@@ -11,8 +11,10 @@
 # 2. this repository, cloned on the node;
 # 3. Docker, and the NVIDIA container toolkit, which lets containers use the GPUs;
 # 4. `nvtop`, a terminal monitor of GPU use, handy to watch a benchmark from an SSH session;
-# 5. the model files (`make artifacts`), from which the service containers are built;
-# 6. the FastAPI stack, with the Jupyter container in which notebooks 3 and 4 run.
+# 5. the lab's container images, one of which builds the model files from the original lab's
+#    trained weights;
+# 6. the lab's Compose project: every service of notebooks 3 to 10, with the Jupyter container
+#    in which those notebooks run.
 #
 # **Where the cells run:** in Chameleon's Jupyter server, like notebook 1. The commands for the
 # node go to it over SSH, through python-chi's `execute`, and their output appears below each cell.
@@ -36,6 +38,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from chi import context, lease, server
@@ -110,14 +113,23 @@ if chameleon_only("look the lease up and check that it is active"):
 # so this takes several minutes, sometimes more than ten.
 #
 # `idempotent=True` makes the cell safe to run again: if a server with this name exists already,
-# python-chi uses it instead of starting a second one, *whatever its state*. So if a previous
-# attempt left a server in the "ERROR" state, delete it first (Horizon: **Compute** > **Instances**,
-# **Delete Instance**), then run the cell again.
+# python-chi uses it instead of starting a second one, *whatever its state*.
+#
+# A bare-metal boot sometimes fails, and the server ends in the "ERROR" state. python-chi's wait
+# stops there without raising an error, so the cell asks for the state itself and stops with what to do:
+# delete the server (`node.delete()` in a new cell, or Horizon: **Compute** > **Instances**,
+# **Delete Instance**), wait a minute, and run this cell again.
 
 # %%
 if chameleon_only("start a server on the reserved node"):
     node = server.Server(NODE_NAME, reservation_id=gpu_lease.node_reservations[0]["id"], image_name=NODE_IMAGE)
     node.submit(idempotent=True)
+    node.refresh()
+    if node.status != "ACTIVE":
+        raise RuntimeError(
+            f"Server {NODE_NAME} is {node.status}, not ACTIVE: it did not boot. Delete it (node.delete() in a "
+            "new cell, or Horizon: Compute > Instances > Delete Instance), wait a minute, then run this cell again."
+        )
 
 # %% [markdown]
 # ## Give it a public address
@@ -211,29 +223,49 @@ if chameleon_only("install the NVIDIA container toolkit on the node"):
     node.execute("docker run --rm --gpus all ubuntu:24.04 nvidia-smi")
 
 # %% [markdown]
-# ## Install nvtop and the build tools
+# ## Install nvtop
 #
 # `nvtop` shows, live, how busy each GPU is and how much of its memory is used: run it in an SSH
 # session on the node during a benchmark to watch the GPUs work (the notebooks also record and
-# plot GPU use themselves). `make`, `python3-venv` and the compiler and Python headers are what
-# `make artifacts` needs in the next step to create its virtual environment.
+# plot GPU use themselves).
 
 # %%
-if chameleon_only("install nvtop and the build tools on the node"):
-    node.execute("sudo apt-get install -y -q nvtop make python3-venv python3-dev build-essential")
+if chameleon_only("install nvtop on the node"):
+    node.execute("sudo apt-get install -y -q nvtop")
 
 # %% [markdown]
-# ## Build the model files
+# ## Build the lab's images, and the model files in them
 #
-# `make artifacts` (in the repository root on the node) creates the repository's own virtual
-# environment (`.venv`, with PyTorch and the other libraries the lab's tools use), builds the
-# Food-11 model in PyTorch and ONNX form, and copies the files into each service folder and into
-# Triton's model repository. The Docker images are built from those folders. The first run
-# downloads several gigabytes of Python packages, so it takes a few minutes.
+# Every service runs in a container built from the repository (`compose.yaml`). One image, `torch`,
+# holds PyTorch for the services that run it, and builds the model files that every service
+# serves: the Food-11 MobileNetV2 in PyTorch form (`food11.pth`) and exported to ONNX
+# (`food11.onnx`). Nothing is installed on the node itself.
+#
+# The weights are the original lab's, trained on Food-11: `FOOD11_CHECKPOINT=original` (in the
+# project's `.env` file, which Compose reads) makes the build download them from GitHub at a fixed
+# commit, and check the file's git blob id **before** anything unpickles it. The file is a whole
+# pickled model, and unpickling runs code from it: only the file whose id the lab knows is opened.
+# The build then keeps its weights (a `state_dict`), checks that it is a MobileNetV2 with 11
+# classes, and exports the ONNX graph. Set `WEIGHTS = ""` to serve untrained weights instead (the
+# labels then mean nothing; every service says so).
+#
+# The first build downloads several gigabytes of Python packages and NVIDIA's Triton image, and
+# takes a while: notebook 1's plan gives the figure.
 
 # %%
-if chameleon_only("build the model files on the node (make artifacts)"):
-    node.execute(f"cd {REPO_DIR} && make artifacts")
+WEIGHTS = "original"
+# The build's whole output goes to build.log on the node; shown here: its last lines if it failed,
+# else what it said of the weights (nothing when the model files come from an earlier build).
+BUILD = (
+    "docker compose build --progress plain > build.log 2>&1 || { tail -n 40 build.log; exit 1; };"
+    " grep -E 'servelab[.]stack' build.log || echo 'The model files are those of an earlier build.'"
+)
+
+if chameleon_only("build the lab's images on the node, the model files from the original lab's weights"):
+    node.execute(f"cd {REPO_DIR} && echo FOOD11_CHECKPOINT={shlex.quote(WEIGHTS)} > .env")
+    build_started = time.monotonic()
+    node.execute(f"cd {REPO_DIR} && {BUILD}")
+    print(f"The images were built in {(time.monotonic() - build_started) / 60:.0f} minutes.")
 
 # %% [markdown]
 # ## Open an SSH session
@@ -266,8 +298,8 @@ if chameleon_only("print the SSH command for this node"):
 # docker compose up -d --build
 # ```
 #
-# The first start builds the images, which takes many minutes. Every port is published on the
-# node's 127.0.0.1 only: your browser reaches them through an SSH tunnel. Jupyter is protected by
+# The images are built already (above), so the start takes a minute or two. Every port is
+# published on the node's 127.0.0.1 only: your browser reaches them through an SSH tunnel. Jupyter is protected by
 # a random token; the container tells you its URL, with the token, when you ask it:
 #
 # ```bash

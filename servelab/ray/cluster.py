@@ -64,7 +64,15 @@ def two_nodes(port: int, request_count: int, token_file: Path) -> dict:
             max_ongoing_requests=1,
             ray_actor_options={
                 "num_cpus": 1,
-                "runtime_env": {"env_vars": {"PREDICT_CONCURRENCY": "1", "INFERENCE_THREADS": "1"}},
+                # The model file of the artifacts folder: in the Compose project's Jupyter container,
+                # the one built in the lab's PyTorch image (the clone has none there).
+                "runtime_env": {
+                    "env_vars": {
+                        "PREDICT_CONCURRENCY": "1",
+                        "INFERENCE_THREADS": "1",
+                        "FOOD11_MODEL_PATH": str(paths.ARTIFACTS_DIR / "food11.onnx"),
+                    }
+                },
             },
         )
         serve.run(one_per_node.bind(), name="food11", route_prefix="/")

@@ -408,12 +408,18 @@ def _wait_for_ports(ports: list[int], stopping: threading.Event, timeout_s: floa
 # ---- the lab's services --------------------------------------------------------------------
 
 
+# Each FastAPI flavor's folder (its app.py) and the model file it serves.
+FASTAPI_FLAVORS = {"pt": (paths.FASTAPI_PT_DIR, "food11.pth"), "onnx": (paths.FASTAPI_ONNX_DIR, "food11.onnx")}
+
+
 def fastapi_service(
     flavor: str, port: int, env: dict[str, str] | None = None, image_host_port: int | None = None
 ) -> ServiceSpec:
-    """flavor: "pt" (PyTorch) or "onnx" (ONNX Runtime). It fetches images by URL from the image
+    """flavor: "pt" (PyTorch) or "onnx" (ONNX Runtime). It serves the model file of the artifacts
+    folder (the same bytes `make artifacts` places beside its app; in the Compose project's Jupyter
+    container, the file built in the lab's PyTorch image), and fetches images by URL from the image
     host on `image_host_port` (default: the lab's port, which is also the services' default)."""
-    folder = {"pt": paths.FASTAPI_PT_DIR, "onnx": paths.FASTAPI_ONNX_DIR}[flavor]
+    folder, model_file = FASTAPI_FLAVORS[flavor]
     allowed = f"127.0.0.1:{image_host_port or Ports.configured().image_host}"
     return ServiceSpec(
         name=f"fastapi_{flavor}",
@@ -421,7 +427,11 @@ def fastapi_service(
         cwd=folder,
         ports=[port],
         ready_url=f"http://127.0.0.1:{port}/health",
-        env={"IMAGE_URL_ALLOWED_HOSTS": allowed, **(env or {})},
+        env={
+            "IMAGE_URL_ALLOWED_HOSTS": allowed,
+            "FOOD11_MODEL_PATH": str(paths.ARTIFACTS_DIR / model_file),
+            **(env or {}),
+        },
     )
 
 

@@ -142,6 +142,7 @@ def fetch_verified(source: WeightsSource, download_dir: Path) -> VerifiedCheckpo
             raise ArtifactError(
                 f"{problem} It is not the file you meant: check its path and digest. Nothing was built."
             )
+        log.info("%s: its %s is %s, as expected", local, *source.digest())
         return VerifiedCheckpoint(local)
     kind, expected = source.digest()
     local = download_dir / f"checkpoint-{kind.replace(' ', '-')}-{expected[:16]}.pth"
@@ -158,6 +159,7 @@ def fetch_verified(source: WeightsSource, download_dir: Path) -> VerifiedCheckpo
         )
     if fetched != local:
         fetched.replace(local)
+    log.info("%s: its %s is %s, as expected", source.checkpoint, kind, expected)
     return VerifiedCheckpoint(local)
 
 
@@ -216,4 +218,5 @@ def trained_model(source: WeightsSource, download_dir: Path):
         raise ArtifactError(
             f"{origin} holds {held} that does not fit torchvision's mobilenet_v2(num_classes={len(LABELS)}): {exc}"
         ) from exc
+    log.info("%s holds %s with %d classes: its weights are the model's", origin, held, len(LABELS))
     return model

@@ -4,8 +4,10 @@ the server this container has, then run the server.
     python3 -m servelab.triton.container
 
 The shipped repository (models_staging/) is mounted read-only at /models. The start stages it in
-the volume the Jupyter container shares (TRITON_SHARED_DIR, /triton), adapted to this container's
-hardware and this server's backends (servelab.triton.server.stage_model_repository): served as
+the volume the Jupyter container shares (TRITON_SHARED_DIR, /triton), with the model files of this
+image (built in the lab's PyTorch image, at SERVELAB_ARTIFACTS_DIR: whatever a clone's own `make
+artifacts` left in models_staging/ is not served), adapted to this container's hardware and this
+server's backends (servelab.triton.server.stage_model_repository): served as
 written on the GPU node's image; CPU instances where no GPU is visible; the Python backend
 running an ONNX graph where the onnxruntime backend is missing (the stand-in for the image, see
 docker/standins/). Each change is logged, as `make up` prints it. Beside the repository:
@@ -24,14 +26,18 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from servelab import service_exits
+from servelab import paths, service_exits
+from servelab.service.food11 import WEIGHTS_INFO_SUFFIX
 from servelab.service.hardware import Hardware
 from servelab.settings import settings
+from servelab.triton.models import model_file_places
 from servelab.triton.server import StagingError, stage_model_repository
 
 log = logging.getLogger("servelab.triton.container")
@@ -76,19 +82,47 @@ def record_restart(files: dict[str, Path], container: str) -> None:
     log.warning("the server of container %s exited; serving again what it served", container)
 
 
-def prepare(files: dict[str, Path], container: str, backends_dir: Path = BACKENDS, shipped: Path = SHIPPED) -> None:
-    """Stage `shipped` for this server, unless this same container staged it before (a restart),
-    which is recorded instead. Raises StagingError for a model folder the server cannot serve."""
+def with_model_files(shipped: Path, built: Path, work: Path) -> Path:
+    """A copy of the repository `shipped`, in `work`, with the model files in `built` (and their
+    weights records) where its models load them. A file `built` lacks is a StagingError."""
+    repository = work / "repository"
+    shutil.copytree(shipped, repository, ignore=shutil.ignore_patterns("__pycache__"))
+    for source, destination in model_file_places(repository, built):
+        if not destination.parent.parent.is_dir():
+            continue  # a model of the registry this repository does not ship
+        if not source.is_file():
+            raise StagingError(f"{source} is missing: this image was built without its model files.")
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        for suffix in ("", WEIGHTS_INFO_SUFFIX):
+            shutil.copyfile(f"{source}{suffix}", f"{destination}{suffix}")
+    return repository
+
+
+def prepare(
+    files: dict[str, Path],
+    container: str,
+    backends_dir: Path = BACKENDS,
+    shipped: Path = SHIPPED,
+    built: Path | None = None,
+) -> None:
+    """Stage `shipped`, with the model files in `built` (default: the artifacts folder), for this
+    server, unless this same container staged it before (a restart), which is recorded instead.
+    Raises StagingError for a model folder the server cannot serve."""
     staged_by = files["staged_by"].read_text().strip() if files["staged_by"].is_file() else None
     if staged_by == container:
         record_restart(files, container)
         return
     backends = tuple(path.name for path in backends_dir.iterdir() if path.is_dir()) if backends_dir.is_dir() else ()
     server = Hardware.here(backends)
-    log.info("Triton on %s: staging %s in %s", server.describe(), shipped, files["models"])
-    for model in stage_model_repository(files["models"], shipped, server, prelude=""):
-        if model.changes:
-            log.info("Triton model %s, adapted for this server:\n%s", model.name, model.changes)
+    built = built or paths.ARTIFACTS_DIR
+    log.info(
+        "Triton on %s: staging %s with the model files in %s, in %s", server.describe(), shipped, built, files["models"]
+    )
+    with tempfile.TemporaryDirectory() as work:
+        repository = with_model_files(shipped, built, Path(work))
+        for model in stage_model_repository(files["models"], repository, server, prelude=""):
+            if model.changes:
+                log.info("Triton model %s, adapted for this server:\n%s", model.name, model.changes)
     share_with_notebooks(files["models"])
     server.write(files["hardware"])
     files["exits"].unlink(missing_ok=True)
