@@ -129,12 +129,11 @@ print(excerpt(paths.GOURMETGRAM_DIR / "backends.py", "FastAPIBackend.predict"))
 # ### In Docker: the GPU node, or any machine with Docker (in your SSH session on the node)
 #
 # Notebook 2 already did this for you on the node; here is what it ran, so you can do it yourself
-# (running it again is harmless: Compose only starts what is not running yet). The images carry
-# the model files that `make artifacts` builds, so that comes first:
+# (running it again is harmless: Compose only starts what is not running yet). The images build the
+# model files themselves, in one of them (`torch`), from the weights `FOOD11_CHECKPOINT` names:
 #
 # ```bash
 # # runs on the node, in the repository clone (~/serve-system)
-# make artifacts
 # docker compose up -d --build
 # # on a machine without an NVIDIA GPU (a laptop with Docker), the CPU variant instead:
 # # docker compose -f compose.yaml -f docker/compose.cpu.yaml up -d --build
@@ -185,11 +184,13 @@ lab = Lab.connect("3_fastapi", triton=False)  # these notebooks use FastAPI only
 #
 # ## Is it up, and what is it serving?
 #
-# Ask each FastAPI service for `/health`. Look at three fields in particular: `device` (CPU or
-# which GPU), `runtime` (PyTorch or ONNX Runtime), and `weights`. The lab cannot download trained
-# weights, so unless someone built the artifacts from a trained Food-11 checkpoint, the model is
-# a seeded, **untrained** MobileNetV2. It costs exactly as much to run as a trained one, so every
-# latency and throughput you measure is real, but the labels it predicts are meaningless.
+# Ask each FastAPI service for `/health`. Look at four fields in particular: `device` (CPU or
+# which GPU), `first_inference_ms` (the service ran one inference there as it started: the device
+# really runs the model), `runtime` (PyTorch or ONNX Runtime), and `weights`. On the node the
+# model files are built from the original lab's trained weights (notebook 2); elsewhere, with no
+# internet to fetch them, the model is a seeded, **untrained** MobileNetV2. It costs exactly as
+# much to run as a trained one, so every latency and throughput you measure is real, but the
+# labels it predicts are then meaningless.
 
 # %%
 import json
