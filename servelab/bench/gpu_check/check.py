@@ -146,8 +146,10 @@ def check(args: argparse.Namespace) -> int:
 
 
 def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_dir: Path) -> list[Checked]:
-    """Start every service at once, judge and load each in turn, read their GPU memory while all are
-    up, and stop them all (also on Ctrl-C or a failure)."""
+    """Start every service at once, wait until all have started, judge and load each in turn, read
+    their GPU memory while all are up, and stop them all (also on Ctrl-C or a failure). No load is
+    sent while a service still starts: a start loads a model and runs a first inference, which
+    would take the cores from the service measured."""
     device, image = args.device, paths.SAMPLE_IMAGE.read_bytes()
     ports = iter(free_ports(5))
     checked = []
@@ -167,6 +169,8 @@ def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_d
             log.info("starting %s: %s", service.name, " ".join(service.command))
             running.append(Running(service, log_dir / f"{service.name}.log"))
             cleanup.callback(running[-1].stop)
+        for process in running:
+            process.wait_ready()  # what it says when it never is, checked_service says in its row
         measured = [checked_service(process, args, onnx_without_gpu) for process in running]
         memory = gpu_memory_by_pid() if device == "cuda" else "a CPU run"
         log.info("GPU memory (MiB) by process: %s", memory)
