@@ -9,15 +9,15 @@ export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256 FOOD11_CHECKPOINT_GIT_BLOB
 up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve and GourmetGram on 127.0.0.1; Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
 
-test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook
+test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook (nbmake)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: artifacts  ## the day-to-day lane: unit tests and lint, no server started (under 2 minutes)
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-test-notebook: artifacts  ## one notebook against the lab, as `make test` runs it: make test-notebook NOTEBOOK=8_concurrency_target
-	@test -f "notebooks/$(NOTEBOOK).py" || { echo "NOTEBOOK=$(NOTEBOOK) is not one of: $(basename $(notdir $(wildcard notebooks/[0-9]*.py)))" >&2; exit 2; }
-	$(PY) -m pytest "tests/test_notebooks.py::test_notebook_runs_against_the_lab_and_its_verdicts_use_its_own_numbers[$(NOTEBOOK)]" $(PYTEST_ARGS)
+test-notebook: artifacts  ## one notebook against the lab, as `make test` runs it (nbmake): make test-notebook NOTEBOOK=8_concurrency_target
+	@test -f "notebooks/$(NOTEBOOK).ipynb" || { echo "NOTEBOOK=$(NOTEBOOK) is not one of: $(basename $(notdir $(wildcard notebooks/[0-9]*.ipynb)))" >&2; exit 2; }
+	$(PY) -m pytest "notebooks/$(NOTEBOOK).ipynb" $(PYTEST_ARGS)
 
 test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3-10 in its Jupyter, tear down
 	bash scripts/test_docker.sh

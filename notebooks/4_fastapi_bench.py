@@ -465,14 +465,16 @@ lab.expect(
 # %% [markdown]
 # ## Results
 #
-# Every run of this notebook, in one table, and the latency distribution of each run: for each
-# latency on the x-axis, the fraction of requests that were at least that fast. Where a curve crosses
-# the dotted p50/p95/p99 lines is that run's percentile. The 16-sender curve sits far to the right
-# of the sequential ones: that gap is the queueing delay. The next notebooks try to close it
-# with Triton Inference Server: several model instances, and dynamic batching.
+# Every run of this notebook, in one table, and every verdict above, in one list; then the latency
+# distribution of each run: for each latency on the x-axis, the fraction of requests that were at
+# least that fast. Where a curve crosses the dotted p50/p95/p99 lines is that run's percentile. The
+# 16-sender curve sits far to the right of the sequential ones: that gap is the queueing delay. The
+# next notebooks try to close it with Triton Inference Server: several model instances, and dynamic
+# batching.
 
 # %%
-lab.table();
+lab.table()
+lab.verdicts();
 # %%
 plots.plot_latency_cdf(lab.results, log_x=True, title="FastAPI: latency per request, every run of this notebook");
 # %% [markdown]

@@ -2,6 +2,12 @@
 
 The .py files are the source of truth: edit them, then run `make notebooks`. The generated
 notebooks carry no outputs; tests/test_notebooks_sources.py fails when they drift.
+
+Each notebook also carries its time limits in its metadata, so that `pytest --nbmake
+notebooks/*.ipynb` needs no flag: `execution.timeout`, per cell, which nbmake and
+servelab.lab.notebook_runs read, and `servelab.notebook_timeout_s`, for the whole notebook, which
+the root conftest.py gives nbmake's item as its pytest-timeout limit (pyproject.toml's 300 s is a
+test's, too short for a notebook).
 """
 
 import hashlib
@@ -11,12 +17,22 @@ from pathlib import Path
 import jupytext
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+# Per cell: the longest cells (notebook 6's and 8's sweeps, several runs in one cell) take a few
+# minutes in the full profile on a 2-core machine, more on one shared with other work; 1200 s leaves
+# them that room while a hung cell still fails with its source and traceback (nbmake's report).
+CELL_TIMEOUT_S = 1200
+# Per notebook: the longest take about 540 s in the full profile (notebook 8: 537 s, notebook 6:
+# 461 s, on 2 cores), and the session's servers start within an item's time; 1500 s is nearly three
+# times that, and well under CI's 90 minutes, so a hang fails this notebook, not the whole run.
+NOTEBOOK_TIMEOUT_S = 1500
 
 
 def build(source: Path) -> Path:
     notebook = jupytext.read(source)
     notebook.metadata.pop("jupytext", None)
     notebook.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    notebook.metadata["execution"] = {"timeout": CELL_TIMEOUT_S}
+    notebook.metadata["servelab"] = {"notebook_timeout_s": NOTEBOOK_TIMEOUT_S}
     # Cell ids from the cells' text, not random: regenerating an unchanged notebook changes nothing.
     seen: set[str] = set()
     for cell in notebook.cells:

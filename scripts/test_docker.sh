@@ -9,9 +9,9 @@
 #     so a second run rebuilds nothing that did not change), the model files among them, in the
 #     lab's PyTorch image (no image copies a model file of this clone's); the project brought up,
 #     every health check waited for;
-#  4. notebooks 3-10 run in the Jupyter container, quick profile, against the containers, every
-#     verdict checked against its own tables (servelab.lab.notebook_runs), the notebooks with their
-#     outputs copied out to .lab/docker/executed/;
+#  4. notebooks 3-10 run in the Jupyter container by `pytest --nbmake`, quick profile, against the
+#     containers, every verdict checked against its own tables by the notebook's `lab.verdicts()`; a
+#     failing notebook is reported by its cell's source and traceback (nbmake), in this log;
 #  5. a photo uploaded to GourmetGram through its published port, which answers with a class;
 #  6. a service container killed, and checked to come back healthy (Docker's restart policy);
 #  7. everything torn down, and checked: no container, network or volume of the project is left.
@@ -95,17 +95,13 @@ compose up -d --wait --wait-timeout 900
 compose ps --format '{{.Service}}: {{.Status}}' >&2
 phase "up"
 
-say "running notebooks ${NOTEBOOKS[*]} in the Jupyter container (quick profile)"
-# The runs and the notebooks' own services go to folders in the container, not into the clone;
-# the notebooks with their outputs are copied out to .lab/docker/executed/, to read after the run.
-notebooks_status=0
+say "running notebooks ${NOTEBOOKS[*]} in the Jupyter container (pytest --nbmake, quick profile)"
+# The runs and the notebooks' own services go to folders in the container, not into the clone, and
+# so does nothing of pytest's: the clone is mounted, and its owner may not be the container's user
+# (no cache folder; the root conftest.py starts no server with the Compose project's LAB_SERVICES).
 compose exec -T -e LAB_PROFILE=quick -e SERVELAB_RESULTS_DIR=/tmp/servelab-check/results \
-  -e SERVELAB_DIR=/tmp/servelab-check/lab jupyter python -m servelab.lab.notebook_runs \
-  --executed-to /tmp/servelab-check/executed "${NOTEBOOKS[@]}" || notebooks_status=$?
-rm -rf .lab/docker/executed
-compose cp jupyter:/tmp/servelab-check/executed .lab/docker/executed >/dev/null 2>&1 || true
-say "the notebooks with their outputs: .lab/docker/executed/"
-[ "$notebooks_status" -eq 0 ] || exit "$notebooks_status"
+  -e SERVELAB_DIR=/tmp/servelab-check/lab jupyter python -m pytest --nbmake -p no:cacheprovider -v \
+  --durations=0 "${NOTEBOOKS[@]/#/notebooks/}"
 phase "notebooks"
 
 say "uploading a sample photo to GourmetGram through its published port"

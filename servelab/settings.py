@@ -181,6 +181,14 @@ class Settings:
         _path,
         shown="`results` in the repository",
     )
+    retries_file: Path | None = _setting(
+        "SERVELAB_RETRIES_FILE",
+        None,
+        "a file each retry of the lab's tooling (servelab/retries.py) is also appended to: the tests set it for a "
+        "notebook's kernel, and list its retries with their own",
+        _path,
+        shown="none",
+    )
     port_fastapi_pt: int = _port_setting("fastapi_pt", 8100, "FastAPI (PyTorch)")
     port_fastapi_onnx: int = _port_setting("fastapi_onnx", 8101, "FastAPI (ONNX Runtime)")
     port_triton_http: int = _port_setting("triton_http", 8200, "Triton's HTTP")

@@ -1,13 +1,12 @@
 """What the tests share (a test module imports this, never another test module or a conftest):
 waiting on a state, never on a sleep a busy machine can outlast; test images; the bad requests
 every predict service must refuse; a toy service for the supervisor; synthetic runs for the
-lessons' checks; the log of the retries the suite made."""
+lessons' checks."""
 
 from __future__ import annotations
 
 import base64
 import io
-import logging
 import sys
 import textwrap
 import time
@@ -134,22 +133,3 @@ def toy_service(folder: Path, port: int, script: str = SERVER_WITH_A_CHILD, time
         ready_url=f"http://127.0.0.1:{port}/",
         ready_timeout_s=timeout,
     )
-
-
-# ---- every retry is listed at the end ------------------------------------------------------------
-
-
-class RetryLog(logging.Handler):
-    """The retries made in this process (servelab.retries), each with the test it happened in."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-        self.test = "(no test)"
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(f"{self.test}: {record.getMessage()}")
-
-
-# The suite's one log: tests/conftest.py attaches it to servelab.retries' logger and prints it at the end.
-RETRIES = RetryLog()

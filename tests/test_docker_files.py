@@ -411,6 +411,9 @@ def test_the_jupyter_image_has_the_virtualenv_s_client_and_runs_as_the_clone_s_o
     # Debian 12's glibc runs the perf_analyzer of tritonclient 2.51, the virtualenv's release.
     assert '"tritonclient[all]==2.51.0"' in runs and "libb64-0d" in runs and '"ray[serve]==2.60.0"' in runs
     assert "tritonclient[all]==2.51.0" in (REPO_ROOT / "requirements.txt").read_text()
+    # `make test-docker` runs the notebooks here with `pytest --nbmake`, the release the virtualenv pins.
+    nbmake = re.search(r"^nbmake==\S+$", (REPO_ROOT / "requirements.txt").read_text(), re.M).group()
+    assert f'"{nbmake}"' in runs and '"pytest>=8"' in runs and '"pytest-timeout>=2.3"' in runs
     assert "pip install --no-deps -e ." in runs  # servelab, editable where the clone is mounted
     assert "useradd --create-home --uid 1000 --gid 100" in runs  # the group Triton's staged configs share
     assert [args for keyword, args in instructions if keyword == "USER"] == ["jovyan"]

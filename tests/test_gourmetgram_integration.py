@@ -1,6 +1,6 @@
 """GourmetGram as a real process, against each real backend, through real HTTP (form upload included).
 
-One GourmetGram per backend serves every test here (tests/conftest.py); each test's checks hold
+One GourmetGram per backend serves every test here (tests/lab_servers.py); each test's checks hold
 whatever the tests before it asked.
 """
 

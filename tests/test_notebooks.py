@@ -1,59 +1,95 @@
-"""Every notebook, run as a student runs it (local services, quick profile), against the session's
-servers: `Lab.connect()` in the notebook finds them, as it finds `make up` (tests/conftest.py).
-
-A notebook that judges expectations (its source calls `lab.expect(` or `lab.judge(`) has every verdict checked
-against the runs in its own tables: a verdict's conditions carry their figures with the run each
-was read from (servelab.lessons.expectations), and each figure is read again from that run
-(servelab.lab.notebook_runs), as the notebook's final table shows it; every run it kept is also
-the one it saved to its file of runs.
-A claim about what the lab's software does (not about speed) must also hold (MUST_HOLD): the test
-that checked it before the notebook did is gone, and the notebook's check took its place.
-
-One notebook alone: `make test-notebook NOTEBOOK=8_concurrency_target`.
+"""How the notebooks are checked. nbmake runs each one, as a student runs it (local services, quick
+profile), against the session's servers (`make test`, `make test-notebook NOTEBOOK=...`, or
+`pytest --nbmake notebooks/*.ipynb`; the root conftest.py and tests/lab_servers.py). A judging
+notebook checks its own verdicts in its last cells: `lab.verdicts()` raises a LabFault where a
+verdict's figure is not the one its table shows, or a claim about what the lab's software does
+(`must_hold=True`) did not hold. These tests check that check, and that nbmake reports a failing
+notebook by its cell and its error, within its time limit.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import nbformat
 import pytest
 
-from servelab.lab.notebook_runs import NOTEBOOKS, judging, run_notebook, verdict_problems
-from servelab.lessons.expectations import Outcome
-from tests.helpers import RETRIES
-
-SOURCES = sorted(NOTEBOOKS.glob("[0-9]*.py"), key=lambda path: int(path.name.split("_")[0]))
-MUST_HOLD = {
-    # Was tests/test_ray_serve.py's two-node test.
-    "8_concurrency_target": ["Serve spreads the replicas over both nodes, on loopback, and both serve requests"],
-}
+from servelab import paths
+from servelab.lab import facade as lab_module
+from servelab.lab.facade import Lab
+from servelab.lab.notebook_runs import NOTEBOOKS, judging
+from servelab.lessons.expectations import LabFault, condition, figure, measured
+from servelab.profiles import profile
+from tests.helpers import synthetic_run
 
 
-@pytest.mark.notebook
-@pytest.mark.timeout(1500)
-@pytest.mark.parametrize("name", [source.stem for source in SOURCES])
-def test_notebook_runs_against_the_lab_and_its_verdicts_use_its_own_numbers(name, model_servers, request):
-    if "lab.ray_serve()" in (NOTEBOOKS / f"{name}.py").read_text():
-        request.getfixturevalue("ray_serve")  # started once, shared by the notebooks and tests that use it
-    seen: list[str] = []
-    try:
-        dump = run_notebook(f"{name}.ipynb", timeout_s=1200, retries_seen=seen)
-    finally:  # the retries its tooling made, listed with the suite's own (servelab.retries)
-        RETRIES.lines += [f"{RETRIES.test}: {line}" for line in seen]
-    if dump is None:
-        assert f"{name}.ipynb" not in judging()
-        return
-    assert verdict_problems(f"{name}.ipynb", dump) == []
-    outcomes = dict(dump["outcomes"])
-    for claim in MUST_HOLD.get(name, []):
-        assert outcomes.get(claim) == Outcome.HELD.value, f"{name}: {claim!r} is {outcomes.get(claim)}"
+def judging_lab(tmp_path, monkeypatch) -> Lab:
+    monkeypatch.setattr(lab_module, "SAVED_RUNS_DIR", tmp_path / "results")
+    return Lab("local", profile("quick"), {}, None, None, None, notebook="toy")
 
 
-def test_a_verdict_that_reads_a_figure_its_table_does_not_show_is_a_problem():
-    run = {"target": "t", "started_at": "2026-01-01T00:00:00", "requests": 1, "interrupted_by": []}
-    dump = {"results": [], "saved": [run], "outcomes": [], "figures": [{"run": "x", "started_at": "s", "name": "n"}]}
-    problems = verdict_problems("n.ipynb", dump)
-    assert "n.ipynb: the saved runs are not those of its table" in problems
-    assert "n.ipynb recorded no expectation" in problems
-    assert "n.ipynb: a verdict used n of x, which is not in its table" in problems
+def test_a_clean_notebook_s_verdicts_pass(tmp_path, monkeypatch):
+    lab = judging_lab(tmp_path, monkeypatch)
+    slow = lab._keep(synthetic_run("fastapi_pt", throughput_rps=10.0), "fastapi_pt", time.time())
+    fast = lab._keep(synthetic_run("fastapi_onnx", throughput_rps=20.0), "fastapi_onnx", time.time())
+    pt, onnx = figure(slow, "throughput_rps", "PyTorch"), figure(fast, "throughput_rps", "ONNX")
+    lab.expect("ONNX is faster", condition("more requests per second", onnx.value > pt.value, pt, onnx))
+    lab.expect("two nodes", condition("two", True, measured("nodes", 2)), must_hold=True)
+    assert "HELD: ONNX is faster" in lab.verdicts()
+
+
+def test_a_verdict_whose_figure_is_not_in_its_table_raises(tmp_path, monkeypatch):
+    lab = judging_lab(tmp_path, monkeypatch)
+    shown = lab._keep(synthetic_run("fastapi_pt"), "fastapi_pt", time.time())
+    elsewhere = synthetic_run("fastapi_onnx", throughput_rps=99.0)  # measured, never kept by this lab
+    lab.expect("a claim", condition("read from its table", True, figure(shown, "throughput_rps", "shown")))
+    lab.expect("another", condition("read from elsewhere", True, figure(elsewhere, "throughput_rps", "unseen")))
+    with pytest.raises(LabFault, match=r"toy: 1 problem\(s\)") as raised:
+        lab.verdicts()
+    assert "a verdict used unseen of fastapi_onnx [loadgen, c=1], which is not in its table" in str(raised.value)
+
+
+def test_a_verdict_whose_figure_differs_from_its_table_and_a_run_not_saved_raise(tmp_path, monkeypatch):
+    lab = judging_lab(tmp_path, monkeypatch)
+    kept = lab._keep(synthetic_run("fastapi_pt", throughput_rps=12.0), "fastapi_pt", time.time())
+    lab.results.append(synthetic_run("fastapi_onnx"))  # in the table, never saved
+    lab.expect("a claim", condition("judged on 12", True, figure(kept, "throughput_rps", "throughput")))
+    kept.throughput_rps = 10.0  # changed after the verdict: the table now shows 10
+    with pytest.raises(LabFault) as raised:
+        lab.verdicts()
+    assert "- the saved runs are not those of its table" in str(raised.value)
+    assert "- throughput is 12.0 in a verdict but 10.0 in its table" in str(raised.value)
+
+
+def test_a_notebook_with_no_verdict_read_from_a_run_raises(tmp_path, monkeypatch):
+    lab = judging_lab(tmp_path, monkeypatch)
+    with pytest.raises(LabFault, match="no expectation was recorded"):
+        lab.verdicts()
+    lab.expect("a claim", condition("measured here", True, measured("nodes", 2)))
+    with pytest.raises(LabFault, match="no verdict read a number from a run"):
+        lab.verdicts()
+
+
+@pytest.mark.parametrize("held", [False, None], ids=["did not hold", "not checked"])
+def test_an_expectation_that_must_hold_and_did_not_raises_as_a_fault_of_the_lab(tmp_path, monkeypatch, held):
+    lab = judging_lab(tmp_path, monkeypatch)
+    run = lab._keep(synthetic_run("ray_serve"), "ray_serve", time.time())
+    lab.expect("speed", condition("fast", False, figure(run, "throughput_rps", "throughput")))  # may not hold
+    nodes = measured("nodes", float("nan") if held is None else 1)
+    lab.expect("Serve spreads the replicas", condition("two nodes", bool(held), nodes), must_hold=True)
+    with pytest.raises(LabFault) as raised:
+        lab.verdicts()
+    outcome = "NOT CHECKED" if held is None else "DID NOT HOLD"
+    assert f"- 'Serve spreads the replicas' {outcome}, and it must hold: it is a claim about what the lab's" in str(
+        raised.value
+    )
+    assert "toy: 1 problem(s)" in str(raised.value), "a speed claim that did not hold is no fault of the lab"
+    assert "a fault of the lab" in str(raised.value)
 
 
 def test_the_notebooks_that_judge_expectations_are_found_and_each_is_generated():
@@ -68,5 +104,98 @@ def test_the_notebooks_that_judge_expectations_are_found_and_each_is_generated()
     } <= {name.removesuffix(".ipynb") for name in judging()}
     for name in judging():
         assert (NOTEBOOKS / name).is_file(), f"{name} is not generated: run `make notebooks`"
-    for name, claims in MUST_HOLD.items():
-        assert all(f'"{claim}"' in (NOTEBOOKS / f"{name}.py").read_text() for claim in claims), name
+
+
+# ---- a failing notebook under nbmake ------------------------------------------------------------
+
+
+def notebook(path, *cells: str, cell_timeout_s: int = 60, notebook_timeout_s: int = 60) -> None:
+    """A notebook of `cells` with the time limits scripts/build_notebooks.py writes into the lab's."""
+    written = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    written.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    written.metadata["execution"] = {"timeout": cell_timeout_s}
+    written.metadata["servelab"] = {"notebook_timeout_s": notebook_timeout_s}
+    nbformat.write(written, path)
+
+
+# The lab's markers are declared in its pyproject.toml, which a run in another folder does not read.
+UNKNOWN_MARKS = "ignore::pytest.PytestUnknownMarkWarning"
+
+
+def nbmake(folder, *notebooks: str, timeout_s: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    """`pytest --nbmake` on notebooks in `folder`, with the lab's root conftest.py (copied there, as
+    pytest loads a conftest only from the folders of what it collects), as a session of its own:
+    none of this session's servers, scratch folders or ports. Its output and duration."""
+    shutil.copy(paths.REPO_ROOT / "conftest.py", folder / "conftest.py")
+    own = {name: value for name, value in os.environ.items() if not name.startswith("SERVELAB_")}
+    command = ["--nbmake", "-ra", "-p", "no:cacheprovider", "-o", "addopts=", "-W", UNKNOWN_MARKS, *notebooks]
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", *command],
+        cwd=folder,
+        env={**own, "PYTHONPATH": str(paths.REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    return run, time.monotonic() - started
+
+
+def test_a_failing_cell_fails_its_notebook_naming_the_cell_and_the_error(tmp_path):
+    notebook(tmp_path / "fails.ipynb", "x = 1", "ratio = x / 0  # the failing cell", "print('never run')")
+    run, _ = nbmake(tmp_path, "fails.ipynb")
+    assert run.returncode == 1, run.stdout
+    assert "1 failed" in run.stdout
+    assert "ratio = x / 0  # the failing cell" in run.stdout
+    assert "ZeroDivisionError" in run.stdout
+
+
+def test_a_cell_past_its_limit_fails_its_notebook_and_so_does_a_notebook_past_its_own(tmp_path):
+    notebook(tmp_path / "slow_cell.ipynb", "import time", "time.sleep(600)", cell_timeout_s=3)
+    # Each cell within its limit, the whole past the notebook's: the root conftest.py's timeout marker.
+    notebook(tmp_path / "slow_notebook.ipynb", "import time", "time.sleep(600)", notebook_timeout_s=5)
+    run, took = nbmake(tmp_path, "slow_cell.ipynb", "slow_notebook.ipynb")
+    assert run.returncode == 1, run.stdout
+    assert "2 failed" in run.stdout
+    assert "time.sleep(600)" in run.stdout and "A cell timed out while it was being executed, after 3 seconds" in (
+        run.stdout
+    )
+    assert "Timeout (>5.0s) from pytest-timeout. The notebook ran past its whole-notebook limit" in run.stdout
+    assert took < 90, f"the two notebooks took {took:.0f} s, past their limits of 3 s and 5 s"
+
+
+def test_a_notebook_s_retries_are_listed_with_the_suite_s(tmp_path):
+    notebook(tmp_path / "retries.ipynb", "from servelab import retries\nretries.note('the toy start', 'a clash')")
+    run, _ = nbmake(tmp_path, "retries.ipynb")
+    assert run.returncode == 0, run.stdout
+    assert "retries: 1" in run.stdout
+    assert "retries.ipynb::retries.ipynb: RETRY the toy start, after: a clash" in run.stdout
+
+
+@pytest.mark.integration
+def test_a_notebook_gets_the_session_s_servers_and_one_that_changes_one_is_caught_and_it_is_put_back(tmp_path):
+    config = "(paths.TRITON_DIR / 'models' / 'food_classifier_onnx' / 'config.pbtxt')"
+    notebook(
+        tmp_path / "a_finds.ipynb",  # `Lab.connect(` in its source is what asks for the servers
+        "# Lab.connect()\nimport os\nassert 'SERVELAB_PORT_TRITON_HTTP' in os.environ, 'no server exported'",
+    )
+    notebook(
+        tmp_path / "b_changes.ipynb",
+        f"# Lab.connect()\nfrom servelab import paths\n{config}.write_text({config}.read_text() + '# changed')",
+    )
+    notebook(
+        tmp_path / "c_after.ipynb",
+        f"# Lab.connect()\nfrom servelab import paths\nassert '# changed' not in {config}.read_text()",
+    )
+    run, _ = nbmake(tmp_path, "a_finds.ipynb", "b_changes.ipynb", "c_after.ipynb", timeout_s=280)
+    assert "3 passed, 1 error" in run.stdout, run.stdout  # b_changes ran, and left a server changed
+    assert "ERROR b_changes.ipynb::b_changes.ipynb" in run.stdout
+    assert "the notebook left Triton's food_classifier_onnx changed" in run.stdout
+    assert "RETRY loading food_classifier_onnx as it was served before b_changes.ipynb" in run.stdout
+
+
+def test_every_notebook_carries_the_time_limits_build_notebooks_writes():
+    limits = {"execution": {"timeout": 1200}, "servelab": {"notebook_timeout_s": 1500}}
+    for generated in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")):
+        metadata = json.loads(generated.read_text())["metadata"]
+        assert {key: metadata.get(key) for key in limits} == limits, f"{generated.name}: run `make notebooks`"

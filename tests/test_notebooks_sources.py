@@ -1,5 +1,6 @@
 """Notebooks are generated from their jupytext sources and committed without outputs."""
 
+import ast
 import json
 import re
 
@@ -7,6 +8,7 @@ import jupytext
 import pytest
 
 from servelab import paths
+from servelab.lab.notebook_runs import judging
 
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"
 
@@ -46,3 +48,39 @@ def test_a_notebook_that_measures_saves_its_runs_under_its_own_name(source):
     calls = re.findall(r"^lab = Lab\.connect\(([^)]*)\)", source.read_text(), flags=re.MULTILINE)
     for arguments in calls:
         assert arguments.split(",")[0].strip() == f'"{source.stem}"', f"{source.name}: Lab.connect({arguments})"
+
+
+def lab_calls(source, method: str) -> list[ast.Call]:
+    """The calls of `lab.<method>(...)` in a notebook's source, in order."""
+    calls = [
+        node
+        for node in ast.walk(ast.parse(source.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == method
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "lab"
+    ]
+    return sorted(calls, key=lambda call: (call.lineno, call.col_offset))
+
+
+@pytest.mark.parametrize("name", judging(), ids=lambda name: name.removesuffix(".ipynb"))
+def test_a_judging_notebook_checks_its_verdicts_after_its_last_one(name):
+    """`lab.verdicts()` checks every verdict against its table (servelab.lessons.expectations.verdict_problems),
+    wherever the notebook runs: nbmake, JupyterLab, the Compose project's Jupyter."""
+    source = NOTEBOOKS / name.replace(".ipynb", ".py")
+    last_verdict = max(call.lineno for method in ("expect", "judge") for call in lab_calls(source, method))
+    checks = [call.lineno for call in lab_calls(source, "verdicts")]
+    assert checks and max(checks) > last_verdict, f"{source.name}: no lab.verdicts() after its last verdict"
+
+
+def test_the_two_node_claim_about_ray_serve_must_hold():
+    """A claim about what the lab's software does, not about speed: the test that checked it before
+    notebook 8 did is gone, and the notebook's check took its place."""
+    claim = "Serve spreads the replicas over both nodes, on loopback, and both serve requests"
+    (call,) = [
+        call
+        for call in lab_calls(NOTEBOOKS / "8_concurrency_target.py", "expect")
+        if isinstance(call.args[0], ast.Constant) and call.args[0].value == claim
+    ]
+    assert any(keyword.arg == "must_hold" and ast.literal_eval(keyword.value) is True for keyword in call.keywords)

@@ -1,10 +1,10 @@
 """The Ray Serve app on a real one-node Ray, on 127.0.0.1: the FastAPI services' contract, the
 concurrency target with its queue and its 503, autoscaling read from Serve's own status, loopback
-only. The session's Ray serves them all (tests/conftest.py).
+only. The session's Ray serves them all (tests/lab_servers.py).
 
 Tested elsewhere: that stopping the lab leaves no Ray process behind (tests/test_stack.py, the
-`up` test), and a two-node cluster on loopback (notebook 8, whose claim must hold in
-tests/test_notebooks.py)."""
+`up` test), and a two-node cluster on loopback (notebook 8, whose claim must hold:
+`lab.expect(..., must_hold=True)`, which its `lab.verdicts()` enforces)."""
 
 import base64
 import concurrent.futures

@@ -4,7 +4,8 @@
   generator and perf_analyzer, records every run and every verdict;
 - `triton_side`, `ray_side`: Lab's methods for Triton and for Ray Serve;
 - `ui`: GourmetGram's client (an upload, as a browser sends it);
-- `notebook_runs`: runs a notebook and checks each verdict against the tables it printed;
+- `notebook_runs`: runs notebooks as a student does and keeps them with their outputs (each
+  checks its own verdicts in `lab.verdicts()`);
 - `source_excerpts`: the part of a service's source a notebook shows.
 
 May import every other folder of servelab.

@@ -55,7 +55,7 @@ from servelab.lab import ray_side as lab_ray
 from servelab.lab import ui
 from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, Capacity, TritonLab
 from servelab.lab.ui import PageAnswer
-from servelab.lessons.expectations import Condition, Expectation, ExpectationLog
+from servelab.lessons.expectations import Condition, Expectation, ExpectationLog, LabFault, verdict_problems
 from servelab.measure import service_stats
 from servelab.profiles import Profile, profile
 from servelab.report import tables
@@ -584,19 +584,37 @@ class Lab(TritonLab):
 
     # ---- lesson checks ---------------------------------------------------------------------
 
-    def expect(self, claim: str, *conditions: Condition, reason: str = "") -> Expectation:
+    def expect(self, claim: str, *conditions: Condition, reason: str = "", must_hold: bool = False) -> Expectation:
         """Record what the lesson expected, as the conditions it states, each judged on this run's
-        figures (servelab.lessons.expectations.condition); `reason` says why it may not hold here."""
-        return self.expectations.record(claim, conditions, reason)
+        figures (servelab.lessons.expectations.condition); `reason` says why it may not hold here.
+        `must_hold`: a claim about what the lab's software does, not about speed, which `verdicts`
+        reports as a fault of the lab where it did not hold."""
+        return self.expectations.record(claim, conditions, reason, must_hold)
 
     def judge(self, expectation: Expectation) -> Expectation:
         """Record an expectation a lesson's check built (servelab.lessons), as `expect` does."""
-        return self.expectations.record(expectation.claim, expectation.conditions, expectation.reason)
+        return self.expectations.record(
+            expectation.claim, expectation.conditions, expectation.reason, expectation.must_hold
+        )
 
     def verdicts(self) -> str:
-        """Every expectation of this notebook and its outcome, with each condition's."""
+        """Every expectation of this notebook and its outcome, with each condition's; then the
+        check that each verdict says what this notebook's table and saved runs say, and that every
+        claim about the lab's software held (servelab.lessons.expectations.verdict_problems): a
+        LabFault naming every problem where one did not."""
         summary = self.expectations.summary()
         print(summary)
+        saved = [
+            run
+            for run, metadata in load_appended(saved_runs_file(self.notebook))
+            if metadata["session"] == self.session
+        ]
+        if problems := verdict_problems(self.expectations, self.results, saved):
+            raise LabFault(
+                f"{self.notebook}: {len(problems)} problem(s) with its verdicts, each a fault of the lab (its checks "
+                "or its software), not a measurement to interpret:\n"
+                + "\n".join(f"- {problem}" for problem in problems)
+            )
         return summary
 
     # ---- the web UI -----------------------------------------------------------------------

@@ -1,43 +1,26 @@
-"""Run the lab's notebooks as a student runs them, and check every verdict they record against the
-runs in their own tables.
+"""Run the lab's notebooks as a student runs them, and keep them with their outputs: how an
+instructor runs the full profile and reads what each cell printed.
 
-    python -m servelab.lab.notebook_runs 3_fastapi.ipynb 4_fastapi_bench.ipynb ...
+    python -m servelab.lab.notebook_runs 6_triton_bench.ipynb 8_concurrency_target.ipynb --executed-to DIR
 
-A notebook is executed from the top in a fresh kernel (nbclient), with one cell added at its end
-that prints what its `lab` kept: each expectation's outcome, the figures its conditions read, its
-runs, and the runs it saved. A notebook that judges expectations (its source calls `lab.expect(` or
-`lab.judge(`) is then checked: a verdict's conditions carry their figures with the run each was read from
-(servelab.lessons.expectations), and each figure is read again from that run, as the notebook's final
-table shows it, so a verdict can only say what its table says; every run the notebook kept is
-also the one it saved to its file of runs. tests/test_notebooks.py checks the notebooks this way
-on local services; `make test-docker` in the Compose project's Jupyter container.
+A notebook is executed from the top in a fresh kernel (nbclient), each cell within the limit its
+metadata gives (`execution.timeout`, written by scripts/build_notebooks.py, as nbmake reads it).
+Its verdicts are checked by the notebook itself: `lab.verdicts()`, in the last cells of every
+notebook that judges expectations, checks each verdict against the runs of its table and its
+saved runs, and that every claim about the lab's software held (a LabFault otherwise, which fails
+the cell, and so the run). The tests run the same notebooks through nbmake (`pytest --nbmake`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 import time
 from pathlib import Path
 
-from servelab import paths, retries
-from servelab.lessons.expectations import Outcome, read
-from servelab.results import RunResult
+from servelab import paths
 
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"
-MARK = "VERDICTS:"
-DUMP = f"""
-import json as _json
-from dataclasses import asdict as _asdict
-print({MARK!r} + _json.dumps({{
-    "figures": [_asdict(item) for item in lab.expectations.figures()],
-    "outcomes": [[expectation.claim, expectation.outcome.value] for expectation in lab.expectations],
-    "results": [result.to_dict() for result in lab.results],
-    "saved": [result.to_dict() for result in Lab.saved_runs(lab.notebook)],
-}}, default=str))
-"""
 
 
 def judging(folder: Path = NOTEBOOKS) -> list[str]:
@@ -50,22 +33,19 @@ def judging(folder: Path = NOTEBOOKS) -> list[str]:
     )
 
 
-def run_notebook(
-    name: str, timeout_s: int = 1200, executed_to: Path | None = None, retries_seen: list[str] | None = None
-) -> dict | None:
-    """Execute notebooks/`name` from the top; for a notebook that judges expectations, what its
-    `lab` kept, as an added last cell printed it (None for the others). With `executed_to`, the
-    notebook with its outputs is written there; the lines its cells printed about a retry
-    (servelab.retries) are added to `retries_seen`; both also when a cell fails."""
+def run_notebook(name: str, executed_to: Path | None = None) -> None:
+    """Execute notebooks/`name` from the top; a failing cell (a verdict's LabFault included) raises
+    nbclient's error, which names the cell and quotes its traceback. With `executed_to`, the
+    notebook with its outputs is written there, also when a cell fails."""
     import nbformat
     from nbclient import NotebookClient
 
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-    judged = name in judging()
-    if judged:
-        notebook.cells.append(nbformat.v4.new_code_cell(DUMP))
     client = NotebookClient(
-        notebook, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+        notebook,
+        timeout=notebook.metadata["execution"]["timeout"],
+        kernel_name="python3",
+        resources={"metadata": {"path": str(NOTEBOOKS)}},
     )
     try:
         client.execute()
@@ -73,44 +53,6 @@ def run_notebook(
         if executed_to is not None:
             executed_to.mkdir(parents=True, exist_ok=True)
             nbformat.write(notebook, executed_to / name)
-        if retries_seen is not None:
-            printed = (output.get("text", "") for cell in notebook.cells for output in cell.get("outputs", []))
-            retries_seen += [line for text in printed for line in text.splitlines() if retries.MARK in line]
-    if not judged:
-        return None
-    output = "".join(item.get("text", "") for item in notebook.cells[-1].outputs)
-    return json.loads(output.split(MARK, 1)[1])
-
-
-def verdict_problems(name: str, dump: dict) -> list[str]:
-    """Each way the verdicts of `name` (run_notebook's `dump`) disagree with its runs; none is a pass."""
-    as_kept = [(run["target"], run["started_at"], run["requests"], run["interrupted_by"]) for run in dump["results"]]
-    saved = [(run["target"], run["started_at"], run["requests"], run["interrupted_by"]) for run in dump["saved"]]
-    problems = [] if saved == as_kept else [f"{name}: the saved runs are not those of its table"]
-    if not dump["outcomes"]:
-        problems.append(f"{name} recorded no expectation")
-    known = {outcome.value for outcome in Outcome}
-    problems += [
-        f"{name}: {claim!r} has no known outcome: {found!r}" for claim, found in dump["outcomes"] if found not in known
-    ]
-    runs = {
-        (result.label, item["started_at"]): result for item in dump["results"] for result in [RunResult.from_dict(item)]
-    }
-    from_runs = [item for item in dump["figures"] if item["run"] is not None]
-    if not from_runs:
-        problems.append(f"{name}: no verdict read a number from a run")
-    for item in from_runs:
-        run = runs.get((item["run"], item["started_at"]))
-        if run is None:
-            problems.append(f"{name}: a verdict used {item['name']} of {item['run']}, which is not in its table")
-            continue
-        again = read(run, item["field"])
-        same = (math.isnan(again) and math.isnan(item["value"])) or math.isclose(
-            again, item["value"], rel_tol=1e-6, abs_tol=1e-12
-        )
-        if not same:
-            problems.append(f"{name}: {item['name']} is {item['value']} in a verdict but {again} in its table")
-    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,22 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         print(f"--- {name}: running", file=sys.stderr, flush=True)
         try:
-            dump = run_notebook(name, executed_to=args.executed_to)
+            run_notebook(name, executed_to=args.executed_to)
         except Exception as exc:  # a failing cell: nbclient's message names it and quotes the traceback
-            print(f"FAILED {name}: {exc}", file=sys.stderr, flush=True)
+            print(f"FAILED {name} ({time.monotonic() - started:.0f} s): {exc}", file=sys.stderr, flush=True)
             failed.append(name)
             continue
-        problems = verdict_problems(name, dump) if dump is not None else []
-        outcomes = (
-            ", ".join(f"{claim}: {outcome}" for claim, outcome in (dump or {}).get("outcomes", [])) or "no verdicts"
-        )
-        took = time.monotonic() - started
-        if problems:
-            failed.append(name)
-            print(f"FAILED {name} ({took:.0f} s): " + "; ".join(problems), file=sys.stderr, flush=True)
-        else:
-            runs = len(dump["results"]) if dump else 0
-            print(f"PASSED {name} ({took:.0f} s, {runs} runs): {outcomes}", file=sys.stderr, flush=True)
+        print(f"PASSED {name} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
     print(f"{len(args.notebooks) - len(failed)} passed, {len(failed)} failed", flush=True)
     return 1 if failed else 0
 

@@ -12,15 +12,20 @@ conditions it states, each judged on its own numbers:
     )
 
 A `Figure` is a number read from a run (`RunResult`), with the run and the field it came from, so
-a verdict can be checked against the tables printed beside it (the notebook tests do). A
-condition whose run gave no number (a `None` result), or whose run a crashed service interrupted,
-is NOT CHECKED, never counted as held or not held.
+a verdict can be checked against the tables printed beside it (`verdict_problems`, which
+`lab.verdicts()` runs at the end of every judging notebook). A condition whose run gave no number
+(a `None` result), or whose run a crashed service interrupted, is NOT CHECKED, never counted as
+held or not held.
+
+An expectation recorded with `must_hold=True` is a claim about what the lab's software does (Serve
+spreads replicas over two nodes), not about speed: where it does not hold, the lab is broken.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -134,6 +139,7 @@ class Expectation:
     claim: str
     conditions: tuple[Condition, ...]
     reason: str = ""  # why it may not hold here; shown only when a condition did not hold
+    must_hold: bool = False  # a claim about what the lab's software does: not holding is a fault of the lab
 
     @property
     def outcome(self) -> Outcome:
@@ -154,8 +160,10 @@ class Expectation:
 class ExpectationLog(list):
     """Every expectation a notebook recorded, in order."""
 
-    def record(self, claim: str, conditions: tuple[Condition, ...], reason: str = "") -> Expectation:
-        expectation = Expectation(claim, tuple(conditions), reason)
+    def record(
+        self, claim: str, conditions: tuple[Condition, ...], reason: str = "", must_hold: bool = False
+    ) -> Expectation:
+        expectation = Expectation(claim, tuple(conditions), reason, must_hold)
         self.append(expectation)
         print(expectation)
         return expectation
@@ -173,3 +181,53 @@ class ExpectationLog(list):
     def figures(self) -> list[Figure]:
         """Every figure every verdict used."""
         return [item for expectation in self for part in expectation.conditions for item in part.figures]
+
+
+class LabFault(RuntimeError):
+    """The lab's own software is wrong, not the measurement: a verdict that says something its
+    table does not, or a claim about what the lab's software does that did not hold."""
+
+
+def _identity(run: RunResult) -> tuple:
+    """What tells a run apart from the others of its notebook, as its table and its saved record show it."""
+    return run.target, run.started_at, run.requests, run.interrupted_by
+
+
+def verdict_problems(
+    expectations: ExpectationLog, results: Sequence[RunResult], saved: Sequence[RunResult]
+) -> list[str]:
+    """Each way a notebook's verdicts (`expectations`) disagree with its runs; none is a pass.
+    `results` are the runs its table shows, `saved` the runs it saved to its file in this session.
+    Each figure a verdict used must come from a run of its table and, read again from that run,
+    give the same number; every run of the table must be the one saved; and every
+    expectation that must hold (`must_hold`) must have held."""
+    problems = []
+    if [_identity(run) for run in saved] != [_identity(run) for run in results]:
+        problems.append("the saved runs are not those of its table")
+    if not expectations:
+        problems.append("no expectation was recorded")
+    # Read again from the run as the table shows it. (Not yet from the saved record: a notebook
+    # still adds Triton's counters and CPU figures to a run after it is saved; issue 39.)
+    kept = {(run.label, run.started_at): run for run in results}
+    from_runs = [item for item in expectations.figures() if item.run is not None]
+    if not from_runs:
+        problems.append("no verdict read a number from a run")
+    for item in from_runs:
+        key = (item.run, item.started_at)
+        if key not in kept:
+            problems.append(f"a verdict used {item.name} of {item.run}, which is not in its table")
+            continue
+        assert item.field is not None, "a figure read from a run names its field (see `figure`)"
+        again = read(kept[key], item.field)
+        same = (math.isnan(again) and math.isnan(item.value)) or math.isclose(
+            again, item.value, rel_tol=1e-6, abs_tol=1e-12
+        )
+        if not same:
+            problems.append(f"{item.name} is {item.value} in a verdict but {again} in its table")
+    problems += [
+        f"{expectation.claim!r} {expectation.outcome.value}, and it must hold: it is a claim about what the lab's "
+        "software does, not about speed (its conditions, printed above, say which part failed)"
+        for expectation in expectations
+        if expectation.must_hold and expectation.outcome is not Outcome.HELD
+    ]
+    return problems
