@@ -170,12 +170,13 @@ runs = {}
 
 def sequences_run(name: str, concurrency: int):
     """`concurrency` live sequences for DURATION_S, with Triton's account of the executions."""
-    with triton_stats.counted_over(lab.triton_http, MODEL) as stats:
-        result = lab.sequences(MODEL, concurrency, LENGTH, target=name, duration_s=DURATION_S, warmup_sequences=1)
-    result.triton_stats = stats.delta.to_dict()
-    per_frame_ms = stats.delta.compute_ms_per_inference  # the executions' compute time, shared among their frames
-    print(f"  {stats.delta.inference_count} frames in {stats.delta.execution_count} executions: average batch "
-          f"{stats.delta.avg_batch_size:.2f}, {per_frame_ms:.1f} ms of compute per frame")  # fmt: skip
+    result = lab.sequences(
+        MODEL, concurrency, LENGTH, target=name, duration_s=DURATION_S, warmup_sequences=1, triton_stats=True
+    )
+    stats = result.triton_stats
+    per_frame_ms = stats["compute_ms_per_inference"]  # the executions' compute time, shared among their frames
+    print(f"  {stats['inference_count']} frames in {stats['execution_count']} executions: average batch "
+          f"{stats['avg_batch_size']:.2f}, {per_frame_ms:.1f} ms of compute per frame")  # fmt: skip
     runs[name] = result
     return result
 

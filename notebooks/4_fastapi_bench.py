@@ -31,7 +31,7 @@ from servelab import paths
 from servelab.lab import Lab
 from servelab.lessons import fastapi_bench
 from servelab.lessons.expectations import condition, figure, measured
-from servelab.measure.resources import ResourceSampler
+from servelab.measure.resources import ResourceSampler, summarize
 from servelab.report import plots
 
 lab = Lab.connect("4_fastapi_bench", triton=False)  # these notebooks use FastAPI only
@@ -288,12 +288,10 @@ health_idle_ms = [health_check_ms(onnx_url) for _ in range(10)]
 health_loaded_ms: list[float] = []
 stop_polling = threading.Event()
 poller = threading.Thread(target=poll_health, args=(onnx_url, stop_polling, health_loaded_ms), daemon=True)
-with ResourceSampler(interval_s=0.25, pids=listening_pids(onnx_url)) as sampler:
-    poller.start()
-    concurrent_onnx = lab.concurrent("onnx", 16)
-    stop_polling.set()
-    poller.join()
-concurrent_onnx.resources = sampler.series()
+poller.start()
+concurrent_onnx = lab.concurrent("onnx", 16, resources=ResourceSampler(interval_s=0.25, pids=listening_pids(onnx_url)))
+stop_polling.set()
+poller.join()
 report(concurrent_onnx)
 
 # %% [markdown]
@@ -340,7 +338,7 @@ lab.expect(
 # the time, or does it sit idle between images while sixteen requests wait in line?
 
 # %%
-usage = sampler.summary()
+usage = summarize(concurrent_onnx.resources)
 print(f"The whole machine: CPU {usage['cpu_percent_mean']}% of all {lab.cores} cores on average "
       f"(peak {usage['cpu_percent_max']}%); GPU: {', '.join(str(gpu) for gpu in usage['gpus']) or usage['gpu_source']}")
 if "process_cpu_percent_mean" in usage:

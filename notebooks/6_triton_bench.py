@@ -45,7 +45,6 @@ from servelab.lessons.expectations import condition, figure, measured
 from servelab.measure import queueing
 from servelab.measure.resources import summarize
 from servelab.report import plots
-from servelab.triton import stats as triton_stats
 
 lab = Lab.connect("6_triton_bench")
 print(f"The models run on {lab.hardware()}.")
@@ -396,15 +395,14 @@ def poisson_sweep() -> dict:
     """Poisson runs at every rate, each with the server's statistics over that run."""
     sweep = {}
     for rate in rates:
-        with triton_stats.counted_over(lab.triton_http, "food_classifier_onnx") as stats:
-            result = lab.measure("food_classifier_onnx", rate=rate, distribution="poisson")
-        if result is not None:
-            result.triton_stats = stats.delta.to_dict()
+        result = lab.measure("food_classifier_onnx", rate=rate, distribution="poisson", triton_stats=True)
         sweep[f"{rate:g} req/s"] = result
-        print(
-            f"    server: {stats.delta.inference_count} inferences in {stats.delta.execution_count} executions "
-            f"(average batch {stats.delta.avg_batch_size:.2f})"
-        )
+        if result is not None:
+            stats = result.triton_stats
+            print(
+                f"    server: {stats['inference_count']} inferences in {stats['execution_count']} executions "
+                f"(average batch {stats['avg_batch_size']:.2f})"
+            )
     return sweep
 
 

@@ -59,10 +59,8 @@ from servelab.lab import ray_side as lab_ray
 from servelab.lessons import concurrency_target
 from servelab.lessons.concurrency_target import Step
 from servelab.lessons.expectations import condition, figure, measured
-from servelab.measure import service_stats
 from servelab.ray.watch import during, in_replica_mean_ms
 from servelab.stack.local import Ports
-from servelab.triton import stats as triton_stats
 
 lab = Lab.connect("8_concurrency_target")
 serve = lab.ray_serve()
@@ -237,9 +235,10 @@ for cap in (1, PREDICT_CONCURRENCY, MAX_ONGOING):
         env["INFERENCE_THREADS"] = str(max(1, serve.hardware.cores // PREDICT_CONCURRENCY))
     serve.apply(config, quiet=cap != 1)
     label = f"ray_serve, {PREDICT_CONCURRENCY} predict slots, max_ongoing_requests {cap}"
-    with serve.watch() as watcher, service_stats.counted_over(serve.url) as stats:
-        slot_runs[cap] = lab.closed_loop(serve.url, SLOT_CLIENTS, max(lab.profile.duration_s, 5), target=label)
-    slot_runs[cap].service_stats = stats.delta.to_dict()
+    with serve.watch() as watcher:
+        slot_runs[cap] = lab.closed_loop(
+            serve.url, SLOT_CLIENTS, max(lab.profile.duration_s, 5), target=label, service_stats=True
+        )
     slot_samples[cap] = watcher.samples
 
 print(f"{'max_ongoing_requests':>22}{'req/s':>8}{'busy slots':>12}{'queued in front':>17}{'slot wait ms':>14}"
@@ -538,15 +537,14 @@ for max_queue in (2, 0):
     )
     lab.apply_config(MODEL, edited)
     label = f"triton/{MODEL}, 2 instances, queue {'of ' + str(max_queue) if max_queue else 'unbounded'}"
-    with triton_stats.counted_over(lab.triton_http, MODEL) as stats:
-        triton_runs[max_queue] = lab.closed_loop(
-            lab.triton_http, 16, max(lab.profile.duration_s, 5), target=label, kind="triton-http", model=MODEL,
-            backoff_s=BACKOFF_S,
-        )
-    triton_runs[max_queue].triton_stats = stats.delta.to_dict()
+    triton_runs[max_queue] = lab.closed_loop(
+        lab.triton_http, 16, max(lab.profile.duration_s, 5), target=label, kind="triton-http", model=MODEL,
+        backoff_s=BACKOFF_S, triton_stats=True,
+    )
+    stats = triton_runs[max_queue].triton_stats
     print(
-        f"  server: {stats.delta.success_count} answered, on average {stats.delta.avg_queue_us / 1000:.1f} ms in the"
-        f" queue and {stats.delta.avg_compute_infer_us / 1000:.1f} ms computing"
+        f"  server: {stats['success_count']} answered, on average {stats['avg_queue_us'] / 1000:.1f} ms in the"
+        f" queue and {stats['avg_compute_infer_us'] / 1000:.1f} ms computing"
     )
 lab.restore_config(MODEL)
 bounded, open_queue = triton_runs[2], triton_runs[0]

@@ -94,11 +94,12 @@ def paced(name: str, address: str, kind: str = "fastapi", model: str | None = No
     return patience_s, backoff_s
 
 
-def impatient_load(name: str, address: str, pace: tuple[float, float], kind: str = "fastapi", model=None):
-    """PATIENT patient and IMPATIENT impatient clients for DURATION_S, at `pace` (patience, back-off)."""
+def impatient_load(name: str, address: str, pace: tuple[float, float], kind: str = "fastapi", model=None, **count):
+    """PATIENT patient and IMPATIENT impatient clients for DURATION_S, at `pace` (patience, back-off),
+    with the server's own account of the run that `count` asks for (service_stats=True, triton_stats=True)."""
     return lab.closed_loop(
         address, PATIENT + IMPATIENT, DURATION_S, target=name, kind=kind, model=model,
-        impatient=IMPATIENT, patience_s=pace[0], backoff_s=pace[1],
+        impatient=IMPATIENT, patience_s=pace[0], backoff_s=pace[1], **count,
     )  # fmt: skip
 
 
@@ -139,11 +140,9 @@ for setting in ("off", "on"):
     name = f"fastapi_onnx, 1 slot, abandon {setting}"
     with lab.fastapi_variant("onnx", slots=1, ABANDON_ON_DISCONNECT=setting) as url:
         pace = paced(name, url)
-        with service_stats.counted_over(url) as stats:
-            result = impatient_load(name, url, pace)
-    result.service_stats = stats.delta.to_dict()
-    account(name, result, stats.delta.inferences)
-    print(f"  abandoned by the server, by stage: {stats.delta.abandoned_by_stage or 'none'}")
+        result = impatient_load(name, url, pace, service_stats=True)
+    account(name, result, result.service_stats["stage_counts"]["inference"])
+    print(f"  abandoned by the server, by stage: {result.service_stats['abandoned_by_stage'] or 'none'}")
 
 # %% [markdown]
 # ## Triton, over HTTP and over gRPC
@@ -165,34 +164,22 @@ one_at_a_time = (
 lab.apply_config(TRITON_MODEL, one_at_a_time)
 
 
-def cancelled_by_model() -> float:
-    """Requests the model has answered CANCELLED so far, from its log (NaN where this notebook
-    finds no log to read: a Triton container started without the lab's compose file)."""
-    log = lab.triton_log()
-    return math.nan if log is None else triton_stats.cancelled_by_model(log.read_text(), TRITON_MODEL)
-
-
 def triton_impatient_run(name: str, address: str, pace: tuple[float, float], kind: str):
     """The impatient load against Triton, with Triton's statistics over it and the requests its
-    model answered CANCELLED; measured once more if Triton crashed under it (the last section)."""
+    model answered CANCELLED (`cancelled_by_model`, from the model's log: NaN where this notebook
+    finds no log to read); measured once more if Triton crashed under it (the last section)."""
     for attempt in (1, 2):
-        lab.wait_for_services()  # after a crash, until the stack has brought Triton back
-        logged_before = cancelled_by_model()
-        before = triton_stats.fetch(lab.triton_http, TRITON_MODEL)
-        result = impatient_load(name, address, pace, kind=kind, model=TRITON_MODEL)
+        result = impatient_load(name, address, pace, kind=kind, model=TRITON_MODEL, triton_stats=True)
         if result.clean or attempt == 2:
             break
         print("  Triton crashed during this run (see the last section): measuring it once more.")
         retries.note(f"the run {name!r}", "Triton crashed under it")  # listed at the end of the test suite too
-    lab.wait_for_services()
-    delta = triton_stats.diff(before, triton_stats.fetch_settled(lab.triton_http, TRITON_MODEL))
-    result.triton_stats = delta.to_dict()
-    result.triton_stats["cancelled_by_model"] = cancelled_by_model() - logged_before
+    stats = result.triton_stats
     # Triton counts a request the model answered CANCELLED as a success: it was not computed.
-    account(name, result, delta.success_count - result.triton_stats["cancelled_by_model"])
+    account(name, result, stats["success_count"] - stats["cancelled_by_model"])
     print(
-        f"  Triton failed {delta.fail_count} cancelled requests before the model; the model answered"
-        f" {result.triton_stats['cancelled_by_model']:.0f} CANCELLED instead of computing them"
+        f"  Triton failed {stats['fail_count']} cancelled requests before the model; the model answered"
+        f" {stats['cancelled_by_model']:.0f} CANCELLED instead of computing them"
     )
 
 
@@ -216,10 +203,8 @@ food11.update(num_replicas=1)
 serve.apply(config)
 name = "ray_serve, 1 replica"
 pace = paced(name, serve.url)
-with service_stats.counted_over(serve.url) as stats:  # with one replica, its /metrics are the deployment's
-    result = impatient_load(name, serve.url, pace)
-result.service_stats = stats.delta.to_dict()
-account(name, result, stats.delta.inferences)
+result = impatient_load(name, serve.url, pace, service_stats=True)  # one replica: its /metrics are the deployment's
+account(name, result, result.service_stats["stage_counts"]["inference"])
 
 # %% [markdown]
 # ## Streams: stopping a generation midway

@@ -250,6 +250,13 @@ def load_appended(path: Path) -> list[tuple[RunResult, dict[str, Any]]]:
     return [(RunResult.from_dict(line["result"]), line["metadata"]) for line in jsonl.read(path)]
 
 
+def saved_fields(result: RunResult) -> dict[str, str]:
+    """Each field of `result` as the JSON text its saved record holds (`append_result`): a run
+    loaded back gives the same texts as the run that was saved, although JSON turned its tuples
+    into lists and its numeric keys into strings, and NaN, which equals nothing, is the text NaN."""
+    return {name: json.dumps(value, default=_json_default) for name, value in result.to_dict().items()}
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, (np.floating, np.integer)):
         return value.item()

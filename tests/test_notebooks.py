@@ -2,13 +2,15 @@
 profile), against the session's servers (`make test`, `make test-notebook NOTEBOOK=...`, or
 `pytest --nbmake notebooks/*.ipynb`; the root conftest.py and tests/lab_servers.py). A judging
 notebook checks its own verdicts in its last cells: `lab.verdicts()` raises a LabFault where a
-verdict's figure is not the one its table shows, or a claim about what the lab's software does
-(`must_hold=True`) did not hold. These tests check that check, and that nbmake reports a failing
-notebook by its cell and its error, within its time limit.
+saved run is not the run its table shows, every field compared, a verdict's figure is not the one
+its saved run gives, or a claim about what the lab's software does (`must_hold=True`) did not
+hold. These tests check that check, and that nbmake reports a failing notebook by its cell and
+its error, within its time limit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -54,16 +56,59 @@ def test_a_verdict_whose_figure_is_not_in_its_table_raises(tmp_path, monkeypatch
     assert "a verdict used unseen of fastapi_onnx [loadgen, c=1], which is not in its table" in str(raised.value)
 
 
-def test_a_verdict_whose_figure_differs_from_its_table_and_a_run_not_saved_raise(tmp_path, monkeypatch):
+def test_a_verdict_whose_figure_differs_from_its_saved_run_raises(tmp_path, monkeypatch):
     lab = judging_lab(tmp_path, monkeypatch)
-    kept = lab._keep(synthetic_run("fastapi_pt", throughput_rps=12.0), "fastapi_pt", time.time())
+    kept = lab._keep(synthetic_run("fastapi_pt", throughput_rps=10.0), "fastapi_pt", time.time())
+    misread = dataclasses.replace(figure(kept, "throughput_rps", "throughput"), value=12.0)
+    lab.expect("a claim", condition("judged on 12", True, misread))
+    with pytest.raises(LabFault, match=r"toy: 1 problem\(s\)") as raised:
+        lab.verdicts()
+    assert "- throughput is 12.0 in a verdict but 10.0 in its saved run" in str(raised.value)
+
+
+def test_a_run_in_its_table_that_was_never_saved_raises(tmp_path, monkeypatch):
+    lab = judging_lab(tmp_path, monkeypatch)
+    kept = lab._keep(synthetic_run("fastapi_pt"), "fastapi_pt", time.time())
     lab.results.append(synthetic_run("fastapi_onnx"))  # in the table, never saved
-    lab.expect("a claim", condition("judged on 12", True, figure(kept, "throughput_rps", "throughput")))
-    kept.throughput_rps = 10.0  # changed after the verdict: the table now shows 10
+    lab.expect("a claim", condition("read from its table", True, figure(kept, "throughput_rps", "throughput")))
     with pytest.raises(LabFault) as raised:
         lab.verdicts()
     assert "- the saved runs are not those of its table" in str(raised.value)
-    assert "- throughput is 12.0 in a verdict but 10.0 in its table" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("triton_stats", {"avg_batch_size": 2.5, "executions_by_batch_size": {1: 2, 4: 3}}),
+        ("service_stats", {"stage_mean_ms": {"inference": 20.0, "download": float("nan")}}),
+        ("resources", {"cpu_percent": [50.0, 75.0]}),
+        ("command", ["perf_analyzer", "-m", "food_classifier"]),
+    ],
+)
+def test_a_figure_set_on_a_run_after_the_lab_saved_it_raises(tmp_path, monkeypatch, field, value):
+    """The notebooks' order before issue 39: the lab saved the run, then the notebook set the
+    figures it had counted over it, which the saved run lacks, whether a verdict reads them or not."""
+    lab = judging_lab(tmp_path, monkeypatch)
+    run = lab._keep(synthetic_run("triton/food_classifier_onnx"), "triton/food_classifier_onnx", time.time())
+    setattr(run, field, value)
+    lab.expect("a claim", condition("read from its table", True, figure(run, "throughput_rps", "throughput")))
+    with pytest.raises(LabFault, match=r"toy: 1 problem\(s\)") as raised:
+        lab.verdicts()
+    assert (
+        f"- the saved run of triton/food_classifier_onnx [loadgen, c=1] differs from its table's in {field}: "
+        "a figure was set on the run after the lab saved it"
+    ) in str(raised.value)
+
+
+def test_a_run_saved_whole_passes_though_json_made_its_keys_strings_and_nan_equals_nothing(tmp_path, monkeypatch):
+    lab = judging_lab(tmp_path, monkeypatch)
+    run = synthetic_run(
+        "triton/food_sequence", triton_stats={"avg_queue_us": float("nan"), "executions_by_batch_size": {1: 2, 10: 3}}
+    )
+    kept = lab._keep(run, "triton/food_sequence", time.time())
+    executions = figure(kept, "triton_stats.executions_by_batch_size.10", "executions of 10")
+    lab.expect("batches of 10 ran", condition("some", executions.value > 0, executions))
+    assert "HELD: batches of 10 ran" in lab.verdicts()
 
 
 def test_a_notebook_with_no_verdict_read_from_a_run_raises(tmp_path, monkeypatch):

@@ -1,9 +1,12 @@
 """Nothing measured is lost, and a crash is never a clean run: the append-only files of runs and
-service exits, and how Lab marks, saves and reloads a notebook's runs."""
+service exits, and how Lab marks, saves and reloads a notebook's runs, each saved whole, with what
+the lab counted over it."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import re
 import signal
 import subprocess
@@ -11,18 +14,23 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from servelab import jsonl, service_exits
+from servelab import jsonl, loadgen, service_exits
 from servelab.lab import facade as lab_module
 from servelab.lab.facade import Lab, summary_line
 from servelab.lab.triton_side import ServiceCrashed
 from servelab.lessons.expectations import Outcome, condition, figure
+from servelab.measure import service_stats
+from servelab.measure.resources import ResourceSampler
 from servelab.profiles import profile
-from servelab.results import LatencySummary, RunResult, SequenceRunResult, append_result, load_appended
+from servelab.results import LatencySummary, RunResult, SequenceRunResult, append_result, load_appended, saved_fields
 from servelab.service_exits import ServiceExit
 from servelab.triton import perf_analyzer
+from servelab.triton import stats as triton_stats
 
 
 def run(target: str = "fastapi_onnx", rps: float = 50.0) -> RunResult:
@@ -242,3 +250,116 @@ def test_an_exit_is_described_in_words_and_merged_with_what_followed(tmp_path):
     assert triton.between(105.0, 130.0) and triton.between(90.0, 101.0) and not triton.between(113.0, 200.0)
     assert image_host.between(1000.0, 2000.0), "still down: any later run spans it"
     assert "restarted, back 12 s later" in triton.describe()
+
+
+class CountingServer:
+    """A Triton model's statistics, a service's /metrics and Triton's log, as a fake load moves them
+    on: what the lab counts over a run, with no server."""
+
+    def __init__(self, log: Path) -> None:
+        self.served, self.log = 0, log
+        log.write_text("earlier lines\n")
+
+    def triton_stats(self, address: str, model: str, version=None, timeout_s: float = 10.0) -> dict:
+        timed = {"count": self.served, "ns": self.served * 2_000_000}
+        return {
+            "model_stats": [
+                {
+                    "name": model, "version": "1", "inference_count": self.served, "execution_count": self.served,
+                    "inference_stats": {"success": timed, "queue": timed, "compute_infer": timed},
+                    "batch_stats": [{"batch_size": 1, "compute_infer": timed}],
+                }
+            ]
+        }  # fmt: skip
+
+    def metrics(self, url: str, timeout_s: float = 10.0) -> dict:
+        return {
+            ("predict_requests_total", (("status", "200"),)): float(self.served),
+            ("predict_inference_seconds_count", ()): float(self.served),
+            ("predict_inference_seconds_sum", ()): 0.02 * self.served,
+        }
+
+    def load(self, result: RunResult) -> Callable[..., RunResult]:
+        """A fake load generator that serves 8 requests (3 of them answered CANCELLED by the model)."""
+
+        def run(*args, **kwargs) -> RunResult:
+            self.served += 8
+            with self.log.open("a") as log:
+                log.write("food_classifier_onnx: 3 cancelled request(s) answered CANCELLED, not computed\n")
+            time.sleep(0.2)  # a few resource samples
+            return dataclasses.replace(result)
+
+        return run
+
+
+def test_a_run_measured_with_what_to_count_over_it_is_saved_whole_every_field_equal(tmp_path, monkeypatch):
+    lab = local_lab(tmp_path, monkeypatch)
+    lab.triton_http, lab.triton_grpc = "127.0.0.1:1", "127.0.0.1:2"
+    server = CountingServer(tmp_path / "triton.log")
+    monkeypatch.setattr(lab, "triton_log", lambda: server.log)
+    monkeypatch.setattr(triton_stats, "fetch", server.triton_stats)
+    monkeypatch.setattr(service_stats, "scrape", server.metrics)
+    nan_latency = LatencySummary.of([])  # NaN, which equals nothing, even itself
+    monkeypatch.setattr(loadgen, "closed_loop", server.load(run("loadgen", rps=0.0)))
+    frames = SequenceRunResult(
+        "x", "loadgen", "sequences", 8, 4.0, LatencySummary.of([5.0]), 2.0, concurrency=2, sequence_length=4,
+        sequences=2, sequences_completed=1, sequences_failed={"evicted": 1}, sequence_latency=nan_latency,
+    )  # fmt: skip
+    monkeypatch.setattr(loadgen, "sequence_loop", server.load(frames))
+    perf = server.load(run("food_classifier_onnx"))
+    monkeypatch.setattr(lab, "_perf_analyzer", lambda model, started, **load: dataclasses.replace(
+        perf(), tool="perf_analyzer", command=["perf_analyzer", "-m", model], server_breakdown={"server_queue_us": 9.0},
+    ))  # fmt: skip
+    monkeypatch.setattr(lab, "served_instances", lambda model: 1)
+    monkeypatch.setattr(lab, "served_config", lambda model: {})
+
+    grpc = lab.closed_loop(
+        lab.triton_grpc, 8, 1.0, "triton, grpc", kind="triton-grpc", model="food_classifier_onnx", triton_stats=True
+    )
+    fastapi = lab.concurrent("onnx", 8, url="http://127.0.0.1:3", resources=ResourceSampler(interval_s=0.05))
+    ray = lab.closed_loop("http://127.0.0.1:4", 8, 1.0, "ray_serve", service_stats=True)
+    sequences = lab.sequences("food_classifier_onnx", 2, 4, "triton, sequences", triton_stats=True)
+    perf_run = lab.measure("food_classifier_onnx", concurrency=8, triton_stats=True)
+
+    assert grpc.triton_stats is not None and grpc.triton_stats["success_count"] == 8
+    assert grpc.triton_stats["cancelled_by_model"] == 3, "the model's log lines of this run only"
+    assert math.isnan(grpc.triton_stats["avg_compute_input_us"]) and grpc.triton_stats["executions_by_batch_size"]
+    assert fastapi.service_stats is not None and fastapi.resources is not None and fastapi.resources["t_s"]
+    assert ray.service_stats is not None and ray.service_stats["stage_counts"]["inference"] == 8
+    assert sequences.triton_stats is not None and perf_run is not None and perf_run.triton_stats is not None
+    assert perf_run.command == ["perf_analyzer", "-m", "food_classifier_onnx"] and perf_run.resources is not None
+    saved = Lab.saved_runs("toy")
+    assert [saved_fields(result) for result in saved] == [saved_fields(result) for result in lab.results]
+    assert len(saved) == 5 and isinstance(saved[3], SequenceRunResult)
+    assert saved[0].to_dict() != grpc.to_dict(), "JSON made its keys strings and NaN equals nothing: compared as saved"
+
+    batch = figure(grpc, "triton_stats.avg_batch_size", "average batch")
+    lab.expect("counted before the save", condition("a batch of one", batch.value == 1, batch))
+    assert "HELD: counted before the save" in lab.verdicts()
+
+
+def test_an_account_the_server_cannot_give_after_the_run_is_a_note_and_the_run_is_still_saved(
+    tmp_path, monkeypatch, capsys
+):
+    lab = local_lab(tmp_path, monkeypatch)
+    lab.triton_http = "127.0.0.1:1"
+    server = CountingServer(tmp_path / "triton.log")
+    monkeypatch.setattr(lab, "triton_log", lambda: server.log)
+    snapshots = [server.triton_stats("127.0.0.1:1", "food_classifier_onnx")]
+
+    def crashed_after_the_first_read(*args, **kwargs):
+        if snapshots:
+            return snapshots.pop()
+        raise triton_stats.TritonStatsError("cannot read Triton statistics: connection refused")
+
+    monkeypatch.setattr(triton_stats, "fetch", crashed_after_the_first_read)
+    monkeypatch.setattr(loadgen, "closed_loop", server.load(run("loadgen")))
+    result = lab.closed_loop(
+        lab.triton_http, 8, 1.0, "triton", kind="triton-http", model="food_classifier_onnx", triton_stats=True
+    )
+    assert result.triton_stats is None
+    assert result.notes == ["no triton_stats: they could not be read after the run (cannot read Triton statistics: "
+                            "connection refused)"]  # fmt: skip
+    assert "NOTE: no triton_stats" in capsys.readouterr().out
+    ((saved, _),) = load_appended(tmp_path / "results" / "toy.jsonl")
+    assert saved_fields(saved) == saved_fields(result)

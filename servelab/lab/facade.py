@@ -15,7 +15,11 @@ LAB_PROFILE chooses how long each measurement runs (servelab.profiles): `full` (
 
 Every run is appended to `results/notebooks/<notebook>.jsonl` as it ends, so a crash, a kernel
 restart or a closed tab loses nothing measured: `Lab.saved_runs("9_cancellation")` loads them
-back. Locally, the stack's supervisor restarts a service that crashes (servelab.stack.local); in the
+back. A run is complete when it is saved: what a notebook asks the lab to count over it (the
+server's statistics, the machine's resources: servelab.lab.run_accounts) is set on it first, so
+the saved run is the run the notebook shows, every field (`lab.verdicts()` checks it).
+
+Locally, the stack's supervisor restarts a service that crashes (servelab.stack.local); in the
 Compose project, Docker restarts a crashed Triton, whose container's start records it
 (servelab.triton.container). Lab says so in the notebook, waits for the service to come back
 before the next run, and marks a run that a crash interrupted (`result.interrupted_by`): its row
@@ -53,10 +57,11 @@ from servelab.environment import (  # noqa: F401 (notebooks use chameleon_only a
 )
 from servelab.lab import ray_side as lab_ray
 from servelab.lab import ui
+from servelab.lab.run_accounts import Account, ResourcesAccount, ServiceAccount, counted
 from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, Capacity, TritonLab
 from servelab.lab.ui import PageAnswer
 from servelab.lessons.expectations import Condition, Expectation, ExpectationLog, LabFault, verdict_problems
-from servelab.measure import service_stats
+from servelab.measure.resources import ResourceSampler
 from servelab.profiles import Profile, profile
 from servelab.report import tables
 from servelab.results import RunResult, SequenceRunResult, StepCounts, append_result, load_appended
@@ -351,25 +356,29 @@ class Lab(TritonLab):
         url: str | None = None,
         target: str | None = None,
         image_url: str | None = None,
+        resources: ResourceSampler | None = None,
     ) -> RunResult:
         """`concurrency` senders for the profile's duration, against the `flavor` service (or the
         one at `url`, recorded as `target`), sending the photo itself or, with `image_url`, its
-        URL. The service's own account of the run (its /metrics) is in `result.service_stats`."""
+        URL. The service's own account of the run (its /metrics) is in `result.service_stats`;
+        with `resources`, a ResourceSampler run over the load, the machine's in `result.resources`."""
         return self._counted_fastapi_run(
-            flavor, url, target, concurrency=concurrency, duration_s=self.profile.duration_s,
+            flavor, url, target, resources, concurrency=concurrency, duration_s=self.profile.duration_s,
             warmup_s=self.profile.warmup_s, image_url=image_url,
         )  # fmt: skip
 
-    def _counted_fastapi_run(self, flavor: str, url: str | None, target: str | None, **load) -> RunResult:
+    def _counted_fastapi_run(
+        self, flavor: str, url: str | None, target: str | None, resources: ResourceSampler | None = None, **load
+    ) -> RunResult:
         """A closed-loop run of the load generator (`load`: its arguments) against a FastAPI
-        service, with the service's /metrics counted over it."""
+        service, with the service's /metrics counted over it, and the machine sampled by `resources`."""
         base = url or self.fastapi_url(flavor)
+        accounts = [ServiceAccount(base), *([ResourcesAccount(resources)] if resources else [])]
         started = self._ready_to_measure()
-        with service_stats.counted_over(base) as stats:
-            result = loadgen.closed_loop("fastapi", base, image_bytes=self.sample_image(), progress=False, **load)
-        assert stats.delta is not None, "set as the block ended without an error"
-        result.service_stats = stats.delta.to_dict()
-        return self._keep(result, target or f"fastapi_{flavor}", started)
+        measure = functools.partial(
+            loadgen.closed_loop, "fastapi", base, image_bytes=self.sample_image(), progress=False, **load
+        )
+        return self._keep(counted(measure, accounts), target or f"fastapi_{flavor}", started)
 
     def closed_loop(
         self,
@@ -382,19 +391,33 @@ class Lab(TritonLab):
         backoff_s: float = 0.0,
         impatient: int = 0,
         patience_s: float | None = None,
+        service_stats: bool = False,
+        triton_stats: bool = False,
     ) -> RunResult:
         """`concurrency` senders for `duration_s` seconds with no warm-up (its timeline starts when
         it is called: a step of a longer load), against the service at `address` of `kind`
         ("fastapi": any service with the FastAPI contract; "triton-http"/"triton-grpc": `model`).
         With `backoff_s`, a sender waits that long after a failed request (a refusal); `impatient`
-        of the senders give up on a request after `patience_s` and cancel it."""
+        of the senders give up on a request after `patience_s` and cancel it. The server's own
+        account of the run: with `service_stats`, the /metrics of the service at `address`
+        (`result.service_stats`); with `triton_stats`, the lab's Triton's statistics of `model`
+        (`result.triton_stats`, see servelab.lab.run_accounts)."""
+        if service_stats and kind != "fastapi":
+            raise ValueError(
+                "service_stats=True reads the /metrics of a service with the FastAPI contract (kind='fastapi')"
+            )
+        accounts: list[Account] = [ServiceAccount(address)] if service_stats else []
+        if triton_stats:
+            if model is None:
+                raise ValueError("triton_stats=True counts Triton's statistics of `model`: name the model")
+            accounts.append(self._triton_account(model))
         started = self._ready_to_measure()
-        result = loadgen.closed_loop(
-            kind, address, concurrency=concurrency, duration_s=duration_s, model=model,
+        measure = functools.partial(
+            loadgen.closed_loop, kind, address, concurrency=concurrency, duration_s=duration_s, model=model,
             image_bytes=self.sample_image(), progress=False, backoff_s=backoff_s,
             impatient=impatient, patience_s=patience_s,
         )  # fmt: skip
-        return self._keep(result, target, started)
+        return self._keep(counted(measure, accounts), target, started)
 
     def streams(
         self,
@@ -438,20 +461,29 @@ class Lab(TritonLab):
         return self._keep(result, target, started)
 
     def sequences(
-        self, model: str, concurrency: int, length: int, target: str, kind: str = "triton-grpc", **load
+        self,
+        model: str,
+        concurrency: int,
+        length: int,
+        target: str,
+        kind: str = "triton-grpc",
+        triton_stats: bool = False,
+        **load,
     ) -> SequenceRunResult:
         """`concurrency` live sequences of `length` frames each (the sample photo as every frame)
         against the stateful Triton `model` over `kind` ("triton-grpc" or "triton-http"); `load`
-        goes to loadgen.sequence_loop (sequences, duration_s, frame_interval_s, warmup_sequences)."""
+        goes to loadgen.sequence_loop (sequences, duration_s, frame_interval_s, warmup_sequences).
+        With `triton_stats`, Triton's statistics of `model` over the run are in `result.triton_stats`."""
         address = self.triton_grpc if kind == "triton-grpc" else self.triton_http
         if address is None:
             raise RuntimeError("This lab runs without Triton: connect with Lab.connect() (Triton is on by default).")
+        accounts = [self._triton_account(model)] if triton_stats else []
         started = self._ready_to_measure()
-        result = loadgen.sequence_loop(
-            kind, address, model, concurrency, length,
+        measure = functools.partial(
+            loadgen.sequence_loop, kind, address, model, concurrency, length,
             image_bytes=self.sample_image(), progress=False, models=self.models, **load,
         )  # fmt: skip
-        return self._keep(result, target, started)
+        return self._keep(counted(measure, accounts), target, started)
 
     def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:
         """The URL of a sample photo on the image host; `latency_ms` overrides its emulated latency."""
@@ -465,7 +497,8 @@ class Lab(TritonLab):
 
     def _keep(self, result: Kept, target: str, started: float) -> Kept:
         """Name the run, mark it if a service crashed while it ran (since `started`, a Unix time),
-        save it, and print its summary."""
+        save it, and print its summary. The run is complete: every figure counted over it is set
+        before this one save (servelab.lab.run_accounts), and nothing is added to it after."""
         result.target = target
         ended = time.time()
         # A crash in the last moment of the run is seen at the supervisor's next look (POLL_S).
@@ -599,9 +632,10 @@ class Lab(TritonLab):
 
     def verdicts(self) -> str:
         """Every expectation of this notebook and its outcome, with each condition's; then the
-        check that each verdict says what this notebook's table and saved runs say, and that every
-        claim about the lab's software held (servelab.lessons.expectations.verdict_problems): a
-        LabFault naming every problem where one did not."""
+        check that this session's saved runs are the runs of its table, every field equal, that
+        each verdict says what those saved runs say, and that every claim about the lab's software
+        held (servelab.lessons.expectations.verdict_problems): a LabFault naming every problem
+        where one did not."""
         summary = self.expectations.summary()
         print(summary)
         saved = [

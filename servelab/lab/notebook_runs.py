@@ -6,9 +6,10 @@ instructor runs the full profile and reads what each cell printed.
 A notebook is executed from the top in a fresh kernel (nbclient), each cell within the limit its
 metadata gives (`execution.timeout`, written by scripts/build_notebooks.py, as nbmake reads it).
 Its verdicts are checked by the notebook itself: `lab.verdicts()`, in the last cells of every
-notebook that judges expectations, checks each verdict against the runs of its table and its
-saved runs, and that every claim about the lab's software held (a LabFault otherwise, which fails
-the cell, and so the run). The tests run the same notebooks through nbmake (`pytest --nbmake`).
+notebook that judges expectations, checks that its saved runs are the runs of its table, every
+field equal, each verdict's figures against those saved runs, and that every claim about the
+lab's software held (a LabFault otherwise, which fails the cell, and so the run). The tests run
+the same notebooks through nbmake (`pytest --nbmake`).
 """
 
 from __future__ import annotations

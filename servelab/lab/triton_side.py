@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import shutil
@@ -29,6 +30,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from servelab import paths, retries
+from servelab.lab.run_accounts import TritonAccount, counted
 from servelab.measure.resources import ProcessCpu, ResourceSampler, triton_instance_processes
 from servelab.report import tables
 from servelab.results import RunResult
@@ -201,19 +203,19 @@ class TritonLab:
                 raise
             raise ServiceCrashed(f"perf_analyzer failed because {crashes[0].describe()}") from failed
 
-    def measure(self, model: str, attempts: int = 2, **load) -> RunResult | None:
+    def measure(self, model: str, attempts: int = 2, triton_stats: bool = False, **load) -> RunResult | None:
         """`perf`, tried up to `attempts` times while perf_analyzer finds no stable measurement or
         Triton crashed under it (locally, the stack restarts it; the next attempt waits for it);
         None (said in the output) when no attempt gave a number. The result's target names the
         model's configuration (instances, dynamic batching), so runs under different
         configurations stay apart. The machine is sampled during the run (`result.resources`),
-        with the CPU of each of the model's instance processes where this machine runs them."""
+        with the CPU of each of the model's instance processes where this machine runs them; with
+        `triton_stats`, Triton's statistics of `model` over the run are in `result.triton_stats`."""
+        accounts = [self._triton_account(model)] if triton_stats else []
         for attempt in range(1, attempts + 1):
             started = self._ready_to_measure()
-            instances = self.instance_processes(model)  # after a restart, new processes
             try:
-                with ResourceSampler(pids=instances.values()) as sampler, ProcessCpu(instances) as per_instance:
-                    result = self._perf_analyzer(model, started, **load)
+                result = counted(functools.partial(self._sampled_perf_analyzer, model, started, **load), accounts)
                 break
             except (perf_analyzer.NoStableMeasurement, ServiceCrashed) as failed:
                 why = failed.meaning if isinstance(failed, perf_analyzer.NoStableMeasurement) else str(failed)
@@ -223,8 +225,20 @@ class TritonLab:
         else:
             print(f"{model} {load}: perf_analyzer gave up every time, so this run has no result.")
             return None
-        result.resources = {**sampler.series(), "processes": per_instance.percent}
         return self._keep(result, f"{result.target}, {self.configuration(model)}", started)
+
+    def _sampled_perf_analyzer(self, model: str, started: float, **load) -> RunResult:
+        """`_perf_analyzer`, with the machine sampled during the run and the CPU of each of the
+        model's instance processes where this machine runs them (`result.resources`)."""
+        instances = self.instance_processes(model)  # after a restart, new processes
+        with ResourceSampler(pids=instances.values()) as sampler, ProcessCpu(instances) as per_instance:
+            result = self._perf_analyzer(model, started, **load)
+        result.resources = {**sampler.series(), "processes": per_instance.percent}
+        return result
+
+    def _triton_account(self, model: str) -> TritonAccount:
+        """What counts Triton's statistics of `model` over a run, and the requests it answered CANCELLED."""
+        return TritonAccount(self._triton(), model, self.triton_log())
 
     def _crashed_since(self, started: float, grace_s: float = 2.0) -> list[ServiceExit]:
         """The services that exited since `started`; a failure may be seen a moment before the

@@ -12,10 +12,10 @@ conditions it states, each judged on its own numbers:
     )
 
 A `Figure` is a number read from a run (`RunResult`), with the run and the field it came from, so
-a verdict can be checked against the tables printed beside it (`verdict_problems`, which
-`lab.verdicts()` runs at the end of every judging notebook). A condition whose run gave no number
-(a `None` result), or whose run a crashed service interrupted, is NOT CHECKED, never counted as
-held or not held.
+a verdict can be checked against the tables printed beside it and the runs the notebook saved
+(`verdict_problems`, which `lab.verdicts()` runs at the end of every judging notebook). A
+condition whose run gave no number (a `None` result), or whose run a crashed service
+interrupted, is NOT CHECKED, never counted as held or not held.
 
 An expectation recorded with `must_hold=True` is a claim about what the lab's software does (Serve
 spreads replicas over two nodes), not about speed: where it does not hold, the lab is broken.
@@ -31,7 +31,7 @@ from enum import Enum
 from typing import Any
 
 from servelab.measure.resources import summarize
-from servelab.results import RunResult
+from servelab.results import RunResult, saved_fields
 
 
 class Outcome(Enum):
@@ -188,9 +188,29 @@ class LabFault(RuntimeError):
     table does not, or a claim about what the lab's software does that did not hold."""
 
 
-def _identity(run: RunResult) -> tuple:
-    """What tells a run apart from the others of its notebook, as its table and its saved record show it."""
-    return run.target, run.started_at, run.requests, run.interrupted_by
+def _identity(run: RunResult) -> tuple[str, str]:
+    """What tells a run apart from the others of its notebook: its label and when it started."""
+    return run.label, run.started_at
+
+
+def _compare_saved(
+    results: Sequence[RunResult], saved: Sequence[RunResult]
+) -> tuple[list[str], dict[tuple[str, str], RunResult]]:
+    """Each way the saved runs differ from the runs of the table, every field compared as saved
+    (`saved_fields`); and the saved runs equal to their table's, by identity."""
+    if [_identity(run) for run in saved] != [_identity(run) for run in results]:
+        return ["the saved runs are not those of its table"], {}
+    problems, whole = [], {}
+    for shown, record in zip(results, saved, strict=True):
+        shown_fields, record_fields = saved_fields(shown), saved_fields(record)
+        if differing := [name for name in shown_fields if shown_fields[name] != record_fields.get(name)]:
+            problems.append(
+                f"the saved run of {shown.label} differs from its table's in {', '.join(differing)}: "
+                "a figure was set on the run after the lab saved it"
+            )
+        else:
+            whole[_identity(shown)] = record
+    return problems, whole
 
 
 def verdict_problems(
@@ -198,32 +218,30 @@ def verdict_problems(
 ) -> list[str]:
     """Each way a notebook's verdicts (`expectations`) disagree with its runs; none is a pass.
     `results` are the runs its table shows, `saved` the runs it saved to its file in this session.
-    Each figure a verdict used must come from a run of its table and, read again from that run,
-    give the same number; every run of the table must be the one saved; and every
-    expectation that must hold (`must_hold`) must have held."""
-    problems = []
-    if [_identity(run) for run in saved] != [_identity(run) for run in results]:
-        problems.append("the saved runs are not those of its table")
+    Every run of the table must be the one saved, equal in every field; each figure a verdict
+    used must come from a run of its table and, read again from that run's saved record, give the
+    same number; and every expectation that must hold (`must_hold`) must have held."""
+    problems, whole = _compare_saved(results, saved)
     if not expectations:
         problems.append("no expectation was recorded")
-    # Read again from the run as the table shows it. (Not yet from the saved record: a notebook
-    # still adds Triton's counters and CPU figures to a run after it is saved; issue 39.)
-    kept = {(run.label, run.started_at): run for run in results}
+    tabled = {_identity(run) for run in results}
     from_runs = [item for item in expectations.figures() if item.run is not None]
     if not from_runs:
         problems.append("no verdict read a number from a run")
     for item in from_runs:
         key = (item.run, item.started_at)
-        if key not in kept:
+        if key not in tabled:
             problems.append(f"a verdict used {item.name} of {item.run}, which is not in its table")
             continue
+        if key not in whole:
+            continue  # its saved run is not its table's: said above
         assert item.field is not None, "a figure read from a run names its field (see `figure`)"
-        again = read(kept[key], item.field)
+        again = read(whole[key], item.field)
         same = (math.isnan(again) and math.isnan(item.value)) or math.isclose(
             again, item.value, rel_tol=1e-6, abs_tol=1e-12
         )
         if not same:
-            problems.append(f"{item.name} is {item.value} in a verdict but {again} in its table")
+            problems.append(f"{item.name} is {item.value} in a verdict but {again} in its saved run")
     problems += [
         f"{expectation.claim!r} {expectation.outcome.value}, and it must hold: it is a claim about what the lab's "
         "software does, not about speed (its conditions, printed above, say which part failed)"
