@@ -146,6 +146,19 @@ def test_a_client_that_leaves_midway_stops_the_stream_at_the_next_step_unless_tu
         assert delta.refine_steps_for_gone_clients >= LONG // 2 > received  # computed for nobody
 
 
+@pytest.mark.integration
+def test_a_stream_s_photo_and_steps_are_timed_as_predict_requests_are(tmp_path):
+    # The scheduler's bounds hold for a stream (tests/test_scheduler.py): its /metrics show it went through them.
+    stack, url = one_slot_service("on", tmp_path)
+    try:
+        with service_stats.counted_over(url) as stats:
+            assert len(refine_lines(url, 3)) == 3
+    finally:
+        stack.stop()
+    assert stats.delta.stage_counts == {"download": 0, "slot_wait": 3, "preprocess": 1, "inference": 3}
+    assert stats.delta.refine_steps == 3 and stats.delta.requests == 0  # no /predict request among them
+
+
 def test_the_load_generator_counts_the_steps_each_stream_received_and_the_clients_who_left(fastapi_urls):
     result = loadgen.stream_loop(
         "fastapi", fastapi_urls["onnx"], 4, 6, 2.0, progress=False, impatient=2, leave_after_steps=READ

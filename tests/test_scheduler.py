@@ -1,31 +1,41 @@
 """The scheduler (servelab/service/scheduler.py) in process: real decoding and inference threads,
 a real event loop and real DisconnectWatches, with a tiny model that holds each inference until
 the test lets it go, so that every state (slots busy, requests waiting for room, a client leaving
-while queued) is reached on purpose and then checked. No server, no HTTP."""
+while queued) is reached on purpose and then checked. No server: /predict's requests call the
+scheduler as its handler does, and POST /refine (refine_api.py) is called as an ASGI app, so
+that its streams are checked against the same bounds."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 
 import numpy as np
 import pytest
+from fastapi import FastAPI
 
-from servelab.service.client_gone import ClientGone, DisconnectWatch, watching
+from servelab import paths
+from servelab.service.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, DisconnectWatch, watching
 from servelab.service.cores import ThreadPlan, thread_plan
 from servelab.service.food11 import InvalidImageError
 from servelab.service.predict_metrics import PredictMetrics
+from servelab.service.refine_api import add_refine_route
 from servelab.service.scheduler import InferenceFailed, Scheduler
 from tests.helpers import until
 
 WAIT_S = 10  # what a state may take to be reached on a busy machine
+PHOTO = base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()
+STEP = "a /refine step"  # what the model records for a step of any stream
 
 
 class HeldModel:
     """A model whose inferences run until `let_go()`: it records each call (the request's name, the
-    threads it was given) and how many ran at once. A batch is [[request number]]."""
+    threads it was given) and how many ran at once. A /predict request's batch is [[request
+    number]]; any other is a /refine step's views, recorded as STEP."""
 
     def __init__(self, names: list[str]) -> None:
         self.names = names
@@ -39,7 +49,7 @@ class HeldModel:
         self.built_on = threading.current_thread().name
 
         def run(batch: np.ndarray, threads: int) -> np.ndarray:
-            name = self.names[int(batch[0, 0])]
+            name = self.names[int(batch[0, 0])] if batch.shape == (1, 1) else STEP
             with self._lock:
                 self.calls.append((name, threads))
                 self.running += 1
@@ -74,8 +84,9 @@ class Clock:
 
 class Lab:
     """A scheduler around a HeldModel, and an event loop in a thread of its own that runs each
-    request as a /predict handler does: a DisconnectWatch on its (fake) connection, then
-    scheduler.predict. Requests are named; `leave(name)` is its client disconnecting."""
+    request as a /predict handler does (`send`): a DisconnectWatch on its (fake) connection, then
+    scheduler.predict; and POST /refine on the same scheduler (`refine`). Requests are named;
+    `leave(name)` is its client disconnecting."""
 
     def __init__(self, plan: ThreadPlan, decode_ahead: int, workers: int = 1, abandon: bool = True, clock=None):
         self.names: list[str] = []
@@ -99,6 +110,9 @@ class Lab:
         self.gone: dict[str, asyncio.Event] = {}
         self.watches: dict[str, DisconnectWatch] = {}
         self.answers: dict[str, Future] = {}
+        self.heard_gone: dict[str, threading.Event] = {}  # a /refine request's connection said so
+        self.app = FastAPI()
+        add_refine_route(self.app, self.scheduler, self.metrics, abandon)
 
     def decode(self, image: str) -> np.ndarray:
         if image == "not an image":
@@ -123,11 +137,51 @@ class Lab:
         self.answers[name] = asyncio.run_coroutine_threadsafe(request(), self.loop)
         return self.answers[name]
 
+    def refine(self, name: str, steps: int) -> Future[tuple[int, list[dict]]]:
+        """POST /refine of PHOTO over `steps` steps, through the ASGI app, no socket; its answer:
+        the status and the stream's lines."""
+        self.gone[name] = gone = asyncio.Event()
+        self.heard_gone[name] = heard = threading.Event()
+        body = json.dumps({"image": PHOTO, "steps": steps}).encode()
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/refine", "raw_path": b"/refine", "query_string": b"", "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+        }  # fmt: skip
+        requests = iter([{"type": "http.request", "body": body, "more_body": False}])
+
+        async def receive() -> dict:
+            if (message := next(requests, None)) is not None:
+                return message
+            await gone.wait()
+            heard.set()
+            return {"type": "http.disconnect"}
+
+        async def request() -> tuple[int, list[dict]]:
+            sent: list[dict] = []
+
+            async def send(message: dict) -> None:
+                sent.append(message)
+
+            await self.app(scope, receive, send)
+            lines = b"".join(message.get("body", b"") for message in sent[1:]).splitlines()
+            return sent[0]["status"], [json.loads(line) for line in lines]
+
+        self.answers[name] = asyncio.run_coroutine_threadsafe(request(), self.loop)
+        return self.answers[name]
+
     def leave(self, name: str) -> None:
         self.loop.call_soon_threadsafe(self.gone[name].set)
 
-    def sample(self, name: str) -> float:
-        return self.metrics.registry.get_sample_value(name) or 0.0
+    def heard(self, name: str) -> None:
+        """Return once the watch of /refine request `name` has heard its client leave: its
+        connection said so, and the loop has finished the step in which the watch heard it."""
+        until(self.heard_gone[name].is_set, WAIT_S, f"{name}'s connection saying it is gone")
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self.loop).result(WAIT_S)
+
+    def sample(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
     def close(self) -> None:
         self.model.let_go()
@@ -300,3 +354,94 @@ def test_the_naive_design_holds_the_slot_while_it_prepares_its_batch(lab):
     holding.result(WAIT_S)
     waiting.result(WAIT_S)
     assert lab.model.ran() == ["slow download", "waiting"]
+
+
+# ---- POST /refine: the same bounds for a stream ------------------------------------------------
+
+
+def test_a_refine_stream_s_photo_waits_for_room_ahead_of_the_slots_as_a_request_does(lab):
+    lab = lab(fixed(slots=1), decode_ahead=1, workers=2)
+    lab.send("holder")
+    until(lambda: lab.scheduler.running == 1, WAIT_S, "the slot busy")
+    lab.send("queued")
+    until(lambda: lab.scheduler.waiting_for_slot == 1, WAIT_S, "a request decoded, holding the one room")
+    stream = lab.refine("stream", steps=2)
+    until(lambda: lab.scheduler.waiting_for_room == 1, WAIT_S, "the stream's photo waiting, undecoded, for room")
+    assert lab.sample("predict_preprocess_seconds_count") == 2 and not stream.done()  # the photo not decoded yet
+    lab.model.let_go()
+    status, lines = stream.result(WAIT_S)
+    assert status == 200 and [line["step"] for line in lines] == [1, 2]
+    assert lab.model.ran() == ["holder", "queued", STEP, STEP]
+    assert (lab.scheduler.ahead, lab.scheduler.waiting_for_room, lab.scheduler.waiting_for_slot) == (0, 0, 0)
+
+
+def test_a_refine_stream_s_photo_holds_its_room_until_its_first_step_is_in_a_slot(lab):
+    lab = lab(fixed(slots=1), decode_ahead=1, workers=2)
+    lab.send("holder")
+    until(lambda: lab.scheduler.running == 1, WAIT_S, "the slot busy")
+    stream = lab.refine("stream", steps=2)
+    until(lambda: lab.scheduler.ahead == 1, WAIT_S, "the stream's photo decoded, holding the one room")
+    lab.send("next")
+    until(lambda: lab.scheduler.waiting_for_room == 1, WAIT_S, "the next request waiting for the photo's room")
+    assert lab.scheduler.waiting_for_slot == 1 and "next" not in lab.decoded  # the first step's, queued
+    lab.model.let_go()
+    assert stream.result(WAIT_S)[0] == 200 and lab.answers["next"].result(WAIT_S).shape == (1, 11)
+    # The first step's slot gave the photo's room to the next request.
+    assert lab.model.ran()[:2] == ["holder", STEP] and sorted(lab.model.ran()[2:]) == sorted([STEP, "next"])
+    assert lab.scheduler.ahead == 0
+
+
+def test_each_step_of_a_refine_stream_records_its_slot_wait_as_a_request_does(lab):
+    clock = Clock()
+    lab = lab(fixed(slots=1), decode_ahead=2, workers=2, clock=clock)
+    lab.send("holder")  # in the slot from 0
+    until(lambda: lab.scheduler.running == 1, WAIT_S, "the slot busy")
+    stream = lab.refine("stream", steps=3)  # decoded at 0 (in no time on the test's clock), then waits
+    until(lambda: lab.sample("refine_running") == 1, WAIT_S, "the stream begun: its photo decoded")
+    clock.now = 3.0
+    lab.model.let_go()  # the holder ran from 0 to 3.0; the steps take no time
+    status, lines = stream.result(WAIT_S)
+    assert status == 200 and len(lines) == 3
+    # Slot waits: the holder 0; the first step 3.0, from its photo's decoding to the slot; the next two 0.
+    assert lab.sample("predict_slot_wait_seconds_count") == 4
+    assert lab.sample("predict_slot_wait_seconds_sum") == pytest.approx(3.0)
+    assert lab.sample("predict_inference_seconds_count") == 4
+    assert lab.sample("predict_preprocess_seconds_count") == 2  # the holder's image, the stream's photo
+    assert lab.sample("refine_steps_total") == 3
+
+
+def test_a_refine_stream_whose_client_leaves_before_its_first_step_gives_its_room_back(lab):
+    lab = lab(fixed(slots=1), decode_ahead=1, workers=2)
+    lab.send("holder")
+    until(lambda: lab.scheduler.running == 1, WAIT_S, "the slot busy")
+    stream = lab.refine("leaver", steps=4)
+    until(lambda: lab.scheduler.waiting_for_slot == 1, WAIT_S, "the stream's first step waiting for the slot")
+    lab.send("next")
+    until(lambda: lab.scheduler.waiting_for_room == 1, WAIT_S, "the next request waiting for the photo's room")
+    lab.leave("leaver")
+    until(lambda: "next" in lab.decoded, WAIT_S, "the next request decoded in the room the stream left")
+    lab.model.let_go()
+    lab.answers["next"].result(WAIT_S)
+    assert stream.result(WAIT_S) == (200, [])  # the stream had begun: it stopped before its first line
+    assert lab.model.ran() == ["holder", "next"]
+    assert lab.sample("refine_streams_total", outcome="stopped") == 1 and lab.sample("refine_steps_total") == 0
+    assert (lab.scheduler.ahead, lab.scheduler.waiting_for_slot) == (0, 0)
+
+
+def test_a_refine_request_whose_client_leaves_while_its_photo_waits_for_room_is_never_decoded(lab):
+    lab = lab(fixed(slots=1), decode_ahead=1, workers=2)
+    lab.send("holder")
+    until(lambda: lab.scheduler.running == 1, WAIT_S, "the slot busy")
+    lab.send("queued")
+    until(lambda: lab.scheduler.waiting_for_slot == 1, WAIT_S, "a request decoded, holding the one room")
+    stream = lab.refine("leaver", steps=4)
+    until(lambda: lab.scheduler.waiting_for_room == 1, WAIT_S, "the stream's photo waiting for room")
+    lab.leave("leaver")
+    lab.heard("leaver")
+    lab.model.let_go()
+    status, _ = stream.result(WAIT_S)
+    assert status == CLIENT_CLOSED_REQUEST
+    assert lab.model.ran() == ["holder", "queued"]
+    assert lab.sample("predict_preprocess_seconds_count") == 2  # the photo was never decoded
+    assert lab.sample("refine_streams_total", outcome="stopped") == 1
+    assert lab.scheduler.ahead == 0

@@ -14,9 +14,13 @@ import binascii
 import io
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+
+if TYPE_CHECKING:  # pydantic's type of a JSON object, for the type checker only: no pydantic at run time
+    from pydantic.json_schema import JsonDict
 
 LABELS: tuple[str, ...] = (
     "Bread",
@@ -46,9 +50,12 @@ class InvalidImageError(ValueError):
     """The request carried something that is not a decodable image; the message says what to do."""
 
 
-# An image in a request is canonical base64 (RFC 4648: padded, no line breaks), as the services'
-# published request schema states it (predict_api.py, refine_api.py); decode_base64 takes exactly that.
+# An image in a request is canonical base64 (RFC 4648: padded, no line breaks); decode_base64 takes
+# exactly that, and nothing else (anything else is a 400 saying so).
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# The same, as the services' published request schemas state an image field (POST /predict's and
+# POST /refine's, predict_api.py and refine_api.py): defined beside the decoder it describes.
+IMAGE_SCHEMA: JsonDict = {"contentEncoding": "base64", "pattern": BASE64_PATTERN}
 
 
 def decode_base64(encoded: str | bytes) -> bytes:

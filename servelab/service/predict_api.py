@@ -49,6 +49,7 @@ from servelab.service.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, Disc
 from servelab.service.cores import ThreadPlan
 from servelab.service.devices import Placement
 from servelab.service.food11 import (
+    IMAGE_SCHEMA,
     InvalidImageError,
     decode_base64_image,
     decode_image_bytes,
@@ -58,7 +59,7 @@ from servelab.service.food11 import (
 )
 from servelab.service.image_fetch import DownloadError, download
 from servelab.service.predict_metrics import CountPredictRequests, PredictMetrics
-from servelab.service.refine_api import IMAGE_SCHEMA, add_refine_route
+from servelab.service.refine_api import add_refine_route
 from servelab.service.scheduler import EncodedImage, InferenceFailed, Scheduler
 from servelab.service.settings import ServiceSettings
 

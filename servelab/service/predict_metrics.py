@@ -1,7 +1,8 @@
 """Prometheus metrics of a prediction service, served at /metrics.
 
 What a request spent its time on, measured by the server itself: downloading the image (when
-sent by URL), waiting for a predict slot, preprocessing, and inference; plus every /predict
+sent by URL), waiting for a predict slot, preprocessing, and inference (a /refine stream's photo
+and steps are timed the same way, by the scheduler both go through); plus every /predict
 request by outcome and HTTP status, and how many are in flight; and the steps of /refine streams,
 those computed after their client had gone among them. The lab reads two scrapes, before
 and after a run, and turns the difference into that run's figures (servelab/measure/service_stats.py).

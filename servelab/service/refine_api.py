@@ -1,11 +1,13 @@
 """POST /refine: the refinement (refine.py) streamed as NDJSON, one line per step, stopped at the
 next step once its client has gone.
 
-Both FastAPI services and every Ray Serve replica serve it, from the predict slots of /predict
-(predict_api.py hands over its scheduler, scheduler.py, whose `infer` runs the model on the thread
-plan): each step is one inference, a job in the slots' queue like a /predict request's, so
-concurrent streams take turns step by step, with /predict requests between them. The photo is
-decoded once, in the decoding pool, before the stream starts: a body that is not an image is a
+Both FastAPI services and every Ray Serve replica serve it, through the scheduler of /predict
+(predict_api.py hands it over; scheduler.py), so that its bounds hold for a stream as for a
+/predict request: the photo is decoded once, with `decode`, once there is room ahead of the predict
+slots (DECODE_AHEAD), and it holds that room until its first step is in a slot; each step is one
+inference, run with `run_in_slot`, a job in the slots' queue like a /predict request's, its slot
+wait timed the same way. Concurrent streams take turns step by step, with /predict requests
+between them. The photo is decoded before the stream starts: a body that is not an image is a
 400, never a broken stream.
 
 A stream's steps are computed by a task of its own (`Stream.produce`), and the response sends what
@@ -16,11 +18,13 @@ it made. How a stream learns that its client has gone:
   cancels the response's iteration.
 Before each step the producer checks whether the client has gone, and stops there: a step already
 running in a slot runs to its end (a model call cannot be interrupted), a step still waiting for a
-slot leaves the queue. With ABANDON_ON_DISCONNECT=off the producer computes every step anyway, for
-nobody: the lab's experiment (notebook 9).
+slot leaves the queue. A client gone while its photo waits to be decoded is abandoned there (a
+499, the stream counted as stopped). With ABANDON_ON_DISCONNECT=off the producer computes every
+step anyway, for nobody: the lab's experiment (notebook 9).
 
 /metrics counts the steps computed, those that finished after their client had gone, the streams
-by how they ended, and the streams running now (predict_metrics.py).
+by how they ended, and the streams running now (predict_metrics.py); and, as for /predict, the
+photo's decoding and each step's slot wait and inference.
 """
 
 from __future__ import annotations
@@ -29,30 +33,24 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from functools import partial
 from http import HTTPStatus
 
-import numpy as np
 from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, field_validator
-from pydantic.json_schema import JsonDict
 
-from servelab.service.client_gone import ClientGone, DisconnectWatch
-from servelab.service.food11 import BASE64_PATTERN, InvalidImageError, decode_base64_image
+from servelab.service.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, DisconnectWatch
+from servelab.service.food11 import IMAGE_SCHEMA, InvalidImageError, decode_base64_image
 from servelab.service.predict_metrics import PredictMetrics
 from servelab.service.refine import DEFAULT_STEPS, MAX_STEPS, RunningMean, Views, checked_steps
-from servelab.service.scheduler import InferenceFailed, Scheduler
+from servelab.service.scheduler import Decoded, InferenceFailed, Scheduler
 
 log = logging.getLogger("food11.service")
 NDJSON = "application/x-ndjson"
 # The event loop keeps only weak references to tasks: a producer whose response has gone (with
 # abandoning off) is kept here until it ends.
 _producers: set[asyncio.Task] = set()
-
-
-# An image in a request body, as the published schema states it (POST /predict's too): canonical
-# base64 text, the only kind food11.decode_base64 takes (anything else is a 400 saying so).
-IMAGE_SCHEMA: JsonDict = {"contentEncoding": "base64", "pattern": BASE64_PATTERN}
 
 
 class RefineRequest(BaseModel):
@@ -81,27 +79,28 @@ class Stream:
 
     def __init__(
         self,
-        views: Views,
+        photo: Decoded[Views],
         steps: int,
         watch: DisconnectWatch,
         scheduler: Scheduler,
         metrics: PredictMetrics,
     ) -> None:
-        self.views, self.steps, self.watch = views, steps, watch
+        self.photo, self.steps, self.watch = photo, steps, watch
         self.scheduler, self.metrics = scheduler, metrics
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()  # None: no more lines
         self.producer = asyncio.create_task(self.produce())
         _producers.add(self.producer)
         self.producer.add_done_callback(_producers.discard)
+        # A stream that ended before its first step's slot took the photo (even one cancelled
+        # before it began) gives the photo's room back here; otherwise that slot has.
+        self.producer.add_done_callback(lambda _: scheduler.give_room_back(photo))
 
-    def step(self, number: int) -> np.ndarray:
-        """Step `number`, in a predict slot (an inference thread)."""
-        self.watch.check("slot_wait")  # its client left while it waited for the slot
-        logits = self.scheduler.infer(self.views.batch(number))
+    def counted(self) -> None:
+        """A step computed, in its slot once the model has answered: counted even if the stream
+        stops before it reads the answer."""
         self.metrics.refine_steps.inc()
         if self.watch.gone.is_set():
             self.metrics.refine_steps_for_gone_clients.inc()
-        return logits
 
     async def produce(self) -> None:
         outcome = "completed"
@@ -110,13 +109,18 @@ class Stream:
         try:
             for number in range(1, self.steps + 1):
                 self.watch.check("before_inference")  # between two steps: stop once the client has gone
-                logits = await asyncio.wrap_future(self.scheduler.slots.submit(self.step, number))
+                logits = await self.scheduler.run_in_slot(
+                    partial(self.photo.value.batch, number),
+                    self.watch,
+                    ahead=self.photo if number == 1 else None,  # the first step's slot takes the photo's room
+                    answered=self.counted,
+                )
                 ((label, probability),) = answer.add(logits)
                 fields = {"step": number, "steps": self.steps, "prediction": label, "probability": probability}
                 self.queue.put_nowait(_line(fields))
         except (ClientGone, asyncio.CancelledError):  # cancelled: by `lines`, once the client has gone
             outcome = "stopped"
-        except InferenceFailed as failed:  # the model failed (infer logged it); the 200 went with the first line
+        except InferenceFailed as failed:  # the model failed (the scheduler logged it); the 200 went with line one
             outcome = "failed"
             self.queue.put_nowait(_line({"error": str(failed)}))
         except Exception:
@@ -141,13 +145,18 @@ class Stream:
 
 
 def add_refine_route(app: FastAPI, scheduler: Scheduler, metrics: PredictMetrics, abandon: bool) -> None:
-    """POST /refine on `app`: the photo decoded in the scheduler's decoding pool, the steps run in its slots."""
+    """POST /refine on `app`: the photo decoded ahead of the scheduler's slots, the steps run in them."""
 
-    async def decoded(image: str) -> Views:
+    async def decoded(image: str, watch: DisconnectWatch) -> Decoded[Views]:
         try:
-            return await asyncio.wrap_future(scheduler.decoding.submit(lambda: Views([decode_base64_image(image)])))
+            return await scheduler.decode(lambda: Views([decode_base64_image(image)]), watch)
         except InvalidImageError as exc:
             raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+        except ClientGone:
+            metrics.refine_streams.labels("stopped").inc()
+            raise HTTPException(
+                CLIENT_CLOSED_REQUEST, "The client disconnected before its stream began; no step was computed."
+            ) from None
 
     @app.post(
         "/refine",
@@ -160,13 +169,18 @@ def add_refine_route(app: FastAPI, scheduler: Scheduler, metrics: PredictMetrics
             },
             status.HTTP_400_BAD_REQUEST: {"description": "Not a decodable image"},
             HTTPStatus.UNPROCESSABLE_ENTITY: {"description": f"No image, or steps not from 1 to {MAX_STEPS}"},
+            CLIENT_CLOSED_REQUEST: {"description": "The client left before its stream began; nobody reads this"},
         },
     )
     async def refine(request: RefineRequest, connection: Request) -> StreamingResponse:
         """Classify the photo over `steps` views, streaming the answer so far after each one;
         the stream stops at its next step once the client has gone (unless ABANDON_ON_DISCONNECT=off)."""
-        views = await decoded(request.image)
         # The body has been read: from here on, the connection can only tell that the client left.
         watch = DisconnectWatch(connection.receive, abandon)
-        stream = Stream(views, request.steps, watch, scheduler, metrics)
+        try:
+            photo = await decoded(request.image, watch)
+        except BaseException:
+            watch.stop()  # no stream will stop it
+            raise
+        stream = Stream(photo, request.steps, watch, scheduler, metrics)
         return StreamingResponse(stream.lines(), media_type=NDJSON)

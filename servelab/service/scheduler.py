@@ -1,6 +1,9 @@
 """Where and when a request's work runs: the decoding threads, the room to decode ahead of the
-predict slots, and the slots themselves (predict_api.py assembles the service around it; POST
-/refine runs its steps in the same slots, refine_api.py).
+predict slots, and the slots themselves. Every request's work goes through its operations, so
+that the bounds below hold for all of them: a /predict request's (`predict`, assembled into the
+service by predict_api.py) and a /refine stream's (refine_api.py: its photo is decoded once with
+`decode`, as a /predict request's image is, and each of its steps waits for a slot with
+`run_in_slot`).
 
 - Base64 and image decoding plus preprocessing run in a thread pool (PREPROCESS_WORKERS), off
   the event loop, so a slow decode never blocks other requests from being accepted, and a decode
@@ -13,11 +16,11 @@ predict slots, and the slots themselves (predict_api.py assembles the service ar
   ONNX service on 2 cores at 16 clients: 3-7% more throughput than with no bound).
 - Only the model call is limited: it runs in a pool of PREDICT_CONCURRENCY threads, the predict
   slots. Requests beyond that wait, for room to be decoded and then in the pool's queue: the two
-  waits together are the queueing delay the lab measures (the slot wait). A slot that frees
-  takes the next request from the queue itself, with no round trip through the event loop
-  (which, on a busy machine, may not run for a while: measured with the ONNX service on 2 cores
-  at 16 clients, slots handed out by the event loop left the cores about 8% idle, and the
-  service about 8% slower).
+  waits together are the queueing delay the lab measures (the slot wait; a /refine stream's steps
+  after its first wait only in the queue). A slot that frees takes the next request from the
+  queue itself, with no round trip through the event loop (which, on a busy machine, may not run
+  for a while: measured with the ONNX service on 2 cores at 16 clients, slots handed out by the
+  event loop left the cores about 8% idle, and the service about 8% slower).
 - Threads are a resource (cores.py): an inference gets the threads the plan gives it for the
   inferences running when it starts (elastic: the cores divided by them), so the busy threads
   never outnumber the cores. The model is built on an inference thread, so that no other thread
@@ -35,6 +38,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -46,10 +51,22 @@ log = logging.getLogger("food11.service")
 
 EncodedImage = str | bytes  # a base64 string (sent in the request) or file bytes (downloaded)
 RunModel = Callable[[np.ndarray, int], np.ndarray]  # run(batch, threads) -> logits
+T = TypeVar("T")
 
 
 class InferenceFailed(Exception):
     """The model raised; the server log has the traceback."""
+
+
+class Decoded(Generic[T]):
+    """What a request decoded ahead of the slots (a /predict request's batch, a /refine stream's
+    views). It holds its room until a slot takes its first model call, or until its request
+    needs no slot any more (`Scheduler.give_room_back`)."""
+
+    def __init__(self, value: T, waiting_since: float) -> None:
+        self.value = value
+        self.waiting_since = waiting_since  # when its slot wait began: its decoding is no part of it
+        self.holds_room = True  # set to False once, under the scheduler's room lock
 
 
 class Scheduler:
@@ -78,7 +95,7 @@ class Scheduler:
         self._running = 0  # inferences running now, changed by the inference threads
         self._running_lock = threading.Lock()
         # Room to decode: taken by a decoding thread before it decodes, given back when a slot takes
-        # the batch, or when the request leaves without it (failed, abandoned, cancelled).
+        # the decoded work, or when the request leaves without it (failed, abandoned, cancelled).
         self._room = threading.Condition()
         self._ahead = 0  # requests holding room: being decoded, or decoded and waiting for a slot
         self._waiting_for_room = 0
@@ -101,7 +118,7 @@ class Scheduler:
 
     @property
     def waiting_for_slot(self) -> int:
-        """Requests decoded, waiting in the slots' queue."""
+        """Model calls waiting in the slots' queue (a /predict request's, a /refine step's)."""
         return self._waiting_for_slot
 
     def shutdown(self) -> None:
@@ -112,13 +129,16 @@ class Scheduler:
 
     def decode_now(self, image: EncodedImage) -> np.ndarray:
         """Decode and preprocess `image` on this thread, timed."""
+        return self._timed_decoding(partial(self._decode, image))
+
+    def _timed_decoding(self, decoding: Callable[[], T]) -> T:
         started = self.clock()
         try:
-            return self._decode(image)
+            return decoding()
         finally:
             self.metrics.preprocess_s.observe(self.clock() - started)
 
-    def infer(self, batch: np.ndarray) -> np.ndarray:
+    def _infer(self, batch: np.ndarray) -> np.ndarray:
         """Run the model on an inference thread (a predict slot), with the threads the plan gives
         an inference that starts while the others run."""
         with self._running_lock:
@@ -134,19 +154,30 @@ class Scheduler:
             with self._running_lock:
                 self._running -= 1
 
-    def in_slot(self, prepare: Callable[[], np.ndarray], queued_at: float, watch: DisconnectWatch) -> np.ndarray:
-        """A request's work in its predict slot (an inference thread): `prepare` gives the batch
+    def _in_slot(
+        self,
+        prepare: Callable[[], np.ndarray],
+        waiting_since: float,
+        watch: DisconnectWatch,
+        ahead: Decoded | None,
+        answered: Callable[[], None] | None,
+    ) -> np.ndarray:
+        """A model call's work in its predict slot (an inference thread): `prepare` gives the batch
         (the naive design downloads and decodes it here, holding the slot), then the model runs."""
-        self.metrics.slot_wait_s.observe(self.clock() - queued_at)
+        self._left_the_queue(ahead)
+        self.metrics.slot_wait_s.observe(self.clock() - waiting_since)
         batch = prepare()
         watch.check("before_inference")
         started = self.clock()
         try:
-            return self.infer(batch)
+            logits = self._infer(batch)
         finally:
             self.metrics.inference_s.observe(self.clock() - started)
             if watch.gone.is_set():
                 self.metrics.inferences_for_gone_clients.inc()
+        if answered is not None:
+            answered()
+        return logits
 
     def _take_room(self) -> None:
         with self._room:
@@ -155,65 +186,92 @@ class Scheduler:
             self._waiting_for_room -= 1
             self._ahead += 1
 
-    def _give_room_back(self, left_the_queue: bool = False) -> None:
+    def _free_room(self) -> None:
         with self._room:
             assert self._ahead > 0, "room given back that was never taken"
             self._ahead -= 1
-            self._waiting_for_slot -= left_the_queue
             self._room.notify()
 
-    def _decode_with_room(self, image: EncodedImage, watch: DisconnectWatch) -> tuple[np.ndarray, float]:
-        """In a decoding thread: wait for room ahead of the slots, then decode. Returns the batch,
-        and the seconds it took to decode (which are not part of the slot wait)."""
+    def _decode_with_room(self, decoding: Callable[[], T], queued_at: float, watch: DisconnectWatch) -> Decoded[T]:
+        """In a decoding thread: wait for room ahead of the slots, then decode. The slot wait began
+        at `queued_at`, less the time the decoding takes."""
         self._take_room()
         started = self.clock()
         try:
             watch.check("before_preprocess")
-            return self.decode_now(image), self.clock() - started
+            value = self._timed_decoding(decoding)
         except BaseException:
-            self._give_room_back()
+            self._free_room()
             raise
+        return Decoded(value, queued_at + self.clock() - started)
 
     # ---- a request, on the event loop ---------------------------------------------------------
 
-    async def decode(self, image: EncodedImage, watch: DisconnectWatch) -> tuple[np.ndarray, float]:
-        """The batch of `image`, decoded once there is room ahead of the slots, and the seconds the
-        decoding took. The caller owns its room until a slot takes the batch."""
-        decoding = self.decoding.submit(self._decode_with_room, image, watch)
+    async def decode(self, decoding: Callable[[], T], watch: DisconnectWatch) -> Decoded[T]:
+        """What `decoding` makes of a request's image, run in a decoding thread once there is room
+        ahead of the slots (timed as preprocessing). It holds its room until a slot takes it
+        (`run_in_slot(..., ahead=it)`) or it is given back (`give_room_back`)."""
+        queued_at = self.clock()  # a download is not a wait for the slot; what follows is
+        job = self.decoding.submit(self._decode_with_room, decoding, queued_at, watch)
         try:
-            return await asyncio.wrap_future(decoding)
+            return await asyncio.wrap_future(job)
         except asyncio.CancelledError:
-            # The handler itself was cancelled (Ray Serve does that): a batch decoded now would
+            # The handler itself was cancelled (Ray Serve does that): what is decoded now would
             # never reach a slot, so its room is given back when the decoding ends.
-            decoding.add_done_callback(self._room_given_back_unless_failed)
+            job.add_done_callback(self._room_given_back_unless_failed)
             raise
 
-    def _room_given_back_unless_failed(self, decoding: Future) -> None:
-        if not decoding.cancelled() and decoding.exception() is None:
-            self._give_room_back()
+    def give_room_back(self, decoded: Decoded) -> None:
+        """The room `decoded` holds goes back, once: a slot has taken it, or its request needs no
+        slot any more. Safe to call from any thread, and again."""
+        with self._room:
+            if not decoded.holds_room:
+                return
+            decoded.holds_room = False
+            self._free_room()
 
-    def _room_given_back_if_left_queued(self, job: Future) -> None:
-        if job.cancelled():  # its client left while it waited for a slot: no slot takes its batch
-            self._give_room_back(left_the_queue=True)
+    def _room_given_back_unless_failed(self, job: Future[Decoded]) -> None:
+        if not job.cancelled() and job.exception() is None:
+            self.give_room_back(job.result())
+
+    def _left_the_queue(self, ahead: Decoded | None) -> None:
+        """A model call has left the slots' queue (a slot took it, or its client left): the room of
+        what it decoded ahead goes back."""
+        with self._room:
+            self._waiting_for_slot -= 1
+        if ahead is not None:
+            self.give_room_back(ahead)
+
+    def _left_the_queue_if_cancelled(self, ahead: Decoded | None, job: Future) -> None:
+        if job.cancelled():  # its client left while it waited for a slot: no slot takes it
+            self._left_the_queue(ahead)
+
+    async def run_in_slot(
+        self,
+        prepare: Callable[[], np.ndarray],
+        watch: DisconnectWatch,
+        *,
+        ahead: Decoded | None = None,
+        answered: Callable[[], None] | None = None,
+    ) -> np.ndarray:
+        """The logits of the batch `prepare` gives, run in the first free slot: a job in the slots'
+        queue, which leaves it if its client does (DisconnectWatch.result_of). `ahead`: what the
+        request decoded ahead of the slots, whose room the slot takes and whose slot wait began
+        when its decoding ended; without it, the wait begins now. `answered` runs in the slot once
+        the model has answered (a /refine step counts itself there, cancelled or not)."""
+        waiting_since = self.clock() if ahead is None else ahead.waiting_since
+        with self._room:
+            self._waiting_for_slot += 1
+        job = self.slots.submit(self._in_slot, prepare, waiting_since, watch, ahead, answered)
+        job.add_done_callback(partial(self._left_the_queue_if_cancelled, ahead))
+        return await watch.result_of(job)
 
     async def predict(self, image: EncodedImage, watch: DisconnectWatch) -> np.ndarray:
         """The logits of `image`: decoded ahead of the slots, then run in the first free slot."""
-        queued_at = self.clock()  # a download is not a wait for the slot; what follows is
-        batch, decode_s = await self.decode(image, watch)
-
-        def prepare() -> np.ndarray:
-            self._give_room_back(left_the_queue=True)  # the slot has taken the batch
-            return batch
-
-        with self._room:
-            self._waiting_for_slot += 1
-        # The slot wait is every wait from here on, before and after decoding.
-        job = self.slots.submit(self.in_slot, prepare, queued_at + decode_s, watch)
-        job.add_done_callback(self._room_given_back_if_left_queued)
-        return await watch.result_of(job)
+        batch = await self.decode(partial(self._decode, image), watch)
+        return await self.run_in_slot(lambda: batch.value, watch, ahead=batch)
 
     async def predict_holding_the_slot(self, prepare: Callable[[], np.ndarray], watch: DisconnectWatch) -> np.ndarray:
         """The naive design: the logits of the batch `prepare` gives, which runs in the slot,
         holding it (and with it the model) while it downloads and decodes."""
-        job = self.slots.submit(self.in_slot, prepare, self.clock(), watch)
-        return await watch.result_of(job)
+        return await self.run_in_slot(prepare, watch)
