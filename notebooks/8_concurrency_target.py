@@ -61,7 +61,7 @@ from servelab.lessons.concurrency_target import Step
 from servelab.lessons.expectations import condition, figure, measured
 from servelab.measure import service_stats
 from servelab.ray.watch import during, in_replica_mean_ms
-from servelab.stack.local import Ports
+from servelab.stack.supervision import Ports
 from servelab.triton import stats as triton_stats
 
 lab = Lab.connect("8_concurrency_target")
