@@ -60,7 +60,7 @@ from servelab.lessons import concurrency_target
 from servelab.lessons.concurrency_target import Step
 from servelab.lessons.expectations import condition, figure, measured
 from servelab.ray.watch import during, in_replica_mean_ms
-from servelab.stack.local import Ports
+from servelab.stack.supervision import Ports
 
 lab = Lab.connect("8_concurrency_target")
 serve = lab.ray_serve()

@@ -74,7 +74,7 @@ phase "base images"
 
 # Free ports for every published service (SERVELAB_PORT_<NAME>, as compose.yaml reads them).
 eval "$("$PY" -c 'from dataclasses import asdict
-from servelab.stack.local import Ports
+from servelab.stack.supervision import Ports
 for name, port in asdict(Ports.found_free()).items(): print(f"export SERVELAB_PORT_{name.upper()}={port}")')"
 
 # PyTorch's CPU wheels come from its own index (docker/compose.cpu.yaml); where that index cannot

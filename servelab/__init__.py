@@ -11,12 +11,13 @@
     ray/       Ray Serve on this machine: the launcher, its REST API, two nodes, watching replicas
     stack/     the local services as supervised processes; building the model files
     triton/    Triton: the local server, model configs and registry, statistics, perf_analyzer,
-               the Triton container's start, the ONNX Runtime model for the Python backend
+               the Triton container's start, the Python-backend models' set-up and ONNX Runtime model
     service/   what runs inside a service (every Docker image installs it; imports nothing above)
 
-At the bottom, modules every folder may use: settings (every environment variable the tooling
-reads, read once), paths (where files live), environment (where the lab's services are: local or
-the Compose project's), results (the run record), profiles (quick/full), retries, jsonl and
-service_exits; and node_plan (notebook 1's plan of the lease, standard library only, like
-environment, for Chameleon's own Jupyter server). tests/test_layout.py keeps the arrows pointing down.
+At the bottom, modules every folder may use: settings (every environment variable the tooling reads,
+read once), paths (where files live), environment (where the lab's services are: local or the
+Compose project's), results (the run record), profiles (quick/full), retries, polling (reading a
+server's counts until they settle), jsonl and service_exits; and node_plan (notebook 1's plan of the
+lease, standard library only, like environment, for Chameleon's own Jupyter server).
+tests/test_layout.py keeps the arrows pointing down.
 """

@@ -21,7 +21,8 @@ import time
 from servelab import paths
 from servelab.settings import SettingError, settings
 from servelab.stack import artifacts
-from servelab.stack.local import DEFAULT_IMAGE_LATENCY_MS, LocalStack, Ports, StackError, lab_services
+from servelab.stack.catalogue import DEFAULT_IMAGE_LATENCY_MS, lab_services
+from servelab.stack.supervision import LocalStack, Ports, StackError
 from servelab.triton.models import ModelError, ModelRepository
 from servelab.triton.server import StagingError
 

@@ -1,7 +1,7 @@
 """Where the lab's services are, the Chameleon-only guard, and the machine.
 
 LAB_SERVICES (servelab.settings) says where the services the notebooks measure are:
-- `local` (the default): the lab's services as processes on this machine (servelab.stack.local);
+- `local` (the default): the lab's services as processes on this machine (servelab.stack);
 - `compose`: the services of the Compose project (compose.yaml), reached by their service names
   from its Jupyter container, on the GPU node or on any Docker host (the CPU variant);
 - `chameleon`: Chameleon's own Jupyter server, where notebooks 1 and 2 reserve and set up the GPU

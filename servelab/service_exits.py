@@ -1,6 +1,6 @@
 """Services that exited while the local stack ran: what its supervisor records, what Lab reads.
 
-The supervisor (servelab.stack.local) appends a line to `restarts.jsonl`, in the stack's log folder,
+The supervisor (servelab.stack.supervision) appends a line to `restarts.jsonl`, in the stack's log folder,
 when it notices that a service exited, and another when the service is back or given up on. The
 file is how a notebook using the stack of `make up` (another process) learns of a crash: `read`
 merges the two lines of each exit into one `ServiceExit`.

@@ -123,7 +123,7 @@ SERVER_WITH_A_CHILD = textwrap.dedent(
 def toy_service(folder: Path, port: int, script: str = SERVER_WITH_A_CHILD, timeout: float = 20):
     """A ServiceSpec that runs `script` on `port`, writing its child's pid to folder/child.pid.
     (Also started from the child processes of tests/test_stack.py, which import it from here.)"""
-    from servelab.stack.local import ServiceSpec
+    from servelab.stack.supervision import ServiceSpec
 
     return ServiceSpec(
         name="toy",

@@ -45,17 +45,14 @@ from servelab.lab.ray_side import RayServe, serve_at
 from servelab.ray import rest as ray_rest
 from servelab.settings import settings
 from servelab.stack import artifacts
-from servelab.stack.local import (
-    LocalStack,
-    Ports,
-    ServiceSpec,
+from servelab.stack.catalogue import (
     fastapi_service,
     gourmetgram_service,
     image_host_service,
     ray_serve_service,
-    start_on_free_ports,
     triton_service,
 )
+from servelab.stack.supervision import LocalStack, Ports, ServiceSpec, start_on_free_ports
 from tests.helpers import TEST_MAX_REQUEST_BYTES
 
 

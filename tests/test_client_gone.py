@@ -26,7 +26,8 @@ import requests
 from servelab import paths
 from servelab.measure import service_stats
 from servelab.service.client_gone import ClientGone, DisconnectWatch
-from servelab.stack.local import fastapi_service, start_on_free_ports
+from servelab.stack.catalogue import fastapi_service
+from servelab.stack.supervision import start_on_free_ports
 from tests.helpers import until
 
 HOLD_LIMIT_S = 60  # the service's IMAGE_DOWNLOAD_TIMEOUT_S: a held download never times out in a test

@@ -43,7 +43,7 @@ GPUS = {"fastapi_pt": ["0"], "fastapi_onnx": ["1"], "triton": "all", "ray_serve"
 # Every image with CUDA libraries, and the Dockerfile that installs them: each pins cuDNN and checks
 # every CUDA library against the P100.
 GPU_LIBRARY_IMAGES = {"torch", "fastapi_onnx", "ray_serve", "triton", "jupyter"}
-# The host ports, as `make up` numbers them (servelab.stack.local.Ports), each movable with SERVELAB_PORT_<NAME>.
+# The host ports, as `make up` numbers them (servelab.stack.supervision.Ports), each movable with SERVELAB_PORT_<NAME>.
 PUBLISHED = {
     "fastapi_pt": {"FASTAPI_PT": (8100, 8000)},
     "fastapi_onnx": {"FASTAPI_ONNX": (8101, 8000)},
@@ -402,6 +402,8 @@ def test_the_triton_image_stages_the_repository_for_its_server_and_pins_the_rele
     assert '"tritonclient[grpc]==2.53.0"' in runs and '"numpy<2"' in runs
     # The model files of the torch image, staged by the start (servelab.triton.container).
     assert ("ENV", f"SERVELAB_ARTIFACTS_DIR={MODEL_FILES_IN_THE_TORCH_IMAGE}") in instructions
+    # The whole package, not servelab/service alone: the models import servelab.triton.model_instance.
+    assert ("COPY", "servelab /src/servelab") in instructions
 
 
 def test_the_jupyter_image_has_the_virtualenv_s_client_and_runs_as_the_clone_s_owner():

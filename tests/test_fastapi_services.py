@@ -7,7 +7,8 @@ import requests
 
 from servelab.service.cores import available_cores, thread_plan
 from servelab.service.food11 import LABELS
-from servelab.stack.local import LocalStack, Ports, StackError, fastapi_service
+from servelab.stack.catalogue import fastapi_service
+from servelab.stack.supervision import LocalStack, Ports, StackError
 from tests.helpers import BAD_REQUESTS, TEST_MAX_REQUEST_BYTES, check_bad_request, make_image_bytes, still_serves
 
 FLAVORS = ["pt", "onnx"]

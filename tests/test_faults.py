@@ -22,7 +22,7 @@ from servelab.lab import Lab, ui
 from servelab.lab import facade as lab_module
 from servelab.profiles import profile
 from servelab.results import append_result, load_appended
-from servelab.stack.local import ManagedProcess
+from servelab.stack.supervision import ManagedProcess
 
 LOAD_S = 4.0
 KILL_AFTER_S = 1.0

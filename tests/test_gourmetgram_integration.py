@@ -12,7 +12,8 @@ import pytest
 import requests
 
 from servelab.service.food11 import LABELS
-from servelab.stack.local import Ports, gourmetgram_service, start_on_free_ports
+from servelab.stack.catalogue import gourmetgram_service
+from servelab.stack.supervision import Ports, start_on_free_ports
 from tests.helpers import make_image_bytes
 
 BACKENDS = ["fastapi_pt", "fastapi_onnx", "food_classifier", "food_classifier_onnx"]

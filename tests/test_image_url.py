@@ -25,7 +25,8 @@ from servelab import paths
 from servelab.measure import service_stats
 from servelab.service.food11 import LABELS
 from servelab.service.image_fetch import AllowList, DownloadError
-from servelab.stack.local import LocalStack, Ports, ServiceSpec, fastapi_service, image_host_service
+from servelab.stack.catalogue import fastapi_service, image_host_service
+from servelab.stack.supervision import LocalStack, Ports, ServiceSpec
 from tests.helpers import TEST_MAX_REQUEST_BYTES
 
 LIMIT_BYTES = 1_000_000  # MAX_REQUEST_BYTES of the services here: the soup photo fits, big.bin does not

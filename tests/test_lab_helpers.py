@@ -20,7 +20,8 @@ from servelab.service.food11 import LABELS
 from servelab.service.hardware import Hardware
 from servelab.settings import Settings
 from servelab.triton import perf_analyzer
-from servelab.triton.config import TritonConfig, adapt_to_server, gpus_missing
+from servelab.triton.adaptation import adapt_to_server, gpus_missing
+from servelab.triton.config import TritonConfig
 from tests.helpers import make_image_bytes
 
 

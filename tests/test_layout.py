@@ -23,6 +23,7 @@ FOUNDATION = {
     "results",
     "profiles",
     "retries",
+    "polling",
     "jsonl",
     "service_exits",
 }

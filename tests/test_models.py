@@ -14,7 +14,8 @@ import tritonclient.http as httpclient
 from servelab import loadgen, paths
 from servelab.lab import Lab
 from servelab.profiles import profile
-from servelab.stack.local import LocalStack, Ports, gourmetgram_service, triton_service, ui_backends
+from servelab.stack.catalogue import gourmetgram_service, triton_service, ui_backends
+from servelab.stack.supervision import LocalStack, Ports
 from servelab.triton import server as triton_local
 from servelab.triton.config import ConfigError
 from servelab.triton.models import ENTRIES, IMAGE_FILE, PREPROCESSED, ModelError, ModelRepository

@@ -29,7 +29,7 @@ from servelab.ray import local as ray_local
 from servelab.ray import rest as ray_rest
 from servelab.ray.watch import ServeSample, ServeWatcher, during, in_replica_mean_ms, serve_metrics
 from servelab.service.food11 import LABELS
-from servelab.stack.local import LocalStack
+from servelab.stack.supervision import LocalStack
 from tests.helpers import BAD_REQUESTS, TEST_MAX_REQUEST_BYTES, check_bad_request, make_image_bytes, until
 
 # Small on purpose: two requests per replica, then a queue of three in front, then 503; a second

@@ -23,7 +23,8 @@ from tritonclient.utils import InferenceServerException
 from servelab import loadgen, paths
 from servelab.measure import service_stats
 from servelab.service.refine import MAX_STEPS, RunningMean, Views, checked_steps, view_geometry
-from servelab.stack.local import LocalStack, fastapi_service, start_on_free_ports
+from servelab.stack.catalogue import fastapi_service
+from servelab.stack.supervision import LocalStack, start_on_free_ports
 from servelab.triton import stats as triton_stats
 from tests.helpers import until
 

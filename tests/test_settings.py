@@ -17,7 +17,7 @@ from servelab import paths
 from servelab.profiles import PROFILES
 from servelab.service import devices
 from servelab.settings import SettingError, Settings, markdown_table
-from servelab.stack.local import Ports
+from servelab.stack.supervision import Ports
 
 
 def test_an_empty_environment_gives_the_defaults():
@@ -127,7 +127,7 @@ def test_the_choices_are_those_of_the_code_that_uses_them():
 def test_a_process_reads_its_settings_once_and_its_paths_follow_them(tmp_path):
     """A child process with moved folders and ports: the paths and the ports come from them."""
     script = (
-        "from servelab import paths; from servelab.stack.local import Ports\n"
+        "from servelab import paths; from servelab.stack.supervision import Ports\n"
         "print(paths.RESULTS_DIR, paths.LOG_DIR, paths.ARTIFACTS_DIR, Ports.configured().fastapi_onnx)"
     )
     env = {

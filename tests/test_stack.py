@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from servelab import paths, service_exits
-from servelab.stack import local as stack
-from servelab.stack.local import LocalStack, Ports, StackError, answers, port_is_free
+from servelab.stack import supervision
+from servelab.stack.supervision import LocalStack, Ports, StackError, answers, port_is_free
 from servelab.triton import server as triton_local
 from servelab.triton.models import ModelRepository
 from tests.helpers import toy_service, until
@@ -77,7 +77,7 @@ def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path):
         import sys, time
         from pathlib import Path
         sys.path.insert(0, {str(paths.REPO_ROOT)!r})
-        from servelab.stack.local import LocalStack
+        from servelab.stack.supervision import LocalStack
         from tests.helpers import toy_service
         stack = LocalStack([toy_service(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
         Path({str(tmp_path / "leader.pid")!r}).write_text(str(stack.processes[0].process.pid))
@@ -125,7 +125,7 @@ def test_a_service_killed_while_running_is_restarted_its_log_kept_and_its_exit_r
 
 
 def test_a_service_that_keeps_crashing_is_given_up_after_the_restart_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(stack, "MAX_RESTARTS", 2)
+    monkeypatch.setattr(supervision, "MAX_RESTARTS", 2)
     port = Ports.found_free().fastapi_pt
     with LocalStack([toy_service(tmp_path, port, script=SERVER_THAT_EXITS)], log_dir=tmp_path / "logs") as running:
         until(running.given_up, 30, "the supervisor gives up")
@@ -133,7 +133,7 @@ def test_a_service_that_keeps_crashing_is_given_up_after_the_restart_limit(tmp_p
         assert [item.outcome for item in exits] == ["back", "back", "given up"]
         assert {item.cause for item in exits} == {"exited with code 3"}
         assert "restarted 2 times" in exits[-1].detail and str(tmp_path / "logs" / "toy.log") in exits[-1].detail
-        time.sleep(3 * stack.POLL_S)
+        time.sleep(3 * supervision.POLL_S)
         assert len(running.exits) == 3 and not running.processes[0].alive(), "given up: not started again"
     assert port_is_free(port)
 
@@ -160,7 +160,7 @@ def test_a_restarted_service_also_stops_when_the_process_that_started_the_stack_
         import os, signal, sys, time
         from pathlib import Path
         sys.path.insert(0, {str(paths.REPO_ROOT)!r})
-        from servelab.stack.local import LocalStack
+        from servelab.stack.supervision import LocalStack
         from tests.helpers import until
         from tests.helpers import toy_service
         stack = LocalStack([toy_service(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
@@ -291,20 +291,20 @@ def test_a_port_taken_at_start_up_is_tried_once_more_on_new_ports_and_logged(
 
         def start(self):
             if len(attempts) <= clashes:
-                raise stack.PortClash(f"port {attempts[-1].fastapi_pt} on 127.0.0.1 is already in use")
+                raise supervision.PortClash(f"port {attempts[-1].fastapi_pt} on 127.0.0.1 is already in use")
             return self
 
     def services(ports: Ports) -> list:
         attempts.append(ports)
         return [toy_service(tmp_path, ports.fastapi_pt)]
 
-    monkeypatch.setattr(stack, "LocalStack", Stack)
+    monkeypatch.setattr(supervision, "LocalStack", Stack)
     if started is None:
-        with pytest.raises(stack.PortClash):
-            stack.start_on_free_ports(services, tmp_path)
+        with pytest.raises(supervision.PortClash):
+            supervision.start_on_free_ports(services, tmp_path)
         assert len(attempts) == 2
     else:
-        _, ports = stack.start_on_free_ports(services, tmp_path)
+        _, ports = supervision.start_on_free_ports(services, tmp_path)
         assert len(attempts) == started and ports == attempts[-1]
     assert len({ports.fastapi_pt for ports in attempts}) == len(attempts) or clashes == 0  # new ports each time
     logged = [record.getMessage() for record in caplog.records if record.name == "servelab.retry"]

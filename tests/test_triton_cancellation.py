@@ -15,6 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from servelab.polling import settled
 from servelab.triton import stats as triton_stats
 
 MODEL = "food_classifier"
@@ -114,9 +115,7 @@ def test_the_verbose_log_names_the_step_at_which_each_cancellation_was_handled(
         waiting.cancel()
         for _ in range(BLOCKERS + 1):
             answers.get(timeout=60)
-        steps = triton_stats.settled(
-            lambda: triton_stats.cancellation_steps(triton_stats.log_since(triton.log_path, start))
-        )
+        steps = settled(lambda: triton_stats.cancellation_steps(triton_stats.log_since(triton.log_path, start)))
     finally:
         batched_model.update_log_settings({"log_verbose_level": 0})
     assert steps == {"ISSUED": 1}, steps  # it waited in the queue: not yet answered, not being written

@@ -4,7 +4,8 @@ import pytest
 
 from servelab import paths
 from servelab.service.hardware import Hardware
-from servelab.triton.config import ConfigError, TritonConfig, adapt_to_server
+from servelab.triton.adaptation import adapt_to_server
+from servelab.triton.config import ConfigError, TritonConfig
 from servelab.triton.models import ModelRepository
 from servelab.triton.server import LOCAL_TRITON
 

@@ -29,6 +29,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from servelab import paths
+from servelab.polling import settled
 from servelab.service.food11 import LABELS
 from servelab.triton import stats as triton_stats
 from tests.helpers import until
@@ -93,7 +94,7 @@ class Sequences:
 
     def events(self) -> dict[str, int]:
         # The model logs before it answers, but the line reaches the server's log a moment later.
-        return triton_stats.settled(lambda: triton_stats.sequence_events(self.log_path.read_text(), MODEL))
+        return settled(lambda: triton_stats.sequence_events(self.log_path.read_text(), MODEL))
 
     def still_serving(self, image: bytes) -> None:
         sequence_id = next(sequence_ids)

@@ -57,7 +57,8 @@ from servelab.profiles import PROFILES, Profile
 from servelab.results import RunResult, pooled, save_results
 from servelab.service.cores import available_cores, thread_plan
 from servelab.stack import artifacts
-from servelab.stack.local import LocalStack, Ports, ServiceSpec, fastapi_service, triton_service
+from servelab.stack.catalogue import fastapi_service, triton_service
+from servelab.stack.supervision import LocalStack, Ports, ServiceSpec
 from servelab.triton import perf_analyzer
 from servelab.triton import stats as triton_stats
 from servelab.triton.models import ModelRepository

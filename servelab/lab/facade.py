@@ -19,7 +19,7 @@ back. A run is complete when it is saved: what a notebook asks the lab to count 
 server's statistics, the machine's resources: servelab.lab.run_accounts) is set on it first, so
 the saved run is the run the notebook shows, every field (`lab.verdicts()` checks it).
 
-Locally, the stack's supervisor restarts a service that crashes (servelab.stack.local); in the
+Locally, the stack's supervisor restarts a service that crashes (servelab.stack.supervision); in the
 Compose project, Docker restarts a crashed Triton, whose container's start records it
 (servelab.triton.container). Lab says so in the notebook, waits for the service to come back
 before the next run, and marks a run that a crash interrupted (`result.interrupted_by`): its row
@@ -62,6 +62,7 @@ from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, Capacity, TritonLab
 from servelab.lab.ui import PageAnswer
 from servelab.lessons.expectations import Condition, Expectation, ExpectationLog, LabFault, verdict_problems
 from servelab.measure.resources import ResourceSampler
+from servelab.polling import settled
 from servelab.profiles import Profile, profile
 from servelab.report import tables
 from servelab.results import RunResult, SequenceRunResult, StepCounts, append_result, load_appended
@@ -69,21 +70,10 @@ from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
 from servelab.service_exits import ServiceExit
 from servelab.settings import settings
-from servelab.stack.local import (
-    POLL_S,
-    LocalStack,
-    Ports,
-    ServiceSpec,
-    answers,
-    fastapi_service,
-    gourmetgram_service,
-    image_host_service,
-    start_on_free_ports,
-    triton_service,
-)
+from servelab.stack.catalogue import fastapi_service, gourmetgram_service, image_host_service, triton_service
+from servelab.stack.supervision import POLL_S, LocalStack, Ports, ServiceSpec, answers, start_on_free_ports
 from servelab.triton.models import ModelRepository
 from servelab.triton.server import LOCAL_TRITON
-from servelab.triton.stats import settled
 
 log = logging.getLogger(__name__)
 

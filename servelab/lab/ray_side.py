@@ -35,7 +35,8 @@ from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
 from servelab.service.serve_config import for_hardware
 from servelab.settings import settings
-from servelab.stack.local import LocalStack, Ports, answers, ray_serve_service, start_on_free_ports
+from servelab.stack.catalogue import ray_serve_service
+from servelab.stack.supervision import LocalStack, Ports, answers, start_on_free_ports
 
 APPLICATION, DEPLOYMENT = "food11", "Food11"
 

@@ -36,10 +36,12 @@ from servelab.report import tables
 from servelab.results import RunResult
 from servelab.service.hardware import Hardware
 from servelab.service_exits import ServiceExit
-from servelab.stack.local import LocalStack, Ports, ServiceSpec, start_on_free_ports, triton_service
+from servelab.stack.catalogue import triton_service
+from servelab.stack.supervision import LocalStack, Ports, ServiceSpec, start_on_free_ports
 from servelab.triton import perf_analyzer
 from servelab.triton import server as triton_local
-from servelab.triton.config import ConfigError, TritonConfig, gpus_missing
+from servelab.triton.adaptation import gpus_missing
+from servelab.triton.config import ConfigError, TritonConfig
 
 if TYPE_CHECKING:
     from servelab.profiles import Profile

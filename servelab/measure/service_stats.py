@@ -21,8 +21,8 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from servelab.polling import settled
 from servelab.results import StepCounts
-from servelab.triton.stats import settled
 
 # The stages a FastAPI service times (predict_metrics.py), by their histogram's name.
 STAGES = {

@@ -21,7 +21,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-# The local lab's image host (servelab/stack/local.py starts it on this port); the Docker stacks set
+# The local lab's image host (servelab/stack/catalogue.py starts it on this port); the Docker stacks set
 # IMAGE_URL_ALLOWED_HOSTS to their own image_host service.
 DEFAULT_ALLOWED_HOSTS = "127.0.0.1:8400"
 MAX_REDIRECTS = 5

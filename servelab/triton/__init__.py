@@ -1,12 +1,15 @@
 """Triton Inference Server as the lab runs it.
 
 - `server`: the real Triton 2.51 binary on this machine, and staging the model repository for it;
-- `config`: reading, adapting and writing `config.pbtxt`;
+- `config`: reading, editing and writing `config.pbtxt`, keeping its text (comments and all);
+- `adaptation`: a config adapted to the server that serves it (its GPUs, its backends);
 - `models`: the registry of models in models_staging/ and how to build a request for each;
 - `stats`: Triton's statistics around a run (queue, compute, batch sizes);
 - `perf_analyzer`: the real perf_analyzer, its command shown with its results;
 - `container`: the Triton container's start in the Compose project;
-- `onnx_model`: the Python-backend model that runs a model.onnx with ONNX Runtime.
+- `onnx_model`: the Python-backend model that runs a model.onnx with ONNX Runtime;
+- `model_instance`: the set-up every Python-backend model of the lab does as Triton starts an
+  instance (its device, its threads), imported by the models in the server's Python.
 
 May import: service and the foundation modules.
 """

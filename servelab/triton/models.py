@@ -29,7 +29,8 @@ import numpy as np
 
 from servelab import paths
 from servelab.service import food11
-from servelab.triton.config import ConfigError, TritonConfig, backend_of
+from servelab.triton.adaptation import backend_of
+from servelab.triton.config import ConfigError, TritonConfig
 
 # How a photo becomes a request, for the models that classify photos.
 IMAGE_FILE = "image file"  # the file's bytes, base64-encoded, in a BYTES input: the model decodes it

@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-from servelab.service.cores import RunningAcrossProcesses, thread_plan, threads_at_work
+from servelab.triton.model_instance import set_up_instance
 
 
 def cancelled_response():
@@ -31,17 +31,11 @@ class TritonPythonModel:
         # Each instance is a process with its own threads. The instances share the cores out
         # elastically (see cores.py): an inference gets the cores divided by the inferences running
         # in all instances, so one ONNX Runtime session per thread count it may be given.
-        instances = sum(group["count"] for group in config["instance_group"])
-        self.plan = thread_plan(slots=instances, given_by=f"{instances} instance(s) in the config")
-        self.running = None
-        if self.plan.elastic:
-            self.running = RunningAcrossProcesses.of_triton_model(
-                config["name"], args["model_repository"], args["model_instance_name"]
-            )
+        self.instance = set_up_instance(args, config, pb_utils.Logger)
         self.name = config["name"]
         model_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.onnx")
         self.sessions = {}
-        for threads in self.plan.thread_counts():
+        for threads in self.instance.plan.thread_counts():
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
@@ -50,11 +44,7 @@ class TritonPythonModel:
             self.sessions[threads] = ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
         # What the sessions run on, as ONNX Runtime reports it, not what they were asked for.
         in_use = sorted({provider for session in self.sessions.values() for provider in session.get_providers()})
-        log = pb_utils.Logger.log_warn if self.plan.oversubscribed else pb_utils.Logger.log_info
-        log(
-            f"{config['name']} instance {args['model_instance_name']}: onnxruntime {ort.__version__} "
-            f"({', '.join(in_use)}); threads: {self.plan.describe()}"
-        )
+        self.instance.log_started(f"on cpu (onnxruntime {ort.__version__} ({', '.join(in_use)}))")
 
     def execute(self, requests):
         cancelled = [request.is_cancelled() for request in requests]  # one round trip to the server each
@@ -72,7 +62,7 @@ class TritonPythonModel:
             for request in requests
         ]
         feed = {name: np.concatenate([batch[name] for batch in batches]) for name in self.input_names}
-        with threads_at_work(self.plan, self.running) as threads:
+        with self.instance.threads_at_work() as threads:
             outputs = self.sessions[threads].run(self.output_names, feed)
         responses, start = [], 0
         for batch in batches:
@@ -86,5 +76,4 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        if self.running is not None:
-            self.running.close()
+        self.instance.close()

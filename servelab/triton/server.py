@@ -4,7 +4,7 @@ The `nvidia-pytriton` wheel ships the same `tritonserver` binary as the 24.10 co
 with its Python backend, but no other backend. This module
 - builds a backend directory from the wheel's files,
 - stages a copy of every model folder in `models_staging/` adapted to the server that runs it
-  (`servelab.triton.config.adapt_to_server`), and returns each change as a diff to print. For the
+  (`servelab.triton.adaptation.adapt_to_server`), and returns each change as a diff to print. For the
   local server (LOCAL_TRITON: no GPU, the Python backend only), and for the Triton container of
   the Compose project where it has no GPU or no ONNX Runtime backend (servelab.triton.container):
   * every `KIND_GPU` instance group becomes `KIND_CPU` (a `KIND_GPU` model fails to load without a GPU);
@@ -32,7 +32,8 @@ from pathlib import Path
 from servelab import paths
 from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
-from servelab.triton.config import ONNX_BACKEND, PYTHON_BACKEND, ConfigError, TritonConfig, adapt_to_server
+from servelab.triton.adaptation import ONNX_BACKEND, PYTHON_BACKEND, adapt_to_server
+from servelab.triton.config import ConfigError, TritonConfig
 from servelab.triton.models import Model, ModelError, ModelRepository
 
 log = logging.getLogger(__name__)

@@ -23,13 +23,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import requests
 
+from servelab.polling import settled
 from servelab.results import StepCounts
-
-T = TypeVar("T")
 
 
 class TritonStatsError(RuntimeError):
@@ -217,20 +216,6 @@ def fetch_settled(address: str, model: str, version: str | None = None, timeout_
     the moment the last answer arrives can miss that request.
     """
     return settled(lambda: fetch(address, model, version), timeout_s)
-
-
-def settled(read: Callable[[], T], timeout_s: float = 2.0) -> T:
-    """`read()` once two readings in a row are equal (everything answered has been counted), or
-    its last reading after `timeout_s`. Servers count a request just after answering it."""
-    previous = read()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        current = read()
-        if current == previous:
-            return current
-        previous = current
-    return previous
 
 
 def log_since(log: Path, offset: int) -> str:

@@ -16,16 +16,11 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-# Labels and preprocessing, thread plans and where PyTorch runs: the lab's service package
-# (servelab.service), installed in the image's Python, as in every service.
-from servelab.service.cores import RunningAcrossProcesses, thread_plan, threads_at_work
+# Labels and preprocessing, where PyTorch runs, and the set-up every instance of the lab's
+# Python-backend models does: the lab's package (servelab), installed in the server's Python.
 from servelab.service.devices import torch_model
 from servelab.service.food11 import InvalidImageError, decode_base64_image, preprocess, top_prediction
-
-
-def instance_count(config):
-    """Instances of this model in the server: each is a process of its own, like this one."""
-    return sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in config["instance_group"])
+from servelab.triton.model_instance import set_up_instance
 
 
 def cancelled_response():
@@ -39,34 +34,17 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         # The GPU Triton gave this instance, proved by one inference there; where PyTorch cannot
         # use it or that inference fails, the CPU, logged with PyTorch's reason, and the threads
-        # are planned for the CPU.
-        asked = f"cuda:{args['model_instance_device_id']}" if args["model_instance_kind"] == "GPU" else "cpu"
+        # are planned for the CPU. Every instance is a process with its own team of PyTorch
+        # threads: on a CPU the instances share the cores out elastically (an inference gets the
+        # cores divided by the instances at work; INFERENCE_THREADS in the server's environment
+        # fixes the count instead).
         weights_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
-        self.model, placement = torch_model(weights_file, asked)
-        if placement.fallback is not None:
-            pb_utils.Logger.log_warn(
-                f"{config['name']} instance {args['model_instance_name']}: {placement.fallback_warning()}"
-            )
-        # Every instance is a process with its own team of PyTorch threads. On a CPU the instances
-        # share the cores out elastically: an inference gets the cores divided by the instances at
-        # work, counted through lock files (INFERENCE_THREADS in the server's
-        # environment fixes the count instead). Triton calls initialize and execute on the same
-        # thread, so one team serves this instance (the first inference's thread has ended).
-        instances = instance_count(config)
-        self.plan = thread_plan(
-            slots=instances, device=placement.device, given_by=f"{instances} instance(s) in the config"
-        )
-        self.running = None
-        if self.plan.elastic:
-            self.running = RunningAcrossProcesses.of_triton_model(
-                config["name"], args["model_repository"], args["model_instance_name"]
-            )
-        torch.set_num_threads(self.plan.threads)
-        log = pb_utils.Logger.log_warn if self.plan.oversubscribed else pb_utils.Logger.log_info
-        log(
-            f"food_classifier instance {args['model_instance_name']} on {placement.describe()}, "
-            f"max_batch_size {config['max_batch_size']}; threads: {self.plan.describe()}"
-        )
+        self.instance = set_up_instance(args, config, pb_utils.Logger, lambda device: torch_model(weights_file, device))
+        self.model = self.instance.model
+        # Triton calls initialize and execute on the same thread, so one team serves this instance
+        # (the first inference's thread has ended).
+        torch.set_num_threads(self.instance.plan.threads)
+        self.instance.log_started(f"on {self.instance.placement.describe()}, max_batch_size {config['max_batch_size']}")
 
     def _images_of(self, request):
         """The request's images as a [n, 3, 224, 224] array (n = the client's own batch size)."""
@@ -74,7 +52,7 @@ class TritonPythonModel:
         return np.stack([preprocess(decode_base64_image(item)) for item in encoded.reshape(-1)])
 
     def execute(self, requests):
-        with threads_at_work(self.plan, self.running) as threads:  # decoding counts as work too
+        with self.instance.threads_at_work() as threads:  # decoding counts as work too
             torch.set_num_threads(threads)
             return self._answer(requests)
 
@@ -112,5 +90,4 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        if self.running is not None:
-            self.running.close()
+        self.instance.close()

@@ -26,10 +26,11 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-from servelab.service.cores import RunningAcrossProcesses, available_cores, thread_plan, threads_at_work
+from servelab.service.cores import available_cores
 from servelab.service.devices import onnx_session
 from servelab.service.food11 import InvalidImageError, decode_base64_image
 from servelab.service.refine import DEFAULT_STEPS, RunningMean, Views, checked_steps
+from servelab.triton.model_instance import set_up_instance
 
 
 def session_options(threads):
@@ -56,24 +57,18 @@ class TritonPythonModel:
         self.abandon = setting == "on"
         # The first session says where the model runs (the GPU Triton gave the instance, proved by
         # one inference there, or the CPU with the runtime's reason), and the thread plan follows
-        # from that, as in the services.
+        # from that, as in the services: on a CPU the instances share the cores out elastically
+        # (cores.py), a step getting the cores divided by the instances at work.
         model_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.onnx")
-        asked = "cuda" if args["model_instance_kind"] == "GPU" else "cpu"
         first_threads = available_cores()
-        first, placement = onnx_session(model_file, session_options(first_threads), asked)
-        if placement.fallback is not None:
-            pb_utils.Logger.log_warn(
-                f"{self.name} instance {args['model_instance_name']}: {placement.fallback_warning()}"
-            )
-        # Each instance is a process of its own; on a CPU the instances share the cores elastically
-        # (cores.py): a step gets the cores divided by the instances at work.
-        instances = sum(group["count"] for group in config["instance_group"])
-        self.plan = thread_plan(slots=instances, device=placement.device, given_by=f"{instances} instance(s)")
-        self.running = None
-        if self.plan.elastic:
-            self.running = RunningAcrossProcesses.of_triton_model(
-                self.name, args["model_repository"], args["model_instance_name"]
-            )
+        self.instance = set_up_instance(
+            args,
+            config,
+            pb_utils.Logger,
+            lambda device: onnx_session(model_file, session_options(first_threads), device),
+            gpu_by_index=False,
+        )
+        first, placement = self.instance.model, self.instance.placement
 
         def session_for(threads):
             """A session per thread count the plan may give a step; the others on the device the first got."""
@@ -81,12 +76,8 @@ class TritonPythonModel:
                 return first
             return onnx_session(model_file, session_options(threads), placement.device)[0]
 
-        self.sessions = {threads: session_for(threads) for threads in self.plan.thread_counts()}
-        log = pb_utils.Logger.log_warn if self.plan.oversubscribed else pb_utils.Logger.log_info
-        log(
-            f"{self.name} instance {args['model_instance_name']} on {placement.describe()}, "
-            f"abandon_on_cancel {setting}; threads: {self.plan.describe()}"
-        )
+        self.sessions = {threads: session_for(threads) for threads in self.instance.plan.thread_counts()}
+        self.instance.log_started(f"on {placement.describe()}, abandon_on_cancel {setting}")
 
     def execute(self, requests):
         for request in requests:  # one at a time: each is a stream of steps
@@ -110,7 +101,7 @@ class TritonPythonModel:
         for step in range(1, steps + 1):
             if cancelled and self.abandon:
                 break  # between two steps: the client has cancelled its stream
-            with threads_at_work(self.plan, self.running) as threads:
+            with self.instance.threads_at_work() as threads:
                 logits = self.sessions[threads].run(["output"], {"input": views.batch(step)})[0]
             computed += 1
             response = self._response(step, answer.add(logits))
@@ -137,5 +128,4 @@ class TritonPythonModel:
         )
 
     def finalize(self):
-        if self.running is not None:
-            self.running.close()
+        self.instance.close()

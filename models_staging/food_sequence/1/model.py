@@ -36,11 +36,11 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-# Labels and preprocessing, thread plans and where PyTorch runs: the lab's service package
-# (servelab.service), installed in the image's Python, as in every service.
-from servelab.service.cores import RunningAcrossProcesses, thread_plan, threads_at_work
+# Labels and preprocessing, where PyTorch runs, and the set-up every instance of the lab's
+# Python-backend models does: the lab's package (servelab), installed in the server's Python.
 from servelab.service.devices import torch_model
 from servelab.service.food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, softmax
+from servelab.triton.model_instance import set_up_instance
 
 # Lost sequences whose reason is remembered, beyond the state capacity: enough for every
 # sequence a lesson runs, and a bound on memory however many sequences come and go.
@@ -59,11 +59,6 @@ class SequenceState:
     last_seen: float
     probability_sum: np.ndarray  # float64 [11]
     frames: int = 0
-
-
-def instance_count(config):
-    """Instances of this model in the server: each is a process of its own, like this one."""
-    return sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in config["instance_group"])
 
 
 def positive_parameter(config, key):
@@ -95,32 +90,15 @@ class TritonPythonModel:
         self.sequence_timeout_s = positive_parameter(config, "sequence_timeout_s")
         self.states = OrderedDict()  # sequence ID -> SequenceState, least recently used first
         self.lost = OrderedDict()  # sequence ID -> why it lost its state (the error message)
-        # The GPU Triton gave this instance, proved by one inference there; where PyTorch cannot
-        # use it or that inference fails, the CPU, logged with PyTorch's reason, and the threads
-        # are planned for the CPU.
-        asked = f"cuda:{args['model_instance_device_id']}" if args["model_instance_kind"] == "GPU" else "cpu"
+        # Device and threads as in food_classifier: the GPU Triton gave this instance, proved by
+        # one inference there, or the CPU, whose cores the instances share out elastically.
         weights_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
-        self.model, placement = torch_model(weights_file, asked)
-        if placement.fallback is not None:
-            pb_utils.Logger.log_warn(
-                f"{config['name']} instance {args['model_instance_name']}: {placement.fallback_warning()}"
-            )
-        # Threads as in food_classifier: on a CPU the instances share the cores out elastically.
-        instances = instance_count(config)
-        self.plan = thread_plan(
-            slots=instances, device=placement.device, given_by=f"{instances} instance(s) in the config"
-        )
-        self.running = None
-        if self.plan.elastic:
-            self.running = RunningAcrossProcesses.of_triton_model(
-                self.name, args["model_repository"], args["model_instance_name"]
-            )
-        torch.set_num_threads(self.plan.threads)
-        log = pb_utils.Logger.log_warn if self.plan.oversubscribed else pb_utils.Logger.log_info
-        log(
-            f"{self.name} instance {args['model_instance_name']} on {placement.describe()}, state capacity "
-            f"{self.capacity} sequences, idle timeout {self.idle_timeout_s:g} s, sequence timeout "
-            f"{self.sequence_timeout_s:g} s; threads: {self.plan.describe()}"
+        self.instance = set_up_instance(args, config, pb_utils.Logger, lambda device: torch_model(weights_file, device))
+        self.model = self.instance.model
+        torch.set_num_threads(self.instance.plan.threads)
+        self.instance.log_started(
+            f"on {self.instance.placement.describe()}, state capacity {self.capacity} sequences, idle timeout "
+            f"{self.idle_timeout_s:g} s, sequence timeout {self.sequence_timeout_s:g} s"
         )
 
     # ---- state -------------------------------------------------------------------------------
@@ -196,7 +174,7 @@ class TritonPythonModel:
     # ---- inference ---------------------------------------------------------------------------
 
     def execute(self, requests):
-        with threads_at_work(self.plan, self.running) as threads:  # decoding counts as work too
+        with self.instance.threads_at_work() as threads:  # decoding counts as work too
             torch.set_num_threads(threads)
             return self._answer(requests)
 
@@ -279,5 +257,4 @@ class TritonPythonModel:
             pb_utils.Logger.log_info(f"{self.name}: refused {events['refused']} request(s) of sequences without state")
 
     def finalize(self):
-        if self.running is not None:
-            self.running.close()
+        self.instance.close()

@@ -168,7 +168,7 @@ def triton_service(
         from servelab.loadgen.targets import TritonHttpTarget
         from servelab.service.hardware import Hardware
         from servelab.triton import server as triton_server
-        from servelab.triton.config import PYTHON_BACKEND
+        from servelab.triton.adaptation import PYTHON_BACKEND
         from servelab.triton.models import ModelRepository
     except ImportError as exc:
         return f"{binary} ({found_in}) is here, but the lab's Triton tooling needs {exc.name}, not installed"
