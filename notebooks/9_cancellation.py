@@ -141,7 +141,7 @@ for setting in ("off", "on"):
     with lab.fastapi_variant("onnx", slots=1, ABANDON_ON_DISCONNECT=setting) as url:
         pace = paced(name, url)
         result = impatient_load(name, url, pace, service_stats=True)
-    account(name, result, result.service_stats["stage_counts"]["inference"])
+    account(name, result, result.service_stats["stage_counts"].get("inference", 0))
     print(f"  abandoned by the server, by stage: {result.service_stats['abandoned_by_stage'] or 'none'}")
 
 # %% [markdown]
@@ -204,7 +204,7 @@ serve.apply(config)
 name = "ray_serve, 1 replica"
 pace = paced(name, serve.url)
 result = impatient_load(name, serve.url, pace, service_stats=True)  # one replica: its /metrics are the deployment's
-account(name, result, result.service_stats["stage_counts"]["inference"])
+account(name, result, result.service_stats["stage_counts"].get("inference", 0))
 
 # %% [markdown]
 # ## Streams: stopping a generation midway
