@@ -17,6 +17,8 @@ import tritonclient.http as httpclient
 
 from servelab.triton import stats as triton_stats
 
+pytestmark = pytest.mark.integration
+
 MODEL = "food_classifier"
 
 
