@@ -2,6 +2,13 @@
 `pytest --nbmake notebooks/*.ipynb` from the repository root): what they write and where, the
 servers they share, and which lane each item is in.
 
+A test that starts or uses real servers is marked `integration` where it is written: by its
+module's `pytestmark = pytest.mark.integration`, or, in a module of unit tests too, by its own
+`@pytest.mark.integration`; every notebook is marked here. `make test-fast` (-m "not integration")
+leaves them out, and a test without the mark that reaches a server fails, saying to mark it: before
+anything starts where the session's servers are asked for (tests/lab_servers.py), else as soon as
+its setup has started a process that listens on a port.
+
 Notebooks run by the suite use the quick profile: every experiment still runs, with short
 measurement windows; set LAB_PROFILE=full to override. The runs they measure are saved to a
 temporary folder, not to results/, which holds what a student measured; the session's servers keep
@@ -16,6 +23,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 os.environ.setdefault("LAB_PROFILE", "quick")
@@ -33,12 +41,6 @@ for variable, prefix in (
 # which pytest loads only where it collects something under tests/).
 pytest_plugins = ["tests.lab_servers"]
 
-# Fixtures that start real server processes: the session's, and those of single modules (the load
-# generator's synthetic server, the image host and services of tests/test_image_url.py...).
-SERVER_FIXTURES = {
-    "session_stack", "ray_serve", "gourmetgram", "server", "image_host", "service", "redirector", "held_image",
-}  # fmt: skip
-
 
 def is_notebook(item: pytest.Item) -> bool:
     """nbmake's item for a notebook (nbmake.pytest_items.NotebookItem says so with `nbmake = True`)."""
@@ -52,18 +54,60 @@ def notebook_time_limit_s(item: pytest.Item) -> int | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark what runs real servers or runtimes (`make test-fast` leaves it out): every notebook
-    (marked `notebook` too, which tests/lab_servers.py reads) and every test that uses a server fixture; give a
-    notebook its own time limit (pyproject.toml's 300 s is a test's); run the notebooks last: they
-    take longest, and a broken unit is better found first."""
+    """Mark every notebook `notebook` (which tests/lab_servers.py reads) and `integration`: it runs
+    against the lab's servers; give it its own time limit (pyproject.toml's 300 s is a test's); run
+    the notebooks last: they take longest, and a broken unit is better found first."""
     for item in items:
         if is_notebook(item):
             item.add_marker(pytest.mark.notebook)
+            item.add_marker(pytest.mark.integration)
             if limit := notebook_time_limit_s(item):
                 item.add_marker(pytest.mark.timeout(limit))
-        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("notebook"):
-            item.add_marker(pytest.mark.integration)
     items.sort(key=lambda item: item.get_closest_marker("notebook") is not None)
+
+
+# ---- no server in the fast lane ---------------------------------------------------------------
+
+
+def unmarked_message(item: pytest.Item, reaches: str) -> str:
+    return (
+        f"{item.nodeid} is not marked integration, yet {reaches}. Mark it `@pytest.mark.integration`, or its "
+        "module `pytestmark = pytest.mark.integration`, so that the fast lane (`make test-fast`) leaves it out."
+    )
+
+
+def listening(child: psutil.Process) -> str | None:
+    """`child`, or the first of its descendants, that listens on a TCP port: what it runs and its
+    ports; None where none does (or they have ended)."""
+    try:
+        for process in [child, *child.children(recursive=True)]:
+            connections = process.net_connections(kind="tcp")
+            if ports := sorted({c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}):
+                return f"pid {process.pid} ({' '.join(process.cmdline())[:100]}) on port(s) {ports}"
+    except psutil.Error:
+        pass
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """A test not marked integration may start no server: one that asks for the session's servers
+    fails before they start; one whose fixtures start a process (a child of this one) that listens
+    on a port, itself or a process of its own, fails once they have (their teardown stops it as
+    usual). Only new children count: a running server's own workers (Ray's) come and go."""
+    # Imported by pytest already, as a plugin (which rewrites its asserts: importing it above would not).
+    from tests.lab_servers import SESSION_SERVER_FIXTURES
+
+    if item.get_closest_marker("integration"):
+        return (yield)
+    if used := SESSION_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        pytest.fail(unmarked_message(item, f"it uses the session's servers ({', '.join(sorted(used))})"), pytrace=False)
+    before = {child.pid for child in psutil.Process().children()}
+    result = yield
+    new = [child for child in psutil.Process().children() if child.pid not in before]
+    if started := [found for found in map(listening, new) if found]:
+        pytest.fail(unmarked_message(item, f"its setup started a server: {'; '.join(started)}"), pytrace=False)
+    return result
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,14 +1,16 @@
-"""Fixtures of the tests alone: test images, and the session's service addresses as the tests use
-them. The servers themselves, which the notebooks share, are in tests/lab_servers.py, a plugin of
-the root conftest.py."""
+"""Fixtures of the tests alone: test images, the photo host and event loop of the in-process
+service tests, and the session's service addresses as the tests use them. The servers themselves,
+which the notebooks share, are in tests/lab_servers.py, a plugin of the root conftest.py."""
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import make_image_bytes
+from servelab import paths
+from tests.helpers import LIMIT_BYTES, PhotoHost, make_image_bytes
 
 
 @pytest.fixture(scope="session")
@@ -19,6 +21,28 @@ def test_images() -> list[bytes]:
 @pytest.fixture(scope="session")
 def image_b64(test_images) -> str:
     return base64.b64encode(test_images[0]).decode()
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """The event loop of the tests marked anyio: asyncio's, which the services run on (uvicorn's)
+    and whose own API they use."""
+    return "asyncio"
+
+
+@pytest.fixture
+def photo_host() -> Iterator[PhotoHost]:
+    """The in-process service's image host (tests/helpers.py): a photo, a text file and
+    a file one byte over LIMIT_BYTES."""
+    host = PhotoHost(
+        {
+            "soup.jpg": paths.SAMPLE_IMAGE.read_bytes(),
+            "notes.txt": b"a shopping list, not a photo",
+            "big.bin": b"\xff" * (LIMIT_BYTES + 1),
+        }
+    )
+    yield host
+    host.close()
 
 
 @pytest.fixture(scope="session")

@@ -1,23 +1,38 @@
 """What the tests share (a test module imports this, never another test module or a conftest):
 waiting on a state, never on a sleep a busy machine can outlast; test images; the bad requests
-every predict service must refuse; a toy service for the supervisor; synthetic runs for the
-lessons' checks."""
+every predict service must refuse; a prediction service in this process, with a model that answers
+at once; a toy service for the supervisor; synthetic runs for the lessons' checks."""
 
 from __future__ import annotations
 
 import base64
 import io
+import math
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+import httpx
 import numpy as np
 import pytest
 import requests
 from PIL import Image
+
+from servelab import paths
+from servelab.service.cores import ThreadPlan
+from servelab.service.devices import Placement
+from servelab.service.food11 import LABELS
+from servelab.service.image_fetch import AllowList
+from servelab.service.settings import ServiceSettings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 T = TypeVar("T")
 
@@ -105,6 +120,137 @@ def check_bad_request(url: str, image_b64: str, body: bytes, headers: dict, stat
     if status == 400:
         assert "JPEG or PNG" in detail or "base64" in detail
     still_serves(url, image_b64)
+
+
+# ---- a prediction service in this process (the fast lane's) -------------------------------------
+# The app that `create_app` builds for fastapi_pt and fastapi_onnx (servelab/service/predict_api.py),
+# from its start-up to its shutdown (its lifespan), asked over httpx's ASGI transport: no socket, no
+# server process. Its model answers at once, always the same class: what the HTTP side does with a
+# request does not depend on the model (tests/test_fastapi_services.py checks that both real services
+# serve this same API). Images sent by URL come from a photo host on a thread of this process, as
+# test_weights.py's file server does: a stand-in for the lab's image host, over real HTTP on 127.0.0.1.
+
+LIMIT_BYTES = 1_000_000  # MAX_REQUEST_BYTES of the service in this process: every test image fits
+PLACEMENT = Placement(device="cpu", runtime="instant (a test's stand-in)", asked="cpu", first_inference_ms=0.1)
+# A model file with no weights record beside it: /health says its weights are unknown.
+MODEL_FILE = Path("instant-model.onnx")
+
+
+class InstantModel:
+    """Answers at once: every image is LABELS[3], logit 2 against 0 for the other ten classes; it
+    keeps the shape and type of every batch it ran. With `fails`, every inference raises."""
+
+    label = LABELS[3]
+    probability = math.exp(2) / (math.exp(2) + 10)  # the softmax of those logits
+
+    def __init__(self, fails: bool = False) -> None:
+        self.fails = fails
+        self.batches: list[tuple[tuple[int, ...], np.dtype]] = []
+
+    def load(self, plan: ThreadPlan):
+        def run(batch: np.ndarray, threads: int) -> np.ndarray:
+            self.batches.append((batch.shape, batch.dtype))
+            if self.fails:
+                raise RuntimeError("the model failed")
+            logits = np.zeros((len(batch), len(LABELS)), np.float32)
+            logits[:, 3] = 2.0
+            return logits
+
+        return run
+
+
+def service_settings(allowed_hosts: str = "", **changes) -> ServiceSettings:
+    """One predict slot of one thread and one decoding thread, the least a service runs on."""
+    least = {"predict_concurrency": 1, "inference_threads": 1, "preprocess_workers": 1}
+    return ServiceSettings(
+        **{"max_request_bytes": LIMIT_BYTES, "allowed_hosts": AllowList.parse(allowed_hosts), **least, **changes}
+    )
+
+
+def service_app(settings: ServiceSettings, model: InstantModel, model_file: Path = MODEL_FILE) -> FastAPI:
+    # Imported here: the child processes of tests/test_stack.py import this module, and need no web framework.
+    from servelab.service.predict_api import ServedModel, create_app
+
+    return create_app(
+        ServedModel(model_file=model_file, placement=PLACEMENT, load=model.load),
+        title="Food-11 classifier (in process)",
+        description="create_app with a model that answers at once",
+        settings=settings,
+    )
+
+
+@asynccontextmanager
+async def serving(
+    settings: ServiceSettings, model: InstantModel | None = None, model_file: Path = MODEL_FILE
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the service, started (its lifespan) and stopped around the block."""
+    app = service_app(settings, model or InstantModel(), model_file)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://service") as client,
+    ):
+        yield client
+
+
+class PhotoHost(ThreadingHTTPServer):
+    """GET /<name> answers the file `files[name]`; /to?<url> redirects to <url>; /loop redirects
+    to itself; /held answers once `close()` is called; anything else is a 404. `asked` lists the
+    paths asked for, in order."""
+
+    daemon_threads = True
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        super().__init__(("127.0.0.1", 0), _PhotoHostHandler)
+        self.files = files
+        self.asked: list[str] = []
+        self.closing = threading.Event()
+        # Polled often: shutdown() waits for the next poll (0.5 s by default, for every test).
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}"
+
+    def url(self, path: str) -> str:
+        return f"http://{self.address}/{path}"
+
+    def close(self) -> None:
+        self.closing.set()
+        self.shutdown()
+        self.server_close()
+
+    def handle_error(self, request, client_address) -> None:
+        # A client that gave up (a service past its download time limit) is no error of the host's.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class _PhotoHostHandler(BaseHTTPRequestHandler):
+    server: PhotoHost
+
+    def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
+        self.server.asked.append(self.path)
+        name, _, target = self.path.removeprefix("/").partition("?")
+        if name in ("to", "loop"):
+            self._answer(302, b"", Location=target if name == "to" else "/loop")
+        elif name == "held":
+            self.server.closing.wait()
+            self._answer(200, paths.SAMPLE_IMAGE.read_bytes())
+        elif name in self.server.files:
+            self._answer(200, self.server.files[name])
+        else:
+            self._answer(404, b"no such file")
+
+    def _answer(self, status: int, body: bytes, **headers: str) -> None:
+        self.send_response(status)
+        for name, value in {**headers, "Content-Length": str(len(body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
 
 
 # ---- a toy service for the supervisor's tests (tests/test_stack.py) --------------------------------

@@ -9,7 +9,9 @@ files live under SERVELAB_STACK_DIR (a scratch folder the root conftest.py sets)
 `Lab.connect()` finds it, as a student's notebook finds `make up`, and a running `make up` on the
 default ports is never disturbed.
 
-A test asks for the servers with fixtures (`model_servers`, `ray_serve`, `gourmetgram`...). nbmake's
+A test asks for the servers with fixtures (`model_servers`, `ray_serve`, `gourmetgram`...), each of
+which depends on one of SESSION_SERVER_FIXTURES: a test that uses one without being marked
+integration fails before anything starts (the root conftest.py). nbmake's
 item for a notebook is not a test function, and pytest gives fixtures to test functions only, so
 this plugin's runtest hooks give a notebook the same servers, with LAB_SERVICES=local: the stack to
 one that calls `Lab.connect(`, Ray Serve too to one that calls `lab.ray_serve()`. With
@@ -149,6 +151,9 @@ class SessionServers:
 
 
 SERVERS = SessionServers()
+# The fixtures that start SERVERS' servers; every other fixture that reaches one depends on one of
+# them (model_servers, ports, gourmetgram, the URLs of tests/conftest.py...).
+SESSION_SERVER_FIXTURES = {"session_stack", "ray_serve"}
 
 
 def pytest_sessionfinish() -> None:

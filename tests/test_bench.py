@@ -30,6 +30,7 @@ def quick_report(model_servers, ports, tmp_path_factory):
     return bench.run_benchmark("quick", out_dir=out_dir, endpoints=bench.Endpoints.of(ports), server_pids=pids)
 
 
+@pytest.mark.integration
 def test_every_target_and_reference_is_measured_without_errors(quick_report):
     results, _ = load_results(quick_report / "results.json")
     busiest = max(PROFILES["quick"].concurrencies)
@@ -46,6 +47,7 @@ def test_every_target_and_reference_is_measured_without_errors(quick_report):
     assert all(r.triton_stats["inference_count"] >= r.requests for r in triton)
 
 
+@pytest.mark.integration
 def test_each_ceiling_is_the_best_of_its_sweep_measured_again_between_each_runs_windows(quick_report):
     results, metadata = load_results(quick_report / "results.json")
     points = [r for r in results if r.tool == "in-process"]
@@ -77,6 +79,7 @@ def test_each_ceiling_is_the_best_of_its_sweep_measured_again_between_each_runs_
         assert run.wall_s >= 0.95 * PROFILES["quick"].duration_s
 
 
+@pytest.mark.integration
 def test_triton_runs_one_instance_per_core_on_a_cpu_and_the_shipped_config_comes_back(quick_report, ports):
     metadata = json.loads((quick_report / "metadata.json").read_text())
     cores = available_cores()
@@ -91,6 +94,7 @@ def _windows_said(point: dict) -> str:
     return f"; window by window, against the ceiling beside each: {shares}"
 
 
+@pytest.mark.integration
 def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick_report):
     report = (quick_report / "report.md").read_text()
     results, _ = load_results(quick_report / "results.json")
@@ -145,6 +149,7 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
         assert f"]({plot})" in report
 
 
+@pytest.mark.integration
 def test_every_fastapi_point_says_where_its_cpu_went_and_the_cap_that_follows(quick_report):
     report = (quick_report / "report.md").read_text()
     metadata = json.loads((quick_report / "metadata.json").read_text())

@@ -147,6 +147,7 @@ def sample_body() -> dict[str, str]:
     return {"image": base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("abandon", ["on", "off"])
 def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unless_turned_off(
     abandon, held_image, tmp_path
@@ -173,6 +174,7 @@ def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unle
         assert delta.requests_by_status.get("200") == 2
 
 
+@pytest.mark.integration
 def test_decoding_runs_at_most_decode_ahead_requests_ahead_of_a_busy_slot(held_image, tmp_path):
     with one_slot_service(held_image, tmp_path, "on", DECODE_AHEAD="2", PREPROCESS_WORKERS="2") as url:
         assert requests.get(f"{url}/health", timeout=5).json()["decode_ahead"] == 2
@@ -195,6 +197,7 @@ def test_decoding_runs_at_most_decode_ahead_requests_ahead_of_a_busy_slot(held_i
     assert after.stage_counts["preprocess"] == 7  # the holder's image, decoded in its slot, and the six
 
 
+@pytest.mark.integration
 def test_requests_abandoned_while_waiting_give_their_room_to_decode_back(held_image, tmp_path):
     # With room for one, a room kept by an abandoned request would leave the next one waiting forever.
     with one_slot_service(held_image, tmp_path, "on", DECODE_AHEAD="1") as url:

@@ -1,4 +1,9 @@
-"""Both FastAPI services, as real processes over real HTTP: good requests and every bad one."""
+"""Both FastAPI services as real processes (uvicorn, their own app.py and model) over real HTTP: what
+the in-process tests of their HTTP side (tests/test_predict_api.py, tests/test_predict_schema.py, a
+model that answers at once) cannot see. That each serves the API those tests check; the real
+models' answers, and a bad request refused by the real decoder; /health as each process reports
+its runtime, device and cores; settings read from the process's environment, a bad one stopping it.
+"""
 
 import base64
 
@@ -9,7 +14,9 @@ from servelab.service.cores import available_cores, thread_plan
 from servelab.service.food11 import LABELS
 from servelab.stack.catalogue import fastapi_service
 from servelab.stack.supervision import LocalStack, Ports, StackError
-from tests.helpers import BAD_REQUESTS, TEST_MAX_REQUEST_BYTES, check_bad_request, make_image_bytes, still_serves
+from tests.helpers import InstantModel, check_bad_request, service_app, service_settings
+
+pytestmark = pytest.mark.integration
 
 FLAVORS = ["pt", "onnx"]
 
@@ -20,6 +27,7 @@ def service_url(request, fastapi_urls) -> str:
 
 
 def test_predict_returns_a_label_and_a_probability(service_url, image_b64):
+    """The real model's answer, end to end."""
     response = requests.post(f"{service_url}/predict", json={"image": image_b64}, timeout=30)
     assert response.status_code == 200
     body = response.json()
@@ -29,12 +37,21 @@ def test_predict_returns_a_label_and_a_probability(service_url, image_b64):
     assert 1 / 11 - 1e-6 <= body["probability"] <= 1
 
 
-def test_png_is_accepted(service_url, test_images):
-    png = base64.b64encode(make_image_bytes(7, fmt="PNG")).decode()
-    assert requests.post(f"{service_url}/predict", json={"image": png}, timeout=30).status_code == 200
+def test_each_service_serves_the_api_tested_in_process(service_url):
+    """The routes, their schemas and documented statuses are create_app's (the title is the service's)."""
+    served = requests.get(f"{service_url}/openapi.json", timeout=5).json()
+    in_process = service_app(service_settings(), InstantModel()).openapi()
+    assert (served["paths"], served["components"]) == (in_process["paths"], in_process["components"])
+    assert "swagger" in requests.get(f"{service_url}/docs", timeout=5).text.lower()
+
+
+def test_bytes_that_are_not_an_image_are_refused_by_the_real_decoder_and_the_service_goes_on(service_url, image_b64):
+    not_an_image = b'{"image": "' + base64.b64encode(b"hello, I am text") + b'"}'
+    check_bad_request(service_url, image_b64, not_an_image, {"content-type": "application/json"}, 400)
 
 
 def test_health_reports_model_weights_device_and_runtime(service_url):
+    """As the process's runtime reports itself once its model has run."""
     body = requests.get(f"{service_url}/health", timeout=5).json()
     assert body["status"] == "ready"
     assert body["model_file"] in ("food11.pth", "food11.onnx")
@@ -46,6 +63,7 @@ def test_health_reports_model_weights_device_and_runtime(service_url):
 
 
 def test_health_states_the_thread_plan_and_the_default_never_crowds_the_cores(service_url):
+    """The default plan for the cores this process may use."""
     body = requests.get(f"{service_url}/health", timeout=5).json()
     cores = available_cores()
     plan = thread_plan(device=body["device"], environ={})  # the default plan for the service's device
@@ -58,7 +76,6 @@ def test_health_states_the_thread_plan_and_the_default_never_crowds_the_cores(se
         assert plan.slots == cores and plan.threads == cores and "elastic" in body["threads"]
 
 
-@pytest.mark.integration
 def test_thread_settings_come_from_the_environment_and_a_crowded_plan_is_reported(tmp_path, test_images):
     port = Ports.found_free().fastapi_pt
     settings = {"PREDICT_CONCURRENCY": "3", "INFERENCE_THREADS": "2"}
@@ -75,7 +92,6 @@ def test_thread_settings_come_from_the_environment_and_a_crowded_plan_is_reporte
     assert answer.status_code == 200
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_a_gpu_the_runtime_cannot_use_is_reported_as_the_cpu_with_its_reason(tmp_path, flavor, image_b64):
     """Asked for the GPU where none can be used (none is visible, even on a GPU machine), the
@@ -102,14 +118,12 @@ def test_a_gpu_the_runtime_cannot_use_is_reported_as_the_cpu_with_its_reason(tmp
     assert answer.status_code == 200
 
 
-@pytest.mark.integration
 def test_a_bad_device_setting_stops_the_service_with_what_to_do(tmp_path):
     port = Ports.found_free().fastapi_pt
     with pytest.raises(StackError, match="INFERENCE_DEVICE='gpu': use auto, cuda, cpu"):
         LocalStack([fastapi_service("pt", port, env={"INFERENCE_DEVICE": "gpu"})], log_dir=tmp_path).start()
 
 
-@pytest.mark.integration
 def test_a_bad_thread_setting_stops_the_service_with_what_to_do(tmp_path):
     port = Ports.found_free().fastapi_pt
     with pytest.raises(StackError, match="INFERENCE_THREADS='many' is not a whole number"):
@@ -117,50 +131,11 @@ def test_a_bad_thread_setting_stops_the_service_with_what_to_do(tmp_path):
 
 
 def test_health_says_loudly_when_weights_are_untrained(service_url, built_artifacts):
+    """From the record `make artifacts` placed beside the model file each service loads."""
     body = requests.get(f"{service_url}/health", timeout=5).json()
     assert body["weights"] == built_artifacts.weights_info["weights"]
     if body["weights"] == "untrained":
         assert "UNTRAINED" in body["weights_note"]
-
-
-def test_swagger_ui_and_openapi_schema_are_served(service_url):
-    assert "swagger" in requests.get(f"{service_url}/docs", timeout=5).text.lower()
-    schema = requests.get(f"{service_url}/openapi.json", timeout=5).json()
-    assert {"400", "413", "422"} <= set(schema["paths"]["/predict"]["post"]["responses"])
-
-
-@BAD_REQUESTS
-def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(service_url, image_b64, body, headers, status):
-    check_bad_request(service_url, image_b64, body, headers, status)
-
-
-def test_a_body_over_the_limit_is_refused_with_413(service_url, image_b64):
-    oversized = b'{"image": "' + b"A" * (TEST_MAX_REQUEST_BYTES + 10) + b'"}'
-    response = requests.post(
-        f"{service_url}/predict", data=oversized, headers={"content-type": "application/json"}, timeout=30
-    )
-    assert response.status_code == 413
-    assert "MAX_REQUEST_BYTES" in response.json()["detail"]
-    still_serves(service_url, image_b64)
-
-
-def test_a_chunked_body_over_the_limit_is_refused_with_413(service_url, image_b64):
-    def chunks():  # no Content-Length: the limit must be enforced while the body streams in
-        yield b'{"image": "'
-        for _ in range(TEST_MAX_REQUEST_BYTES // 65536 + 2):
-            yield b"A" * 65536
-        yield b'"}'
-
-    response = requests.post(
-        f"{service_url}/predict", data=chunks(), headers={"content-type": "application/json"}, timeout=30
-    )
-    assert response.status_code == 413
-    still_serves(service_url, image_b64)
-
-
-def test_wrong_method_and_unknown_path_get_proper_codes(service_url):
-    assert requests.get(f"{service_url}/predict", timeout=5).status_code == 405
-    assert requests.get(f"{service_url}/no-such-endpoint", timeout=5).status_code == 404
 
 
 def test_pytorch_and_onnx_services_agree_on_every_image(fastapi_urls, test_images):

@@ -24,6 +24,8 @@ from servelab.profiles import profile
 from servelab.results import append_result, load_appended
 from servelab.stack.supervision import ManagedProcess
 
+pytestmark = pytest.mark.integration
+
 LOAD_S = 4.0
 KILL_AFTER_S = 1.0
 # Triton reloads every model after a restart: a busy 2-core machine takes up to a minute or two.

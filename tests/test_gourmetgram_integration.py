@@ -16,6 +16,8 @@ from servelab.stack.catalogue import gourmetgram_service
 from servelab.stack.supervision import Ports, start_on_free_ports
 from tests.helpers import make_image_bytes
 
+pytestmark = pytest.mark.integration
+
 BACKENDS = ["fastapi_pt", "fastapi_onnx", "food_classifier", "food_classifier_onnx"]
 # What /healthz reports for each: the backend kind, and what the page sends the model. For Triton
 # both are read from the model's metadata, not from its name.

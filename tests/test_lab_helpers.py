@@ -140,6 +140,7 @@ def test_in_the_compose_project_a_service_crashed_before_its_restart_is_recorded
     assert time.monotonic() >= back_at, "it returned while Triton was silent"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("server", "groups"),
     [
@@ -299,6 +300,7 @@ def test_measure_retries_an_unstable_measurement_and_gives_none_when_it_never_se
     assert "gave up every time, so this run has no result" in capsys.readouterr().out
 
 
+@pytest.mark.integration
 def test_perf_analyzer_that_never_settles_raises_the_typed_error(triton_http_url):
     with pytest.raises(perf_analyzer.NoStableMeasurement) as raised:
         perf_analyzer.run(
@@ -312,6 +314,7 @@ def test_perf_analyzer_that_never_settles_raises_the_typed_error(triton_http_url
     assert raised.value.meaning == "the windows never agreed within the stability percentage"
 
 
+@pytest.mark.integration
 def test_a_result_page_is_read_as_a_browser_shows_it(gourmetgram):
     url = gourmetgram("fastapi_onnx")
     answer = ui.upload(url, "lunch.jpg", make_image_bytes(7))

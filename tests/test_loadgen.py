@@ -165,6 +165,7 @@ def free_port() -> int:
 # ---- closed loop ---------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_closed_loop_one_sender_measures_the_server_latency(server):
     server.configure(sleep_ms=20)
     result = closed(server, 1, requests=50)
@@ -177,6 +178,7 @@ def test_closed_loop_one_sender_measures_the_server_latency(server):
     assert result.throughput_rps == pytest.approx(1000 / result.latency.mean_ms, rel=0.25)
 
 
+@pytest.mark.integration
 def test_every_measured_request_is_on_the_timeline_when_it_ended_with_its_outcome(server):
     server.configure(sleep_ms=10)
     result = closed(server, 2, requests=40)
@@ -187,6 +189,7 @@ def test_every_measured_request_is_on_the_timeline_when_it_ended_with_its_outcom
     assert {entry[2] for entry in result.timeline} == {"ok"}
 
 
+@pytest.mark.integration
 def test_off_a_terminal_progress_is_one_line_per_phase_not_a_bar(server, caplog, capsys):
     server.configure(sleep_ms=5)
     with caplog.at_level(logging.INFO, logger="servelab.loadgen"):
@@ -197,6 +200,7 @@ def test_off_a_terminal_progress_is_one_line_per_phase_not_a_bar(server, caplog,
     assert "\r" not in capsys.readouterr().err  # pytest's stderr is not a terminal: no bar redrawn
 
 
+@pytest.mark.integration
 def test_closed_loop_throughput_grows_with_concurrency_when_the_server_serves_in_parallel(server):
     server.configure(sleep_ms=20)
     one = closed(server, 1, requests=40)
@@ -205,6 +209,7 @@ def test_closed_loop_throughput_grows_with_concurrency_when_the_server_serves_in
     assert four.throughput_rps / one.throughput_rps == pytest.approx(4, rel=0.3)
 
 
+@pytest.mark.integration
 def test_percentiles_follow_the_server_latency_distribution(server):
     server.configure(sleep_ms=10, slow_ms=100, slow_every=10)  # 90% at 10 ms, 10% at 100 ms
     result = closed(server, 1, requests=100)
@@ -214,6 +219,7 @@ def test_percentiles_follow_the_server_latency_distribution(server):
     assert result.latency.mean_ms == pytest.approx(0.9 * 10 + 0.1 * 100, abs=8)
 
 
+@pytest.mark.integration
 def test_duration_bounds_the_run(server):
     server.configure(sleep_ms=20)
     result = closed(server, 2, duration_s=1.0)
@@ -224,6 +230,7 @@ def test_duration_bounds_the_run(server):
     assert closed(server, 2, requests=5, duration_s=30).requests == 5
 
 
+@pytest.mark.integration
 def test_warmup_requests_are_not_measured(server):
     server.configure(sleep_ms=5, slow_ms=300, slow_first=5)
     result = closed(server, 2, requests=20, warmup_requests=5)
@@ -231,6 +238,7 @@ def test_warmup_requests_are_not_measured(server):
     assert result.latency.max_ms < 300  # none of the 300 ms warm-up requests
 
 
+@pytest.mark.integration
 def test_open_loop_warmup_seconds_are_not_measured(server):
     server.configure(sleep_ms=5, slow_ms=300, slow_first=9)  # the 9 arrivals before 0.5 s at 20 req/s
     result = opened(server, 20, requests=10, warmup_s=0.5)
@@ -241,6 +249,7 @@ def test_open_loop_warmup_seconds_are_not_measured(server):
 # ---- open loop -----------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_open_loop_keeps_a_constant_rate(server):
     server.configure(sleep_ms=5)
     result = opened(server, 50, requests=100)
@@ -280,6 +289,7 @@ def _gaps(arrivals: np.ndarray) -> np.ndarray:
     return np.diff(np.sort(arrivals))
 
 
+@pytest.mark.integration
 def test_poisson_arrivals_seen_by_the_server_are_exponential(server):
     """The server sees the generator's schedule: exponential gaps for Poisson arrivals, equal gaps
     for constant ones. Judged on spans, medians and fractions, which a few sends made late by a busy
@@ -318,6 +328,7 @@ def test_arrival_schedules():
         next(loadgen.arrival_offsets(50, "bursty"))
 
 
+@pytest.mark.integration
 def test_open_loop_shows_a_stall_that_a_closed_loop_hides(server):
     """Coordinated omission: a closed loop stops sending while the server stalls, so only one
     request sees the stall. Users keep arriving, and an open loop measures their wait too."""
@@ -338,6 +349,7 @@ def test_open_loop_shows_a_stall_that_a_closed_loop_hides(server):
     assert closed_result.latency.p99_ms < 100
 
 
+@pytest.mark.integration
 def test_open_loop_drops_and_reports_arrivals_beyond_max_outstanding(server):
     server.configure(sleep_ms=1000)
     result = opened(server, 100, requests=30, max_outstanding=5)
@@ -349,6 +361,7 @@ def test_open_loop_drops_and_reports_arrivals_beyond_max_outstanding(server):
 # ---- errors ----------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_http_errors_are_counted_by_status(server):
     server.configure(sleep_ms=1, fail_every=4, fail_status=503)
     result = closed(server, 2, requests=40)
@@ -361,6 +374,7 @@ def test_http_errors_are_counted_by_status(server):
     assert closed(server, 1, requests=3).errors == {"http_400": 3}
 
 
+@pytest.mark.integration
 def test_a_sender_backs_off_after_a_refusal_and_only_then(server):
     """A refused request (503 here) makes its sender wait `backoff_s` before the next; an answered
     one does not. Every request is still measured."""
@@ -376,6 +390,7 @@ def test_a_sender_backs_off_after_a_refusal_and_only_then(server):
         closed(server, 1, requests=1, backoff_s=-1)
 
 
+@pytest.mark.integration
 def test_impatient_senders_cancel_at_their_deadline_and_only_answers_count_as_goodput(server):
     """Every request takes 300 ms; 2 of 4 senders give up after 100 ms and close their connection.
     Their requests are cancelled, not errors; the server sees those clients gone; the patient
@@ -411,6 +426,7 @@ def test_connection_refused_and_timeouts_are_counted():
     assert grpc.errors == {"grpc_UNAVAILABLE": 3}
 
 
+@pytest.mark.integration
 def test_a_request_slower_than_the_timeout_counts_as_a_timeout(server):
     server.configure(sleep_ms=2000)
     result = closed(server, 2, requests=2, timeout_s=0.3)
@@ -420,6 +436,7 @@ def test_a_request_slower_than_the_timeout_counts_as_a_timeout(server):
 # ---- stopping early --------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_cancelling_a_run_returns_what_was_measured(server):
     server.configure(sleep_ms=10)
     target = FastAPITarget(server.url, IMAGE)
@@ -441,6 +458,7 @@ def test_cancelling_a_run_returns_what_was_measured(server):
         assert target.idle_connections == 0  # closed
 
 
+@pytest.mark.integration
 def test_ctrl_c_stops_the_synchronous_run_and_keeps_the_result(server):
     server.configure(sleep_ms=10)
     # interrupt_main does nothing unless Python's own handler is installed: make sure it is (a
@@ -457,6 +475,7 @@ def test_ctrl_c_stops_the_synchronous_run_and_keeps_the_result(server):
     assert result.notes == [f"stopped early by Ctrl-C after {result.requests} requests"]
 
 
+@pytest.mark.integration
 def test_the_synchronous_api_works_where_an_event_loop_is_already_running(server):
     """As in a Jupyter notebook, whose cells run while the kernel's event loop runs."""
     server.configure(sleep_ms=1)
@@ -467,6 +486,7 @@ def test_the_synchronous_api_works_where_an_event_loop_is_already_running(server
     assert asyncio.run(notebook_cell()).errors == {}
 
 
+@pytest.mark.integration
 def test_cli_saves_the_partial_result_on_sigint(server, tmp_path):
     server.configure(sleep_ms=10)
     out = tmp_path / "partial.json"
@@ -510,12 +530,14 @@ def test_cli_refuses_a_run_without_bounds():
 TRITON_MODELS = ["food_classifier", "food_classifier_onnx"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("flavor", ["pt", "onnx"])
 def test_fastapi_services_answer_every_request(fastapi_urls, flavor):
     result = closed_loop("fastapi", fastapi_urls[flavor], 2, requests=10, progress=False)
     assert result.errors == {} and result.requests == 10
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("model", TRITON_MODELS)
 @pytest.mark.parametrize("kind", ["triton-http", "triton-grpc"])
 def test_triton_answers_every_request(triton_http_url, triton_grpc_url, kind, model):
@@ -532,6 +554,7 @@ def _post_binary(target: TritonHttpTarget) -> httpclient.InferResult:
     return httpclient.InferResult.from_response_body(response.content, header_length=int(header_length))
 
 
+@pytest.mark.integration
 def test_binary_http_requests_are_understood_by_triton(triton_http_url, fastapi_urls, test_images):
     """The hand-built binary bodies give the same answers as the FastAPI services."""
     image = test_images[1]
@@ -552,6 +575,7 @@ def test_binary_http_requests_are_understood_by_triton(triton_http_url, fastapi_
     assert probability == pytest.approx(expected["onnx"]["probability"], abs=1e-4)
 
 
+@pytest.mark.integration
 def test_triton_errors_are_counted_by_status(triton_http_url, triton_grpc_url):
     # The Python backend reports a bad image as an internal error: HTTP 500, gRPC INTERNAL.
     bad = {"model": "food_classifier", "image_bytes": b"no image", "progress": False}

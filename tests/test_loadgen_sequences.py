@@ -131,6 +131,7 @@ def run(server: SequenceServer, concurrency: int, length: int, **options) -> Seq
 # ---- what every sequence carries -------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_each_sequence_has_its_own_id_starts_on_its_first_frame_and_ends_on_its_last(server):
     server.configure(sleep_ms=5)
     result = run(server, 4, 5, sequences=10)
@@ -147,6 +148,7 @@ def test_each_sequence_has_its_own_id_starts_on_its_first_frame_and_ends_on_its_
     assert server.bad_bodies == 0 and server.live == {}  # the tensors arrived whole; every sequence ended
 
 
+@pytest.mark.integration
 def test_ids_are_never_reused_by_a_later_run(server):
     ids = []
     for _ in range(2):
@@ -156,6 +158,7 @@ def test_ids_are_never_reused_by_a_later_run(server):
     assert len(ids[0]) == len(ids[1]) == 2 and not ids[0] & ids[1]
 
 
+@pytest.mark.integration
 def test_concurrency_is_the_number_of_live_sequences(server):
     server.configure(sleep_ms=20)
     result = run(server, 6, 4, sequences=12)
@@ -166,6 +169,7 @@ def test_concurrency_is_the_number_of_live_sequences(server):
     assert result.throughput_rps == pytest.approx(6 / (result.latency.mean_ms / 1000), rel=0.3)
 
 
+@pytest.mark.integration
 def test_a_sequence_lasts_its_length_times_the_frame_latency(server):
     server.configure(sleep_ms=20)
     result = run(server, 2, 6, sequences=4)
@@ -173,6 +177,7 @@ def test_a_sequence_lasts_its_length_times_the_frame_latency(server):
     assert result.sequence_latency.p50_ms == pytest.approx(6 * result.latency.mean_ms, rel=0.2)
 
 
+@pytest.mark.integration
 def test_a_duration_bounds_the_sequences_started(server):
     server.configure(sleep_ms=10)
     result = run(server, 2, 5, duration_s=0.5)
@@ -186,6 +191,7 @@ def test_a_duration_bounds_the_sequences_started(server):
 # ---- a camera's frame rate -------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_frames_come_due_at_the_frame_interval(server):
     server.configure(sleep_ms=5)
     result = run(server, 1, 6, frame_interval_s=0.04)
@@ -196,6 +202,7 @@ def test_frames_come_due_at_the_frame_interval(server):
     assert result.sequence_latency.max_ms == pytest.approx(5 * 40 + 5, abs=20)
 
 
+@pytest.mark.integration
 def test_frames_due_while_the_previous_is_in_flight_are_skipped_never_queued(server):
     """Frames due every 30 ms, answered after 45: each sent frame covers the next one's due time,
     which is skipped. Of 10 frames, 0, 2, 4, 6 and 8 go out on time; 9 is due while 8 is in
@@ -231,6 +238,7 @@ def test_triton_errors_are_classified_by_the_reason_they_name(message, kind):
     assert sequence_error_kind(message) == kind and kind in SEQUENCE_ERRORS
 
 
+@pytest.mark.integration
 def test_an_error_breaks_its_sequence_only_and_is_counted_by_reason(server):
     failures = {
         (0, 2): "evicted: the state cache was full",
@@ -248,6 +256,7 @@ def test_an_error_breaks_its_sequence_only_and_is_counted_by_reason(server):
     assert result.requests == 13 and len(result.latencies_ms) == 10
 
 
+@pytest.mark.integration
 def test_a_frame_of_a_sequence_the_server_does_not_know_is_not_started(server):
     server.configure()
     target = TritonHttpSequenceTarget(server.address, "toy", FRAME)
@@ -266,6 +275,7 @@ def test_a_frame_of_a_sequence_the_server_does_not_know_is_not_started(server):
 # ---- the record, the synchronous API, refusals ----------------------------------------------
 
 
+@pytest.mark.integration
 def test_the_result_is_saved_and_loaded_back_as_a_sequence_result(server, tmp_path):
     server.configure(sleep_ms=2, failures={(1, 1): "expired: too old"})
     result = run(server, 2, 3)
@@ -289,6 +299,7 @@ def _toy_stateful_repository(folder) -> ModelRepository:
     return ModelRepository(folder, entries={})
 
 
+@pytest.mark.integration
 def test_the_synchronous_api_runs_sequences_of_a_stateful_model_from_the_registry(server, tmp_path):
     models = _toy_stateful_repository(tmp_path)
     server.configure(sleep_ms=2)
@@ -296,6 +307,7 @@ def test_the_synchronous_api_runs_sequences_of_a_stateful_model_from_the_registr
     assert result.sequences_completed == 2 and result.errors == {}
 
 
+@pytest.mark.integration
 def test_cancelling_a_run_returns_what_was_measured(server):
     server.configure(sleep_ms=10)
 
@@ -334,6 +346,7 @@ requires_food_sequence = pytest.mark.skipif(
 )
 
 
+@pytest.mark.integration
 @requires_food_sequence
 @pytest.mark.parametrize("kind", ["triton-http", "triton-grpc"])
 def test_triton_answers_every_frame_of_every_sequence(triton_http_url, triton_grpc_url, kind):

@@ -55,6 +55,7 @@ def _check_three_requests_five_images(delta: StatsDelta) -> None:
     assert delta.avg_compute_infer_us < delta.avg_request_us, delta
 
 
+@pytest.mark.integration
 def test_stats_difference_counts_images_executions_and_batch_sizes(triton_http_url, test_images):
     before = triton_stats.fetch(triton_http_url, "food_classifier")
     _one_batch_of_three_and_two_singles(triton_http_url, test_images)
@@ -64,6 +65,7 @@ def test_stats_difference_counts_images_executions_and_batch_sizes(triton_http_u
     assert delta.to_dict()["executions_by_batch_size"] == {3: 1, 1: 2}
 
 
+@pytest.mark.integration
 def test_measure_context_manager_gives_the_same_difference(triton_http_url, test_images):
     with triton_stats.counted_over(f"http://{triton_http_url}", "food_classifier") as stats:
         assert stats.delta is None
@@ -71,6 +73,7 @@ def test_measure_context_manager_gives_the_same_difference(triton_http_url, test
     _check_three_requests_five_images(stats.delta)
 
 
+@pytest.mark.integration
 def test_measure_leaves_no_delta_when_the_block_fails(triton_http_url):
     with pytest.raises(KeyError):
         with triton_stats.counted_over(triton_http_url, "food_classifier") as stats:
@@ -78,6 +81,7 @@ def test_measure_leaves_no_delta_when_the_block_fails(triton_http_url):
     assert stats.delta is None
 
 
+@pytest.mark.integration
 def test_unknown_model_is_a_clear_error(triton_http_url):
     with pytest.raises(TritonStatsError, match=r"no statistics for model 'no_such_model'.*not available"):
         triton_stats.fetch(triton_http_url, "no_such_model")

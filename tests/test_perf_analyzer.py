@@ -135,6 +135,7 @@ def test_impossible_sequence_options_are_refused(monkeypatch, option):
     assert commands == []
 
 
+@pytest.mark.integration
 def test_closed_loop_run_against_the_local_triton(triton_http_url):
     run = perf_analyzer.run_stable(
         triton_http_url,
@@ -160,6 +161,7 @@ def test_closed_loop_run_against_the_local_triton(triton_http_url):
     assert RunResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
 
 
+@pytest.mark.integration
 def test_batched_requests_over_grpc_count_requests_and_images(triton_grpc_url):
     (result,) = perf_analyzer.run_stable(
         triton_grpc_url,
@@ -175,6 +177,7 @@ def test_batched_requests_over_grpc_count_requests_and_images(triton_grpc_url):
     assert result.images_per_s == pytest.approx(4 * result.throughput_rps)
 
 
+@pytest.mark.integration
 def test_request_rate_mode_with_poisson_arrivals(triton_http_url):
     (result,) = perf_analyzer.run_stable(
         triton_http_url,
@@ -191,6 +194,7 @@ def test_request_rate_mode_with_poisson_arrivals(triton_http_url):
     assert result.latency.mean_ms > 0
 
 
+@pytest.mark.integration
 def test_a_notebook_s_measurement_prints_the_command_that_ran_and_that_command_measures_again(
     triton_http_url, triton_grpc_url, tmp_path, monkeypatch, capsys
 ):
@@ -224,11 +228,13 @@ def test_a_notebook_s_measurement_prints_the_command_that_ran_and_that_command_m
     assert "Request concurrency: 2" in again.stdout
 
 
+@pytest.mark.integration
 def test_a_model_the_server_does_not_have_is_a_clear_error(triton_http_url):
     with pytest.raises(perf_analyzer.PerfAnalyzerError, match="exited with"):
         perf_analyzer.run(triton_http_url, "no_such_model", concurrency=1, request_count=5, timeout_s=60)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(
     not (paths.MODELS_STAGING_DIR / "food_sequence").is_dir(),
     reason="models_staging/food_sequence (the stateful model of lesson 10) is not in this checkout",

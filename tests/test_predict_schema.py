@@ -1,11 +1,13 @@
 """The request schema POST /predict publishes says what the server takes (issue 31).
 
-Bodies built from the live /openapi.json's request schema - its fields, each with a pool of values
-that covers every case it states (absent, null, empty, malformed, well-formed) - are sent to the real
-FastAPI services and judged by the schema itself (`jsonschema`): a body it allows is answered, or
-refused only with a status the route documents for what the schema cannot see (bytes that are not
-an image, a URL the server does not fetch or cannot get); a body it forbids is refused with a 4xx
-the route documents. The pattern the schema gives `image` is checked against the decoder in process.
+Bodies built from the service's own /openapi.json's request schema - its fields, each with a pool of
+values that covers every case it states (absent, null, empty, malformed, well-formed) - are sent to
+the service (both FastAPI services' `create_app`, in this process: tests/helpers.py) and
+judged by the schema itself (`jsonschema`): a body it allows is answered, or refused only with a
+status the route documents for what the schema cannot see (bytes that are not an image, a URL the
+server does not fetch or cannot get); a body it forbids is refused with a 4xx the route documents.
+The pattern the schema gives `image` is checked against the decoder. That the real services publish
+this same schema: tests/test_fastapi_services.py.
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ import json
 
 import jsonschema
 import pytest
-import requests
 
 from servelab import paths
 from servelab.service.food11 import BASE64_PATTERN, InvalidImageError, decode_base64
+from tests.helpers import service_settings, serving
 
-FLAVORS = ["pt", "onnx"]
 ABSENT = object()  # a field left out of the body
 
 
@@ -39,7 +40,7 @@ def value_pools(schema: dict, image_b64: str, host: str) -> dict[str, list]:
     """Values for each field the request schema names: what it allows and what it forbids."""
     fields = schema["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]["properties"]
     assert set(fields) == {"image", "url"}, f"the request's fields changed: {sorted(fields)}; update the pools"
-    photo = f"http://{host}/images/{paths.SAMPLE_IMAGE.name}"
+    photo = f"http://{host}/{paths.SAMPLE_IMAGE.name}"
     return {
         "image": [
             ABSENT,
@@ -60,7 +61,7 @@ def value_pools(schema: dict, image_b64: str, host: str) -> dict[str, list]:
             photo.replace("http://", "ftp://"),
             photo.replace("http://", "http://user:secret@"),
             "http://images.example.invalid/soup.jpg",  # a host not allowed: a documented 403
-            f"http://{host}/images/no-such-photo.jpg",  # the image host fails: a documented 502
+            f"http://{host}/no-such-photo.jpg",  # the image host fails: a documented 502
             "not a url",
         ],
     }
@@ -74,12 +75,19 @@ def bodies(pools: dict[str, list]) -> list[dict]:
     return made
 
 
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_every_body_the_schema_allows_is_served_and_every_body_it_forbids_is_refused(
-    flavor, fastapi_urls, ports, image_b64
-):
-    url = fastapi_urls[flavor]
-    openapi = requests.get(f"{url}/openapi.json", timeout=10).json()
+@pytest.mark.anyio
+async def test_every_body_the_schema_allows_is_served_and_every_body_it_forbids_is_refused(photo_host, image_b64):
+    async with serving(service_settings(photo_host.address)) as service:
+        openapi = (await service.get("/openapi.json")).json()
+        wrong, answered = await judged_by_the_schema(service, openapi, photo_host.address, image_b64)
+    assert not wrong, "\n".join(wrong)
+    assert answered[False] == 0  # nothing the schema forbids was served
+    assert answered[True] >= 4  # the photo, sent or by URL, each with the other field null; and with an extra field
+
+
+async def judged_by_the_schema(service, openapi: dict, host: str, image_b64: str) -> tuple[list[str], dict]:
+    """Every body of the pools sent to the service: what it got that the schema says it must not,
+    and how many bodies the schema allows (True) and forbids (False) were served."""
     schema = request_schema(openapi)
     validator = jsonschema.validators.validator_for(schema)(schema)
     documented = documented_statuses(openapi)
@@ -88,7 +96,7 @@ def test_every_body_the_schema_allows_is_served_and_every_body_it_forbids_is_ref
     # an image, a URL the server does not fetch (403) or cannot get (502, 504). Never 422, never 500.
     refusals_beyond_the_schema = documented - {200, 422, 500}
     refusals = {status for status in documented if 400 <= status < 500}
-    pools = value_pools(schema, image_b64, f"127.0.0.1:{ports.image_host}")
+    pools = value_pools(schema, image_b64, host)
     # The edge cases the schema used to allow, and the two bodies every client sends.
     assert not validator.is_valid({}) and not validator.is_valid({"image": "0"})
     assert not validator.is_valid({"image": image_b64, "url": pools["url"][3]})
@@ -98,7 +106,7 @@ def test_every_body_the_schema_allows_is_served_and_every_body_it_forbids_is_ref
     answered = {True: 0, False: 0}
     for body in bodies(pools) + [{"image": image_b64, "note": "a field the schema does not name"}]:
         allowed = validator.is_valid(body)
-        response = requests.post(f"{url}/predict", json=body, timeout=60)
+        response = await service.post("/predict", json=body)
         status = response.status_code
         if allowed:
             fine = status == 200 or status in refusals_beyond_the_schema
@@ -108,9 +116,7 @@ def test_every_body_the_schema_allows_is_served_and_every_body_it_forbids_is_ref
         if not fine:
             shown = {name: (value[:24] + "...") if isinstance(value, str) else value for name, value in body.items()}
             wrong.append(f"{json.dumps(shown)}: {'allowed' if allowed else 'forbidden'} by the schema, got {status}")
-    assert not wrong, "\n".join(wrong)
-    assert answered[False] == 0  # nothing the schema forbids was served
-    assert answered[True] >= 4  # the photo, sent or by URL, each with the other field null; and with an extra field
+    return wrong, answered
 
 
 def test_the_published_base64_pattern_is_what_the_decoder_takes():

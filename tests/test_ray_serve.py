@@ -99,6 +99,7 @@ def _post(url: str, image_b64: str) -> requests.Response:
     return requests.post(f"{url}/predict", json={"image": image_b64}, timeout=120)
 
 
+@pytest.mark.integration
 def test_predict_has_the_fastapi_contract_and_says_which_replica_answered(ray_service, image_b64):
     url = ray_service.url
     response = _post(url, image_b64)
@@ -109,11 +110,13 @@ def test_predict_has_the_fastapi_contract_and_says_which_replica_answered(ray_se
     assert health["predict_concurrency"] == 1 and health["inference_threads"] == 1
 
 
+@pytest.mark.integration
 @BAD_REQUESTS
 def test_bad_requests_get_the_same_errors_as_from_fastapi(ray_service, image_b64, body, headers, status):
     check_bad_request(ray_service.url, image_b64, body, headers, status)
 
 
+@pytest.mark.integration
 def test_a_body_over_the_limit_is_refused_with_413(ray_service, image_b64):
     url = ray_service.url
     oversized = b'{"image": "' + b"A" * (TEST_MAX_REQUEST_BYTES + 10) + b'"}'
@@ -122,6 +125,7 @@ def test_a_body_over_the_limit_is_refused_with_413(ray_service, image_b64):
     assert _post(url, image_b64).status_code == 200
 
 
+@pytest.mark.integration
 def test_load_above_the_target_adds_a_replica_and_serve_s_own_gauges_show_it(ray_service, test_images):
     """Four clients against one replica whose target is one request: Serve's autoscaler, seeing
     four requests per replica for over a second, starts a second replica. Serve's own metrics,
@@ -157,6 +161,7 @@ def test_load_above_the_target_adds_a_replica_and_serve_s_own_gauges_show_it(ray
     assert served > 0 and samples[-1].in_replica_ms_total > samples[0].in_replica_ms_total
 
 
+@pytest.mark.integration
 def test_overload_beyond_the_queue_is_refused_fast_with_503(ray_service, image_b64):
     """More requests at once than the replicas take plus the queue holds: the rest get 503 at
     once, and the server keeps serving."""
@@ -180,6 +185,7 @@ def _ray_processes(stack: LocalStack) -> list[psutil.Process]:
     return [leader, *leader.children(recursive=True)]
 
 
+@pytest.mark.integration
 def test_every_ray_process_talks_on_loopback_only(ray_service):
     processes = _ray_processes(ray_service.stack)
     assert any("raylet" in " ".join(p.cmdline()) for p in processes), [p.name() for p in processes]
@@ -196,6 +202,7 @@ def test_every_ray_process_talks_on_loopback_only(ray_service):
     assert seen > 0 and not elsewhere, elsewhere
 
 
+@pytest.mark.integration
 def test_serves_rest_api_refuses_a_client_without_the_token(ray_service):
     """Ray's dashboard runs code on request: without this launch's token, nothing."""
     url = f"{ray_service.dashboard}/api/serve/applications/"
@@ -203,6 +210,7 @@ def test_serves_rest_api_refuses_a_client_without_the_token(ray_service):
     assert requests.get(url, headers={"Authorization": "Bearer not-the-token"}, timeout=10).status_code == 403
 
 
+@pytest.mark.integration
 def test_a_replica_that_dies_is_replaced_and_the_run_counts_what_failed(ray_service, test_images):
     """Kill a replica in the middle of a load: the run ends on time, counting each request that
     failed, and Serve starts a replica in its place."""
@@ -259,6 +267,7 @@ def test_time_in_the_replica_is_read_between_the_first_and_last_sample_of_an_int
     assert math.isnan(in_replica_mean_ms(samples, 1.5, 2.5))  # one sample: no interval
 
 
+@pytest.mark.integration
 def test_an_edited_config_is_deployed_and_awaited_through_serve_s_rest_api(ray_service, image_b64):
     """What notebook 8 does to edit the concurrency target: the edit reaches Serve (its own
     account of the deployed config says so) before `apply` returns, and the app keeps serving."""
@@ -280,6 +289,7 @@ def test_an_edited_config_is_deployed_and_awaited_through_serve_s_rest_api(ray_s
     assert deployed["deployments"][0]["max_queued_requests"] == MAX_QUEUED
 
 
+@pytest.mark.integration
 def test_gourmetgram_classifies_an_upload_through_ray_serve_unchanged(ray_service, gourmetgram, ports):
     """The web UI, configured as for a FastAPI service, works against the Ray Serve app as is."""
     url = gourmetgram("ray_serve", dataclasses.replace(ports, ray_serve=int(ray_service.url.rsplit(":", 1)[1])))

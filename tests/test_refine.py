@@ -95,6 +95,7 @@ def stream_ended(url: str, before: service_stats.Scrape) -> service_stats.Servic
     return delta if ended else None
 
 
+@pytest.mark.integration
 def test_refine_streams_one_line_per_step_with_the_running_answer(fastapi_urls):
     lines = refine_lines(fastapi_urls["onnx"], 5)
     assert [line["step"] for line in lines] == [1, 2, 3, 4, 5] and {line["steps"] for line in lines} == {5}
@@ -102,6 +103,7 @@ def test_refine_streams_one_line_per_step_with_the_running_answer(fastapi_urls):
     assert all(1 / 11 - 1e-9 <= line["probability"] <= 1 for line in lines)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "body, status, says",
     [
@@ -223,6 +225,7 @@ def refine_off(triton_http_url):
     client.load_model(MODEL, config=json.dumps(served))
 
 
+@pytest.mark.integration
 def test_triton_s_decoupled_model_streams_the_same_answers_as_fastapi(model_servers, triton_grpc_url, fastapi_urls):
     received, error = asyncio.run(triton_stream(triton_grpc_url, 4))
     assert error is None and [step for step, _, _ in received] == [1, 2, 3, 4]
@@ -231,6 +234,7 @@ def test_triton_s_decoupled_model_streams_the_same_answers_as_fastapi(model_serv
     assert [p for _, _, p in received] == pytest.approx([line["probability"] for line in lines], abs=1e-5)
 
 
+@pytest.mark.integration
 def test_triton_stops_the_stream_at_the_next_step_when_the_client_cancels(model_servers, triton_grpc_url):
     log = triton_log(model_servers)
     start = log.stat().st_size
@@ -240,6 +244,7 @@ def test_triton_stops_the_stream_at_the_next_step_when_the_client_cancels(model_
     assert counts.computed < LONG and counts.for_gone_clients <= 1  # the step running when the cancel came
 
 
+@pytest.mark.integration
 def test_triton_computes_every_step_for_nobody_with_abandon_on_cancel_off(model_servers, refine_off, triton_grpc_url):
     log = triton_log(model_servers)
     start = log.stat().st_size
@@ -248,6 +253,7 @@ def test_triton_computes_every_step_for_nobody_with_abandon_on_cancel_off(model_
     assert len(received) == READ and counts.computed == LONG and counts.for_gone_clients >= LONG // 2
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "steps, image, says",
     [(0, None, "steps must be a whole number"), ("many", None, "steps must be a whole number"),
@@ -260,6 +266,7 @@ def test_triton_refuses_bad_input_in_the_stream_with_a_message(model_servers, tr
     assert asyncio.run(triton_stream(triton_grpc_url, 1))[0]  # and it serves the next stream
 
 
+@pytest.mark.integration
 def test_triton_s_http_infer_refuses_the_decoupled_model_saying_so(model_servers, triton_http_url):
     tensor = httpclient.InferInput("INPUT_IMAGE", [1, 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[base64.b64encode(paths.SAMPLE_IMAGE.read_bytes())]], dtype=object))
@@ -270,6 +277,7 @@ def test_triton_s_http_infer_refuses_the_decoupled_model_saying_so(model_servers
 # ---- Ray Serve ----------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_ray_serve_stops_the_stream_when_the_client_leaves(ray_serve, fastapi_urls):
     url = ray_serve.serve.url
     assert ray_serve.serve.replicas() == {"RUNNING": 1}, "one replica: its /metrics are the deployment's"

@@ -18,6 +18,8 @@ import tritonclient.http as httpclient
 from servelab.polling import settled
 from servelab.triton import stats as triton_stats
 
+pytestmark = pytest.mark.integration
+
 MODEL = "food_classifier"
 
 

@@ -136,6 +136,7 @@ def running_means(probabilities: list[np.ndarray]) -> list[np.ndarray]:
     return [np.mean(probabilities[: count + 1], axis=0) for count in range(len(probabilities))]
 
 
+@pytest.mark.integration
 def test_a_sequence_answers_with_the_mean_of_its_frames_and_interleaved_sequences_do_not_mix(sequences, test_images):
     alone = [
         sequences.send(next(sequence_ids), image, sequence_start=True, sequence_end=True)["probabilities"]
@@ -159,6 +160,7 @@ def test_a_sequence_answers_with_the_mean_of_its_frames_and_interleaved_sequence
     assert answers[first][1]["frame_label"] == answers[second][1]["frame_label"]
 
 
+@pytest.mark.integration
 def test_a_frame_without_start_is_refused_by_triton_before_the_model(sequences, image_b64, test_images):
     before = sequences.events()
     never_started = sequences.refusal(next(sequence_ids), test_images[0])
@@ -176,6 +178,7 @@ def test_a_frame_without_start_is_refused_by_triton_before_the_model(sequences, 
     assert sequences.events() == before, "the model saw none of them"
 
 
+@pytest.mark.integration
 def test_an_evicted_sequence_is_named_and_the_others_go_on(sequences, test_images):
     before = sequences.events()
     started = [next(sequence_ids) for _ in range(4)]  # one more than the cache holds
@@ -202,6 +205,7 @@ def quick_timeouts(sequences, triton_http_url):
     load(triton_http_url, served)
 
 
+@pytest.mark.integration
 class TestTimeouts:
     def test_an_idle_sequence_expires_in_the_model_before_triton_forgets_it(
         self, sequences, quick_timeouts, test_images
@@ -240,6 +244,7 @@ class TestTimeouts:
         sequences.still_serving(test_images[2])
 
 
+@pytest.mark.integration
 def test_an_explicit_cancel_drops_the_state_without_computing_the_frame(sequences, test_images):
     before = sequences.events()
     ended, open_ = next(sequence_ids), next(sequence_ids)
@@ -266,6 +271,7 @@ def large_jpeg() -> bytes:
     return buffer.getvalue()  # decoding it takes about 0.1 s on a fast machine, seconds on a busy one
 
 
+@pytest.mark.integration
 def test_a_frame_its_grpc_client_cancelled_while_it_waited_is_never_computed(sequences, test_images):
     """A frame waits behind two large frames of another sequence (the sequence batcher puts at most
     one frame of a sequence in a batch, so one runs and one waits), and its client cancels it, once
@@ -340,6 +346,7 @@ def run_concurrently(sequences: Sequences, test_images, count: int, frames: int)
     return answers
 
 
+@pytest.mark.integration
 def test_the_sequence_batcher_runs_frames_of_several_sequences_in_one_execution(sequences, test_images):
     with triton_stats.counted_over(sequences.http_url, MODEL) as stats:
         answers = run_concurrently(sequences, test_images, count=3, frames=4)
@@ -349,6 +356,7 @@ def test_the_sequence_batcher_runs_frames_of_several_sequences_in_one_execution(
     assert max(stats.delta.executions_by_batch_size) > 1
 
 
+@pytest.mark.integration
 def test_the_direct_strategy_answers_empty_slots_without_computing_them(
     sequences, shipped_config, triton_http_url, test_images
 ):

@@ -13,6 +13,8 @@ from tritonclient.utils import InferenceServerException
 from servelab.service import food11
 from servelab.service.cores import available_cores
 
+pytestmark = pytest.mark.integration
+
 
 def _image_inputs(encoded: list[str]):
     inputs = [httpclient.InferInput("INPUT_IMAGE", [len(encoded), 1], "BYTES")]
