@@ -103,6 +103,11 @@ class Running:
             return []
 
     def stop(self) -> None:
+        # Its descendants as they are now: once the leader exits, an orphan is no longer its child.
+        group = []
+        for pid in self.pids():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                group.append(psutil.Process(pid))
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
@@ -113,6 +118,17 @@ class Running:
         with contextlib.suppress(ProcessLookupError):  # what is left of its group (Triton's stubs)
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        # A SIGKILL is delivered, not done, when killpg returns: stopped means gone (or a zombie).
+        _, alive = psutil.wait_procs(group, timeout=STOP_GRACE_S)
+        if alive := [process for process in alive if still_running(process)]:
+            log.warning("%s: processes %s outlived SIGKILL", self.service.name, [process.pid for process in alive])
+
+
+def still_running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def free_ports(count: int) -> list[int]:
