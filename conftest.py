@@ -63,7 +63,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
             if limit := notebook_time_limit_s(item):
                 item.add_marker(pytest.mark.timeout(limit))
-    items.sort(key=lambda item: item.get_closest_marker("notebook") is not None)
+    items.sort(key=run_order)
+
+
+def run_order(item: pytest.Item) -> tuple[bool, int]:
+    """Tests first, then the notebooks in the lab's order (10 after 9, where pytest's is 0, 10, 1)."""
+    if not is_notebook(item):
+        return False, 0
+    return True, int(item.path.name.split("_", 1)[0])
 
 
 # ---- no server in the fast lane ---------------------------------------------------------------
