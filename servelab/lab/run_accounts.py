@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from servelab.measure import service_stats
 from servelab.measure.resources import ResourceSampler
+from servelab.polling import settled
 from servelab.results import RunResult
 from servelab.triton import stats as triton_stats
 
@@ -57,7 +58,7 @@ class ServiceAccount(Account):
         self.before = service_stats.scrape(self.url)
 
     def read(self) -> dict[str, Any]:
-        after = triton_stats.settled(lambda: service_stats.scrape(self.url))  # a service counts just after answering
+        after = settled(lambda: service_stats.scrape(self.url))  # a service counts just after answering
         return service_stats.diff(self.url, self.before, after).to_dict()
 
 
