@@ -19,7 +19,9 @@ keeps its own. Both are set here, before anything imports servelab.paths.
 import atexit
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 
@@ -67,10 +69,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def run_order(item: pytest.Item) -> tuple[bool, int]:
-    """Tests first, then the notebooks in the lab's order (10 after 9, where pytest's is 0, 10, 1)."""
+    """Tests first, then the notebooks in the lab's order (10 after 9, where pytest's is 0, 10, 1);
+    a notebook with no number (one a test writes) keeps its place after them."""
     if not is_notebook(item):
         return False, 0
-    return True, int(item.path.name.split("_", 1)[0])
+    number = re.match(r"\d+", item.path.name)
+    return True, int(number.group()) if number else sys.maxsize
 
 
 # ---- no server in the fast lane ---------------------------------------------------------------
