@@ -162,6 +162,7 @@ def test_a_stream_s_photo_and_steps_are_timed_as_predict_requests_are(tmp_path):
     assert stats.delta.refine_steps == 3 and stats.delta.requests == 0  # no /predict request among them
 
 
+@pytest.mark.integration
 def test_the_load_generator_counts_the_steps_each_stream_received_and_the_clients_who_left(fastapi_urls):
     result = loadgen.stream_loop(
         "fastapi", fastapi_urls["onnx"], 4, 6, 2.0, progress=False, impatient=2, leave_after_steps=READ
