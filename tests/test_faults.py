@@ -18,8 +18,7 @@ import pytest
 import requests
 
 from servelab import loadgen, paths, service_exits
-from servelab.lab import Lab, ui
-from servelab.lab import facade as lab_module
+from servelab.lab import Lab, run_keeper, ui
 from servelab.profiles import profile
 from servelab.results import append_result, load_appended
 from servelab.stack.supervision import ManagedProcess
@@ -87,10 +86,10 @@ def test_a_server_killed_under_load_fails_requests_with_their_cause_comes_back_a
 
 
 def test_a_lab_run_that_spans_a_crash_is_marked_and_saved_as_such(model_servers, ports, monkeypatch, tmp_path):
-    monkeypatch.setattr(lab_module, "SAVED_RUNS_DIR", tmp_path)
+    monkeypatch.setattr(run_keeper, "SAVED_RUNS_DIR", tmp_path)
     url = f"http://127.0.0.1:{ports.fastapi_onnx}"
-    lab = Lab("local", profile("quick"), {"onnx": url}, None, None, None, notebook="faults")
-    lab._stacks.append(model_servers)  # watched as a notebook watches the stack it started
+    # The stack is watched as a notebook watches the stack it started.
+    lab = Lab("local", profile("quick"), {"onnx": url}, None, None, None, notebook="faults", stacks=[model_servers])
     managed, exits_before = service(model_servers, "fastapi_onnx"), len(model_servers.exits)
     threading.Timer(KILL_AFTER_S, os.kill, (managed.process.pid, signal.SIGKILL)).start()
     crashed = lab.closed_loop(url, 4, LOAD_S, target="fastapi_onnx, killed")

@@ -115,27 +115,31 @@ def test_in_the_compose_project_triton_s_log_is_the_copy_beside_its_repository_w
 
 def test_in_the_compose_project_a_triton_restart_is_back_once_triton_answers_again(tmp_path, monkeypatch):
     exits = tmp_path / "restarts.jsonl"
-    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models")
-    lab._shared_exits_file = exits
+    lab = Lab(
+        "compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models", shared_exits_file=exits
+    )
     service_exits.record(exits, service_exits.ServiceExit("triton", time.time(), "exited", "Signal (11)"))
-    monkeypatch.setattr("servelab.lab.facade.answers", lambda url: False)
-    (event,) = lab.service_exits()
+    monkeypatch.setattr("servelab.lab.run_keeper.answers", lambda url: False)
+    (event,) = lab.keeper.service_exits()
     assert event.outcome == service_exits.RESTARTING
-    monkeypatch.setattr("servelab.lab.facade.answers", lambda url: url == "http://triton:8000/v2/health/ready")
-    (event,) = lab.service_exits()
+    monkeypatch.setattr("servelab.lab.run_keeper.answers", lambda url: url == "http://triton:8000/v2/health/ready")
+    (event,) = lab.keeper.service_exits()
     assert event.outcome == service_exits.BACK and event.back_at is not None
-    assert lab.service_exits()[0].back_at == event.back_at  # first seen back, not each time asked
+    assert lab.keeper.service_exits()[0].back_at == event.back_at  # first seen back, not each time asked
     lab.wait_for_services()  # nothing left to wait for
 
 
 def test_in_the_compose_project_a_service_crashed_before_its_restart_is_recorded_is_waited_for(tmp_path, monkeypatch):
     """Docker restarts a crashed container after a delay, and its start records the restart: in
     between, Triton is silent and nothing says why. A measurement waits for it all the same."""
-    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models")
-    lab._shared_exits_file = tmp_path / "restarts.jsonl"  # nothing recorded yet
+    nothing_recorded_yet = tmp_path / "restarts.jsonl"
+    lab = Lab(
+        "compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models",
+        shared_exits_file=nothing_recorded_yet,
+    )  # fmt: skip
     back_at = time.monotonic() + 1.0
-    monkeypatch.setattr("servelab.lab.facade.answers", lambda url: time.monotonic() >= back_at)
-    monkeypatch.setattr("servelab.lab.facade.time.sleep", lambda seconds: None)  # a fake clock's wait
+    monkeypatch.setattr("servelab.lab.run_keeper.answers", lambda url: time.monotonic() >= back_at)
+    monkeypatch.setattr("servelab.lab.run_keeper.time.sleep", lambda seconds: None)  # a fake clock's wait
     lab.wait_for_services()
     assert time.monotonic() >= back_at, "it returned while Triton was silent"
 
@@ -169,7 +173,7 @@ def lab_on(server: Hardware, served_instances: list[dict], monkeypatch) -> Lab:
     """A Lab whose Triton server has `server`'s hardware and reports `served_instances` as its
     model's instance groups."""
     lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", None, triton_server=server)
-    monkeypatch.setattr(lab, "served_config", lambda model: {"instance_group": served_instances})
+    monkeypatch.setattr(lab.triton, "served_config", lambda model: {"instance_group": served_instances})
     return lab
 
 
@@ -284,9 +288,9 @@ def test_measure_retries_an_unstable_measurement_and_gives_none_when_it_never_se
             raise outcome
         return outcome
 
-    monkeypatch.setattr(lab, "_perf_analyzer", perf)
-    monkeypatch.setattr(lab, "served_instances", lambda model: 2)
-    monkeypatch.setattr(lab, "served_config", lambda model: 'name: "toy"\ndynamic_batching { }\n')
+    monkeypatch.setattr(lab.triton, "run_perf_analyzer", perf)
+    monkeypatch.setattr(lab.triton, "served_instances", lambda model: 2)
+    monkeypatch.setattr(lab.triton, "served_config", lambda model: 'name: "toy"\ndynamic_batching { }\n')
     measured = lab.measure("toy", concurrency=2)
     assert measured.target.endswith(", 2 instances, dynamic batching")
     printed = capsys.readouterr().out

@@ -22,8 +22,7 @@ import nbformat
 import pytest
 
 from servelab import paths
-from servelab.lab import facade as lab_module
-from servelab.lab.facade import Lab
+from servelab.lab import Lab, run_keeper
 from servelab.lab.notebook_runs import NOTEBOOKS, judging
 from servelab.lessons.expectations import LabFault, condition, figure, measured
 from servelab.profiles import profile
@@ -31,14 +30,14 @@ from tests.helpers import synthetic_run
 
 
 def judging_lab(tmp_path, monkeypatch) -> Lab:
-    monkeypatch.setattr(lab_module, "SAVED_RUNS_DIR", tmp_path / "results")
+    monkeypatch.setattr(run_keeper, "SAVED_RUNS_DIR", tmp_path / "results")
     return Lab("local", profile("quick"), {}, None, None, None, notebook="toy")
 
 
 def test_a_clean_notebook_s_verdicts_pass(tmp_path, monkeypatch):
     lab = judging_lab(tmp_path, monkeypatch)
-    slow = lab._keep(synthetic_run("fastapi_pt", throughput_rps=10.0), "fastapi_pt", time.time())
-    fast = lab._keep(synthetic_run("fastapi_onnx", throughput_rps=20.0), "fastapi_onnx", time.time())
+    slow = lab.keeper.keep(synthetic_run("fastapi_pt", throughput_rps=10.0), "fastapi_pt", time.time())
+    fast = lab.keeper.keep(synthetic_run("fastapi_onnx", throughput_rps=20.0), "fastapi_onnx", time.time())
     pt, onnx = figure(slow, "throughput_rps", "PyTorch"), figure(fast, "throughput_rps", "ONNX")
     lab.expect("ONNX is faster", condition("more requests per second", onnx.value > pt.value, pt, onnx))
     lab.expect("two nodes", condition("two", True, measured("nodes", 2)), must_hold=True)
@@ -47,7 +46,7 @@ def test_a_clean_notebook_s_verdicts_pass(tmp_path, monkeypatch):
 
 def test_a_verdict_whose_figure_is_not_in_its_table_raises(tmp_path, monkeypatch):
     lab = judging_lab(tmp_path, monkeypatch)
-    shown = lab._keep(synthetic_run("fastapi_pt"), "fastapi_pt", time.time())
+    shown = lab.keeper.keep(synthetic_run("fastapi_pt"), "fastapi_pt", time.time())
     elsewhere = synthetic_run("fastapi_onnx", throughput_rps=99.0)  # measured, never kept by this lab
     lab.expect("a claim", condition("read from its table", True, figure(shown, "throughput_rps", "shown")))
     lab.expect("another", condition("read from elsewhere", True, figure(elsewhere, "throughput_rps", "unseen")))
@@ -58,7 +57,7 @@ def test_a_verdict_whose_figure_is_not_in_its_table_raises(tmp_path, monkeypatch
 
 def test_a_verdict_whose_figure_differs_from_its_saved_run_raises(tmp_path, monkeypatch):
     lab = judging_lab(tmp_path, monkeypatch)
-    kept = lab._keep(synthetic_run("fastapi_pt", throughput_rps=10.0), "fastapi_pt", time.time())
+    kept = lab.keeper.keep(synthetic_run("fastapi_pt", throughput_rps=10.0), "fastapi_pt", time.time())
     misread = dataclasses.replace(figure(kept, "throughput_rps", "throughput"), value=12.0)
     lab.expect("a claim", condition("judged on 12", True, misread))
     with pytest.raises(LabFault, match=r"toy: 1 problem\(s\)") as raised:
@@ -68,7 +67,7 @@ def test_a_verdict_whose_figure_differs_from_its_saved_run_raises(tmp_path, monk
 
 def test_a_run_in_its_table_that_was_never_saved_raises(tmp_path, monkeypatch):
     lab = judging_lab(tmp_path, monkeypatch)
-    kept = lab._keep(synthetic_run("fastapi_pt"), "fastapi_pt", time.time())
+    kept = lab.keeper.keep(synthetic_run("fastapi_pt"), "fastapi_pt", time.time())
     lab.results.append(synthetic_run("fastapi_onnx"))  # in the table, never saved
     lab.expect("a claim", condition("read from its table", True, figure(kept, "throughput_rps", "throughput")))
     with pytest.raises(LabFault) as raised:
@@ -89,7 +88,7 @@ def test_a_figure_set_on_a_run_after_the_lab_saved_it_raises(tmp_path, monkeypat
     """The notebooks' order before issue 39: the lab saved the run, then the notebook set the
     figures it had counted over it, which the saved run lacks, whether a verdict reads them or not."""
     lab = judging_lab(tmp_path, monkeypatch)
-    run = lab._keep(synthetic_run("triton/food_classifier_onnx"), "triton/food_classifier_onnx", time.time())
+    run = lab.keeper.keep(synthetic_run("triton/food_classifier_onnx"), "triton/food_classifier_onnx", time.time())
     setattr(run, field, value)
     lab.expect("a claim", condition("read from its table", True, figure(run, "throughput_rps", "throughput")))
     with pytest.raises(LabFault, match=r"toy: 1 problem\(s\)") as raised:
@@ -105,7 +104,7 @@ def test_a_run_saved_whole_passes_though_json_made_its_keys_strings_and_nan_equa
     run = synthetic_run(
         "triton/food_sequence", triton_stats={"avg_queue_us": float("nan"), "executions_by_batch_size": {1: 2, 10: 3}}
     )
-    kept = lab._keep(run, "triton/food_sequence", time.time())
+    kept = lab.keeper.keep(run, "triton/food_sequence", time.time())
     executions = figure(kept, "triton_stats.executions_by_batch_size.10", "executions of 10")
     lab.expect("batches of 10 ran", condition("some", executions.value > 0, executions))
     assert "HELD: batches of 10 ran" in lab.verdicts()
@@ -123,7 +122,7 @@ def test_a_notebook_with_no_verdict_read_from_a_run_raises(tmp_path, monkeypatch
 @pytest.mark.parametrize("held", [False, None], ids=["did not hold", "not checked"])
 def test_an_expectation_that_must_hold_and_did_not_raises_as_a_fault_of_the_lab(tmp_path, monkeypatch, held):
     lab = judging_lab(tmp_path, monkeypatch)
-    run = lab._keep(synthetic_run("ray_serve"), "ray_serve", time.time())
+    run = lab.keeper.keep(synthetic_run("ray_serve"), "ray_serve", time.time())
     lab.expect("speed", condition("fast", False, figure(run, "throughput_rps", "throughput")))  # may not hold
     nodes = measured("nodes", float("nan") if held is None else 1)
     lab.expect("Serve spreads the replicas", condition("two nodes", bool(held), nodes), must_hold=True)

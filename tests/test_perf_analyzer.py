@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from servelab import paths
-from servelab.lab import facade as lab_module
-from servelab.lab.facade import Lab, shown_command, summary_line
+from servelab.lab import Lab, run_keeper
 from servelab.profiles import profile
+from servelab.report.summaries import shown_command, summary_line
 from servelab.results import RunResult, append_result, load_appended
 from servelab.triton import perf_analyzer
 from servelab.triton.models import ModelRepository
@@ -198,7 +198,7 @@ def test_request_rate_mode_with_poisson_arrivals(triton_http_url):
 def test_a_notebook_s_measurement_prints_the_command_that_ran_and_that_command_measures_again(
     triton_http_url, triton_grpc_url, tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setattr(lab_module, "SAVED_RUNS_DIR", tmp_path / "results")
+    monkeypatch.setattr(run_keeper, "SAVED_RUNS_DIR", tmp_path / "results")
     lab = Lab("local", profile("quick"), {}, triton_http_url, triton_grpc_url, None, notebook="perf_command")
     # The ONNX model: its short requests settle perf_analyzer's windows even on a busy machine (the
     # Python-backend model's input file, shown by its path in the repository, is tested above).

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from servelab import jsonl, loadgen, service_exits
-from servelab.lab import facade as lab_module
-from servelab.lab.facade import Lab, summary_line
+from servelab import jsonl, loadgen, paths, service_exits
+from servelab.lab import Lab, run_keeper
 from servelab.lab.triton_side import ServiceCrashed
 from servelab.lessons.expectations import Outcome, condition, figure
 from servelab.measure import service_stats
 from servelab.measure.resources import ResourceSampler
 from servelab.profiles import profile
+from servelab.report.summaries import summary_line
 from servelab.results import LatencySummary, RunResult, SequenceRunResult, append_result, load_appended, saved_fields
 from servelab.service_exits import ServiceExit
 from servelab.triton import perf_analyzer
@@ -37,9 +37,11 @@ def run(target: str = "fastapi_onnx", rps: float = 50.0) -> RunResult:
     return RunResult(target, "loadgen", "closed", 100, rps, LatencySummary.of([10.0, 20.0]), 2.0, concurrency=4)
 
 
-def local_lab(tmp_path, monkeypatch, exits_file=None) -> Lab:
-    monkeypatch.setattr(lab_module, "SAVED_RUNS_DIR", tmp_path / "results")
-    return Lab("local", profile("quick"), {}, None, None, None, notebook="toy", _shared_exits_file=exits_file)
+def local_lab(tmp_path, monkeypatch, exits_file=None, triton_http=None, triton_grpc=None) -> Lab:
+    monkeypatch.setattr(run_keeper, "SAVED_RUNS_DIR", tmp_path / "results")
+    return Lab(
+        "local", profile("quick"), {}, triton_http, triton_grpc, None, notebook="toy", shared_exits_file=exits_file
+    )
 
 
 def test_records_are_appended_whole_and_a_line_cut_short_is_skipped_with_a_warning(tmp_path, caplog):
@@ -59,7 +61,7 @@ def test_a_process_killed_while_it_appends_leaves_every_record_whole(tmp_path):
     writer = textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {str(lab_module.paths.REPO_ROOT)!r})
+        sys.path.insert(0, {str(paths.REPO_ROOT)!r})
         from pathlib import Path
         from servelab import jsonl
         n = 0
@@ -112,13 +114,14 @@ def test_a_run_and_a_run_of_sequences_come_back_from_the_file_as_they_were_saved
 
 def test_each_run_is_saved_as_it_ends_and_a_later_session_loads_them_back(tmp_path, monkeypatch, capsys):
     morning = local_lab(tmp_path, monkeypatch)
-    morning._keep(run("fastapi_pt"), "fastapi_pt", time.time())
-    morning._keep(run("fastapi_onnx"), "fastapi_onnx", time.time())
+    morning.keeper.keep(run("fastapi_pt"), "fastapi_pt", time.time())
+    morning.keeper.keep(run("fastapi_onnx"), "fastapi_onnx", time.time())
     saved = tmp_path / "results" / "toy.jsonl"
     assert [metadata["notebook"] for _, metadata in load_appended(saved)] == ["toy", "toy"]
     afternoon = local_lab(tmp_path, monkeypatch)
-    afternoon.connected_at = afternoon.connected_at.replace(year=afternoon.connected_at.year + 1)  # a later session
-    afternoon._keep(run("ray_serve"), "ray_serve", time.time())
+    later = afternoon.keeper.connected_at.replace(year=afternoon.keeper.connected_at.year + 1)
+    afternoon.keeper.connected_at = later  # a later session
+    afternoon.keeper.keep(run("ray_serve"), "ray_serve", time.time())
     capsys.readouterr()
     assert [result.target for result in Lab.saved_runs("toy")] == ["ray_serve"]
     said = capsys.readouterr().out
@@ -146,14 +149,14 @@ def test_a_run_a_crash_interrupted_is_marked_saved_as_such_and_its_figures_judge
     service_exits.record(exits_file, crash)
     crash.outcome, crash.back_at = service_exits.BACK, time.time() + 1
     service_exits.record(exits_file, crash)
-    crashed = lab._keep(run(), "triton/food_classifier_onnx, grpc", started)
+    crashed = lab.keeper.keep(run(), "triton/food_classifier_onnx, grpc", started)
     assert crashed.interrupted_by == [crash.describe()] and not crashed.clean
     assert "triton was killed by signal 11 (SIGSEGV)" in crashed.interrupted_by[0]
     printed = capsys.readouterr().out
     assert "NOT A CLEAN RUN: triton was killed by signal 11" in printed and "NOTE: triton was killed" in printed
     ((saved, _),) = load_appended(tmp_path / "results" / "toy.jsonl")
     assert saved.interrupted_by == crashed.interrupted_by
-    clean = lab._keep(run(), "fastapi_onnx", time.time() + 5)
+    clean = lab.keeper.keep(run(), "fastapi_onnx", time.time() + 5)
     assert clean.clean and "NOT A CLEAN RUN" not in summary_line(clean)
     judged = condition("crashed run", True, figure(crashed, "throughput_rps", "goodput"))
     assert judged.outcome is Outcome.NOT_CHECKED and "crashed during the run of goodput" in judged.detail
@@ -194,14 +197,13 @@ def test_a_service_given_up_on_is_said_once_and_measuring_goes_on(tmp_path, monk
 
 def test_perf_analyzer_failing_under_a_crash_is_said_so_and_measured_again(tmp_path, monkeypatch, capsys):
     exits_file = tmp_path / "restarts.jsonl"
-    lab = local_lab(tmp_path, monkeypatch, exits_file)
-    lab.triton_http = "127.0.0.1:1"
+    lab = local_lab(tmp_path, monkeypatch, exits_file, triton_http="127.0.0.1:1")
 
     class Model:
         def perf_analyzer_input(self, image, folder):
             return {}
 
-    monkeypatch.setattr(Lab, "models", property(lambda self: {"toy": Model()}))
+    monkeypatch.setattr(lab.triton, "models", {"toy": Model()})
 
     def dies(*args, **kwargs):
         crash = ServiceExit("triton", time.time(), "was killed by signal 11 (SIGSEGV)", "", "back", time.time())
@@ -210,10 +212,10 @@ def test_perf_analyzer_failing_under_a_crash_is_said_so_and_measured_again(tmp_p
 
     monkeypatch.setattr(perf_analyzer, "run", dies)
     with pytest.raises(ServiceCrashed, match="perf_analyzer failed because triton was killed by signal 11"):
-        lab._perf_analyzer("toy", time.time())
+        lab.triton.run_perf_analyzer("toy", time.time())
     monkeypatch.setattr(perf_analyzer, "run", fails)
     with pytest.raises(perf_analyzer.PerfAnalyzerError) as raised:  # no crash since: the tool's own error
-        lab._perf_analyzer("toy", time.time() + 1)
+        lab.triton.run_perf_analyzer("toy", time.time() + 1)
     assert not isinstance(raised.value, ServiceCrashed)
 
     outcomes = [ServiceCrashed("perf_analyzer failed because triton was killed by signal 11 (SIGSEGV)"), run("toy")]
@@ -224,9 +226,9 @@ def test_perf_analyzer_failing_under_a_crash_is_said_so_and_measured_again(tmp_p
             raise outcome
         return outcome
 
-    monkeypatch.setattr(lab, "_perf_analyzer", perf)
-    monkeypatch.setattr(lab, "served_instances", lambda model: 1)
-    monkeypatch.setattr(lab, "served_config", lambda model: 'name: "toy"\n')
+    monkeypatch.setattr(lab.triton, "run_perf_analyzer", perf)
+    monkeypatch.setattr(lab.triton, "served_instances", lambda model: 1)
+    monkeypatch.setattr(lab.triton, "served_config", lambda model: 'name: "toy"\n')
     measured = lab.measure("toy", concurrency=1)
     assert measured is not None and measured.target == "toy, 1 instance"
     assert "because triton was killed by signal 11 (SIGSEGV) (attempt 1 of 2)" in capsys.readouterr().out
@@ -293,10 +295,9 @@ class CountingServer:
 
 
 def test_a_run_measured_with_what_to_count_over_it_is_saved_whole_every_field_equal(tmp_path, monkeypatch):
-    lab = local_lab(tmp_path, monkeypatch)
-    lab.triton_http, lab.triton_grpc = "127.0.0.1:1", "127.0.0.1:2"
+    lab = local_lab(tmp_path, monkeypatch, triton_http="127.0.0.1:1", triton_grpc="127.0.0.1:2")
     server = CountingServer(tmp_path / "triton.log")
-    monkeypatch.setattr(lab, "triton_log", lambda: server.log)
+    monkeypatch.setattr(lab.triton, "log", lambda: server.log)
     monkeypatch.setattr(triton_stats, "fetch", server.triton_stats)
     monkeypatch.setattr(service_stats, "scrape", server.metrics)
     nan_latency = LatencySummary.of([])  # NaN, which equals nothing, even itself
@@ -307,11 +308,11 @@ def test_a_run_measured_with_what_to_count_over_it_is_saved_whole_every_field_eq
     )  # fmt: skip
     monkeypatch.setattr(loadgen, "sequence_loop", server.load(frames))
     perf = server.load(run("food_classifier_onnx"))
-    monkeypatch.setattr(lab, "_perf_analyzer", lambda model, started, **load: dataclasses.replace(
+    monkeypatch.setattr(lab.triton, "run_perf_analyzer", lambda model, started, **load: dataclasses.replace(
         perf(), tool="perf_analyzer", command=["perf_analyzer", "-m", model], server_breakdown={"server_queue_us": 9.0},
     ))  # fmt: skip
-    monkeypatch.setattr(lab, "served_instances", lambda model: 1)
-    monkeypatch.setattr(lab, "served_config", lambda model: {})
+    monkeypatch.setattr(lab.triton, "served_instances", lambda model: 1)
+    monkeypatch.setattr(lab.triton, "served_config", lambda model: {})
 
     grpc = lab.closed_loop(
         lab.triton_grpc, 8, 1.0, "triton, grpc", kind="triton-grpc", model="food_classifier_onnx", triton_stats=True
@@ -341,10 +342,9 @@ def test_a_run_measured_with_what_to_count_over_it_is_saved_whole_every_field_eq
 def test_an_account_the_server_cannot_give_after_the_run_is_a_note_and_the_run_is_still_saved(
     tmp_path, monkeypatch, capsys
 ):
-    lab = local_lab(tmp_path, monkeypatch)
-    lab.triton_http = "127.0.0.1:1"
+    lab = local_lab(tmp_path, monkeypatch, triton_http="127.0.0.1:1")
     server = CountingServer(tmp_path / "triton.log")
-    monkeypatch.setattr(lab, "triton_log", lambda: server.log)
+    monkeypatch.setattr(lab.triton, "log", lambda: server.log)
     snapshots = [server.triton_stats("127.0.0.1:1", "food_classifier_onnx")]
 
     def crashed_after_the_first_read(*args, **kwargs):

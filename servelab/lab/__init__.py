@@ -1,8 +1,13 @@
 """What the notebooks call: `Lab.connect()` and the lab's methods on it.
 
 - `facade`: `Lab`, the notebooks' one object: it finds or starts the services, runs the load
-  generator and perf_analyzer, records every run and every verdict;
-- `triton_side`, `ray_side`: Lab's methods for Triton and for Ray Serve;
+  generator, records every verdict, and hands the rest to its parts (each an object with a public
+  interface):
+- `run_keeper`: `RunKeeper` (`lab.keeper`) keeps every run (names it, marks it if a service
+  crashed under it, saves it, loads saved runs back), tells the student of a service's exit, and
+  waits for the services before each run;
+- `triton_side`: `TritonSide` (`lab.triton`): perf_analyzer runs, capacity, Triton's model configs;
+- `ray_side`: `RayServe` (`lab.ray_serve()`): the Ray Serve to edit, redeploy and watch;
 - `run_accounts`: what Lab counts over a run besides the load generator's figures (the server's
   statistics, the machine's resources), set on the run before it is saved;
 - `ui`: GourmetGram's client (an upload, as a browser sends it);

@@ -13,19 +13,19 @@ LAB_SERVICES says where the lab's services are (servelab.settings, servelab.envi
 LAB_PROFILE chooses how long each measurement runs (servelab.profiles): `full` (the default) or
 `quick` (CI; every experiment still runs, with short windows).
 
-Every run is appended to `results/notebooks/<notebook>.jsonl` as it ends, so a crash, a kernel
-restart or a closed tab loses nothing measured: `Lab.saved_runs("9_cancellation")` loads them
-back. A run is complete when it is saved: what a notebook asks the lab to count over it (the
-server's statistics, the machine's resources: servelab.lab.run_accounts) is set on it first, so
-the saved run is the run the notebook shows, every field (`lab.verdicts()` checks it).
-
-Locally, the stack's supervisor restarts a service that crashes (servelab.stack.supervision); in the
-Compose project, Docker restarts a crashed Triton, whose container's start records it
-(servelab.triton.container). Lab says so in the notebook, waits for the service to come back
-before the next run, and marks a run that a crash interrupted (`result.interrupted_by`): its row
-says so, and a verdict that reads it is NOT CHECKED.
-
-The Triton methods (perf_analyzer runs, capacity, config edits) are in servelab.lab.triton_side.
+Lab is made of parts, each with its own public interface, and calls them:
+- `lab.keeper` (servelab.lab.run_keeper.RunKeeper) keeps every run: it appends each to
+  `results/notebooks/<notebook>.jsonl` as it ends, so a crash, a kernel restart or a closed tab
+  loses nothing measured (`Lab.saved_runs("9_cancellation")` loads them back); it says in the
+  notebook when a service crashed, waits for it to come back before the next run, and marks a run
+  that a crash interrupted (`result.interrupted_by`): its row says so, and a verdict that reads it
+  is NOT CHECKED. A run is complete when it is kept: what a notebook asks the lab to count over it
+  (servelab.lab.run_accounts) is set on it first, so the saved run is the run the notebook shows,
+  every field (`lab.verdicts()` checks it);
+- `lab.triton` (servelab.lab.triton_side.TritonSide): perf_analyzer runs, capacity, config edits;
+  Lab's methods of the same names (`lab.measure`, `lab.apply_config`, ...) hand them to it;
+- `lab.ray_serve()` (servelab.lab.ray_side.RayServe): the Ray Serve to edit, redeploy and watch.
+Lab itself finds or starts the services, runs the load generator, and records the verdicts.
 """
 
 from __future__ import annotations
@@ -35,17 +35,13 @@ import base64
 import contextlib
 import functools
 import logging
-import math
 import os
-import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import requests
 
@@ -58,39 +54,35 @@ from servelab.environment import (  # noqa: F401 (notebooks use chameleon_only a
 from servelab.lab import ray_side as lab_ray
 from servelab.lab import ui
 from servelab.lab.run_accounts import Account, ResourcesAccount, ServiceAccount, counted
-from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, Capacity, TritonLab
+from servelab.lab.run_keeper import RunKeeper, saved_runs_file, wait_until_answering
+from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, Capacity, TritonAddresses, TritonSide
 from servelab.lab.ui import PageAnswer
 from servelab.lessons.expectations import Condition, Expectation, ExpectationLog, LabFault, verdict_problems
 from servelab.measure.resources import ResourceSampler
 from servelab.polling import settled
 from servelab.profiles import Profile, profile
 from servelab.report import tables
-from servelab.results import RunResult, SequenceRunResult, StepCounts, append_result, load_appended
+from servelab.report.summaries import shown_path
+from servelab.results import RunResult, SequenceRunResult, StepCounts
 from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
-from servelab.service_exits import ServiceExit
 from servelab.settings import settings
 from servelab.stack.catalogue import fastapi_service, gourmetgram_service, image_host_service, triton_service
-from servelab.stack.supervision import POLL_S, LocalStack, Ports, ServiceSpec, answers, start_on_free_ports
+from servelab.stack.supervision import LocalStack, Ports, ServiceSpec, answers, start_on_free_ports
+from servelab.triton.config import TritonConfig
 from servelab.triton.models import ModelRepository
 from servelab.triton.server import LOCAL_TRITON
 
 log = logging.getLogger(__name__)
 
-SAVED_RUNS_DIR = paths.RESULTS_DIR / "notebooks"
-RESTART_WAIT_S = 300.0  # Triton with every model loads in about 10-60 s; a busy machine takes longer
-COMPOSE_RESTART_RECORD_S = 10.0  # Docker restarts a crashed container at once; its start records it
 STREAMS_END_S = 60.0  # how long the streams a run left on the server may take to end
-Kept = TypeVar("Kept", bound=RunResult)  # a run kept by Lab._keep: a RunResult or a SequenceRunResult
-
-
-def saved_runs_file(notebook: str) -> Path:
-    """Where the runs of `notebook` (its file name without .ipynb) are appended as they end."""
-    return SAVED_RUNS_DIR / f"{notebook}.jsonl"
 
 
 @dataclass
-class Lab(TritonLab):
+class Lab:
+    """The notebooks' lab: its services' addresses, and its parts (`keeper`, `triton`), made once
+    from those addresses when the Lab is made (`Lab.connect()`)."""
+
     services: str  # where the lab's services are: "local" or "compose" (LAB_SERVICES)
     profile: Profile
     fastapi_urls: dict[str, str]  # flavor ("pt"/"onnx") -> http://host:port
@@ -100,18 +92,24 @@ class Lab(TritonLab):
     source: Path = paths.MODELS_STAGING_DIR  # the models as shipped
     image_host_url: str | None = None  # the image host (object store stand-in), http://host:port
     triton_server: Hardware = LOCAL_TRITON  # what the Triton server has: configs are adapted to it
-    notebook: str = "unnamed"  # whose runs these are: the file they are saved to
-    results: list[RunResult] = field(default_factory=list)
     expectations: ExpectationLog = field(default_factory=ExpectationLog)
-    # When this Lab connected, which names the session its saved runs belong to.
-    connected_at: datetime = field(default_factory=lambda: datetime.now().astimezone())
-    _stacks: list[LocalStack] = field(default_factory=list, repr=False)
-    # The exits recorded by the supervisor of `make up`, when this notebook uses that stack.
-    _shared_exits_file: Path | None = field(default=None, repr=False)
-    _exits_told: set[tuple[str, float, str]] = field(default_factory=set, repr=False)
-    _capacities: dict[tuple[str, str], Capacity] = field(default_factory=dict, repr=False)
+    # What the run keeper is given: whose runs these are (the file they are saved to), the stacks
+    # this notebook started, and the exits recorded by the supervisor of `make up` (or by the
+    # Compose project's Triton container) when this notebook uses that stack.
+    notebook: InitVar[str] = "unnamed"
+    stacks: InitVar[list[LocalStack] | None] = None
+    shared_exits_file: InitVar[Path | None] = None
+    keeper: RunKeeper = field(init=False, repr=False)
+    triton: TritonSide = field(init=False, repr=False)
     _ray_serve: lab_ray.RayServe | None = field(default=None, repr=False)
-    _back_at: dict[tuple[str, float], float] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self, notebook: str, stacks: list[LocalStack] | None, shared_exits_file: Path | None) -> None:
+        self.keeper = RunKeeper(
+            notebook, self.services, self.profile.name, self._health_urls(), stacks or [], shared_exits_file
+        )
+        self.triton = TritonSide(
+            self.keeper, self.triton_http, self.repository, self.triton_server, self.profile, self.models
+        )
 
     # ---- connecting ------------------------------------------------------------------------
 
@@ -127,53 +125,37 @@ class Lab(TritonLab):
                 "This is Chameleon's Jupyter server, where notebooks 1 and 2 set up the node: the lab's services "
                 "run on the node. Open this notebook in the node's Jupyter container (notebook 2 prints its address)."
             )
-        lab = cls._compose(chosen) if services == "compose" else cls._local(chosen, triton)
-        lab.notebook = notebook
+        lab = cls._compose(chosen, notebook) if services == "compose" else cls._local(chosen, triton, notebook)
         print(lab.describe())
         return lab
 
     @classmethod
-    def _compose(cls, chosen: Profile) -> Lab:
+    def _compose(cls, chosen: Profile, notebook: str) -> Lab:
         """The Compose project's services, at the addresses compose.yaml gives the Jupyter container,
         once each answers; Triton's repository and hardware are in the volume both containers share."""
         given = settings()
         shared = given.triton_shared_dir
-        lab = cls(
+        fastapi_urls = {"pt": given.compose("fastapi_pt_url"), "onnx": given.compose("fastapi_onnx_url")}
+        image_host_url, triton_http = given.compose("image_host_url"), given.compose("triton_http")
+        wait_until_answering(health_urls(fastapi_urls, image_host_url, triton_http))
+        return cls(
             services="compose",
             profile=chosen,
-            fastapi_urls={"pt": given.compose("fastapi_pt_url"), "onnx": given.compose("fastapi_onnx_url")},
-            triton_http=given.compose("triton_http"),
+            fastapi_urls=fastapi_urls,
+            triton_http=triton_http,
             triton_grpc=given.compose("triton_grpc"),
             repository=shared / "models",
-            image_host_url=given.compose("image_host_url"),
-            _shared_exits_file=shared / service_exits.EVENTS_FILE,
+            image_host_url=image_host_url,
+            triton_server=Hardware.read(shared / "hardware.json"),
+            notebook=notebook,
+            shared_exits_file=shared / service_exits.EVENTS_FILE,
         )
-        lab._wait_until_answering()
-        lab.triton_server = Hardware.read(shared / "hardware.json")
-        return lab
 
     def _health_urls(self) -> dict[str, str]:
-        urls = {f"fastapi_{flavor}": f"{url}/health" for flavor, url in self.fastapi_urls.items()}
-        if self.image_host_url:
-            urls["image_host"] = f"{self.image_host_url}/health"
-        if self.triton_http:
-            urls["triton"] = f"http://{self.triton_http}/v2/health/ready"
-        return urls
-
-    def _wait_until_answering(self) -> None:
-        """Wait for the Compose services, which may still be starting (a first Triton start loads
-        every model), and say which does not answer."""
-        deadline = time.monotonic() + RESTART_WAIT_S
-        while silent := [name for name, url in self._health_urls().items() if not answers(url)]:
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"{', '.join(silent)} did not answer within {RESTART_WAIT_S:.0f} s. On the Docker host, "
-                    f"`docker compose ps` shows each service's state and `docker compose logs {silent[0]}` its log."
-                )
-            time.sleep(2)
+        return health_urls(self.fastapi_urls, self.image_host_url, self.triton_http)
 
     @classmethod
-    def _local(cls, chosen: Profile, triton: bool) -> Lab:
+    def _local(cls, chosen: Profile, triton: bool, notebook: str) -> Lab:
         default = Ports.configured()
         running = answers(f"http://127.0.0.1:{default.fastapi_pt}/health")
         running = running and answers(f"http://127.0.0.1:{default.image_host}/health")
@@ -212,8 +194,9 @@ class Lab(TritonLab):
             triton_grpc=f"127.0.0.1:{ports.triton_grpc}" if with_triton else None,
             repository=repository,
             image_host_url=f"http://127.0.0.1:{ports.image_host}",
-            _stacks=stacks,
-            _shared_exits_file=shared_exits,
+            notebook=notebook,
+            stacks=stacks,
+            shared_exits_file=shared_exits,
         )
 
     @property
@@ -240,8 +223,8 @@ class Lab(TritonLab):
         if self.image_host_url:
             lines.append(f"  Image host (an object store with an emulated network latency): {self.image_host_url}")
         lines.append(
-            f"Each run is saved as it ends to {_shown(saved_runs_file(self.notebook))}; after a crash or a "
-            f'restart of this kernel, Lab.saved_runs("{self.notebook}") loads them back.'
+            f"Each run is saved as it ends to {shown_path(saved_runs_file(self.keeper.notebook))}; after a crash "
+            f'or a restart of this kernel, Lab.saved_runs("{self.keeper.notebook}") loads them back.'
         )
         return "\n".join(lines)
 
@@ -263,9 +246,9 @@ class Lab(TritonLab):
 
     def stop(self) -> None:
         """Stop what this notebook started (nothing else: not `make up`'s services, nor the Compose project's)."""
-        for stack in self._stacks:
+        for stack in self.keeper.stacks:
             stack.stop()
-        self._stacks.clear()
+        self.keeper.stacks.clear()
 
     # ---- requests and measurements ---------------------------------------------------------
 
@@ -301,12 +284,8 @@ class Lab(TritonLab):
         stack, ports = start_on_free_ports(
             lambda ports: [fastapi_service(flavor, ports.fastapi_pt, env=env)], work / "logs"
         )
-        with stack:
-            self._stacks.append(stack)  # watched for crashes like the others, while it runs
-            try:
-                yield f"http://127.0.0.1:{ports.fastapi_pt}"
-            finally:
-                self._stacks.remove(stack)
+        with stack, self.keeper.watching(stack):  # watched for crashes like the others, while it runs
+            yield f"http://127.0.0.1:{ports.fastapi_pt}"
 
     def ray_serve(self) -> lab_ray.RayServe:
         """The lab's Ray Serve (servelab.lab.ray_side), to edit, redeploy and watch; locally, started
@@ -315,14 +294,9 @@ class Lab(TritonLab):
             self._ray_serve = (
                 lab_ray.compose()
                 if self.on_compose
-                else lab_ray.local(self._stacks, NOTEBOOK_STACK_DIR / f"ray-{os.getpid()}")
+                else lab_ray.local(self.keeper.stacks, NOTEBOOK_STACK_DIR / f"ray-{os.getpid()}")
             )
         return self._ray_serve
-
-    def _triton(self) -> str:
-        if not self.triton_http:
-            raise RuntimeError("This notebook connected without Triton (Lab.connect(triton=False)).")
-        return self.triton_http
 
     def predict(self, flavor: str, image: bytes | None = None) -> dict:
         """One real request to FastAPI's /predict, as the Swagger page would send it."""
@@ -364,11 +338,11 @@ class Lab(TritonLab):
         service, with the service's /metrics counted over it, and the machine sampled by `resources`."""
         base = url or self.fastapi_url(flavor)
         accounts = [ServiceAccount(base), *([ResourcesAccount(resources)] if resources else [])]
-        started = self._ready_to_measure()
+        started = self.keeper.ready_to_measure()
         measure = functools.partial(
             loadgen.closed_loop, "fastapi", base, image_bytes=self.sample_image(), progress=False, **load
         )
-        return self._keep(counted(measure, accounts), target or f"fastapi_{flavor}", started)
+        return self.keeper.keep(counted(measure, accounts), target or f"fastapi_{flavor}", started)
 
     def closed_loop(
         self,
@@ -400,14 +374,14 @@ class Lab(TritonLab):
         if triton_stats:
             if model is None:
                 raise ValueError("triton_stats=True counts Triton's statistics of `model`: name the model")
-            accounts.append(self._triton_account(model))
-        started = self._ready_to_measure()
+            accounts.append(self.triton.account(model))
+        started = self.keeper.ready_to_measure()
         measure = functools.partial(
             loadgen.closed_loop, kind, address, concurrency=concurrency, duration_s=duration_s, model=model,
             image_bytes=self.sample_image(), progress=False, backoff_s=backoff_s,
             impatient=impatient, patience_s=patience_s,
         )  # fmt: skip
-        return self._keep(counted(measure, accounts), target, started)
+        return self.keeper.keep(counted(measure, accounts), target, started)
 
     def streams(
         self,
@@ -427,7 +401,7 @@ class Lab(TritonLab):
         (impatient, leave_after_steps, patience_s, backoff_s). `server_steps` reads the server's
         own step counters: before the run, and after it once the streams it left running have
         ended, their difference is the run's `steps["computed"]` and `steps["for_gone_clients"]`."""
-        started = self._ready_to_measure()
+        started = self.keeper.ready_to_measure()
         before = server_steps()
         result = loadgen.stream_loop(
             kind, address, concurrency, steps, duration_s, model=model, image_bytes=self.sample_image(),
@@ -436,7 +410,7 @@ class Lab(TritonLab):
         # Steps of streams whose client left may still be computed: with cancellation off, all of them.
         deadline = time.monotonic() + STREAMS_END_S
         while (after := server_steps()).running > before.running and time.monotonic() < deadline:
-            if any(event.between(started, time.time()) for event in self.service_exits()):
+            if any(event.between(started, time.time()) for event in self.keeper.service_exits()):
                 break  # a crash cut streams short: they never end, and the run is marked
             time.sleep(0.1)
         if after.running > before.running:
@@ -448,7 +422,7 @@ class Lab(TritonLab):
             "computed": after.computed - before.computed,
             "for_gone_clients": after.for_gone_clients - before.for_gone_clients,
         }
-        return self._keep(result, target, started)
+        return self.keeper.keep(result, target, started)
 
     def sequences(
         self,
@@ -467,13 +441,13 @@ class Lab(TritonLab):
         address = self.triton_grpc if kind == "triton-grpc" else self.triton_http
         if address is None:
             raise RuntimeError("This lab runs without Triton: connect with Lab.connect() (Triton is on by default).")
-        accounts = [self._triton_account(model)] if triton_stats else []
-        started = self._ready_to_measure()
+        accounts = [self.triton.account(model)] if triton_stats else []
+        started = self.keeper.ready_to_measure()
         measure = functools.partial(
             loadgen.sequence_loop, kind, address, model, concurrency, length,
             image_bytes=self.sample_image(), progress=False, models=self.models, **load,
         )  # fmt: skip
-        return self._keep(counted(measure, accounts), target, started)
+        return self.keeper.keep(counted(measure, accounts), target, started)
 
     def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:
         """The URL of a sample photo on the image host; `latency_ms` overrides its emulated latency."""
@@ -485,125 +459,102 @@ class Lab(TritonLab):
         query = "" if latency_ms is None else f"?latency_ms={latency_ms:g}"
         return f"{self.image_host_url}/images/{name}{query}"
 
-    def _keep(self, result: Kept, target: str, started: float) -> Kept:
-        """Name the run, mark it if a service crashed while it ran (since `started`, a Unix time),
-        save it, and print its summary. The run is complete: every figure counted over it is set
-        before this one save (servelab.lab.run_accounts), and nothing is added to it after."""
-        result.target = target
-        ended = time.time()
-        # A crash in the last moment of the run is seen at the supervisor's next look (POLL_S).
-        deadline = time.monotonic() + 4 * POLL_S
-        while not all(stack.checked_since(ended) for stack in self._stacks) and time.monotonic() < deadline:
-            time.sleep(POLL_S / 5)
-        crashes = [event for event in self.service_exits() if event.between(started, ended)]
-        # In the Compose project a crash is recorded once Docker has restarted the container: give
-        # a run with failed requests the time that takes before saying none interrupted it.
-        deadline = time.monotonic() + COMPOSE_RESTART_RECORD_S
-        while self.on_compose and result.error_count and not crashes and time.monotonic() < deadline:
-            time.sleep(0.5)
-            crashes = [event for event in self.service_exits() if event.between(started, ended)]
-        result.interrupted_by = [event.describe() for event in crashes]
-        self.results.append(result)
-        print(summary_line(result))
-        self._tell(crashes)
-        self._save(result)
-        return result
+    # ---- the runs (lab.keeper) -------------------------------------------------------------
 
-    def _save(self, result: RunResult) -> None:
-        metadata = {
-            "notebook": self.notebook,
-            "session": self.session,
-            "services": self.services,
-            "profile": self.profile.name,
-        }
-        try:
-            append_result(saved_runs_file(self.notebook), result, metadata)
-        except OSError as exc:  # the notebook goes on; the run is still in lab.results
-            print(f"Could not save this run to {_shown(saved_runs_file(self.notebook))}: {exc}")
+    @property
+    def results(self) -> list[RunResult]:
+        """This notebook's runs, in the order they were kept."""
+        return self.keeper.results
 
     @property
     def session(self) -> str:
         """This Lab's session, as its saved runs name it: when it connected, and its process."""
-        return f"{self.connected_at.isoformat(timespec='seconds')} (pid {os.getpid()})"
+        return self.keeper.session
 
     @staticmethod
     def saved_runs(notebook: str, session: str = "latest") -> list[RunResult]:
-        """The runs a notebook saved (see `saved_runs_file`), oldest first: those of its latest
-        session (the kernel that connected last), of every session ("all"), or of one session
-        (as the saved metadata names it, `lab.session`)."""
-        saved = load_appended(saved_runs_file(notebook))
-        sessions = sorted({metadata["session"] for _, metadata in saved})
-        if session not in ("latest", "all", *sessions):
-            known = ", ".join(sessions) or "none yet"
-            raise ValueError(
-                f"no session {session!r} in {_shown(saved_runs_file(notebook))}: use 'latest', 'all' or one of {known}"
-            )
-        chosen = sessions[-1:] if session == "latest" else sessions if session == "all" else [session]
-        runs = [result for result, metadata in saved if metadata["session"] in chosen]
-        print(
-            f"{len(runs)} saved run(s) of {notebook} from {', '.join(chosen) or 'no session'} "
-            f"({len(sessions)} session(s) in {_shown(saved_runs_file(notebook))})"
-        )
-        return runs
-
-    # ---- crashed services ------------------------------------------------------------------
-
-    def service_exits(self) -> list[ServiceExit]:
-        """The unexpected exits of this lab's services since this Lab connected, as the local
-        stacks' supervisors recorded them, or, in the Compose project, the Triton container's start
-        (the services Docker restarts otherwise are not watched)."""
-        exits = [event for stack in self._stacks for event in stack.exits]
-        if self._shared_exits_file is not None:
-            exits += [self._restarted_by_docker(event) for event in service_exits.read(self._shared_exits_file)]
-        since = self.connected_at.timestamp()
-        return sorted((event for event in exits if event.exited_at >= since), key=lambda event: event.exited_at)
-
-    def _restarted_by_docker(self, event: ServiceExit) -> ServiceExit:
-        """A Compose service's exit is recorded as it restarts, and never updated: it is back once
-        the service answers again, first seen here."""
-        if not self.on_compose or event.outcome != service_exits.RESTARTING:
-            return event
-        key = (event.service, event.exited_at)
-        if key not in self._back_at and answers(self._health_urls()[event.service]):
-            self._back_at[key] = time.time()
-        if key in self._back_at:
-            event.outcome, event.back_at = service_exits.BACK, self._back_at[key]
-        return event
-
-    def _ready_to_measure(self) -> float:
-        """Wait for the services (see `wait_for_services`); the time the next run starts."""
-        self.wait_for_services()
-        return time.time()
+        """The runs a notebook saved, oldest first: see RunKeeper.saved_runs."""
+        return RunKeeper.saved_runs(notebook, session)
 
     def wait_for_services(self) -> None:
         """Say which services crashed since the last run, and wait for those being restarted."""
-        self._tell(self.service_exits())
-        deadline = time.monotonic() + RESTART_WAIT_S
-        while restarting := [e.service for e in self.service_exits() if e.outcome == service_exits.RESTARTING]:
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"{', '.join(restarting)} did not come back within {RESTART_WAIT_S:.0f} s of its crash; "
-                    "its log says why (`make up` prints where the logs are)."
-                )
-            time.sleep(0.5)
-        if self.on_compose:
-            # A Compose service records its restart only once Docker has started its container again:
-            # until then, one that crashed a moment ago is silent with nothing recorded yet.
-            self._wait_until_answering()
-        self._tell(self.service_exits())
-
-    def _tell(self, exits: list[ServiceExit]) -> None:
-        """Print each crash once when noticed, and once more when its outcome is known."""
-        for event in exits:
-            key = (event.service, event.exited_at, event.outcome)
-            if key not in self._exits_told:
-                self._exits_told.add(key)
-                print(f"NOTE: {event.describe()}.")
+        self.keeper.wait_for_services()
 
     def table(self, results: list[RunResult] | None = None) -> str:
         table = tables.results_table(results if results is not None else self.results)
         print(table)
         return table
+
+    def breakdown(self, results: Mapping[str, RunResult | None]) -> str:
+        """Print where the time went (Triton's breakdown) for named perf_analyzer runs."""
+        table = tables.breakdown_table(results)
+        print(table)
+        return table
+
+    # ---- Triton (lab.triton: servelab.lab.triton_side.TritonSide, whose methods say more) ----
+
+    def perf(
+        self,
+        model: str,
+        concurrency: int | None = 1,
+        batch_size: int = 1,
+        rate: float | None = None,
+        distribution: str = "constant",
+        **options,
+    ) -> RunResult:
+        """perf_analyzer against Triton, with this profile's measurement windows."""
+        return self.triton.perf(model, concurrency, batch_size, rate, distribution, **options)
+
+    def measure(self, model: str, attempts: int = 2, triton_stats: bool = False, **load) -> RunResult | None:
+        """`perf`, tried again where perf_analyzer found no stable measurement or Triton crashed."""
+        return self.triton.measure(model, attempts, triton_stats, **load)
+
+    def capacity(self, model: str) -> Capacity:
+        """What `model`, as served now, can do: measured once per configuration, then reused."""
+        return self.triton.capacity(model)
+
+    def scale_rates(self, reference: list[float], capacity: Capacity) -> list[float]:
+        """`reference` rates as the same shares of `capacity`, the highest near saturation."""
+        return self.triton.scale_rates(reference, capacity)
+
+    def config(self, model: str) -> TritonConfig:
+        """The model's config as shipped (what a student edits)."""
+        return self.triton.config(model)
+
+    def instance_groups(self, count: int) -> list[dict]:
+        """`count` instances of a model as config instance groups for the Triton server's hardware."""
+        return self.triton.instance_groups(count)
+
+    def served_config(self, model: str) -> dict:
+        """What Triton reports it runs for `model` (its own defaults filled in)."""
+        return self.triton.served_config(model)
+
+    def served_instances(self, model: str) -> int:
+        """How many instances of `model` Triton runs now, from what the server itself reports."""
+        return self.triton.served_instances(model)
+
+    def apply_config(self, model: str, edited: TritonConfig | str) -> None:
+        """Show the edit as a diff, write it where the server reads it, and reload that one model."""
+        self.triton.apply_config(model, edited)
+
+    def restore_config(self, model: str) -> None:
+        self.triton.restore_config(model)
+
+    def triton_log(self) -> Path | None:
+        """Triton's log file, where the models log too (None where this notebook cannot read it)."""
+        return self.triton.log()
+
+    def triton_version(self, http: str | None = None) -> tuple[int, ...]:
+        """The release of the Triton at `http` (default: the lab's), as it reports it: (2, 51, 0)."""
+        return self.triton.version(http)
+
+    def triton_log_verbosity(self, level: int, http: str | None = None) -> None:
+        """Set the verbose log level of the Triton at `http` (default: the lab's)."""
+        self.triton.log_verbosity(level, http)
+
+    def private_triton(self, model: str, config: TritonConfig) -> contextlib.AbstractContextManager[TritonAddresses]:
+        """A Triton of this notebook's own serving `model` alone, with `config`, for the `with` block."""
+        return self.triton.private_triton(model, config)
 
     # ---- lesson checks ---------------------------------------------------------------------
 
@@ -628,15 +579,10 @@ class Lab(TritonLab):
         where one did not."""
         summary = self.expectations.summary()
         print(summary)
-        saved = [
-            run
-            for run, metadata in load_appended(saved_runs_file(self.notebook))
-            if metadata["session"] == self.session
-        ]
-        if problems := verdict_problems(self.expectations, self.results, saved):
+        if problems := verdict_problems(self.expectations, self.results, self.keeper.saved_this_session()):
             raise LabFault(
-                f"{self.notebook}: {len(problems)} problem(s) with its verdicts, each a fault of the lab (its checks "
-                "or its software), not a measurement to interpret:\n"
+                f"{self.keeper.notebook}: {len(problems)} problem(s) with its verdicts, each a fault of the lab "
+                "(its checks or its software), not a measurement to interpret:\n"
                 + "\n".join(f"- {problem}" for problem in problems)
             )
         return summary
@@ -656,7 +602,7 @@ class Lab(TritonLab):
             lambda ports: [gourmetgram_service(ports.gourmetgram, backend, Ports.configured(), urls=urls)],
             NOTEBOOK_STACK_DIR / "ui-logs",
         )
-        self._stacks.append(stack)
+        self.keeper.stacks.append(stack)
         atexit.register(stack.stop)
         return f"http://127.0.0.1:{ports.gourmetgram}"
 
@@ -671,46 +617,14 @@ class Lab(TritonLab):
         return answer
 
 
-def summary_line(result: RunResult) -> str:
-    """A run's figures in one line; under it, the command that measured it, for a tool run by one."""
-    line = _summary(result)
-    if not result.clean:
-        line = f"{line} -- NOT A CLEAN RUN: {'; '.join(result.interrupted_by)}"
-    return line if result.command is None else f"{line}\n  command: {shown_command(result.command)}"
-
-
-def _summary(result: RunResult) -> str:
-    latency = result.latency
-    errors = f", {result.error_count} errors" if result.error_count else ""
-    tail = ", ".join(
-        f"p{p} {result.latency_ms(p):.1f} ms" if math.isfinite(result.latency_ms(p)) else f"p{p} n/a (too few requests)"
-        for p in (95, 99)
-    )
-    if isinstance(result, SequenceRunResult):
-        failed = sum(result.sequences_failed.values())
-        skipped = f", {result.frames_skipped} frames skipped" if result.frames_skipped else ""
-        return (
-            f"{result.label}: {result.throughput_rps:.1f} frames/s, frame p50 {latency.p50_ms:.1f} ms, {tail}; "
-            f"{result.sequences_completed} of {result.sequences} sequences completed"
-            + (f", {failed} broken off ({result.sequences_failed})" if failed else "")
-            + skipped
-        )
-    return (
-        f"{result.label}: {result.throughput_rps:.1f} req/s, p50 {latency.p50_ms:.1f} ms, {tail} "
-        f"({result.requests} requests{errors})"
-    )
-
-
-def shown_command(command: list[str]) -> str:
-    """A command line as a student reads it: the program by its name, a file by its path from the
-    repository's root, each argument quoted for a shell where it needs to be."""
-    program, *arguments = command
-    return shlex.join([Path(program).name, *(_shown(Path(a)) if Path(a).is_absolute() else a for a in arguments)])
-
-
-def _shown(path: Path) -> str:
-    """A path as a student reads it: relative to the repository when it is inside it."""
-    return str(path.relative_to(paths.REPO_ROOT)) if path.is_relative_to(paths.REPO_ROOT) else str(path)
+def health_urls(fastapi_urls: dict[str, str], image_host_url: str | None, triton_http: str | None) -> dict[str, str]:
+    """Each service's health URL, by the name its exits are recorded under."""
+    urls = {f"fastapi_{flavor}": f"{url}/health" for flavor, url in fastapi_urls.items()}
+    if image_host_url:
+        urls["image_host"] = f"{image_host_url}/health"
+    if triton_http:
+        urls["triton"] = f"http://{triton_http}/v2/health/ready"
+    return urls
 
 
 def _stop_and_clean(stack: LocalStack, work: Path) -> None:

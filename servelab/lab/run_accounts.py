@@ -1,6 +1,6 @@
 """The figures of a run that the load generator does not measure, counted over the run and set on
-its record before the lab saves it (Lab._keep): the run a notebook shows is the run it saved, every
-field (`lab.verdicts()` checks it).
+its record before the lab keeps it (servelab.lab.run_keeper.RunKeeper.keep): the run a notebook
+shows is the run it saved, every field (`lab.verdicts()` checks it).
 
 - `ServiceAccount`: a service's own account of the run, from its /metrics (`result.service_stats`,
   servelab.measure.service_stats): any service with the FastAPI contract, Ray Serve's included;

@@ -1,15 +1,17 @@
-"""The Triton half of the notebooks' Lab: perf_analyzer runs, capacity, and model configs.
+"""The lab's Triton, an object of the notebooks' Lab (`lab.triton`): perf_analyzer runs, capacity,
+and model configs.
 
-`servelab.lab.facade.Lab` mixes this in; the notebooks call these as `lab.measure(...)`,
-`lab.capacity(...)`, `lab.config(...)`, `lab.apply_config(...)`. A config change is made on the
-config as shipped (`lab.config(model)`, a `servelab.triton.config.TritonConfig`), shown as the
-exact text change to `config.pbtxt`, and applied by reloading that one model through Triton's
-model-control API (the server runs with explicit model control, locally and in the Compose
-project). The edited config is first adapted to the server that runs it (`lab.triton_server`:
-locally the pip-installed Triton on the CPU; in the Compose project, what its container has), and
-that adaptation is printed too. `lab.instance_groups(n)` writes n instances for that server's
-hardware. Locally, a notebook can also start a Triton of its own for one model
-(`lab.private_triton(...)`), for an experiment that must not disturb the lab's server.
+`TritonSide` takes the lab's run keeper (servelab.lab.run_keeper), which waits for the services
+before each run and keeps the run, and the Triton address; the notebooks call its methods through
+Lab as `lab.measure(...)`, `lab.capacity(...)`, `lab.config(...)`, `lab.apply_config(...)`. A config
+change is made on the config as shipped (`lab.config(model)`, a `servelab.triton.config.TritonConfig`),
+shown as the exact text change to `config.pbtxt`, and applied by reloading that one model through
+Triton's model-control API (the server runs with explicit model control, locally and in the Compose
+project). The edited config is first adapted to the server that runs it (`server`: locally the
+pip-installed Triton on the CPU; in the Compose project, what its container has), and that
+adaptation is printed too. `lab.instance_groups(n)` writes n instances for that server's hardware.
+Locally, a notebook can also start a Triton of its own for one model (`lab.private_triton(...)`),
+for an experiment that must not disturb the lab's server.
 """
 
 from __future__ import annotations
@@ -21,31 +23,28 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from servelab import paths, retries
 from servelab.lab.run_accounts import TritonAccount, counted
+from servelab.lab.run_keeper import RunKeeper
 from servelab.measure.resources import ProcessCpu, ResourceSampler, triton_instance_processes
-from servelab.report import tables
+from servelab.profiles import Profile
+from servelab.report.summaries import listed
 from servelab.results import RunResult
 from servelab.service.hardware import Hardware
-from servelab.service_exits import ServiceExit
 from servelab.stack.catalogue import triton_service
-from servelab.stack.supervision import LocalStack, Ports, ServiceSpec, start_on_free_ports
+from servelab.stack.supervision import Ports, ServiceSpec, start_on_free_ports
 from servelab.triton import perf_analyzer
 from servelab.triton import server as triton_local
 from servelab.triton.adaptation import gpus_missing
 from servelab.triton.config import ConfigError, TritonConfig
-
-if TYPE_CHECKING:
-    from servelab.profiles import Profile
-    from servelab.triton.models import ModelRepository
+from servelab.triton.models import ModelRepository
 
 # Where a notebook's own services keep their staged files and logs while they run.
 NOTEBOOK_STACK_DIR = paths.STACK_DIR / "notebook-stack"
@@ -61,7 +60,7 @@ class ServiceCrashed(RuntimeError):
 
 @dataclass(frozen=True)
 class Capacity:
-    """What a model in one configuration can do, measured once (see Lab.capacity)."""
+    """What a model in one configuration can do, measured once (see TritonSide.capacity)."""
 
     model: str
     configuration: str
@@ -123,32 +122,28 @@ def rates_at_capacity(reference: list[float], capacity_rps: float, top_load: flo
     return [float(rate) for rate in rates]
 
 
-def _listed(words: list[str]) -> str:
-    """The words as a sentence lists them: "a, b and c"."""
-    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
+@dataclass
+class TritonSide:
+    """The lab's Triton: perf_analyzer runs kept by `keeper`, capacity, and the served configs."""
 
+    keeper: RunKeeper  # keeps each run, and says when the server is ready to measure
+    http: str | None  # the lab's Triton, host:port; None when the notebook connected without Triton
+    repository: Path | None  # the model repository the running Triton loads
+    server: Hardware  # what the Triton server has: configs are adapted to it
+    profile: Profile  # its perf_analyzer measurement window
+    models: ModelRepository  # the models as shipped
+    _capacities: dict[tuple[str, str], Capacity] = field(default_factory=dict, repr=False)
 
-class TritonLab:
-    """Lab's methods for Triton (see servelab.lab.facade.Lab for the attributes they use)."""
+    @property
+    def address(self) -> str:
+        """The lab's Triton (host:port), for a notebook that connected with it."""
+        if not self.http:
+            raise RuntimeError("This notebook connected without Triton (Lab.connect(triton=False)).")
+        return self.http
 
-    _capacities: dict[tuple[str, str], Capacity]
-    _stacks: list[LocalStack]
-    triton_server: Hardware
-    profile: Profile
-    repository: Path | None
-
-    if TYPE_CHECKING:  # what Lab defines and these methods use, for the type checker
-
-        @property
-        def on_compose(self) -> bool: ...
-        @property
-        def models(self) -> ModelRepository: ...
-        @staticmethod
-        def sample_image() -> bytes: ...
-        def service_exits(self) -> list[ServiceExit]: ...
-        def _triton(self) -> str: ...
-        def _ready_to_measure(self) -> float: ...
-        def _keep(self, result: RunResult, target: str, started: float) -> RunResult: ...
+    def account(self, model: str) -> TritonAccount:
+        """What counts Triton's statistics of `model` over a run, and the requests it answered CANCELLED."""
+        return TritonAccount(self.address, model, self.log())
 
     def perf(
         self,
@@ -161,8 +156,8 @@ class TritonLab:
     ) -> RunResult:
         """perf_analyzer against Triton, with this profile's measurement windows. `options` go to
         servelab.triton.perf_analyzer.run (e.g. shape=[...]) and override the model's defaults."""
-        started = self._ready_to_measure()
-        result = self._perf_analyzer(
+        started = self.keeper.ready_to_measure()
+        result = self.run_perf_analyzer(
             model,
             started,
             concurrency=concurrency,
@@ -171,9 +166,9 @@ class TritonLab:
             distribution=distribution,
             **options,
         )
-        return self._keep(result, result.target, started)
+        return self.keeper.keep(result, result.target, started)
 
-    def _perf_analyzer(
+    def run_perf_analyzer(
         self,
         model: str,
         started: float,
@@ -185,10 +180,10 @@ class TritonLab:
     ) -> RunResult:
         """One perf_analyzer run; a failure because Triton crashed under it (the supervisor saw it
         exit after `started`) is a ServiceCrashed, which says so."""
-        model_input = self.models.get(model).perf_analyzer_input(self.sample_image(), paths.LAB_DIR)
+        model_input = self.models.get(model).perf_analyzer_input(paths.SAMPLE_IMAGE.read_bytes(), paths.LAB_DIR)
         try:
             return perf_analyzer.run(
-                self._triton(),
+                self.address,
                 model,
                 concurrency=None if rate else concurrency,
                 request_rate=rate,
@@ -201,7 +196,9 @@ class TritonLab:
                 **{**model_input, **options},
             ).results[0]
         except perf_analyzer.PerfAnalyzerError as failed:
-            if isinstance(failed, perf_analyzer.NoStableMeasurement) or not (crashes := self._crashed_since(started)):
+            if isinstance(failed, perf_analyzer.NoStableMeasurement):
+                raise
+            if not (crashes := self.keeper.crashed_since(started)):
                 raise
             raise ServiceCrashed(f"perf_analyzer failed because {crashes[0].describe()}") from failed
 
@@ -213,9 +210,9 @@ class TritonLab:
         configurations stay apart. The machine is sampled during the run (`result.resources`),
         with the CPU of each of the model's instance processes where this machine runs them; with
         `triton_stats`, Triton's statistics of `model` over the run are in `result.triton_stats`."""
-        accounts = [self._triton_account(model)] if triton_stats else []
+        accounts = [self.account(model)] if triton_stats else []
         for attempt in range(1, attempts + 1):
-            started = self._ready_to_measure()
+            started = self.keeper.ready_to_measure()
             try:
                 result = counted(functools.partial(self._sampled_perf_analyzer, model, started, **load), accounts)
                 break
@@ -227,30 +224,16 @@ class TritonLab:
         else:
             print(f"{model} {load}: perf_analyzer gave up every time, so this run has no result.")
             return None
-        return self._keep(result, f"{result.target}, {self.configuration(model)}", started)
+        return self.keeper.keep(result, f"{result.target}, {self.configuration(model)}", started)
 
     def _sampled_perf_analyzer(self, model: str, started: float, **load) -> RunResult:
-        """`_perf_analyzer`, with the machine sampled during the run and the CPU of each of the
+        """`run_perf_analyzer`, with the machine sampled during the run and the CPU of each of the
         model's instance processes where this machine runs them (`result.resources`)."""
         instances = self.instance_processes(model)  # after a restart, new processes
         with ResourceSampler(pids=instances.values()) as sampler, ProcessCpu(instances) as per_instance:
-            result = self._perf_analyzer(model, started, **load)
+            result = self.run_perf_analyzer(model, started, **load)
         result.resources = {**sampler.series(), "processes": per_instance.percent}
         return result
-
-    def _triton_account(self, model: str) -> TritonAccount:
-        """What counts Triton's statistics of `model` over a run, and the requests it answered CANCELLED."""
-        return TritonAccount(self._triton(), model, self.triton_log())
-
-    def _crashed_since(self, started: float, grace_s: float = 2.0) -> list[ServiceExit]:
-        """The services that exited since `started`; a failure may be seen a moment before the
-        supervisor (which looks twice a second) records the exit, so wait `grace_s` for it."""
-        deadline = time.monotonic() + grace_s
-        while not (crashes := [event for event in self.service_exits() if event.exited_at >= started]):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.25)
-        return crashes
 
     def configuration(self, model: str) -> str:
         """The served configuration in a few words: "4 instances, dynamic batching"."""
@@ -258,15 +241,15 @@ class TritonLab:
         batching = ", dynamic batching" if "dynamic_batching" in self.served_config(model) else ""
         return f"{count} instance{'s' if count != 1 else ''}{batching}"
 
-    def triton_log(self) -> Path | None:
+    def log(self) -> Path | None:
         """Triton's log file, where the models log too. Locally, the stack's; in the Compose project,
         the copy the Triton container writes beside its repository, in the volume this container
         mounts (None until there is one)."""
-        if self.on_compose:
+        if self.keeper.on_compose:
             assert self.repository is not None, "the Compose project's Triton loads the shared volume's repository"
             copy = self.repository.parent / "triton.log"
             return copy if copy.is_file() else None
-        for stack in self._stacks:
+        for stack in self.keeper.stacks:
             for process in stack.processes:
                 if process.spec.name == "triton":
                     return process.log_path
@@ -275,15 +258,9 @@ class TritonLab:
     def instance_processes(self, model: str) -> dict[str, int]:
         """The processes of `model`'s instances (name -> pid), where this notebook can see them: on
         this machine locally; in the Compose project they run in the Triton container, out of sight."""
-        if self.on_compose or self.repository is None:
+        if self.keeper.on_compose or self.repository is None:
             return {}
         return triton_instance_processes(self.repository, model)
-
-    def breakdown(self, results: Mapping[str, RunResult | None]) -> str:
-        """Print where the time went (Triton's breakdown) for named perf_analyzer runs."""
-        table = tables.breakdown_table(results)
-        print(table)
-        return table
 
     def capacity(self, model: str) -> Capacity:
         """What `model`, as served now, can do: measured once per configuration, then reused, so
@@ -313,12 +290,12 @@ class TritonLab:
         saturation) on a CPU and on any GPU. Prints what it did, from the run's own figures."""
         rates = rates_at_capacity(reference, capacity.rps)
         as_written = [rate / capacity.rps for rate in reference]
-        written, scaled = _listed([f"{rate:g}" for rate in reference]), _listed([f"{rate:g}" for rate in rates])
-        shares = _listed([f"{rate / capacity.rps:.0%}" for rate in rates])
+        written, scaled = listed([f"{rate:g}" for rate in reference]), listed([f"{rate:g}" for rate in rates])
+        shares = listed([f"{rate / capacity.rps:.0%}" for rate in rates])
         print(
             f"The rates {written} req/s were written for the original lab's two P100 GPUs. Here {capacity.model} "
             f"({capacity.configuration}) runs on {self.served_on(capacity.model)} of a Triton server with "
-            f"{self.triton_server.describe()}, and its capacity measured in this run is {capacity.rps:.1f} req/s: as "
+            f"{self.server.describe()}, and its capacity measured in this run is {capacity.rps:.1f} req/s: as "
             f"written, the rates would offer {min(as_written):.0%} to {max(as_written):.0%} of it. Scaled to keep "
             f"their shares of the highest, with the highest at {TOP_LOAD:.0%} of that capacity, they are {scaled} "
             f"req/s ({shares} of it)."
@@ -342,7 +319,7 @@ class TritonLab:
     def instance_groups(self, count: int) -> list[dict]:
         """`count` instances of a model as config instance groups for the Triton server's
         hardware: spread over its GPUs, one group per GPU, where it has GPUs; on its CPU otherwise."""
-        gpus = self.triton_server.gpus
+        gpus = self.server.gpus
         if not gpus:
             return [{"count": count, "kind": "KIND_CPU"}]
         per_gpu = [count // gpus + (1 if gpu < count % gpus else 0) for gpu in range(gpus)]
@@ -350,7 +327,7 @@ class TritonLab:
 
     def served_config(self, model: str) -> dict:
         """What Triton reports it runs for `model` (its own defaults filled in)."""
-        return triton_http.InferenceServerClient(self._triton()).get_model_config(model)
+        return triton_http.InferenceServerClient(self.address).get_model_config(model)
 
     def served_instances(self, model: str) -> int:
         """How many instances of `model` Triton runs now, from what the server itself reports."""
@@ -376,20 +353,20 @@ class TritonLab:
         )
         if self.repository is None:
             raise RuntimeError("This notebook connected without Triton (Lab.connect(triton=False)).")
-        served = triton_local.served_config(info, edited, self.repository / model, self.triton_server)
+        served = triton_local.served_config(info, edited, self.repository / model, self.server)
         adaptation = edited.diff(served, "edited", "served by this Triton")
         if adaptation:
-            missing = gpus_missing(edited, self.triton_server)
+            missing = gpus_missing(edited, self.server)
             moved = (
-                f": the instances written for GPU {_listed([str(gpu) for gpu in missing])}, which it lacks, run on "
-                f"GPU {_listed([str(gpu) for gpu in sorted({gpu % self.triton_server.gpus for gpu in missing})])}, "
+                f": the instances written for GPU {listed([str(gpu) for gpu in missing])}, which it lacks, run on "
+                f"GPU {listed([str(gpu) for gpu in sorted({gpu % self.server.gpus for gpu in missing})])}, "
                 "as many as written"
                 if missing
                 else ""
             )
-            print(f"Adapted for the Triton server ({self.triton_server.describe()}){moved}:\n{adaptation}")
+            print(f"Adapted for the Triton server ({self.server.describe()}){moved}:\n{adaptation}")
         (self.repository / model / "config.pbtxt").write_text(served.text)
-        client = triton_http.InferenceServerClient(self._triton(), network_timeout=MODEL_LOAD_TIMEOUT_S)
+        client = triton_http.InferenceServerClient(self.address, network_timeout=MODEL_LOAD_TIMEOUT_S)
         started = time.monotonic()
         try:
             client.load_model(model)  # in explicit mode, loading a loaded model reloads it from disk
@@ -397,15 +374,15 @@ class TritonLab:
             raise ConfigError(f"Triton refused the edited config of {model}: {exc.message()}") from None
         print(f"Reloaded {model} in {time.monotonic() - started:.1f} s; ready: {client.is_model_ready(model)}")
 
-    def triton_version(self, http: str | None = None) -> tuple[int, ...]:
+    def version(self, http: str | None = None) -> tuple[int, ...]:
         """The release of the Triton at `http` (default: the lab's), as it reports it: (2, 51, 0)."""
-        version = triton_http.InferenceServerClient(http or self._triton()).get_server_metadata()["version"]
+        version = triton_http.InferenceServerClient(http or self.address).get_server_metadata()["version"]
         return tuple(int(part) for part in version.split("."))
 
-    def triton_log_verbosity(self, level: int, http: str | None = None) -> None:
+    def log_verbosity(self, level: int, http: str | None = None) -> None:
         """Set the verbose log level of the Triton at `http` (default: the lab's) through its
         logging API: 1 logs every step of every request; 0 (where a server starts) turns it off."""
-        triton_http.InferenceServerClient(http or self._triton()).update_log_settings({"log_verbose_level": level})
+        triton_http.InferenceServerClient(http or self.address).update_log_settings({"log_verbose_level": level})
 
     def restore_config(self, model: str) -> None:
         self.apply_config(model, self.config(model))
@@ -416,7 +393,7 @@ class TritonLab:
         machine as the lab's is), on free ports, for the `with` block. Its stack's supervisor
         restarts it after a crash, and a run against it is marked as the lab's are. Local services
         only: the Compose project's Jupyter container has no Triton to start."""
-        if self.on_compose:
+        if self.keeper.on_compose:
             raise RuntimeError(
                 "A private Triton runs with local services only (LAB_SERVICES=local): the Jupyter container "
                 "has no Triton."
@@ -431,12 +408,8 @@ class TritonLab:
 
         print(f"Starting a Triton of this notebook's own, serving {model} alone...")
         stack, ports = start_on_free_ports(services, work / "logs")
-        with stack:
-            self._stacks.append(stack)  # its crashes are seen like those of the lab's services
-            try:
-                yield TritonAddresses(
-                    f"127.0.0.1:{ports.triton_http}", f"127.0.0.1:{ports.triton_grpc}", stack.processes[0].log_path
-                )
-            finally:
-                self._stacks.remove(stack)
+        with stack, self.keeper.watching(stack):  # its crashes are seen like those of the lab's services
+            yield TritonAddresses(
+                f"127.0.0.1:{ports.triton_http}", f"127.0.0.1:{ports.triton_grpc}", stack.processes[0].log_path
+            )
         shutil.rmtree(work, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""Figures (`plots`) and Markdown tables (`tables`) drawn from run records.
+"""Figures (`plots`), Markdown tables (`tables`) and one-line summaries (`summaries`) drawn from
+run records.
 
 May import: measure, triton (its statistics' records) and the foundation modules.
 """
