@@ -359,12 +359,18 @@ def test_the_naive_design_holds_the_slot_while_it_prepares_its_batch(lab):
 # ---- POST /refine: the same bounds for a stream ------------------------------------------------
 
 
-def test_a_refine_stream_s_photo_waits_for_room_ahead_of_the_slots_as_a_request_does(lab):
-    lab = lab(fixed(slots=1), decode_ahead=1, workers=2)
+def slot_busy_and_room_held(make_lab):
+    """A service with one slot, busy ("holder"), and one room ahead of it, held by a decoded request ("queued")."""
+    lab = make_lab(fixed(slots=1), decode_ahead=1, workers=2)
     lab.send("holder")
     until(lambda: lab.scheduler.running == 1, WAIT_S, "the slot busy")
     lab.send("queued")
     until(lambda: lab.scheduler.waiting_for_slot == 1, WAIT_S, "a request decoded, holding the one room")
+    return lab
+
+
+def test_a_refine_stream_s_photo_waits_for_room_ahead_of_the_slots_as_a_request_does(lab):
+    lab = slot_busy_and_room_held(lab)
     stream = lab.refine("stream", steps=2)
     until(lambda: lab.scheduler.waiting_for_room == 1, WAIT_S, "the stream's photo waiting, undecoded, for room")
     assert lab.sample("predict_preprocess_seconds_count") == 2 and not stream.done()  # the photo not decoded yet
@@ -429,11 +435,7 @@ def test_a_refine_stream_whose_client_leaves_before_its_first_step_gives_its_roo
 
 
 def test_a_refine_request_whose_client_leaves_while_its_photo_waits_for_room_is_never_decoded(lab):
-    lab = lab(fixed(slots=1), decode_ahead=1, workers=2)
-    lab.send("holder")
-    until(lambda: lab.scheduler.running == 1, WAIT_S, "the slot busy")
-    lab.send("queued")
-    until(lambda: lab.scheduler.waiting_for_slot == 1, WAIT_S, "a request decoded, holding the one room")
+    lab = slot_busy_and_room_held(lab)
     stream = lab.refine("leaver", steps=4)
     until(lambda: lab.scheduler.waiting_for_room == 1, WAIT_S, "the stream's photo waiting for room")
     lab.leave("leaver")
