@@ -1,6 +1,7 @@
 """Food-11 classifier served with PyTorch behind FastAPI.
 
-Run: uvicorn app:app --host 0.0.0.0 --port 8000   (from this folder, after `make artifacts`)
+Run: python -m servelab.service.launch --host 0.0.0.0 --port 8000   (from this folder, after `make artifacts`):
+as many uvicorn processes as the machine calls for (launch.py); `uvicorn app:app` runs one.
 Threads: PREDICT_CONCURRENCY inference slots x INFERENCE_THREADS threads each (see cores.py).
 Every setting it reads, and its default: servelab/service/settings.py.
 """

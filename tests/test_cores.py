@@ -123,3 +123,43 @@ def test_environment_variables_set_the_plan_and_a_crowded_one_says_so():
 def test_a_bad_setting_is_refused_with_what_to_do(value):
     with pytest.raises(ValueError, match="INFERENCE_THREADS=.*(whole number|at least 1)"):
         thread_plan(cores=2, environ={"INFERENCE_THREADS": value})
+
+
+@pytest.mark.parametrize(
+    ("machine_cores", "on_gpu", "processes", "cores_each", "slots", "decoding"),
+    [
+        (2, False, 1, 2, 2, 1),  # this machine: one process, as before the plan had processes
+        (16, False, 4, 4, 4, 2),  # the lent GPU machine's cores
+        (48, False, 12, 4, 4, 2),  # the P100 node: 2 x 12-core Xeons, 48 threads
+        (6, False, 1, 6, 6, 3),  # under 2 x CORES_PER_PROCESS: one process has them all
+        (2, True, 1, 2, 1, 2),  # a GPU beside 2 cores: one process, one slot, every core decodes
+        (16, True, 2, 8, 1, 8),  # the H200 machine
+        (48, True, 2, 24, 1, 24),  # the P100 node: the service runs on one of its GPUs
+    ],
+)
+def test_the_service_plan_follows_the_cores_and_the_device(
+    machine_cores, on_gpu, processes, cores_each, slots, decoding
+):
+    plan = cores.service_plan(machine_cores, on_gpu)
+    assert (plan.processes, plan.cores_each, plan.slots, plan.decoding_threads) == (
+        processes,
+        cores_each,
+        slots,
+        decoding,
+    )
+    # Threads are a resource: the processes' inference slots never outnumber the cores.
+    assert plan.processes * plan.slots <= machine_cores
+    assert plan.chosen_by == "the defaults"
+
+
+def test_a_given_process_count_shares_the_cores_out_and_says_who_chose_it():
+    plan = cores.service_plan(16, on_gpu=False, processes=2)
+    assert (plan.processes, plan.cores_each, plan.slots) == (2, 8, 8)
+    assert "SERVICE_PROCESSES=2" in plan.describe()
+    crowded = cores.service_plan(2, on_gpu=False, processes=4)
+    assert (crowded.cores_each, crowded.slots) == (1, 1)  # never a share of no core
+
+
+def test_a_single_process_plan_gives_the_thread_plan_its_default_slots():
+    assert thread_plan(cores=16, environ={}).slots == cores.service_plan(16, False, processes=1).slots == 16
+    assert thread_plan(device="cuda", cores=16, environ={}).slots == 1

@@ -10,7 +10,7 @@ import base64
 import pytest
 import requests
 
-from servelab.service.cores import available_cores, thread_plan
+from servelab.service.cores import available_cores, service_plan, thread_plan
 from servelab.service.food11 import LABELS
 from servelab.stack.catalogue import fastapi_service
 from servelab.stack.supervision import LocalStack, Ports, StackError
@@ -63,10 +63,12 @@ def test_health_reports_model_weights_device_and_runtime(service_url):
 
 
 def test_health_states_the_thread_plan_and_the_default_never_crowds_the_cores(service_url):
-    """The default plan for the cores this process may use."""
+    """The default plan for the cores this machine has, shared out among the service's processes."""
     body = requests.get(f"{service_url}/health", timeout=5).json()
-    cores = available_cores()
-    plan = thread_plan(device=body["device"], environ={})  # the default plan for the service's device
+    service = service_plan(available_cores(), on_gpu=body["device"].startswith("cuda"))
+    cores = service.cores_each
+    plan = thread_plan(device=body["device"], cores=cores, environ={})  # the default plan for the service's device
+    assert body["processes"] == service.processes
     assert (body["cores"], body["predict_concurrency"], body["inference_threads"]) == (cores, plan.slots, plan.threads)
     assert body["threads"] == plan.describe() and "(the defaults)" in body["threads"] and not plan.oversubscribed
     assert body["decode_ahead"] == max(2 * plan.slots, body["preprocess_workers"])
@@ -116,6 +118,34 @@ def test_a_gpu_the_runtime_cannot_use_is_reported_as_the_cpu_with_its_reason(tmp
     assert " WARNING " in warning and warning.endswith(f"Its reason: {reason}")
     assert "on cpu (" in log and "INSTEAD OF THE GPU ASKED FOR (cuda)" in log
     assert answer.status_code == 200
+
+
+def test_a_service_of_two_processes_answers_from_both_and_its_metrics_add_up(tmp_path, image_b64):
+    """SERVICE_PROCESSES=2: two uvicorn workers share the port, each on its share of the cores, and
+    /metrics, whichever answers it, counts every prediction of both. Each request opens a new
+    connection, so the kernel hands them to both workers; metrics kept per process would give
+    different totals from the two."""
+    port = Ports.found_free().fastapi_onnx
+    sent = 16
+    with LocalStack([fastapi_service("onnx", port, env={"SERVICE_PROCESSES": "2"})], log_dir=tmp_path) as stack:
+        url = f"http://127.0.0.1:{port}"
+        healths = [requests.get(f"{url}/health", timeout=5).json() for _ in range(24)]
+        for _ in range(sent):
+            assert requests.post(f"{url}/predict", json={"image": image_b64}, timeout=30).status_code == 200
+        totals = {predictions_counted(requests.get(f"{url}/metrics", timeout=5).text) for _ in range(12)}
+        log = stack.processes[0].log_path.read_text()
+    assert len({health["process_id"] for health in healths}) == 2, "both workers answer"
+    assert {health["processes"] for health in healths} == {2}
+    assert {health["cores"] for health in healths} == {max(1, available_cores() // 2)}
+    assert totals == {sent}
+    assert "2 process(es)" in log and "(set by SERVICE_PROCESSES=2)" in log
+
+
+def predictions_counted(exposition: str) -> float:
+    (line,) = [
+        line for line in exposition.splitlines() if line.startswith('predict_requests_total{outcome="predicted"')
+    ]
+    return float(line.split()[-1])
 
 
 def test_a_bad_device_setting_stops_the_service_with_what_to_do(tmp_path):

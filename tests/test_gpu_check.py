@@ -138,11 +138,18 @@ def test_the_gpu_memory_in_use_is_the_most_the_whole_gpu_held_during_any_load_po
 
 
 def test_the_ceiling_is_measured_with_one_or_two_slots_on_a_gpu_and_a_slot_per_core_on_a_cpu():
+    """And in as many processes as a service plans, where that is more than one: the machine's ceiling."""
     one, pipelines = ceilings.ceiling_points("cuda", 16)
     assert (one.slots, one.threads, one.pipelined) == (1, 16, False)
-    assert [(point.slots, point.threads, point.pipelined) for point in pipelines] == [(1, 16, True), (2, 8, True)]
+    shapes = [(point.slots, point.threads, point.pipelined, point.processes) for point in pipelines]
+    assert shapes == [(1, 16, True, 1), (2, 8, True, 1), (1, 8, True, 2)]
     one, pipelines = ceilings.ceiling_points("cpu", 2)
-    assert [(point.slots, point.threads) for point in pipelines] == [(2, 1)]
+    assert [(point.slots, point.threads, point.processes) for point in pipelines] == [(2, 1, 1)]
+    one, pipelines = ceilings.ceiling_points("cpu", 16)
+    assert [(point.slots, point.threads, point.processes) for point in pipelines] == [(16, 1, 1), (4, 1, 4)]
+
+
+CEILING = "ceiling: one in flight / one process / all processes (req/s)"
 
 
 def test_the_table_gives_each_service_its_ceiling_ratios_and_the_total_gpu_memory():
@@ -154,20 +161,25 @@ def test_the_table_gives_each_service_its_ceiling_ratios_and_the_total_gpu_memor
         Checked("triton", Verdict(NOT_RUN, "no tritonserver binary here")),
     ]
     ceilings = {
-        "pytorch": Ceiling("pytorch", synthetic_run(throughput_rps=125), synthetic_run(throughput_rps=200)),
+        "pytorch": Ceiling(
+            "pytorch",
+            synthetic_run(throughput_rps=125),
+            synthetic_run(throughput_rps=150),
+            synthetic_run(throughput_rps=200),
+        ),
         "onnxruntime": Ceiling("onnxruntime", note="not measured: this ONNX Runtime has no CUDA provider"),
     }
     headings = report.table_headings([1, 16, 64])
     rows = [dict(zip(headings, row, strict=True)) for row in report.table_rows(checked, ceilings, [1, 16, 64])]
     assert rows[0]["c=16 (req/s)"] == "160.0"
-    assert rows[0]["ceiling: one in flight / pipelined (req/s)"] == "pytorch: 125.0 / 200.0"
+    assert rows[0][CEILING] == "pytorch: 125.0 / 150.0 / 200.0"
     assert [rows[0][f"c={c} / ceiling"] for c in (1, 16, 64)] == ["0.80x", "0.80x", "0.90x"]
     assert rows[0]["GPU busy at c=64 (%)"] == "12.5"
     assert rows[1]["verdict"] == "CPU: this ONNX Runtime has no CUDA provider"
-    assert rows[1]["ceiling: one in flight / pipelined (req/s)"].startswith("not measured")
+    assert rows[1][CEILING].startswith("not measured")
     assert rows[2]["service"] == "triton/food_classifier"
     assert rows[2]["verdict"] == "NOT RUN: no tritonserver binary here"
-    assert rows[2]["ceiling: one in flight / pipelined (req/s)"] == "-"
+    assert rows[2][CEILING] == "-"
     assert rows[3]["service"] == "all services" and rows[3]["GPU memory (MiB)"] == "600 (total)"
 
 
@@ -385,8 +397,8 @@ def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(t
             assert float(rows[name][f"c={concurrency} (req/s)"]) > 0
             assert rows[name][f"c={concurrency} / ceiling"].endswith("x")
         assert rows[name]["GPU memory (MiB)"] == "-"
-    assert rows["fastapi_pt"]["ceiling: one in flight / pipelined (req/s)"].startswith("pytorch: ")
-    assert rows["fastapi_onnx"]["ceiling: one in flight / pipelined (req/s)"].startswith("onnxruntime: ")
+    assert rows["fastapi_pt"][CEILING].startswith("pytorch: ")
+    assert rows["fastapi_onnx"][CEILING].startswith("onnxruntime: ")
     # The lab's Triton tooling needs tritonclient, which a bare GPU machine lacks: said, not failed.
     assert rows["triton/food_classifier"]["verdict"] == (
         f"NOT RUN: {tritonserver} (--tritonserver) is here, but the lab's Triton tooling needs tritonclient, "
@@ -400,7 +412,7 @@ def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(t
     assert record["metadata"]["services"]["fastapi_pt"]["verdict"] == PASS
     # Every kind of process the check starts ran with a bare GPU machine's packages only, and has ended.
     commands = bare_machine_records(tmp_path / "imports")
-    kinds = ["-m servelab.bench.gpu_check.closed_loop", "-m uvicorn app:app", "servelab.measure.inprocess"]
+    kinds = ["-m servelab.bench.gpu_check.closed_loop", "-m servelab.service.launch", "servelab.measure.inprocess"]
     kinds.append("-m servelab.bench.gpu_check ")  # the check itself: the space sets its closed_loop apart
     for kind in kinds:
         assert any(kind in command for command in commands), f"no process of {kind} recorded: {list(commands)}"
@@ -423,7 +435,7 @@ def test_triton_is_checked_where_its_tooling_and_server_are_here(tmp_path, built
     assert triton["verdict"].startswith("PASS: 1 instance(s) on the CPU as asked")
     assert float(triton["c=1 (req/s)"]) > 0 and float(triton["c=16 (req/s)"]) > 0
     assert triton["c=16 / ceiling"].endswith("x")
-    assert triton["ceiling: one in flight / pipelined (req/s)"].startswith("pytorch: ")
+    assert triton[CEILING].startswith("pytorch: ")
     assert set(rows) == {"triton/food_classifier", "all services"}
 
 
@@ -464,9 +476,34 @@ def test_on_a_gpu_the_runtimes_cannot_use_pytorch_fails_saying_why_and_onnx_runt
     assert rows["fastapi_pt"]["runs on (its own report)"] == "cpu"
     assert rows["fastapi_pt"]["verdict"].startswith("FAIL: on cpu instead of the GPU: ")
     assert rows["fastapi_onnx"]["verdict"].startswith("CPU: this ONNX Runtime has no CUDA provider")
-    assert rows["fastapi_onnx"]["ceiling: one in flight / pipelined (req/s)"].startswith("not measured: ")
+    assert rows["fastapi_onnx"][CEILING].startswith("onnxruntime: ")  # its ceiling on the CPU, where it runs
+    assert "Ceiling onnxruntime: " in checked.stdout and "(on cpu (onnxruntime" in checked.stdout
     assert all(float(rows[name]["c=1 (req/s)"]) > 0 for name in ("fastapi_pt", "fastapi_onnx"))
     assert rows["fastapi_pt"]["GPU memory (MiB)"] == rows["fastapi_onnx"]["GPU memory (MiB)"] == "100"
     assert rows["all services"]["GPU memory (MiB)"] == "200 (total)"
     assert rows["fastapi_pt"]["GPU busy at c=1 (%)"] == "7.0"
     assert "on the whole GPU: at most 1200 of 16384 MiB (Tesla P100-PCIE-16GB)" in checked.stdout
+
+
+def test_the_targets_judge_each_fastapi_service_against_the_machines_ceiling_and_the_naive_app():
+    """Met at 0.8x and above, NOT MET below (0.79x, a plausible near miss); and never slower than the
+    original lab's kind of app at the highest concurrency."""
+
+    def service(name: str, *rps: float) -> Checked:
+        runs = [synthetic_run(name, concurrency=c, throughput_rps=r) for c, r in zip((1, 16, 64), rps, strict=True)]
+        return Checked(name, Verdict(PASS, "on cuda"), runs=runs)
+
+    ceiling = Ceiling("pytorch", synthetic_run(throughput_rps=100), synthetic_run(throughput_rps=200))
+    ceiling.pipelined = synthetic_run(
+        throughput_rps=400, notes=["pipeline, 2 processes, each 1 slot(s) x 8 thread(s) (on cuda)"]
+    )
+    checked = [service("fastapi_pt", 90, 320, 316), service("naive_pt", 90, 300, 330)]
+    lines = report.targets(checked, {"pytorch": ceiling}, [1, 16, 64])
+    assert lines[0].startswith("met: fastapi_pt at c=16 is 0.80x the machine's ceiling (target 0.8x): 320.0 of 400.0")
+    assert "(pipeline, 2 processes, each 1 slot(s) x 8 thread(s))" in lines[0]
+    assert lines[1].startswith("NOT MET: fastapi_pt at c=64 is 0.79x")
+    assert lines[2] == (
+        "NOT MET: fastapi_pt at c=64 is at least as fast as naive/pytorch, the original lab's kind of app: "
+        "316.0 vs 330.0 req/s"
+    )
+    assert len(lines) == 3  # c=1 is one request in flight: no target

@@ -19,6 +19,8 @@ def test_the_sweep_tries_every_core_busy_in_one_slot_or_spread_and_threads_for_o
     assert sweep_points(4, pipelined=True) == [Point(1, 4, True), Point(2, 2, True), Point(4, 1, True)]
     assert sweep_points(4, pipelined=False) == [Point(1, 1, False), Point(1, 2, False), Point(1, 4, False)]
     assert sweep_points(1, pipelined=True) == [Point(1, 1, True)]
+    # On 16 cores, also as a service of 4 processes runs: 4 slots each, on its 4 cores.
+    assert sweep_points(16, pipelined=True)[-1] == Point(4, 1, True, processes=4)
 
 
 def test_a_pipeline_decodes_on_every_core_when_a_gpu_infers():
@@ -83,7 +85,7 @@ def test_the_winning_plan_is_measured_again_in_the_process_that_swept_it_and_the
     try:
         assert len(ceiling.points) == len(sweep_points(available_cores(), pipelined=False))
         assert ceiling.best.throughput_rps == max(point.throughput_rps for point in ceiling.points)
-        kept = psutil.Process(ceiling.process.process.pid)
+        (kept,) = [psutil.Process(process.pid) for process in ceiling.process.processes]
         swept = [
             child for child in psutil.Process().children() if "servelab.measure.inprocess" in " ".join(child.cmdline())
         ]
@@ -94,3 +96,16 @@ def test_the_winning_plan_is_measured_again_in_the_process_that_swept_it_and_the
     finally:
         ceiling.close()
     assert not kept.is_running() or kept.status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.integration
+def test_a_point_of_several_processes_runs_them_at_once_and_adds_their_figures_up(built_artifacts):
+    point = Point(1, 1, True, processes=2)
+    with PointProcess("onnxruntime", point) as process:
+        pids = [psutil.Process(child.pid) for child in process.processes]
+        result = process.measure(1.0, 0.3)
+    assert len({pid.pid for pid in pids}) == 2
+    assert result.requests == len(result.latencies_ms) > 0 and result.concurrency == 2
+    assert "2 processes at once, their figures added up" in result.notes[0] and point.name in result.notes[0]
+    # Each measured for its own 1 s window, at once: the sum of two rates, not one rate over 2 s.
+    assert result.throughput_rps == pytest.approx(result.requests / result.wall_s, rel=0.25)

@@ -8,6 +8,7 @@ services, real models and real sockets: tests/test_fastapi_services.py and tests
 from __future__ import annotations
 
 import base64
+import os
 import socket
 
 import numpy as np
@@ -225,6 +226,8 @@ async def test_health_says_where_the_model_runs_and_every_setting_it_serves_with
         "device_asked": "cpu",
         "device_fallback": None,
         "first_inference_ms": 0.1,
+        "processes": 1,
+        "process_id": os.getpid(),  # served in this process
         "predict_concurrency": 2,
         "inference_threads": 1,
         "cores": available_cores(),
@@ -255,3 +258,14 @@ async def test_the_api_is_documented_and_other_methods_and_paths_are_refused(ser
     assert "swagger" in (await service.get("/docs")).text.lower()
     assert (await service.get("/predict")).status_code == 405
     assert (await service.get("/no-such-endpoint")).status_code == 404
+
+
+async def test_health_is_503_until_every_process_of_the_service_serves():
+    """A service of two processes where only this one has started: not ready, saying how many serve
+    (tests/test_fastapi_services.py starts two real ones); predictions are served meanwhile."""
+    async with serving(service_settings(processes=2)) as service:
+        health = await service.get("/health")
+        answer = await service.post("/predict", json={"image": PHOTO})
+    assert health.status_code == 503
+    assert health.json()["detail"] == "Starting: 1 of 2 processes serve. Ask again in a few seconds."
+    assert answer.status_code == 200

@@ -13,6 +13,7 @@ from servelab.service.settings import ServiceSettings, SettingError
 
 # Every variable the services read, and a value that sets it (not its default).
 SET = {
+    "SERVICE_PROCESSES": "6",
     "PREDICT_CONCURRENCY": "3",
     "INFERENCE_THREADS": "2",
     "INFERENCE_DEVICE": "cpu",
@@ -42,7 +43,7 @@ def test_unset_means_the_defaults():
 
 def test_every_variable_is_read_from_the_mapping_given():
     read = ServiceSettings.from_environ(SET)
-    assert (read.predict_concurrency, read.inference_threads, read.device) == (3, 2, "cpu")
+    assert (read.processes, read.predict_concurrency, read.inference_threads, read.device) == (6, 3, 2, "cpu")
     assert (read.preprocess_workers, read.decode_ahead, read.max_request_bytes) == (4, 5, 1000)
     assert read.allowed_hosts.entries == (("images.example.org", None), ("127.0.0.1", 9000))
     assert (read.download_timeout_s, read.download_placement, read.abandon_on_disconnect) == (2.5, "inside_slot", False)
@@ -65,7 +66,7 @@ def test_the_thread_plan_says_which_variables_set_it():
 def test_the_decoding_defaults_follow_the_device_and_the_slots():
     default = ServiceSettings()
     cpu = default.thread_plan("cpu")
-    assert default.preprocess_workers_for("cpu", cpu) == 1
+    assert default.preprocess_workers_for("cpu", cpu) == max(1, cpu.slots // 2)
     assert default.preprocess_workers_for("cuda", default.thread_plan("cuda")) == cpu.cores
     assert default.decode_ahead_for(cpu, 1) == max(2 * cpu.slots, 1)
     assert default.decode_ahead_for(cpu, 99) == 99
@@ -108,3 +109,15 @@ def test_at_start_up_a_bad_value_stops_the_process_with_the_message(monkeypatch)
 def test_a_switch_takes_on_or_off_in_its_usual_spellings(on, off):
     read = ServiceSettings.from_environ({"ABANDON_ON_DISCONNECT": off, "SERVELAB_LOOPBACK_ONLY": on})
     assert read == ServiceSettings(abandon_on_disconnect=False, loopback_only=True)
+
+
+def test_a_process_of_several_plans_its_threads_on_its_share_of_the_cores(monkeypatch):
+    monkeypatch.setattr(settings_module, "available_cores", lambda: 16)
+    workers = ServiceSettings.from_environ({"SERVICE_PROCESSES": "4"})
+    plan = workers.thread_plan("cpu")
+    assert (plan.cores, plan.slots) == (4, 4)  # not the machine's 16: three other processes share them
+    assert workers.preprocess_workers_for("cpu", plan) == 2
+    assert workers.service_plan("cuda").processes == 4
+    # A process started alone (plain uvicorn, a Ray replica) has every core.
+    alone = ServiceSettings().thread_plan("cpu")
+    assert (alone.cores, alone.slots) == (16, 16)

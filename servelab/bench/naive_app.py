@@ -7,6 +7,9 @@ and preprocessing, the same model file), none of their care. The benchmark measu
 them as a reference: every lab service must be at least as fast, with a shorter tail.
 
     NAIVE_RUNTIME=pytorch uvicorn servelab.bench.naive_app:app --port 8000   (or onnxruntime)
+
+PyTorch runs on the GPU where it has one, as the original lab's app did (INFERENCE_DEVICE=cpu
+keeps it on the CPU): the GPU check (servelab.bench.gpu_check) compares the services with it there.
 """
 
 from __future__ import annotations
@@ -25,17 +28,19 @@ if RUNTIME == "pytorch":
     import torch
     from torchvision.models import mobilenet_v2
 
+    DEVICE = "cuda" if settings().inference_device != "cpu" and torch.cuda.is_available() else "cpu"
     model = mobilenet_v2(num_classes=len(LABELS))
     model.load_state_dict(torch.load(paths.ARTIFACTS_DIR / "food11.pth", weights_only=True))
-    model.eval()
+    model.eval().to(DEVICE)
 
     def run(batch: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return model(torch.from_numpy(batch)).numpy()
+            return model(torch.from_numpy(batch).to(DEVICE)).cpu().numpy()
 
 else:  # onnxruntime, the other runtime the settings take
     import onnxruntime as ort
 
+    DEVICE = "cpu"
     session = ort.InferenceSession(str(paths.ARTIFACTS_DIR / "food11.onnx"), providers=["CPUExecutionProvider"])
 
     def run(batch: np.ndarray) -> np.ndarray:
@@ -61,4 +66,4 @@ def predict(request: PredictRequest) -> dict:
 
 @app.get("/health")
 def health() -> dict:
-    return {"status": "ready", "runtime": RUNTIME}
+    return {"status": "ready", "runtime": RUNTIME, "device": DEVICE}

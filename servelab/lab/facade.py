@@ -271,8 +271,9 @@ class Lab:
         127.0.0.1 of the machine this notebook runs on (locally, or in the Compose project's
         Jupyter container, next to the GPU on the node), for the `with` block:
         `with lab.fastapi_variant("pt", 2, 1) as url:`.
-        It fetches images by URL from this lab's image host."""
-        env = {
+        It fetches images by URL from this lab's image host. It runs in one process unless
+        SERVICE_PROCESSES says otherwise: a variant is an experiment on what one process does."""
+        env = {"SERVICE_PROCESSES": "1"} | {
             name: str(value)
             for name, value in (("PREDICT_CONCURRENCY", slots), ("INFERENCE_THREADS", threads))
             if value is not None

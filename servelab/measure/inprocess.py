@@ -14,6 +14,10 @@ from an inference thread; devices.py: proved by one inference at start-up). Two 
   ServiceSettings.preprocess_workers_for): the GPU does the inference, decoding is the CPU's
   main work, and a single decoding thread would cap the "ceiling" below what a service reaches.
 
+One Python process does only what its interpreter lock lets through, so a point may also run in
+several processes at once (`Point.processes`), each on its share of the cores, as a service of
+several processes runs (cores.service_plan): their figures add up to the machine's ceiling.
+
 A ceiling is the best of a small sweep over the thread plans (`sweep`), each run in a process of
 its own, so that one plan's threads never slow the next. It is reported with the plan that won,
 whose process stays to measure it again next to each service (`Ceiling.measure_now`): its model is
@@ -43,7 +47,7 @@ import numpy as np
 
 from servelab import paths
 from servelab.results import LatencySummary, RunResult
-from servelab.service.cores import ThreadPlan, available_cores, thread_plan
+from servelab.service.cores import ThreadPlan, available_cores, service_plan, thread_plan
 from servelab.service.devices import Placement, onnx_session, torch_model
 from servelab.service.food11 import decode_base64_image, preprocess
 from servelab.settings import settings
@@ -93,11 +97,13 @@ class Point:
     slots: int
     threads: int
     pipelined: bool  # False: one request in flight, decode then infer on one thread
+    processes: int = 1  # processes that run it at once, each on its share of the cores
 
     @property
     def name(self) -> str:
         shape = "pipeline" if self.pipelined else "one in flight"
-        return f"{shape}, {self.slots} slot(s) x {self.threads} thread(s)"
+        each = f"{self.processes} processes, each " if self.processes > 1 else ""
+        return f"{shape}, {each}{self.slots} slot(s) x {self.threads} thread(s)"
 
 
 class PointRunner:
@@ -155,7 +161,7 @@ class PointRunner:
                     # Per-image work without waiting: the floor under any service's latency.
                     service_ms[slot].append((decode_s + time.perf_counter() - started) * 1000)
 
-        feeding = decoding_threads(self.placement.device, point, self.decode)
+        feeding = decoding_threads(self.placement.device, point, self.decode, available_cores() // point.processes)
         decoders = [threading.Thread(target=decode_loop, daemon=True) for _ in range(feeding)]
         for thread in decoders:
             thread.start()
@@ -191,40 +197,55 @@ RESULT_MARK = "in-process result: "  # before the JSON line a point's process an
 
 
 class PointProcess:
-    """A point run in a Python process of its own, so that no other plan's threads are around;
-    the process builds the model once and measures it each time it is asked (`measure`), until
-    `close`. A context manager."""
+    """A point run in Python processes of its own (`point.processes` of them), so that no other
+    plan's threads are around; each builds the model once and measures it each time it is asked
+    (`measure`), all at once, until `close`. A context manager."""
 
     def __init__(self, runtime: str, point: Point, decode: bool = True, timeout_s: float = 300) -> None:
         self.point, self.timeout_s = point, timeout_s
         command = [
             sys.executable, "-m", "servelab.measure.inprocess", "--runtime", runtime, "--slots", str(point.slots),
-            "--threads", str(point.threads), "--serve",
+            "--threads", str(point.threads), "--processes", str(point.processes), "--serve",
         ]  # fmt: skip
         command += ([] if point.pipelined else ["--one-in-flight"]) + ([] if decode else ["--inference-only"])
-        self.errors = tempfile.TemporaryFile(mode="w+")  # a runtime's warnings; read back when it fails
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True, cwd=paths.REPO_ROOT
-        )
-        assert self.process.stdin is not None and self.process.stdout is not None, "both are pipes"
-        self.requests: IO[str] = self.process.stdin  # one line per `measure`
-        self.answers: IO[str] = self.process.stdout
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.errors = tempfile.TemporaryFile(mode="w+")  # a runtime's warnings; read back when one fails
+        self.processes = [
+            subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.errors,
+                text=True,
+                cwd=paths.REPO_ROOT,
+            )
+            for _ in range(point.processes)
+        ]
+        self.lines: list[queue.Queue] = []
+        for process in self.processes:
+            assert process.stdout is not None, "a pipe"
+            self.lines.append(queue.Queue())
+            threading.Thread(target=self._read, args=(process.stdout, self.lines[-1]), daemon=True).start()
 
-    def _read(self) -> None:
-        for line in self.answers:
-            self.lines.put(line)
-        self.lines.put(None)  # the process has ended
+    @staticmethod
+    def _read(answers: IO[str], lines: queue.Queue) -> None:
+        for line in answers:
+            lines.put(line)
+        lines.put(None)  # the process has ended
 
     def measure(self, duration_s: float, warmup_s: float) -> RunResult:
-        """The point measured now: warmed up for warmup_s, then measured for duration_s."""
-        self.requests.write(json.dumps({"duration_s": duration_s, "warmup_s": warmup_s}) + "\n")
-        self.requests.flush()
+        """The point measured now, in all its processes at once: warmed up for warmup_s, then
+        measured for duration_s; their figures added up."""
+        for process in self.processes:
+            assert process.stdin is not None, "a pipe"
+            process.stdin.write(json.dumps({"duration_s": duration_s, "warmup_s": warmup_s}) + "\n")
+            process.stdin.flush()
         deadline = time.monotonic() + self.timeout_s
+        return combined([self._answer(lines, deadline) for lines in self.lines], self.point)
+
+    def _answer(self, lines: queue.Queue, deadline: float) -> RunResult:
         while True:  # a runtime may print before the answer (ONNX Runtime, when it drops a provider)
             try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 line = None
             if line is None:
@@ -235,14 +256,17 @@ class PointProcess:
                 return RunResult.from_dict(json.loads(line.removeprefix(RESULT_MARK)))
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.requests.close()  # the process ends at the end of its input
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.errors.close()
+        for process in self.processes:
+            if process.poll() is None:
+                assert process.stdin is not None, "a pipe"
+                process.stdin.close()  # the process ends at the end of its input
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        if not self.errors.closed:
+            self.errors.close()
 
     def __enter__(self) -> PointProcess:
         return self
@@ -251,13 +275,39 @@ class PointProcess:
         self.close()
 
 
+def combined(runs: list[RunResult], point: Point) -> RunResult:
+    """The runs of a point's processes, measured at once, as one: their requests and throughput
+    added up, their latencies pooled."""
+    if len(runs) == 1:
+        return runs[0]
+    latencies = [value for run in runs for value in run.latencies_ms]
+    first = runs[0]
+    return RunResult(
+        target=first.target,
+        tool=first.tool,
+        mode=first.mode,
+        requests=sum(run.requests for run in runs),
+        throughput_rps=sum(run.throughput_rps for run in runs),
+        latency=LatencySummary.of(latencies),
+        wall_s=max(run.wall_s for run in runs),
+        concurrency=sum(run.concurrency for run in runs),
+        latencies_ms=latencies,
+        notes=[f"{point.name}: {len(runs)} processes at once, their figures added up; each: {first.notes[0]}"]
+        + first.notes[1:],
+    )
+
+
 def sweep_points(cores: int, pipelined: bool) -> list[Point]:
-    """The plans worth trying: every core busy, in one slot or spread over 2, 4... slots; for one
-    request in flight, one slot with 1, 2, 4... threads up to the cores."""
+    """The plans worth trying: every core busy, in one slot or spread over 2, 4... slots (and over
+    the processes of a service's plan, where it has several); for one request in flight, one slot
+    with 1, 2, 4... threads up to the cores."""
     powers = [2**k for k in range(cores.bit_length()) if 2**k <= cores]
     if not pipelined:
         return [Point(1, threads, False) for threads in powers]
-    return [Point(slots, cores // slots, True) for slots in powers]
+    # And as a service of several processes runs on this many cores (cores.service_plan), where it does.
+    plan = service_plan(cores, on_gpu=False)
+    several = [Point(plan.slots, 1, True, plan.processes)] if plan.processes > 1 else []
+    return [Point(slots, cores // slots, True) for slots in powers] + several
 
 
 @dataclass
@@ -315,13 +365,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime", choices=RUNTIMES, required=True)
     parser.add_argument("--slots", type=int, default=1, help="inference threads running at once")
     parser.add_argument("--threads", type=int, default=1, help="threads per inference (intra-op)")
+    parser.add_argument("--processes", type=int, default=1, help="processes that run this point at once (cores shared)")
     parser.add_argument("--one-in-flight", action="store_true", help="decode then infer on one thread, no overlap")
     parser.add_argument("--inference-only", action="store_true", help="decode once, repeat only the inference")
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--serve", action="store_true", help="measure for each line on stdin: {duration_s, warmup_s}")
     args = parser.parse_args(argv)
-    point = Point(args.slots, args.threads, pipelined=not args.one_in_flight)
+    point = Point(args.slots, args.threads, pipelined=not args.one_in_flight, processes=args.processes)
     runner = PointRunner(args.runtime, paths.SAMPLE_IMAGE.read_bytes(), point, decode=not args.inference_only)
     once = [{"duration_s": args.duration, "warmup_s": args.warmup}]
     try:

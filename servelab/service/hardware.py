@@ -10,6 +10,7 @@ machine, with no GPU (servelab.triton.server.LOCAL_TRITON).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,7 +42,10 @@ class Hardware:
 
 
 def visible_gpus() -> int:
-    """The NVIDIA GPUs this container sees (none without the NVIDIA runtime, or without a GPU)."""
+    """The NVIDIA GPUs this container sees (none without the NVIDIA runtime, or without a GPU, or
+    with CUDA_VISIBLE_DEVICES set empty, which hides them from every CUDA program)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return 0
     try:
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True)
     except (OSError, subprocess.SubprocessError):

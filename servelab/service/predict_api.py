@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -139,9 +140,11 @@ class HealthResponse(BaseModel):
         ...,
         description="One inference of a blank image on `device` at start-up took this long: the device runs the model.",
     )
-    predict_concurrency: int = Field(..., description="Inference slots: inferences that run at once.")
+    processes: int = Field(..., description="Processes that serve, each with the slots and threads below.")
+    process_id: int = Field(..., description="The process that answered this request.")
+    predict_concurrency: int = Field(..., description="Inference slots of each process: inferences that run at once.")
     inference_threads: int = Field(..., description="Threads each inference uses (intra-op threads).")
-    cores: int = Field(..., description="Cores this process may use (CPU affinity and container quota).")
+    cores: int = Field(..., description="Cores each process may use: its share of the affinity and container quota.")
     threads: str = Field(..., description="The thread plan in words, and what chose it.")
     preprocess_workers: int
     decode_ahead: int = Field(..., description="Requests decoded, or being decoded, ahead of the predict slots.")
@@ -269,9 +272,11 @@ def create_app(model: ServedModel, title: str, description: str, settings: Servi
             settings.allowed_hosts.text,
             settings.abandon_on_disconnect,
         )
+        metrics.ready.set(1)
         yield
         await downloads.aclose()
         scheduler.shutdown()
+        metrics.process_ended()
 
     app = FastAPI(title=title, description=description, version="1.0.0", lifespan=lifespan)
     app.add_middleware(RequestBodyLimit, max_bytes=settings.max_request_bytes)
@@ -351,9 +356,19 @@ def create_app(model: ServedModel, title: str, description: str, settings: Servi
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)
 
-    @app.get("/health", response_model=HealthResponse)
+    processes = settings.processes or 1
+    all_started = asyncio.Event()
+
+    @app.get("/health", response_model=HealthResponse, responses={503: {"model": ErrorResponse}})
     @app.get("/healthz", response_model=HealthResponse, include_in_schema=False)
     async def health() -> HealthResponse:
+        if not all_started.is_set():  # until every process of the service serves; then for good
+            if (ready := metrics.processes_ready()) < processes:
+                raise HTTPException(
+                    status.HTTP_503_SERVICE_UNAVAILABLE,
+                    f"Starting: {ready} of {processes} processes serve. Ask again in a few seconds.",
+                )
+            all_started.set()
         return HealthResponse(
             status="ready",
             model_file=model.model_file.name,
@@ -364,6 +379,8 @@ def create_app(model: ServedModel, title: str, description: str, settings: Servi
             device_asked=placement.asked,
             device_fallback=placement.fallback,
             first_inference_ms=placement.first_inference_ms,
+            processes=processes,
+            process_id=os.getpid(),
             predict_concurrency=plan.slots,
             inference_threads=plan.threads,
             cores=plan.cores,

@@ -7,11 +7,25 @@ request by outcome and HTTP status, and how many are in flight; and the steps of
 those computed after their client had gone among them. The lab reads two scrapes, before
 and after a run, and turns the difference into that run's figures (servelab/measure/service_stats.py).
 `python -m servelab artifacts` copies this file into each service folder; edit it here.
+
+A service of several processes (servelab.service.launch) sets PROMETHEUS_MULTIPROC_DIR for all of
+them: each process writes its figures there, and /metrics adds up every process's, those of a
+process that died included; the gauges count the live processes only.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # From 1 ms to 30 s: an inference on a GPU to a download that hits the time limit.
@@ -39,7 +53,10 @@ class PredictMetrics:
             "predict_requests", "Requests to /predict, by outcome and HTTP status", ["outcome", "status"],
             registry=self.registry,
         )  # fmt: skip
-        self.in_flight = Gauge("predict_in_flight", "Requests to /predict being served now", registry=self.registry)
+        self.in_flight = Gauge(
+            "predict_in_flight", "Requests to /predict being served now", registry=self.registry,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
 
         def histogram(name: str, what: str) -> Histogram:
             return Histogram(name, what, buckets=BUCKETS_S, registry=self.registry)
@@ -69,11 +86,35 @@ class PredictMetrics:
             ["outcome"], registry=self.registry,
         )  # fmt: skip
         self.refine_running = Gauge(
-            "refine_running", "/refine streams whose steps are being computed now", registry=self.registry
-        )
+            "refine_running", "/refine streams whose steps are being computed now", registry=self.registry,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+
+        self.ready = Gauge(
+            "service_processes_ready", "Processes of the service that have started and serve", registry=self.registry,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+
+    def processes_ready(self) -> int:
+        """How many of the service's processes serve now (this one alone: 1 once it has started)."""
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return int(self.ready._value.get())
+        every_process = CollectorRegistry()
+        multiprocess.MultiProcessCollector(every_process)
+        return int(every_process.get_sample_value("service_processes_ready") or 0)
 
     def exposition(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The metrics as Prometheus reads them: this process's, or every process's of the service."""
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        every_process = CollectorRegistry()
+        multiprocess.MultiProcessCollector(every_process)
+        return generate_latest(every_process), CONTENT_TYPE_LATEST
+
+    def process_ended(self) -> None:
+        """This process stops serving: its live gauges no longer count (its counts stay)."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            multiprocess.mark_process_dead(os.getpid())
 
 
 class CountPredictRequests:

@@ -6,11 +6,15 @@ the environment. A value the service cannot use stops it with a message that nam
 and says what it may be; unset (or empty) means the default.
 
 Variable                  Default                  Meaning
-PREDICT_CONCURRENCY       a slot per core; 1 (GPU) inference slots: inferences that run at once (cores.py)
+SERVICE_PROCESSES         planned (cores.py)       processes that serve (uvicorn's workers, started by
+                                                   servelab.service.launch): one per 4 cores on a CPU, 2 on a GPU
+                                                   with 8 cores or more; the cores are shared out among them
+PREDICT_CONCURRENCY       a slot per core; 1 (GPU) inference slots of each process: inferences that run at once
 INFERENCE_THREADS         elastic (CPU)            threads per inference, fixed; unset on a CPU, an inference
                                                    gets the cores divided by the inferences running (cores.py)
 INFERENCE_DEVICE          auto                     auto (the GPU when the runtime has one), cuda or cpu (devices.py)
-PREPROCESS_WORKERS        1; every core (GPU)      threads that decode and preprocess images
+PREPROCESS_WORKERS        1 per 2 slots; every     threads of each process that decode and preprocess images
+                          core (GPU)
 DECODE_AHEAD              2 per slot, at least     requests decoded, or being decoded, ahead of the predict slots
                           PREPROCESS_WORKERS       (scheduler.py)
 MAX_REQUEST_BYTES         16777216 (16 MiB)        the largest request body, and the largest image fetched by URL
@@ -39,7 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from servelab.service.cores import ThreadPlan, positive_int_setting, thread_plan
+from servelab.service.cores import (
+    ServicePlan,
+    ThreadPlan,
+    available_cores,
+    positive_int_setting,
+    service_plan,
+    thread_plan,
+)
 from servelab.service.devices import device_setting
 from servelab.service.image_fetch import DEFAULT_ALLOWED_HOSTS, AllowList
 
@@ -106,6 +117,7 @@ class ServiceSettings:
     """A service's settings, as the table above describes them (None: the default, which depends
     on the device or the app)."""
 
+    processes: int | None = None
     predict_concurrency: int | None = None
     inference_threads: int | None = None
     device: str = "auto"
@@ -130,6 +142,7 @@ class ServiceSettings:
                 raise SettingError(str(exc)) from None
 
         return cls(
+            processes=read("SERVICE_PROCESSES", _positive_int),
             predict_concurrency=read("PREDICT_CONCURRENCY", _positive_int),
             inference_threads=read("INFERENCE_THREADS", _positive_int),
             device=read("INFERENCE_DEVICE", lambda environ, _: device_setting(environ)),
@@ -152,18 +165,29 @@ class ServiceSettings:
         except SettingError as exc:
             raise SystemExit(str(exc)) from None
 
+    def service_plan(self, device: str, cores: int | None = None) -> ServicePlan:
+        """The service's processes and each one's share of the cores, slots and decoding threads,
+        for the device the model runs on (cores.py's rules; SERVICE_PROCESSES where set)."""
+        return service_plan(cores or available_cores(), device.startswith("cuda"), self.processes)
+
     def thread_plan(self, device: str) -> ThreadPlan:
-        """The slots and threads for the device the model runs on: PREDICT_CONCURRENCY and
-        INFERENCE_THREADS where set, the defaults of cores.py otherwise."""
+        """The slots and threads of this process, on its share of the cores, for the device the model
+        runs on: PREDICT_CONCURRENCY and INFERENCE_THREADS where set, the defaults of cores.py otherwise.
+        A process started on its own (plain uvicorn, a Ray replica) has every core: SERVICE_PROCESSES
+        is set for each of its workers by servelab.service.launch."""
         given = {"PREDICT_CONCURRENCY": self.predict_concurrency, "INFERENCE_THREADS": self.inference_threads}
         by = ", ".join(f"{name}={value}" for name, value in given.items() if value is not None)
-        return thread_plan(self.predict_concurrency, self.inference_threads, device=device, environ={}, given_by=by)
+        cores = self.service_plan(device).cores_each if self.processes else available_cores()
+        return thread_plan(
+            self.predict_concurrency, self.inference_threads, device=device, cores=cores, environ={}, given_by=by
+        )
 
     def preprocess_workers_for(self, device: str, plan: ThreadPlan) -> int:
-        """PREPROCESS_WORKERS, else: on a CPU, one decoding thread (a decode costs a fraction of an
-        inference, and every extra thread would take cores from the inference threads); on a GPU,
-        decoding is the CPU's main work, so it gets every core."""
-        return self.preprocess_workers or (plan.cores if device.startswith("cuda") else 1)
+        """PREPROCESS_WORKERS, else the plan's (cores.py): on a CPU one decoding thread per two slots
+        (a decode costs a fraction of an inference, and every extra thread would take cores from the
+        inference threads); on a GPU every core of the process's share, since decoding is then the
+        CPU's main work."""
+        return self.preprocess_workers or service_plan(plan.cores, device.startswith("cuda"), 1).decoding_threads
 
     def decode_ahead_for(self, plan: ThreadPlan, preprocess_workers: int) -> int:
         """DECODE_AHEAD, else two requests per slot (one for it to take next, one to decode

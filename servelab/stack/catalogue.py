@@ -37,7 +37,7 @@ def fastapi_service(
     allowed = f"127.0.0.1:{image_host_port or Ports.configured().image_host}"
     return ServiceSpec(
         name=f"fastapi_{flavor}",
-        command=[sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port)],
+        command=[sys.executable, "-m", "servelab.service.launch", "--host", "127.0.0.1", "--port", str(port)],
         cwd=folder,
         ports=[port],
         ready_url=f"http://127.0.0.1:{port}/health",

@@ -6,9 +6,11 @@
 1. Without an NVIDIA GPU it stops at once, with exit code 2, saying what nvidia-smi, NVML (nvidia-ml-py)
    and PyTorch each saw. `--device cpu` runs the same steps on the CPU instead (CI, a laptop), and its
    table says that nothing on a GPU was checked.
-2. Starts fastapi_pt and fastapi_onnx with INFERENCE_DEVICE=cuda, and Triton's food_classifier (KIND_GPU)
-   where a tritonserver is found (--tritonserver, else the nvidia-pytriton wheel's, else one on PATH),
-   each on a free 127.0.0.1 port.
+2. Starts fastapi_pt and fastapi_onnx with INFERENCE_DEVICE=cuda (as servelab.service.launch plans
+   their processes), the original lab's kind of app (naive/pytorch: servelab.bench.naive_app, one
+   process, a reference never judged), and Triton's food_classifier (KIND_GPU) where a tritonserver
+   is found (--tritonserver, else the nvidia-pytriton wheel's, else one on PATH), each on a free
+   127.0.0.1 port.
 3. Judges where each runs, from its own report (`judge_service`, `judge_triton`): fastapi_pt must run on
    the GPU, with its first inference at start-up on it (/health's `device`, `device_fallback`,
    `first_inference_ms`); fastapi_onnx too where this ONNX Runtime has a CUDA provider, and where it
@@ -19,10 +21,14 @@
    own: servelab.bench.gpu_check.closed_loop), a warm-up then a window each, sampling the GPU's use.
 5. Reads each service's GPU memory (its processes, as nvidia-smi lists them) while all of them are up,
    then stops them and measures the in-process ceiling (servelab.measure.inprocess) of PyTorch on the
-   GPU, and of ONNX Runtime where it has a CUDA provider: one request in flight, and the best pipeline.
+   GPU, and of ONNX Runtime on the GPU where it has a CUDA provider (else on the CPU, where its service
+   runs): one request in flight, the best pipeline in one process, and in as many processes as the
+   services plan (the machine's ceiling).
 6. Prints one table (the machine first) and writes it to results/gpu-check-<time>.md, with every run in
-   results/gpu-check-<time>.json. Speed is reported, never judged: the benchmark judges it.
-Every process it started is stopped at the end, on Ctrl-C and on a failure too. About 3-5 minutes with
+   results/gpu-check-<time>.json, and the speed targets, met or not: each FastAPI service at least 0.8x
+   the machine's ceiling above c=1, and never slower than naive/pytorch at the highest concurrency.
+   Speed is reported, never failing the check.
+Every process it started is stopped at the end, on Ctrl-C and on a failure too. About 4-6 minutes with
 the defaults. Exit code 0: every verdict passed (or is the "CPU" case above); 1: one failed; 2: it
 cannot run here (no GPU, a model file or a package missing: the message says which).
 

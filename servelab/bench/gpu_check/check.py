@@ -35,12 +35,14 @@ from servelab.bench.gpu_check.processes import (
     free_ports,
     health_of,
     load_point,
+    naive_service,
     triton_service,
 )
 from servelab.bench.gpu_check.report import Checked, every_run_table, report
 from servelab.bench.gpu_check.verdicts import (
     FAIL,
     NOT_RUN,
+    REFERENCE,
     Verdict,
     judge_load,
     judge_service,
@@ -56,7 +58,7 @@ log = logging.getLogger(__name__)
 EXIT_FAILED = 1
 EXIT_CANNOT_RUN = 2
 CONCURRENCIES = (1, 16, 64)
-SERVICES = ("fastapi_pt", "fastapi_onnx", "triton")
+SERVICES = ("fastapi_pt", "fastapi_onnx", "naive_pt", "triton")
 
 
 def cannot_run(services: Sequence[str]) -> str | None:
@@ -73,6 +75,7 @@ def cannot_run(services: Sequence[str]) -> str | None:
         "fastapi_pt": [paths.FASTAPI_PT_DIR / "food11.pth", paths.ARTIFACTS_DIR / "food11.pth"],
         "fastapi_onnx": [paths.FASTAPI_ONNX_DIR / "food11.onnx", paths.ARTIFACTS_DIR / "food11.onnx"],
         "triton": [paths.ARTIFACTS_DIR / "food11.pth"],
+        "naive_pt": [paths.ARTIFACTS_DIR / "food11.pth"],
     }
     absent = sorted({str(path) for name in services for path in needed[name] if not path.is_file()})
     if absent:
@@ -110,7 +113,13 @@ def check(args: argparse.Namespace) -> int:
     ceilings = {}
     for runtime in sorted({CEILING_RUNTIME[name] for name in args.services}):
         if runtime == "onnxruntime" and onnx_without_gpu is not None:
-            ceilings[runtime] = Ceiling(runtime, note=f"not measured: {onnx_without_gpu}")
+            # fastapi_onnx runs on the CPU, so its ceiling is taken there: this machine's cores.
+            os.environ["INFERENCE_DEVICE"] = "cpu"
+            try:
+                ceilings[runtime] = measure_ceiling(runtime, "cpu", args.seconds, args.warmup)
+            finally:
+                os.environ["INFERENCE_DEVICE"] = device
+            ceilings[runtime].note = ceilings[runtime].note or f"on the CPU: {onnx_without_gpu}"
         else:
             ceilings[runtime] = measure_ceiling(runtime, device, args.seconds, args.warmup)
 
@@ -151,11 +160,13 @@ def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_d
     sent while a service still starts: a start loads a model and runs a first inference, which
     would take the cores from the service measured."""
     device, image = args.device, paths.SAMPLE_IMAGE.read_bytes()
-    ports = iter(free_ports(5))
+    ports = iter(free_ports(6))
     checked = []
     with contextlib.ExitStack() as cleanup:
         work_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="gpu-check-")))
-        services = [fastapi_service(name, device, image, next(ports)) for name in args.services if name != "triton"]
+        services = [fastapi_service(name, device, image, next(ports)) for name in args.services if "fastapi" in name]
+        if "naive_pt" in args.services:
+            services.append(naive_service(device, image, next(ports)))
         if "triton" in args.services:
             binary, found_in = find_tritonserver(args.tritonserver)
             triton_ports = [next(ports) for _ in range(3)]
@@ -186,7 +197,15 @@ def checked_service(process: Running, args: argparse.Namespace, onnx_without_gpu
     service = process.service
     if (not_ready := process.wait_ready()) is not None:
         return Checked(service.name, Verdict(FAIL, f"did not start: {not_ready}"))
-    if service.name == "triton":
+    if service.name == "naive_pt":
+        try:
+            health = health_of(service)
+        except (OSError, ValueError) as exc:
+            return Checked(service.name, Verdict(FAIL, f"its /health could not be read: {exc}"))
+        checked = Checked(service.name, Verdict(REFERENCE, "the original lab's kind of app, never judged"))
+        checked.device = str(health.get("device", "unknown"))
+        target = "naive/pytorch"
+    elif service.name == "triton":
         log_text = process.log_path.read_text(errors="replace")
         checked = Checked(service.name, judge_triton(log_text, device))
         checked.device = ", ".join(sorted({match["device"] for match in triton_instances(log_text)})) or "unknown"

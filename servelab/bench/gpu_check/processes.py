@@ -35,7 +35,7 @@ from servelab.service.cores import available_cores
 log = logging.getLogger(__name__)
 
 TRITON_MODEL = "food_classifier"
-READY_TIMEOUT_S = {"fastapi_pt": 180.0, "fastapi_onnx": 180.0, "triton": 300.0}
+READY_TIMEOUT_S = {"fastapi_pt": 180.0, "fastapi_onnx": 180.0, "naive_pt": 180.0, "triton": 300.0}
 STOP_GRACE_S = 15.0
 
 
@@ -141,13 +141,38 @@ def free_ports(count: int) -> list[int]:
 
 
 def fastapi_service(name: str, device: str, image: bytes, port: int) -> Service:
-    """fastapi_pt or fastapi_onnx, as the local stack runs it (uvicorn from its folder), on `device`."""
+    """fastapi_pt or fastapi_onnx, as the local stack runs it (servelab.service.launch from its folder), on `device`."""
     url = f"http://127.0.0.1:{port}"
     return Service(
         name=name,
-        command=[sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port)],
+        command=[sys.executable, "-m", "servelab.service.launch", "--host", "127.0.0.1", "--port", str(port)],
         cwd=paths.REPO_ROOT / name,
         env={"INFERENCE_DEVICE": device},
+        ready_url=f"{url}/health",
+        load_url=f"{url}/predict",
+        body=json.dumps({"image": base64.b64encode(image).decode()}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+
+
+def naive_service(device: str, image: bytes, port: int) -> Service:
+    """The original lab's kind of app (servelab.bench.naive_app, PyTorch): one uvicorn process, a
+    synchronous handler, on the GPU where PyTorch has one (INFERENCE_DEVICE=cpu: the CPU)."""
+    url = f"http://127.0.0.1:{port}"
+    return Service(
+        name="naive_pt",
+        command=[
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "servelab.bench.naive_app:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        cwd=paths.REPO_ROOT,
+        env={"INFERENCE_DEVICE": device, "NAIVE_RUNTIME": "pytorch"},
         ready_url=f"{url}/health",
         load_url=f"{url}/predict",
         body=json.dumps({"image": base64.b64encode(image).decode()}).encode(),

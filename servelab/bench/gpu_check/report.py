@@ -55,7 +55,7 @@ def table_headings(concurrencies: Sequence[int]) -> list[str]:
         "verdict",
         "GPU memory (MiB)",
         *(f"c={concurrency} (req/s)" for concurrency in concurrencies),
-        "ceiling: one in flight / pipelined (req/s)",
+        "ceiling: one in flight / one process / all processes (req/s)",
         *(f"c={concurrency} / ceiling" for concurrency in concurrencies),
         f"GPU busy at c={concurrencies[-1]} (%)",
     ]
@@ -65,7 +65,8 @@ def table_rows(
     checked: Sequence[Checked], ceilings: Mapping[str, Ceiling], concurrencies: Sequence[int]
 ) -> list[list[str]]:
     """One row per service, then the GPU memory of all of them together. A ratio compares a run with
-    its runtime's ceiling: one request in flight at c=1, the best pipeline above."""
+    its runtime's ceiling: one request in flight at c=1, the best pipeline above (in as many
+    processes as a service plans: the machine's)."""
     rows = []
     for service in checked:
         by_concurrency = {run.concurrency: run for run in service.runs}
@@ -77,14 +78,17 @@ def table_rows(
         elif one is None or pipelined is None:
             ceiling_cell = ceiling.note or "-"
         else:
-            ceiling_cell = f"{ceiling.runtime}: {_rate(one.throughput_rps)} / {_rate(pipelined.throughput_rps)}"
+            alone = _rate(ceiling.one_process.throughput_rps) if ceiling.one_process else "-"
+            ceiling_cell = (
+                f"{ceiling.runtime}: {_rate(one.throughput_rps)} / {alone} / {_rate(pipelined.throughput_rps)}"
+            )
         ratios = []
         for concurrency in concurrencies:
             run, reference = by_concurrency.get(concurrency), one if concurrency == 1 else pipelined
             ratios.append(f"{run.throughput_rps / reference.throughput_rps:.2f}x" if run and reference else "-")
         rows.append(
             [
-                "triton/" + TRITON_MODEL if service.name == "triton" else service.name,
+                SHOWN_AS.get(service.name, service.name),
                 service.device,
                 str(service.verdict),
                 _rate(service.gpu_memory_mib, 0),
@@ -98,6 +102,46 @@ def table_rows(
     total = f"{sum(memory):.0f} (total)" if memory else "-"
     rows.append(["all services", "", "", total, *("" for _ in range(2 * len(concurrencies) + 2))])
     return rows
+
+
+SHOWN_AS = {"triton": "triton/" + TRITON_MODEL, "naive_pt": "naive/pytorch"}
+TARGET_OF_CEILING = 0.8  # each FastAPI service, under load, against the machine's in-process ceiling
+FASTAPI_SERVICES = ("fastapi_pt", "fastapi_onnx")
+
+
+def targets(checked: Sequence[Checked], ceilings: Mapping[str, Ceiling], concurrencies: Sequence[int]) -> list[str]:
+    """The speed targets, each met or not with its numbers (reported, never failing the check):
+    each FastAPI service at least TARGET_OF_CEILING of the machine's ceiling at every concurrency
+    above 1, and never slower than the original lab's kind of app at the highest."""
+    lines = []
+    by_name = {service.name: {run.concurrency: run for run in service.runs} for service in checked}
+    for name in FASTAPI_SERVICES:
+        ceiling = ceilings.get(CEILING_RUNTIME[name])
+        if name not in by_name or ceiling is None or ceiling.pipelined is None:
+            continue
+        for concurrency in concurrencies[1:] if concurrencies[0] == 1 else concurrencies:
+            run = by_name[name].get(concurrency)
+            if run is None:
+                lines.append(f"NOT MEASURED: {name} at c={concurrency}")
+                continue
+            ratio = run.throughput_rps / ceiling.pipelined.throughput_rps
+            lines.append(
+                f"{'met' if ratio >= TARGET_OF_CEILING else 'NOT MET'}: {name} at c={concurrency} is "
+                f"{ratio:.2f}x the machine's ceiling (target {TARGET_OF_CEILING:.1f}x): {_rate(run.throughput_rps)} "
+                f"of {_rate(ceiling.pipelined.throughput_rps)} req/s ({ceiling.pipelined.notes[0].split(' (on ')[0]})"
+            )
+    busiest = concurrencies[-1]
+    naive = by_name.get("naive_pt", {}).get(busiest)
+    for name in FASTAPI_SERVICES:
+        ours = by_name.get(name, {}).get(busiest)
+        if naive is None or ours is None:
+            continue
+        lines.append(
+            f"{'met' if ours.throughput_rps >= naive.throughput_rps else 'NOT MET'}: {name} at c={busiest} is at "
+            f"least as fast as naive/pytorch, the original lab's kind of app: {_rate(ours.throughput_rps)} vs "
+            f"{_rate(naive.throughput_rps)} req/s"
+        )
+    return lines
 
 
 def gpu_memory_in_use(checked: Sequence[Checked]) -> str:
@@ -128,8 +172,8 @@ def report(machine: str, args: argparse.Namespace, checked: Sequence[Checked], c
     notes = [
         f"Load: closed loop of the {paths.SAMPLE_IMAGE.name} sample ({paths.SAMPLE_IMAGE.stat().st_size // 1024} KB) "
         f"from a process of its own (servelab.bench.gpu_check.closed_loop), {seconds:g} s a point after its warm-up. "
-        "Speed is reported, not judged (the benchmark judges it): a ratio compares a service with the in-process "
-        "ceiling of its runtime on the same device (c=1 with one request in flight, above with the best pipeline).",
+        "A ratio compares a service with the in-process ceiling of its runtime on the same device (c=1 with one "
+        "request in flight, above with the best pipeline, in as many processes as a service plans: the machine's).",
     ]
     if device == "cuda":
         notes.append(gpu_memory_in_use(checked))
@@ -146,6 +190,10 @@ def report(machine: str, args: argparse.Namespace, checked: Sequence[Checked], c
             "",
             markdown_table(table_headings(concurrencies), table_rows(checked, ceilings, concurrencies)),
             *(f"- {note}" for note in notes),
+            "",
+            "Targets (speed is reported, not judged: they never fail the check):",
+            "",
+            *(f"- {line}" for line in targets(checked, ceilings, concurrencies) or ["none measured"]),
             "",
         ]
     )

@@ -2,7 +2,8 @@
 without a CUDA provider reported CPU, not failed), Triton's log lines, and its load's failures.
 
 Verdicts: PASS and FAIL; CPU for a service whose runtime has no GPU here (ONNX Runtime without a
-CUDA provider), reported, neither a pass on the GPU nor a failure; NOT RUN for Triton where it cannot run.
+CUDA provider), reported, neither a pass on the GPU nor a failure; NOT RUN for Triton where it cannot run;
+REFERENCE for the original lab's kind of app, measured beside the services and never judged.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from servelab.bench.gpu_check.processes import TRITON_MODEL
 from servelab.results import RunResult
 from servelab.service.devices import CUDA_PROVIDER
 
-PASS, FAIL, CPU, NOT_RUN = "PASS", "FAIL", "CPU", "NOT RUN"
+PASS, FAIL, CPU, NOT_RUN, REFERENCE = "PASS", "FAIL", "CPU", "NOT RUN", "REFERENCE"
 
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str  # PASS, FAIL, CPU or NOT_RUN
+    status: str  # PASS, FAIL, CPU, NOT_RUN or REFERENCE
     reason: str
 
     def __str__(self) -> str:
