@@ -1,7 +1,8 @@
 """Food-11 classifier served with ONNX Runtime behind FastAPI.
 
-Run: python -m servelab.service.launch --host 0.0.0.0 --port 8000   (from this folder, after `make artifacts`):
-as many uvicorn processes as the machine calls for (launch.py); `uvicorn app:app` runs one.
+Run: python -m servelab.service.launch --runtime onnxruntime --host 0.0.0.0 --port 8000
+(from this folder, after `make artifacts`): as many uvicorn processes as the machine calls for
+(launch.py); `uvicorn app:app` runs one.
 Threads: PREDICT_CONCURRENCY inference slots x INFERENCE_THREADS threads each (see cores.py).
 The app itself (sessions, routes, error codes) is onnx_service.py, shared with ray_serve/.
 Every setting it reads, and its default: servelab/service/settings.py.

@@ -129,12 +129,12 @@ def test_a_bad_setting_is_refused_with_what_to_do(value):
     ("machine_cores", "on_gpu", "processes", "cores_each", "slots", "decoding"),
     [
         (2, False, 1, 2, 2, 1),  # this machine: one process, as before the plan had processes
-        (16, False, 4, 4, 4, 2),  # the lent GPU machine's cores
-        (48, False, 12, 4, 4, 2),  # the P100 node: 2 x 12-core Xeons, 48 threads
-        (6, False, 1, 6, 6, 3),  # under 2 x CORES_PER_PROCESS: one process has them all
+        (3, False, 1, 3, 3, 1),  # an odd core left over goes to the one process
+        (16, False, 8, 2, 2, 1),  # the lent GPU machine's cores
+        (48, False, 24, 2, 2, 1),  # the P100 node's CPU: 2 x 12-core Xeons, 48 threads
         (2, True, 1, 2, 1, 2),  # a GPU beside 2 cores: one process, one slot, every core decodes
-        (16, True, 2, 8, 1, 8),  # the H200 machine
-        (48, True, 2, 24, 1, 24),  # the P100 node: the service runs on one of its GPUs
+        (16, True, 4, 4, 1, 4),  # the H200 machine
+        (48, True, 4, 12, 1, 12),  # the P100 node: at most 4 processes on its GPU, 12 cores each
     ],
 )
 def test_the_service_plan_follows_the_cores_and_the_device(
@@ -154,7 +154,7 @@ def test_the_service_plan_follows_the_cores_and_the_device(
 
 def test_a_given_process_count_shares_the_cores_out_and_says_who_chose_it():
     plan = cores.service_plan(16, on_gpu=False, processes=2)
-    assert (plan.processes, plan.cores_each, plan.slots) == (2, 8, 8)
+    assert (plan.processes, plan.cores_each, plan.slots, plan.decoding_threads) == (2, 8, 8, 4)
     assert "SERVICE_PROCESSES=2" in plan.describe()
     crowded = cores.service_plan(2, on_gpu=False, processes=4)
     assert (crowded.cores_each, crowded.slots) == (1, 1)  # never a share of no core

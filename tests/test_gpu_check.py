@@ -142,11 +142,11 @@ def test_the_ceiling_is_measured_with_one_or_two_slots_on_a_gpu_and_a_slot_per_c
     one, pipelines = ceilings.ceiling_points("cuda", 16)
     assert (one.slots, one.threads, one.pipelined) == (1, 16, False)
     shapes = [(point.slots, point.threads, point.pipelined, point.processes) for point in pipelines]
-    assert shapes == [(1, 16, True, 1), (2, 8, True, 1), (1, 8, True, 2)]
+    assert shapes == [(1, 16, True, 1), (2, 8, True, 1), (1, 4, True, 4)]
     one, pipelines = ceilings.ceiling_points("cpu", 2)
     assert [(point.slots, point.threads, point.processes) for point in pipelines] == [(2, 1, 1)]
     one, pipelines = ceilings.ceiling_points("cpu", 16)
-    assert [(point.slots, point.threads, point.processes) for point in pipelines] == [(16, 1, 1), (4, 1, 4)]
+    assert [(point.slots, point.threads, point.processes) for point in pipelines] == [(16, 1, 1), (2, 1, 8)]
 
 
 CEILING = "ceiling: one in flight / one process / all processes (req/s)"

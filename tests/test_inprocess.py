@@ -16,11 +16,12 @@ def measure_point(runtime: str, point: Point, duration_s: float, warmup_s: float
 
 def test_the_sweep_tries_every_core_busy_in_one_slot_or_spread_and_threads_for_one_in_flight():
     assert sweep_points(2, pipelined=True) == [Point(1, 2, True), Point(2, 1, True)]
-    assert sweep_points(4, pipelined=True) == [Point(1, 4, True), Point(2, 2, True), Point(4, 1, True)]
+    several = Point(2, 1, True, processes=2)  # as a service of two processes runs on 4 cores
+    assert sweep_points(4, pipelined=True) == [Point(1, 4, True), Point(2, 2, True), Point(4, 1, True), several]
     assert sweep_points(4, pipelined=False) == [Point(1, 1, False), Point(1, 2, False), Point(1, 4, False)]
     assert sweep_points(1, pipelined=True) == [Point(1, 1, True)]
-    # On 16 cores, also as a service of 4 processes runs: 4 slots each, on its 4 cores.
-    assert sweep_points(16, pipelined=True)[-1] == Point(4, 1, True, processes=4)
+    # On 16 cores, also as a service of 8 processes runs: 2 slots each, on its 2 cores.
+    assert sweep_points(16, pipelined=True)[-1] == Point(2, 1, True, processes=8)
 
 
 def test_a_pipeline_decodes_on_every_core_when_a_gpu_infers():

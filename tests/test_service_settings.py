@@ -118,6 +118,7 @@ def test_a_process_of_several_plans_its_threads_on_its_share_of_the_cores(monkey
     assert (plan.cores, plan.slots) == (4, 4)  # not the machine's 16: three other processes share them
     assert workers.preprocess_workers_for("cpu", plan) == 2
     assert workers.service_plan("cuda").processes == 4
+    assert ServiceSettings().service_plan("cpu").processes == 8  # the plan's own count, on 16 cores
     # A process started alone (plain uvicorn, a Ray replica) has every core.
     alone = ServiceSettings().thread_plan("cpu")
     assert (alone.cores, alone.slots) == (16, 16)

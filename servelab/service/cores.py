@@ -85,15 +85,18 @@ def positive_int_setting(name: str, environ: Mapping[str, str]) -> int | None:
     return value
 
 
-# Cores per process on a CPU. One Python process serves at most what its one interpreter lock lets
-# through (HTTP, JSON, the scheduler's Python): measured with fastapi_onnx on 16 cores (c=64, 32 KB
-# photo), one process of 16 slots served 345-461 req/s and four processes of 4 slots 795-900, as much
-# as the machine's in-process ceiling. Four cores keep one process well under its lock's cap.
-CORES_PER_PROCESS = 4
-# Processes per GPU: a batch-1 MobileNetV2 leaves the GPU idle while one interpreter launches its
-# kernels; a second process feeds it while the first runs Python. Measured with fastapi_pt on an
-# H200 (16 cores, c=16 and c=64): 1 process 159-172 req/s, 2 processes 429-431.
-PROCESSES_PER_GPU = 2
+# One Python process serves at most what its one interpreter lock lets through (HTTP, JSON, the
+# scheduler's Python, launching a GPU's kernels), so a service runs several, each on a share of the
+# cores. Measured on 16 cores and an H200 (2026-11-26, c=16 / c=64, 32 KB photo, one client process):
+# - fastapi_onnx on the CPU: 1 process of 16 slots 345 / 321 req/s; 2 of 8 810 / 936; 4 of 4 1,007 /
+#   1,149 (4 decoding threads each); 8 of 2 1,034 / 1,358 (1 each): two cores a process.
+# - fastapi_pt on the GPU: 1 process 172 / 163 req/s; 2 365 / 322; 3 541 / 546; 4 713 / 726: four
+#   cores a process, each feeding the GPU while the others run Python. Four was the most measured and
+#   still scaled: the cap keeps the processes' GPU memory (about 750 MiB each) within reach of a
+#   P100's 16 GiB beside the lab's other services.
+CPU_CORES_PER_PROCESS = 2
+GPU_CORES_PER_PROCESS = 4
+MOST_PROCESSES_ON_A_GPU = 4
 
 
 @dataclass(frozen=True)
@@ -118,16 +121,20 @@ def service_plan(cores: int, on_gpu: bool, processes: int | None = None) -> Serv
     """The plan for a service on `cores` cores, on a GPU or not; `processes` as given (SERVICE_PROCESSES),
     else planned. The rules, each measured (the constants above say where):
 
-    - On a CPU: a process per CORES_PER_PROCESS cores (at least one), a slot per core of its share,
-      and a decoding thread per two slots (a decode costs a fraction of an inference; 2 cores: one).
-    - On a GPU: PROCESSES_PER_GPU processes, while each still has CORES_PER_PROCESS cores; one slot
-      each (the GPU runs one inference at a time anyway), and every core of its share decodes: there,
-      decoding is the CPU's main work.
+    - On a CPU: a process per CPU_CORES_PER_PROCESS cores (at least one), a slot per core of its
+      share, and a decoding thread per two slots (2 cores: one; more would take cores from the
+      inference threads).
+    - On a GPU: a process per GPU_CORES_PER_PROCESS cores, at most MOST_PROCESSES_ON_A_GPU; one slot
+      each (the GPU runs one inference at a time anyway), and every core of its share decodes:
+      there, decoding is the CPU's main work.
     """
     chosen_by = "the defaults" if processes is None else f"set by SERVICE_PROCESSES={processes}"
     if processes is None:
-        most = PROCESSES_PER_GPU if on_gpu else cores
-        processes = max(1, min(most, cores // CORES_PER_PROCESS))
+        if on_gpu:
+            processes = min(MOST_PROCESSES_ON_A_GPU, cores // GPU_CORES_PER_PROCESS)
+        else:
+            processes = cores // CPU_CORES_PER_PROCESS
+        processes = max(1, processes)
     cores_each = max(1, cores // processes)
     if on_gpu:
         return ServicePlan(processes, cores_each, 1, cores_each, chosen_by)

@@ -7,8 +7,8 @@ and says what it may be; unset (or empty) means the default.
 
 Variable                  Default                  Meaning
 SERVICE_PROCESSES         planned (cores.py)       processes that serve (uvicorn's workers, started by
-                                                   servelab.service.launch): one per 4 cores on a CPU, 2 on a GPU
-                                                   with 8 cores or more; the cores are shared out among them
+                                                   servelab.service.launch): one per 2 cores on a CPU, one per 4
+                                                   (at most 4) beside a GPU; they share the cores out
 PREDICT_CONCURRENCY       a slot per core; 1 (GPU) inference slots of each process: inferences that run at once
 INFERENCE_THREADS         elastic (CPU)            threads per inference, fixed; unset on a CPU, an inference
                                                    gets the cores divided by the inferences running (cores.py)

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 # Each FastAPI flavor's folder (its app.py) and the model file it serves.
 FASTAPI_FLAVORS = {"pt": (paths.FASTAPI_PT_DIR, "food11.pth"), "onnx": (paths.FASTAPI_ONNX_DIR, "food11.onnx")}
+FLAVOR_RUNTIME = {"pt": "torch", "onnx": "onnxruntime"}
 
 
 def fastapi_service(
@@ -37,7 +38,8 @@ def fastapi_service(
     allowed = f"127.0.0.1:{image_host_port or Ports.configured().image_host}"
     return ServiceSpec(
         name=f"fastapi_{flavor}",
-        command=[sys.executable, "-m", "servelab.service.launch", "--host", "127.0.0.1", "--port", str(port)],
+        command=[sys.executable, "-m", "servelab.service.launch", "--runtime", FLAVOR_RUNTIME[flavor]]
+        + ["--host", "127.0.0.1", "--port", str(port)],
         cwd=folder,
         ports=[port],
         ready_url=f"http://127.0.0.1:{port}/health",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from servelab import paths
 from servelab.bench import gpu_check
-from servelab.bench.gpu_check.ceilings import CEILING_RUNTIME, Ceiling, measure_ceiling
+from servelab.bench.gpu_check.ceilings import CEILING_RUNTIME, measure_ceiling
 from servelab.bench.gpu_check.machine import (
     gpu_memory_by_pid,
     look_for_gpus,

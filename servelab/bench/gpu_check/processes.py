@@ -145,7 +145,14 @@ def fastapi_service(name: str, device: str, image: bytes, port: int) -> Service:
     url = f"http://127.0.0.1:{port}"
     return Service(
         name=name,
-        command=[sys.executable, "-m", "servelab.service.launch", "--host", "127.0.0.1", "--port", str(port)],
+        command=[
+            sys.executable,
+            "-m",
+            "servelab.service.launch",
+            "--runtime",
+            "torch" if name == "fastapi_pt" else "onnxruntime",
+        ]
+        + ["--host", "127.0.0.1", "--port", str(port)],
         cwd=paths.REPO_ROOT / name,
         env={"INFERENCE_DEVICE": device},
         ready_url=f"{url}/health",
