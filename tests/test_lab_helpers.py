@@ -12,7 +12,19 @@ import pytest
 from servelab import service_exits
 from servelab.lab import Lab, triton_side, ui
 from servelab.lab.triton_side import TOP_LOAD, Capacity, rates_at_capacity
-from servelab.lessons.expectations import ExpectationLog, LabFault, Outcome, condition, figure, measured
+from servelab.lessons.expectations import (
+    Condition,
+    Expectation,
+    ExpectationLog,
+    LabFault,
+    Outcome,
+    condition,
+    figure,
+    measured,
+    not_checked,
+    unless,
+    verdict_problems,
+)
 from servelab.profiles import PROFILES, profile
 from servelab.report import tables
 from servelab.results import LatencySummary, RunResult
@@ -57,14 +69,14 @@ def test_each_condition_is_judged_on_its_own_figures_and_a_missing_run_is_not_ch
     assert (held.outcome, mixed.outcome) == (Outcome.HELD, Outcome.NOT_HELD)
     assert [part.outcome for part in mixed.conditions] == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_CHECKED]
     assert "  - HELD: compute exceeds the queue: compute 5.00 ms, queue 2.00 ms (2.5x)" in printed
-    assert "  - NOT CHECKED: c=16 queues longer: queue at c=16: not measured" in printed
+    assert "  - NOT CHECKED: c=16 queues longer: queue at c=16: not measured (not measured: queue at c=16)" in printed
     assert "Why: a CPU" in printed
     assert log.summary().splitlines() == [
         "        HELD: queueing is short",
         "DID NOT HOLD: compute dominates",
         "                HELD: compute exceeds the queue",
         "                DID NOT HOLD: compute is under 1 ms",
-        "                NOT CHECKED: c=16 queues longer",
+        "                NOT CHECKED: c=16 queues longer (not measured: queue at c=16)",
     ]
     assert {item.run for item in log.figures()} == {run.label, None}
 
@@ -102,7 +114,46 @@ def test_the_lab_records_every_expectation_for_its_final_list(capsys):
     # The list is printed before its check, which finds no verdict read from a run here (tests/test_notebooks.py).
     with pytest.raises(LabFault, match="no verdict read a number from a run"):
         lab.verdicts()
-    assert capsys.readouterr().out.splitlines()[-2:] == ["        HELD: a", " NOT CHECKED: b"]
+    assert capsys.readouterr().out.splitlines()[-3:] == [
+        "        HELD: a",
+        " NOT CHECKED: b",
+        "                why: not measured: c=16",
+    ]
+
+
+def test_a_condition_whose_premise_did_not_arise_is_not_checked_with_its_reason(capsys):
+    """Nothing cancelled: "the waste is under a quarter of the cancelled" (0 < 0) would read DID NOT
+    HOLD, and "at least half were dropped" (0 >= 0) HELD; both are NOT CHECKED, and say why."""
+    cancelled, wasted = measured("cancelled", 0), measured("wasted", 0)
+    judged = condition("the waste is under a quarter of the cancelled", wasted.value < cancelled.value / 4,
+                       wasted, cancelled)  # fmt: skip
+    assert judged.outcome is Outcome.NOT_HELD  # judged anyway, the vacuous comparison fails
+    skipped = unless(cancelled.value > 0, "no client left during the run", judged)
+    assert (skipped.outcome, skipped.detail, skipped.figures) == (
+        Outcome.NOT_CHECKED, "no client left during the run", (wasted, cancelled))  # fmt: skip
+    assert unless(True, "never shown", judged) is judged
+    log = ExpectationLog()
+    log.record("cancellation saves work", (skipped,))
+    assert (
+        "  - NOT CHECKED: the waste is under a quarter of the cancelled: wasted 0.00, cancelled 0.00 (no client "
+        "left during the run)" in capsys.readouterr().out
+    )
+    assert log.summary().splitlines()[-1].endswith("why: no client left during the run")
+    with pytest.raises(ValueError, match="says why"):
+        not_checked("a condition", "")
+
+
+def test_a_verdict_not_checked_without_a_reason_is_a_problem_of_the_lab():
+    run = perf_result()
+    log = ExpectationLog()
+    log.append(Expectation("x", (condition("read", True, figure(run, "throughput_rps", "rate")),
+                                 Condition("silent", Outcome.NOT_CHECKED, ()))))  # fmt: skip
+    assert verdict_problems(log, [run], [run]) == [
+        "'x': 'silent' is NOT CHECKED without saying why (a check builds it with `not_checked` and the reason its "
+        "premise did not arise)"
+    ]
+    log[-1] = Expectation("x", (log[-1].conditions[0], not_checked("said", "nothing queued")))
+    assert verdict_problems(log, [run], [run]) == []
 
 
 def test_in_the_compose_project_triton_s_log_is_the_copy_beside_its_repository_when_there_is_one(tmp_path):

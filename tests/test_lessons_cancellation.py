@@ -52,3 +52,63 @@ def test_a_run_a_crash_interrupted_or_a_missing_run_is_not_checked():
     interrupted = cancellation.stream_stops_at_the_next_step("Triton", off, on)
     assert outcomes(interrupted) == [Outcome.HELD, Outcome.NOT_CHECKED, Outcome.NOT_CHECKED]
     assert cancellation.stream_stops_at_the_next_step("Triton", None, on).outcome is Outcome.NOT_CHECKED
+
+
+def test_streams_with_no_client_gone_are_not_checked_rather_than_held_on_zero():
+    """Nobody left: "at most 2 steps per client who left" (0 <= 0) and "at least half of the steps
+    left behind" (0 >= 0) would hold on nothing."""
+    nobody = cancellation.stream_stops_at_the_next_step("FastAPI", streamed(0, 0, 900.0), streamed(0, 0, 880.0))
+    assert outcomes(nobody) == [Outcome.NOT_CHECKED] * 3
+    assert nobody.conditions[0].detail == "no client left with cancellation off: there was nothing to cancel, so " \
+        "nothing to judge"  # fmt: skip
+
+
+def request_run(cancelled: int, p95_ms: float, goodput: float, abandoned: int | None = None, **fields) -> RunResult:
+    """A run of patient and impatient clients: `cancelled` requests given up, the patient p95 and
+    the goodput; `abandoned` what the FastAPI service abandoned before the model."""
+    latency = LatencySummary(p95_ms / 2, p95_ms / 2, p95_ms, p95_ms, p95_ms, p95_ms)
+    stats = {"abandoned_by_stage": {"slot_wait": abandoned}} if abandoned is not None else None
+    return RunResult("x", "loadgen", "closed", 100, goodput, latency, 10.0, concurrency=8, cancelled=cancelled,
+                     impatient=4, patient_latency=latency, service_stats=stats, **fields)  # fmt: skip
+
+
+def test_fastapi_without_cancellation_wastes_and_its_patient_clients_pay():
+    off, on = request_run(40, 900, 8), request_run(40, 400, 12, abandoned=35)
+    assert outcomes(cancellation.waste_without_cancellation(off, on, 38)) == [Outcome.HELD] * 3
+    # The wrong outcome: a server that noticed the disconnects on its own (little waste with it off).
+    assert outcomes(cancellation.waste_without_cancellation(off, on, 5))[0] is Outcome.NOT_HELD
+    # Nobody left: the two runs are the same setting, and their difference is noise.
+    quiet = cancellation.waste_without_cancellation(request_run(0, 400, 12), request_run(0, 410, 11.8), 0)
+    assert outcomes(quiet) == [Outcome.NOT_CHECKED] * 3
+
+
+def test_abandoning_cuts_the_waste_and_abandons_before_the_model():
+    off, on = request_run(40, 900, 8), request_run(40, 400, 12, abandoned=35)
+    assert outcomes(cancellation.abandoning_cuts_the_waste(off, on, 38, 3)) == [Outcome.HELD, Outcome.HELD]
+    # The wrong outcome: abandoning on, yet the server ran the model for those who left.
+    late = request_run(40, 800, 8.5, abandoned=4)
+    assert outcomes(cancellation.abandoning_cuts_the_waste(off, late, 38, 30)) == [Outcome.NOT_HELD] * 2
+    # 0 < 0 / 4 would read DID NOT HOLD: nothing was wasted, nobody left.
+    skipped = cancellation.abandoning_cuts_the_waste(request_run(0, 400, 12), request_run(0, 400, 12, abandoned=0),
+                                                     0, 0)  # fmt: skip
+    assert outcomes(skipped) == [Outcome.NOT_CHECKED] * 2
+    assert skipped.conditions[0].detail.startswith("nothing was wasted with abandoning off")
+
+
+def test_triton_cancels_over_grpc_not_over_http():
+    http = request_run(40, 900, 8)
+    grpc = request_run(40, 400, 12, triton_stats={"fail_count": 20, "cancelled_by_model": 15})
+    assert outcomes(cancellation.triton_cancels_over_grpc(http, grpc, 36, 4)) == [Outcome.HELD] * 3
+    # The wrong outcome: the cancels never reached Triton over gRPC either.
+    deaf = request_run(40, 900, 8, triton_stats={"fail_count": 0, "cancelled_by_model": 0})
+    assert outcomes(cancellation.triton_cancels_over_grpc(http, deaf, 36, 38)) == [
+        Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_HELD]  # fmt: skip
+    none_left = request_run(0, 400, 12, triton_stats={"fail_count": 0, "cancelled_by_model": 0})
+    assert outcomes(cancellation.triton_cancels_over_grpc(request_run(0, 400, 12), none_left, 0, 0)) == [
+        Outcome.NOT_CHECKED] * 3  # fmt: skip
+
+
+def test_ray_serve_drops_what_it_can():
+    assert cancellation.ray_drops_gone_requests(request_run(40, 400, 12), 3).outcome is Outcome.HELD
+    assert cancellation.ray_drops_gone_requests(request_run(40, 900, 8), 30).outcome is Outcome.NOT_HELD
+    assert cancellation.ray_drops_gone_requests(request_run(0, 400, 12), 0).outcome is Outcome.NOT_CHECKED

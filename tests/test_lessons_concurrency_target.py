@@ -43,7 +43,9 @@ def load(t):  # one request per client in the system; the replicas hold 4 each, 
 
 def test_a_scale_up_on_the_target_before_any_replica_is_full_holds_every_condition():
     held = concurrency_target.scales_on_the_target(step_load(as_predicted, load), steps(), AUTOSCALING, MAX_ONGOING)
-    assert outcomes(held) == [Outcome.HELD] * 4, held
+    # 3 clients cannot fill a replica of 4 nor queue: that condition holds by construction, not judged.
+    assert outcomes(held) == [Outcome.HELD] * 3 + [Outcome.NOT_CHECKED, Outcome.HELD], held
+    assert held.conditions[3].detail.startswith("3 clients cannot fill a replica that holds 4 requests")
     assert held.conditions[1].figures[0].value == 3.0  # per replica, 11 to 20 s
     assert held.conditions[2].detail == "added 6 s into the step of 3 clients"
 
@@ -59,7 +61,7 @@ def test_a_prompt_scale_up_is_judged_before_the_second_replica_ran_not_over_the_
     whole_step = statistics.fmean(s.per_replica for s in samples if 10 <= s.t_s <= 25)
     assert whole_step <= AUTOSCALING["target_ongoing_requests"]  # the former check's window: it failed
     held = concurrency_target.scales_on_the_target(samples, steps(), AUTOSCALING, MAX_ONGOING)
-    assert outcomes(held) == [Outcome.HELD] * 4, held
+    assert outcomes(held) == [Outcome.HELD] * 3 + [Outcome.NOT_CHECKED, Outcome.HELD], held
     assert [item.value for item in held.conditions[1].figures] == [3.0, 1]  # the sample at 12 s, after SETTLE_S
 
 
@@ -71,30 +73,39 @@ def test_a_load_that_never_exceeded_the_target_fails():
         return (1, 1) if 27 <= t < 31 else (2, 0) if 31 <= t < 56 else (1, 0)
 
     failed = concurrency_target.scales_on_the_target(step_load(on_the_cap, light), steps(), AUTOSCALING, MAX_ONGOING)
-    assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_HELD, Outcome.HELD]
+    assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_HELD, Outcome.NOT_CHECKED, Outcome.HELD]
     assert failed.conditions[2].detail == "not added during the step of 3 clients"
     assert "not added during the step of 3 clients" in failed.reason
 
 
 def test_a_replica_added_only_once_the_replica_was_full_and_requests_queued_fails():
-    def full(t):  # 3 clients, but the replica counts 4 and one waits in front: the cap, not the target
+    """The wrong outcome, with 5 clients (enough to fill a replica of 4): the replica held 4 and one
+    waited in front before Serve added the second: the cap triggered scaling, not the target."""
+
+    def full(t):
         return 4.0 if 10 < t <= 25 else load(t)
 
+    five = steps(clients=(1, 5, 12, 1))
     failed = concurrency_target.scales_on_the_target(
-        step_load(as_predicted, full, lambda t: 1.0 if 10 < t <= 25 else 0.0), steps(), AUTOSCALING, MAX_ONGOING
+        step_load(as_predicted, full, lambda t: 1.0 if 10 < t <= 25 else 0.0), five, AUTOSCALING, MAX_ONGOING
     )
-    assert outcomes(failed)[2] is Outcome.NOT_HELD
-    assert [item.value for item in failed.conditions[2].figures] == [2, 4.0, 1.0]
+    assert outcomes(failed)[2:4] == [Outcome.HELD, Outcome.NOT_HELD]
+    assert [item.value for item in failed.conditions[3].figures] == [4.0, 1.0]
+    # The same 5 clients, 3 of them inside and none in front when Serve added it: judged, and held.
+    early = concurrency_target.scales_on_the_target(step_load(as_predicted, load), five, AUTOSCALING, MAX_ONGOING)
+    assert outcomes(early)[2:4] == [Outcome.HELD, Outcome.HELD]
+    assert [item.value for item in early.conditions[3].figures] == [3.0, 0.0]
 
 
 def test_a_replica_never_added_or_never_removed_fails_the_removal():
     never = concurrency_target.scales_on_the_target(step_load(lambda t: (1, 0), load), steps(), AUTOSCALING, 4)
-    assert outcomes(never)[3] is Outcome.NOT_HELD  # nothing to remove is not a removal
+    assert outcomes(never)[2] is Outcome.NOT_HELD
+    assert outcomes(never)[4] is Outcome.NOT_HELD  # nothing to remove is not a removal
     kept = concurrency_target.scales_on_the_target(
         step_load(lambda t: (1, 0) if t < 16 else (2, 0), load), steps(), AUTOSCALING, MAX_ONGOING
     )
-    assert outcomes(kept)[3] is Outcome.NOT_HELD
-    assert [item.value for item in kept.conditions[3].figures] == [2, 2]
+    assert outcomes(kept)[4] is Outcome.NOT_HELD
+    assert [item.value for item in kept.conditions[4].figures] == [2, 2]
 
 
 def test_no_sample_before_the_second_replica_ran_is_not_checked():
@@ -167,3 +178,37 @@ def test_slots_that_fill_whatever_the_cap_fail():
     failed = concurrency_target.slots_need_room(runs, {cap: watched(0.0, cpu=99.0) for cap in runs}, 2)
     assert outcomes(failed) == [Outcome.NOT_HELD, Outcome.NOT_HELD, Outcome.HELD, Outcome.NOT_HELD]
     assert "CPU samples read 99%" in failed.reason
+
+
+def queue_run(p50_ms, refused=0, refusal_ms=2.0, error="http_503"):
+    """A closed-loop run: answers with a median of `p50_ms`, and `refused` refusals of `refusal_ms` each."""
+    timeline = [[0.1 * n, p50_ms, "ok"] for n in range(40)] + [[0.1 * n, refusal_ms, error] for n in range(refused)]
+    return synthetic_run("x", 16, 20, p50_ms, errors={error: refused} if refused else {}, timeline=timeline)
+
+
+def test_a_bounded_queue_holds_one_rule_for_every_engine():
+    # 16 clients, 2 slots and a queue of 2: answers 40 ms (p95 48), refusals 2 ms; unbounded 200 ms (p95 240).
+    for engine, refusal in (("Ray Serve", "http_503"), ("Triton", None)):
+        held = concurrency_target.bounded_queue_refuses(engine, queue_run(40, 30), queue_run(200), 2, refusal, "r")
+        assert outcomes(held) == [Outcome.HELD] * 4, held
+        assert held.conditions[3].detail == "x0.20"
+
+
+def test_a_bounded_queue_whose_answers_wait_nearly_as_long_fails_the_p95():
+    """The wrong outcome Triton's former rule ("lower") passed: the bound refuses, yet the answered
+    requests wait 80% as long as with no bound (p95 192 against 240 ms)."""
+    failed = concurrency_target.bounded_queue_refuses("Triton", queue_run(160, 30), queue_run(200), 2, None, "r")
+    assert outcomes(failed) == [Outcome.HELD, Outcome.HELD, Outcome.HELD, Outcome.NOT_HELD]
+    # Refusals that waited in line (a timeout, not a full queue), and a refusal of another kind.
+    slow = concurrency_target.bounded_queue_refuses("Ray Serve", queue_run(40, 30, 35.0), queue_run(200), 2,
+                                                    "http_503", "r")  # fmt: skip
+    assert outcomes(slow)[1] is Outcome.NOT_HELD
+    other = concurrency_target.bounded_queue_refuses("Ray Serve", queue_run(40, 30, error="http_500"),
+                                                     queue_run(200), 2, "http_503", "r")  # fmt: skip
+    assert outcomes(other)[0] is Outcome.NOT_HELD
+
+
+def test_a_bound_that_refused_nothing_leaves_its_effects_not_checked():
+    never = concurrency_target.bounded_queue_refuses("Triton", queue_run(90), queue_run(200), 2, None, "r")
+    assert outcomes(never) == [Outcome.NOT_HELD, Outcome.NOT_CHECKED, Outcome.HELD, Outcome.NOT_CHECKED]
+    assert never.conditions[3].detail.startswith("the queue of 2 refused nothing")

@@ -15,12 +15,13 @@ def test_onnx_faster_than_pytorch_holds_and_fails_on_its_two_figures_and_its_rea
     pytorch = synthetic_run("fastapi_pt", throughput_rps=30, mean_ms=33, service_stats=service_stages(inference=25))
     onnx = synthetic_run("fastapi_onnx", throughput_rps=90, mean_ms=11, service_stats=service_stages(inference=6))
     held = fastapi_bench.runtime_comparison(pytorch, onnx, "2 CPU cores")
-    assert held.outcome is Outcome.HELD
+    assert outcomes(held) == [Outcome.HELD]  # one condition: at c=1 the throughput is 1 / the mean, not judged again
     assert "25.0 ms in PyTorch and 6.0 ms in ONNX" in held.reason
-    # A slower ONNX service: both conditions fail on their own figures.
+    # A slower ONNX service.
     slower = synthetic_run("fastapi_onnx", throughput_rps=25, mean_ms=40, service_stats=service_stages(inference=30))
     failed = fastapi_bench.runtime_comparison(pytorch, slower, "2 CPU cores")
-    assert outcomes(failed) == [Outcome.NOT_HELD, Outcome.NOT_HELD]
+    assert outcomes(failed) == [Outcome.NOT_HELD]
+    assert fastapi_bench.runtime_comparison(pytorch, None, "cpu").outcome is Outcome.NOT_CHECKED
 
 
 def loaded_run(throughput_rps: float, mean_ms: float, **stages: float):
@@ -74,3 +75,74 @@ def test_samples_are_not_checked_on_untrained_weights_and_say_why():
     judged = fastapi_bench.samples_get_their_labels(SHOWN_AS_NAMED, "untrained")
     assert outcomes(judged) == [Outcome.NOT_CHECKED] * 3
     assert all(part.detail == "untrained weights: the labels mean nothing" for part in judged.conditions)
+
+
+def test_health_under_load_is_judged_against_health_at_idle_not_against_a_prediction():
+    # 2 slots, 160 req/s x 12 ms = 1.92 in use: loaded. Idle /health 2 ms, loaded 5 ms: under 2 + 12 / 2.
+    loaded = loaded_run(160, 100, inference=12, slot_wait=80)
+    held = fastapi_bench.health_stays_out_of_the_queue([2.0] * 10, [5.0] * 50, loaded, 2, "cpu")
+    assert outcomes(held) == [Outcome.HELD] and held.conditions[0].detail == "under 8.0 ms"
+
+
+def test_health_fails_when_it_waits_behind_the_running_inference():
+    """The wrong outcome the old rule passed: an event loop blocked by each inference holds /health
+    for the rest of the running one (here 9 ms of 12 against 2 idle), still well under one whole
+    prediction (100 ms under load, 12.5 alone)."""
+    loaded = loaded_run(160, 100, inference=12, slot_wait=80)
+    failed = fastapi_bench.health_stays_out_of_the_queue([2.0] * 10, [9.0] * 50, loaded, 2, "cpu")
+    assert outcomes(failed) == [Outcome.NOT_HELD]
+
+
+def test_health_is_not_checked_where_the_slots_were_mostly_idle():
+    idle_service = loaded_run(30, 13, inference=12, slot_wait=0)  # 30 x 12 ms = 0.36 of 2 slots
+    skipped = fastapi_bench.health_stays_out_of_the_queue([2.0] * 10, [2.5] * 50, idle_service, 2, "cpu")
+    assert outcomes(skipped) == [Outcome.NOT_CHECKED]
+    assert skipped.conditions[0].detail.startswith("the 2 inference slot(s) were in use 0.36 on average")
+
+
+def plan_run(target, p50_ms, throughput_rps, inference=10.0):
+    return synthetic_run(target, 1, throughput_rps, p50_ms, service_stats=service_stages(inference=inference))
+
+
+CROWDED, FITTING, EVERY, DEFAULT = "4 slots x 4 threads", "4 slots x 1 thread", "1 slot x 4 threads", "default"
+
+
+def test_crowded_threads_hold_when_slower_and_fail_when_the_extra_threads_found_cores():
+    slower = {CROWDED: plan_run(CROWDED, 300, 20), FITTING: plan_run(FITTING, 150, 40)}
+    assert outcomes(fastapi_bench.crowded_threads_are_slower(slower, CROWDED, FITTING, 4, 4, "cpu", "4 cores")) == [
+        Outcome.HELD, Outcome.HELD]  # fmt: skip
+    # The wrong outcome: crowding cost nothing (the threads found idle cores).
+    same = {CROWDED: plan_run(CROWDED, 140, 42), FITTING: plan_run(FITTING, 150, 40)}
+    assert outcomes(fastapi_bench.crowded_threads_are_slower(same, CROWDED, FITTING, 4, 4, "cpu", "4 cores")) == [
+        Outcome.NOT_HELD, Outcome.NOT_HELD]  # fmt: skip
+    on_gpu = fastapi_bench.crowded_threads_are_slower(same, CROWDED, FITTING, 4, 4, "cuda:0", "1 GPU")
+    assert outcomes(on_gpu) == [Outcome.NOT_CHECKED] * 2 and "cuda:0" in on_gpu.conditions[0].detail
+
+
+def test_every_core_alone_is_judged_once_on_the_median():
+    """One condition: one at a time, the throughput is 1 / the mean latency, the same measurement."""
+    faster = {EVERY: plan_run(EVERY, 20, 50, inference=12), FITTING: plan_run(FITTING, 40, 25, inference=32)}
+    held = fastapi_bench.every_core_serves_one_faster(faster, EVERY, FITTING, 4, "cpu", "4 cores")
+    assert outcomes(held) == [Outcome.HELD] and "12.0 ms with 4 threads and 32.0 ms with 1" in held.reason
+    # The wrong outcome: threads that wait for each other at every layer gain nothing on one image.
+    slower = {EVERY: plan_run(EVERY, 42, 24), FITTING: plan_run(FITTING, 40, 25)}
+    assert outcomes(fastapi_bench.every_core_serves_one_faster(slower, EVERY, FITTING, 4, "cpu", "4 cores")) == [
+        Outcome.NOT_HELD]  # fmt: skip
+    one_core = fastapi_bench.every_core_serves_one_faster(slower, EVERY, FITTING, 1, "cpu", "1 core")
+    assert outcomes(one_core) == [Outcome.NOT_CHECKED] and "only one thread" in one_core.conditions[0].detail
+    on_gpu = fastapi_bench.every_core_serves_one_faster(faster, EVERY, FITTING, 4, "cuda:0", "1 GPU")
+    assert outcomes(on_gpu) == [Outcome.NOT_CHECKED]
+
+
+def test_the_elastic_default_holds_near_the_best_plan_and_fails_far_from_it():
+    alone = {EVERY: plan_run(EVERY, 20, 50), FITTING: plan_run(FITTING, 40, 25), DEFAULT: plan_run(DEFAULT, 21, 48)}
+    loaded = {EVERY: plan_run(EVERY, 300, 20), FITTING: plan_run(FITTING, 150, 40),
+              DEFAULT: plan_run(DEFAULT, 155, 38)}  # fmt: skip
+    held = fastapi_bench.elastic_default_near_the_best(alone, loaded, DEFAULT, "cpu", "4 cores", 22.0)
+    assert outcomes(held) == [Outcome.HELD, Outcome.HELD]
+    # The wrong outcome: a default that behaves like one of the extreme plans (every core for one slot).
+    stuck = {**loaded, DEFAULT: plan_run(DEFAULT, 290, 21)}
+    failed = fastapi_bench.elastic_default_near_the_best(alone, stuck, DEFAULT, "cpu", "4 cores", 22.0)
+    assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD]
+    on_gpu = fastapi_bench.elastic_default_near_the_best(alone, stuck, DEFAULT, "cuda:0", "1 GPU", 22.0)
+    assert outcomes(on_gpu) == [Outcome.NOT_CHECKED] * 2

@@ -50,6 +50,37 @@ def test_instance_scaling_reason_reads_the_instances_cpu():
     assert held.outcome is Outcome.HELD
 
 
+def test_instance_scaling_takes_a_gain_within_the_noise_for_none():
+    """The wrong outcome it must fail: two runs of the same capacity, the second 3% faster by chance."""
+    assert triton_bench.instance_scaling(perf_run(100), perf_run(103), 2, "cpu", 2).outcome is Outcome.NOT_HELD
+    assert triton_bench.instance_scaling(perf_run(100), perf_run(125), 2, "cpu", 2).outcome is Outcome.HELD
+    assert triton_bench.instance_scaling(None, perf_run(125), 2, "cpu", 2).outcome is Outcome.NOT_CHECKED
+
+
+def test_eight_instances_do_no_better_than_four_as_the_original_lab_says():
+    def judged(one, four, eight):
+        return outcomes(triton_bench.instances_stop_helping(
+            {1: perf_run(one), 4: perf_run(four), 8: perf_run(eight)}, "2 CPU cores", 2))  # fmt: skip
+
+    assert judged(10, 20, 19) == [Outcome.HELD, Outcome.HELD]  # 4 used the idle cores, 8 only take turns
+    assert judged(10, 20, 21) == [Outcome.HELD, Outcome.HELD]  # 5% more: within the noise
+    # The wrong outcome the old rule passed: perfect linear scaling (x4, then x2, a "smaller factor").
+    assert judged(10, 40, 80) == [Outcome.HELD, Outcome.NOT_HELD]
+    assert judged(10, 10.5, 10) == [Outcome.NOT_HELD, Outcome.HELD]  # 4 gained only noise over 1
+    missing = triton_bench.instances_stop_helping({1: perf_run(10), 4: perf_run(20), 8: None}, "cpu", 2)
+    assert outcomes(missing) == [Outcome.HELD, Outcome.NOT_CHECKED]
+
+
+def test_onnx_against_python_at_one_client_is_judged_once_on_the_mean():
+    """At c=1 the throughput is 1 / the mean latency: one condition, not the same number twice."""
+    faster = triton_bench.onnx_beats_python(perf_run(50, 20), perf_run(33, 30), True, "cpu")
+    assert outcomes(faster) == [Outcome.HELD]
+    assert "600 KB of float32" in faster.reason
+    slower = triton_bench.onnx_beats_python(perf_run(25, 40), perf_run(33, 30), False, "1 GPU")
+    assert outcomes(slower) == [Outcome.NOT_HELD] and "on 1 GPU" in slower.reason  # the JPEG upload was cheaper
+    assert triton_bench.onnx_beats_python(None, perf_run(33, 30), False, "cpu").outcome is Outcome.NOT_CHECKED
+
+
 def poisson(rate_rps, mean_ms, queue_ms, compute_ms, batches=None, per_image=None):
     stats = {"executions_by_batch_size": batches or {1: 100}, "compute_ms_per_inference": compute_ms,
              "compute_ms_per_inference_by_batch_size": per_image or {1: compute_ms}}  # fmt: skip
@@ -79,7 +110,12 @@ def test_the_queue_is_judged_only_where_requests_queued_without_batching():
 
 def test_with_no_queue_worth_shortening_the_queue_check_is_not_checked_rather_than_held():
     quiet = {"50 req/s": poisson(50, 8, 0.1, 6)}
-    assert triton_bench.batching_shortens_the_queue(quiet, quiet).outcome is Outcome.NOT_CHECKED
+    skipped = triton_bench.batching_shortens_the_queue(quiet, quiet)
+    assert skipped.outcome is Outcome.NOT_CHECKED
+    assert (
+        skipped.conditions[0].detail == "without batching, no rate queued enough to judge: 50 req/s (0.10 ms "
+        "queue, 6.00 ms compute)"
+    )
 
 
 def test_flat_latency_holds_on_cheap_batches_and_fails_with_its_reason_read_from_the_per_batch_costs():
@@ -101,3 +137,13 @@ def test_batch_cost_is_read_back_from_a_saved_run_whose_batch_sizes_are_strings(
     size, cost = triton_bench.batch_cost(run)
     assert (size, cost.value) == (4, 2.0)
     assert math.isnan(triton_bench.batch_cost(poisson(50, 8, 1, 6))[1].value)  # only batches of 1 ran
+
+
+def test_flat_latency_is_not_checked_where_the_runs_without_batching_never_queued():
+    """The vacuous pass it must not give: a sweep whose highest rate left the instance idle, where
+    the latency stays flat with batching or without."""
+    idle = {"50 req/s": poisson(50, 8, 0.2, 6), "150 req/s": poisson(150, 8.5, 0.5, 6)}
+    on = {"50 req/s": poisson(50, 8, 0.2, 6), "150 req/s": poisson(150, 8.2, 0.3, 6)}
+    skipped = triton_bench.batching_keeps_latency_flat(idle, on, "cpu")
+    assert outcomes(skipped) == [Outcome.NOT_CHECKED, Outcome.NOT_CHECKED]
+    assert skipped.conditions[0].detail.startswith("without batching, requests hardly queued at 150 req/s (0.50 ms")

@@ -14,7 +14,7 @@ import statistics
 from itertools import pairwise
 from typing import NamedTuple
 
-from servelab.lessons.expectations import Expectation, Figure, condition, figure, measured
+from servelab.lessons.expectations import Expectation, Figure, condition, figure, measured, unless
 from servelab.ray.watch import ServeSample, during, in_replica_mean_ms
 from servelab.results import RunResult
 
@@ -50,9 +50,13 @@ def scales_on_the_target(
     1. below the target, Serve runs `min_replicas`;
     2. in the second step, until a second replica runs, the requests per replica (inside it or
        queued in front) are above `target_ongoing_requests`;
-    3. Serve adds that replica (starting or running) during the second step, while no replica holds
-       `max_ongoing` requests and none waits in front: the target triggers scaling, not the cap;
-    4. once the load is back below the target, Serve removes it.
+    3. Serve adds that replica (starting or running) during the second step;
+    4. until then, no replica held `max_ongoing` requests and none waited in front: the target
+       triggered scaling, not the cap. Judged on the requests inside all the replicas together (Serve
+       reports no per-replica count): under `max_ongoing`, no replica can hold that many. NOT
+       CHECKED where the step has fewer clients than `max_ongoing`: they cannot fill a replica nor
+       queue, so it holds by construction;
+    5. once the load is back below the target, Serve removes it.
     """
     target, fewest = autoscaling["target_ongoing_requests"], autoscaling["min_replicas"]
     low, between, *_, last = steps
@@ -70,9 +74,9 @@ def scales_on_the_target(
     added = measured(
         f"replicas running or starting, {between.clients} clients (most)", _most(s.added for s in in_between)
     )
-    fullest = measured(
-        "requests inside the fullest replica until then (most)",
-        _most(sample.ongoing / sample.running for sample in until_added if sample.running),
+    inside = measured(
+        "requests inside the replicas, all together, until then (most)",
+        _most(sample.ongoing for sample in until_added),
     )
     queued = measured("queued in front until then (most)", _most(sample.queued for sample in until_added))
     loaded = [sample.running for sample in samples if between.start_s <= sample.t_s <= last.start_s]
@@ -102,13 +106,23 @@ def scales_on_the_target(
                 detail=f"target {target:g}",
             ),
             condition(
-                f"with {between.clients} clients, Serve added a replica while no replica held its "
-                f"max_ongoing_requests ({max_ongoing}) and nothing waited in front",
-                added_at is not None and fullest.value < max_ongoing and queued.value < 1,
+                f"with {between.clients} clients, Serve added a replica",
+                added_at is not None,
                 added,
-                fullest,
-                queued,
                 detail=when,
+            ),
+            unless(
+                between.clients >= max_ongoing,
+                f"{between.clients} clients cannot fill a replica that holds {max_ongoing} requests, nor queue "
+                "in front of it: this holds by construction",
+                condition(
+                    f"until then, no replica held its max_ongoing_requests ({max_ongoing}) and nothing waited in "
+                    "front: the target, not the cap, triggered scaling",
+                    added_at is not None and inside.value < max_ongoing and queued.value < 1,
+                    inside,
+                    queued,
+                    detail=when,
+                ),
             ),
             condition(
                 "after the load drops below the target again, Serve removes the replica it added",
@@ -271,4 +285,68 @@ def slots_need_room(
         f"Serve): with max_ongoing_requests {high} the replica's inference kept {slots[high].value:.2f} slots busy "
         f"on average, while the machine's CPU samples read {cpu:.0f}% (the clients, Serve's proxy and the replica "
         "share the cores: near 100%, a slot waits for a core rather than for a request)",
+    )
+
+
+def refusal_ms(run: RunResult | None) -> float:
+    """The median time a refused request of `run` took to be refused; NaN where none was."""
+    refused = [latency for _, latency, outcome in (run.timeline if run is not None else []) if outcome != "ok"]
+    return statistics.median(refused) if refused else math.nan
+
+
+def bounded_queue_refuses(
+    engine: str, bounded: RunResult, unbounded: RunResult, queue_size: int, refusal: str | None, reason: str
+) -> Expectation:
+    """One rule for every engine's bounded queue (Ray Serve's `max_queued_requests`, Triton's
+    `max_queue_size`), the same clients against a queue of `queue_size` and against no bound:
+
+    1. with the bound, requests are refused (all with `refusal`, the engine's refusal, where given);
+    2. a refusal takes under a quarter of an answer's median time under the same bound: refused
+       fast, not after a wait;
+    3. with no bound, nobody is refused;
+    4. the answered p95 with the bound is under half the unbounded one's: the bound holds the wait
+       of the requests it lets in.
+
+    2 and 4 are NOT CHECKED where the bound refused nothing: then it never acted, and the two runs
+    differ only by noise."""
+    refused = figure(bounded, "error_count", f"refused, queue of {queue_size}")
+    fast = measured("median time to a refusal", refusal_ms(bounded), "ms")
+    answered_p50 = figure(bounded, "latency.p50_ms", f"answered p50, queue of {queue_size}")
+    none = figure(unbounded, "error_count", "refused, unbounded")
+    p95s = (figure(bounded, "latency.p95_ms", f"p95, queue of {queue_size}"),
+            figure(unbounded, "latency.p95_ms", "p95, unbounded"))  # fmt: skip
+    errors = set(bounded.errors)
+    why = f"the queue of {queue_size} refused nothing: the bound never acted, so the two runs differ by noise alone"
+    return Expectation(
+        f"{engine}: a bounded queue refuses overload fast, and bounds the latency of the rest",
+        (
+            condition(
+                f"with the queue of {queue_size}, requests are refused" + (f", all with {refusal}" if refusal else ""),
+                refused.value > 0 and (refusal is None or errors == {refusal}),
+                refused,
+                detail=f"errors: {bounded.errors}",
+            ),
+            unless(
+                refused.value > 0,
+                why,
+                condition(
+                    f"a refusal takes under a quarter of an answer's median time with the queue of {queue_size}",
+                    fast.value < answered_p50.value / 4,
+                    fast,
+                    answered_p50,
+                ),
+            ),
+            condition("with no bound, nobody is refused", none.value == 0, none),
+            unless(
+                refused.value > 0,
+                why,
+                condition(
+                    f"the answered p95 with the queue of {queue_size} is under half the unbounded one's",
+                    p95s[0].value < p95s[1].value / 2,
+                    *p95s,
+                    detail=f"x{p95s[0].value / p95s[1].value:.2f}",
+                ),
+            ),
+        ),  # fmt: skip
+        reason=reason,
     )

@@ -15,7 +15,11 @@ A `Figure` is a number read from a run (`RunResult`), with the run and the field
 a verdict can be checked against the tables printed beside it and the runs the notebook saved
 (`verdict_problems`, which `lab.verdicts()` runs at the end of every judging notebook). A
 condition whose run gave no number (a `None` result), or whose run a crashed service
-interrupted, is NOT CHECKED, never counted as held or not held.
+interrupted, is NOT CHECKED, never counted as held or not held; so is one whose premise did not
+arise in this run (nothing was cancelled, nothing queued, a single replica ran), built with
+`not_checked` and the reason: a condition that holds only because its situation never happened
+(0 wasted of 0 cancelled) says nothing. Every NOT CHECKED condition says why, in its table line
+and in the verdict list.
 
 An expectation recorded with `must_hold=True` is a claim about what the lab's software does (Serve
 spreads replicas over two nodes), not about speed: where it does not hold, the lab is broken.
@@ -127,11 +131,25 @@ class Condition:
 def condition(text: str, held: bool, *figures: Figure, detail: str = "") -> Condition:
     """`text` judged `held` on `figures`; NOT CHECKED when one of them was not measured, or was
     measured in a run that a crashed service interrupted (its table row says which)."""
-    if any(math.isnan(item.value) for item in figures):
-        return Condition(text, Outcome.NOT_CHECKED, figures)
+    if missing := [item.name for item in figures if math.isnan(item.value)]:
+        return Condition(text, Outcome.NOT_CHECKED, figures, f"not measured: {', '.join(missing)}")
     if interrupted := [item.name for item in figures if item.interrupted]:
         return Condition(text, Outcome.NOT_CHECKED, figures, f"a service crashed during the run of {interrupted[0]}")
     return Condition(text, Outcome.HELD if held else Outcome.NOT_HELD, figures, detail)
+
+
+def not_checked(text: str, why: str, *figures: Figure) -> Condition:
+    """`text`, NOT CHECKED because its premise did not arise in this run (`why`, computed from
+    `figures`, which show it): judging it would pass or fail on a situation that never happened."""
+    if not why:
+        raise ValueError(f"{text!r}: a condition NOT CHECKED says why")
+    return Condition(text, Outcome.NOT_CHECKED, figures, why)
+
+
+def unless(premise: bool, why: str, judged: Condition) -> Condition:
+    """`judged` where its `premise` arose in this run; else the same condition NOT CHECKED,
+    with `why` and its figures."""
+    return judged if premise else not_checked(judged.text, why, *judged.figures)
 
 
 @dataclass(frozen=True)
@@ -174,8 +192,12 @@ class ExpectationLog(list):
         lines = []
         for item in self:
             lines.append(f"{item.outcome.value:>{width}}: {item.claim}")
-            if len(item.conditions) > 1:
-                lines += [f"{'':>{width}}    {part.outcome.value}: {part.text}" for part in item.conditions]
+            for part in item.conditions:
+                why = f" ({part.detail})" if part.outcome is Outcome.NOT_CHECKED and part.detail else ""
+                if len(item.conditions) > 1:
+                    lines.append(f"{'':>{width}}    {part.outcome.value}: {part.text}{why}")
+                elif why:
+                    lines.append(f"{'':>{width}}    why: {part.detail}")
         return "\n".join(lines)
 
     def figures(self) -> list[Figure]:
@@ -220,7 +242,8 @@ def verdict_problems(
     `results` are the runs its table shows, `saved` the runs it saved to its file in this session.
     Every run of the table must be the one saved, equal in every field; each figure a verdict
     used must come from a run of its table and, read again from that run's saved record, give the
-    same number; and every expectation that must hold (`must_hold`) must have held."""
+    same number; every condition NOT CHECKED must say why; and every expectation that must hold
+    (`must_hold`) must have held."""
     problems, whole = _compare_saved(results, saved)
     if not expectations:
         problems.append("no expectation was recorded")
@@ -242,6 +265,13 @@ def verdict_problems(
         )
         if not same:
             problems.append(f"{item.name} is {item.value} in a verdict but {again} in its saved run")
+    problems += [
+        f"{expectation.claim!r}: {part.text!r} is NOT CHECKED without saying why (a check builds it with "
+        "`not_checked` and the reason its premise did not arise)"
+        for expectation in expectations
+        for part in expectation.conditions
+        if part.outcome is Outcome.NOT_CHECKED and not part.detail
+    ]
     problems += [
         f"{expectation.claim!r} {expectation.outcome.value}, and it must hold: it is a claim about what the lab's "
         "software does, not about speed (its conditions, printed above, say which part failed)"
