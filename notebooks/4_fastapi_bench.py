@@ -6,7 +6,8 @@
 # 1. send it a real request, the way its interactive documentation (`/docs`) would;
 # 2. follow one photo through the whole system: browser form, GourmetGram, FastAPI, model, and back;
 # 3. measure how fast it answers **one** user (PyTorch, then ONNX Runtime);
-# 4. measure what happens when **sixteen** users send at once, and see where the extra time goes.
+# 4. measure what happens when **sixteen** users send at once, and see where the extra time goes;
+# 5. share the cores out: threads per inference, then processes.
 #
 # **Where the cells run.** In Docker (the GPU node, or any machine with Docker): in the Jupyter
 # container of the Compose project from notebook 3 (open `work/notebooks/4_fastapi_bench.ipynb`
@@ -413,6 +414,38 @@ lab.judge(fastapi_bench.crowded_threads_are_slower(loaded, crowded_name, one_cor
 lab.judge(fastapi_bench.every_core_serves_one_faster(alone, every_core, one_core, cores, device, lab.hardware()))
 lab.judge(fastapi_bench.elastic_default_near_the_best(alone, loaded, default, device, lab.hardware(),
                                                       sequential_pt.latency.p50_ms));
+
+# %% [markdown]
+# ## Processes: one interpreter, one lock
+#
+# Threads share one Python interpreter, and CPython runs Python code on one thread at a time: the
+# *global interpreter lock* (GIL). The model's own work releases it, but HTTP, JSON and the
+# service's scheduling hold it, so one process serves at most what its lock lets through, however
+# many cores it has. The services therefore run several processes (uvicorn's *workers*, sharing the
+# port), each on a share of the cores: `SERVICE_PROCESSES`, planned from the cores and the device.
+# `/health` says how many.
+#
+# **Predict** before you run it: set `my_prediction` to what you expect `processes_to_try`
+# processes to serve against one, on this machine (say `"2x"`, or `"the same"`). Then run.
+
+# %%
+from servelab.service.cores import service_plan
+
+processes_to_try = 2  # edit me: 2, 4...
+my_prediction = "?"
+plan = service_plan(cores, on_gpu=device.startswith("cuda"))
+print(f"This machine: {cores} core(s); the plan: {plan.describe()}")
+by_processes = {}
+for count in (1, processes_to_try):
+    with lab.fastapi_variant("onnx", SERVICE_PROCESSES=str(count)) as variant_url:
+        serving = requests.get(f"{variant_url}/health", timeout=10).json()["processes"]
+        print(f"{count} process(es) asked for: /health says {serving}")
+        by_processes[count] = lab.concurrent("onnx", senders, url=variant_url,
+                                             target=f"fastapi_onnx, {count} process(es)")
+print(f"Your prediction: {my_prediction}; measured: {by_processes[processes_to_try].throughput_rps:.1f} against "
+      f"{by_processes[1].throughput_rps:.1f} req/s")
+lab.judge(fastapi_bench.processes_follow_the_plan(by_processes[1], by_processes[processes_to_try], processes_to_try,
+                                                  plan.processes, cores));
 
 # %% [markdown]
 # ## Results

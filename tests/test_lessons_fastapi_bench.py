@@ -146,3 +146,20 @@ def test_the_elastic_default_holds_near_the_best_plan_and_fails_far_from_it():
     assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD]
     on_gpu = fastapi_bench.elastic_default_near_the_best(alone, stuck, DEFAULT, "cuda:0", "1 GPU", 22.0)
     assert outcomes(on_gpu) == [Outcome.NOT_CHECKED] * 2
+
+
+def test_processes_follow_the_plan_on_many_cores_and_on_two():
+    one = synthetic_run("fastapi_onnx, 1 process", 64, throughput_rps=400)
+    many = synthetic_run("fastapi_onnx, 8 processes", 64, throughput_rps=1000)
+    assert fastapi_bench.processes_follow_the_plan(one, many, 8, planned=8, cores=16).outcome is Outcome.HELD
+    # Several processes that gain nothing where the plan calls for them: the lock was not the cap.
+    flat = synthetic_run("fastapi_onnx, 8 processes", 64, throughput_rps=420)
+    assert fastapi_bench.processes_follow_the_plan(one, flat, 8, planned=8, cores=16).outcome is Outcome.NOT_HELD
+    # On two cores the plan is one process: two serve about as much...
+    two = synthetic_run("fastapi_onnx, 2 processes", 8, throughput_rps=190)
+    alone = synthetic_run("fastapi_onnx, 1 process", 8, throughput_rps=180)
+    assert fastapi_bench.processes_follow_the_plan(alone, two, 2, planned=1, cores=2).outcome is Outcome.HELD
+    # ...and much more would say the plan leaves throughput on the table.
+    better = synthetic_run("fastapi_onnx, 2 processes", 8, throughput_rps=300)
+    failed = fastapi_bench.processes_follow_the_plan(alone, better, 2, planned=1, cores=2)
+    assert failed.outcome is Outcome.NOT_HELD and "x1.67" in failed.reason

@@ -297,3 +297,37 @@ def elastic_default_near_the_best(
         f"in this notebook and in {default_alone.value:.1f} ms here: on {hardware}, the model on {device}, runs "
         "move that much between measurements",
     )
+
+
+MORE_THAN_NOISE = 1.2  # two runs of one plan move by up to 15-40% on a shared machine: a gain must beat that
+
+
+def processes_follow_the_plan(
+    one: RunResult, several: RunResult, processes: int, planned: int, cores: int
+) -> Expectation:
+    """Under load, `processes` processes of the service (`several`) against one (`one`), judged by
+    what the plan says for `cores` cores (`planned` processes, cores.service_plan). Where the plan
+    calls for several, the interpreter lock caps one process: several serve more than
+    MORE_THAN_NOISE x its throughput. Where it calls for one (a few cores), the cores are the limit,
+    not the lock: several serve no more than that. A plausible wrong outcome either way: several
+    processes that gain nothing on a many-core machine (the lock was not the cap), or gain much on
+    two cores (the plan leaves throughput on the table)."""
+    one_rate = figure(one, "throughput_rps", "1 process")
+    several_rate = figure(several, "throughput_rps", f"{processes} processes")
+    gain = several_rate.value / one_rate.value
+    if planned > 1:
+        part = condition(
+            f"{processes} processes serve more than {MORE_THAN_NOISE}x one",
+            gain > MORE_THAN_NOISE, several_rate, one_rate, detail=f"x{gain:.2f}",
+        )  # fmt: skip
+    else:
+        part = condition(
+            f"{processes} processes serve no more than {MORE_THAN_NOISE}x one",
+            gain <= MORE_THAN_NOISE, several_rate, one_rate, detail=f"x{gain:.2f}",
+        )  # fmt: skip
+    return Expectation(
+        f"on {cores} core(s), the plan's {planned} process(es) is the right count: "
+        + ("one interpreter caps a process" if planned > 1 else "the cores, not the interpreter, are the limit"),
+        (part,),
+        reason=f"on {cores} core(s), {processes} processes served x{gain:.2f} of one process's throughput",
+    )

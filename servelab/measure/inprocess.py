@@ -290,10 +290,9 @@ def combined(runs: list[RunResult], point: Point) -> RunResult:
         throughput_rps=sum(run.throughput_rps for run in runs),
         latency=LatencySummary.of(latencies),
         wall_s=max(run.wall_s for run in runs),
-        concurrency=sum(run.concurrency for run in runs),
+        concurrency=sum(run.concurrency or 1 for run in runs),
         latencies_ms=latencies,
-        notes=[f"{point.name}: {len(runs)} processes at once, their figures added up; each: {first.notes[0]}"]
-        + first.notes[1:],
+        notes=[f"{len(runs)} processes at once, their figures added up; each: {first.notes[0]}"] + first.notes[1:],
     )
 
 
