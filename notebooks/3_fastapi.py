@@ -81,14 +81,17 @@ print(excerpt(predict_api, "PredictRequest", "PredictResponse", "create_app.pred
 # never does heavy work itself:
 #
 # 1. Base64 and image decoding and the preprocessing (resize, crop, normalise) run in the
-#    *preprocessing pool*, a thread pool with `PREPROCESS_WORKERS` threads (by default one on a CPU,
-#    where the cores are for the model, and one per core on a GPU node, where decoding is the CPU's
-#    main work). A request is decoded while the model is busy with another, but at most
+#    *preprocessing pool*, a thread pool with `PREPROCESS_WORKERS` threads (by default one per two
+#    slots on a CPU, where the cores are for the model, and one per core on a GPU node, where
+#    decoding is the CPU's main work). A request is decoded while the model is busy with another, but at most
 #    `DECODE_AHEAD` requests ahead of it (two per slot by default): the rest wait undecoded, so
 #    memory stays bounded however many clients send.
 # 2. The model call waits for one of `PREDICT_CONCURRENCY` *inference slots* (by default one per
 #    CPU core, one on a GPU), then runs in a thread of its own. With one slot, the model sees one
 #    image at a time. Every other request waits in line for a slot.
+#
+# On a machine with many cores, or beside a GPU, the service runs several such processes
+# (`processes` in `/health`), each with its own slots, on its share of the cores: notebook 4 says why.
 #
 # That wait in line is **queueing delay**, and it is the subject of the rest of the lab: a request's
 # latency is the time it waits plus the time it is served. With one sender there is nobody to wait

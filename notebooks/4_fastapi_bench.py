@@ -301,7 +301,7 @@ report(concurrent_onnx)
 # %%
 senders = concurrent_onnx.concurrency
 onnx_health = requests.get(f"{onnx_url}/health", timeout=10).json()
-slots = onnx_health["predict_concurrency"]
+slots = onnx_health["processes"] * onnx_health["predict_concurrency"]  # every process's slots
 stages = concurrent_onnx.service_stats["stage_mean_ms"]
 print(f"Little's law, the whole system: {senders} / {concurrent_onnx.throughput_rps:.1f} req/s = "
       f"{1000 * senders / concurrent_onnx.throughput_rps:.1f} ms, the mean latency measured "
@@ -358,7 +358,7 @@ plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concur
 # running when it starts. A request alone uses every core; under load, each slot has a core.
 # `/health` states the plan a service runs.
 #
-# The next cell starts the PyTorch service four times, each with one plan, on this machine
+# The next cell starts the PyTorch service four times, each with one plan in one process, on this machine
 # (locally, or in the Jupyter container in Docker), and measures each one alone (one request at
 # a time) and under load (four senders per core).
 #
