@@ -507,3 +507,6 @@ def test_the_targets_judge_each_fastapi_service_against_the_machines_ceiling_and
         "316.0 vs 330.0 req/s"
     )
     assert len(lines) == 3  # c=1 is one request in flight: no target
+    just_under = [service("fastapi_pt", 90, 319.96, 400)]
+    (near_miss, _) = report.targets(just_under, {"pytorch": ceiling}, [1, 16, 64])
+    assert near_miss.startswith("NOT MET: fastapi_pt at c=16 is 0.79x")  # never shown as the 0.80 it missed
