@@ -34,7 +34,7 @@ from servelab.loadgen.streams import (
     make_stream_target,
     run_streams,
 )
-from servelab.loadgen.sync import closed_loop, open_loop, sequence_loop, stream_loop, summarize
+from servelab.loadgen.sync import closed_loop, describe_result, open_loop, sequence_loop, stream_loop
 from servelab.loadgen.targets import (
     DEFAULT_TIMEOUT_S,
     TARGET_KINDS,
@@ -77,5 +77,5 @@ __all__ = [
     "sequence_error_kind",
     "sequence_loop",
     "stream_loop",
-    "summarize",
+    "describe_result",
 ]

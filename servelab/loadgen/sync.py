@@ -3,7 +3,8 @@
 `closed_loop` and `open_loop` run a measurement to its end and return its `RunResult`,
 `sequence_loop` a stateful model's run of sequences (a `SequenceRunResult`), and `stream_loop` a
 closed loop of streamed requests (a `RunResult` with its `steps`); Ctrl-C stops a run
-and returns what it had measured so far. `summarize` says a result in words.
+and returns what it had measured so far. `describe_result` says a result in words (not to be
+confused with `measure.resources.summarize`, the figures of a resource series).
 """
 
 from __future__ import annotations
@@ -179,10 +180,10 @@ def stream_loop(
     return _run_sync(run_streams(target, concurrency, steps, duration_s, progress=progress, **leaving))
 
 
-def summarize(result: RunResult) -> str:
+def describe_result(result: RunResult) -> str:
     """One paragraph in words: load, throughput, latency percentiles, errors, and any notes."""
     if isinstance(result, SequenceRunResult):
-        return _summarize_sequences(result)
+        return _describe_sequences(result)
     latency = result.latency
     if result.mode == "closed":
         load = f"Closed loop, {result.concurrency} concurrent senders"
@@ -202,7 +203,7 @@ def summarize(result: RunResult) -> str:
     return " ".join(parts + _sentences(result.notes))
 
 
-def _summarize_sequences(result: SequenceRunResult) -> str:
+def _describe_sequences(result: SequenceRunResult) -> str:
     pace = f"a frame every {result.frame_interval_s * 1000:g} ms" if result.frame_interval_s else "frames back to back"
     frame, sequence = result.latency, result.sequence_latency
     assert sequence is not None, "a run of sequences measures each sequence's latency"
