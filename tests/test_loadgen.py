@@ -285,6 +285,68 @@ def test_open_loop_says_when_the_generator_falls_behind():
     assert "fell behind" in result.schedule_lag["message"]
 
 
+class CountingTarget(loadgen.Target):
+    """A target that answers at once and counts what it was sent."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.connections: list[int] = []
+
+    async def open(self, connections: int) -> None:
+        self.connections.append(connections)
+
+    async def send(self) -> None:
+        self.sent += 1
+        await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_closed_loop_sends_its_load_as_described_once_warm_up_unmeasured():
+    target = CountingTarget()
+    load = loadgen.Load(3, requests=20, warmup_requests=5)
+    result = asyncio.run(loadgen.run_closed(target, load, progress=False))
+    assert (result.requests, len(result.latencies_ms), result.concurrency) == (20, 20, 3)
+    assert target.sent == 25 and target.connections == [3]  # the warm-up was sent, not measured
+    assert load.warmup() == loadgen.Load(3, requests=5)  # the same senders, patient, no back-off
+    assert (
+        load.bounds() == "20 requests"
+        and loadgen.Load(1, 5, 2.0).bounds() == "5 requests or 2 s, whichever comes first"
+    )
+
+
+@pytest.mark.parametrize(
+    ("load", "refused"),
+    [
+        ({"concurrency": 0, "requests": 1}, "concurrency"),
+        ({"concurrency": 1, "requests": 1, "backoff_s": -1}, "backoff_s"),
+        ({"concurrency": 1, "requests": 0}, "requests and duration_s must be positive"),
+        ({"concurrency": 1, "duration_s": 0}, "requests and duration_s must be positive"),
+        ({"concurrency": 1, "requests": 1, "warmup_s": -1}, "warmup"),
+        ({"concurrency": 2, "requests": 1, "impatient": 3}, "impatient"),
+        ({"concurrency": 2, "requests": 1, "impatient": 1, "patience_s": 0}, "patience_s"),
+    ],
+)
+def test_a_load_that_cannot_be_sent_is_refused_as_it_is_built(load, refused):
+    with pytest.raises(ValueError, match=refused):
+        loadgen.Load(**load)
+
+
+def test_each_runner_refuses_the_load_it_cannot_send():
+    with pytest.raises(ValueError, match="give requests, duration_s or both"):
+        asyncio.run(loadgen.run_closed(CountingTarget(), loadgen.Load(1), progress=False))
+    with pytest.raises(ValueError, match="patience_s"):
+        asyncio.run(loadgen.run_closed(CountingTarget(), loadgen.Load(2, 1, impatient=1), progress=False))
+    stream_target = loadgen.HttpStreamTarget("http://127.0.0.1:1", IMAGE, 1.0)  # never opened: refused first
+    with pytest.raises(ValueError, match="without warm-up"):
+        asyncio.run(loadgen.run_streams(stream_target, loadgen.Load(1, requests=5, duration_s=1.0), 3))
+    with pytest.raises(ValueError, match="duration_s"):
+        asyncio.run(loadgen.run_streams(stream_target, loadgen.Load(1, requests=5), 3))
+
+
 def _gaps(arrivals: np.ndarray) -> np.ndarray:
     return np.diff(np.sort(arrivals))
 
@@ -448,7 +510,7 @@ def test_cancelling_a_run_returns_what_was_measured(server):
         return await task
 
     for run in (
-        loadgen.run_closed(target, 2, requests=100_000, progress=False),
+        loadgen.run_closed(target, loadgen.Load(2, requests=100_000), progress=False),
         loadgen.run_open(target, 100, requests=100_000, progress=False),
     ):
         result = asyncio.run(cancel_after(run, 0.6))

@@ -215,7 +215,7 @@ def test_frames_due_while_the_previous_is_in_flight_are_skipped_never_queued(ser
     for frames in server.by_sequence().values():
         assert [frame.index for frame in frames] == list(range(6))  # the server saw six frames, in order
         assert frames[-1].end and not any(frame.end for frame in frames[:-1])
-    assert "8 skipped" in loadgen.summarize(result)
+    assert "8 skipped" in loadgen.describe_result(result)
 
 
 # ---- errors ----------------------------------------------------------------------------------
@@ -283,7 +283,7 @@ def test_the_result_is_saved_and_loaded_back_as_a_sequence_result(server, tmp_pa
     assert isinstance(loaded, SequenceRunResult) and loaded == result
     assert loaded.sequences_failed == {"expired": 1} and loaded.sequence_latency.p50_ms > 0
     assert "2 sequences x 3 frames" in loaded.label
-    summary = loadgen.summarize(loaded)
+    summary = loadgen.describe_result(loaded)
     assert "2 sequences of 3 frames at once" in summary and "failed: 1 expired" in summary
 
 

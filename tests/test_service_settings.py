@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from servelab.service import settings as settings_module
-from servelab.service.settings import ServiceSettings, SettingError
+from servelab.service.settings import ServiceSettingError, ServiceSettings
 
 # Every variable the services read, and a value that sets it (not its default).
 SET = {
@@ -93,7 +93,7 @@ def test_the_decoding_defaults_follow_the_device_and_the_slots():
     ],
 )
 def test_a_bad_value_is_refused_naming_the_variable_and_what_it_takes(variable, value, says):
-    with pytest.raises(SettingError) as refused:
+    with pytest.raises(ServiceSettingError) as refused:
         ServiceSettings.from_environ({**SET, variable: value})
     message = str(refused.value)
     assert message.startswith(variable) and says in message

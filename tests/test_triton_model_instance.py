@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import tempfile
+import types
 
 import pytest
 
 from servelab.service import cores
 from servelab.service.devices import Placement
-from servelab.triton.model_instance import instance_count, set_up_instance
+from servelab.triton import stats as triton_stats
+from servelab.triton.model_instance import cancelled_response, instance_count, set_up_instance
 
 
 class Logger:
@@ -119,3 +121,47 @@ def test_the_started_line_says_where_it_runs_and_its_plan_and_warns_when_crowded
     instance.log_started("on cpu")
     assert crowded.lines[0][0] == "warn" and "MORE THREADS THAN CORES" in crowded.lines[0][1]
     instance.close()
+
+
+class Request:
+    """A request as the Python backend hands it to `execute`, as far as `cancelled` asks it."""
+
+    def __init__(self, cancelled: bool) -> None:
+        self.is_cancelled_calls = 0
+        self._cancelled = cancelled
+
+    def is_cancelled(self) -> bool:
+        self.is_cancelled_calls += 1
+        return self._cancelled
+
+
+def test_cancelled_requests_are_asked_once_each_and_logged_as_the_log_reader_counts_them():
+    args, config = triton_args()
+    logger = Logger()
+    instance = set_up_instance(args, config, logger)
+    requests = [Request(False), Request(True), Request(True)]
+    assert instance.cancelled(requests) == [False, True, True]
+    assert [request.is_cancelled_calls for request in requests] == [1, 1, 1]  # a round trip each, once
+    assert instance.cancelled([Request(False)]) == [False]  # none cancelled: nothing logged
+    instance.close()
+    ((level, line),) = logger.lines
+    assert level == "info"
+    assert triton_stats.cancelled_by_model(line + "\n", "food_classifier") == 2
+    assert triton_stats.cancelled_by_model(line + "\n", "food_classifier_onnx") == 0
+
+
+def test_a_cancelled_request_is_answered_with_tritons_cancelled_error():
+    class TritonError:
+        CANCELLED = "CANCELLED"
+
+        def __init__(self, message: str, code: str) -> None:
+            self.message, self.code = message, code
+
+    class InferenceResponse:
+        def __init__(self, error: TritonError) -> None:
+            self.error = error
+
+    backend = types.SimpleNamespace(InferenceResponse=InferenceResponse, TritonError=TritonError)
+    answer = cancelled_response(backend)
+    assert isinstance(answer, InferenceResponse) and answer.error.code == "CANCELLED"
+    assert answer.error.message == "cancelled by the client before inference"

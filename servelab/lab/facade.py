@@ -263,11 +263,11 @@ class Lab:
 
     @contextlib.contextmanager
     def fastapi_variant(
-        self, flavor: str, slots: int | None = None, threads: int | None = None, **settings: str
+        self, flavor: str, slots: int | None = None, threads: int | None = None, **variables: str
     ) -> Iterator[str]:
         """A private FastAPI service of `flavor` with `slots` inference slots (PREDICT_CONCURRENCY)
         and `threads` threads per inference (INFERENCE_THREADS); None keeps the default; other
-        settings by their environment name (IMAGE_DOWNLOAD_PLACEMENT="inside_slot"). It runs on
+        settings as environment variables, by name (IMAGE_DOWNLOAD_PLACEMENT="inside_slot"). It runs on
         127.0.0.1 of the machine this notebook runs on (locally, or in the Compose project's
         Jupyter container, next to the GPU on the node), for the `with` block:
         `with lab.fastapi_variant("pt", 2, 1) as url:`.
@@ -278,7 +278,7 @@ class Lab:
             for name, value in (("PREDICT_CONCURRENCY", slots), ("INFERENCE_THREADS", threads))
             if value is not None
         }
-        env |= settings
+        env |= variables
         if self.image_host_url:
             env.setdefault("IMAGE_URL_ALLOWED_HOSTS", self.image_host_url.split("://", 1)[1])
         work = NOTEBOOK_STACK_DIR / f"variant-{os.getpid()}"

@@ -2,6 +2,8 @@
 
 - `targets`: what a run sends requests to (FastAPI, or a Triton model over HTTP or gRPC), with
   one request prepared up front and sent again and again;
+- `load`: a closed loop's `Load` (senders, bounds, warm-up, back-off, patience), described once
+  and passed to the runner that sends it;
 - `runners`: the closed and the open loop, and the `RunResult` each run returns;
 - `sequences`: a stateful model's load, concurrent sequences of frames (`run_sequences`);
 - `streams`: streamed requests, one answer per step, and clients who leave midway (`run_streams`);
@@ -16,6 +18,7 @@ From the shell:
 """
 
 from servelab.loadgen.cli import main
+from servelab.loadgen.load import Load
 from servelab.loadgen.runners import ARRIVALS, arrival_offsets, run_closed, run_open
 from servelab.loadgen.sequences import (
     SEQUENCE_ERRORS,
@@ -34,7 +37,7 @@ from servelab.loadgen.streams import (
     make_stream_target,
     run_streams,
 )
-from servelab.loadgen.sync import closed_loop, open_loop, sequence_loop, stream_loop, summarize
+from servelab.loadgen.sync import closed_loop, describe_result, open_loop, sequence_loop, stream_loop
 from servelab.loadgen.targets import (
     DEFAULT_TIMEOUT_S,
     TARGET_KINDS,
@@ -54,6 +57,7 @@ __all__ = [
     "TARGET_KINDS",
     "FastAPITarget",
     "HttpStreamTarget",
+    "Load",
     "RequestError",
     "SequenceTarget",
     "StreamTarget",
@@ -77,5 +81,5 @@ __all__ = [
     "sequence_error_kind",
     "sequence_loop",
     "stream_loop",
-    "summarize",
+    "describe_result",
 ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from servelab import paths
 from servelab.loadgen.runners import ARRIVALS
-from servelab.loadgen.sync import closed_loop, open_loop, sequence_loop, summarize
+from servelab.loadgen.sync import closed_loop, describe_result, open_loop, sequence_loop
 from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, TARGET_KINDS
 from servelab.results import RunResult, save_results
 from servelab.triton.models import ModelError
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ModelError) as exc:
         log.error("%s", exc)
         return 2
-    print(summarize(result))
+    print(describe_result(result))
     if args.out:
         save_results([result], args.out, metadata={"command": ["loadgen", *argv]})
         print(f"Saved to {args.out}")

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from servelab.loadgen.load import Load, bounds_in_words
 from servelab.loadgen.targets import RequestError, Target
 from servelab.results import LatencySummary, RunResult
 
@@ -161,21 +162,13 @@ def run_result(target: str, mode: str, recorder: Recorder, notes: list[str], **l
     )
 
 
-async def _closed_phase(
-    target: Target,
-    concurrency: int,
-    requests: int | None,
-    duration_s: float | None,
-    recorder: Recorder,
-    backoff_s: float = 0.0,
-    impatient: int = 0,
-    patience_s: float | None = None,
-) -> None:
-    """`concurrency` senders, each sending again as soon as it has its answer, or `backoff_s`
-    after a request that was not answered (refused, or given up on: `impatient` of the senders
-    give up after `patience_s`)."""
-    limit = math.inf if requests is None else requests
-    deadline = math.inf if duration_s is None else recorder.started + duration_s
+async def _closed_phase(target: Target, load: Load, recorder: Recorder) -> None:
+    """`load.concurrency` senders, each sending again as soon as it has its answer, or
+    `load.backoff_s` after a request that was not answered (refused, or given up on:
+    `load.impatient` of the senders give up after `load.patience_s`), until `load.requests` or
+    `load.duration_s`."""
+    limit = math.inf if load.requests is None else load.requests
+    deadline = math.inf if load.duration_s is None else recorder.started + load.duration_s
     issued = 0
 
     async def sender(patience: float | None) -> None:
@@ -183,10 +176,10 @@ async def _closed_phase(
         # Requests already sent when the deadline passes are waited for and counted.
         while issued < limit and time.perf_counter() < deadline:
             issued += 1  # no await between check and increment: no other sender can interleave
-            if not await _timed_send(target, time.perf_counter(), recorder, patience) and backoff_s:
-                await asyncio.sleep(backoff_s)
+            if not await _timed_send(target, time.perf_counter(), recorder, patience) and load.backoff_s:
+                await asyncio.sleep(load.backoff_s)
 
-    patiences = [None] * (concurrency - impatient) + [patience_s] * impatient
+    patiences = [None] * (load.concurrency - load.impatient) + [load.patience_s] * load.impatient
     try:
         # If this is cancelled (Ctrl-C), gather cancels the senders and their requests in flight.
         await asyncio.gather(*(sender(patience) for patience in patiences))
@@ -194,53 +187,42 @@ async def _closed_phase(
         recorder.finish()
 
 
-async def run_closed(
-    target: Target,
-    concurrency: int,
-    requests: int | None = None,
-    duration_s: float | None = None,
-    warmup_requests: int = 0,
-    warmup_s: float = 0.0,
-    progress: bool = True,
-    backoff_s: float = 0.0,
-    impatient: int = 0,
-    patience_s: float | None = None,
-) -> RunResult:
-    """Closed loop: `concurrency` senders until `requests` are answered or `duration_s` has passed.
-    With `backoff_s`, a sender whose request failed waits that long before its next one, as a
-    client that respects a refusal (503) does; by default it sends again at once. `impatient` of
-    the senders give up on a request after `patience_s` and cancel it (counted in `cancelled`),
-    and wait `backoff_s` too before the next: a new client arriving later. The result then also
-    has the latency of the patient senders' answers.
+async def run_closed(target: Target, load: Load, progress: bool = True) -> RunResult:
+    """Closed loop: `load.concurrency` senders until `load.requests` are answered or
+    `load.duration_s` has passed. With `load.backoff_s`, a sender whose request failed waits that
+    long before its next one, as a client that respects a refusal (503) does; by default it sends
+    again at once. `load.impatient` of the senders give up on a request after `load.patience_s`
+    and cancel it (counted in `cancelled`), and wait `backoff_s` too before the next: a new client
+    arriving later. The result then also has the latency of the patient senders' answers.
 
-    Warm-up (up to `warmup_requests` requests or `warmup_s` seconds, whichever comes first) runs
-    at the same concurrency and is finished before measurement starts, so none of it is counted.
-    Cancelling the run (Ctrl-C) returns what was measured until then, with a note saying so.
+    Warm-up (up to `load.warmup_requests` requests or `load.warmup_s` seconds, whichever comes
+    first) runs at the same concurrency and is finished before measurement starts, so none of it
+    is counted. Cancelling the run (Ctrl-C) returns what was measured until then, with a note
+    saying so.
     """
-    _check_bounds(requests, duration_s)
-    if concurrency < 1 or backoff_s < 0:
-        raise ValueError("concurrency must be at least 1, and backoff_s not negative")
-    if not 0 <= impatient <= concurrency or (impatient and not (patience_s and patience_s > 0)):
+    _check_bounds(load.requests, load.duration_s)
+    if load.impatient and not load.patience_s:
         raise ValueError("impatient senders are 0 to concurrency, and need a positive patience_s")
-    log.info("closed loop against %s: concurrency %d, %s", target.name, concurrency, _bounds(requests, duration_s))
+    concurrency, backoff_s, impatient = load.concurrency, load.backoff_s, load.impatient
+    log.info("closed loop against %s: concurrency %d, %s", target.name, concurrency, load.bounds())
     notes: list[str] = [f"after a request that was not answered, a sender waited {backoff_s:g} s"] if backoff_s else []
     if impatient:
         notes.append(
-            f"{impatient} of the {concurrency} senders gave up on a request after {patience_s:g} s, cancelled it "
+            f"{impatient} of the {concurrency} senders gave up on a request after {load.patience_s:g} s, cancelled it "
             f"and sent the next as a new client{f' {backoff_s:g} s later' if backoff_s else ''}"
         )
     recorder: Recorder | None = None
     await target.open(connections=concurrency)
     try:
-        if warmup_requests or warmup_s:
-            warmup = Recorder("warm-up", warmup_requests or None, progress)
-            await _closed_phase(target, concurrency, warmup_requests or None, warmup_s or None, warmup)
-        recorder = Recorder(f"c={concurrency}", requests, progress)
-        await _closed_phase(target, concurrency, requests, duration_s, recorder, backoff_s, impatient, patience_s)
+        if load.warms_up:
+            warmup = load.warmup()
+            await _closed_phase(target, warmup, Recorder("warm-up", warmup.requests, progress))
+        recorder = Recorder(f"c={concurrency}", load.requests, progress)
+        await _closed_phase(target, load, recorder)
     except asyncio.CancelledError:
         # Deliberately not re-raised: stopping early is how a user ends a long run, and what
         # was measured so far is the result they asked for.
-        recorder = recorder or Recorder(f"c={concurrency}", requests, progress=False)
+        recorder = recorder or Recorder(f"c={concurrency}", load.requests, progress=False)
         recorder.finish()
         notes.append(interrupted_note(recorder))
         log.warning("%s", notes[-1])
@@ -316,7 +298,9 @@ async def run_open(
     schedule = arrival_offsets(rate_rps, arrival, seed)
     limit = math.inf if requests is None else requests
     end_s = math.inf if duration_s is None else warmup_s + duration_s
-    log.info("open loop against %s: %g req/s %s, %s", target.name, rate_rps, arrival, _bounds(requests, duration_s))
+    log.info(
+        "open loop against %s: %g req/s %s, %s", target.name, rate_rps, arrival, bounds_in_words(requests, duration_s)
+    )
     if warmup_s:
         log.info("warming up for %g s", warmup_s)
     warmup = Recorder("warm-up", None, progress=False)
@@ -387,10 +371,3 @@ async def run_open(
     result = run_result(target.name, "open", recorder, notes, rate_rps=rate_rps, arrival=arrival)
     result.schedule_lag = lag
     return result
-
-
-def _bounds(requests: int | None, duration_s: float | None) -> str:
-    parts = ([f"{requests} requests"] if requests is not None else []) + (
-        [f"{duration_s:g} s"] if duration_s is not None else []
-    )
-    return " or ".join(parts) + (", whichever comes first" if len(parts) == 2 else "")

@@ -35,6 +35,7 @@ from tritonclient.utils import InferenceServerException
 
 from servelab import paths
 from servelab.loadgen.http import chunks, framing
+from servelab.loadgen.load import Load
 from servelab.loadgen.runners import Recorder, interrupted_note, run_result
 from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, RequestError, grpc_tensors, host_port_of, model_request
 from servelab.results import RunResult
@@ -228,22 +229,19 @@ async def _one_stream(
 
 
 async def run_streams(
-    target: StreamTarget,
-    concurrency: int,
-    steps: int,
-    duration_s: float,
-    impatient: int = 0,
-    leave_after_steps: int | None = None,
-    patience_s: float | None = None,
-    backoff_s: float = 0.0,
-    progress: bool = True,
+    target: StreamTarget, load: Load, steps: int, leave_after_steps: int | None = None, progress: bool = True
 ) -> RunResult:
-    """`concurrency` senders streaming `steps` steps each, for `duration_s` seconds (the streams
-    under way then are followed to their end). `impatient` of them leave after `leave_after_steps`
-    steps or `patience_s` seconds, whichever comes first, and wait `backoff_s` before the next
-    stream. Every stream is bounded by the target's timeout. Ctrl-C returns what was measured."""
-    if concurrency < 1 or steps < 1 or duration_s <= 0 or backoff_s < 0 or not 0 <= impatient <= concurrency:
-        raise ValueError("concurrency, steps and duration_s must be positive, impatient from 0 to concurrency")
+    """`load.concurrency` senders streaming `steps` steps each, for `load.duration_s` seconds (the
+    streams under way then are followed to their end). `load.impatient` of them leave after
+    `leave_after_steps` steps or `load.patience_s` seconds, whichever comes first, and wait
+    `load.backoff_s` before the next stream. Every stream is bounded by the target's timeout.
+    Ctrl-C returns what was measured."""
+    concurrency, duration_s, impatient = load.concurrency, load.duration_s, load.impatient
+    patience_s, backoff_s = load.patience_s, load.backoff_s
+    if steps < 1 or duration_s is None:
+        raise ValueError("steps must be at least 1, and streams run for a duration_s")
+    if load.requests is not None or load.warms_up:
+        raise ValueError("streams run for duration_s, without warm-up: requests and warm-up are for closed_loop")
     if impatient and leave_after_steps is None and patience_s is None:
         raise ValueError("impatient senders leave after leave_after_steps steps or patience_s seconds: give one")
     if leave_after_steps is not None and not 1 <= leave_after_steps < steps:

@@ -3,7 +3,8 @@
 `closed_loop` and `open_loop` run a measurement to its end and return its `RunResult`,
 `sequence_loop` a stateful model's run of sequences (a `SequenceRunResult`), and `stream_loop` a
 closed loop of streamed requests (a `RunResult` with its `steps`); Ctrl-C stops a run
-and returns what it had measured so far. `summarize` says a result in words.
+and returns what it had measured so far. `describe_result` says a result in words (not to be
+confused with `measure.resources.summarize`, the figures of a resource series).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from servelab.loadgen.load import Load
 from servelab.loadgen.runners import run_closed, run_open
 from servelab.loadgen.sequences import make_sequence_target, run_sequences
 from servelab.loadgen.streams import make_stream_target, run_streams
@@ -92,23 +94,12 @@ def closed_loop(
     impatient: int = 0,
     patience_s: float | None = None,
 ) -> RunResult:
-    """`run_closed` against `make_target(kind, address, model, image_bytes, timeout_s, models, image_url)`,
-    from synchronous code (a script or a notebook cell). Ctrl-C returns the partial result."""
+    """`run_closed` of the `Load` these arguments describe, against `make_target(kind, address, model,
+    image_bytes, timeout_s, models, image_url)`, from synchronous code (a script or a notebook
+    cell). Ctrl-C returns the partial result."""
+    load = Load(concurrency, requests, duration_s, warmup_requests, warmup_s, backoff_s, impatient, patience_s)
     target = make_target(kind, address, model, image_bytes, timeout_s, models, image_url)
-    return _run_sync(
-        run_closed(
-            target,
-            concurrency,
-            requests,
-            duration_s,
-            warmup_requests,
-            warmup_s,
-            progress,
-            backoff_s,
-            impatient=impatient,
-            patience_s=patience_s,
-        )
-    )
+    return _run_sync(run_closed(target, load, progress))
 
 
 def open_loop(
@@ -170,19 +161,24 @@ def stream_loop(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     models: ModelRepository | None = None,
     progress: bool = True,
-    **leaving: Any,
+    impatient: int = 0,
+    leave_after_steps: int | None = None,
+    patience_s: float | None = None,
+    backoff_s: float = 0.0,
 ) -> RunResult:
-    """`run_streams` against `make_stream_target(kind, address, model, image_bytes, timeout_s, models)`,
-    from synchronous code; `leaving` are its impatient senders' settings (impatient,
-    leave_after_steps, patience_s, backoff_s). Ctrl-C returns the partial result."""
+    """`run_streams` of `concurrency` senders for `duration_s` seconds (their `Load`), `impatient` of
+    them leaving after `leave_after_steps` steps or `patience_s` seconds and waiting `backoff_s`
+    before their next stream, against `make_stream_target(kind, address, model, image_bytes,
+    timeout_s, models)`, from synchronous code. Ctrl-C returns the partial result."""
+    load = Load(concurrency, duration_s=duration_s, backoff_s=backoff_s, impatient=impatient, patience_s=patience_s)
     target = make_stream_target(kind, address, model, image_bytes, timeout_s, models)
-    return _run_sync(run_streams(target, concurrency, steps, duration_s, progress=progress, **leaving))
+    return _run_sync(run_streams(target, load, steps, leave_after_steps, progress))
 
 
-def summarize(result: RunResult) -> str:
+def describe_result(result: RunResult) -> str:
     """One paragraph in words: load, throughput, latency percentiles, errors, and any notes."""
     if isinstance(result, SequenceRunResult):
-        return _summarize_sequences(result)
+        return _describe_sequences(result)
     latency = result.latency
     if result.mode == "closed":
         load = f"Closed loop, {result.concurrency} concurrent senders"
@@ -202,7 +198,7 @@ def summarize(result: RunResult) -> str:
     return " ".join(parts + _sentences(result.notes))
 
 
-def _summarize_sequences(result: SequenceRunResult) -> str:
+def _describe_sequences(result: SequenceRunResult) -> str:
     pace = f"a frame every {result.frame_interval_s * 1000:g} ms" if result.frame_interval_s else "frames back to back"
     frame, sequence = result.latency, result.sequence_latency
     assert sequence is not None, "a run of sequences measures each sequence's latency"

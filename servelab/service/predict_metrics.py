@@ -6,7 +6,8 @@ and steps are timed the same way, by the scheduler both go through); plus every 
 request by outcome and HTTP status, and how many are in flight; and the steps of /refine streams,
 those computed after their client had gone among them. The lab reads two scrapes, before
 and after a run, and turns the difference into that run's figures (servelab/measure/service_stats.py).
-`python -m servelab artifacts` copies this file into each service folder; edit it here.
+An attribute is named for what it counts (`refine_steps_computed` is the counter `refine_steps`);
+the functions that read the counts back are service_stats.refine_steps and triton_stats.refine_steps.
 
 A service of several processes (servelab.service.launch) sets PROMETHEUS_MULTIPROC_DIR for all of
 them: each process writes its figures there, and /metrics adds up every process's, those of a
@@ -76,7 +77,9 @@ class PredictMetrics:
             registry=self.registry,
         )  # fmt: skip
         # POST /refine (refine_api.py): a stream of steps, one inference each.
-        self.refine_steps = Counter("refine_steps", "Steps of /refine streams computed", registry=self.registry)
+        self.refine_steps_computed = Counter(
+            "refine_steps", "Steps of /refine streams computed", registry=self.registry
+        )  # fmt: skip
         self.refine_steps_for_gone_clients = Counter(
             "refine_steps_for_gone_clients", "Steps of /refine streams that finished after their client had gone",
             registry=self.registry,

@@ -98,7 +98,7 @@ class Stream:
     def counted(self) -> None:
         """A step computed, in its slot once the model has answered: counted even if the stream
         stops before it reads the answer."""
-        self.metrics.refine_steps.inc()
+        self.metrics.refine_steps_computed.inc()
         if self.watch.gone.is_set():
             self.metrics.refine_steps_for_gone_clients.inc()
 

@@ -62,7 +62,7 @@ OFF = ("off", "false", "no", "0")
 T = TypeVar("T")
 
 
-class SettingError(ValueError):
+class ServiceSettingError(ValueError):
     """A variable holds a value the service cannot use; the message names it and says what to set."""
 
 
@@ -133,13 +133,13 @@ class ServiceSettings:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> ServiceSettings:
-        """The settings in `environ`; SettingError naming the variable at the first bad value."""
+        """The settings in `environ`; ServiceSettingError naming the variable at the first bad value."""
 
         def read(name: str, parse: Callable[..., T], *args) -> T:
             try:
                 return parse(environ, name, *args)
             except ValueError as exc:
-                raise SettingError(str(exc)) from None
+                raise ServiceSettingError(str(exc)) from None
 
         return cls(
             processes=read("SERVICE_PROCESSES", _positive_int),
@@ -162,7 +162,7 @@ class ServiceSettings:
         """This process's settings; a bad value stops it with the message that says what to set."""
         try:
             return cls.from_environ(os.environ)
-        except SettingError as exc:
+        except ServiceSettingError as exc:
             raise SystemExit(str(exc)) from None
 
     def service_plan(self, device: str, cores: int | None = None) -> ServicePlan:

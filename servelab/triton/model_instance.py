@@ -11,24 +11,31 @@ which `set_up_instance` does for it:
   a CPU the instances share the cores out elastically, counting the instances at work through
   lock files (servelab.service.cores).
 The model keeps what is its own (its sessions, its state), and logs where it runs with its plan
-(`ModelInstance.log_started`).
+(`ModelInstance.log_started`). A model that answers a request its client cancelled (a gRPC cancel)
+with CANCELLED instead of computing it asks `ModelInstance.cancelled`, which logs how many as the
+lab's log readers count them (servelab.triton.stats.cancelled_by_model), and answers each with
+`cancelled_response`.
 
 The models import this module from the servelab installed in the server's Python: the Triton
 image installs the whole package (docker/Dockerfile.triton); locally, each staged model.py starts
 by putting the lab's virtualenv, where servelab is installed editable, on sys.path
 (servelab.triton.server.site_packages_prelude). Nothing of Triton's is imported here
-(triton_python_backend_utils exists only inside the backend): the model passes its logger in.
+(triton_python_backend_utils exists only inside the backend): the model passes its logger in, and
+that module itself where an answer is built from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from servelab.service.cores import RunningAcrossProcesses, ThreadPlan, thread_plan, threads_at_work
 from servelab.service.devices import Placement
+
+# What a request cancelled before its inference is answered, with Triton's CANCELLED code.
+CANCELLED_BEFORE_INFERENCE = "cancelled by the client before inference"
 
 
 class TritonLogger(Protocol):
@@ -67,10 +74,28 @@ class ModelInstance:
         log = self.logger.log_warn if self.plan.oversubscribed else self.logger.log_info
         log(f"{self.model_name} instance {self.name} {where}; threads: {self.plan.describe()}")
 
+    def cancelled(self, requests: Sequence[Any]) -> list[bool]:
+        """Which of `requests` their client has cancelled, asked once each (`is_cancelled()` is a round
+        trip to the server, so not in a loop); how many is logged, the line that
+        servelab.triton.stats.cancelled_by_model counts."""
+        gone = [bool(request.is_cancelled()) for request in requests]
+        if any(gone):
+            answered = "answered CANCELLED, not computed"
+            self.logger.log_info(f"{self.model_name}: {sum(gone)} cancelled request(s) {answered}")
+        return gone
+
     def close(self) -> None:
         """Leave the instances at work (the model's `finalize`)."""
         if self.running is not None:
             self.running.close()
+
+
+def cancelled_response(backend: Any) -> Any:
+    """The answer to a request whose client cancelled it before its inference: Triton's CANCELLED
+    error. `backend` is triton_python_backend_utils, which only the model can import."""
+    return backend.InferenceResponse(
+        error=backend.TritonError(CANCELLED_BEFORE_INFERENCE, backend.TritonError.CANCELLED)
+    )
 
 
 def set_up_instance(

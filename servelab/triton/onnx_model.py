@@ -14,13 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-from servelab.triton.model_instance import set_up_instance
-
-
-def cancelled_response():
-    return pb_utils.InferenceResponse(
-        error=pb_utils.TritonError("cancelled by the client before inference", pb_utils.TritonError.CANCELLED)
-    )
+from servelab.triton.model_instance import cancelled_response, set_up_instance
 
 
 class TritonPythonModel:
@@ -32,7 +26,6 @@ class TritonPythonModel:
         # elastically (see cores.py): an inference gets the cores divided by the inferences running
         # in all instances, so one ONNX Runtime session per thread count it may be given.
         self.instance = set_up_instance(args, config, pb_utils.Logger)
-        self.name = config["name"]
         model_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.onnx")
         self.sessions = {}
         for threads in self.instance.plan.thread_counts():
@@ -47,14 +40,10 @@ class TritonPythonModel:
         self.instance.log_started(f"on cpu (onnxruntime {ort.__version__} ({', '.join(in_use)}))")
 
     def execute(self, requests):
-        cancelled = [request.is_cancelled() for request in requests]  # one round trip to the server each
-        if any(cancelled):
-            pb_utils.Logger.log_info(
-                f"{self.name}: {sum(cancelled)} cancelled request(s) answered CANCELLED, not computed"
-            )
+        cancelled = self.instance.cancelled(requests)  # logged
         kept = [request for request, gone in zip(requests, cancelled, strict=True) if not gone]
         answers = iter(self._run(kept) if kept else [])
-        return [cancelled_response() if gone else next(answers) for gone in cancelled]
+        return [cancelled_response(pb_utils) if gone else next(answers) for gone in cancelled]
 
     def _run(self, requests):
         batches = [

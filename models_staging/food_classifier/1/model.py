@@ -20,13 +20,7 @@ import triton_python_backend_utils as pb_utils
 # Python-backend models does: the lab's package (servelab), installed in the server's Python.
 from servelab.service.devices import torch_model
 from servelab.service.food11 import InvalidImageError, decode_base64_image, preprocess, top_prediction
-from servelab.triton.model_instance import set_up_instance
-
-
-def cancelled_response():
-    return pb_utils.InferenceResponse(
-        error=pb_utils.TritonError("cancelled by the client before inference", pb_utils.TritonError.CANCELLED)
-    )
+from servelab.triton.model_instance import cancelled_response, set_up_instance
 
 
 class TritonPythonModel:
@@ -64,13 +58,10 @@ class TritonPythonModel:
                 decoded.append((index, self._images_of(request)))
             except InvalidImageError as exc:
                 responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-        cancelled = [index for index, _ in decoded if requests[index].is_cancelled()]
-        if cancelled:
-            pb_utils.Logger.log_info(
-                f"food_classifier: {len(cancelled)} cancelled request(s) answered CANCELLED, not computed"
-            )
+        gone = self.instance.cancelled([requests[index] for index, _ in decoded])  # logged
+        cancelled = [index for (index, _), is_gone in zip(decoded, gone, strict=True) if is_gone]
         for index in cancelled:
-            responses[index] = cancelled_response()
+            responses[index] = cancelled_response(pb_utils)
         decoded = [(index, images) for index, images in decoded if index not in cancelled]
 
         if decoded:
