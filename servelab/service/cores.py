@@ -90,10 +90,9 @@ def positive_int_setting(name: str, environ: Mapping[str, str]) -> int | None:
 # cores. Measured on 16 cores and an H200 (2026-11-26, c=16 / c=64, 32 KB photo, one client process):
 # - fastapi_onnx on the CPU: 1 process of 16 slots 345 / 321 req/s; 2 of 8 810 / 936; 4 of 4 1,007 /
 #   1,149 (4 decoding threads each); 8 of 2 1,034 / 1,358 (1 each): two cores a process.
-# - fastapi_pt on the GPU: 1 process 172 / 163 req/s; 2 365 / 322; 3 541 / 546; 4 713 / 726: four
-#   cores a process, each feeding the GPU while the others run Python. Four was the most measured and
-#   still scaled: the cap keeps the processes' GPU memory (about 750 MiB each) within reach of a
-#   P100's 16 GiB beside the lab's other services.
+# - fastapi_pt on the GPU: 1 process 172 / 163 req/s; 2 365 / 322; 3 541 / 546; 4 713 / 726; 8 (of 2
+#   cores) 542 / 636: four cores a process, each feeding the GPU while the others run Python, and at
+#   most four, which also keeps their GPU memory (about 750 MiB each) well within a P100's 16 GiB.
 CPU_CORES_PER_PROCESS = 2
 GPU_CORES_PER_PROCESS = 4
 MOST_PROCESSES_ON_A_GPU = 4
