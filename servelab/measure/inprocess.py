@@ -32,6 +32,7 @@ import argparse
 import base64
 import json
 import logging
+import os
 import queue
 import subprocess
 import sys
@@ -201,8 +202,12 @@ class PointProcess:
     plan's threads are around; each builds the model once and measures it each time it is asked
     (`measure`), all at once, until `close`. A context manager."""
 
-    def __init__(self, runtime: str, point: Point, decode: bool = True, timeout_s: float = 300) -> None:
+    def __init__(
+        self, runtime: str, point: Point, decode: bool = True, timeout_s: float = 300, device: str | None = None
+    ) -> None:
+        """`device` ("cuda" or "cpu") is the INFERENCE_DEVICE its processes get; None: this process's."""
         self.point, self.timeout_s = point, timeout_s
+        env = None if device is None else {**os.environ, "INFERENCE_DEVICE": device}
         command = [
             sys.executable, "-m", "servelab.measure.inprocess", "--runtime", runtime, "--slots", str(point.slots),
             "--threads", str(point.threads), "--processes", str(point.processes), "--serve",
@@ -217,6 +222,7 @@ class PointProcess:
                 stderr=self.errors,
                 text=True,
                 cwd=paths.REPO_ROOT,
+                env=env,
             )
             for _ in range(point.processes)
         ]

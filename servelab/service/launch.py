@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 
+from servelab.service.devices import CUDA_PROVIDER
 from servelab.service.hardware import visible_gpus
 from servelab.service.settings import ServiceSettings
 
@@ -35,7 +36,7 @@ MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 # workers and stays small (no runtime imported), and CUDA is never initialised before they start.
 GPU_QUESTION = {
     "torch": "import torch; print(torch.cuda.is_available())",
-    "onnxruntime": "import onnxruntime; print('CUDAExecutionProvider' in onnxruntime.get_available_providers())",
+    "onnxruntime": f"import onnxruntime; print({CUDA_PROVIDER!r} in onnxruntime.get_available_providers())",
 }
 
 

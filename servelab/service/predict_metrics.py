@@ -98,21 +98,21 @@ class PredictMetrics:
             multiprocess_mode="livesum",
         )  # fmt: skip
 
-    def processes_ready(self) -> int:
-        """How many of the service's processes serve now (this one alone: 1 once it has started)."""
+    def _read(self) -> CollectorRegistry:
+        """What /metrics reads: this process's registry, or every process's figures of the service."""
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            return int(self.ready._value.get())
+            return self.registry
         every_process = CollectorRegistry()
         multiprocess.MultiProcessCollector(every_process)
-        return int(every_process.get_sample_value("service_processes_ready") or 0)
+        return every_process
+
+    def processes_ready(self) -> int:
+        """How many of the service's processes serve now (this one alone: 1 once it has started)."""
+        return int(self._read().get_sample_value("service_processes_ready") or 0)
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics as Prometheus reads them: this process's, or every process's of the service."""
-        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            return generate_latest(self.registry), CONTENT_TYPE_LATEST
-        every_process = CollectorRegistry()
-        multiprocess.MultiProcessCollector(every_process)
-        return generate_latest(every_process), CONTENT_TYPE_LATEST
+        return generate_latest(self._read()), CONTENT_TYPE_LATEST
 
     def process_ended(self) -> None:
         """This process stops serving: its live gauges no longer count (its counts stay)."""

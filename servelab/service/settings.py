@@ -165,10 +165,10 @@ class ServiceSettings:
         except ServiceSettingError as exc:
             raise SystemExit(str(exc)) from None
 
-    def service_plan(self, device: str, cores: int | None = None) -> ServicePlan:
+    def service_plan(self, device: str) -> ServicePlan:
         """The service's processes and each one's share of the cores, slots and decoding threads,
         for the device the model runs on (cores.py's rules; SERVICE_PROCESSES where set)."""
-        return service_plan(cores or available_cores(), device.startswith("cuda"), self.processes)
+        return service_plan(available_cores(), device.startswith("cuda"), self.processes)
 
     def thread_plan(self, device: str) -> ThreadPlan:
         """The slots and threads of this process, on its share of the cores, for the device the model

@@ -55,7 +55,7 @@ def measure_ceiling(runtime: str, device: str, seconds: float, warmup_s: float) 
     for point in [one, *pipelines]:
         log.info("in-process ceiling, %s on %s: %s", runtime, device, point.name)
         try:
-            with inprocess.PointProcess(runtime, point) as process:
+            with inprocess.PointProcess(runtime, point, device=device) as process:
                 ceiling.runs.append(process.measure(seconds, warmup_s))
         except RuntimeError as exc:
             log.error("in-process ceiling, %s on %s: %s", runtime, device, exc)

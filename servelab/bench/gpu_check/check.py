@@ -103,7 +103,7 @@ def check(args: argparse.Namespace) -> int:
     log.info("%s", machine)
     onnx_without_gpu = onnx_runtime_without_gpu(providers, onnxruntime.__version__) if device == "cuda" else None
     # Every process started from here on (the services, the ceilings, the load) imports servelab from this
-    # working tree, also where it is not installed; the ceilings read their device from INFERENCE_DEVICE.
+    # working tree, also where it is not installed, and asks for the device checked (a ceiling may be told another).
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(paths.REPO_ROOT), os.environ.get("PYTHONPATH")]))
     os.environ["INFERENCE_DEVICE"] = device
 
@@ -114,11 +114,7 @@ def check(args: argparse.Namespace) -> int:
     for runtime in sorted({CEILING_RUNTIME[name] for name in args.services}):
         if runtime == "onnxruntime" and onnx_without_gpu is not None:
             # fastapi_onnx runs on the CPU, so its ceiling is taken there: this machine's cores.
-            os.environ["INFERENCE_DEVICE"] = "cpu"
-            try:
-                ceilings[runtime] = measure_ceiling(runtime, "cpu", args.seconds, args.warmup)
-            finally:
-                os.environ["INFERENCE_DEVICE"] = device
+            ceilings[runtime] = measure_ceiling(runtime, "cpu", args.seconds, args.warmup)
             ceilings[runtime].note = ceilings[runtime].note or f"on the CPU: {onnx_without_gpu}"
         else:
             ceilings[runtime] = measure_ceiling(runtime, device, args.seconds, args.warmup)
