@@ -351,16 +351,27 @@ def _gaps(arrivals: np.ndarray) -> np.ndarray:
     return np.diff(np.sort(arrivals))
 
 
+def _kept_to_schedule(server: SyntheticServer, rate_rps: float, **kwargs) -> np.ndarray:
+    """The gaps the server saw in a run the generator says it sent on time. A run the generator
+    reports late (a stall of the shared machine) is sent again, up to twice: its gaps are no longer
+    the schedule's, and the generator saying so is the behaviour the report is for."""
+    for _ in range(3):
+        server.configure(sleep_ms=1)
+        result = opened(server, rate_rps, **kwargs)
+        assert result.errors == {} and result.arrival == kwargs.get("arrival", "constant")
+        if not result.schedule_lag["fell_behind"]:
+            return _gaps(server.arrivals())
+        logging.getLogger(__name__).warning("RETRY: %s", result.schedule_lag["message"])
+    pytest.fail(f"the generator fell behind its schedule in 3 runs of {rate_rps:g} req/s: {result.schedule_lag}")
+
+
 @pytest.mark.integration
 def test_poisson_arrivals_seen_by_the_server_are_exponential(server):
     """The server sees the generator's schedule: exponential gaps for Poisson arrivals, equal gaps
     for constant ones. Judged on spans, medians and fractions, which a few sends made late by a busy
     machine hardly move (a late send shortens the gap after it as much as it lengthens the one before)."""
     rate = 100.0
-    server.configure(sleep_ms=1)
-    result = opened(server, rate, arrival="poisson", requests=400, seed=3)
-    assert result.errors == {} and result.arrival == "poisson"
-    gaps = _gaps(server.arrivals())
+    gaps = _kept_to_schedule(server, rate, arrival="poisson", requests=400, seed=3)
     assert len(gaps) == 399
     scheduled = np.diff(np.fromiter(runners.arrival_offsets(rate, "poisson", seed=3), float, count=400))
     assert gaps.mean() == pytest.approx(scheduled.mean(), rel=0.05)  # the span the schedule set
@@ -370,9 +381,7 @@ def test_poisson_arrivals_seen_by_the_server_are_exponential(server):
     assert 0.08 <= (gaps > 2 * gaps.mean()).mean() <= 0.20
 
     # A slower constant rate, so that scheduling jitter on a busy machine stays small beside the gaps.
-    server.configure(sleep_ms=1)
-    opened(server, rate / 2, requests=150)
-    constant = _gaps(server.arrivals())
+    constant = _kept_to_schedule(server, rate / 2, requests=150)
     assert constant.mean() == pytest.approx(2 / rate, rel=0.05)
     assert np.median(constant) == pytest.approx(2 / rate, rel=0.1)
     assert (np.abs(constant - 2 / rate) < 0.005).mean() >= 0.8  # most within 5 ms of 20 ms
