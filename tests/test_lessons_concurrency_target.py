@@ -180,6 +180,15 @@ def test_slots_that_fill_whatever_the_cap_fail():
     assert "CPU samples read 99%" in failed.reason
 
 
+def test_slots_need_room_is_not_checked_where_serve_had_room_for_every_client():
+    runs = {cap: slot_run(cap, 84, 420, 15.2, 4.6) for cap in (1, 2, 4)}
+    for run in runs.values():
+        run.concurrency = 1  # one client: never more requests than the lowest cap
+    judged = concurrency_target.slots_need_room(runs, {cap: watched(0.0) for cap in runs}, 2)
+    assert [outcomes(judged)[i] for i in (0, 3)] == [Outcome.NOT_CHECKED] * 2
+    assert "1 client(s) for max_ongoing_requests 1" in judged.conditions[0].detail
+
+
 def queue_run(p50_ms, refused=0, refusal_ms=2.0, error="http_503"):
     """A closed-loop run: answers with a median of `p50_ms`, and `refused` refusals of `refusal_ms` each."""
     timeline = [[0.1 * n, p50_ms, "ok"] for n in range(40)] + [[0.1 * n, refusal_ms, error] for n in range(refused)]

@@ -51,6 +51,15 @@ def test_queueing_is_not_checked_when_the_service_timed_nothing():
     assert outcomes(fastapi_bench.queueing_under_load(ALONE, run, 2, "cpu"))[1:] == [Outcome.NOT_CHECKED] * 2
 
 
+def test_queueing_is_not_checked_with_no_more_senders_than_slots():
+    # 2 senders on 2 slots: nothing can wait for a slot, whatever the figures say.
+    run = loaded_run(80, 200, inference=12, slot_wait=40)
+    run.concurrency = 2
+    judged = fastapi_bench.queueing_under_load(ALONE, run, 2, "cpu")
+    assert outcomes(judged) == [Outcome.NOT_HELD, Outcome.NOT_CHECKED, Outcome.NOT_CHECKED]
+    assert "2 sender(s) for 2 slot(s)" in judged.conditions[2].detail
+
+
 SHOWN_AS_NAMED = {"bread.jpg": ("Bread", "61.0% probability"), "fried_egg.jpg": ("Egg", "48.2% probability"),
                   "soup.jpg": ("Soup", "90.5% probability")}  # fmt: skip
 

@@ -225,9 +225,14 @@ def slots_need_room(
     3. with the highest, more than one slot works on average;
     4. from the lowest to the highest, the wait moves from Serve's queue into the replica: the queue
        in front shrinks and the replica's own wait for a slot grows; and the throughput grows.
+
+    1 and 4 are NOT CHECKED where the clients were no more than the lowest `max_ongoing_requests`:
+    then Serve had room for every request, and nothing could wait in front.
     """
     caps = sorted(runs)
     low, high = caps[0], caps[-1]
+    clients = runs[low].concurrency or 0
+    room = f"{clients} client(s) for max_ongoing_requests {low}: Serve had room for every request, none waited in front"
     slots = {cap: _slots(runs[cap], cap) for cap in caps}
     front = {
         cap: measured(f"queued in front, max_ongoing_requests {cap} (mean)", _mean(s.queued for s in watched[cap]))
@@ -250,13 +255,17 @@ def slots_need_room(
         f"max_ongoing_requests below the predict concurrency ({predict_concurrency}) leaves predict slots idle "
         "while requests wait in front",
         (
-            condition(
-                f"with max_ongoing_requests {low}, requests waited in Serve's queue while at most {low} of the "
-                f"{predict_concurrency} slots worked",
-                front[low].value >= 1 and slots[low].value <= low,
-                front[low],
-                slots[low],
-                *parts,
+            unless(
+                clients > low,
+                room,
+                condition(
+                    f"with max_ongoing_requests {low}, requests waited in Serve's queue while at most {low} of the "
+                    f"{predict_concurrency} slots worked",
+                    front[low].value >= 1 and slots[low].value <= low,
+                    front[low],
+                    slots[low],
+                    *parts,
+                ),
             ),
             condition(
                 "the busy slots grow with max_ongoing_requests",
@@ -269,15 +278,20 @@ def slots_need_room(
                 slots[high].value > 1,
                 slots[high],
             ),
-            condition(
-                f"from {low} to {high}, the wait moves from Serve's queue into the replica, and the throughput grows",
-                front[high].value < front[low].value
-                and waits[high].value > waits[low].value
-                and rates[high].value > rates[low].value,
-                front[low],
-                front[high],
-                *waits.values(),
-                *rates.values(),
+            unless(
+                clients > low,
+                room,
+                condition(
+                    f"from {low} to {high}, the wait moves from Serve's queue into the replica, and the throughput "
+                    "grows",
+                    front[high].value < front[low].value
+                    and waits[high].value > waits[low].value
+                    and rates[high].value > rates[low].value,
+                    front[low],
+                    front[high],
+                    *waits.values(),
+                    *rates.values(),
+                ),
             ),
         ),
         reason="a request holds its place among the max_ongoing_requests from the moment Serve sends it until "

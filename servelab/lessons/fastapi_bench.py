@@ -94,8 +94,11 @@ def queueing_under_load(alone: RunResult, loaded: RunResult, slots: int, hardwar
     """With many senders: throughput rises above one-at-a-time, the inference slots are busy
     nearly all the time (by Little's law on the slots: the slots in use on average are the
     throughput times the service's inference time), and more than half of a request's mean
-    latency is spent waiting for a slot (the service's own slot-wait timing)."""
+    latency is spent waiting for a slot (the service's own slot-wait timing). The last two are NOT
+    CHECKED where there were no more senders than slots: then no request had to wait for one."""
     senders = loaded.concurrency
+    room = f"{senders} sender(s) for {slots} slot(s): every request found a free slot, so none could queue"
+    can_queue = senders is not None and senders > slots
     busy_rate, alone_rate = (
         figure(loaded, "throughput_rps", f"{senders} senders"),
         figure(alone, "throughput_rps", "one at a time"),
@@ -116,20 +119,28 @@ def queueing_under_load(alone: RunResult, loaded: RunResult, slots: int, hardwar
                 alone_rate,
                 detail=f"{busy_rate.value / alone_rate.value:.2f}x",
             ),
-            condition(
-                f"the {slots} inference slot(s) are busy at least 90% of the time (throughput x inference "
-                "time, by Little's law)",
-                in_use >= 0.9 * slots,
-                busy_rate,
-                inference,
-                detail=f"{in_use:.2f} of {slots} slot(s) in use on average",
+            unless(
+                can_queue,
+                room,
+                condition(
+                    f"the {slots} inference slot(s) are busy at least 90% of the time (throughput x inference "
+                    "time, by Little's law)",
+                    in_use >= 0.9 * slots,
+                    busy_rate,
+                    inference,
+                    detail=f"{in_use:.2f} of {slots} slot(s) in use on average",
+                ),
             ),
-            condition(
-                "more than half of the mean latency is waiting for a slot, by the service's own timing",
-                waiting > 0.5,
-                slot_wait,
-                mean,
-                detail=f"{waiting:.0%} waiting",
+            unless(
+                can_queue,
+                room,
+                condition(
+                    "more than half of the mean latency is waiting for a slot, by the service's own timing",
+                    waiting > 0.5,
+                    slot_wait,
+                    mean,
+                    detail=f"{waiting:.0%} waiting",
+                ),
             ),
         ),
         reason=f"on {hardware}, the slots were in use {in_use / slots:.0%} of the time; decoding took "
