@@ -69,14 +69,15 @@ def test_a_server_killed_under_load_fails_requests_with_their_cause_comes_back_a
     killed = managed.process.pid
     threading.Timer(KILL_AFTER_S, os.kill, (killed, signal.SIGKILL)).start()
     began = time.monotonic()
-    during = loadgen.closed_loop(kind, address, concurrency=4, duration_s=LOAD_S, model=model, progress=False)
+    endpoint = loadgen.Endpoint(kind, address, model)
+    during = loadgen.closed_loop(endpoint, loadgen.Load(4, duration_s=LOAD_S), progress=False)
     assert time.monotonic() - began < LOAD_S + 15, "the load generator hung on a dead server"
     assert during.error_count > 0 and set(during.errors) <= LOST_SERVER, during.errors
     assert len(during.latencies_ms) > 0, "the requests before the kill were answered"
 
     event = back(model_servers, name, exits_before)
     assert event.cause == "was killed by signal 9 (SIGKILL)" and managed.process.pid != killed
-    after = loadgen.closed_loop(kind, address, concurrency=4, duration_s=2.0, model=model, progress=False)
+    after = loadgen.closed_loop(endpoint, loadgen.Load(4, duration_s=2.0), progress=False)
     assert after.error_count == 0 and after.requests > 0, after.errors
 
     saved = tmp_path / "runs.jsonl"  # both runs, whole, as a notebook saves them
