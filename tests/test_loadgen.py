@@ -656,7 +656,7 @@ def test_triton_answers_every_request(triton_http_url, triton_grpc_url, kind, mo
     address = triton_http_url if kind == "triton-http" else triton_grpc_url
     result = closed_loop(loadgen.Endpoint(kind, address, model), loadgen.Load(2, 10), progress=False)
     assert result.errors == {} and result.requests == 10, result.errors
-    assert result.target == f"triton/{model} ({kind.split('-')[1]})"
+    assert result.name == f"triton/{model} ({kind.split('-')[1]})"
 
 
 def _post_binary(target: TritonHttpTarget) -> httpclient.InferResult:

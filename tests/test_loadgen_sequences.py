@@ -368,4 +368,4 @@ def test_triton_answers_every_frame_of_every_sequence(triton_http_url, triton_gr
     )
     assert result.errors == {} and result.sequences_failed == {}, result.errors
     assert result.sequences_completed == 6 and result.requests == len(result.latencies_ms) == 24
-    assert result.target == f"triton/food_sequence ({kind.split('-')[1]})"
+    assert result.name == f"triton/food_sequence ({kind.split('-')[1]})"

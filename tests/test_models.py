@@ -240,7 +240,7 @@ def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_fi
         lab.apply_config("scale_vector", edited.with_dynamic_batching(max_queue_delay_microseconds=100))
         assert lab.served_instances("scale_vector") == 2
         assert "dynamic_batching" in lab.served_config("scale_vector")
-        assert lab.measure("scale_vector", concurrency=4).target.endswith(", 2 instances, dynamic batching")
+        assert lab.measure("scale_vector", concurrency=4).name.endswith(", 2 instances, dynamic batching")
         with pytest.raises(ConfigError, match="between 1 and max_batch_size"):
             lab.apply_config(
                 "scale_vector",

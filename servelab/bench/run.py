@@ -146,7 +146,7 @@ def _window(
             loadgen.Endpoint(target.kind, url, target.model, image),
             loadgen.Load(concurrency, duration_s=duration_s, warmup_s=warmup_s),
         )
-    result.target = target.name
+    result.name = target.name
     result.resources = sampler.series()
     return result
 

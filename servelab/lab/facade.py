@@ -306,34 +306,34 @@ class Lab:
         response.raise_for_status()
         return response.json()
 
-    def sequential(self, flavor: str, url: str | None = None, target: str | None = None) -> RunResult:
+    def sequential(self, flavor: str, url: str | None = None, name: str | None = None) -> RunResult:
         """One request at a time, as many as the profile says: the latency without queueing.
-        Against the `flavor` service, or the one at `url`, recorded as `target`. The service's own
+        Against the `flavor` service, or the one at `url`, recorded as `name`. The service's own
         account of the run (its /metrics) is in `result.service_stats`."""
         load = loadgen.Load(1, self.profile.sequential_requests, warmup_requests=3)
-        return self._counted_fastapi_run(flavor, url, target, load)
+        return self._counted_fastapi_run(flavor, url, name, load)
 
     def concurrent(
         self,
         flavor: str,
         concurrency: int,
         url: str | None = None,
-        target: str | None = None,
+        name: str | None = None,
         image_url: str | None = None,
         resources: ResourceSampler | None = None,
     ) -> RunResult:
         """`concurrency` senders for the profile's duration, against the `flavor` service (or the
-        one at `url`, recorded as `target`), sending the photo itself or, with `image_url`, its
+        one at `url`, recorded as `name`), sending the photo itself or, with `image_url`, its
         URL. The service's own account of the run (its /metrics) is in `result.service_stats`;
         with `resources`, a ResourceSampler run over the load, the machine's in `result.resources`."""
         load = loadgen.Load(concurrency, duration_s=self.profile.duration_s, warmup_s=self.profile.warmup_s)
-        return self._counted_fastapi_run(flavor, url, target, load, image_url, resources)
+        return self._counted_fastapi_run(flavor, url, name, load, image_url, resources)
 
     def _counted_fastapi_run(
         self,
         flavor: str,
         url: str | None,
-        target: str | None,
+        name: str | None,
         load: loadgen.Load,
         image_url: str | None = None,
         resources: ResourceSampler | None = None,
@@ -345,7 +345,7 @@ class Lab:
         started = self.keeper.ready_to_measure()
         endpoint = self._endpoint("fastapi", base, image_url=image_url)
         measure = functools.partial(loadgen.closed_loop, endpoint, load, progress=False)
-        return self.keeper.keep(counted(measure, accounts), target or f"fastapi_{flavor}", started)
+        return self.keeper.keep(counted(measure, accounts), name or f"fastapi_{flavor}", started)
 
     def _endpoint(
         self, kind: str, address: str, model: str | None = None, image_url: str | None = None
@@ -358,7 +358,7 @@ class Lab:
         address: str,
         concurrency: int,
         duration_s: float,
-        target: str,
+        name: str,
         kind: str = "fastapi",
         model: str | None = None,
         backoff_s: float = 0.0,
@@ -369,7 +369,8 @@ class Lab:
     ) -> RunResult:
         """`concurrency` senders for `duration_s` seconds with no warm-up (its timeline starts when
         it is called: a step of a longer load), against the service at `address` of `kind`
-        ("fastapi": any service with the FastAPI contract; "triton-http"/"triton-grpc": `model`).
+        ("fastapi": any service with the FastAPI contract; "triton-http"/"triton-grpc": `model`),
+        recorded as `name`.
         With `backoff_s`, a sender waits that long after a failed request (a refusal); `impatient`
         of the senders give up on a request after `patience_s` and cancel it. The server's own
         account of the run: with `service_stats`, the /metrics of the service at `address`
@@ -390,7 +391,7 @@ class Lab:
         )
         started = self.keeper.ready_to_measure()
         measure = functools.partial(loadgen.closed_loop, endpoint, load, progress=False)
-        return self.keeper.keep(counted(measure, accounts), target, started)
+        return self.keeper.keep(counted(measure, accounts), name, started)
 
     def streams(
         self,
@@ -398,7 +399,7 @@ class Lab:
         concurrency: int,
         steps: int,
         duration_s: float,
-        target: str,
+        name: str,
         server_steps: Callable[[], StepCounts],
         kind: str = "fastapi",
         model: str | None = None,
@@ -409,7 +410,7 @@ class Lab:
     ) -> RunResult:
         """`concurrency` clients streaming `steps`-step refinements (servelab.loadgen.streams) for
         `duration_s` seconds against the service at `address` of `kind` ("fastapi": POST /refine;
-        "triton-grpc": the decoupled `model`); `impatient` of them leave after `leave_after_steps`
+        "triton-grpc": the decoupled `model`), recorded as `name`; `impatient` of them leave after `leave_after_steps`
         steps or `patience_s` seconds, and wait `backoff_s` before their next stream. `server_steps`
         reads the server's own step counters: before the run, and after it once the streams it left
         running have ended, their difference is the run's `steps["computed"]` and
@@ -436,14 +437,14 @@ class Lab:
             "computed": after.computed - before.computed,
             "for_gone_clients": after.for_gone_clients - before.for_gone_clients,
         }
-        return self.keeper.keep(result, target, started)
+        return self.keeper.keep(result, name, started)
 
     def sequences(
         self,
         model: str,
         concurrency: int,
         length: int,
-        target: str,
+        name: str,
         kind: str = "triton-grpc",
         triton_stats: bool = False,
         sequences: int | None = None,
@@ -452,7 +453,8 @@ class Lab:
         warmup_sequences: int = 0,
     ) -> SequenceRunResult:
         """`concurrency` live sequences of `length` frames each (the sample photo as every frame)
-        against the stateful Triton `model` over `kind` ("triton-grpc" or "triton-http"), until
+        against the stateful Triton `model` over `kind` ("triton-grpc" or "triton-http"), recorded
+        as `name`, until
         `sequences` have started or `duration_s` has passed, a frame every `frame_interval_s` (see
         loadgen.SequenceLoad), after `warmup_sequences` unmeasured. With `triton_stats`, Triton's
         statistics of `model` over the run are in `result.triton_stats`."""
@@ -464,7 +466,7 @@ class Lab:
         accounts = [self.triton.account(model)] if triton_stats else []
         started = self.keeper.ready_to_measure()
         measure = functools.partial(loadgen.sequence_loop, endpoint, load, progress=False)
-        return self.keeper.keep(counted(measure, accounts), target, started)
+        return self.keeper.keep(counted(measure, accounts), name, started)
 
     def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:
         """The URL of a sample photo on the image host; `latency_ms` overrides its emulated latency."""

@@ -282,7 +282,7 @@ def _result(
 ) -> SequenceRunResult:
     wall_s = recorder.wall_s
     return SequenceRunResult(
-        target=target.name,
+        name=target.name,
         tool="loadgen",
         mode=SEQUENCES,
         requests=recorder.count,

@@ -130,7 +130,7 @@ def describe_result(result: RunResult) -> str:
         load = f"Open loop, {result.rate_rps:g} req/s offered ({result.arrival} arrivals)"
     errors = ", ".join(f"{count} {kind}" for kind, count in sorted(result.errors.items())) or "none"
     parts = [
-        f"{load}, against {result.target}: {result.requests} requests in {result.wall_s:.1f} s, "
+        f"{load}, against {result.name}: {result.requests} requests in {result.wall_s:.1f} s, "
         f"{result.throughput_rps:.1f} successful req/s.",
         f"Latency{' from the scheduled send time' if result.mode == 'open' else ''}: "
         f"p50 {latency.p50_ms:.1f} ms, p95 {latency.p95_ms:.1f} ms, p99 {latency.p99_ms:.1f} ms, "
@@ -149,7 +149,7 @@ def _describe_sequences(result: SequenceRunResult) -> str:
     failed = ", ".join(f"{count} {kind}" for kind, count in sorted(result.sequences_failed.items())) or "none"
     parts = [
         f"{result.concurrency} sequences of {result.sequence_length} frames at once ({pace}), against "
-        f"{result.target}: {result.sequences} sequences started in {result.wall_s:.1f} s, "
+        f"{result.name}: {result.sequences} sequences started in {result.wall_s:.1f} s, "
         f"{result.sequences_completed} completed, failed: {failed}.",
         f"{result.requests} frames, {result.throughput_rps:.1f} answered per second; {result.frames_skipped} "
         "skipped, as they came due while their sequence's previous frame was in flight.",
