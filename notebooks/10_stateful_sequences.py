@@ -170,7 +170,7 @@ runs = {}
 def sequences_run(name: str, concurrency: int):
     """`concurrency` live sequences for DURATION_S, with Triton's account of the executions."""
     result = lab.sequences(
-        MODEL, concurrency, LENGTH, target=name, duration_s=DURATION_S, warmup_sequences=1, triton_stats=True
+        MODEL, concurrency, LENGTH, name=name, duration_s=DURATION_S, warmup_sequences=1, triton_stats=True
     )
     stats = result.triton_stats
     per_frame_ms = stats["compute_ms_per_inference"]  # the executions' compute time, shared among their frames
@@ -206,8 +206,8 @@ plt.show()
 print(f"One sequence at a time: average batch {alone.triton_stats['avg_batch_size']:.2f} (one frame in flight, "
       "so one frame per execution by construction: the baseline, not a claim)")
 lab.judge(sequences.batcher_merges_sequences(oldest, direct, N))
-per_frame = {name: runs[name].triton_stats["compute_ms_per_inference"] for name in (alone.target, oldest.target)}
-cheaper = per_frame[oldest.target] < 0.8 * per_frame[alone.target]
+per_frame = {name: runs[name].triton_stats["compute_ms_per_inference"] for name in (alone.name, oldest.name)}
+cheaper = per_frame[oldest.name] < 0.8 * per_frame[alone.name]
 gain = oldest.throughput_rps / alone.throughput_rps
 lab.expect(
     "batching across sequences pays: cheaper frames in a batch, more frames per second",
@@ -224,7 +224,7 @@ lab.expect(
         figure(alone, "throughput_rps", "frames/s, 1 sequence"),
     ),
     reason=f"on {lab.hardware()}, a frame in a batch of {oldest.triton_stats['avg_batch_size']:.1f} took "
-    f"{per_frame[oldest.target]:.1f} ms of compute against {per_frame[alone.target]:.1f} ms alone"
+    f"{per_frame[oldest.name]:.1f} ms of compute against {per_frame[alone.name]:.1f} ms alone"
     + (" (the device had parallel work to spare)" if cheaper else " (the device had no parallel work to spare)")
     + f", and {N} sequences served {gain:.2f}x the frames per second of one"
     + (
@@ -277,7 +277,7 @@ evicted = {}
 for live in (CAPACITY, 2 * CAPACITY):
     before = evictions_logged()
     name = f"{MODEL}, state capacity {CAPACITY}, {live} sequences"
-    runs[name] = lab.sequences(MODEL, live, LENGTH, target=name, sequences=live)
+    runs[name] = lab.sequences(MODEL, live, LENGTH, name=name, sequences=live)
     evicted[live] = evictions_logged() - before
     print(f"  the model logged {evicted[live]:.0f} evictions; the clients' broken sequences: "
           f"{runs[name].sequences_failed or 'none'}")  # fmt: skip

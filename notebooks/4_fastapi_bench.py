@@ -390,8 +390,8 @@ for name, (slots, threads) in plans.items():
     with lab.fastapi_variant("pt", slots, threads) as variant_url:
         plan_health = requests.get(f"{variant_url}/health", timeout=10).json()
         print(f"{name}: {plan_health['threads']}")
-        alone[name] = lab.sequential("pt", url=variant_url, target=f"fastapi_pt, {name}")
-        loaded[name] = lab.concurrent("pt", senders, url=variant_url, target=f"fastapi_pt, {name}")
+        alone[name] = lab.sequential("pt", url=variant_url, name=f"fastapi_pt, {name}")
+        loaded[name] = lab.concurrent("pt", senders, url=variant_url, name=f"fastapi_pt, {name}")
 device = plan_health["device"]
 print(f"\nThe model ran on {device}; this process may use {cores} core(s).")
 
@@ -441,7 +441,7 @@ for count in (1, processes_to_try):
         serving = requests.get(f"{variant_url}/health", timeout=10).json()["processes"]
         print(f"{count} process(es) asked for: /health says {serving}")
         by_processes[count] = lab.concurrent("onnx", senders, url=variant_url,
-                                             target=f"fastapi_onnx, {count} process(es)")
+                                             name=f"fastapi_onnx, {count} process(es)")
 print(f"Your prediction: {my_prediction}; measured: {by_processes[processes_to_try].throughput_rps:.1f} against "
       f"{by_processes[1].throughput_rps:.1f} req/s")
 lab.judge(fastapi_bench.processes_follow_the_plan(by_processes[1], by_processes[processes_to_try], processes_to_try,

@@ -518,7 +518,7 @@ lab.restore_config("food_classifier_onnx")
 lab.restore_config("food_classifier")
 
 # %% [markdown]
-# All of this notebook's measurements, and the verdict on each expectation. The `target` column
+# All of this notebook's measurements, and the verdict on each expectation. The `name` column
 # names the model and its configuration (instances, dynamic batching); `load` is the concurrency
 # (closed loop) or the offered rate and arrival pattern (open loop). A tail percentile the run
 # had too few requests for shows as n/a.

@@ -118,16 +118,16 @@ for placement in PLACEMENTS:
     with lab.fastapi_variant("onnx", slots=1, IMAGE_DOWNLOAD_PLACEMENT=placement) as url:
         for latency_ms in LATENCIES_MS:
             photo = lab.image_url("soup.jpg", latency_ms=latency_ms)
-            target = f"fastapi_onnx, 1 slot, download {placement}, host latency {latency_ms} ms (emulated)"
+            name = f"fastapi_onnx, 1 slot, download {placement}, host latency {latency_ms} ms (emulated)"
             measured_runs = runs[latency_ms, placement] = {
-                c: lab.concurrent("onnx", c, url=url, image_url=photo, target=target) for c in CONCURRENCIES
+                c: lab.concurrent("onnx", c, url=url, image_url=photo, name=name) for c in CONCURRENCIES
             }
             if placement == "outside_slot":
                 enough[latency_ms] = max(CONCURRENCIES[-1], enough_senders(measured_runs[1]))
                 print(f"  enough senders at {latency_ms} ms: {enough[latency_ms]}")
                 if enough[latency_ms] not in measured_runs:
                     measured_runs[enough[latency_ms]] = lab.concurrent(
-                        "onnx", enough[latency_ms], url=url, image_url=photo, target=target
+                        "onnx", enough[latency_ms], url=url, image_url=photo, name=name
                     )
 
 # %% [markdown]
@@ -140,7 +140,7 @@ for by_concurrency in runs.values():
     for c, run in by_concurrency.items():
         stages = run.service_stats["stage_mean_ms"]
         print(
-            f"{run.target + f', c={c}':<78} {stages['download']:9.1f} {stages['slot_wait']:10.1f} "
+            f"{run.name + f', c={c}':<78} {stages['download']:9.1f} {stages['slot_wait']:10.1f} "
             f"{stages['preprocess']:7.1f} {stages['inference']:6.1f}"
         )
 

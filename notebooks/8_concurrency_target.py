@@ -143,7 +143,7 @@ steps = []  # Step: start and end on the watcher's time axis, clients, run
 with serve.watch() as watcher:
     for clients, seconds in STEPS:
         start = watcher.now_s()
-        run = lab.closed_loop(serve.url, clients, seconds, target=f"ray_serve, step of {clients} client(s)")
+        run = lab.closed_loop(serve.url, clients, seconds, name=f"ray_serve, step of {clients} client(s)")
         steps.append(Step(start, watcher.now_s(), clients, run))
 samples = watcher.samples
 print(f"{len(samples)} samples of Serve's state; polls that failed: {dict(watcher.failures) or 'none'}")
@@ -241,7 +241,7 @@ for cap in (1, PREDICT_CONCURRENCY, MAX_ONGOING):
     label = f"ray_serve, {PREDICT_CONCURRENCY} predict slots, max_ongoing_requests {cap}"
     with serve.watch() as watcher:
         slot_runs[cap] = lab.closed_loop(
-            serve.url, SLOT_CLIENTS, max(lab.profile.duration_s, 5), target=label, service_stats=True
+            serve.url, SLOT_CLIENTS, max(lab.profile.duration_s, 5), name=label, service_stats=True
         )
     slot_samples[cap] = watcher.samples
 
@@ -283,7 +283,7 @@ for queued in (2, -1):
     serve.apply(config, quiet=queued != 2)
     label = f"ray_serve, 1 replica, target 2, queue {'of 2' if queued == 2 else 'unbounded'}"
     runs_by_queue[queued] = lab.closed_loop(
-        serve.url, QUEUE_CLIENTS, max(lab.profile.duration_s, 5), target=label, backoff_s=BACKOFF_S
+        serve.url, QUEUE_CLIENTS, max(lab.profile.duration_s, 5), name=label, backoff_s=BACKOFF_S
     )
 
 
@@ -327,7 +327,7 @@ for replicas in replica_counts:
     serve.apply(config, quiet=replicas > 1)
     with serve.watch() as watcher:
         by_replicas[replicas] = lab.closed_loop(
-            serve.url, 8, max(lab.profile.duration_s, 5), target=f"ray_serve, {replicas} replica(s), 8 clients"
+            serve.url, 8, max(lab.profile.duration_s, 5), name=f"ray_serve, {replicas} replica(s), 8 clients"
         )
     cpu_by_replicas[replicas] = statistics.fmean(sample.cpu_percent for sample in watcher.samples)
     print(f"  CPU busy: {cpu_by_replicas[replicas]:.0f}% of all cores")
@@ -444,7 +444,7 @@ lab.expect(
 
 # %%
 with lab.fastapi_variant("onnx", slots=1) as url:
-    fastapi_runs = {c: lab.concurrent("onnx", c, url=url, target="fastapi_onnx, 1 slot") for c in (4, 16)}
+    fastapi_runs = {c: lab.concurrent("onnx", c, url=url, name="fastapi_onnx, 1 slot") for c in (4, 16)}
 few, many = fastapi_runs[4], fastapi_runs[16]
 p50s = [figure(run, "latency.p50_ms", f"p50, {c} clients") for c, run in fastapi_runs.items()]
 waits = [
@@ -512,7 +512,7 @@ for max_queue in (2, 0):
     lab.apply_config(MODEL, edited)
     label = f"triton/{MODEL}, 2 instances, queue {'of ' + str(max_queue) if max_queue else 'unbounded'}"
     triton_runs[max_queue] = lab.closed_loop(
-        lab.triton_http, 16, max(lab.profile.duration_s, 5), target=label, kind="triton-http", model=MODEL,
+        lab.triton_http, 16, max(lab.profile.duration_s, 5), name=label, kind="triton-http", model=MODEL,
         backoff_s=BACKOFF_S, triton_stats=True,
     )
     stats = triton_runs[max_queue].triton_stats

@@ -88,7 +88,7 @@ def pacing(alone_ms: float) -> tuple[float, float]:
 
 def paced(name: str, address: str, kind: str = "fastapi", model: str | None = None) -> tuple[float, float]:
     """(patience, back-off) for the engine at `address`, from its latency for a request alone."""
-    alone = lab.closed_loop(address, 1, ALONE_S, target=f"{name}, 1 client", kind=kind, model=model)
+    alone = lab.closed_loop(address, 1, ALONE_S, name=f"{name}, 1 client", kind=kind, model=model)
     patience_s, backoff_s = pacing(alone.latency.p50_ms)
     print(f"{name}: a request alone {alone.latency.p50_ms:.1f} ms; patience {1000 * patience_s:.0f} ms")
     return patience_s, backoff_s
@@ -98,7 +98,7 @@ def impatient_load(name: str, address: str, pace: tuple[float, float], kind: str
     """PATIENT patient and IMPATIENT impatient clients for DURATION_S, at `pace` (patience, back-off),
     with the server's own account of the run that `count` asks for (service_stats=True, triton_stats=True)."""
     return lab.closed_loop(
-        address, PATIENT + IMPATIENT, DURATION_S, target=name, kind=kind, model=model,
+        address, PATIENT + IMPATIENT, DURATION_S, name=name, kind=kind, model=model,
         impatient=IMPATIENT, patience_s=pace[0], backoff_s=pace[1], **count,
     )  # fmt: skip
 
@@ -444,7 +444,7 @@ def cancellation_probe(triton, name: str, clients: int, impatient: int, pace: tu
     cancelled, crash, begun = 0, None, time.monotonic()
     while crash is None and time.monotonic() - begun < PROBE_S:
         run = lab.closed_loop(
-            triton.grpc, clients, 2.0, target=name, kind="triton-grpc", model=TRITON_MODEL,
+            triton.grpc, clients, 2.0, name=name, kind="triton-grpc", model=TRITON_MODEL,
             impatient=impatient, patience_s=pace[0], backoff_s=pace[1],
         )  # fmt: skip
         cancelled += run.cancelled
@@ -469,7 +469,7 @@ def cancellation_probe(triton, name: str, clients: int, impatient: int, pace: tu
 probes = {}
 with probe_server() as triton:
     version = lab.triton_version(triton.http)
-    alone = lab.closed_loop(triton.grpc, 1, ALONE_S, target="probe, 1 client", kind="triton-grpc", model=TRITON_MODEL)
+    alone = lab.closed_loop(triton.grpc, 1, ALONE_S, name="probe, 1 client", kind="triton-grpc", model=TRITON_MODEL)
     s_alone = alone.latency.p50_ms / 1000
     probes["the lesson's deadline"] = cancellation_probe(
         triton, "probe, the lesson's deadline", PATIENT + IMPATIENT, IMPATIENT, pacing(alone.latency.p50_ms)

@@ -52,9 +52,9 @@ def percentile_known(percentile: float, requests: int) -> bool:
 
 @dataclass
 class RunResult:
-    target: str  # what was measured, e.g. "fastapi_onnx" or "triton/food_classifier_onnx (grpc)"
+    name: str  # what was measured, e.g. "fastapi_onnx" or "triton/food_classifier_onnx (grpc)"
     tool: str  # "loadgen", "perf_analyzer" or "in-process"
-    mode: str  # "closed" (N concurrent senders), "open" (requests at a target rate) or "sequences"
+    mode: str  # "closed" (N concurrent senders), "open" (requests at a set rate) or "sequences"
     requests: int  # measured requests that completed, successful or not (warm-up excluded)
     throughput_rps: float  # successful requests per second of measurement (see images_per_s)
     latency: LatencySummary
@@ -128,7 +128,7 @@ class RunResult:
     def label(self) -> str:
         load = f"c={self.concurrency}" if self.mode == "closed" else f"{self.rate_rps:g} req/s {self.arrival}"
         batch = f", batch {self.batch_size}" if self.batch_size != 1 else ""
-        return f"{self.target} [{self.tool}, {load}{batch}]"
+        return f"{self.name} [{self.tool}, {load}{batch}]"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,9 +140,11 @@ class RunResult:
             return SequenceRunResult.from_dict(data)
         known = {f.name for f in fields(cls)}
         values = {key: value for key, value in data.items() if key in known}
-        for name in ("latency", "patient_latency", "sequence_latency"):
-            if values.get(name) is not None:
-                values[name] = LatencySummary(**values[name])
+        if "target" in data and "name" not in data:  # saved before `name` was called `target` (issue 39)
+            values["name"] = data["target"]
+        for summary in ("latency", "patient_latency", "sequence_latency"):
+            if values.get(summary) is not None:
+                values[summary] = LatencySummary(**values[summary])
         return cls(**values)
 
 
@@ -166,8 +168,8 @@ def pooled(windows: list[RunResult]) -> RunResult:
         raise ValueError("pooled() needs at least one window")
     first = windows[0]
     for window in windows:
-        if (window.target, window.tool, window.mode, window.concurrency, window.batch_size) != (
-            first.target, first.tool, first.mode, first.concurrency, first.batch_size,
+        if (window.name, window.tool, window.mode, window.concurrency, window.batch_size) != (
+            first.name, first.tool, first.mode, first.concurrency, first.batch_size,
         ) or window.mode != "closed" or window.impatient:  # fmt: skip
             raise ValueError(f"cannot pool {window.label} with {first.label}: pool one closed-loop load point")
     wall_s = sum(window.wall_s for window in windows)
@@ -181,7 +183,7 @@ def pooled(windows: list[RunResult]) -> RunResult:
         timeline += [[offset_s + ended_s, *rest] for ended_s, *rest in window.timeline]
         offset_s += window.wall_s
     return RunResult(
-        target=first.target,
+        name=first.name,
         tool=first.tool,
         mode=first.mode,
         requests=sum(window.requests for window in windows),
@@ -224,7 +226,7 @@ class SequenceRunResult(RunResult):
     def label(self) -> str:
         pace = f", a frame every {self.frame_interval_s * 1000:g} ms" if self.frame_interval_s else ""
         live = f"{self.concurrency} sequence{'' if self.concurrency == 1 else 's'}"
-        return f"{self.target} [{self.tool}, {live} x {self.sequence_length} frames{pace}]"
+        return f"{self.name} [{self.tool}, {live} x {self.sequence_length} frames{pace}]"
 
 
 def save_results(results: list[RunResult], path: Path, metadata: dict[str, Any] | None = None) -> Path:

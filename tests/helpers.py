@@ -49,7 +49,7 @@ def until(check: Callable[[], T], timeout_s: float, what: str, every_s: float = 
 
 
 def synthetic_run(
-    target: str = "t",
+    name: str = "t",
     concurrency: int | None = 1,
     throughput_rps: float = 10.0,
     mean_ms: float = 100.0,
@@ -63,7 +63,7 @@ def synthetic_run(
     p50 = mean_ms if p50_ms is None else p50_ms
     latency = LatencySummary(mean_ms, p50, 1.2 * p50, 1.3 * p50, 1.5 * p50, 2 * p50)
     mode = fields.pop("mode", "closed" if concurrency else "open")
-    return RunResult(target, fields.pop("tool", "loadgen"), mode, fields.pop("requests", 100), throughput_rps,
+    return RunResult(name, fields.pop("tool", "loadgen"), mode, fields.pop("requests", 100), throughput_rps,
                      latency, fields.pop("wall_s", 10.0), concurrency=concurrency, **fields)  # fmt: skip
 
 

@@ -34,7 +34,7 @@ def quick_report(model_servers, ports, tmp_path_factory):
 def test_every_target_and_reference_is_measured_without_errors(quick_report):
     results, _ = load_results(quick_report / "results.json")
     busiest = max(PROFILES["quick"].concurrencies)
-    served = {(r.target, r.concurrency) for r in results if r.tool == "loadgen"}
+    served = {(r.name, r.concurrency) for r in results if r.tool == "loadgen"}
     expected = {(t.name, c) for t in bench.TARGETS for c in PROFILES["quick"].concurrencies}
     assert served == expected | {(name, busiest) for name in bench.NAIVE.values()}
     for result in results:
@@ -43,7 +43,7 @@ def test_every_target_and_reference_is_measured_without_errors(quick_report):
         assert 0 < result.latency.p50_ms <= result.latency.p99_ms, result.label
     for result in (r for r in results if r.tool == "loadgen"):
         assert result.resources and len(result.resources["t_s"]) >= 2, result.label
-    triton = [r for r in results if r.target.startswith("triton/")]
+    triton = [r for r in results if r.name.startswith("triton/")]
     assert all(r.triton_stats["inference_count"] >= r.requests for r in triton)
 
 
@@ -66,12 +66,12 @@ def test_each_ceiling_is_the_best_of_its_sweep_measured_again_between_each_runs_
         around = [
             r for r in points for turn in range(1, windows + 2)
             if any(
-                note.endswith(f", {in_flight} ({turn} of {windows + 1} around {run.target} at c={run.concurrency})")
+                note.endswith(f", {in_flight} ({turn} of {windows + 1} around {run.name} at c={run.concurrency})")
                 for note in r.notes
             )
         ]  # fmt: skip
         assert len(around) == windows + 1 and all(r.throughput_rps > 0 for r in around)
-        ceiling = metadata["ceilings_rps"][run.target][str(run.concurrency)]
+        ceiling = metadata["ceilings_rps"][run.name][str(run.concurrency)]
         assert ceiling == pytest.approx(sum(r.throughput_rps for r in around) / len(around))
         # The load point is its windows pooled: their measured seconds add up to the profile's
         # (each window ends when its last request is answered, so a little more).
@@ -109,7 +109,7 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
     for result in (r for r in results if r.tool == "loadgen"):
         ratio = result.throughput_rps / bench_report.ceiling_of(result, metadata["ceilings_rps"])
         row = re.search(
-            rf"\| {re.escape(result.target)} \| loadgen \| c={result.concurrency} \|.*\| ([\d.]+)% \|", report
+            rf"\| {re.escape(result.name)} \| loadgen \| c={result.concurrency} \|.*\| ([\d.]+)% \|", report
         )
         assert row and row.group(1) == f"{100 * ratio:.1f}", result.label
     targets = report.split("## Targets")[1].split("##")[0]
@@ -212,9 +212,9 @@ def test_the_tools_are_compared_pair_by_pair_so_one_slow_moment_does_not_decide(
         bench.agreement_gaps(ours, theirs[:2])
 
 
-def _served_at_16(target: str, throughput: float, p99_ms: float) -> RunResult:
+def _served_at_16(name: str, throughput: float, p99_ms: float) -> RunResult:
     latencies = [p99_ms / 2] * 98 + [p99_ms] * 2
-    return RunResult(target, "loadgen", "closed", 100, throughput, LatencySummary.of(latencies), 10.0, concurrency=16)
+    return RunResult(name, "loadgen", "closed", 100, throughput, LatencySummary.of(latencies), 10.0, concurrency=16)
 
 
 def test_a_naive_app_measured_on_a_faster_moment_is_compared_at_one_machine_speed():

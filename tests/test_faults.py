@@ -69,14 +69,15 @@ def test_a_server_killed_under_load_fails_requests_with_their_cause_comes_back_a
     killed = managed.process.pid
     threading.Timer(KILL_AFTER_S, os.kill, (killed, signal.SIGKILL)).start()
     began = time.monotonic()
-    during = loadgen.closed_loop(kind, address, concurrency=4, duration_s=LOAD_S, model=model, progress=False)
+    endpoint = loadgen.Endpoint(kind, address, model)
+    during = loadgen.closed_loop(endpoint, loadgen.Load(4, duration_s=LOAD_S), progress=False)
     assert time.monotonic() - began < LOAD_S + 15, "the load generator hung on a dead server"
     assert during.error_count > 0 and set(during.errors) <= LOST_SERVER, during.errors
     assert len(during.latencies_ms) > 0, "the requests before the kill were answered"
 
     event = back(model_servers, name, exits_before)
     assert event.cause == "was killed by signal 9 (SIGKILL)" and managed.process.pid != killed
-    after = loadgen.closed_loop(kind, address, concurrency=4, duration_s=2.0, model=model, progress=False)
+    after = loadgen.closed_loop(endpoint, loadgen.Load(4, duration_s=2.0), progress=False)
     assert after.error_count == 0 and after.requests > 0, after.errors
 
     saved = tmp_path / "runs.jsonl"  # both runs, whole, as a notebook saves them
@@ -92,13 +93,13 @@ def test_a_lab_run_that_spans_a_crash_is_marked_and_saved_as_such(model_servers,
     lab = Lab("local", profile("quick"), {"onnx": url}, None, None, None, notebook="faults", stacks=[model_servers])
     managed, exits_before = service(model_servers, "fastapi_onnx"), len(model_servers.exits)
     threading.Timer(KILL_AFTER_S, os.kill, (managed.process.pid, signal.SIGKILL)).start()
-    crashed = lab.closed_loop(url, 4, LOAD_S, target="fastapi_onnx, killed")
+    crashed = lab.closed_loop(url, 4, LOAD_S, name="fastapi_onnx, killed")
     assert crashed.interrupted_by and "fastapi_onnx was killed by signal 9 (SIGKILL)" in crashed.interrupted_by[0]
     back(model_servers, "fastapi_onnx", exits_before)
-    clean = lab.closed_loop(url, 4, 2.0, target="fastapi_onnx, after")
+    clean = lab.closed_loop(url, 4, 2.0, name="fastapi_onnx, after")
     assert clean.clean and clean.error_count == 0
     saved = [run for run, _ in load_appended(tmp_path / "faults.jsonl")]
-    assert [(run.target, run.clean) for run in saved] == [
+    assert [(run.name, run.clean) for run in saved] == [
         ("fastapi_onnx, killed", False),
         ("fastapi_onnx, after", True),
     ]

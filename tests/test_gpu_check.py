@@ -408,7 +408,7 @@ def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(t
     (written,) = out.glob("gpu-check-*.md")
     assert table_of(written.read_text().split("## Every run")[0]) == table_of(checked.stdout)
     record = json.loads(next(out.glob("gpu-check-*.json")).read_text())
-    assert {result["target"] for result in record["results"]} >= {"fastapi_pt", "fastapi_onnx", "in-process/pytorch"}
+    assert {result["name"] for result in record["results"]} >= {"fastapi_pt", "fastapi_onnx", "in-process/pytorch"}
     assert record["metadata"]["services"]["fastapi_pt"]["verdict"] == PASS
     # Every kind of process the check starts ran with a bare GPU machine's packages only, and has ended.
     commands = bare_machine_records(tmp_path / "imports")

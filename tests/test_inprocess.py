@@ -38,7 +38,7 @@ def test_a_pipeline_decodes_on_every_core_when_a_gpu_infers():
 @pytest.mark.parametrize("point", [Point(1, 1, False), Point(2, 1, True)], ids=lambda p: p.name)
 def test_a_point_runs_in_its_own_process_and_measures_every_image(built_artifacts, runtime, point):
     result = measure_point(runtime, point, duration_s=1.0, warmup_s=0.3)
-    assert result.tool == "in-process" and result.target == f"in-process/{runtime}"
+    assert result.tool == "in-process" and result.name == f"in-process/{runtime}"
     assert result.requests == len(result.latencies_ms) > 0
     assert result.throughput_rps == pytest.approx(result.requests / result.wall_s)
     assert result.concurrency == (point.slots if point.pipelined else 1)
@@ -65,7 +65,7 @@ def test_the_pytorch_model_is_built_for_fp32_convolutions_as_the_service_builds_
 @pytest.mark.integration
 def test_inference_only_skips_the_decoding(built_artifacts):
     result = measure_point("onnxruntime", Point(1, 1, False), duration_s=1.0, warmup_s=0.3, decode=False)
-    assert result.target == "in-process/onnxruntime (inference only)" and "inference only" in result.notes[0]
+    assert result.name == "in-process/onnxruntime (inference only)" and "inference only" in result.notes[0]
 
 
 @pytest.mark.integration

@@ -39,7 +39,7 @@ from tests.helpers import make_image_bytes
 
 def perf_result(queue_us: float = 2000.0, infer_us: float = 5000.0, requests: int = 40) -> RunResult:
     return RunResult(
-        target="triton/toy (http)",
+        name="triton/toy (http)",
         tool="perf_analyzer",
         mode="closed",
         requests=requests,
@@ -343,7 +343,7 @@ def test_measure_retries_an_unstable_measurement_and_gives_none_when_it_never_se
     monkeypatch.setattr(lab.triton, "served_instances", lambda model: 2)
     monkeypatch.setattr(lab.triton, "served_config", lambda model: 'name: "toy"\ndynamic_batching { }\n')
     measured = lab.measure("toy", concurrency=2)
-    assert measured.target.endswith(", 2 instances, dynamic batching")
+    assert measured.name.endswith(", 2 instances, dynamic batching")
     printed = capsys.readouterr().out
     assert "the windows never agreed (attempt 1 of 2)" in printed
     # The attempt that counted is the one kept, with its command printed under its summary.

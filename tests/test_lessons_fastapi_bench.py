@@ -109,8 +109,8 @@ def test_health_is_not_checked_where_the_slots_were_mostly_idle():
     assert skipped.conditions[0].detail.startswith("the 2 inference slot(s) were in use 0.36 on average")
 
 
-def plan_run(target, p50_ms, throughput_rps, inference=10.0):
-    return synthetic_run(target, 1, throughput_rps, p50_ms, service_stats=service_stages(inference=inference))
+def plan_run(name, p50_ms, throughput_rps, inference=10.0):
+    return synthetic_run(name, 1, throughput_rps, p50_ms, service_stats=service_stages(inference=inference))
 
 
 CROWDED, FITTING, EVERY, DEFAULT = "4 slots x 4 threads", "4 slots x 1 thread", "1 slot x 4 threads", "default"

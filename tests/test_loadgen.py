@@ -27,7 +27,7 @@ import requests
 import tritonclient.http as httpclient
 from aiohttp import web
 
-from servelab import loadgen
+from servelab import loadgen, paths
 from servelab.loadgen import FastAPITarget, TritonHttpTarget, closed_loop, open_loop, runners
 from servelab.results import RunResult, load_results
 from servelab.service import food11
@@ -148,12 +148,15 @@ def plain_client_p50_ms(server: SyntheticServer, count: int = 20) -> float:
     return float(np.median(latencies))
 
 
-def closed(server: SyntheticServer, concurrency: int, **kwargs) -> RunResult:
-    return closed_loop("fastapi", server.url, concurrency, image_bytes=IMAGE, progress=False, **kwargs)
+def closed(
+    server: SyntheticServer, concurrency: int, timeout_s: float = loadgen.DEFAULT_TIMEOUT_S, **load
+) -> RunResult:
+    endpoint = loadgen.Endpoint("fastapi", server.url, image_bytes=IMAGE, timeout_s=timeout_s)
+    return closed_loop(endpoint, loadgen.Load(concurrency, **load), progress=False)
 
 
 def opened(server: SyntheticServer, rate_rps: float, **kwargs) -> RunResult:
-    return open_loop("fastapi", server.url, rate_rps, image_bytes=IMAGE, progress=False, **kwargs)
+    return open_loop(loadgen.Endpoint("fastapi", server.url, image_bytes=IMAGE), rate_rps, progress=False, **kwargs)
 
 
 def free_port() -> int:
@@ -193,7 +196,11 @@ def test_every_measured_request_is_on_the_timeline_when_it_ended_with_its_outcom
 def test_off_a_terminal_progress_is_one_line_per_phase_not_a_bar(server, caplog, capsys):
     server.configure(sleep_ms=5)
     with caplog.at_level(logging.INFO, logger="servelab.loadgen"):
-        closed_loop("fastapi", server.url, 2, requests=30, warmup_requests=4, image_bytes=IMAGE, progress=True)
+        closed_loop(
+            loadgen.Endpoint("fastapi", server.url, image_bytes=IMAGE),
+            loadgen.Load(2, 30, warmup_requests=4),
+            progress=True,
+        )
     lines = [record.getMessage() for record in caplog.records if " requests in " in record.getMessage()]
     assert len(lines) == 2 and lines[0].startswith("warm-up: 4 requests in ")
     assert lines[1].startswith("c=2: 30 requests in ")
@@ -333,6 +340,38 @@ def test_a_closed_loop_sends_its_load_as_described_once_warm_up_unmeasured():
 def test_a_load_that_cannot_be_sent_is_refused_as_it_is_built(load, refused):
     with pytest.raises(ValueError, match=refused):
         loadgen.Load(**load)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "refused"),
+    [
+        ({"kind": "grpc", "address": "127.0.0.1:1"}, "unknown target kind 'grpc'"),
+        (
+            {
+                "kind": "triton-http",
+                "address": "127.0.0.1:1",
+                "model": "food_classifier",
+                "image_url": "http://h/a.jpg",
+            },
+            "image_url is for FastAPI targets",
+        ),
+        ({"kind": "triton-grpc", "address": "127.0.0.1:1"}, "needs a model: one of .*food_classifier"),
+        ({"kind": "fastapi", "address": "http://127.0.0.1:1", "timeout_s": 0}, "timeout_s must be positive"),
+    ],
+)
+def test_an_endpoint_no_target_can_serve_is_refused_as_it_is_built(endpoint, refused):
+    with pytest.raises(ValueError, match=refused):
+        loadgen.Endpoint(**endpoint)
+
+
+def test_each_target_refuses_the_endpoint_it_cannot_serve():
+    with pytest.raises(ValueError, match="streams go to fastapi or triton-grpc targets, not 'triton-http'"):
+        loadgen.make_stream_target(loadgen.Endpoint("triton-http", "127.0.0.1:1", "food_refine"))
+    with pytest.raises(ValueError, match="image_url is for closed and open loops"):
+        loadgen.make_stream_target(loadgen.Endpoint("fastapi", "http://127.0.0.1:1", image_url="http://h/a.jpg"))
+    # What every request sends, the sample photo unless told otherwise, is the endpoint's:
+    target = loadgen.make_target(loadgen.Endpoint("fastapi", "http://127.0.0.1:1"))
+    assert isinstance(target, FastAPITarget) and base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()) in target.body
 
 
 def test_each_runner_refuses_the_load_it_cannot_send():
@@ -489,10 +528,12 @@ def test_impatient_senders_cancel_at_their_deadline_and_only_answers_count_as_go
 
 def test_connection_refused_and_timeouts_are_counted():
     nobody = f"http://127.0.0.1:{free_port()}"
-    refused = closed_loop("fastapi", nobody, 2, requests=5, image_bytes=IMAGE, progress=False)
+    refused = closed_loop(loadgen.Endpoint("fastapi", nobody, image_bytes=IMAGE), loadgen.Load(2, 5), progress=False)
     assert refused.errors == {"connection": 5} and refused.throughput_rps == 0
     grpc = closed_loop(
-        "triton-grpc", nobody.removeprefix("http://"), 1, requests=3, model="food_classifier", progress=False
+        loadgen.Endpoint("triton-grpc", nobody.removeprefix("http://"), "food_classifier"),
+        loadgen.Load(1, 3),
+        progress=False,
     )
     assert grpc.errors == {"grpc_UNAVAILABLE": 3}
 
@@ -604,7 +645,7 @@ TRITON_MODELS = ["food_classifier", "food_classifier_onnx"]
 @pytest.mark.integration
 @pytest.mark.parametrize("flavor", ["pt", "onnx"])
 def test_fastapi_services_answer_every_request(fastapi_urls, flavor):
-    result = closed_loop("fastapi", fastapi_urls[flavor], 2, requests=10, progress=False)
+    result = closed_loop(loadgen.Endpoint("fastapi", fastapi_urls[flavor]), loadgen.Load(2, 10), progress=False)
     assert result.errors == {} and result.requests == 10
 
 
@@ -613,9 +654,9 @@ def test_fastapi_services_answer_every_request(fastapi_urls, flavor):
 @pytest.mark.parametrize("kind", ["triton-http", "triton-grpc"])
 def test_triton_answers_every_request(triton_http_url, triton_grpc_url, kind, model):
     address = triton_http_url if kind == "triton-http" else triton_grpc_url
-    result = closed_loop(kind, address, 2, requests=10, model=model, progress=False)
+    result = closed_loop(loadgen.Endpoint(kind, address, model), loadgen.Load(2, 10), progress=False)
     assert result.errors == {} and result.requests == 10, result.errors
-    assert result.target == f"triton/{model} ({kind.split('-')[1]})"
+    assert result.name == f"triton/{model} ({kind.split('-')[1]})"
 
 
 def _post_binary(target: TritonHttpTarget) -> httpclient.InferResult:
@@ -649,9 +690,13 @@ def test_binary_http_requests_are_understood_by_triton(triton_http_url, fastapi_
 @pytest.mark.integration
 def test_triton_errors_are_counted_by_status(triton_http_url, triton_grpc_url):
     # The Python backend reports a bad image as an internal error: HTTP 500, gRPC INTERNAL.
-    bad = {"model": "food_classifier", "image_bytes": b"no image", "progress": False}
-    assert closed_loop("triton-http", triton_http_url, 1, requests=2, **bad).errors == {"http_500": 2}
-    assert closed_loop("triton-grpc", triton_grpc_url, 1, requests=2, **bad).errors == {"grpc_INTERNAL": 2}
+    def bad(kind: str, address: str) -> RunResult:
+        return closed_loop(
+            loadgen.Endpoint(kind, address, "food_classifier", b"no image"), loadgen.Load(1, 2), progress=False
+        )
+
+    assert bad("triton-http", triton_http_url).errors == {"http_500": 2}
+    assert bad("triton-grpc", triton_grpc_url).errors == {"grpc_INTERNAL": 2}
 
 
 if __name__ == "__main__":

@@ -21,7 +21,13 @@ import pytest
 from aiohttp import web
 
 from servelab import loadgen, paths
-from servelab.loadgen import SEQUENCE_ERRORS, TritonHttpSequenceTarget, run_sequences, sequence_error_kind
+from servelab.loadgen import (
+    SEQUENCE_ERRORS,
+    SequenceLoad,
+    TritonHttpSequenceTarget,
+    run_sequences,
+    sequence_error_kind,
+)
 from servelab.results import SequenceRunResult, load_results, save_results
 from servelab.triton.models import ModelError, ModelRepository, ModelRequest, RequestTensor
 
@@ -125,7 +131,7 @@ def server():
 
 def run(server: SequenceServer, concurrency: int, length: int, **options) -> SequenceRunResult:
     target = TritonHttpSequenceTarget(server.address, "toy", FRAME)
-    return asyncio.run(run_sequences(target, concurrency, length, progress=False, **options))
+    return asyncio.run(run_sequences(target, SequenceLoad(concurrency, length, **options), progress=False))
 
 
 # ---- what every sequence carries -------------------------------------------------------------
@@ -303,7 +309,8 @@ def _toy_stateful_repository(folder) -> ModelRepository:
 def test_the_synchronous_api_runs_sequences_of_a_stateful_model_from_the_registry(server, tmp_path):
     models = _toy_stateful_repository(tmp_path)
     server.configure(sleep_ms=2)
-    result = loadgen.sequence_loop("triton-http", server.address, "toy", 2, 3, progress=False, models=models)
+    endpoint = loadgen.Endpoint("triton-http", server.address, "toy", models=models)
+    result = loadgen.sequence_loop(endpoint, SequenceLoad(2, 3), progress=False)
     assert result.sequences_completed == 2 and result.errors == {}
 
 
@@ -313,7 +320,7 @@ def test_cancelling_a_run_returns_what_was_measured(server):
 
     async def cancel_after(seconds: float) -> SequenceRunResult:
         target = TritonHttpSequenceTarget(server.address, "toy", FRAME)
-        task = asyncio.create_task(run_sequences(target, 2, 10, sequences=10_000, progress=False))
+        task = asyncio.create_task(run_sequences(target, SequenceLoad(2, 10, sequences=10_000), progress=False))
         await asyncio.sleep(seconds)
         task.cancel()
         return await task
@@ -328,14 +335,19 @@ def test_impossible_runs_are_refused():
     with pytest.raises(SystemExit):  # the command line sends sequences to Triton only
         loadgen.main(["--target", "fastapi", "--address", "http://127.0.0.1:1", "--sequences", "2"])
     with pytest.raises(ModelError, match="not stateful"):
-        loadgen.make_sequence_target("triton-http", "127.0.0.1:1", "food_classifier")
+        loadgen.make_sequence_target(loadgen.Endpoint("triton-http", "127.0.0.1:1", "food_classifier"))
     with pytest.raises(ValueError, match="sequences go to Triton"):
-        loadgen.make_sequence_target("fastapi", "127.0.0.1:1", "food_classifier")
-    target = TritonHttpSequenceTarget("127.0.0.1:1", "toy", FRAME)
-    for options in ({"concurrency": 0}, {"length": 0}, {"frame_interval_s": 0}, {"sequences": 0}):
-        arguments = {"concurrency": 1, "length": 1, **options}
-        with pytest.raises(ValueError):
-            asyncio.run(run_sequences(target, progress=False, **arguments))
+        loadgen.make_sequence_target(loadgen.Endpoint("fastapi", "http://127.0.0.1:1"))
+    for options, refused in [
+        ({"concurrency": 0}, "concurrency and length"),
+        ({"length": 0}, "concurrency and length"),
+        ({"warmup_sequences": -1}, "warmup_sequences"),
+        ({"sequences": 0}, "sequences and duration_s must be positive"),
+        ({"duration_s": 0}, "sequences and duration_s must be positive"),
+        ({"frame_interval_s": 0}, "frame_interval_s"),
+    ]:
+        with pytest.raises(ValueError, match=refused):
+            SequenceLoad(**{"concurrency": 1, "length": 1, **options})
 
 
 # ---- the real Triton -------------------------------------------------------------------------
@@ -351,7 +363,9 @@ requires_food_sequence = pytest.mark.skipif(
 @pytest.mark.parametrize("kind", ["triton-http", "triton-grpc"])
 def test_triton_answers_every_frame_of_every_sequence(triton_http_url, triton_grpc_url, kind):
     address = triton_http_url if kind == "triton-http" else triton_grpc_url
-    result = loadgen.sequence_loop(kind, address, "food_sequence", 3, 4, sequences=6, progress=False)
+    result = loadgen.sequence_loop(
+        loadgen.Endpoint(kind, address, "food_sequence"), SequenceLoad(3, 4, sequences=6), progress=False
+    )
     assert result.errors == {} and result.sequences_failed == {}, result.errors
     assert result.sequences_completed == 6 and result.requests == len(result.latencies_ms) == 24
-    assert result.target == f"triton/food_sequence ({kind.split('-')[1]})"
+    assert result.name == f"triton/food_sequence ({kind.split('-')[1]})"

@@ -307,7 +307,7 @@ def test_dd1_has_no_queueing_below_saturation():
 
 
 def _result(
-    target: str,
+    name: str,
     tool: str = "loadgen",
     concurrency: int | None = None,
     rate: float | None = None,
@@ -319,7 +319,7 @@ def _result(
 ) -> RunResult:
     latencies = np.random.default_rng(seed).gamma(4.0, center_ms / 4.0, size=400).tolist()
     return RunResult(
-        target=target,
+        name=name,
         tool=tool,
         mode="closed" if concurrency is not None else "open",
         requests=len(latencies),
@@ -487,7 +487,7 @@ def test_results_table_has_one_row_per_result_with_formatted_numbers():
     table = tables.results_table(results, baseline_rps=200.0)
     lines = table.strip().splitlines()
     assert len(lines) == 2 + len(results)
-    assert lines[0].startswith("| target | tool | load |") and lines[0].endswith("| vs in-process |")
+    assert lines[0].startswith("| name | tool | load |") and lines[0].endswith("| vs in-process |")
     assert all(line.count(" | ") == lines[0].count(" | ") for line in lines[2:])
     row = lines[3]
     assert "| fastapi_onnx | loadgen | c=4 | 400 | 123.4 |" in row
@@ -502,9 +502,9 @@ def test_results_table_compares_each_target_with_its_own_baseline():
     from servelab.report.tables import results_table
     from servelab.results import LatencySummary, RunResult
 
-    def result(target, rps):
+    def result(name, rps):
         return RunResult(
-            target=target,
+            name=name,
             tool="loadgen",
             mode="closed",
             requests=10,
@@ -557,7 +557,7 @@ def _window(throughput: float, wall_s: float, latency_ms: float, errors: dict[st
     answered = round(throughput * wall_s)
     failed = sum(errors.values())
     return RunResult(
-        target="fastapi_onnx",
+        name="fastapi_onnx",
         tool="loadgen",
         mode="closed",
         requests=answered + failed,

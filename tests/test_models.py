@@ -99,7 +99,7 @@ def test_an_unknown_model_is_a_clear_error_everywhere(tmp_path):
     with pytest.raises(ModelError, match="no model 'nope'.*food_classifier, food_classifier_onnx"):
         ModelRepository().get("nope")
     with pytest.raises(ModelError, match="no model 'nope'"):
-        loadgen.make_target("triton-http", "127.0.0.1:1", "nope")
+        loadgen.make_target(loadgen.Endpoint("triton-http", "127.0.0.1:1", "nope"))
     lab = Lab("local", profile("quick"), {}, "127.0.0.1:1", "127.0.0.1:2", tmp_path)
     with pytest.raises(ModelError, match="no model 'nope'"):
         lab.perf("nope")
@@ -230,13 +230,9 @@ def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_fi
         assert measured is not None
         assert measured.throughput_rps > 0 and measured.requests > 0 and measured.error_count == 0
         generated = loadgen.closed_loop(
-            "triton-grpc",
-            lab.triton_grpc,
-            concurrency=2,
-            requests=20,
+            loadgen.Endpoint("triton-grpc", lab.triton_grpc, "scale_vector", models=lab.models),
+            loadgen.Load(2, 20),
             progress=False,
-            model="scale_vector",
-            models=lab.models,
         )
         assert len(generated.latencies_ms) == 20 and not generated.errors
 
@@ -244,7 +240,7 @@ def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_fi
         lab.apply_config("scale_vector", edited.with_dynamic_batching(max_queue_delay_microseconds=100))
         assert lab.served_instances("scale_vector") == 2
         assert "dynamic_batching" in lab.served_config("scale_vector")
-        assert lab.measure("scale_vector", concurrency=4).target.endswith(", 2 instances, dynamic batching")
+        assert lab.measure("scale_vector", concurrency=4).name.endswith(", 2 instances, dynamic batching")
         with pytest.raises(ConfigError, match="between 1 and max_batch_size"):
             lab.apply_config(
                 "scale_vector",

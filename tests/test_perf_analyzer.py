@@ -147,7 +147,7 @@ def test_closed_loop_run_against_the_local_triton(triton_http_url):
     )
     (row,), (result,) = run.rows, run.results
     assert row["Concurrency"] == 2 and "Request concurrency: 2" in run.stdout
-    assert result.tool == "perf_analyzer" and result.target == "triton/food_classifier_onnx (http)"
+    assert result.tool == "perf_analyzer" and result.name == "triton/food_classifier_onnx (http)"
     assert result.requests >= 20 and result.throughput_rps > 0
     assert 0 < result.latency.p50_ms <= result.latency.p99_ms
     breakdown = result.server_breakdown
@@ -173,7 +173,7 @@ def test_batched_requests_over_grpc_count_requests_and_images(triton_grpc_url):
         request_count=10,
         stability_percentage=50,
     ).results
-    assert result.batch_size == 4 and result.target.endswith("(grpc)")
+    assert result.batch_size == 4 and result.name.endswith("(grpc)")
     assert result.images_per_s == pytest.approx(4 * result.throughput_rps)
 
 

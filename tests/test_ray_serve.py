@@ -133,9 +133,10 @@ def test_load_above_the_target_adds_a_replica_and_serve_s_own_gauges_show_it(ray
     assert _replicas(ray_service) == {"RUNNING": 1}
     with ray_service.watcher() as watcher, concurrent.futures.ThreadPoolExecutor(1) as pool:
         load = pool.submit(
-            loadgen.closed_loop, "fastapi", ray_service.url, image_bytes=test_images[1], concurrency=4,
-            duration_s=25, warmup_s=0,
-        )  # fmt: skip
+            loadgen.closed_loop,
+            loadgen.Endpoint("fastapi", ray_service.url, image_bytes=test_images[1]),
+            loadgen.Load(4, duration_s=25),
+        )
         deadline, replicas = time.monotonic() + 25, {}
         while time.monotonic() < deadline and sum(replicas.values()) < MAX_REPLICAS:  # the autoscaler decides
             replicas = _replicas(ray_service)
@@ -220,7 +221,9 @@ def test_a_replica_that_dies_is_replaced_and_the_run_counts_what_failed(ray_serv
     served_before = _served(ray_service)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         load = pool.submit(
-            loadgen.closed_loop, "fastapi", url, image_bytes=test_images[2], concurrency=2, duration_s=12, warmup_s=0
+            loadgen.closed_loop,
+            loadgen.Endpoint("fastapi", url, image_bytes=test_images[2]),
+            loadgen.Load(2, duration_s=12),
         )
         # In the middle of the load: once Serve's own metrics count requests served under it.
         until(lambda: _served(ray_service) >= served_before + 4, 30, "requests served under the load")

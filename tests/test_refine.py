@@ -165,7 +165,11 @@ def test_a_stream_s_photo_and_steps_are_timed_as_predict_requests_are(tmp_path):
 @pytest.mark.integration
 def test_the_load_generator_counts_the_steps_each_stream_received_and_the_clients_who_left(fastapi_urls):
     result = loadgen.stream_loop(
-        "fastapi", fastapi_urls["onnx"], 4, 6, 2.0, progress=False, impatient=2, leave_after_steps=READ
+        loadgen.Endpoint("fastapi", fastapi_urls["onnx"]),
+        loadgen.Load(4, duration_s=2.0, impatient=2),
+        6,
+        leave_after_steps=READ,
+        progress=False,
     )
     assert result.cancelled > 0 and len(result.latencies_ms) > 0 and not result.errors
     assert sorted(set(result.steps["received"])) == [READ, 6]

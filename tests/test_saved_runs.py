@@ -33,8 +33,8 @@ from servelab.triton import perf_analyzer
 from servelab.triton import stats as triton_stats
 
 
-def run(target: str = "fastapi_onnx", rps: float = 50.0) -> RunResult:
-    return RunResult(target, "loadgen", "closed", 100, rps, LatencySummary.of([10.0, 20.0]), 2.0, concurrency=4)
+def run(name: str = "fastapi_onnx", rps: float = 50.0) -> RunResult:
+    return RunResult(name, "loadgen", "closed", 100, rps, LatencySummary.of([10.0, 20.0]), 2.0, concurrency=4)
 
 
 def local_lab(tmp_path, monkeypatch, exits_file=None, triton_http=None, triton_grpc=None) -> Lab:
@@ -54,6 +54,15 @@ def test_records_are_appended_whole_and_a_line_cut_short_is_skipped_with_a_warni
         assert jsonl.read(path) == [{"n": 1}, {"n": 2}]
     assert "line 3 is not a whole record" in caplog.text
     assert jsonl.read(tmp_path / "missing.jsonl") == []
+
+
+def test_a_run_saved_when_its_name_was_called_target_loads_with_its_name(tmp_path):
+    saved = run("fastapi_onnx, 4 clients")
+    old = {key: value for key, value in saved.to_dict().items() if key != "name"} | {"target": saved.name}
+    jsonl.append(tmp_path / "old.jsonl", {"metadata": {"notebook": "toy"}, "result": old})
+    [(loaded, metadata)] = load_appended(tmp_path / "old.jsonl")
+    assert loaded.name == "fastapi_onnx, 4 clients" and saved_fields(loaded) == saved_fields(saved)
+    assert metadata == {"notebook": "toy"} and "target" not in loaded.to_dict()
 
 
 def test_a_process_killed_while_it_appends_leaves_every_record_whole(tmp_path):
@@ -123,16 +132,16 @@ def test_each_run_is_saved_as_it_ends_and_a_later_session_loads_them_back(tmp_pa
     afternoon.keeper.connected_at = later  # a later session
     afternoon.keeper.keep(run("ray_serve"), "ray_serve", time.time())
     capsys.readouterr()
-    assert [result.target for result in Lab.saved_runs("toy")] == ["ray_serve"]
+    assert [result.name for result in Lab.saved_runs("toy")] == ["ray_serve"]
     said = capsys.readouterr().out
     assert "1 saved run(s) of toy" in said and "(2 session(s) in" in said
-    assert [result.target for result in Lab.saved_runs("toy", session="all")] == [
+    assert [result.name for result in Lab.saved_runs("toy", session="all")] == [
         "fastapi_pt",
         "fastapi_onnx",
         "ray_serve",
     ]
     only_morning = Lab.saved_runs("toy", session=morning.session)
-    assert [result.target for result in only_morning] == ["fastapi_pt", "fastapi_onnx"]
+    assert [result.name for result in only_morning] == ["fastapi_pt", "fastapi_onnx"]
     assert Lab.saved_runs("never_run") == []
     known = re.escape(morning.session)
     with pytest.raises(ValueError, match=f"no session 'yesterday'.*'latest', 'all' or one of {known}"):
@@ -230,7 +239,7 @@ def test_perf_analyzer_failing_under_a_crash_is_said_so_and_measured_again(tmp_p
     monkeypatch.setattr(lab.triton, "served_instances", lambda model: 1)
     monkeypatch.setattr(lab.triton, "served_config", lambda model: 'name: "toy"\n')
     measured = lab.measure("toy", concurrency=1)
-    assert measured is not None and measured.target == "toy, 1 instance"
+    assert measured is not None and measured.name == "toy, 1 instance"
     assert "because triton was killed by signal 11 (SIGSEGV) (attempt 1 of 2)" in capsys.readouterr().out
 
 

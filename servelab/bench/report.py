@@ -55,7 +55,7 @@ EVERY_CORE_BUSY = 0.9
 def _served(result: RunResult) -> targets.ServedTarget | None:
     named = {target.name: target for target in targets.TARGETS}
     named |= {name: targets.ServedTarget(name, "fastapi", None, runtime) for runtime, name in targets.NAIVE.items()}
-    return named.get(result.target)
+    return named.get(result.name)
 
 
 def ceiling_of(result: RunResult, ceilings: dict[str, dict[str, float]]) -> float | None:
@@ -63,7 +63,7 @@ def ceiling_of(result: RunResult, ceilings: dict[str, dict[str, float]]) -> floa
     flight at concurrency 1, the best plan for many otherwise."""
     if _served(result) is None:
         return None
-    return ceilings[result.target][str(result.concurrency)]
+    return ceilings[result.name][str(result.concurrency)]
 
 
 def window_fractions(point: dict[str, list[float]]) -> list[float]:
@@ -83,13 +83,13 @@ def machine_speed(result: RunResult, meta: dict) -> float:
     latency multiplied by it (a slower machine makes every request slower, whoever serves it)."""
     served = _served(result)
     if served is None:
-        raise ValueError(f"{result.target} is not a target of the benchmark: it has no ceiling")
+        raise ValueError(f"{result.name} is not a target of the benchmark: it has no ceiling")
     key = targets.ceiling_key(served.runtime, served.decode, "one" if result.concurrency == 1 else "many")
     return ceiling_of(result, meta["ceilings_rps"]) / meta["sweep_best_rps"][key]
 
 
 def _find(results: list[RunResult], target: str, concurrency: int) -> RunResult | None:
-    return next((r for r in results if r.target == target and r.concurrency == concurrency), None)
+    return next((r for r in results if r.name == target and r.concurrency == concurrency), None)
 
 
 def pair_ratios(agreement: dict) -> str:
@@ -219,16 +219,16 @@ def target_lines(results: list[RunResult], meta: dict) -> list[str]:
             lines.append(f"- NOT MEASURED: {target.name} against {targets.NAIVE[target.runtime]} at c={busiest}")
             continue
         # Measured minutes apart: compared at one machine speed, the sweep's.
-        speed = {run.target: machine_speed(run, meta) for run in (ours, naive)}
-        rps = {run.target: run.throughput_rps / speed[run.target] for run in (ours, naive)}
-        p99 = {run.target: run.latency.p99_ms * speed[run.target] for run in (ours, naive)}
-        faster, shorter_tail = rps[ours.target] >= rps[naive.target], p99[ours.target] < p99[naive.target]
+        speed = {run.name: machine_speed(run, meta) for run in (ours, naive)}
+        rps = {run.name: run.throughput_rps / speed[run.name] for run in (ours, naive)}
+        p99 = {run.name: run.latency.p99_ms * speed[run.name] for run in (ours, naive)}
+        faster, shorter_tail = rps[ours.name] >= rps[naive.name], p99[ours.name] < p99[naive.name]
         lines.append(
             f"- {'met' if faster and shorter_tail else 'NOT MET'}: {target.name} at c={busiest} is at least as fast "
-            f"as {naive.target} ({rps[ours.target]:.1f} vs {rps[naive.target]:.1f} req/s: "
-            f"{'yes' if faster else 'no'}) with a lower p99 ({p99[ours.target]:.0f} vs "
-            f"{p99[naive.target]:.0f} ms: {'yes' if shorter_tail else 'no'}), at the sweep's machine speed; as "
-            f"measured, with the machine at {speed[ours.target]:.0%} and {speed[naive.target]:.0%} of that speed: "
+            f"as {naive.name} ({rps[ours.name]:.1f} vs {rps[naive.name]:.1f} req/s: "
+            f"{'yes' if faster else 'no'}) with a lower p99 ({p99[ours.name]:.0f} vs "
+            f"{p99[naive.name]:.0f} ms: {'yes' if shorter_tail else 'no'}), at the sweep's machine speed; as "
+            f"measured, with the machine at {speed[ours.name]:.0%} and {speed[naive.name]:.0%} of that speed: "
             f"{ours.throughput_rps:.1f} vs {naive.throughput_rps:.1f} req/s, p99 {ours.latency.p99_ms:.0f} vs "
             f"{naive.latency.p99_ms:.0f} ms"
         )
@@ -258,7 +258,7 @@ def _ceiling_table(results: list[RunResult]) -> list[str]:
 
 def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
     served = [r for r in results if r.tool == "loadgen"]
-    lab_runs = [r for r in served if not r.target.startswith("naive/")]
+    lab_runs = [r for r in served if not r.name.startswith("naive/")]
     plots.plot_latency_throughput_vs_concurrency(lab_runs, out_dir / "latency_throughput.png")
     busiest = max(r.concurrency or 0 for r in served)
     plots.plot_latency_cdf([r for r in served if r.concurrency == busiest], out_dir / "latency_cdf.png")

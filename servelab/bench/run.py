@@ -143,15 +143,10 @@ def _window(
     """One measured window of a load point, with the machine sampled during it."""
     with ResourceSampler() as sampler:
         result = loadgen.closed_loop(
-            target.kind,
-            url,
-            model=target.model,
-            image_bytes=image,
-            concurrency=concurrency,
-            duration_s=duration_s,
-            warmup_s=warmup_s,
+            loadgen.Endpoint(target.kind, url, target.model, image),
+            loadgen.Load(concurrency, duration_s=duration_s, warmup_s=warmup_s),
         )
-    result.target = target.name
+    result.name = target.name
     result.resources = sampler.series()
     return result
 
@@ -309,8 +304,8 @@ def _agreement(endpoints: Endpoints, profile: Profile, image: bytes) -> dict:
     for _ in range(profile.agreement_pairs):
         result, answered, own_s, _ = _counted(
             lambda: loadgen.closed_loop(
-                "triton-http", endpoints.triton_http, model=AGREEMENT_MODEL, image_bytes=image,
-                concurrency=AGREEMENT_CONCURRENCY, duration_s=profile.duration_s / 2, warmup_s=profile.warmup_s,
+                loadgen.Endpoint("triton-http", endpoints.triton_http, AGREEMENT_MODEL, image),
+                loadgen.Load(AGREEMENT_CONCURRENCY, duration_s=profile.duration_s / 2, warmup_s=profile.warmup_s),
                 progress=False,
             ),
             endpoints.triton_http,

@@ -306,51 +306,59 @@ class Lab:
         response.raise_for_status()
         return response.json()
 
-    def sequential(self, flavor: str, url: str | None = None, target: str | None = None) -> RunResult:
+    def sequential(self, flavor: str, url: str | None = None, name: str | None = None) -> RunResult:
         """One request at a time, as many as the profile says: the latency without queueing.
-        Against the `flavor` service, or the one at `url`, recorded as `target`. The service's own
+        Against the `flavor` service, or the one at `url`, recorded as `name`. The service's own
         account of the run (its /metrics) is in `result.service_stats`."""
-        return self._counted_fastapi_run(
-            flavor, url, target, concurrency=1, requests=self.profile.sequential_requests, warmup_requests=3
-        )
+        load = loadgen.Load(1, self.profile.sequential_requests, warmup_requests=3)
+        return self._counted_fastapi_run(flavor, url, name, load)
 
     def concurrent(
         self,
         flavor: str,
         concurrency: int,
         url: str | None = None,
-        target: str | None = None,
+        name: str | None = None,
         image_url: str | None = None,
         resources: ResourceSampler | None = None,
     ) -> RunResult:
         """`concurrency` senders for the profile's duration, against the `flavor` service (or the
-        one at `url`, recorded as `target`), sending the photo itself or, with `image_url`, its
+        one at `url`, recorded as `name`), sending the photo itself or, with `image_url`, its
         URL. The service's own account of the run (its /metrics) is in `result.service_stats`;
         with `resources`, a ResourceSampler run over the load, the machine's in `result.resources`."""
-        return self._counted_fastapi_run(
-            flavor, url, target, resources, concurrency=concurrency, duration_s=self.profile.duration_s,
-            warmup_s=self.profile.warmup_s, image_url=image_url,
-        )  # fmt: skip
+        load = loadgen.Load(concurrency, duration_s=self.profile.duration_s, warmup_s=self.profile.warmup_s)
+        return self._counted_fastapi_run(flavor, url, name, load, image_url, resources)
 
     def _counted_fastapi_run(
-        self, flavor: str, url: str | None, target: str | None, resources: ResourceSampler | None = None, **load
+        self,
+        flavor: str,
+        url: str | None,
+        name: str | None,
+        load: loadgen.Load,
+        image_url: str | None = None,
+        resources: ResourceSampler | None = None,
     ) -> RunResult:
-        """A closed-loop run of the load generator (`load`: its arguments) against a FastAPI
-        service, with the service's /metrics counted over it, and the machine sampled by `resources`."""
+        """A closed-loop run of `load` against a FastAPI service, with the service's /metrics
+        counted over it, and the machine sampled by `resources`."""
         base = url or self.fastapi_url(flavor)
         accounts = [ServiceAccount(base), *([ResourcesAccount(resources)] if resources else [])]
         started = self.keeper.ready_to_measure()
-        measure = functools.partial(
-            loadgen.closed_loop, "fastapi", base, image_bytes=self.sample_image(), progress=False, **load
-        )
-        return self.keeper.keep(counted(measure, accounts), target or f"fastapi_{flavor}", started)
+        endpoint = self._endpoint("fastapi", base, image_url=image_url)
+        measure = functools.partial(loadgen.closed_loop, endpoint, load, progress=False)
+        return self.keeper.keep(counted(measure, accounts), name or f"fastapi_{flavor}", started)
+
+    def _endpoint(
+        self, kind: str, address: str, model: str | None = None, image_url: str | None = None
+    ) -> loadgen.Endpoint:
+        """Where a run of this lab sends the sample photo (or `image_url`): its models are this lab's."""
+        return loadgen.Endpoint(kind, address, model, self.sample_image(), models=self.models, image_url=image_url)
 
     def closed_loop(
         self,
         address: str,
         concurrency: int,
         duration_s: float,
-        target: str,
+        name: str,
         kind: str = "fastapi",
         model: str | None = None,
         backoff_s: float = 0.0,
@@ -361,7 +369,8 @@ class Lab:
     ) -> RunResult:
         """`concurrency` senders for `duration_s` seconds with no warm-up (its timeline starts when
         it is called: a step of a longer load), against the service at `address` of `kind`
-        ("fastapi": any service with the FastAPI contract; "triton-http"/"triton-grpc": `model`).
+        ("fastapi": any service with the FastAPI contract; "triton-http"/"triton-grpc": `model`),
+        recorded as `name`.
         With `backoff_s`, a sender waits that long after a failed request (a refusal); `impatient`
         of the senders give up on a request after `patience_s` and cancel it. The server's own
         account of the run: with `service_stats`, the /metrics of the service at `address`
@@ -376,13 +385,13 @@ class Lab:
             if model is None:
                 raise ValueError("triton_stats=True counts Triton's statistics of `model`: name the model")
             accounts.append(self.triton.account(model))
+        endpoint = self._endpoint(kind, address, model)
+        load = loadgen.Load(
+            concurrency, duration_s=duration_s, backoff_s=backoff_s, impatient=impatient, patience_s=patience_s
+        )
         started = self.keeper.ready_to_measure()
-        measure = functools.partial(
-            loadgen.closed_loop, kind, address, concurrency=concurrency, duration_s=duration_s, model=model,
-            image_bytes=self.sample_image(), progress=False, backoff_s=backoff_s,
-            impatient=impatient, patience_s=patience_s,
-        )  # fmt: skip
-        return self.keeper.keep(counted(measure, accounts), target, started)
+        measure = functools.partial(loadgen.closed_loop, endpoint, load, progress=False)
+        return self.keeper.keep(counted(measure, accounts), name, started)
 
     def streams(
         self,
@@ -390,24 +399,29 @@ class Lab:
         concurrency: int,
         steps: int,
         duration_s: float,
-        target: str,
+        name: str,
         server_steps: Callable[[], StepCounts],
         kind: str = "fastapi",
         model: str | None = None,
-        **leaving,
+        impatient: int = 0,
+        leave_after_steps: int | None = None,
+        patience_s: float | None = None,
+        backoff_s: float = 0.0,
     ) -> RunResult:
         """`concurrency` clients streaming `steps`-step refinements (servelab.loadgen.streams) for
         `duration_s` seconds against the service at `address` of `kind` ("fastapi": POST /refine;
-        "triton-grpc": the decoupled `model`); `leaving` says when the impatient ones leave
-        (impatient, leave_after_steps, patience_s, backoff_s). `server_steps` reads the server's
-        own step counters: before the run, and after it once the streams it left running have
-        ended, their difference is the run's `steps["computed"]` and `steps["for_gone_clients"]`."""
+        "triton-grpc": the decoupled `model`), recorded as `name`; `impatient` of them leave after `leave_after_steps`
+        steps or `patience_s` seconds, and wait `backoff_s` before their next stream. `server_steps`
+        reads the server's own step counters: before the run, and after it once the streams it left
+        running have ended, their difference is the run's `steps["computed"]` and
+        `steps["for_gone_clients"]`."""
+        endpoint = self._endpoint(kind, address, model)
+        load = loadgen.Load(
+            concurrency, duration_s=duration_s, backoff_s=backoff_s, impatient=impatient, patience_s=patience_s
+        )
         started = self.keeper.ready_to_measure()
         before = server_steps()
-        result = loadgen.stream_loop(
-            kind, address, concurrency, steps, duration_s, model=model, image_bytes=self.sample_image(),
-            models=self.models, progress=False, **leaving,
-        )  # fmt: skip
+        result = loadgen.stream_loop(endpoint, load, steps, leave_after_steps, progress=False)
         # Steps of streams whose client left may still be computed: with cancellation off, all of them.
         deadline = time.monotonic() + STREAMS_END_S
         while (after := server_steps()).running > before.running and time.monotonic() < deadline:
@@ -423,32 +437,36 @@ class Lab:
             "computed": after.computed - before.computed,
             "for_gone_clients": after.for_gone_clients - before.for_gone_clients,
         }
-        return self.keeper.keep(result, target, started)
+        return self.keeper.keep(result, name, started)
 
     def sequences(
         self,
         model: str,
         concurrency: int,
         length: int,
-        target: str,
+        name: str,
         kind: str = "triton-grpc",
         triton_stats: bool = False,
-        **load,
+        sequences: int | None = None,
+        duration_s: float | None = None,
+        frame_interval_s: float | None = None,
+        warmup_sequences: int = 0,
     ) -> SequenceRunResult:
         """`concurrency` live sequences of `length` frames each (the sample photo as every frame)
-        against the stateful Triton `model` over `kind` ("triton-grpc" or "triton-http"); `load`
-        goes to loadgen.sequence_loop (sequences, duration_s, frame_interval_s, warmup_sequences).
-        With `triton_stats`, Triton's statistics of `model` over the run are in `result.triton_stats`."""
+        against the stateful Triton `model` over `kind` ("triton-grpc" or "triton-http"), recorded
+        as `name`, until
+        `sequences` have started or `duration_s` has passed, a frame every `frame_interval_s` (see
+        loadgen.SequenceLoad), after `warmup_sequences` unmeasured. With `triton_stats`, Triton's
+        statistics of `model` over the run are in `result.triton_stats`."""
         address = self.triton_grpc if kind == "triton-grpc" else self.triton_http
         if address is None:
             raise RuntimeError("This lab runs without Triton: connect with Lab.connect() (Triton is on by default).")
+        endpoint = self._endpoint(kind, address, model)
+        load = loadgen.SequenceLoad(concurrency, length, sequences, duration_s, frame_interval_s, warmup_sequences)
         accounts = [self.triton.account(model)] if triton_stats else []
         started = self.keeper.ready_to_measure()
-        measure = functools.partial(
-            loadgen.sequence_loop, kind, address, model, concurrency, length,
-            image_bytes=self.sample_image(), progress=False, models=self.models, **load,
-        )  # fmt: skip
-        return self.keeper.keep(counted(measure, accounts), target, started)
+        measure = functools.partial(loadgen.sequence_loop, endpoint, load, progress=False)
+        return self.keeper.keep(counted(measure, accounts), name, started)
 
     def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:
         """The URL of a sample photo on the image host; `latency_ms` overrides its emulated latency."""

@@ -81,11 +81,11 @@ class RunKeeper:
 
     # ---- keeping runs ----------------------------------------------------------------------
 
-    def keep(self, result: Kept, target: str, started: float) -> Kept:
+    def keep(self, result: Kept, name: str, started: float) -> Kept:
         """Name the run, mark it if a service crashed while it ran (since `started`, a Unix time),
         save it, and print its summary. The run is complete: every figure counted over it is set
         before this one save (servelab.lab.run_accounts), and nothing is added to it after."""
-        result.target = target
+        result.name = name
         ended = time.time()
         # A crash in the last moment of the run is seen at the supervisor's next look (POLL_S).
         deadline = time.monotonic() + 4 * POLL_S

@@ -166,7 +166,7 @@ class TritonSide:
             distribution=distribution,
             **options,
         )
-        return self.keeper.keep(result, result.target, started)
+        return self.keeper.keep(result, result.name, started)
 
     def run_perf_analyzer(
         self,
@@ -205,7 +205,7 @@ class TritonSide:
     def measure(self, model: str, attempts: int = 2, triton_stats: bool = False, **load) -> RunResult | None:
         """`perf`, tried up to `attempts` times while perf_analyzer finds no stable measurement or
         Triton crashed under it (locally, the stack restarts it; the next attempt waits for it);
-        None (said in the output) when no attempt gave a number. The result's target names the
+        None (said in the output) when no attempt gave a number. The result's name gives the
         model's configuration (instances, dynamic batching), so runs under different
         configurations stay apart. The machine is sampled during the run (`result.resources`),
         with the CPU of each of the model's instance processes where this machine runs them; with
@@ -224,7 +224,7 @@ class TritonSide:
         else:
             print(f"{model} {load}: perf_analyzer gave up every time, so this run has no result.")
             return None
-        return self.keeper.keep(result, f"{result.target}, {self.configuration(model)}", started)
+        return self.keeper.keep(result, f"{result.name}, {self.configuration(model)}", started)
 
     def _sampled_perf_analyzer(self, model: str, started: float, **load) -> RunResult:
         """`run_perf_analyzer`, with the machine sampled during the run and the CPU of each of the

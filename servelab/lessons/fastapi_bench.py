@@ -275,8 +275,8 @@ def elastic_default_near_the_best(
     best_loaded = max(loaded.values(), key=lambda result: result.throughput_rps)
     default_alone = figure(alone[default], "latency.p50_ms", "default alone")
     default_loaded = figure(loaded[default], "throughput_rps", "default under load")
-    best_p50 = figure(best_alone, "latency.p50_ms", f"best alone ({best_alone.target})")
-    best_rate = figure(best_loaded, "throughput_rps", f"best under load ({best_loaded.target})")
+    best_p50 = figure(best_alone, "latency.p50_ms", f"best alone ({best_alone.name})")
+    best_rate = figure(best_loaded, "throughput_rps", f"best under load ({best_loaded.name})")
     gpu = _on_the_gpu(device)
     return Expectation(
         "the elastic default is within 15% of the best plan, alone and under load",

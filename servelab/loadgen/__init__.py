@@ -1,9 +1,11 @@
 """The lab's load generator: closed loop (N users) and open loop (a request rate), in asyncio.
 
+- `endpoint`: where a run's load goes (`Endpoint`: the kind of server, its address, the model,
+  what each request sends), described once and made into the run's target;
 - `targets`: what a run sends requests to (FastAPI, or a Triton model over HTTP or gRPC), with
   one request prepared up front and sent again and again;
-- `load`: a closed loop's `Load` (senders, bounds, warm-up, back-off, patience), described once
-  and passed to the runner that sends it;
+- `load`: a closed loop's `Load` (senders, bounds, warm-up, back-off, patience), and a run of
+  sequences' `SequenceLoad`, described once and passed to the runner that sends it;
 - `runners`: the closed and the open loop, and the `RunResult` each run returns;
 - `sequences`: a stateful model's load, concurrent sequences of frames (`run_sequences`);
 - `streams`: streamed requests, one answer per step, and clients who leave midway (`run_streams`);
@@ -18,7 +20,8 @@ From the shell:
 """
 
 from servelab.loadgen.cli import main
-from servelab.loadgen.load import Load
+from servelab.loadgen.endpoint import DEFAULT_TIMEOUT_S, TARGET_KINDS, Endpoint
+from servelab.loadgen.load import Load, SequenceLoad
 from servelab.loadgen.runners import ARRIVALS, arrival_offsets, run_closed, run_open
 from servelab.loadgen.sequences import (
     SEQUENCE_ERRORS,
@@ -39,8 +42,6 @@ from servelab.loadgen.streams import (
 )
 from servelab.loadgen.sync import closed_loop, describe_result, open_loop, sequence_loop, stream_loop
 from servelab.loadgen.targets import (
-    DEFAULT_TIMEOUT_S,
-    TARGET_KINDS,
     FastAPITarget,
     RequestError,
     Target,
@@ -52,6 +53,7 @@ from servelab.loadgen.targets import (
 __all__ = [
     "ARRIVALS",
     "DEFAULT_TIMEOUT_S",
+    "Endpoint",
     "SEQUENCE_ERRORS",
     "STREAM_TARGET_KINDS",
     "TARGET_KINDS",
@@ -59,6 +61,7 @@ __all__ = [
     "HttpStreamTarget",
     "Load",
     "RequestError",
+    "SequenceLoad",
     "SequenceTarget",
     "StreamTarget",
     "Target",

@@ -10,9 +10,10 @@ import threading
 from pathlib import Path
 
 from servelab import paths
+from servelab.loadgen.endpoint import DEFAULT_TIMEOUT_S, TARGET_KINDS, Endpoint
+from servelab.loadgen.load import Load, SequenceLoad
 from servelab.loadgen.runners import ARRIVALS
 from servelab.loadgen.sync import closed_loop, describe_result, open_loop, sequence_loop
-from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, TARGET_KINDS
 from servelab.results import RunResult, save_results
 from servelab.triton.models import ModelError
 
@@ -62,25 +63,18 @@ def main(argv: list[str] | None = None) -> int:
         # A shell starts background jobs with SIGINT ignored, and Python keeps that: make Ctrl-C
         # (or `kill -INT`) stop the run cleanly in every case.
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    common = {"model": args.model, "image_bytes": args.image.read_bytes(), "timeout_s": args.timeout}
-    bounds = {"requests": args.requests, "duration_s": args.duration, "warmup_s": args.warmup_s}
     result: RunResult
     try:
+        endpoint = Endpoint(args.target, args.address, args.model, args.image.read_bytes(), args.timeout)
         if args.sequences is not None:
-            result = sequence_loop(
-                args.target,
-                args.address,
-                concurrency=args.sequences,
-                length=args.sequence_length,
-                sequences=args.total_sequences,
-                duration_s=args.duration,
-                frame_interval_s=args.frame_interval,
-                **common,
+            sequence_load = SequenceLoad(
+                args.sequences, args.sequence_length, args.total_sequences, args.duration, args.frame_interval
             )
+            result = sequence_loop(endpoint, sequence_load)
         elif args.concurrency is not None:
-            result = closed_loop(args.target, args.address, args.concurrency, **bounds, **common)
+            result = closed_loop(endpoint, Load(args.concurrency, args.requests, args.duration, warmup_s=args.warmup_s))
         else:
-            result = open_loop(args.target, args.address, args.rate, args.arrival, **bounds, **common)
+            result = open_loop(endpoint, args.rate, args.arrival, args.requests, args.duration, args.warmup_s)
     except (ValueError, ModelError) as exc:
         log.error("%s", exc)
         return 2

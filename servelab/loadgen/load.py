@@ -1,14 +1,15 @@
-"""A closed loop's load, described once: how many senders, for how long, how patient.
+"""A run's load, described once: how many senders, for how long, how patient.
 
-`Load` is built where a run is asked for (servelab.loadgen.sync's `closed_loop` and `stream_loop`,
-from their arguments) and passed whole to the runner that sends it (`run_closed`,
-`run_streams`), which reads what it needs and checks what only it requires (a closed loop needs
-`requests` or `duration_s`; streams a `duration_s`). What holds for every closed loop is checked
-here, once, as it is built.
+`Load` is built where a closed loop is asked for (the command line, the Lab, a test) and passed
+whole, through servelab.loadgen.sync's `closed_loop` and `stream_loop`, to the runner that sends
+it (`run_closed`, `run_streams`), which reads what it needs and checks what only it requires (a
+closed loop needs `requests` or `duration_s`; streams a `duration_s`). What holds for every closed
+loop is checked here, once, as it is built. `SequenceLoad` does the same for a run of sequences
+(`sequence_loop`, `run_sequences`).
 
-An open loop (a rate, not senders) and a run of sequences (live sequences of frames) load a
-server in other units: they keep their own parameters (servelab.loadgen.runners.run_open,
-servelab.loadgen.sequences.run_sequences).
+An open loop (a rate, not senders) loads a server in other units: it keeps its own parameters
+(servelab.loadgen.runners.run_open). Where the load goes is the run's `Endpoint`
+(servelab.loadgen.endpoint).
 """
 
 from __future__ import annotations
@@ -56,6 +57,43 @@ class Load:
     def bounds(self) -> str:
         """The run's bounds in words: "100 requests or 5 s, whichever comes first"."""
         return bounds_in_words(self.requests, self.duration_s)
+
+
+# Not a `Load`: a sequence's senders count sequences, not requests, each of `length` frames at a
+# camera's pace, and have no back-off or impatience; a Load's fields would mean other things here.
+@dataclass(frozen=True)
+class SequenceLoad:
+    """`concurrency` sequences live at once, each of `length` frames, until `sequences` have
+    started or `duration_s` has passed, whichever comes first (`concurrency` sequences when neither
+    is given). With `frame_interval_s`, each sequence's frames come due that far apart (None: each
+    frame as soon as the previous one is answered). `warmup_sequences` run first, unmeasured."""
+
+    concurrency: int
+    length: int
+    sequences: int | None = None
+    duration_s: float | None = None
+    frame_interval_s: float | None = None
+    warmup_sequences: int = 0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.length < 1 or self.warmup_sequences < 0:
+            raise ValueError("concurrency and length must be at least 1, and warmup_sequences not negative")
+        if (self.sequences is not None and self.sequences < 1) or (
+            self.duration_s is not None and self.duration_s <= 0
+        ):
+            raise ValueError("sequences and duration_s must be positive")
+        if self.frame_interval_s is not None and self.frame_interval_s <= 0:
+            raise ValueError("frame_interval_s must be positive (None: each frame as soon as the previous is answered)")
+
+    @property
+    def sequences_to_start(self) -> int | None:
+        """How many sequences the run starts at most: `sequences`, one per slot when the run has
+        no bound, None when only `duration_s` bounds it."""
+        return self.concurrency if self.sequences is None and self.duration_s is None else self.sequences
+
+    def warmup(self) -> SequenceLoad:
+        """The warm-up phase as a load of its own: `warmup_sequences` at the same concurrency and pace."""
+        return SequenceLoad(self.concurrency, self.length, self.warmup_sequences, None, self.frame_interval_s)
 
 
 def bounds_in_words(requests: int | None, duration_s: float | None) -> str:

@@ -139,14 +139,14 @@ def interrupted_note(recorder: Recorder) -> str:
     return f"stopped early by Ctrl-C after {recorder.count} {recorder.unit}s"
 
 
-def run_result(target: str, mode: str, recorder: Recorder, notes: list[str], **load: Any) -> RunResult:
-    """The RunResult of a finished run: `load` are the fields that say how it loaded the target."""
+def run_result(name: str, mode: str, recorder: Recorder, notes: list[str], **load: Any) -> RunResult:
+    """The RunResult of a finished run, named `name`: `load` are the fields that say how it loaded the target."""
     successes = len(recorder.latencies_ms)
     wall_s = recorder.wall_s
     if recorder.cancelled or load.get("impatient"):
         load["patient_latency"] = LatencySummary.of(recorder.patient_latencies_ms)
     return RunResult(
-        target=target,
+        name=name,
         tool="loadgen",
         mode=mode,
         requests=recorder.count,

@@ -2,7 +2,7 @@
 
 A stateful Triton model (`sequence_batching`) keeps state per sequence between requests. Each
 request carries one frame and its sequence's correlation ID; the first frame carries START, the
-last END. `run_sequences` keeps `concurrency` sequences live at once, each `length` frames long,
+last END. `run_sequences` keeps its `SequenceLoad`'s `concurrency` sequences live at once, each `length` frames long,
 and starts a new sequence in a slot when the previous one ends, until `sequences` have started or
 `duration_s` has passed (a sequence under way then runs to its end).
 
@@ -34,10 +34,11 @@ from abc import ABC, abstractmethod
 import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
+from servelab.loadgen.endpoint import DEFAULT_TIMEOUT_S, Endpoint
 from servelab.loadgen.http import HttpError, PreparedPost
+from servelab.loadgen.load import SequenceLoad
 from servelab.loadgen.runners import Recorder, interrupted_note
 from servelab.loadgen.targets import (
-    DEFAULT_TIMEOUT_S,
     RequestError,
     binary_inference_parts,
     grpc_error_kind,
@@ -45,7 +46,7 @@ from servelab.loadgen.targets import (
     host_port_of,
 )
 from servelab.results import SEQUENCES, LatencySummary, SequenceRunResult
-from servelab.triton.models import ModelError, ModelRepository, ModelRequest
+from servelab.triton.models import ModelError, ModelRequest
 
 log = logging.getLogger(__name__)
 
@@ -170,25 +171,21 @@ class TritonGrpcSequenceTarget(SequenceTarget):
             self._client = None
 
 
-def make_sequence_target(
-    kind: str,
-    address: str,
-    model: str,
-    image_bytes: bytes | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    models: ModelRepository | None = None,
-) -> SequenceTarget:
-    """kind "triton-http" or "triton-grpc" (address: host:port), and a stateful model of `models`
-    (the lab's registry by default), whose frame is built from `image_bytes` (the soup sample)."""
-    if kind not in SEQUENCE_TARGET_KINDS:
-        raise ValueError(f"sequences go to Triton: kind is one of {', '.join(SEQUENCE_TARGET_KINDS)}, not {kind!r}")
-    registered = (models or ModelRepository()).get(model)
+def make_sequence_target(endpoint: Endpoint) -> SequenceTarget:
+    """The target that sends frames to `endpoint`: a stateful Triton model over "triton-http" or
+    "triton-grpc", whose frame is built from the endpoint's image."""
+    if endpoint.kind not in SEQUENCE_TARGET_KINDS:
+        raise ValueError(
+            f"sequences go to Triton: kind is one of {', '.join(SEQUENCE_TARGET_KINDS)}, not {endpoint.kind!r}"
+        )
+    model = endpoint.triton_model
+    registered = endpoint.registry.get(model)
     if not registered.stateful:
         raise ModelError(
             f"{model} is not stateful (no sequence_batching in its config): measure it with closed_loop or open_loop"
         )
-    target_class = TritonHttpSequenceTarget if kind == "triton-http" else TritonGrpcSequenceTarget
-    return target_class(address, model, registered.request(image_bytes), timeout_s)
+    target_class = TritonHttpSequenceTarget if endpoint.kind == "triton-http" else TritonGrpcSequenceTarget
+    return target_class(endpoint.address, model, registered.request(endpoint.image), endpoint.timeout_s)
 
 
 class SequenceRecorder(Recorder):
@@ -231,68 +228,44 @@ async def _one_sequence(
     recorder.sequence_latencies_ms.append((time.perf_counter() - first_sent) * 1000.0)
 
 
-async def _sequence_phase(
-    target: SequenceTarget,
-    concurrency: int,
-    length: int,
-    sequences: int | None,
-    duration_s: float | None,
-    frame_interval_s: float | None,
-    recorder: SequenceRecorder,
-) -> None:
-    limit = math.inf if sequences is None else sequences
-    deadline = math.inf if duration_s is None else recorder.started + duration_s
+async def _sequence_phase(target: SequenceTarget, load: SequenceLoad, recorder: SequenceRecorder) -> None:
+    limit = load.sequences_to_start or math.inf
+    deadline = math.inf if load.duration_s is None else recorder.started + load.duration_s
+    interval_s = load.frame_interval_s
 
     async def slot(index: int) -> None:
-        if frame_interval_s:  # cameras are not synchronised: their frames are spread over the interval
-            await asyncio.sleep(index * frame_interval_s / concurrency)
+        if interval_s:  # cameras are not synchronised: their frames are spread over the interval
+            await asyncio.sleep(index * interval_s / load.concurrency)
         while recorder.sequences < limit and time.perf_counter() < deadline:
-            await _one_sequence(target, length, frame_interval_s, recorder)
+            await _one_sequence(target, load.length, interval_s, recorder)
 
     try:
-        await asyncio.gather(*(slot(index) for index in range(concurrency)))
+        await asyncio.gather(*(slot(index) for index in range(load.concurrency)))
     finally:
         recorder.finish()
 
 
-async def run_sequences(
-    target: SequenceTarget,
-    concurrency: int,
-    length: int,
-    sequences: int | None = None,
-    duration_s: float | None = None,
-    frame_interval_s: float | None = None,
-    warmup_sequences: int = 0,
-    progress: bool = True,
-) -> SequenceRunResult:
-    """`concurrency` sequences live at once, each of `length` frames, until `sequences` have
-    started or `duration_s` has passed, whichever comes first (`concurrency` sequences when neither
-    is given). With `frame_interval_s`, each sequence's frames come due that far apart, and a frame
-    due while the previous one is in flight is skipped (`frames_skipped`); the sequences start
-    spread over one interval. `warmup_sequences` run first, at the same concurrency, unmeasured.
-    Cancelling the run (Ctrl-C) returns what was measured until then, with a note saying so.
+async def run_sequences(target: SequenceTarget, load: SequenceLoad, progress: bool = True) -> SequenceRunResult:
+    """`load.concurrency` sequences live at once, each of `load.length` frames, until
+    `load.sequences` have started or `load.duration_s` has passed (see SequenceLoad). With
+    `load.frame_interval_s`, a frame due while the previous one is in flight is skipped
+    (`frames_skipped`), and the sequences start spread over one interval. `load.warmup_sequences`
+    run first, at the same concurrency, unmeasured. Cancelling the run (Ctrl-C) returns what was
+    measured until then, with a note saying so.
     """
-    if concurrency < 1 or length < 1 or warmup_sequences < 0:
-        raise ValueError("concurrency and length must be at least 1, and warmup_sequences not negative")
-    if (sequences is not None and sequences < 1) or (duration_s is not None and duration_s <= 0):
-        raise ValueError("sequences and duration_s must be positive")
-    if frame_interval_s is not None and frame_interval_s <= 0:
-        raise ValueError("frame_interval_s must be positive (None: each frame as soon as the previous is answered)")
-    if sequences is None and duration_s is None:
-        sequences = concurrency
-    pace = f"a frame every {frame_interval_s * 1000:g} ms" if frame_interval_s else "frames back to back"
-    log.info("%d sequences of %d frames at once against %s, %s", concurrency, length, target.name, pace)
-    description = f"{concurrency} sequences x {length}"
+    pace = f"a frame every {load.frame_interval_s * 1000:g} ms" if load.frame_interval_s else "frames back to back"
+    log.info("%d sequences of %d frames at once against %s, %s", load.concurrency, load.length, target.name, pace)
+    description = f"{load.concurrency} sequences x {load.length}"
     notes: list[str] = []
     recorder: SequenceRecorder | None = None
     await target.open()
     try:
-        if warmup_sequences:
-            warmup = SequenceRecorder("warm-up", warmup_sequences * length, progress)
-            await _sequence_phase(target, concurrency, length, warmup_sequences, None, frame_interval_s, warmup)
-        total_frames = sequences * length if sequences is not None else None
-        recorder = SequenceRecorder(description, total_frames, progress)
-        await _sequence_phase(target, concurrency, length, sequences, duration_s, frame_interval_s, recorder)
+        if load.warmup_sequences:
+            warmup = SequenceRecorder("warm-up", load.warmup_sequences * load.length, progress)
+            await _sequence_phase(target, load.warmup(), warmup)
+        to_start = load.sequences_to_start
+        recorder = SequenceRecorder(description, to_start * load.length if to_start is not None else None, progress)
+        await _sequence_phase(target, load, recorder)
     except asyncio.CancelledError:
         # As in run_closed: stopping early keeps what was measured.
         recorder = recorder or SequenceRecorder(description, None, progress=False)
@@ -301,33 +274,28 @@ async def run_sequences(
         log.warning("%s", notes[-1])
     finally:
         await target.close()
-    return _result(target, concurrency, length, frame_interval_s, recorder, notes)
+    return _result(target, load, recorder, notes)
 
 
 def _result(
-    target: SequenceTarget,
-    concurrency: int,
-    length: int,
-    frame_interval_s: float | None,
-    recorder: SequenceRecorder,
-    notes: list[str],
+    target: SequenceTarget, load: SequenceLoad, recorder: SequenceRecorder, notes: list[str]
 ) -> SequenceRunResult:
     wall_s = recorder.wall_s
     return SequenceRunResult(
-        target=target.name,
+        name=target.name,
         tool="loadgen",
         mode=SEQUENCES,
         requests=recorder.count,
         throughput_rps=len(recorder.latencies_ms) / wall_s if wall_s > 0 else 0.0,
         latency=LatencySummary.of(recorder.latencies_ms),
         wall_s=wall_s,
-        concurrency=concurrency,
+        concurrency=load.concurrency,
         errors=dict(recorder.errors),
         latencies_ms=recorder.latencies_ms,
         timeline=recorder.timeline,
         notes=notes,
-        sequence_length=length,
-        frame_interval_s=frame_interval_s,
+        sequence_length=load.length,
+        frame_interval_s=load.frame_interval_s,
         sequences=recorder.sequences,
         sequences_completed=len(recorder.sequence_latencies_ms),
         sequences_failed=recorder.sequences_failed,

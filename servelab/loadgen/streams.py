@@ -33,11 +33,11 @@ import grpc
 import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
-from servelab import paths
+from servelab.loadgen.endpoint import Endpoint
 from servelab.loadgen.http import chunks, framing
 from servelab.loadgen.load import Load
 from servelab.loadgen.runners import Recorder, interrupted_note, run_result
-from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, RequestError, grpc_tensors, host_port_of, model_request
+from servelab.loadgen.targets import RequestError, grpc_tensors, host_port_of, model_request
 from servelab.results import RunResult
 from servelab.triton.models import ModelRepository
 
@@ -188,24 +188,18 @@ class TritonGrpcStreamTarget(StreamTarget):
             await asyncio.sleep(0)
 
 
-def make_stream_target(
-    kind: str,
-    address: str,
-    model: str | None = None,
-    image_bytes: bytes | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    models: ModelRepository | None = None,
-) -> StreamTarget:
-    """kind: "fastapi" (address: the base URL of a service with POST /refine: the FastAPI services,
-    Ray Serve) or "triton-grpc" (address: host:port, and a decoupled model such as food_refine)."""
-    image = paths.SAMPLE_IMAGE.read_bytes() if image_bytes is None else image_bytes
-    if kind == "fastapi":
-        return HttpStreamTarget(address, image, timeout_s)
-    if kind != "triton-grpc":
-        raise ValueError(f"streams go to {' or '.join(STREAM_TARGET_KINDS)} targets, not {kind!r}")
-    if not model:
-        raise ValueError("a triton-grpc stream target needs a decoupled model, such as food_refine")
-    return TritonGrpcStreamTarget(address, model, image, timeout_s, models=models)
+def make_stream_target(endpoint: Endpoint) -> StreamTarget:
+    """The target that streams from `endpoint`: "fastapi" (the base URL of a service with POST
+    /refine: the FastAPI services, Ray Serve) or "triton-grpc" (a decoupled model such as food_refine)."""
+    if endpoint.kind not in STREAM_TARGET_KINDS:
+        raise ValueError(f"streams go to {' or '.join(STREAM_TARGET_KINDS)} targets, not {endpoint.kind!r}")
+    if endpoint.image_url:
+        raise ValueError("a stream's request sends the photo itself: image_url is for closed and open loops")
+    if endpoint.kind == "fastapi":
+        return HttpStreamTarget(endpoint.address, endpoint.image, endpoint.timeout_s)
+    return TritonGrpcStreamTarget(
+        endpoint.address, endpoint.triton_model, endpoint.image, endpoint.timeout_s, models=endpoint.models
+    )
 
 
 async def _one_stream(

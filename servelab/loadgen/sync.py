@@ -3,8 +3,10 @@
 `closed_loop` and `open_loop` run a measurement to its end and return its `RunResult`,
 `sequence_loop` a stateful model's run of sequences (a `SequenceRunResult`), and `stream_loop` a
 closed loop of streamed requests (a `RunResult` with its `steps`); Ctrl-C stops a run
-and returns what it had measured so far. `describe_result` says a result in words (not to be
-confused with `measure.resources.summarize`, the figures of a resource series).
+and returns what it had measured so far. Each takes the run's `Endpoint` (where the load goes)
+and its load: a `Load` (closed loop, streams), a `SequenceLoad`, or an open loop's rate.
+`describe_result` says a result in words (not to be confused with `measure.resources.summarize`,
+the figures of a resource series).
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from servelab.loadgen.load import Load
+from servelab.loadgen.endpoint import Endpoint
+from servelab.loadgen.load import Load, SequenceLoad
 from servelab.loadgen.runners import run_closed, run_open
 from servelab.loadgen.sequences import make_sequence_target, run_sequences
 from servelab.loadgen.streams import make_stream_target, run_streams
-from servelab.loadgen.targets import DEFAULT_TIMEOUT_S, make_target
+from servelab.loadgen.targets import make_target
 from servelab.results import RunResult, SequenceRunResult
-from servelab.triton.models import ModelRepository
 
 log = logging.getLogger(__name__)
 
@@ -76,35 +78,14 @@ async def _wait_for(task: asyncio.Task[Result]) -> Result:
     return await task
 
 
-def closed_loop(
-    kind: str,
-    address: str,
-    concurrency: int,
-    requests: int | None = None,
-    duration_s: float | None = None,
-    warmup_requests: int = 0,
-    warmup_s: float = 0.0,
-    progress: bool = True,
-    model: str | None = None,
-    image_bytes: bytes | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    models: ModelRepository | None = None,
-    image_url: str | None = None,
-    backoff_s: float = 0.0,
-    impatient: int = 0,
-    patience_s: float | None = None,
-) -> RunResult:
-    """`run_closed` of the `Load` these arguments describe, against `make_target(kind, address, model,
-    image_bytes, timeout_s, models, image_url)`, from synchronous code (a script or a notebook
-    cell). Ctrl-C returns the partial result."""
-    load = Load(concurrency, requests, duration_s, warmup_requests, warmup_s, backoff_s, impatient, patience_s)
-    target = make_target(kind, address, model, image_bytes, timeout_s, models, image_url)
-    return _run_sync(run_closed(target, load, progress))
+def closed_loop(endpoint: Endpoint, load: Load, progress: bool = True) -> RunResult:
+    """`run_closed` of `load` against `make_target(endpoint)`, from synchronous code (a script or a
+    notebook cell). Ctrl-C returns the partial result."""
+    return _run_sync(run_closed(make_target(endpoint), load, progress))
 
 
 def open_loop(
-    kind: str,
-    address: str,
+    endpoint: Endpoint,
     rate_rps: float,
     arrival: str = "constant",
     requests: int | None = None,
@@ -113,66 +94,29 @@ def open_loop(
     seed: int = 0,
     max_outstanding: int = 1000,
     progress: bool = True,
-    model: str | None = None,
-    image_bytes: bytes | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    models: ModelRepository | None = None,
-    image_url: str | None = None,
 ) -> RunResult:
-    """`run_open` against `make_target(kind, address, model, image_bytes, timeout_s, models, image_url)`,
-    from synchronous code (a script or a notebook cell). Ctrl-C returns the partial result."""
-    target = make_target(kind, address, model, image_bytes, timeout_s, models, image_url)
+    """`run_open` of `rate_rps` requests a second (see run_open for the rest) against
+    `make_target(endpoint)`, from synchronous code (a script or a notebook cell). Ctrl-C returns
+    the partial result."""
+    target = make_target(endpoint)
     return _run_sync(
         run_open(target, rate_rps, arrival, requests, duration_s, warmup_s, seed, max_outstanding, progress)
     )
 
 
-def sequence_loop(
-    kind: str,
-    address: str,
-    model: str,
-    concurrency: int,
-    length: int,
-    sequences: int | None = None,
-    duration_s: float | None = None,
-    frame_interval_s: float | None = None,
-    warmup_sequences: int = 0,
-    progress: bool = True,
-    image_bytes: bytes | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    models: ModelRepository | None = None,
-) -> SequenceRunResult:
-    """`run_sequences` against `make_sequence_target(kind, address, model, image_bytes, timeout_s, models)`,
-    from synchronous code (a script or a notebook cell). Ctrl-C returns the partial result."""
-    target = make_sequence_target(kind, address, model, image_bytes, timeout_s, models)
-    return _run_sync(
-        run_sequences(target, concurrency, length, sequences, duration_s, frame_interval_s, warmup_sequences, progress)
-    )
+def sequence_loop(endpoint: Endpoint, load: SequenceLoad, progress: bool = True) -> SequenceRunResult:
+    """`run_sequences` of `load` against `make_sequence_target(endpoint)`, from synchronous code (a
+    script or a notebook cell). Ctrl-C returns the partial result."""
+    return _run_sync(run_sequences(make_sequence_target(endpoint), load, progress))
 
 
 def stream_loop(
-    kind: str,
-    address: str,
-    concurrency: int,
-    steps: int,
-    duration_s: float,
-    model: str | None = None,
-    image_bytes: bytes | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    models: ModelRepository | None = None,
-    progress: bool = True,
-    impatient: int = 0,
-    leave_after_steps: int | None = None,
-    patience_s: float | None = None,
-    backoff_s: float = 0.0,
+    endpoint: Endpoint, load: Load, steps: int, leave_after_steps: int | None = None, progress: bool = True
 ) -> RunResult:
-    """`run_streams` of `concurrency` senders for `duration_s` seconds (their `Load`), `impatient` of
-    them leaving after `leave_after_steps` steps or `patience_s` seconds and waiting `backoff_s`
-    before their next stream, against `make_stream_target(kind, address, model, image_bytes,
-    timeout_s, models)`, from synchronous code. Ctrl-C returns the partial result."""
-    load = Load(concurrency, duration_s=duration_s, backoff_s=backoff_s, impatient=impatient, patience_s=patience_s)
-    target = make_stream_target(kind, address, model, image_bytes, timeout_s, models)
-    return _run_sync(run_streams(target, load, steps, leave_after_steps, progress))
+    """`run_streams` of `load`, each stream `steps` steps long, the impatient senders leaving after
+    `leave_after_steps` steps (or `load.patience_s`), against `make_stream_target(endpoint)`, from
+    synchronous code. Ctrl-C returns the partial result."""
+    return _run_sync(run_streams(make_stream_target(endpoint), load, steps, leave_after_steps, progress))
 
 
 def describe_result(result: RunResult) -> str:
@@ -186,7 +130,7 @@ def describe_result(result: RunResult) -> str:
         load = f"Open loop, {result.rate_rps:g} req/s offered ({result.arrival} arrivals)"
     errors = ", ".join(f"{count} {kind}" for kind, count in sorted(result.errors.items())) or "none"
     parts = [
-        f"{load}, against {result.target}: {result.requests} requests in {result.wall_s:.1f} s, "
+        f"{load}, against {result.name}: {result.requests} requests in {result.wall_s:.1f} s, "
         f"{result.throughput_rps:.1f} successful req/s.",
         f"Latency{' from the scheduled send time' if result.mode == 'open' else ''}: "
         f"p50 {latency.p50_ms:.1f} ms, p95 {latency.p95_ms:.1f} ms, p99 {latency.p99_ms:.1f} ms, "
@@ -205,7 +149,7 @@ def _describe_sequences(result: SequenceRunResult) -> str:
     failed = ", ".join(f"{count} {kind}" for kind, count in sorted(result.sequences_failed.items())) or "none"
     parts = [
         f"{result.concurrency} sequences of {result.sequence_length} frames at once ({pace}), against "
-        f"{result.target}: {result.sequences} sequences started in {result.wall_s:.1f} s, "
+        f"{result.name}: {result.sequences} sequences started in {result.wall_s:.1f} s, "
         f"{result.sequences_completed} completed, failed: {failed}.",
         f"{result.requests} frames, {result.throughput_rps:.1f} answered per second; {result.frames_skipped} "
         "skipped, as they came due while their sequence's previous frame was in flight.",

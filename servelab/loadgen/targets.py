@@ -1,4 +1,4 @@
-"""Targets: a server endpoint with one prepared request, sent again and again.
+"""Targets: an `Endpoint` (servelab.loadgen.endpoint) with one prepared request, sent again and again.
 
 Every request of a run sends the same image, prepared once per target: the request body (or gRPC
 tensors) is built up front and reused, connections are reused, and only the response status is
@@ -18,14 +18,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
-from servelab import paths
+from servelab.loadgen.endpoint import DEFAULT_TIMEOUT_S, Endpoint
 from servelab.loadgen.http import HttpError, PreparedPost
 from servelab.triton.models import ModelRepository, ModelRequest
 
 log = logging.getLogger(__name__)
-
-TARGET_KINDS = ("fastapi", "triton-http", "triton-grpc")
-DEFAULT_TIMEOUT_S = 30.0
 
 
 class RequestError(Exception):
@@ -223,26 +220,12 @@ def host_port_of(address: str) -> str:
     return address.split("://", 1)[-1].rstrip("/")
 
 
-def make_target(
-    kind: str,
-    address: str,
-    model: str | None = None,
-    image_bytes: bytes | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    models: ModelRepository | None = None,
-    image_url: str | None = None,
-) -> Target:
-    """kind: "fastapi" (address: base URL), "triton-http" or "triton-grpc" (address: host:port,
-    and a model of `models`, the lab's registry by default). The image defaults to the soup sample;
-    `image_url` (FastAPI only) sends the photo's URL instead, for the server to download."""
-    image = paths.SAMPLE_IMAGE.read_bytes() if image_bytes is None else image_bytes
-    if kind == "fastapi":
-        return FastAPITarget(address, image, timeout_s, image_url=image_url)
-    if image_url:
-        raise ValueError(f"a {kind} target sends tensors, not URLs: image_url is for FastAPI targets")
-    if kind not in TARGET_KINDS:
-        raise ValueError(f"unknown target kind {kind!r}; choose one of {', '.join(TARGET_KINDS)}")
-    if not model:
-        raise ValueError(f"a {kind} target needs a model: one of {', '.join((models or ModelRepository()).names())}")
-    target_class = TritonHttpTarget if kind == "triton-http" else TritonGrpcTarget
-    return target_class(address, model, image, timeout_s, models=models)
+def make_target(endpoint: Endpoint) -> Target:
+    """The target that sends `endpoint`'s request: FastAPI's /predict, or a Triton model's
+    inference over HTTP or gRPC."""
+    if endpoint.kind == "fastapi":
+        return FastAPITarget(endpoint.address, endpoint.image, endpoint.timeout_s, image_url=endpoint.image_url)
+    target_class = TritonHttpTarget if endpoint.kind == "triton-http" else TritonGrpcTarget
+    return target_class(
+        endpoint.address, endpoint.triton_model, endpoint.image, endpoint.timeout_s, models=endpoint.models
+    )

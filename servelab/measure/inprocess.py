@@ -176,7 +176,7 @@ class PointRunner:
         measured_s = time.perf_counter() - measure_from
         what = "decode + inference" if self.decode else "inference only, on an image decoded once"
         return RunResult(
-            target=f"in-process/{self.runtime}" + ("" if self.decode else " (inference only)"),
+            name=f"in-process/{self.runtime}" + ("" if self.decode else " (inference only)"),
             tool="in-process",
             mode="closed",
             requests=len(latencies),
@@ -289,7 +289,7 @@ def combined(runs: list[RunResult], point: Point) -> RunResult:
     latencies = [value for run in runs for value in run.latencies_ms]
     first = runs[0]
     return RunResult(
-        target=first.target,
+        name=first.name,
         tool=first.tool,
         mode=first.mode,
         requests=sum(run.requests for run in runs),

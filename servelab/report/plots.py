@@ -82,8 +82,8 @@ def _rate(result: RunResult) -> float:
     return result.rate_rps
 
 
-def _series_name(target: str, tool: str, batch_size: int = 1) -> str:
-    return f"{target} [{tool}]" + (f", batch {batch_size}" if batch_size != 1 else "")
+def _series_name(name: str, tool: str, batch_size: int = 1) -> str:
+    return f"{name} [{tool}]" + (f", batch {batch_size}" if batch_size != 1 else "")
 
 
 def _median(values: Iterable[float]) -> float:
@@ -106,7 +106,7 @@ def _concurrency_axis(ax: Any, values: Iterable[int]) -> None:
 def plot_latency_throughput_vs_concurrency(
     results: Sequence[RunResult], path: PathLike = None, title: str = "Latency and throughput vs concurrency"
 ) -> Figure:
-    """p50/p95/p99 latency (left) and throughput (right) vs concurrency, one colour per target and tool.
+    """p50/p95/p99 latency (left) and throughput (right) vs concurrency, one colour per run name and tool.
 
     Only closed-loop results (those with a concurrency) are drawn. A series measured more than once
     at one concurrency (the machine drifts between runs) is drawn through the median there, with
@@ -116,8 +116,8 @@ def plot_latency_throughput_vs_concurrency(
     if not closed:
         raise ValueError("no closed-loop results (with a concurrency) to plot")
     fig, (ax_latency, ax_throughput) = plt.subplots(1, 2, figsize=(13, 5.2), layout="constrained")
-    groups = _group(closed, lambda r: (r.target, r.tool, r.batch_size))
-    for color, ((target, tool, batch_size), runs) in zip(_colors(), groups.items(), strict=False):
+    groups = _group(closed, lambda r: (r.name, r.tool, r.batch_size))
+    for color, ((name, tool, batch_size), runs) in zip(_colors(), groups.items(), strict=False):
         at = _group(runs, _concurrency)
         concurrency = sorted(at)
         repeated = [r for r in runs if len(at[_concurrency(r)]) > 1]
@@ -137,7 +137,7 @@ def plot_latency_throughput_vs_concurrency(
             [_median([r.images_per_s for r in at[c]]) for c in concurrency],
             marker="o",
             color=color,
-            label=_series_name(target, tool, batch_size) + (" (median of repeated runs)" if repeated else ""),
+            label=_series_name(name, tool, batch_size) + (" (median of repeated runs)" if repeated else ""),
         )
         if repeated:
             ax_throughput.scatter(
@@ -159,7 +159,7 @@ def plot_latency_throughput_vs_concurrency(
         ax_latency.set_ylim(bottom=0)
         ax_latency.set_ylabel("latency (ms)")
     ax_latency.set_title("Latency percentiles")
-    # Colours name the targets (legend on the right plot); line styles and markers name the percentiles.
+    # Colours name the series (legend on the right plot); line styles and markers name the percentiles.
     ax_latency.legend(
         handles=[
             Line2D([], [], color="black", linestyle=style, marker=PERCENTILE_MARKERS[p], label=p)
@@ -461,12 +461,12 @@ def plot_queueing(
     )
     ax.axvline(capacity, color="tab:red", linestyle="--", linewidth=1.2, label=f"capacity 1/S = {capacity:.1f} req/s")
 
-    groups = _group(runs, lambda r: (r.target, r.tool, r.arrival))
-    for color, ((target, tool, arrival), group) in zip(_colors(), groups.items(), strict=False):
+    groups = _group(runs, lambda r: (r.name, r.tool, r.arrival))
+    for color, ((name, tool, arrival), group) in zip(_colors(), groups.items(), strict=False):
         group = sorted(group, key=_rate)
         offered = [_rate(r) for r in group]
-        name = f"{_series_name(target, tool)}, {arrival or 'unknown'} arrivals"
-        ax.plot(offered, [r.latency.mean_ms for r in group], color=color, marker="o", label=f"{name}: measured mean")
+        series = f"{_series_name(name, tool)}, {arrival or 'unknown'} arrivals"
+        ax.plot(offered, [r.latency.mean_ms for r in group], color=color, marker="o", label=f"{series}: measured mean")
 
     ax.set_xlim(0, max(max(_rate(r) for r in runs), capacity) * 1.05)
     if log_y:

@@ -43,11 +43,11 @@ def results_table(
     baseline_heading: str = "vs in-process",
 ) -> str:
     """A Markdown table, one row per result; with `baseline_rps` (the in-process throughput), a
-    last column gives each throughput as a percentage of it. A mapping gives each target its own
+    last column gives each throughput as a percentage of it. A mapping (by run name) gives each run its own
     baseline (a PyTorch service against in-process PyTorch, say), a function each row its own."""
     # (heading, Markdown alignment): numbers are right-aligned so their digits line up.
     columns = [
-        ("target", "---"),
+        ("name", "---"),
         ("tool", "---"),
         ("load", "---"),
         ("requests", "---:"),
@@ -58,7 +58,7 @@ def results_table(
         ("errors", "---"),
     ]
     if isinstance(baseline_rps, Mapping):
-        baseline_of = lambda result: baseline_rps.get(result.target)  # noqa: E731
+        baseline_of = lambda result: baseline_rps.get(result.name)  # noqa: E731
     elif callable(baseline_rps):
         baseline_of = baseline_rps
     else:
@@ -73,7 +73,7 @@ def results_table(
     ]
     for result in results:
         cells = [
-            result.target,
+            result.name,
             result.tool,
             _load(result),
             str(result.requests),

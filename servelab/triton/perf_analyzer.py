@@ -172,9 +172,9 @@ def run(
                     raise NoStableMeasurement(meaning, output)
             raise PerfAnalyzerError(output)
         rows = parse_csv((Path(tmp) / REPORT).read_text())
-    target = f"triton/{model} ({protocol})"
+    name = f"triton/{model} ({protocol})"
     results = [
-        to_run_result(row, target, batch_size, request_rate, request_distribution, completed.stdout, command)
+        to_run_result(row, name, batch_size, request_rate, request_distribution, completed.stdout, command)
         for row in rows
     ]
     return PerfAnalyzerRun(command, rows, completed.stdout, results)
@@ -235,7 +235,7 @@ def _latency_std_us(stdout: str) -> float:
 
 def to_run_result(
     row: dict[str, float],
-    target: str,
+    name: str,
     batch_size: int = 1,
     request_rate: float | None = None,
     request_distribution: str = "constant",
@@ -257,7 +257,7 @@ def to_run_result(
     open_loop = request_rate is not None
     throughput_rps = row["Inferences/Second"] / batch_size  # requests/s; each request carries batch_size images
     return RunResult(
-        target=target,
+        name=name,
         tool="perf_analyzer",
         mode="open" if open_loop else "closed",
         requests=_request_count(stdout),

@@ -1,6 +1,6 @@
 """A closed loop of one prepared POST, in a process of its own: the GPU check's load (servelab.bench.gpu_check).
 
-    python -m servelab.bench.gpu_check.closed_loop --url URL --body FILE [--header "Name: value"] --target NAME \
+    python -m servelab.bench.gpu_check.closed_loop --url URL --body FILE [--header "Name: value"] --name NAME \
         --concurrency 16 --seconds 10 --warmup 2
 
 `concurrency` senders, each posting the same body again as soon as its answer is in: first for the
@@ -60,7 +60,7 @@ async def _phase(
 
 
 async def closed_loop(
-    target: str, url: str, body: bytes, headers: dict[str, str], concurrency: int, seconds: float, warmup_s: float
+    name: str, url: str, body: bytes, headers: dict[str, str], concurrency: int, seconds: float, warmup_s: float
 ) -> RunResult:
     """`concurrency` senders posting `body` to `url`: warmup_s seconds not counted, then `seconds` measured."""
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -70,7 +70,7 @@ async def closed_loop(
             await _phase(session, url, body, headers, concurrency, warmup_s)
         latencies_ms, errors, wall_s = await _phase(session, url, body, headers, concurrency, seconds)
     return RunResult(
-        target=target,
+        name=name,
         tool=TOOL,
         mode="closed",
         requests=len(latencies_ms) + sum(errors.values()),
@@ -91,14 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", required=True)
     parser.add_argument("--body", type=Path, required=True, help="file holding the request's body")
     parser.add_argument("--header", action="append", default=[], help='"Name: value", repeatable')
-    parser.add_argument("--target", required=True, help="what the run measures, as its RunResult names it")
+    parser.add_argument("--name", required=True, help="what the run measures, as its RunResult names it")
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--warmup", type=float, default=0.0)
     args = parser.parse_args(argv)
     headers = dict(header.split(": ", 1) for header in args.header)
     result = asyncio.run(
-        closed_loop(args.target, args.url, args.body.read_bytes(), headers, args.concurrency, args.seconds, args.warmup)
+        closed_loop(args.name, args.url, args.body.read_bytes(), headers, args.concurrency, args.seconds, args.warmup)
     )
     print(RESULT_MARK + json.dumps(result.to_dict()), flush=True)
     return 0

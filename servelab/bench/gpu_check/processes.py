@@ -261,14 +261,14 @@ def health_of(service: Service) -> dict[str, Any]:
     return health
 
 
-def load_point(service: Service, target: str, concurrency: int, seconds: float, warmup_s: float) -> RunResult:
+def load_point(service: Service, name: str, concurrency: int, seconds: float, warmup_s: float) -> RunResult:
     """One closed-loop run against `service`, from a process of its own (servelab.bench.gpu_check.closed_loop)."""
     with tempfile.NamedTemporaryFile(prefix="gpu-check-body-") as body:
         body.write(service.body)
         body.flush()
         command = [sys.executable, "-m", closed_loop.__name__, "--url", service.load_url, "--body", body.name]
         command += [arg for name, value in service.headers.items() for arg in ("--header", f"{name}: {value}")]
-        command += ["--target", target, "--concurrency", str(concurrency)]
+        command += ["--name", name, "--concurrency", str(concurrency)]
         command += ["--seconds", f"{seconds:g}", "--warmup", f"{warmup_s:g}"]
         ran = subprocess.run(
             command, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=warmup_s + seconds + 180
@@ -276,7 +276,7 @@ def load_point(service: Service, target: str, concurrency: int, seconds: float, 
     for line in ran.stdout.splitlines():
         if line.startswith(closed_loop.RESULT_MARK):
             return RunResult.from_dict(json.loads(line.removeprefix(closed_loop.RESULT_MARK)))
-    log.error("the load generator against %s failed:\n%s", target, ran.stderr[-2000:])
+    log.error("the load generator against %s failed:\n%s", name, ran.stderr[-2000:])
     raise RuntimeError(f"the load generator failed (exit code {ran.returncode}): {last_line(ran.stderr)}")
 
 
