@@ -246,6 +246,18 @@ def test_warmup_requests_are_not_measured(server):
 
 
 @pytest.mark.integration
+def test_the_caller_is_told_when_measurement_starts_after_the_warmup(server):
+    """What a caller counts from `on_measuring` (a service's counters) covers the measured requests only."""
+    server.configure(sleep_ms=5)
+    seen_then: list[int] = []
+    endpoint = loadgen.Endpoint("fastapi", server.url, image_bytes=IMAGE)
+    load = loadgen.Load(2, requests=20, warmup_requests=5)
+    result = closed_loop(endpoint, load, progress=False, on_measuring=lambda: seen_then.append(len(server.arrivals())))
+    assert seen_then == [5], "called once, with the warm-up's requests all answered and none measured yet"
+    assert result.requests == 20 and len(server.arrivals()) == 25
+
+
+@pytest.mark.integration
 def test_open_loop_warmup_seconds_are_not_measured(server):
     server.configure(sleep_ms=5, slow_ms=300, slow_first=9)  # the 9 arrivals before 0.5 s at 20 req/s
     result = opened(server, 20, requests=10, warmup_s=0.5)

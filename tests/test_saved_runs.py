@@ -291,9 +291,13 @@ class CountingServer:
         }
 
     def load(self, result: RunResult) -> Callable[..., RunResult]:
-        """A fake load generator that serves 8 requests (3 of them answered CANCELLED by the model)."""
+        """A fake load generator that serves 8 requests (3 of them answered CANCELLED by the model),
+        after 5 of warm-up where its caller asks to be told when measurement starts."""
 
-        def run(*args, **kwargs) -> RunResult:
+        def run(*args, on_measuring: Callable[[], None] | None = None, **kwargs) -> RunResult:
+            if on_measuring:
+                self.served += 5
+                on_measuring()
             self.served += 8
             with self.log.open("a") as log:
                 log.write("food_classifier_onnx: 3 cancelled request(s) answered CANCELLED, not computed\n")
@@ -335,6 +339,9 @@ def test_a_run_measured_with_what_to_count_over_it_is_saved_whole_every_field_eq
     assert grpc.triton_stats["cancelled_by_model"] == 3, "the model's log lines of this run only"
     assert math.isnan(grpc.triton_stats["avg_compute_input_us"]) and grpc.triton_stats["executions_by_batch_size"]
     assert fastapi.service_stats is not None and fastapi.resources is not None and fastapi.resources["t_s"]
+    # Counted from the end of the warm-up: the 8 measured requests, not the 5 before them.
+    assert fastapi.service_stats["stage_counts"]["inference"] == 8
+    assert sequences.triton_stats is not None and sequences.triton_stats["success_count"] == 8
     assert ray.service_stats is not None and ray.service_stats["stage_counts"]["inference"] == 8
     assert sequences.triton_stats is not None and perf_run is not None and perf_run.triton_stats is not None
     assert perf_run.command == ["perf_analyzer", "-m", "food_classifier_onnx"] and perf_run.resources is not None
@@ -354,14 +361,13 @@ def test_an_account_the_server_cannot_give_after_the_run_is_a_note_and_the_run_i
     lab = local_lab(tmp_path, monkeypatch, triton_http="127.0.0.1:1")
     server = CountingServer(tmp_path / "triton.log")
     monkeypatch.setattr(lab.triton, "log", lambda: server.log)
-    snapshots = [server.triton_stats("127.0.0.1:1", "food_classifier_onnx")]
 
-    def crashed_after_the_first_read(*args, **kwargs):
-        if snapshots:
-            return snapshots.pop()
+    def crashed_under_the_load(*args, **kwargs):
+        if not server.served:
+            return server.triton_stats(*args, **kwargs)
         raise triton_stats.TritonStatsError("cannot read Triton statistics: connection refused")
 
-    monkeypatch.setattr(triton_stats, "fetch", crashed_after_the_first_read)
+    monkeypatch.setattr(triton_stats, "fetch", crashed_under_the_load)
     monkeypatch.setattr(loadgen, "closed_loop", server.load(run("loadgen")))
     result = lab.closed_loop(
         lab.triton_http, 8, 1.0, "triton", kind="triton-http", model="food_classifier_onnx", triton_stats=True

@@ -345,7 +345,7 @@ class Lab:
         started = self.keeper.ready_to_measure()
         endpoint = self._endpoint("fastapi", base, image_url=image_url)
         measure = functools.partial(loadgen.closed_loop, endpoint, load, progress=False)
-        return self.keeper.keep(counted(measure, accounts), name or f"fastapi_{flavor}", started)
+        return self.keeper.keep(counted(measure, accounts, after_warmup=True), name or f"fastapi_{flavor}", started)
 
     def _endpoint(
         self, kind: str, address: str, model: str | None = None, image_url: str | None = None
@@ -466,7 +466,7 @@ class Lab:
         accounts = [self.triton.account(model)] if triton_stats else []
         started = self.keeper.ready_to_measure()
         measure = functools.partial(loadgen.sequence_loop, endpoint, load, progress=False)
-        return self.keeper.keep(counted(measure, accounts), name, started)
+        return self.keeper.keep(counted(measure, accounts, after_warmup=True), name, started)
 
     def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:
         """The URL of a sample photo on the image host; `latency_ms` overrides its emulated latency."""

@@ -55,7 +55,8 @@ class ServiceAccount(Account):
         self.url = url
 
     def start(self) -> None:
-        self.before = service_stats.scrape(self.url)
+        # Settled: the answers of a warm-up that just ended are counted before it, not in the run.
+        self.before = settled(lambda: service_stats.scrape(self.url))
 
     def read(self) -> dict[str, Any]:
         after = settled(lambda: service_stats.scrape(self.url))  # a service counts just after answering
@@ -69,7 +70,7 @@ class TritonAccount(Account):
         self.address, self.model, self.log = address, model, log
 
     def start(self) -> None:
-        self.before = triton_stats.fetch(self.address, self.model)
+        self.before = triton_stats.fetch_settled(self.address, self.model)  # as ServiceAccount's
         self.log_offset = self.log.stat().st_size if self.log is not None and self.log.is_file() else None
 
     def read(self) -> dict[str, Any]:
@@ -98,13 +99,29 @@ class ResourcesAccount(Account):
         return self.sampler.series()
 
 
-def counted(measure: Callable[[], Run], accounts: Sequence[Account]) -> Run:
-    """The run `measure()` returns, with each account's figures set on it."""
+def counted(measure: Callable[..., Run], accounts: Sequence[Account], after_warmup: bool = False) -> Run:
+    """The run `measure()` returns, with each account's figures set on it. With `after_warmup`,
+    `measure(on_measuring=...)` calls `on_measuring()` where its warm-up ends and measurement
+    starts (the load generator's runs do), and the accounts start there: a service's counters
+    then cover the requests the run measured and no others, so that figures combining the two
+    (throughput x a mean service time: slots busy, by Little's law) come from one window."""
+    started: list[Account] = []
     with contextlib.ExitStack() as running:
-        for account in accounts:
-            account.start()
-            running.callback(account.stop)
-        result = measure()
+
+        def start() -> None:
+            for account in accounts:
+                account.start()
+                running.callback(account.stop)
+                started.append(account)
+
+        if after_warmup:
+            result = measure(on_measuring=start)
+        else:
+            start()
+            result = measure()
+    if len(started) < len(accounts):  # stopped (Ctrl-C) during its warm-up: nothing was measured
+        result.notes.append("no server counts: the run was stopped before its measurement started")
+        return result
     for account in accounts:
         try:
             setattr(result, account.field, account.read())

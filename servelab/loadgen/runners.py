@@ -24,7 +24,7 @@ import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -187,7 +187,9 @@ async def _closed_phase(target: Target, load: Load, recorder: Recorder) -> None:
         recorder.finish()
 
 
-async def run_closed(target: Target, load: Load, progress: bool = True) -> RunResult:
+async def run_closed(
+    target: Target, load: Load, progress: bool = True, on_measuring: Callable[[], None] | None = None
+) -> RunResult:
     """Closed loop: `load.concurrency` senders until `load.requests` are answered or
     `load.duration_s` has passed. With `load.backoff_s`, a sender whose request failed waits that
     long before its next one, as a client that respects a refusal (503) does; by default it sends
@@ -197,8 +199,9 @@ async def run_closed(target: Target, load: Load, progress: bool = True) -> RunRe
 
     Warm-up (up to `load.warmup_requests` requests or `load.warmup_s` seconds, whichever comes
     first) runs at the same concurrency and is finished before measurement starts, so none of it
-    is counted. Cancelling the run (Ctrl-C) returns what was measured until then, with a note
-    saying so.
+    is counted. `on_measuring()` is called as measurement starts, after the warm-up: what a
+    caller counts from there (a server's counters, say) covers the measured requests and no
+    others. Cancelling the run (Ctrl-C) returns what was measured until then, with a note saying so.
     """
     _check_bounds(load.requests, load.duration_s)
     if load.impatient and not load.patience_s:
@@ -217,6 +220,8 @@ async def run_closed(target: Target, load: Load, progress: bool = True) -> RunRe
         if load.warms_up:
             warmup = load.warmup()
             await _closed_phase(target, warmup, Recorder("warm-up", warmup.requests, progress))
+        if on_measuring:
+            on_measuring()  # called in the loop's thread, blocking it: nothing is in flight between the phases
         recorder = Recorder(f"c={concurrency}", load.requests, progress)
         await _closed_phase(target, load, recorder)
     except asyncio.CancelledError:

@@ -30,6 +30,7 @@ import random
 import re
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
@@ -245,12 +246,15 @@ async def _sequence_phase(target: SequenceTarget, load: SequenceLoad, recorder: 
         recorder.finish()
 
 
-async def run_sequences(target: SequenceTarget, load: SequenceLoad, progress: bool = True) -> SequenceRunResult:
+async def run_sequences(
+    target: SequenceTarget, load: SequenceLoad, progress: bool = True, on_measuring: Callable[[], None] | None = None
+) -> SequenceRunResult:
     """`load.concurrency` sequences live at once, each of `load.length` frames, until
     `load.sequences` have started or `load.duration_s` has passed (see SequenceLoad). With
     `load.frame_interval_s`, a frame due while the previous one is in flight is skipped
     (`frames_skipped`), and the sequences start spread over one interval. `load.warmup_sequences`
-    run first, at the same concurrency, unmeasured. Cancelling the run (Ctrl-C) returns what was
+    run first, at the same concurrency, unmeasured; `on_measuring()` is called after them, as
+    measurement starts (see run_closed). Cancelling the run (Ctrl-C) returns what was
     measured until then, with a note saying so.
     """
     pace = f"a frame every {load.frame_interval_s * 1000:g} ms" if load.frame_interval_s else "frames back to back"
@@ -263,6 +267,8 @@ async def run_sequences(target: SequenceTarget, load: SequenceLoad, progress: bo
         if load.warmup_sequences:
             warmup = SequenceRecorder("warm-up", load.warmup_sequences * load.length, progress)
             await _sequence_phase(target, load.warmup(), warmup)
+        if on_measuring:
+            on_measuring()  # as in run_closed: no frame is in flight between the phases
         to_start = load.sequences_to_start
         recorder = SequenceRecorder(description, to_start * load.length if to_start is not None else None, progress)
         await _sequence_phase(target, load, recorder)

@@ -15,7 +15,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from servelab.loadgen.endpoint import Endpoint
@@ -78,10 +78,13 @@ async def _wait_for(task: asyncio.Task[Result]) -> Result:
     return await task
 
 
-def closed_loop(endpoint: Endpoint, load: Load, progress: bool = True) -> RunResult:
+def closed_loop(
+    endpoint: Endpoint, load: Load, progress: bool = True, on_measuring: Callable[[], None] | None = None
+) -> RunResult:
     """`run_closed` of `load` against `make_target(endpoint)`, from synchronous code (a script or a
-    notebook cell). Ctrl-C returns the partial result."""
-    return _run_sync(run_closed(make_target(endpoint), load, progress))
+    notebook cell); `on_measuring()` is called as measurement starts, after the warm-up. Ctrl-C
+    returns the partial result."""
+    return _run_sync(run_closed(make_target(endpoint), load, progress, on_measuring))
 
 
 def open_loop(
@@ -104,10 +107,13 @@ def open_loop(
     )
 
 
-def sequence_loop(endpoint: Endpoint, load: SequenceLoad, progress: bool = True) -> SequenceRunResult:
+def sequence_loop(
+    endpoint: Endpoint, load: SequenceLoad, progress: bool = True, on_measuring: Callable[[], None] | None = None
+) -> SequenceRunResult:
     """`run_sequences` of `load` against `make_sequence_target(endpoint)`, from synchronous code (a
-    script or a notebook cell). Ctrl-C returns the partial result."""
-    return _run_sync(run_sequences(make_sequence_target(endpoint), load, progress))
+    script or a notebook cell); `on_measuring()` is called as measurement starts, after the
+    warm-up sequences. Ctrl-C returns the partial result."""
+    return _run_sync(run_sequences(make_sequence_target(endpoint), load, progress, on_measuring))
 
 
 def stream_loop(
