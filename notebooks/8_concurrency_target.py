@@ -487,8 +487,8 @@ lab.expect(
 # (2.51) answered far fewer requests than that instance can compute, and each answered request
 # waited in the queue many times its computing time, where a queue of 2 allows a few computations'
 # worth at most: the instance sat idle while requests waited. That was seen while this lesson was
-# written; this run does not measure it. To see it, change `lab.instance_groups(2)` below to
-# `lab.instance_groups(1)` and compare the queue and computing times printed after each run. The
+# written; this run does not measure it. To see it, change `lab.triton.instance_groups(2)` below to
+# `lab.triton.instance_groups(1)` and compare the queue and computing times printed after each run. The
 # cause is not established. Upstream, triton-inference-server/server#5783 (Triton 23.03) and #6796
 # (23.10, still open) report that `max_queue_size` and the queue timeout sometimes do not take
 # effect as expected when requests arrive in quick succession; that this is the same fault is our
@@ -503,13 +503,13 @@ MODEL = "food_classifier_onnx"
 triton_runs = {}
 for max_queue in (2, 0):
     queue_policy = {"max_queue_size": max_queue, "timeout_action": "REJECT"} if max_queue else {}
-    edited = lab.config(MODEL).with_fields(max_batch_size=1).with_instance_groups(lab.instance_groups(2))
+    edited = lab.triton.config(MODEL).with_fields(max_batch_size=1).with_instance_groups(lab.triton.instance_groups(2))
     edited = (
         edited.with_dynamic_batching(default_queue_policy=queue_policy)
         if queue_policy
         else edited.with_dynamic_batching()
     )
-    lab.apply_config(MODEL, edited)
+    lab.triton.apply_config(MODEL, edited)
     label = f"triton/{MODEL}, 2 instances, queue {'of ' + str(max_queue) if max_queue else 'unbounded'}"
     triton_runs[max_queue] = lab.closed_loop(
         lab.triton_http, 16, max(lab.profile.duration_s, 5), target=label, kind="triton-http", model=MODEL,
@@ -520,7 +520,7 @@ for max_queue in (2, 0):
         f"  server: {stats['success_count']} answered, on average {stats['avg_queue_us'] / 1000:.1f} ms in the"
         f" queue and {stats['avg_compute_infer_us'] / 1000:.1f} ms computing"
     )
-lab.restore_config(MODEL)
+lab.triton.restore_config(MODEL)
 bounded, open_queue = triton_runs[2], triton_runs[0]
 lab.judge(concurrency_target.bounded_queue_refuses(
     "Triton", bounded, open_queue, 2, None,

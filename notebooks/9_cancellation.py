@@ -156,12 +156,12 @@ for setting in ("off", "on"):
 
 # %%
 one_at_a_time = (
-    lab.config(TRITON_MODEL)
+    lab.triton.config(TRITON_MODEL)
     .with_fields(max_batch_size=1)
-    .with_instance_groups(lab.instance_groups(1))
+    .with_instance_groups(lab.triton.instance_groups(1))
     .with_dynamic_batching()
 )
-lab.apply_config(TRITON_MODEL, one_at_a_time)
+lab.triton.apply_config(TRITON_MODEL, one_at_a_time)
 
 
 def triton_impatient_run(name: str, address: str, pace: tuple[float, float], kind: str):
@@ -186,7 +186,7 @@ def triton_impatient_run(name: str, address: str, pace: tuple[float, float], kin
 for kind, address in (("triton-http", lab.triton_http), ("triton-grpc", lab.triton_grpc)):
     name = f"triton/{TRITON_MODEL}, {kind.removeprefix('triton-')}"
     triton_impatient_run(name, address, paced(name, address, kind=kind, model=TRITON_MODEL), kind)
-lab.restore_config(TRITON_MODEL)
+lab.triton.restore_config(TRITON_MODEL)
 
 # %% [markdown]
 # ## Ray Serve
@@ -297,7 +297,7 @@ for setting in ("off", "on"):
 # verdict that reads the run is NOT CHECKED.
 
 # %%
-triton_log = lab.triton_log()
+triton_log = lab.triton.log()
 log_start = triton_log.stat().st_size if triton_log else 0
 
 
@@ -308,9 +308,9 @@ def refine_steps_logged() -> StepCounts:
     return triton_stats.refine_steps(triton_stats.log_since(triton_log, log_start), REFINE_MODEL)
 
 
-lab.apply_config(REFINE_MODEL, lab.config(REFINE_MODEL).with_parameters(abandon_on_cancel="off"))
+lab.triton.apply_config(REFINE_MODEL, lab.triton.config(REFINE_MODEL).with_parameters(abandon_on_cancel="off"))
 stream_load("Triton", "off", lab.triton_grpc, refine_steps_logged, kind="triton-grpc")
-lab.restore_config(REFINE_MODEL)
+lab.triton.restore_config(REFINE_MODEL)
 stream_load("Triton", "on", lab.triton_grpc, refine_steps_logged, kind="triton-grpc")
 
 # %% [markdown]
@@ -425,14 +425,14 @@ RACE_FIXED_IN = (2, 53)
 def probe_server():
     """Locally a private Triton serving the model alone; in Docker the project's, configured alike."""
     if not lab.on_compose:
-        with lab.private_triton(TRITON_MODEL, one_at_a_time) as own:
+        with lab.triton.private_triton(TRITON_MODEL, one_at_a_time) as own:
             yield own
         return
-    lab.apply_config(TRITON_MODEL, one_at_a_time)
+    lab.triton.apply_config(TRITON_MODEL, one_at_a_time)
     try:
-        yield TritonAddresses(lab.triton_http, lab.triton_grpc, lab.triton_log())
+        yield TritonAddresses(lab.triton_http, lab.triton_grpc, lab.triton.log())
     finally:
-        lab.restore_config(TRITON_MODEL)
+        lab.triton.restore_config(TRITON_MODEL)
 
 
 def cancellation_probe(triton, name: str, clients: int, impatient: int, pace: tuple[float, float]) -> dict:
@@ -440,7 +440,7 @@ def cancellation_probe(triton, name: str, clients: int, impatient: int, pace: tu
     verbose log on, in runs of 2 s until it crashes or PROBE_S pass: the cancellations, the steps
     at which the server handled them (from its log), and the crash."""
     log_start = triton.log.stat().st_size if triton.log else 0
-    lab.triton_log_verbosity(1, triton.http)
+    lab.triton.log_verbosity(1, triton.http)
     cancelled, crash, begun = 0, None, time.monotonic()
     while crash is None and time.monotonic() - begun < PROBE_S:
         run = lab.closed_loop(
@@ -451,7 +451,7 @@ def cancellation_probe(triton, name: str, clients: int, impatient: int, pace: tu
         crash = run.interrupted_by[0] if run.interrupted_by else None
     lab.wait_for_services()
     try:
-        lab.triton_log_verbosity(0, triton.http)  # a server restarted after a crash is back at 0 already
+        lab.triton.log_verbosity(0, triton.http)  # a server restarted after a crash is back at 0 already
     except TimeoutError:  # the same race can deadlock the server instead of crashing it
         crash = crash or "hung: it stopped answering"
     steps = triton_stats.cancellation_steps(triton_stats.log_since(triton.log, log_start)) if triton.log else {}
@@ -468,7 +468,7 @@ def cancellation_probe(triton, name: str, clients: int, impatient: int, pace: tu
 
 probes = {}
 with probe_server() as triton:
-    version = lab.triton_version(triton.http)
+    version = lab.triton.version(triton.http)
     alone = lab.closed_loop(triton.grpc, 1, ALONE_S, target="probe, 1 client", kind="triton-grpc", model=TRITON_MODEL)
     s_alone = alone.latency.p50_ms / 1000
     probes["the lesson's deadline"] = cancellation_probe(
