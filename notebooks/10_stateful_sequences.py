@@ -206,7 +206,7 @@ plt.show()
 # %%
 print(f"One sequence at a time: average batch {alone.triton_stats['avg_batch_size']:.2f} (one frame in flight, "
       "so one frame per execution by construction: the baseline, not a claim)")
-lab.judge(sequences.batcher_merges_sequences(oldest, direct, N))
+lab.record(sequences.batcher_merges_sequences(oldest, direct, N))
 per_frame = {name: runs[name].triton_stats["compute_ms_per_inference"] for name in (alone.target, oldest.target)}
 cheaper = per_frame[oldest.target] < 0.8 * per_frame[alone.target]
 gain = oldest.throughput_rps / alone.throughput_rps
@@ -234,7 +234,7 @@ lab.expect(
         else ""
     ),
 )
-lab.judge(sequences.frame_waits_for_its_batch(alone, oldest, N));
+lab.record(sequences.frame_waits_for_its_batch(alone, oldest, N));
 
 # %% [markdown]
 # A second opinion from perf_analyzer, which sends sequences too (`sequence_length=` becomes
@@ -343,8 +343,8 @@ after_cancel = frame(next_id, photo)
 show("its next frame", after_cancel)
 
 # %%
-lab.judge(sequences.idle_and_cancelled_sequences(after_short_pause, after_long_pause, cancel_answer, after_cancel,
-                                                 IDLE_S));
+lab.record(sequences.idle_and_cancelled_sequences(after_short_pause, after_long_pause, cancel_answer, after_cancel,
+                                                  IDLE_S));
 
 # %% [markdown]
 # A server that keeps state makes every sequence a small reservation: memory in the model, a

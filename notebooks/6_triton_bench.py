@@ -111,7 +111,7 @@ lab.expect(
 # %%
 batch_of_16 = lab.triton.perf("food_classifier", concurrency=1, batch_size=16)
 lab.breakdown({"1 image per request": python_backend["c=1"], "16 images per request": batch_of_16})
-lab.judge(triton_bench.client_batching(python_backend["c=1"], batch_of_16, lab.hardware(), lab.cores));
+lab.record(triton_bench.client_batching(python_backend["c=1"], batch_of_16, lab.hardware(), lab.cores));
 
 # %% [markdown]
 # Batching raises throughput on a GPU, but only when a client *has* 16 images at once. Our users
@@ -188,8 +188,8 @@ for name, used in instances_cpu.items():
         f"{name}: the instances used {used.value:.0f}% of a core, of the {100 * lab.cores}% this machine has; "
         f"{rate[name].value / (used.value / 100):.1f} requests per second of CPU"
     )
-lab.judge(triton_bench.instances_stop_helping({1: scaling["1 instance"], 4: four_instances, 8: eight_instances},
-                                             lab.hardware(), lab.cores));
+lab.record(triton_bench.instances_stop_helping({1: scaling["1 instance"], 4: four_instances, 8: eight_instances},
+                                              lab.hardware(), lab.cores));
 
 # %% [markdown]
 # What the machine did during each run, in place of the original lab's nvtop screenshots. On your
@@ -234,9 +234,9 @@ lab.triton.restore_config("food_classifier")
 # %%
 onnx_single = lab.triton.perf("food_classifier_onnx", concurrency=1)
 python_single = python_backend["c=1"]
-lab.judge(triton_bench.onnx_beats_python(onnx_single, python_single,
-                                         lab.triton.served_config("food_classifier_onnx").get("backend") == "python",
-                                         lab.hardware()));
+lab.record(triton_bench.onnx_beats_python(onnx_single, python_single,
+                                          lab.triton.served_config("food_classifier_onnx").get("backend") == "python",
+                                          lab.hardware()));
 
 # %% [markdown]
 # ### Scaling the ONNX model
@@ -265,8 +265,8 @@ onnx_scaled = {
     f"c=16, {onnx_instances} instances": lab.triton.perf("food_classifier_onnx", concurrency=16),
 }
 lab.breakdown(onnx_scaled)
-lab.judge(triton_bench.instance_scaling(onnx_one_busy, onnx_scaled[f"c=8, {onnx_instances} instances"],
-                                       onnx_instances, lab.hardware(), lab.cores));
+lab.record(triton_bench.instance_scaling(onnx_one_busy, onnx_scaled[f"c=8, {onnx_instances} instances"],
+                                        onnx_instances, lab.hardware(), lab.cores));
 
 # %% [markdown]
 # Compare the queue column with the compute column at 16 clients. When requests arrive faster
@@ -451,8 +451,8 @@ for name, sweep in (("no batching", without_batching), ("dynamic batching", with
     executions = run.triton_stats["executions_by_batch_size"]
     print(f"{name}, {highest}: compute per image, by batch size: " + ", ".join(
         f"{size}: {per_image[size]:.2f} ms ({executions[size]} executions)" for size in sorted(per_image)))
-lab.judge(triton_bench.batching_shortens_the_queue(without_batching, with_batching))
-lab.judge(triton_bench.batching_keeps_latency_flat(without_batching, with_batching, lab.hardware()));
+lab.record(triton_bench.batching_shortens_the_queue(without_batching, with_batching))
+lab.record(triton_bench.batching_keeps_latency_flat(without_batching, with_batching, lab.hardware()));
 
 # %% [markdown]
 # ### The queueing view

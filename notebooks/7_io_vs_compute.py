@@ -158,7 +158,7 @@ for latency_ms in LATENCIES_MS:
         "1 / (D + S)": 1000 / (inside_stages["download"] + inside_stages["inference"]),
         "1 / S": 1000 / outside[enough[latency_ms]].service_stats["stage_mean_ms"]["inference"],
     }
-    lab.judge(io_vs_compute.slot_holds_only_inference(inside, outside, enough[latency_ms], latency_ms, lab.hardware()))
+    lab.record(io_vs_compute.slot_holds_only_inference(inside, outside, enough[latency_ms], latency_ms, lab.hardware()))
 
 # %% [markdown]
 # Throughput against concurrency, both designs, one panel per download latency; the dotted line is

@@ -198,8 +198,8 @@ plt.show()
 # replicas that ran during the step.
 
 # %%
-lab.judge(concurrency_target.scales_on_the_target(samples, steps, autoscaling, MAX_ONGOING))
-lab.judge(concurrency_target.queue_in_front(samples, steps, MAX_ONGOING));
+lab.record(concurrency_target.scales_on_the_target(samples, steps, autoscaling, MAX_ONGOING))
+lab.record(concurrency_target.queue_in_front(samples, steps, MAX_ONGOING));
 
 # %% [markdown]
 # ## The cap must leave room for the predict concurrency
@@ -254,7 +254,7 @@ for cap, run in slot_runs.items():
         f"{statistics.fmean(sample.queued for sample in slot_samples[cap]):>17.2f}{stages['slot_wait']:>14.1f}"
         f"{in_replica_mean_ms(slot_samples[cap], 0, float('inf')):>15.1f}{stages['inference']:>17.1f}"
     )
-lab.judge(concurrency_target.slots_need_room(slot_runs, slot_samples, PREDICT_CONCURRENCY));
+lab.record(concurrency_target.slots_need_room(slot_runs, slot_samples, PREDICT_CONCURRENCY));
 
 # %% [markdown]
 # ## A small queue: overload refused fast
@@ -288,7 +288,7 @@ for queued in (2, -1):
 
 
 small, unbounded = runs_by_queue[2], runs_by_queue[-1]
-lab.judge(concurrency_target.bounded_queue_refuses(
+lab.record(concurrency_target.bounded_queue_refuses(
     "Ray Serve", small, unbounded, 2, "http_503",
     f"on {lab.hardware()}, Serve's proxy, the refusals and the load generator share the cores with the replica, "
     "which slows the answered requests too",
@@ -522,7 +522,7 @@ for max_queue in (2, 0):
     )
 lab.triton.restore_config(MODEL)
 bounded, open_queue = triton_runs[2], triton_runs[0]
-lab.judge(concurrency_target.bounded_queue_refuses(
+lab.record(concurrency_target.bounded_queue_refuses(
     "Triton", bounded, open_queue, 2, None,
     f"on {lab.hardware()}, the 16 clients, their refusals and both instances share the cores; with the "
     f"queue of 2 an answered request waited {bounded.triton_stats['avg_queue_us'] / 1000:.1f} ms in Triton's queue "

@@ -359,7 +359,7 @@ plt.show()
 
 # %%
 for engine in engines:
-    lab.judge(cancellation.stream_stops_at_the_next_step(engine, streams[engine, "off"], streams[engine, "on"]))
+    lab.record(cancellation.stream_stops_at_the_next_step(engine, streams[engine, "off"], streams[engine, "on"]))
 
 # %% [markdown]
 # Stopping midway takes the same three things on every engine: the work is cut into steps, the
@@ -534,11 +534,11 @@ lab.expect(
 off_name, on_name = "fastapi_onnx, 1 slot, abandon off", "fastapi_onnx, 1 slot, abandon on"
 http_name, grpc_name = (f"triton/{TRITON_MODEL}, {protocol}" for protocol in ("http", "grpc"))
 ray_name = "ray_serve, 1 replica"
-lab.judge(cancellation.waste_without_cancellation(runs[off_name], runs[on_name], wasted[off_name]))
-lab.judge(cancellation.abandoning_cuts_the_waste(runs[off_name], runs[on_name], wasted[off_name], wasted[on_name]))
-lab.judge(cancellation.triton_cancels_over_grpc(runs[http_name], runs[grpc_name], wasted[http_name],
-                                                wasted[grpc_name]))
-lab.judge(cancellation.ray_drops_gone_requests(runs[ray_name], wasted[ray_name]));
+lab.record(cancellation.waste_without_cancellation(runs[off_name], runs[on_name], wasted[off_name]))
+lab.record(cancellation.abandoning_cuts_the_waste(runs[off_name], runs[on_name], wasted[off_name], wasted[on_name]))
+lab.record(cancellation.triton_cancels_over_grpc(runs[http_name], runs[grpc_name], wasted[http_name],
+                                                 wasted[grpc_name]))
+lab.record(cancellation.ray_drops_gone_requests(runs[ray_name], wasted[ray_name]));
 # %% [markdown]
 # Cancellation is cheap where the server can drop work that has not started, which is most of
 # the work when a queue forms: the clients who left stop taking the capacity that the clients

@@ -500,8 +500,8 @@ class Lab:
         reports as a fault of the lab where it did not hold."""
         return self.expectations.record(claim, conditions, reason, must_hold)
 
-    def judge(self, expectation: Expectation) -> Expectation:
-        """Record an expectation a lesson's check built (servelab.lessons), as `expect` does."""
+    def record(self, expectation: Expectation) -> Expectation:
+        """Record an expectation a lesson's check built and judged (servelab.lessons), as `expect` does."""
         return self.expectations.record(
             expectation.claim, expectation.conditions, expectation.reason, expectation.must_hold
         )
