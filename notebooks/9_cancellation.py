@@ -124,6 +124,8 @@ def account(name: str, result, inferences: float) -> None:
 # 1. Without cancellation (FastAPI with `ABANDON_ON_DISCONNECT=off`), the server computes answers
 #    nobody reads, and the patient clients pay for it: wasted inferences are at least half the
 #    cancelled requests; the patient clients' p95 is higher and the goodput lower than with it on.
+#    (The goodput is the throughput of answers to clients still waiting; a cancelled request is
+#    never answered, so a run's `throughput_rps` is its goodput, while the server may compute more.)
 # 2. With it on, the waste falls to about the inferences already running when their client left:
 #    under a quarter of the waste with it off, and the server abandons at least half the
 #    cancelled requests before they reach the model.
@@ -373,7 +375,7 @@ for engine in engines:
 # %%
 names = list(runs)
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-left.barh(names, [runs[n].goodput_rps for n in names], color="tab:green")
+left.barh(names, [runs[n].throughput_rps for n in names], color="tab:green")
 left.set_xlabel("goodput (answers to clients still waiting, req/s)")
 right.barh(names, [wasted[n] / runs[n].wall_s for n in names], color="tab:red")
 right.set_xlabel("wasted inferences per second (computed for nobody)")
