@@ -15,7 +15,7 @@
 #
 # 1. **What triggers scaling.** Some platforms have one concurrency target that does both jobs: it
 #    caps a replica, and replicas are added once every replica has reached it. Ray Serve splits it
-#    in two settings: `max_ongoing_requests` caps what one replica holds, and
+#    in two options: `max_ongoing_requests` caps what one replica holds, and
 #    `target_ongoing_requests` is the load per replica above which Serve adds replicas. Set the
 #    second below the first, and Serve adds a replica before any replica is full.
 # 2. **The concurrency target must be at least the predict concurrency.** A replica can run no more
@@ -25,7 +25,7 @@
 # This notebook teaches them on **Ray Serve**, an engine whose replicas can live on many machines.
 # Its names for them, all in `ray_serve/serve_config.yaml`:
 #
-# | idea | Ray Serve setting | where |
+# | idea | Ray Serve option | where |
 # | --- | --- | --- |
 # | concurrency target (per replica) | `max_ongoing_requests` | the deployment |
 # | queue in front of the replicas | `max_queued_requests` (-1: no bound) | the deployment |
@@ -132,7 +132,7 @@ autoscaling = {
     "metrics_interval_s": 1,
 }
 step_config = serve.shipped_config()
-food11 = serve.settings(step_config)
+food11 = serve.deployment_options(step_config)
 food11["max_ongoing_requests"] = MAX_ONGOING
 food11["autoscaling_config"] = autoscaling
 serve.apply(step_config)
@@ -230,7 +230,7 @@ SLOT_CLIENTS, PREDICT_CONCURRENCY = 4, 2
 slot_runs, slot_samples = {}, {}
 for cap in (1, PREDICT_CONCURRENCY, MAX_ONGOING):
     config = serve.shipped_config()
-    food11 = serve.settings(config)
+    food11 = serve.deployment_options(config)
     food11.pop("autoscaling_config")
     food11.update(num_replicas=1, max_ongoing_requests=cap)
     env = food11["ray_actor_options"]["runtime_env"]["env_vars"]
@@ -277,7 +277,7 @@ QUEUE_CLIENTS, BACKOFF_S = 16, 0.1
 runs_by_queue = {}
 for queued in (2, -1):
     config = serve.shipped_config()
-    food11 = serve.settings(config)
+    food11 = serve.deployment_options(config)
     food11.pop("autoscaling_config")
     food11.update(num_replicas=1, max_ongoing_requests=2, max_queued_requests=queued)
     serve.apply(config, quiet=queued != 2)
@@ -319,7 +319,7 @@ replica_counts = (1, 2) if serve.hardware.gpus else (1, 2, 3)
 by_replicas, cpu_by_replicas = {}, {}
 for replicas in replica_counts:
     config = serve.shipped_config()
-    food11 = serve.settings(config)
+    food11 = serve.deployment_options(config)
     food11.pop("autoscaling_config")
     food11.update(num_replicas=replicas, max_ongoing_requests=MAX_ONGOING)
     if not serve.hardware.gpus:  # every run gives a replica the same share, small enough for the most replicas
