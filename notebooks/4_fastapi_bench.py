@@ -301,7 +301,7 @@ report(concurrent_onnx)
 # %%
 senders = concurrent_onnx.concurrency
 onnx_health = requests.get(f"{onnx_url}/health", timeout=10).json()
-slots = onnx_health["processes"] * onnx_health["predict_concurrency"]  # every process's slots
+slots = onnx_health["processes"] * onnx_health["slots"]  # every process's slots
 stages = concurrent_onnx.service_stats["stage_mean_ms"]
 print(f"Little's law, the whole system: {senders} / {concurrent_onnx.throughput_rps:.1f} req/s = "
       f"{1000 * senders / concurrent_onnx.throughput_rps:.1f} ms, the mean latency measured "

@@ -1,9 +1,9 @@
 # %% [markdown]
 # # 8. The concurrency target, and replicas that come and go: Ray Serve
 #
-# Notebook 7 put a limit *inside* one server: the predict slot, how many requests run the model at
-# once (the **predict concurrency**). A platform that runs many copies of a model (replicas) needs
-# a second limit, *in front* of them:
+# Notebook 7 put a limit *inside* one server: the **predict slots**, how many requests run the
+# model at once (`PREDICT_CONCURRENCY` sets them). A platform that runs many copies of a model
+# (replicas) needs a second limit, *in front* of them:
 #
 # - the **concurrency target**: how many requests are routed to one replica at a time. Requests
 #   beyond it wait in a queue in front of the replicas, not inside any of them;
@@ -18,7 +18,7 @@
 #    in two options: `max_ongoing_requests` caps what one replica holds, and
 #    `target_ongoing_requests` is the load per replica above which Serve adds replicas. Set the
 #    second below the first, and Serve adds a replica before any replica is full.
-# 2. **The concurrency target must be at least the predict concurrency.** A replica can run no more
+# 2. **The concurrency target must be at least the predict slots.** A replica can run no more
 #    inferences at once than the requests it holds: with `max_ongoing_requests` below
 #    `PREDICT_CONCURRENCY`, predict slots stay idle while requests wait in front.
 #
@@ -31,7 +31,7 @@
 # | queue in front of the replicas | `max_queued_requests` (-1: no bound) | the deployment |
 # | autoscaling | `autoscaling_config`: `target_ongoing_requests` (its trigger), replicas, delays | the deployment |
 # | what a replica reserves | `ray_actor_options`: `num_gpus` on the GPU node, `num_cpus` here | the deployment |
-# | predict concurrency (inside a replica) | `PREDICT_CONCURRENCY`, as in FastAPI | the replica's environment |
+# | predict slots (inside a replica) | `PREDICT_CONCURRENCY`, as in FastAPI | the replica's environment |
 #
 # Each replica runs the very app of `fastapi_onnx` (same `/predict`, same errors, same predict
 # slot), so every client of the lab works with it unchanged.
@@ -202,12 +202,12 @@ lab.record(concurrency_target.scales_on_the_target(samples, steps, autoscaling, 
 lab.record(concurrency_target.queue_in_front(samples, steps, MAX_ONGOING));
 
 # %% [markdown]
-# ## The cap must leave room for the predict concurrency
+# ## The cap must leave room for the predict slots
 #
 # A replica runs `PREDICT_CONCURRENCY` inferences at once at most, but it only ever holds
 # `max_ongoing_requests` requests. One replica with two predict slots (`PREDICT_CONCURRENCY=2`;
 # without a GPU, the replica's cores shared between them), 4 clients, and `max_ongoing_requests`
-# of 1, then 2 (the predict concurrency), then 4. The replica's own `/metrics` say how long its
+# of 1, then 2 (the predict slots), then 4. The replica's own `/metrics` say how long its
 # requests spent at the model: over the run's length, that is how many slots were busy on average,
 # and how long its requests waited inside it for a slot. Serve's gauges say how many waited in
 # front of it.
@@ -226,19 +226,19 @@ lab.record(concurrency_target.queue_in_front(samples, steps, MAX_ONGOING));
 # is elsewhere.
 
 # %%
-SLOT_CLIENTS, PREDICT_CONCURRENCY = 4, 2
+SLOT_CLIENTS, PREDICT_SLOTS = 4, 2
 slot_runs, slot_samples = {}, {}
-for cap in (1, PREDICT_CONCURRENCY, MAX_ONGOING):
+for cap in (1, PREDICT_SLOTS, MAX_ONGOING):
     config = serve.shipped_config()
     food11 = serve.deployment_options(config)
     food11.pop("autoscaling_config")
     food11.update(num_replicas=1, max_ongoing_requests=cap)
     env = food11["ray_actor_options"]["runtime_env"]["env_vars"]
-    env["PREDICT_CONCURRENCY"] = str(PREDICT_CONCURRENCY)
+    env["PREDICT_CONCURRENCY"] = str(PREDICT_SLOTS)
     if not serve.hardware.gpus:  # threads are a resource: the slots share the replica's cores
-        env["INFERENCE_THREADS"] = str(max(1, serve.hardware.cores // PREDICT_CONCURRENCY))
+        env["INFERENCE_THREADS"] = str(max(1, serve.hardware.cores // PREDICT_SLOTS))
     serve.apply(config, quiet=cap != 1)
-    label = f"ray_serve, {PREDICT_CONCURRENCY} predict slots, max_ongoing_requests {cap}"
+    label = f"ray_serve, {PREDICT_SLOTS} predict slots, max_ongoing_requests {cap}"
     with serve.watch() as watcher:
         slot_runs[cap] = lab.closed_loop(
             serve.url, SLOT_CLIENTS, max(lab.profile.duration_s, 5), target=label, service_stats=True
@@ -254,7 +254,7 @@ for cap, run in slot_runs.items():
         f"{statistics.fmean(sample.queued for sample in slot_samples[cap]):>17.2f}{stages['slot_wait']:>14.1f}"
         f"{in_replica_mean_ms(slot_samples[cap], 0, float('inf')):>15.1f}{stages['inference']:>17.1f}"
     )
-lab.record(concurrency_target.slots_need_room(slot_runs, slot_samples, PREDICT_CONCURRENCY));
+lab.record(concurrency_target.slots_need_room(slot_runs, slot_samples, PREDICT_SLOTS));
 
 # %% [markdown]
 # ## A small queue: overload refused fast
@@ -454,7 +454,7 @@ infers = [
     figure(run, "service_stats.stage_mean_ms.inference", f"inference, {c} clients") for c, run in fastapi_runs.items()
 ]
 lab.expect(
-    "FastAPI's predict concurrency queues inside the process and never refuses",
+    "FastAPI's predict slots queue requests inside the process and never refuse",
     condition(
         "nobody is refused",
         few.error_count == 0 and many.error_count == 0,
@@ -531,7 +531,7 @@ lab.record(concurrency_target.bounded_queue_refuses(
 
 # %% [markdown]
 # Three engines, the same two ideas: a limit on the work running at once (Ray Serve's
-# `max_ongoing_requests` and the predict concurrency inside it, FastAPI's slot, Triton's
+# `max_ongoing_requests` and the predict slots inside it, FastAPI's slot, Triton's
 # instances), and a bound on the work waiting (Serve's `max_queued_requests`, Triton's queue
 # policy; FastAPI has none). Only Ray Serve also turns a long queue into more replicas.
 #

@@ -107,7 +107,7 @@ def test_predict_has_the_fastapi_contract_and_says_which_replica_answered(ray_se
     assert set(response.json()) == {"prediction", "probability"}
     assert response.headers["x-ray-node"] and response.headers["x-serve-replica"]
     health = requests.get(f"{url}/health", timeout=10).json()
-    assert health["predict_concurrency"] == 1 and health["inference_threads"] == 1
+    assert health["slots"] == 1 and health["inference_threads"] == 1
 
 
 @pytest.mark.integration
