@@ -59,7 +59,7 @@ print(f"The models run on {lab.hardware()}.")
 # The values are read from the configuration the server runs now.
 
 # %%
-served = lab.config(MODEL).proto
+served = lab.triton.config(MODEL).proto
 batcher = served.sequence_batching
 strategy = batcher.WhichOneof("strategy_choice")
 parameter = {key: value.string_value for key, value in served.parameters.items()}
@@ -182,9 +182,10 @@ def sequences_run(name: str, concurrency: int):
 
 alone = sequences_run(f"{MODEL}, {strategy}, 1 sequence at a time", 1)
 oldest = sequences_run(f"{MODEL}, {strategy}, {N} sequences", N)
-lab.apply_config(MODEL, lab.config(MODEL).with_sequence_strategy("direct", max_queue_delay_microseconds=2000))
+direct_strategy = lab.triton.config(MODEL).with_sequence_strategy("direct", max_queue_delay_microseconds=2000)
+lab.triton.apply_config(MODEL, direct_strategy)
 direct = sequences_run(f"{MODEL}, direct, {N} sequences", N)
-lab.restore_config(MODEL)
+lab.triton.restore_config(MODEL)
 
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
@@ -205,7 +206,7 @@ plt.show()
 # %%
 print(f"One sequence at a time: average batch {alone.triton_stats['avg_batch_size']:.2f} (one frame in flight, "
       "so one frame per execution by construction: the baseline, not a claim)")
-lab.judge(sequences.batcher_merges_sequences(oldest, direct, N))
+lab.record(sequences.batcher_merges_sequences(oldest, direct, N))
 per_frame = {name: runs[name].triton_stats["compute_ms_per_inference"] for name in (alone.name, oldest.name)}
 cheaper = per_frame[oldest.name] < 0.8 * per_frame[alone.name]
 gain = oldest.throughput_rps / alone.throughput_rps
@@ -233,7 +234,7 @@ lab.expect(
         else ""
     ),
 )
-lab.judge(sequences.frame_waits_for_its_batch(alone, oldest, N));
+lab.record(sequences.frame_waits_for_its_batch(alone, oldest, N));
 
 # %% [markdown]
 # A second opinion from perf_analyzer, which sends sequences too (`sequence_length=` becomes
@@ -241,7 +242,7 @@ lab.judge(sequences.frame_waits_for_its_batch(alone, oldest, N));
 # the same `N` live sequences against the shipped config.
 
 # %%
-checked = lab.measure(MODEL, concurrency=N, sequence_length=LENGTH, sequence_length_variation=0)
+checked = lab.triton.perf(MODEL, concurrency=N, sequence_length=LENGTH, sequence_length_variation=0)
 if checked is not None:
     print(
         f"perf_analyzer: {checked.throughput_rps:.1f} frames/s; the lab's load generator, oldest with {N} sequences:"
@@ -264,12 +265,12 @@ if checked is not None:
 
 # %%
 CAPACITY = 4
-lab.apply_config(MODEL, lab.config(MODEL).with_parameters(state_capacity=str(CAPACITY)))
+lab.triton.apply_config(MODEL, lab.triton.config(MODEL).with_parameters(state_capacity=str(CAPACITY)))
 
 
 def evictions_logged() -> float:
     """Evictions the model has logged so far (NaN where this notebook finds no log to read)."""
-    log = lab.triton_log()
+    log = lab.triton.log()
     return float("nan") if log is None else triton_stats.sequence_events(log.read_text(), MODEL).get("evicted", 0)
 
 
@@ -281,7 +282,7 @@ for live in (CAPACITY, 2 * CAPACITY):
     evicted[live] = evictions_logged() - before
     print(f"  the model logged {evicted[live]:.0f} evictions; the clients' broken sequences: "
           f"{runs[name].sequences_failed or 'none'}")  # fmt: skip
-lab.restore_config(MODEL)
+lab.triton.restore_config(MODEL)
 at_capacity, above = (runs[f"{MODEL}, state capacity {CAPACITY}, {n} sequences"] for n in (CAPACITY, 2 * CAPACITY))
 broken_by_eviction = above.sequences_failed.get("evicted", 0)
 
@@ -322,7 +323,7 @@ lab.expect(
 
 # %%
 IDLE_S = 1.0
-lab.apply_config(MODEL, lab.config(MODEL).with_parameters(idle_timeout_s=str(IDLE_S)))
+lab.triton.apply_config(MODEL, lab.triton.config(MODEL).with_parameters(idle_timeout_s=str(IDLE_S)))
 photo = photos[0].read_bytes()
 next_id += 2
 show("frame 1", frame(next_id, photo, start=True))
@@ -332,7 +333,7 @@ show(f"frame 2, after {IDLE_S / 2:g} s", after_short_pause)
 time.sleep(2 * IDLE_S)
 after_long_pause = frame(next_id, photo)
 show(f"frame 3, after {2 * IDLE_S:g} s", after_long_pause)
-lab.restore_config(MODEL)
+lab.triton.restore_config(MODEL)
 
 next_id += 1
 show("another sequence, frame 1", frame(next_id, photo, start=True))
@@ -342,8 +343,8 @@ after_cancel = frame(next_id, photo)
 show("its next frame", after_cancel)
 
 # %%
-lab.judge(sequences.idle_and_cancelled_sequences(after_short_pause, after_long_pause, cancel_answer, after_cancel,
-                                                 IDLE_S));
+lab.record(sequences.idle_and_cancelled_sequences(after_short_pause, after_long_pause, cancel_answer, after_cancel,
+                                                  IDLE_S));
 
 # %% [markdown]
 # A server that keeps state makes every sequence a small reservation: memory in the model, a

@@ -143,7 +143,7 @@ sample_pages = {}
 for photo in sorted(paths.SAMPLE_IMAGE.parent.glob("*.jpg")):
     page = lab.upload_to_ui(ui_url, photo.name, photo.read_bytes())
     sample_pages[photo.name] = (page.label, page.probability)
-lab.judge(fastapi_bench.samples_get_their_labels(sample_pages, served_weights));
+lab.record(fastapi_bench.samples_get_their_labels(sample_pages, served_weights));
 
 # %% [markdown]
 # ## How fast for one user? Sequential latency
@@ -207,7 +207,7 @@ sequential_onnx = lab.sequential("onnx")
 report(sequential_onnx)
 
 # %%
-lab.judge(fastapi_bench.runtime_comparison(sequential_pt, sequential_onnx, lab.hardware()));
+lab.record(fastapi_bench.runtime_comparison(sequential_pt, sequential_onnx, lab.hardware()));
 
 # %% [markdown]
 # ## Sixteen users at once
@@ -301,14 +301,14 @@ report(concurrent_onnx)
 # %%
 senders = concurrent_onnx.concurrency
 onnx_health = requests.get(f"{onnx_url}/health", timeout=10).json()
-slots = onnx_health["processes"] * onnx_health["predict_concurrency"]  # every process's slots
+slots = onnx_health["processes"] * onnx_health["slots"]  # every process's slots
 stages = concurrent_onnx.service_stats["stage_mean_ms"]
 print(f"Little's law, the whole system: {senders} / {concurrent_onnx.throughput_rps:.1f} req/s = "
       f"{1000 * senders / concurrent_onnx.throughput_rps:.1f} ms, the mean latency measured "
       f"{concurrent_onnx.latency.mean_ms:.1f} ms (a closed loop: the same thing, computed twice)")
 print(f"The service's own mean per request: waiting for a slot {stages['slot_wait']:.1f} ms, decoding "
       f"{stages['preprocess']:.1f} ms, inference {stages['inference']:.1f} ms; {slots} slot(s)")
-lab.judge(fastapi_bench.queueing_under_load(sequential_onnx, concurrent_onnx, slots, lab.hardware()));
+lab.record(fastapi_bench.queueing_under_load(sequential_onnx, concurrent_onnx, slots, lab.hardware()));
 # %% [markdown]
 # And the health checks that ran during those 16 senders, next to health checks on the idle service.
 # A handler that blocked the event loop for an inference would hold a health check for what remains
@@ -318,8 +318,8 @@ lab.judge(fastapi_bench.queueing_under_load(sequential_onnx, concurrent_onnx, sl
 
 # %%
 print(f"/health: {len(health_idle_ms)} checks idle, {len(health_loaded_ms)} during the c={senders} run")
-lab.judge(fastapi_bench.health_stays_out_of_the_queue(health_idle_ms, health_loaded_ms, concurrent_onnx, slots,
-                                                      lab.hardware()));
+lab.record(fastapi_bench.health_stays_out_of_the_queue(health_idle_ms, health_loaded_ms, concurrent_onnx, slots,
+                                                       lab.hardware()));
 # %% [markdown]
 # ### What the machine was doing
 #
@@ -409,11 +409,11 @@ plt.show()
 # %%
 crowded_name, one_core = f"{crowded} slots x {cores} threads", f"{cores} slots x 1 thread"
 every_core, default = f"1 slot x {cores} threads", "default (elastic)"
-lab.judge(fastapi_bench.crowded_threads_are_slower(loaded, crowded_name, one_core, crowded, cores, device,
-                                                   lab.hardware()))
-lab.judge(fastapi_bench.every_core_serves_one_faster(alone, every_core, one_core, cores, device, lab.hardware()))
-lab.judge(fastapi_bench.elastic_default_near_the_best(alone, loaded, default, device, lab.hardware(),
-                                                      sequential_pt.latency.p50_ms));
+lab.record(fastapi_bench.crowded_threads_are_slower(loaded, crowded_name, one_core, crowded, cores, device,
+                                                    lab.hardware()))
+lab.record(fastapi_bench.every_core_serves_one_faster(alone, every_core, one_core, cores, device, lab.hardware()))
+lab.record(fastapi_bench.elastic_default_near_the_best(alone, loaded, default, device, lab.hardware(),
+                                                       sequential_pt.latency.p50_ms));
 
 # %% [markdown]
 # ## Processes: one interpreter, one lock
@@ -444,8 +444,8 @@ for count in (1, processes_to_try):
                                              name=f"fastapi_onnx, {count} process(es)")
 print(f"Your prediction: {my_prediction}; measured: {by_processes[processes_to_try].throughput_rps:.1f} against "
       f"{by_processes[1].throughput_rps:.1f} req/s")
-lab.judge(fastapi_bench.processes_follow_the_plan(by_processes[1], by_processes[processes_to_try], processes_to_try,
-                                                  plan.processes, cores));
+lab.record(fastapi_bench.processes_follow_the_plan(by_processes[1], by_processes[processes_to_try], processes_to_try,
+                                                   plan.processes, cores));
 
 # %% [markdown]
 # ## Results

@@ -120,7 +120,7 @@ show_tree(lab.repository / "food_classifier")
 # The configuration is written in protobuf's text format:
 
 # %%
-print(lab.config("food_classifier"))
+print(lab.triton.config("food_classifier"))
 
 # %% [markdown]
 # What each part means:
@@ -178,7 +178,7 @@ print((paths.MODELS_STAGING_DIR / "food_classifier" / "1" / "model.py").read_tex
 # %%
 show_tree(lab.repository / "food_classifier_onnx")
 print()
-print(lab.config("food_classifier_onnx"))
+print(lab.triton.config("food_classifier_onnx"))
 
 # %% [markdown]
 # The input is no longer an image file but the preprocessed tensor itself: 32-bit floats of
@@ -229,7 +229,7 @@ for entry in triton.get_model_repository_index():
 # %%
 def describe_served(model: str) -> None:
     """What Triton reports for `model`, beside what its config.pbtxt asked for."""
-    served = lab.served_config(model)
+    served = lab.triton.served_config(model)
     print(f"{model}")
     asked = lab.models.get(model).backend
     print(f"  backend:        config.pbtxt asks for {asked!r}; Triton runs {served.get('backend')!r}")
@@ -258,7 +258,7 @@ for model in lab.models.names():
 # %%
 for model in lab.models.names():
     served = TritonConfig.read(lab.repository / model / "config.pbtxt", f"{lab.repository / model}/config.pbtxt")
-    changes = lab.config(model).diff(served, after=f"{served.origin} (what Triton loads)")
+    changes = lab.triton.config(model).diff(served, after=f"{served.origin} (what Triton loads)")
     print(changes or f"{model}: Triton loads models_staging/{model}/config.pbtxt unchanged.\n")
 
 # %% [markdown]
@@ -278,7 +278,8 @@ answer = triton.infer(
 )
 label = answer.as_numpy("FOOD_LABEL")[0, 0].decode()
 probability = float(answer.as_numpy("PROBABILITY")[0, 0])
-weights = lab.served_config("food_classifier").get("parameters", {}).get("weights", {}).get("string_value", "unknown")
+parameters = lab.triton.served_config("food_classifier").get("parameters", {})
+weights = parameters.get("weights", {}).get("string_value", "unknown")
 print(f"food_classifier says: {label} (probability {probability:.3f}); weights: {weights}")
 
 # %% [markdown]

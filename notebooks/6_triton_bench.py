@@ -29,7 +29,7 @@
 #   collecting the outputs;
 # - **network + server send/recv**, **client send/recv**: moving bytes between client and server.
 #
-# `lab.perf(...)` runs perf_analyzer with the window length of this notebook's profile (short
+# `lab.triton.perf(...)` runs perf_analyzer with the window length of this notebook's profile (short
 # windows in the `quick` profile used by the tests, longer ones in `full`), prints a one-line
 # summary, and keeps every result for the table at the end.
 
@@ -52,7 +52,7 @@ print(f"The models run on {lab.hardware()}.")
 # %% [markdown]
 # A few helpers do the bookkeeping in every experiment below:
 #
-# - `lab.measure(model, ...)` runs perf_analyzer, and tries once more when it finds no stable
+# - `lab.triton.perf(model, ...)` runs perf_analyzer, and tries once more when it finds no stable
 #   measurement; if no attempt settles, it says so and returns `None` instead of a number. Each
 #   result is labelled with the model's configuration (instances, dynamic batching), and carries
 #   what the machine did meanwhile, down to the CPU of each instance's process.
@@ -75,7 +75,7 @@ print(f"The models run on {lab.hardware()}.")
 # stay about the same; the time spent *queueing* should grow with the number of clients.
 
 # %%
-python_backend = {f"c={c}": lab.measure("food_classifier", concurrency=c) for c in (1, 8, 16)}
+python_backend = {f"c={c}": lab.triton.perf("food_classifier", concurrency=c) for c in (1, 8, 16)}
 lab.breakdown(python_backend);
 
 # %%
@@ -109,9 +109,9 @@ lab.expect(
 # 2. so the client gets at least 4 times the images per second.
 
 # %%
-batch_of_16 = lab.measure("food_classifier", concurrency=1, batch_size=16)
+batch_of_16 = lab.triton.perf("food_classifier", concurrency=1, batch_size=16)
 lab.breakdown({"1 image per request": python_backend["c=1"], "16 images per request": batch_of_16})
-lab.judge(triton_bench.client_batching(python_backend["c=1"], batch_of_16, lab.hardware(), lab.cores));
+lab.record(triton_bench.client_batching(python_backend["c=1"], batch_of_16, lab.hardware(), lab.cores));
 
 # %% [markdown]
 # Batching raises throughput on a GPU, but only when a client *has* 16 images at once. Our users
@@ -135,9 +135,9 @@ lab.judge(triton_bench.client_batching(python_backend["c=1"], batch_of_16, lab.h
 
 # %%
 two_per_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_GPU", "gpus": [1]}]
-lab.apply_config("food_classifier", lab.config("food_classifier").with_instance_groups(two_per_gpu))
-print(f"Triton now runs {lab.served_instances('food_classifier')} instances of food_classifier")
-four_instances = lab.measure("food_classifier", concurrency=8)
+lab.triton.apply_config("food_classifier", lab.triton.config("food_classifier").with_instance_groups(two_per_gpu))
+print(f"Triton now runs {lab.triton.served_instances('food_classifier')} instances of food_classifier")
+four_instances = lab.triton.perf("food_classifier", concurrency=8)
 
 # %% [markdown]
 # Eight clients and four instances: each request should wait for less, as long as the
@@ -146,9 +146,9 @@ four_instances = lab.measure("food_classifier", concurrency=8)
 
 # %%
 four_per_gpu = [{"count": 4, "kind": "KIND_GPU", "gpus": [0]}, {"count": 4, "kind": "KIND_GPU", "gpus": [1]}]
-lab.apply_config("food_classifier", lab.config("food_classifier").with_instance_groups(four_per_gpu))
-print(f"Triton now runs {lab.served_instances('food_classifier')} instances of food_classifier")
-eight_instances = lab.measure("food_classifier", concurrency=8)
+lab.triton.apply_config("food_classifier", lab.triton.config("food_classifier").with_instance_groups(four_per_gpu))
+print(f"Triton now runs {lab.triton.served_instances('food_classifier')} instances of food_classifier")
+eight_instances = lab.triton.perf("food_classifier", concurrency=8)
 
 # %% [markdown]
 # **Expectation.** More instances help while the hardware has idle capacity: requests no longer
@@ -188,8 +188,8 @@ for name, used in instances_cpu.items():
         f"{name}: the instances used {used.value:.0f}% of a core, of the {100 * lab.cores}% this machine has; "
         f"{rate[name].value / (used.value / 100):.1f} requests per second of CPU"
     )
-lab.judge(triton_bench.instances_stop_helping({1: scaling["1 instance"], 4: four_instances, 8: eight_instances},
-                                             lab.hardware(), lab.cores));
+lab.record(triton_bench.instances_stop_helping({1: scaling["1 instance"], 4: four_instances, 8: eight_instances},
+                                              lab.hardware(), lab.cores));
 
 # %% [markdown]
 # What the machine did during each run, in place of the original lab's nvtop screenshots. On your
@@ -212,7 +212,7 @@ if not lab.on_compose:
 # Back to the configuration as shipped (one instance), before we move on:
 
 # %%
-lab.restore_config("food_classifier")
+lab.triton.restore_config("food_classifier")
 
 # %% [markdown]
 # ## 3. The ONNX Runtime backend
@@ -232,11 +232,11 @@ lab.restore_config("food_classifier")
 # one ends, so its requests per second are one over that mean: the same number, judged once.)
 
 # %%
-onnx_single = lab.measure("food_classifier_onnx", concurrency=1)
+onnx_single = lab.triton.perf("food_classifier_onnx", concurrency=1)
 python_single = python_backend["c=1"]
-lab.judge(triton_bench.onnx_beats_python(onnx_single, python_single,
-                                         lab.served_config("food_classifier_onnx").get("backend") == "python",
-                                         lab.hardware()));
+lab.record(triton_bench.onnx_beats_python(onnx_single, python_single,
+                                          lab.triton.served_config("food_classifier_onnx").get("backend") == "python",
+                                          lab.hardware()));
 
 # %% [markdown]
 # ### Scaling the ONNX model
@@ -251,20 +251,22 @@ lab.judge(triton_bench.onnx_beats_python(onnx_single, python_single,
 # instance, as long as one instance left hardware idle.
 
 # %%
-onnx_one_busy = lab.measure("food_classifier_onnx", concurrency=8)
+onnx_one_busy = lab.triton.perf("food_classifier_onnx", concurrency=8)
 two_on_each_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]
-lab.apply_config("food_classifier_onnx", lab.config("food_classifier_onnx").with_instance_groups(two_on_each_gpu))
-onnx_instances = lab.served_instances("food_classifier_onnx")
+lab.triton.apply_config(
+    "food_classifier_onnx", lab.triton.config("food_classifier_onnx").with_instance_groups(two_on_each_gpu)
+)
+onnx_instances = lab.triton.served_instances("food_classifier_onnx")
 print(f"Triton now runs {onnx_instances} instances of food_classifier_onnx")
 onnx_scaled = {
     "c=1, 1 instance": onnx_single,
     "c=8, 1 instance": onnx_one_busy,
-    f"c=8, {onnx_instances} instances": lab.measure("food_classifier_onnx", concurrency=8),
-    f"c=16, {onnx_instances} instances": lab.measure("food_classifier_onnx", concurrency=16),
+    f"c=8, {onnx_instances} instances": lab.triton.perf("food_classifier_onnx", concurrency=8),
+    f"c=16, {onnx_instances} instances": lab.triton.perf("food_classifier_onnx", concurrency=16),
 }
 lab.breakdown(onnx_scaled)
-lab.judge(triton_bench.instance_scaling(onnx_one_busy, onnx_scaled[f"c=8, {onnx_instances} instances"],
-                                       onnx_instances, lab.hardware(), lab.cores));
+lab.record(triton_bench.instance_scaling(onnx_one_busy, onnx_scaled[f"c=8, {onnx_instances} instances"],
+                                        onnx_instances, lab.hardware(), lab.cores));
 
 # %% [markdown]
 # Compare the queue column with the compute column at 16 clients. When requests arrive faster
@@ -313,7 +315,7 @@ print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()[
 # A rate means something only next to what the server can serve: on a slower machine those rates
 # would overload the server, and on a faster GPU they would leave it idle, so that the checks
 # below would judge noise. What carries over from the original is their shape, from light load to
-# close to saturation. So first `lab.capacity` measures what one ONNX instance can do on this
+# close to saturation. So first `lab.triton.capacity` measures what one ONNX instance can do on this
 # server, once: a request alone (its latency, and how much that varies), and the requests per
 # second it completes when it is never idle. That one capacity figure is used from here on: to turn
 # the four rates into the same shares of it on every device, a CPU or any GPU (the cell prints the
@@ -326,12 +328,12 @@ print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()[
 # produces clumps that have to wait.
 
 # %%
-lab.restore_config("food_classifier_onnx")
-onnx_capacity = lab.capacity("food_classifier_onnx")
-rates = lab.scale_rates([120, 180, 240, 300], onnx_capacity)
+lab.triton.restore_config("food_classifier_onnx")
+onnx_capacity = lab.triton.capacity("food_classifier_onnx")
+rates = lab.triton.scale_rates([120, 180, 240, 300], onnx_capacity)
 
 arrivals = {
-    distribution: lab.measure("food_classifier_onnx", rate=rates[0], distribution=distribution)
+    distribution: lab.triton.perf("food_classifier_onnx", rate=rates[0], distribution=distribution)
     for distribution in ("constant", "poisson")
 }
 lab.breakdown(arrivals)
@@ -374,7 +376,7 @@ def poisson_sweep() -> dict:
     """Poisson runs at every rate, each with the server's statistics over that run."""
     sweep = {}
     for rate in rates:
-        result = lab.measure("food_classifier_onnx", rate=rate, distribution="poisson", triton_stats=True)
+        result = lab.triton.perf("food_classifier_onnx", rate=rate, distribution="poisson", triton_stats=True)
         sweep[f"{rate:g} req/s"] = result
         if result is not None:
             stats = result.triton_stats
@@ -394,11 +396,12 @@ lab.breakdown(without_batching);
 # its batch. Then the same four runs:
 
 # %%
-batching = lab.config("food_classifier_onnx").with_dynamic_batching(
+batching = lab.triton.config("food_classifier_onnx").with_dynamic_batching(
     preferred_batch_size=[4, 6, 8], max_queue_delay_microseconds=100
 )
-lab.apply_config("food_classifier_onnx", batching)
-print("dynamic_batching in the served config:", lab.served_config("food_classifier_onnx").get("dynamic_batching"))
+lab.triton.apply_config("food_classifier_onnx", batching)
+print("dynamic_batching in the served config:",
+      lab.triton.served_config("food_classifier_onnx").get("dynamic_batching"))
 
 with_batching = poisson_sweep()
 lab.breakdown(with_batching);
@@ -448,8 +451,8 @@ for name, sweep in (("no batching", without_batching), ("dynamic batching", with
     executions = run.triton_stats["executions_by_batch_size"]
     print(f"{name}, {highest}: compute per image, by batch size: " + ", ".join(
         f"{size}: {per_image[size]:.2f} ms ({executions[size]} executions)" for size in sorted(per_image)))
-lab.judge(triton_bench.batching_shortens_the_queue(without_batching, with_batching))
-lab.judge(triton_bench.batching_keeps_latency_flat(without_batching, with_batching, lab.hardware()));
+lab.record(triton_bench.batching_shortens_the_queue(without_batching, with_batching))
+lab.record(triton_bench.batching_keeps_latency_flat(without_batching, with_batching, lab.hardware()));
 
 # %% [markdown]
 # ### The queueing view
@@ -514,8 +517,8 @@ else:
 # the server as it started:
 
 # %%
-lab.restore_config("food_classifier_onnx")
-lab.restore_config("food_classifier")
+lab.triton.restore_config("food_classifier_onnx")
+lab.triton.restore_config("food_classifier")
 
 # %% [markdown]
 # All of this notebook's measurements, and the verdict on each expectation. The `name` column

@@ -11,13 +11,13 @@
 # - **preprocess**: fetch and prepare the input (download, decode, resize); as many requests at once
 #   as arrive. In this lab's service (`servelab/service/predict_api.py`): `fetch`, the download, asynchronous
 #   I/O on the event loop (`image_fetch.py`), then the scheduler's `decode` (`scheduler.py`), in a thread pool.
-# - **predict**: run the model; at most *predict concurrency* requests at once. Here: the scheduler's `in_slot`, run
+# - **predict**: run the model; at most one request per *predict slot* at once. Here: the scheduler's `in_slot`, run
 #   by a pool of `PREDICT_CONCURRENCY` inference threads, the slots; a request waits in the pool's
 #   queue for one.
 # - **postprocess**: turn the model's output into an answer; as many at once as arrive. Here:
 #   `top_prediction` (softmax and label).
 #
-# The predict concurrency protects the model (its memory, its GPU); everything outside it runs
+# The predict slots protect the model (its memory, its GPU); everything outside it runs
 # freely. If the download runs *inside* the slot, the model sits idle while bytes travel: with one
 # slot, inference time S and download time D, at most one request per D + S seconds. Outside the
 # slot, downloads overlap each other and the model, so once enough requests are in flight the slot
@@ -158,7 +158,7 @@ for latency_ms in LATENCIES_MS:
         "1 / (D + S)": 1000 / (inside_stages["download"] + inside_stages["inference"]),
         "1 / S": 1000 / outside[enough[latency_ms]].service_stats["stage_mean_ms"]["inference"],
     }
-    lab.judge(io_vs_compute.slot_holds_only_inference(inside, outside, enough[latency_ms], latency_ms, lab.hardware()))
+    lab.record(io_vs_compute.slot_holds_only_inference(inside, outside, enough[latency_ms], latency_ms, lab.hardware()))
 
 # %% [markdown]
 # Throughput against concurrency, both designs, one panel per download latency; the dotted line is

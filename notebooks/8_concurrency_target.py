@@ -1,9 +1,9 @@
 # %% [markdown]
 # # 8. The concurrency target, and replicas that come and go: Ray Serve
 #
-# Notebook 7 put a limit *inside* one server: the predict slot, how many requests run the model at
-# once (the **predict concurrency**). A platform that runs many copies of a model (replicas) needs
-# a second limit, *in front* of them:
+# Notebook 7 put a limit *inside* one server: the **predict slots**, how many requests run the
+# model at once (`PREDICT_CONCURRENCY` sets them). A platform that runs many copies of a model
+# (replicas) needs a second limit, *in front* of them:
 #
 # - the **concurrency target**: how many requests are routed to one replica at a time. Requests
 #   beyond it wait in a queue in front of the replicas, not inside any of them;
@@ -15,23 +15,23 @@
 #
 # 1. **What triggers scaling.** Some platforms have one concurrency target that does both jobs: it
 #    caps a replica, and replicas are added once every replica has reached it. Ray Serve splits it
-#    in two settings: `max_ongoing_requests` caps what one replica holds, and
+#    in two options: `max_ongoing_requests` caps what one replica holds, and
 #    `target_ongoing_requests` is the load per replica above which Serve adds replicas. Set the
 #    second below the first, and Serve adds a replica before any replica is full.
-# 2. **The concurrency target must be at least the predict concurrency.** A replica can run no more
+# 2. **The concurrency target must be at least the predict slots.** A replica can run no more
 #    inferences at once than the requests it holds: with `max_ongoing_requests` below
 #    `PREDICT_CONCURRENCY`, predict slots stay idle while requests wait in front.
 #
 # This notebook teaches them on **Ray Serve**, an engine whose replicas can live on many machines.
 # Its names for them, all in `ray_serve/serve_config.yaml`:
 #
-# | idea | Ray Serve setting | where |
+# | idea | Ray Serve option | where |
 # | --- | --- | --- |
 # | concurrency target (per replica) | `max_ongoing_requests` | the deployment |
 # | queue in front of the replicas | `max_queued_requests` (-1: no bound) | the deployment |
 # | autoscaling | `autoscaling_config`: `target_ongoing_requests` (its trigger), replicas, delays | the deployment |
 # | what a replica reserves | `ray_actor_options`: `num_gpus` on the GPU node, `num_cpus` here | the deployment |
-# | predict concurrency (inside a replica) | `PREDICT_CONCURRENCY`, as in FastAPI | the replica's environment |
+# | predict slots (inside a replica) | `PREDICT_CONCURRENCY`, as in FastAPI | the replica's environment |
 #
 # Each replica runs the very app of `fastapi_onnx` (same `/predict`, same errors, same predict
 # slot), so every client of the lab works with it unchanged.
@@ -132,7 +132,7 @@ autoscaling = {
     "metrics_interval_s": 1,
 }
 step_config = serve.shipped_config()
-food11 = serve.settings(step_config)
+food11 = serve.deployment_options(step_config)
 food11["max_ongoing_requests"] = MAX_ONGOING
 food11["autoscaling_config"] = autoscaling
 serve.apply(step_config)
@@ -198,16 +198,16 @@ plt.show()
 # replicas that ran during the step.
 
 # %%
-lab.judge(concurrency_target.scales_on_the_target(samples, steps, autoscaling, MAX_ONGOING))
-lab.judge(concurrency_target.queue_in_front(samples, steps, MAX_ONGOING));
+lab.record(concurrency_target.scales_on_the_target(samples, steps, autoscaling, MAX_ONGOING))
+lab.record(concurrency_target.queue_in_front(samples, steps, MAX_ONGOING));
 
 # %% [markdown]
-# ## The cap must leave room for the predict concurrency
+# ## The cap must leave room for the predict slots
 #
 # A replica runs `PREDICT_CONCURRENCY` inferences at once at most, but it only ever holds
 # `max_ongoing_requests` requests. One replica with two predict slots (`PREDICT_CONCURRENCY=2`;
 # without a GPU, the replica's cores shared between them), 4 clients, and `max_ongoing_requests`
-# of 1, then 2 (the predict concurrency), then 4. The replica's own `/metrics` say how long its
+# of 1, then 2 (the predict slots), then 4. The replica's own `/metrics` say how long its
 # requests spent at the model: over the run's length, that is how many slots were busy on average,
 # and how long its requests waited inside it for a slot. Serve's gauges say how many waited in
 # front of it.
@@ -226,19 +226,19 @@ lab.judge(concurrency_target.queue_in_front(samples, steps, MAX_ONGOING));
 # is elsewhere.
 
 # %%
-SLOT_CLIENTS, PREDICT_CONCURRENCY = 4, 2
+SLOT_CLIENTS, PREDICT_SLOTS = 4, 2
 slot_runs, slot_samples = {}, {}
-for cap in (1, PREDICT_CONCURRENCY, MAX_ONGOING):
+for cap in (1, PREDICT_SLOTS, MAX_ONGOING):
     config = serve.shipped_config()
-    food11 = serve.settings(config)
+    food11 = serve.deployment_options(config)
     food11.pop("autoscaling_config")
     food11.update(num_replicas=1, max_ongoing_requests=cap)
     env = food11["ray_actor_options"]["runtime_env"]["env_vars"]
-    env["PREDICT_CONCURRENCY"] = str(PREDICT_CONCURRENCY)
+    env["PREDICT_CONCURRENCY"] = str(PREDICT_SLOTS)
     if not serve.hardware.gpus:  # threads are a resource: the slots share the replica's cores
-        env["INFERENCE_THREADS"] = str(max(1, serve.hardware.cores // PREDICT_CONCURRENCY))
+        env["INFERENCE_THREADS"] = str(max(1, serve.hardware.cores // PREDICT_SLOTS))
     serve.apply(config, quiet=cap != 1)
-    label = f"ray_serve, {PREDICT_CONCURRENCY} predict slots, max_ongoing_requests {cap}"
+    label = f"ray_serve, {PREDICT_SLOTS} predict slots, max_ongoing_requests {cap}"
     with serve.watch() as watcher:
         slot_runs[cap] = lab.closed_loop(
             serve.url, SLOT_CLIENTS, max(lab.profile.duration_s, 5), name=label, service_stats=True
@@ -254,7 +254,7 @@ for cap, run in slot_runs.items():
         f"{statistics.fmean(sample.queued for sample in slot_samples[cap]):>17.2f}{stages['slot_wait']:>14.1f}"
         f"{in_replica_mean_ms(slot_samples[cap], 0, float('inf')):>15.1f}{stages['inference']:>17.1f}"
     )
-lab.judge(concurrency_target.slots_need_room(slot_runs, slot_samples, PREDICT_CONCURRENCY));
+lab.record(concurrency_target.slots_need_room(slot_runs, slot_samples, PREDICT_SLOTS));
 
 # %% [markdown]
 # ## A small queue: overload refused fast
@@ -277,7 +277,7 @@ QUEUE_CLIENTS, BACKOFF_S = 16, 0.1
 runs_by_queue = {}
 for queued in (2, -1):
     config = serve.shipped_config()
-    food11 = serve.settings(config)
+    food11 = serve.deployment_options(config)
     food11.pop("autoscaling_config")
     food11.update(num_replicas=1, max_ongoing_requests=2, max_queued_requests=queued)
     serve.apply(config, quiet=queued != 2)
@@ -288,7 +288,7 @@ for queued in (2, -1):
 
 
 small, unbounded = runs_by_queue[2], runs_by_queue[-1]
-lab.judge(concurrency_target.bounded_queue_refuses(
+lab.record(concurrency_target.bounded_queue_refuses(
     "Ray Serve", small, unbounded, 2, "http_503",
     f"on {lab.hardware()}, Serve's proxy, the refusals and the load generator share the cores with the replica, "
     "which slows the answered requests too",
@@ -319,7 +319,7 @@ replica_counts = (1, 2) if serve.hardware.gpus else (1, 2, 3)
 by_replicas, cpu_by_replicas = {}, {}
 for replicas in replica_counts:
     config = serve.shipped_config()
-    food11 = serve.settings(config)
+    food11 = serve.deployment_options(config)
     food11.pop("autoscaling_config")
     food11.update(num_replicas=replicas, max_ongoing_requests=MAX_ONGOING)
     if not serve.hardware.gpus:  # every run gives a replica the same share, small enough for the most replicas
@@ -454,7 +454,7 @@ infers = [
     figure(run, "service_stats.stage_mean_ms.inference", f"inference, {c} clients") for c, run in fastapi_runs.items()
 ]
 lab.expect(
-    "FastAPI's predict concurrency queues inside the process and never refuses",
+    "FastAPI's predict slots queue requests inside the process and never refuse",
     condition(
         "nobody is refused",
         few.error_count == 0 and many.error_count == 0,
@@ -487,8 +487,8 @@ lab.expect(
 # (2.51) answered far fewer requests than that instance can compute, and each answered request
 # waited in the queue many times its computing time, where a queue of 2 allows a few computations'
 # worth at most: the instance sat idle while requests waited. That was seen while this lesson was
-# written; this run does not measure it. To see it, change `lab.instance_groups(2)` below to
-# `lab.instance_groups(1)` and compare the queue and computing times printed after each run. The
+# written; this run does not measure it. To see it, change `lab.triton.instance_groups(2)` below to
+# `lab.triton.instance_groups(1)` and compare the queue and computing times printed after each run. The
 # cause is not established. Upstream, triton-inference-server/server#5783 (Triton 23.03) and #6796
 # (23.10, still open) report that `max_queue_size` and the queue timeout sometimes do not take
 # effect as expected when requests arrive in quick succession; that this is the same fault is our
@@ -503,13 +503,13 @@ MODEL = "food_classifier_onnx"
 triton_runs = {}
 for max_queue in (2, 0):
     queue_policy = {"max_queue_size": max_queue, "timeout_action": "REJECT"} if max_queue else {}
-    edited = lab.config(MODEL).with_fields(max_batch_size=1).with_instance_groups(lab.instance_groups(2))
+    edited = lab.triton.config(MODEL).with_fields(max_batch_size=1).with_instance_groups(lab.triton.instance_groups(2))
     edited = (
         edited.with_dynamic_batching(default_queue_policy=queue_policy)
         if queue_policy
         else edited.with_dynamic_batching()
     )
-    lab.apply_config(MODEL, edited)
+    lab.triton.apply_config(MODEL, edited)
     label = f"triton/{MODEL}, 2 instances, queue {'of ' + str(max_queue) if max_queue else 'unbounded'}"
     triton_runs[max_queue] = lab.closed_loop(
         lab.triton_http, 16, max(lab.profile.duration_s, 5), name=label, kind="triton-http", model=MODEL,
@@ -520,9 +520,9 @@ for max_queue in (2, 0):
         f"  server: {stats['success_count']} answered, on average {stats['avg_queue_us'] / 1000:.1f} ms in the"
         f" queue and {stats['avg_compute_infer_us'] / 1000:.1f} ms computing"
     )
-lab.restore_config(MODEL)
+lab.triton.restore_config(MODEL)
 bounded, open_queue = triton_runs[2], triton_runs[0]
-lab.judge(concurrency_target.bounded_queue_refuses(
+lab.record(concurrency_target.bounded_queue_refuses(
     "Triton", bounded, open_queue, 2, None,
     f"on {lab.hardware()}, the 16 clients, their refusals and both instances share the cores; with the "
     f"queue of 2 an answered request waited {bounded.triton_stats['avg_queue_us'] / 1000:.1f} ms in Triton's queue "
@@ -531,7 +531,7 @@ lab.judge(concurrency_target.bounded_queue_refuses(
 
 # %% [markdown]
 # Three engines, the same two ideas: a limit on the work running at once (Ray Serve's
-# `max_ongoing_requests` and the predict concurrency inside it, FastAPI's slot, Triton's
+# `max_ongoing_requests` and the predict slots inside it, FastAPI's slot, Triton's
 # instances), and a bound on the work waiting (Serve's `max_queued_requests`, Triton's queue
 # policy; FastAPI has none). Only Ray Serve also turns a long queue into more replicas.
 #

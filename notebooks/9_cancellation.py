@@ -124,6 +124,8 @@ def account(name: str, result, inferences: float) -> None:
 # 1. Without cancellation (FastAPI with `ABANDON_ON_DISCONNECT=off`), the server computes answers
 #    nobody reads, and the patient clients pay for it: wasted inferences are at least half the
 #    cancelled requests; the patient clients' p95 is higher and the goodput lower than with it on.
+#    (The goodput is the throughput of answers to clients still waiting; a cancelled request is
+#    never answered, so a run's `throughput_rps` is its goodput, while the server may compute more.)
 # 2. With it on, the waste falls to about the inferences already running when their client left:
 #    under a quarter of the waste with it off, and the server abandons at least half the
 #    cancelled requests before they reach the model.
@@ -156,12 +158,12 @@ for setting in ("off", "on"):
 
 # %%
 one_at_a_time = (
-    lab.config(TRITON_MODEL)
+    lab.triton.config(TRITON_MODEL)
     .with_fields(max_batch_size=1)
-    .with_instance_groups(lab.instance_groups(1))
+    .with_instance_groups(lab.triton.instance_groups(1))
     .with_dynamic_batching()
 )
-lab.apply_config(TRITON_MODEL, one_at_a_time)
+lab.triton.apply_config(TRITON_MODEL, one_at_a_time)
 
 
 def triton_impatient_run(name: str, address: str, pace: tuple[float, float], kind: str):
@@ -186,7 +188,7 @@ def triton_impatient_run(name: str, address: str, pace: tuple[float, float], kin
 for kind, address in (("triton-http", lab.triton_http), ("triton-grpc", lab.triton_grpc)):
     name = f"triton/{TRITON_MODEL}, {kind.removeprefix('triton-')}"
     triton_impatient_run(name, address, paced(name, address, kind=kind, model=TRITON_MODEL), kind)
-lab.restore_config(TRITON_MODEL)
+lab.triton.restore_config(TRITON_MODEL)
 
 # %% [markdown]
 # ## Ray Serve
@@ -297,7 +299,7 @@ for setting in ("off", "on"):
 # verdict that reads the run is NOT CHECKED.
 
 # %%
-triton_log = lab.triton_log()
+triton_log = lab.triton.log()
 log_start = triton_log.stat().st_size if triton_log else 0
 
 
@@ -308,9 +310,9 @@ def refine_steps_logged() -> StepCounts:
     return triton_stats.refine_steps(triton_stats.log_since(triton_log, log_start), REFINE_MODEL)
 
 
-lab.apply_config(REFINE_MODEL, lab.config(REFINE_MODEL).with_parameters(abandon_on_cancel="off"))
+lab.triton.apply_config(REFINE_MODEL, lab.triton.config(REFINE_MODEL).with_parameters(abandon_on_cancel="off"))
 stream_load("Triton", "off", lab.triton_grpc, refine_steps_logged, kind="triton-grpc")
-lab.restore_config(REFINE_MODEL)
+lab.triton.restore_config(REFINE_MODEL)
 stream_load("Triton", "on", lab.triton_grpc, refine_steps_logged, kind="triton-grpc")
 
 # %% [markdown]
@@ -359,7 +361,7 @@ plt.show()
 
 # %%
 for engine in engines:
-    lab.judge(cancellation.stream_stops_at_the_next_step(engine, streams[engine, "off"], streams[engine, "on"]))
+    lab.record(cancellation.stream_stops_at_the_next_step(engine, streams[engine, "off"], streams[engine, "on"]))
 
 # %% [markdown]
 # Stopping midway takes the same three things on every engine: the work is cut into steps, the
@@ -373,7 +375,7 @@ for engine in engines:
 # %%
 names = list(runs)
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-left.barh(names, [runs[n].goodput_rps for n in names], color="tab:green")
+left.barh(names, [runs[n].throughput_rps for n in names], color="tab:green")
 left.set_xlabel("goodput (answers to clients still waiting, req/s)")
 right.barh(names, [wasted[n] / runs[n].wall_s for n in names], color="tab:red")
 right.set_xlabel("wasted inferences per second (computed for nobody)")
@@ -425,14 +427,14 @@ RACE_FIXED_IN = (2, 53)
 def probe_server():
     """Locally a private Triton serving the model alone; in Docker the project's, configured alike."""
     if not lab.on_compose:
-        with lab.private_triton(TRITON_MODEL, one_at_a_time) as own:
+        with lab.triton.private_triton(TRITON_MODEL, one_at_a_time) as own:
             yield own
         return
-    lab.apply_config(TRITON_MODEL, one_at_a_time)
+    lab.triton.apply_config(TRITON_MODEL, one_at_a_time)
     try:
-        yield TritonAddresses(lab.triton_http, lab.triton_grpc, lab.triton_log())
+        yield TritonAddresses(lab.triton_http, lab.triton_grpc, lab.triton.log())
     finally:
-        lab.restore_config(TRITON_MODEL)
+        lab.triton.restore_config(TRITON_MODEL)
 
 
 def cancellation_probe(triton, name: str, clients: int, impatient: int, pace: tuple[float, float]) -> dict:
@@ -440,7 +442,7 @@ def cancellation_probe(triton, name: str, clients: int, impatient: int, pace: tu
     verbose log on, in runs of 2 s until it crashes or PROBE_S pass: the cancellations, the steps
     at which the server handled them (from its log), and the crash."""
     log_start = triton.log.stat().st_size if triton.log else 0
-    lab.triton_log_verbosity(1, triton.http)
+    lab.triton.log_verbosity(1, triton.http)
     cancelled, crash, begun = 0, None, time.monotonic()
     while crash is None and time.monotonic() - begun < PROBE_S:
         run = lab.closed_loop(
@@ -451,7 +453,7 @@ def cancellation_probe(triton, name: str, clients: int, impatient: int, pace: tu
         crash = run.interrupted_by[0] if run.interrupted_by else None
     lab.wait_for_services()
     try:
-        lab.triton_log_verbosity(0, triton.http)  # a server restarted after a crash is back at 0 already
+        lab.triton.log_verbosity(0, triton.http)  # a server restarted after a crash is back at 0 already
     except TimeoutError:  # the same race can deadlock the server instead of crashing it
         crash = crash or "hung: it stopped answering"
     steps = triton_stats.cancellation_steps(triton_stats.log_since(triton.log, log_start)) if triton.log else {}
@@ -468,7 +470,7 @@ def cancellation_probe(triton, name: str, clients: int, impatient: int, pace: tu
 
 probes = {}
 with probe_server() as triton:
-    version = lab.triton_version(triton.http)
+    version = lab.triton.version(triton.http)
     alone = lab.closed_loop(triton.grpc, 1, ALONE_S, name="probe, 1 client", kind="triton-grpc", model=TRITON_MODEL)
     s_alone = alone.latency.p50_ms / 1000
     probes["the lesson's deadline"] = cancellation_probe(
@@ -534,11 +536,11 @@ lab.expect(
 off_name, on_name = "fastapi_onnx, 1 slot, abandon off", "fastapi_onnx, 1 slot, abandon on"
 http_name, grpc_name = (f"triton/{TRITON_MODEL}, {protocol}" for protocol in ("http", "grpc"))
 ray_name = "ray_serve, 1 replica"
-lab.judge(cancellation.waste_without_cancellation(runs[off_name], runs[on_name], wasted[off_name]))
-lab.judge(cancellation.abandoning_cuts_the_waste(runs[off_name], runs[on_name], wasted[off_name], wasted[on_name]))
-lab.judge(cancellation.triton_cancels_over_grpc(runs[http_name], runs[grpc_name], wasted[http_name],
-                                                wasted[grpc_name]))
-lab.judge(cancellation.ray_drops_gone_requests(runs[ray_name], wasted[ray_name]));
+lab.record(cancellation.waste_without_cancellation(runs[off_name], runs[on_name], wasted[off_name]))
+lab.record(cancellation.abandoning_cuts_the_waste(runs[off_name], runs[on_name], wasted[off_name], wasted[on_name]))
+lab.record(cancellation.triton_cancels_over_grpc(runs[http_name], runs[grpc_name], wasted[http_name],
+                                                 wasted[grpc_name]))
+lab.record(cancellation.ray_drops_gone_requests(runs[ray_name], wasted[ray_name]));
 # %% [markdown]
 # Cancellation is cheap where the server can drop work that has not started, which is most of
 # the work when a queue forms: the clients who left stop taking the capacity that the clients

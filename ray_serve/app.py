@@ -1,12 +1,12 @@
 """Food-11 classifier on Ray Serve: the same app as fastapi_onnx, in replicas Serve scales.
 
-Two levels of concurrency, both set in serve_config.yaml:
+Two limits on the requests at once, both set in serve_config.yaml:
 - the *concurrency target*: Serve routes at most `max_ongoing_requests` requests to one replica
   at a time. Requests beyond it wait in front of the replicas (at most `max_queued_requests`;
   past that Serve answers 503), and `autoscaling_config` adds replicas while the requests per
   replica stay above `target_ongoing_requests`, and removes them when the load drops;
-- the *predict concurrency*: inside a replica, PREDICT_CONCURRENCY inferences run at once (set
-  in the replica's environment), exactly as in the FastAPI services.
+- the *predict slots*: inside a replica, PREDICT_CONCURRENCY sets how many inferences run at once
+  (in the replica's environment), exactly as in the FastAPI services.
 
 Each replica builds the whole FastAPI app of onnx_service.py (same /predict contract, same error
 codes, /health, /metrics): `serve.ingress` is given a builder, which Serve calls in the replica,

@@ -110,12 +110,6 @@ class RunResult:
         return self.server_breakdown[key] / 1000
 
     @property
-    def goodput_rps(self) -> float:
-        """Requests answered to clients still waiting, per second. A cancelled request is never
-        answered, so this is `throughput_rps`; the server may have computed more."""
-        return self.throughput_rps
-
-    @property
     def error_count(self) -> int:
         return sum(self.errors.values())
 

@@ -161,7 +161,7 @@ class InstantModel:
 
 def service_settings(allowed_hosts: str = "", **changes) -> ServiceSettings:
     """One predict slot of one thread and one decoding thread, the least a service runs on."""
-    least = {"predict_concurrency": 1, "inference_threads": 1, "preprocess_workers": 1}
+    least = {"slots": 1, "inference_threads": 1, "preprocess_workers": 1}
     return ServiceSettings(
         **{"max_request_bytes": LIMIT_BYTES, "allowed_hosts": AllowList.parse(allowed_hosts), **least, **changes}
     )

@@ -31,11 +31,11 @@ def quick_report(model_servers, ports, tmp_path_factory):
 
 
 @pytest.mark.integration
-def test_every_target_and_reference_is_measured_without_errors(quick_report):
+def test_every_setup_and_reference_is_measured_without_errors(quick_report):
     results, _ = load_results(quick_report / "results.json")
     busiest = max(PROFILES["quick"].concurrencies)
     served = {(r.name, r.concurrency) for r in results if r.tool == "loadgen"}
-    expected = {(t.name, c) for t in bench.TARGETS for c in PROFILES["quick"].concurrencies}
+    expected = {(t.name, c) for t in bench.SETUPS for c in PROFILES["quick"].concurrencies}
     assert served == expected | {(name, busiest) for name in bench.NAIVE.values()}
     for result in results:
         assert result.requests > 0 and result.throughput_rps > 0, result.label
@@ -83,9 +83,9 @@ def test_each_ceiling_is_the_best_of_its_sweep_measured_again_between_each_runs_
 def test_triton_runs_one_instance_per_core_on_a_cpu_and_the_shipped_config_comes_back(quick_report, ports):
     metadata = json.loads((quick_report / "metadata.json").read_text())
     cores = available_cores()
-    for target in (t for t in bench.TARGETS if t.model):
-        assert metadata["thread_plans"][target.name].startswith(f"{cores} inference slot(s)")
-        served = requests.get(f"http://127.0.0.1:{ports.triton_http}/v2/models/{target.model}/config", timeout=5)
+    for setup in (s for s in bench.SETUPS if s.model):
+        assert metadata["thread_plans"][setup.name].startswith(f"{cores} inference slot(s)")
+        served = requests.get(f"http://127.0.0.1:{ports.triton_http}/v2/models/{setup.model}/config", timeout=5)
         assert [group["count"] for group in served.json()["instance_group"]] == [1]  # as in config.pbtxt
 
 
@@ -114,7 +114,7 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
         assert row and row.group(1) == f"{100 * ratio:.1f}", result.label
     targets = report.split("## Targets")[1].split("##")[0]
     judged = sum(len(goal.loads) for goal in bench_report.GOALS)
-    assert len(re.findall(r"^- (met|NOT MET|NOT JUDGED): ", targets, re.M)) == judged + len(bench.TARGETS) + 2
+    assert len(re.findall(r"^- (met|NOT MET|NOT JUDGED): ", targets, re.M)) == judged + len(bench.SETUPS) + 2
     # A FastAPI service is judged against its cap where its point kept every core busy, and only there.
     # Each line shows its windows one by one, and a FastAPI one its CPU split, from the run's own figures.
     for goal in (goal for goal in bench_report.GOALS if goal.of_cap):

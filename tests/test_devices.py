@@ -235,7 +235,7 @@ def test_the_onnx_service_on_a_gpu_that_cannot_run_serves_on_the_cpu_and_says_wh
     assert (health["device"], health["device_asked"]) == ("cpu", "cuda")
     assert health["device_fallback"] == f"the first inference on cuda failed: {ORT_RUN_FAILURE}"
     assert health["first_inference_ms"] > 0
-    assert health["predict_concurrency"] == available_cores()  # the CPU's thread plan: a slot per core
+    assert health["slots"] == available_cores()  # the CPU's thread plan: a slot per core
     assert answer.status_code == 200 and answer.json()["prediction"] in LABELS
     cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert onnx_runtime_on_a_gpu_that_cannot_run.made.count(cuda) == 1, "the failed GPU is not tried again"
@@ -321,7 +321,7 @@ def test_the_pytorch_service_on_a_gpu_that_cannot_run_serves_on_the_cpu_and_says
         f"the first inference on cuda ({GPU_NAME}) failed: {pytorch_naming_a_gpu_it_cannot_use}"
     )
     assert health["first_inference_ms"] > 0
-    assert health["predict_concurrency"] == available_cores()  # the CPU's thread plan: a slot per core
+    assert health["slots"] == available_cores()  # the CPU's thread plan: a slot per core
     assert answer.status_code == 200 and answer.json()["prediction"] in LABELS
 
 

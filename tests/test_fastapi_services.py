@@ -69,7 +69,7 @@ def test_health_states_the_thread_plan_and_the_default_never_crowds_the_cores(se
     cores = service.cores_each
     plan = thread_plan(device=body["device"], cores=cores, environ={})  # the default plan for the service's device
     assert body["processes"] == service.processes
-    assert (body["cores"], body["predict_concurrency"], body["inference_threads"]) == (cores, plan.slots, plan.threads)
+    assert (body["cores"], body["slots"], body["inference_threads"]) == (cores, plan.slots, plan.threads)
     assert body["threads"] == plan.describe() and "(the defaults)" in body["threads"] and not plan.oversubscribed
     assert body["decode_ahead"] == max(2 * plan.slots, body["preprocess_workers"])
     if body["device"].startswith("cuda"):  # one slot on a GPU, and every core decodes
@@ -86,7 +86,7 @@ def test_thread_settings_come_from_the_environment_and_a_crowded_plan_is_reporte
         image = base64.b64encode(test_images[0]).decode()
         answer = requests.post(f"http://127.0.0.1:{port}/predict", json={"image": image}, timeout=30)
         log = stack.processes[0].log_path.read_text()
-    assert (body["predict_concurrency"], body["inference_threads"]) == (3, 2)
+    assert (body["slots"], body["inference_threads"]) == (3, 2)
     assert "PREDICT_CONCURRENCY=3, INFERENCE_THREADS=2" in body["threads"]
     crowded = 3 * 2 > available_cores()
     assert ("MORE THREADS THAN CORES" in body["threads"]) == crowded
@@ -111,7 +111,7 @@ def test_a_gpu_the_runtime_cannot_use_is_reported_as_the_cpu_with_its_reason(tmp
     if flavor == "onnx":
         assert body["runtime"].endswith("(CPUExecutionProvider)")
     plan = thread_plan(device="cpu", environ={})  # a slot per core, elastic threads
-    assert (body["predict_concurrency"], body["inference_threads"]) == (plan.slots, plan.threads)
+    assert (body["slots"], body["inference_threads"]) == (plan.slots, plan.threads)
     assert plan.slots == available_cores() and body["threads"] == plan.describe()
     assert body["preprocess_workers"] == 1  # a GPU's service decodes on every core
     (warning,) = [line for line in log.splitlines() if "for the GPU (cuda); it runs on the CPU instead" in line]

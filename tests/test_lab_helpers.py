@@ -159,9 +159,9 @@ def test_a_verdict_not_checked_without_a_reason_is_a_problem_of_the_lab():
 def test_in_the_compose_project_triton_s_log_is_the_copy_beside_its_repository_when_there_is_one(tmp_path):
     lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models")
     copy = tmp_path / "triton.log"
-    assert lab.triton_log() is None  # the server has not written it (yet)
+    assert lab.triton.log() is None  # the server has not written it (yet)
     copy.write_text("I1123 model.py:1] food_classifier_onnx: 2 cancelled request(s)\n")
-    assert lab.triton_log() == copy
+    assert lab.triton.log() == copy
 
 
 def test_in_the_compose_project_a_triton_restart_is_back_once_triton_answers_again(tmp_path, monkeypatch):
@@ -210,8 +210,8 @@ def test_in_the_compose_project_a_service_crashed_before_its_restart_is_recorded
 )
 def test_instance_groups_follow_the_hardware_of_the_triton_server(server, groups):
     lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", None, triton_server=server)
-    assert lab.instance_groups(3) == groups
-    assert sum(group["count"] for group in lab.instance_groups(3)) == 3
+    assert lab.triton.instance_groups(3) == groups
+    assert sum(group["count"] for group in lab.triton.instance_groups(3)) == 3
 
 
 def capacity_of(rps: float) -> Capacity:
@@ -232,14 +232,14 @@ def test_the_rates_are_shares_of_the_measured_capacity_on_a_cpu_and_on_any_gpu(m
     reference = [120, 180, 240, 300]
     on_cpu = lab_on(Hardware(gpus=0, cores=2), [{"count": 1, "kind": "KIND_CPU"}], monkeypatch)
     on_gpu = lab_on(Hardware(gpus=1, cores=16), [{"count": 1, "kind": "KIND_GPU", "gpus": [0]}], monkeypatch)
-    rates = on_cpu.scale_rates(reference, capacity_of(40.0))
+    rates = on_cpu.triton.scale_rates(reference, capacity_of(40.0))
     cpu_said = capsys.readouterr().out
-    assert on_gpu.scale_rates(reference, capacity_of(40.0)) == rates == [14.4, 21.6, 28.8, 36.0]
+    assert on_gpu.triton.scale_rates(reference, capacity_of(40.0)) == rates == [14.4, 21.6, 28.8, 36.0]
     gpu_said = capsys.readouterr().out
     assert rates[-1] == pytest.approx(TOP_LOAD * 40.0)
     assert [rate / rates[-1] for rate in rates] == pytest.approx([rate / reference[-1] for rate in reference])
     # Ten times the capacity, ten times the rates: the same shares of it on a faster device.
-    assert on_gpu.scale_rates(reference, capacity_of(400.0)) == pytest.approx([10 * rate for rate in rates])
+    assert on_gpu.triton.scale_rates(reference, capacity_of(400.0)) == pytest.approx([10 * rate for rate in rates])
     # What it did, in figures read from the run: the capacity, where the model runs, what the server has.
     assert "capacity measured in this run is 40.0 req/s" in cpu_said
     assert "runs on the CPU of a Triton server with no GPU, 2 CPU core(s)" in cpu_said
@@ -280,7 +280,7 @@ def test_a_config_naming_gpus_the_server_lacks_is_served_on_the_gpus_it_has_and_
     lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path, triton_server=one_gpu)
     (tmp_path / "food_classifier").mkdir()
     two_per_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_GPU", "gpus": [1]}]
-    lab.apply_config("food_classifier", lab.config("food_classifier").with_instance_groups(two_per_gpu))
+    lab.triton.apply_config("food_classifier", lab.triton.config("food_classifier").with_instance_groups(two_per_gpu))
     served = TritonConfig.read(tmp_path / "food_classifier" / "config.pbtxt")
     assert [(group.count, list(group.gpus)) for group in served.proto.instance_group] == [(2, [0]), (2, [0])]
     printed = capsys.readouterr().out
@@ -290,13 +290,13 @@ def test_a_config_naming_gpus_the_server_lacks_is_served_on_the_gpus_it_has_and_
     )
     assert "-    gpus: [ 1 ]\n+    gpus: [ 0 ]\n" in printed and loaded == ["food_classifier"]
     # A group's count is per listed GPU: two on each of GPUs 0 and 1 is four on GPU 0.
-    two_on_each_gpu = lab.config("food_classifier").with_instance_groups(
+    two_on_each_gpu = lab.triton.config("food_classifier").with_instance_groups(
         [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]
     )
     (group,) = adapt_to_server(two_on_each_gpu, one_gpu).proto.instance_group
     assert (group.count, group.kind, list(group.gpus)) == (4, group.KIND_GPU, [0])
     # Three GPUs onto two do not spread evenly: one group per GPU, as many instances, names kept apart.
-    uneven = lab.config("food_classifier").with_instance_groups(
+    uneven = lab.triton.config("food_classifier").with_instance_groups(
         [{"name": "spread", "count": 1, "kind": "KIND_GPU", "gpus": [0, 1, 2]}, {"count": 1, "kind": "KIND_CPU"}]
     )
     adapted = adapt_to_server(uneven, dataclasses.replace(one_gpu, gpus=2))
@@ -327,7 +327,7 @@ def test_the_breakdown_table_shows_each_stage_in_ms_and_says_when_a_run_gave_no_
         RunResult("fastapi", "loadgen", "closed", 1, 1.0, LatencySummary.of([1.0]), 1.0).server_ms("queue")
 
 
-def test_measure_retries_an_unstable_measurement_and_gives_none_when_it_never_settles(monkeypatch, capsys):
+def test_perf_retries_an_unstable_measurement_and_gives_none_when_it_never_settles(monkeypatch, capsys):
     lab = Lab("local", profile("quick"), {}, "127.0.0.1:1", "127.0.0.1:2", None)
     counted = perf_result()
     counted.command = ["/venv/bin/perf_analyzer", "-m", "toy", "--concurrency-range", "2"]
@@ -342,7 +342,7 @@ def test_measure_retries_an_unstable_measurement_and_gives_none_when_it_never_se
     monkeypatch.setattr(lab.triton, "run_perf_analyzer", perf)
     monkeypatch.setattr(lab.triton, "served_instances", lambda model: 2)
     monkeypatch.setattr(lab.triton, "served_config", lambda model: 'name: "toy"\ndynamic_batching { }\n')
-    measured = lab.measure("toy", concurrency=2)
+    measured = lab.triton.perf("toy", concurrency=2)
     assert measured.name.endswith(", 2 instances, dynamic batching")
     printed = capsys.readouterr().out
     assert "the windows never agreed (attempt 1 of 2)" in printed
@@ -351,7 +351,7 @@ def test_measure_retries_an_unstable_measurement_and_gives_none_when_it_never_se
     assert "2 instances, dynamic batching [perf_analyzer, c=2]: 42.0 req/s" in printed
     assert printed.endswith("(40 requests)\n  command: perf_analyzer -m toy --concurrency-range 2\n")
     outcomes[:] = [perf_analyzer.NoStableMeasurement("no request completed", "")] * 2
-    assert lab.measure("toy", concurrency=2) is None
+    assert lab.triton.perf("toy", concurrency=2) is None
     assert "gave up every time, so this run has no result" in capsys.readouterr().out
 
 

@@ -102,9 +102,9 @@ def test_an_unknown_model_is_a_clear_error_everywhere(tmp_path):
         loadgen.make_target(loadgen.Endpoint("triton-http", "127.0.0.1:1", "nope"))
     lab = Lab("local", profile("quick"), {}, "127.0.0.1:1", "127.0.0.1:2", tmp_path)
     with pytest.raises(ModelError, match="no model 'nope'"):
-        lab.perf("nope")
+        lab.triton.perf("nope")
     with pytest.raises(ModelError, match="no model 'nope'"):
-        lab.config("nope")
+        lab.triton.config("nope")
     with pytest.raises(ValueError, match="cannot use 'nope'.*food_classifier"):
         gourmetgram_service(1, "nope", Ports())
     assert (
@@ -226,7 +226,7 @@ def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_fi
         )
         # measure, not perf: a toy model's sub-millisecond windows can miss perf_analyzer's stability
         # test once on a busy machine (seen in make test); measure tries again, as the notebooks do.
-        measured = lab.measure("scale_vector", concurrency=2)
+        measured = lab.triton.perf("scale_vector", concurrency=2)
         assert measured is not None
         assert measured.throughput_rps > 0 and measured.requests > 0 and measured.error_count == 0
         generated = loadgen.closed_loop(
@@ -236,17 +236,17 @@ def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_fi
         )
         assert len(generated.latencies_ms) == 20 and not generated.errors
 
-        edited = lab.config("scale_vector").with_instance_groups([{"count": 2, "kind": "KIND_GPU", "gpus": [0]}])
-        lab.apply_config("scale_vector", edited.with_dynamic_batching(max_queue_delay_microseconds=100))
-        assert lab.served_instances("scale_vector") == 2
-        assert "dynamic_batching" in lab.served_config("scale_vector")
-        assert lab.measure("scale_vector", concurrency=4).name.endswith(", 2 instances, dynamic batching")
+        edited = lab.triton.config("scale_vector").with_instance_groups([{"count": 2, "kind": "KIND_GPU", "gpus": [0]}])
+        lab.triton.apply_config("scale_vector", edited.with_dynamic_batching(max_queue_delay_microseconds=100))
+        assert lab.triton.served_instances("scale_vector") == 2
+        assert "dynamic_batching" in lab.triton.served_config("scale_vector")
+        assert lab.triton.perf("scale_vector", concurrency=4).name.endswith(", 2 instances, dynamic batching")
         with pytest.raises(ConfigError, match="between 1 and max_batch_size"):
-            lab.apply_config(
+            lab.triton.apply_config(
                 "scale_vector",
-                lab.config("scale_vector").with_fields(max_batch_size=2).text
+                lab.triton.config("scale_vector").with_fields(max_batch_size=2).text
                 + "dynamic_batching { preferred_batch_size: [ 4 ] }\n",
             )
-        lab.restore_config("scale_vector")
-        assert lab.served_instances("scale_vector") == 1
+        lab.triton.restore_config("scale_vector")
+        assert lab.triton.served_instances("scale_vector") == 1
     assert _tracked_changes() == before, "serving a new model changed files outside its folder"

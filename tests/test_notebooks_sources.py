@@ -69,7 +69,7 @@ def test_a_judging_notebook_checks_its_verdicts_after_its_last_one(name):
     """`lab.verdicts()` checks every verdict against its table (servelab.lessons.expectations.verdict_problems),
     wherever the notebook runs: nbmake, JupyterLab, the Compose project's Jupyter."""
     source = NOTEBOOKS / name.replace(".ipynb", ".py")
-    last_verdict = max(call.lineno for method in ("expect", "judge") for call in lab_calls(source, method))
+    last_verdict = max(call.lineno for method in ("expect", "record") for call in lab_calls(source, method))
     checks = [call.lineno for call in lab_calls(source, "verdicts")]
     assert checks and max(checks) > last_verdict, f"{source.name}: no lab.verdicts() after its last verdict"
 

@@ -202,7 +202,7 @@ def test_a_notebook_s_measurement_prints_the_command_that_ran_and_that_command_m
     lab = Lab("local", profile("quick"), {}, triton_http_url, triton_grpc_url, None, notebook="perf_command")
     # The ONNX model: its short requests settle perf_analyzer's windows even on a busy machine (the
     # Python-backend model's input file, shown by its path in the repository, is tested above).
-    result = lab.measure("food_classifier_onnx", attempts=3, concurrency=2)
+    result = lab.triton.perf("food_classifier_onnx", attempts=3, concurrency=2)
     assert result is not None
     command = result.command
     assert Path(command[0]).name == "perf_analyzer" and _option(command, "-m") == "food_classifier_onnx"
@@ -216,7 +216,7 @@ def test_a_notebook_s_measurement_prints_the_command_that_ran_and_that_command_m
     ((saved, _),) = load_appended(tmp_path / "results" / "perf_command.jsonl")
     assert saved.command == command
     # It is the command that ran: run again by hand, it measures the same model at the same load.
-    for _attempt in range(3):  # as lab.measure does: perf_analyzer's windows may not settle on a busy machine
+    for _attempt in range(3):  # as lab.triton.perf does: perf_analyzer's windows may not settle on a busy machine
         again = subprocess.run(
             command, cwd=tmp_path, env=perf_analyzer.environment(), capture_output=True, text=True, timeout=300
         )

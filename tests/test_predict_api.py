@@ -205,7 +205,7 @@ async def test_a_host_that_is_down_is_a_502():
 async def test_health_says_where_the_model_runs_and_every_setting_it_serves_with():
     settings = service_settings(
         "images.example.org",
-        predict_concurrency=2,
+        slots=2,
         decode_ahead=3,
         download_timeout_s=2.5,
         download_placement="inside_slot",
@@ -228,7 +228,7 @@ async def test_health_says_where_the_model_runs_and_every_setting_it_serves_with
         "first_inference_ms": 0.1,
         "processes": 1,
         "process_id": os.getpid(),  # served in this process
-        "predict_concurrency": 2,
+        "slots": 2,
         "inference_threads": 1,
         "cores": available_cores(),
         "threads": plan.describe(),

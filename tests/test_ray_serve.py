@@ -107,7 +107,7 @@ def test_predict_has_the_fastapi_contract_and_says_which_replica_answered(ray_se
     assert set(response.json()) == {"prediction", "probability"}
     assert response.headers["x-ray-node"] and response.headers["x-serve-replica"]
     health = requests.get(f"{url}/health", timeout=10).json()
-    assert health["predict_concurrency"] == 1 and health["inference_threads"] == 1
+    assert health["slots"] == 1 and health["inference_threads"] == 1
 
 
 @pytest.mark.integration
@@ -278,10 +278,10 @@ def test_an_edited_config_is_deployed_and_awaited_through_serve_s_rest_api(ray_s
     serve = RayServe(ray_service.url, ray_service.dashboard, ray_service.metrics, ray_service.token_file, port)
     config = ray_local.read_config(ray_service.config)
     as_tested = copy.deepcopy(config)
-    serve.settings(config)["max_queued_requests"] = MAX_QUEUED + 7
+    serve.deployment_options(config)["max_queued_requests"] = MAX_QUEUED + 7
     with pytest.raises(ray_rest.RayConfigError, match="max_queue_request"):
         broken = copy.deepcopy(config)
-        serve.settings(broken)["max_queue_request"] = 1
+        serve.deployment_options(broken)["max_queue_request"] = 1
         serve.apply(broken)
     serve.apply(config, quiet=True)
     deployed = ray_rest.applications(ray_service.dashboard, ray_service.token_file)["food11"]["deployed_app_config"]

@@ -238,7 +238,7 @@ def test_perf_analyzer_failing_under_a_crash_is_said_so_and_measured_again(tmp_p
     monkeypatch.setattr(lab.triton, "run_perf_analyzer", perf)
     monkeypatch.setattr(lab.triton, "served_instances", lambda model: 1)
     monkeypatch.setattr(lab.triton, "served_config", lambda model: 'name: "toy"\n')
-    measured = lab.measure("toy", concurrency=1)
+    measured = lab.triton.perf("toy", concurrency=1)
     assert measured is not None and measured.name == "toy, 1 instance"
     assert "because triton was killed by signal 11 (SIGSEGV) (attempt 1 of 2)" in capsys.readouterr().out
 
@@ -333,7 +333,7 @@ def test_a_run_measured_with_what_to_count_over_it_is_saved_whole_every_field_eq
     fastapi = lab.concurrent("onnx", 8, url="http://127.0.0.1:3", resources=ResourceSampler(interval_s=0.05))
     ray = lab.closed_loop("http://127.0.0.1:4", 8, 1.0, "ray_serve", service_stats=True)
     sequences = lab.sequences("food_classifier_onnx", 2, 4, "triton, sequences", triton_stats=True)
-    perf_run = lab.measure("food_classifier_onnx", concurrency=8, triton_stats=True)
+    perf_run = lab.triton.perf("food_classifier_onnx", concurrency=8, triton_stats=True)
 
     assert grpc.triton_stats is not None and grpc.triton_stats["success_count"] == 8
     assert grpc.triton_stats["cancelled_by_model"] == 3, "the model's log lines of this run only"

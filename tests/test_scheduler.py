@@ -208,7 +208,7 @@ def fixed(slots: int, threads: int = 1) -> ThreadPlan:
     return thread_plan(slots, threads, cores=2, environ={}, given_by="the test")
 
 
-def test_the_slots_run_at_most_predict_concurrency_inferences_at_once(lab):
+def test_the_slots_run_at_most_one_inference_each_at_once(lab):
     lab = lab(fixed(slots=2), decode_ahead=8, workers=2)
     for name in "abcde":
         lab.send(name)

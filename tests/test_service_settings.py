@@ -43,7 +43,7 @@ def test_unset_means_the_defaults():
 
 def test_every_variable_is_read_from_the_mapping_given():
     read = ServiceSettings.from_environ(SET)
-    assert (read.processes, read.predict_concurrency, read.inference_threads, read.device) == (6, 3, 2, "cpu")
+    assert (read.processes, read.slots, read.inference_threads, read.device) == (6, 3, 2, "cpu")
     assert (read.preprocess_workers, read.decode_ahead, read.max_request_bytes) == (4, 5, 1000)
     assert read.allowed_hosts.entries == (("images.example.org", None), ("127.0.0.1", 9000))
     assert (read.download_timeout_s, read.download_placement, read.abandon_on_disconnect) == (2.5, "inside_slot", False)

@@ -1,7 +1,7 @@
 """The headline benchmark (`python -m servelab bench`): every way the lab serves the model, measured
 in one run on this machine and judged against the in-process ceiling measured in the same run.
 
-- `targets`: what is measured (the served targets, the naive references, the ceilings) and the
+- `setups`: what is measured (the served setups, the naive references, the ceilings) and the
   CPU split of a load point, shared by the run and its report;
 - `run`: the run itself; `report`: report.md from its results; `naive_app`: the reference app a
   student writes first;

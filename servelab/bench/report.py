@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.bench import targets
+from servelab.bench import setups
 from servelab.report import plots, tables
 from servelab.results import RunResult
 
@@ -52,9 +52,9 @@ GOALS = (
 EVERY_CORE_BUSY = 0.9
 
 
-def _served(result: RunResult) -> targets.ServedTarget | None:
-    named = {target.name: target for target in targets.TARGETS}
-    named |= {name: targets.ServedTarget(name, "fastapi", None, runtime) for runtime, name in targets.NAIVE.items()}
+def _served(result: RunResult) -> setups.ServedSetup | None:
+    named = {setup.name: setup for setup in setups.SETUPS}
+    named |= {name: setups.ServedSetup(name, "fastapi", None, runtime) for runtime, name in setups.NAIVE.items()}
     return named.get(result.name)
 
 
@@ -84,7 +84,7 @@ def machine_speed(result: RunResult, meta: dict) -> float:
     served = _served(result)
     if served is None:
         raise ValueError(f"{result.name} is not a target of the benchmark: it has no ceiling")
-    key = targets.ceiling_key(served.runtime, served.decode, "one" if result.concurrency == 1 else "many")
+    key = setups.ceiling_key(served.runtime, served.decode, "one" if result.concurrency == 1 else "many")
     return ceiling_of(result, meta["ceilings_rps"]) / meta["sweep_best_rps"][key]
 
 
@@ -110,7 +110,7 @@ def overhead_cap(point: dict, meta: dict) -> str:
     """What a load point's CpuSplit (`point["cpu_s"]`) says about its ratio, in words; empty without one."""
     if "cpu_s" not in point:
         return ""
-    cpu, cores = targets.CpuSplit(**point["cpu_s"]), meta["machine"]["cores_available"]
+    cpu, cores = setups.CpuSplit(**point["cpu_s"]), meta["machine"]["cores_available"]
     return (
         f"; the event loop and the load generator took {cpu.overhead_share():.1%} of the CPU its requests "
         f"cost, which caps it at {1 - cpu.overhead_share():.1%} of the ceiling while every core is busy "
@@ -122,7 +122,7 @@ def cpu_table(meta: dict) -> list[str]:
     """Where the CPU went in every load point measured with its server's process id."""
     cores = meta["machine"]["cores_available"]
     rows = [
-        (name, load, targets.CpuSplit(**point["cpu_s"]))
+        (name, load, setups.CpuSplit(**point["cpu_s"]))
         for name, by_load in meta.get("windows_rps", {}).items()
         for load, point in by_load.items()
         if "cpu_s" in point
@@ -174,7 +174,7 @@ def against_cap(goal: Goal, result: RunResult, ceiling: float, point: dict, meta
             f"- NOT JUDGED: {where}: this run measured no CPU split (it did not know the server's process id), "
             f"so there is no cap to judge it against; {of_ceiling}" + _window_spread(point)
         )
-    cpu = targets.CpuSplit(**point["cpu_s"])
+    cpu = setups.CpuSplit(**point["cpu_s"])
     if cpu.cores_busy(meta["machine"]["cores_available"]) < EVERY_CORE_BUSY:
         return (
             f"- NOT JUDGED: {where}: not every core was busy (under {EVERY_CORE_BUSY:.0%}), and the cap binds "
@@ -213,10 +213,10 @@ def target_lines(results: list[RunResult], meta: dict) -> list[str]:
             else:
                 lines.append(against_ceiling(goal, result, ceiling, point))
     busiest = max(r.concurrency or 0 for r in results if r.tool == "loadgen")
-    for target in targets.TARGETS:
-        ours, naive = _find(results, target.name, busiest), _find(results, targets.NAIVE[target.runtime], busiest)
+    for setup in setups.SETUPS:
+        ours, naive = _find(results, setup.name, busiest), _find(results, setups.NAIVE[setup.runtime], busiest)
         if ours is None or naive is None:
-            lines.append(f"- NOT MEASURED: {target.name} against {targets.NAIVE[target.runtime]} at c={busiest}")
+            lines.append(f"- NOT MEASURED: {setup.name} against {setups.NAIVE[setup.runtime]} at c={busiest}")
             continue
         # Measured minutes apart: compared at one machine speed, the sweep's.
         speed = {run.name: machine_speed(run, meta) for run in (ours, naive)}
@@ -224,7 +224,7 @@ def target_lines(results: list[RunResult], meta: dict) -> list[str]:
         p99 = {run.name: run.latency.p99_ms * speed[run.name] for run in (ours, naive)}
         faster, shorter_tail = rps[ours.name] >= rps[naive.name], p99[ours.name] < p99[naive.name]
         lines.append(
-            f"- {'met' if faster and shorter_tail else 'NOT MET'}: {target.name} at c={busiest} is at least as fast "
+            f"- {'met' if faster and shorter_tail else 'NOT MET'}: {setup.name} at c={busiest} is at least as fast "
             f"as {naive.name} ({rps[ours.name]:.1f} vs {rps[naive.name]:.1f} req/s: "
             f"{'yes' if faster else 'no'}) with a lower p99 ({p99[ours.name]:.0f} vs "
             f"{p99[naive.name]:.0f} ms: {'yes' if shorter_tail else 'no'}), at the sweep's machine speed; as "

@@ -49,7 +49,7 @@ from tritonclient.utils import InferenceServerException
 
 from servelab import loadgen, paths
 from servelab.bench import report as bench_report
-from servelab.bench.targets import CEILINGS, NAIVE, TARGETS, CpuSplit, ServedTarget, ceiling_key
+from servelab.bench.setups import CEILINGS, NAIVE, SETUPS, CpuSplit, ServedSetup, ceiling_key
 from servelab.environment import machine_info
 from servelab.measure import inprocess
 from servelab.measure.resources import ResourceSampler
@@ -87,9 +87,9 @@ class Endpoints:
         )
 
 
-def address(target: ServedTarget, endpoints: Endpoints) -> str:
+def address(setup: ServedSetup, endpoints: Endpoints) -> str:
     return {"fastapi_pt": endpoints.fastapi_pt, "fastapi_onnx": endpoints.fastapi_onnx}.get(
-        target.name, endpoints.triton_http
+        setup.name, endpoints.triton_http
     )
 
 
@@ -105,14 +105,14 @@ def runtime_versions(endpoints: Endpoints) -> dict:
     return versions
 
 
-def thread_plan_of(target: ServedTarget, endpoints: Endpoints) -> str:
-    """How `target` uses the cores, as served now: FastAPI says so in /health; a Triton model's
+def thread_plan_of(setup: ServedSetup, endpoints: Endpoints) -> str:
+    """How `setup` uses the cores, as served now: FastAPI says so in /health; a Triton model's
     instances each compute their plan with servelab/cores.py, as done here, and log it."""
     try:
-        if not target.model:
-            return requests.get(f"{address(target, endpoints)}/health", timeout=5).json()["threads"]
+        if not setup.model:
+            return requests.get(f"{address(setup, endpoints)}/health", timeout=5).json()["threads"]
         client = triton_http.InferenceServerClient(endpoints.triton_http)
-        groups = client.get_model_config(target.model)["instance_group"]
+        groups = client.get_model_config(setup.model)["instance_group"]
     except (requests.RequestException, ValueError, KeyError, InferenceServerException) as exc:
         return f"unknown ({type(exc).__name__}: {exc})"
     instances = sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in groups)
@@ -138,15 +138,15 @@ def _cpu_now(pid: int | None) -> CpuSplit | None:
 
 
 def _window(
-    target: ServedTarget, url: str, concurrency: int, duration_s: float, warmup_s: float, image: bytes
+    setup: ServedSetup, url: str, concurrency: int, duration_s: float, warmup_s: float, image: bytes
 ) -> RunResult:
     """One measured window of a load point, with the machine sampled during it."""
     with ResourceSampler() as sampler:
         result = loadgen.closed_loop(
-            loadgen.Endpoint(target.kind, url, target.model, image),
+            loadgen.Endpoint(setup.kind, url, setup.model, image),
             loadgen.Load(concurrency, duration_s=duration_s, warmup_s=warmup_s),
         )
-    result.name = target.name
+    result.name = setup.name
     result.resources = sampler.series()
     return result
 
@@ -170,7 +170,7 @@ def _ceilings(profile: Profile) -> dict[str, inprocess.Ceiling]:
 
 def _load_point(
     ceilings: dict[str, inprocess.Ceiling],
-    served: ServedTarget,
+    served: ServedSetup,
     url: str,
     triton: str,
     concurrency: int,
@@ -213,7 +213,7 @@ def _load_point(
     # The machine as sampled in the last window: a sampler across all of them would see the ceiling's too.
     result.resources = windows[-1].resources
     result.notes.append("resources: sampled during the last window")
-    if stats_window is not None:  # counted_over's, when Triton served this target
+    if stats_window is not None:  # counted_over's, when Triton served this setup
         assert stats_window.delta is not None, "set as the block ended without an error"
         result.triton_stats = stats_window.delta.to_dict()
     served_rps = [window.throughput_rps for window in windows]
@@ -258,11 +258,11 @@ def _naive(
             name.replace("/", "_"), [*command, "--port", str(port)], paths.REPO_ROOT, [port],
             f"http://127.0.0.1:{port}/health", env={"NAIVE_RUNTIME": runtime},
         )  # fmt: skip
-        target = ServedTarget(name, "fastapi", None, runtime)
+        setup = ServedSetup(name, "fastapi", None, runtime)
         with LocalStack([spec], log_dir=log_dir) as stack:
             url = f"http://127.0.0.1:{port}"
             pid = stack.pids()[spec.name]
-            results.append(_load_point(ceilings, target, url, "", concurrency, profile, image, windows_rps, pid))
+            results.append(_load_point(ceilings, setup, url, "", concurrency, profile, image, windows_rps, pid))
     return results
 
 
@@ -400,22 +400,22 @@ def _measure_and_report(
         exits = stack.exits if stack else []
 
         results: list[RunResult] = []
-        # served target -> concurrency -> its windows' req/s, and the ceiling's around them
+        # served setup -> concurrency -> its windows' req/s, and the ceiling's around them
         windows_rps: dict[str, dict[str, dict]] = {}
         plans = {}
-        for target in TARGETS:
+        for setup in SETUPS:
             served_as = (
-                one_instance_per_core(endpoints.triton_http, target.model) if target.model else contextlib.nullcontext()
+                one_instance_per_core(endpoints.triton_http, setup.model) if setup.model else contextlib.nullcontext()
             )
             with served_as:
-                plans[target.name] = thread_plan_of(target, endpoints)
+                plans[setup.name] = thread_plan_of(setup, endpoints)
                 for concurrency in profile.concurrencies:
-                    url = address(target, endpoints)
+                    url = address(setup, endpoints)
                     triton = endpoints.triton_http
                     # FastAPI's: Triton's HTTP front end is C++ and its models run in processes of their own.
-                    pid = None if target.model else server_pids.get(target.name)
+                    pid = None if setup.model else server_pids.get(setup.name)
                     started = time.time()
-                    point = _load_point(ceilings, target, url, triton, concurrency, profile, image, windows_rps, pid)
+                    point = _load_point(ceilings, setup, url, triton, concurrency, profile, image, windows_rps, pid)
                     # A server the local stack restarted during the point: its figures are not a clean run's.
                     point.interrupted_by = [e.describe() for e in exits if e.between(started, time.time())]
                     results.append(point)

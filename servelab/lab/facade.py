@@ -22,8 +22,8 @@ Lab is made of parts, each with its own public interface, and calls them:
   is NOT CHECKED. A run is complete when it is kept: what a notebook asks the lab to count over it
   (servelab.lab.run_accounts) is set on it first, so the saved run is the run the notebook shows,
   every field (`lab.verdicts()` checks it);
-- `lab.triton` (servelab.lab.triton_side.TritonSide): perf_analyzer runs, capacity, config edits;
-  Lab's methods of the same names (`lab.measure`, `lab.apply_config`, ...) hand them to it;
+- `lab.triton` (servelab.lab.triton_side.TritonSide): perf_analyzer runs, capacity, config edits
+  (`lab.triton.perf(...)`, `lab.triton.apply_config(...)`, ...);
 - `lab.ray_serve()` (servelab.lab.ray_side.RayServe): the Ray Serve to edit, redeploy and watch.
 Lab itself finds or starts the services, runs the load generator, and records the verdicts.
 """
@@ -55,7 +55,7 @@ from servelab.lab import ray_side as lab_ray
 from servelab.lab import ui
 from servelab.lab.run_accounts import Account, ResourcesAccount, ServiceAccount, counted
 from servelab.lab.run_keeper import RunKeeper, saved_runs_file, wait_until_answering
-from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, Capacity, TritonAddresses, TritonSide
+from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, TritonSide
 from servelab.lab.ui import PageAnswer
 from servelab.lessons.expectations import Condition, Expectation, ExpectationLog, LabFault, verdict_problems
 from servelab.measure.resources import ResourceSampler
@@ -69,7 +69,6 @@ from servelab.service.hardware import Hardware
 from servelab.settings import settings
 from servelab.stack.catalogue import fastapi_service, gourmetgram_service, image_host_service, triton_service
 from servelab.stack.supervision import LocalStack, Ports, ServiceSpec, answers, start_on_free_ports
-from servelab.triton.config import TritonConfig
 from servelab.triton.models import ModelRepository
 from servelab.triton.server import LOCAL_TRITON
 
@@ -510,71 +509,6 @@ class Lab:
         print(table)
         return table
 
-    # ---- Triton (lab.triton: servelab.lab.triton_side.TritonSide, whose methods say more) ----
-
-    def perf(
-        self,
-        model: str,
-        concurrency: int | None = 1,
-        batch_size: int = 1,
-        rate: float | None = None,
-        distribution: str = "constant",
-        **options,
-    ) -> RunResult:
-        """perf_analyzer against Triton, with this profile's measurement windows."""
-        return self.triton.perf(model, concurrency, batch_size, rate, distribution, **options)
-
-    def measure(self, model: str, attempts: int = 2, triton_stats: bool = False, **load) -> RunResult | None:
-        """`perf`, tried again where perf_analyzer found no stable measurement or Triton crashed."""
-        return self.triton.measure(model, attempts, triton_stats, **load)
-
-    def capacity(self, model: str) -> Capacity:
-        """What `model`, as served now, can do: measured once per configuration, then reused."""
-        return self.triton.capacity(model)
-
-    def scale_rates(self, reference: list[float], capacity: Capacity) -> list[float]:
-        """`reference` rates as the same shares of `capacity`, the highest near saturation."""
-        return self.triton.scale_rates(reference, capacity)
-
-    def config(self, model: str) -> TritonConfig:
-        """The model's config as shipped (what a student edits)."""
-        return self.triton.config(model)
-
-    def instance_groups(self, count: int) -> list[dict]:
-        """`count` instances of a model as config instance groups for the Triton server's hardware."""
-        return self.triton.instance_groups(count)
-
-    def served_config(self, model: str) -> dict:
-        """What Triton reports it runs for `model` (its own defaults filled in)."""
-        return self.triton.served_config(model)
-
-    def served_instances(self, model: str) -> int:
-        """How many instances of `model` Triton runs now, from what the server itself reports."""
-        return self.triton.served_instances(model)
-
-    def apply_config(self, model: str, edited: TritonConfig | str) -> None:
-        """Show the edit as a diff, write it where the server reads it, and reload that one model."""
-        self.triton.apply_config(model, edited)
-
-    def restore_config(self, model: str) -> None:
-        self.triton.restore_config(model)
-
-    def triton_log(self) -> Path | None:
-        """Triton's log file, where the models log too (None where this notebook cannot read it)."""
-        return self.triton.log()
-
-    def triton_version(self, http: str | None = None) -> tuple[int, ...]:
-        """The release of the Triton at `http` (default: the lab's), as it reports it: (2, 51, 0)."""
-        return self.triton.version(http)
-
-    def triton_log_verbosity(self, level: int, http: str | None = None) -> None:
-        """Set the verbose log level of the Triton at `http` (default: the lab's)."""
-        self.triton.log_verbosity(level, http)
-
-    def private_triton(self, model: str, config: TritonConfig) -> contextlib.AbstractContextManager[TritonAddresses]:
-        """A Triton of this notebook's own serving `model` alone, with `config`, for the `with` block."""
-        return self.triton.private_triton(model, config)
-
     # ---- lesson checks ---------------------------------------------------------------------
 
     def expect(self, claim: str, *conditions: Condition, reason: str = "", must_hold: bool = False) -> Expectation:
@@ -584,8 +518,8 @@ class Lab:
         reports as a fault of the lab where it did not hold."""
         return self.expectations.record(claim, conditions, reason, must_hold)
 
-    def judge(self, expectation: Expectation) -> Expectation:
-        """Record an expectation a lesson's check built (servelab.lessons), as `expect` does."""
+    def record(self, expectation: Expectation) -> Expectation:
+        """Record an expectation a lesson's check built and judged (servelab.lessons), as `expect` does."""
         return self.expectations.record(
             expectation.claim, expectation.conditions, expectation.reason, expectation.must_hold
         )

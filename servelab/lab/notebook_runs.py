@@ -25,12 +25,12 @@ NOTEBOOKS = paths.REPO_ROOT / "notebooks"
 
 
 def judging(folder: Path = NOTEBOOKS) -> list[str]:
-    """The notebooks that judge expectations (their source calls `lab.expect(` or `lab.judge(`), by
+    """The notebooks that judge expectations (their source calls `lab.expect(` or `lab.record(`), by
     file name."""
     return sorted(
         source.with_suffix(".ipynb").name
         for source in folder.glob("[0-9]*.py")
-        if any(call in source.read_text() for call in ("lab.expect(", "lab.judge("))
+        if any(call in source.read_text() for call in ("lab.expect(", "lab.record("))
     )
 
 

@@ -2,7 +2,7 @@
 
     serve = lab.ray_serve()
     config = serve.shipped_config()            # ray_serve/serve_config.yaml, as a dict
-    serve.settings(config)["max_ongoing_requests"] = 2
+    serve.deployment_options(config)["max_ongoing_requests"] = 2
     serve.apply(config)                        # shows the edit, deploys it, waits until it runs
     with serve.watch() as watcher: ...         # replicas, ongoing and queued requests over time
 
@@ -55,8 +55,9 @@ class RayServe:
         return ray_local.read_config()
 
     @staticmethod
-    def settings(config: dict[str, Any]) -> dict[str, Any]:
-        """The Food-11 deployment's settings in `config`, to edit in place."""
+    def deployment_options(config: dict[str, Any]) -> dict[str, Any]:
+        """The Food-11 deployment's options in `config` (its entry under the application's
+        `deployments`: what `@serve.deployment(...)` takes), to edit in place."""
         (application,) = [app for app in config["applications"] if app["name"] == APPLICATION]
         (deployment,) = [d for d in application["deployments"] if d["name"] == DEPLOYMENT]
         return deployment

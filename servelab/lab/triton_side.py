@@ -2,16 +2,17 @@
 and model configs.
 
 `TritonSide` takes the lab's run keeper (servelab.lab.run_keeper), which waits for the services
-before each run and keeps the run, and the Triton address; the notebooks call its methods through
-Lab as `lab.measure(...)`, `lab.capacity(...)`, `lab.config(...)`, `lab.apply_config(...)`. A config
-change is made on the config as shipped (`lab.config(model)`, a `servelab.triton.config.TritonConfig`),
-shown as the exact text change to `config.pbtxt`, and applied by reloading that one model through
-Triton's model-control API (the server runs with explicit model control, locally and in the Compose
-project). The edited config is first adapted to the server that runs it (`server`: locally the
-pip-installed Triton on the CPU; in the Compose project, what its container has), and that
-adaptation is printed too. `lab.instance_groups(n)` writes n instances for that server's hardware.
-Locally, a notebook can also start a Triton of its own for one model (`lab.private_triton(...)`),
-for an experiment that must not disturb the lab's server.
+before each run and keeps the run, and the Triton address; the notebooks call its methods as
+`lab.triton.perf(...)`, `lab.triton.capacity(...)`, `lab.triton.config(...)`,
+`lab.triton.apply_config(...)`. A config change is made on the config as shipped
+(`lab.triton.config(model)`, a `servelab.triton.config.TritonConfig`), shown as the exact text change
+to `config.pbtxt`, and applied by reloading that one model through Triton's model-control API (the
+server runs with explicit model control, locally and in the Compose project). The edited config is
+first adapted to the server that runs it (`server`: locally the pip-installed Triton on the CPU; in
+the Compose project, what its container has), and that adaptation is printed too.
+`lab.triton.instance_groups(n)` writes n instances for that server's hardware. Locally, a notebook
+can also start a Triton of its own for one model (`lab.triton.private_triton(...)`), for an
+experiment that must not disturb the lab's server.
 """
 
 from __future__ import annotations
@@ -145,29 +146,6 @@ class TritonSide:
         """What counts Triton's statistics of `model` over a run, and the requests it answered CANCELLED."""
         return TritonAccount(self.address, model, self.log())
 
-    def perf(
-        self,
-        model: str,
-        concurrency: int | None = 1,
-        batch_size: int = 1,
-        rate: float | None = None,
-        distribution: str = "constant",
-        **options,
-    ) -> RunResult:
-        """perf_analyzer against Triton, with this profile's measurement windows. `options` go to
-        servelab.triton.perf_analyzer.run (e.g. shape=[...]) and override the model's defaults."""
-        started = self.keeper.ready_to_measure()
-        result = self.run_perf_analyzer(
-            model,
-            started,
-            concurrency=concurrency,
-            batch_size=batch_size,
-            rate=rate,
-            distribution=distribution,
-            **options,
-        )
-        return self.keeper.keep(result, result.name, started)
-
     def run_perf_analyzer(
         self,
         model: str,
@@ -202,10 +180,13 @@ class TritonSide:
                 raise
             raise ServiceCrashed(f"perf_analyzer failed because {crashes[0].describe()}") from failed
 
-    def measure(self, model: str, attempts: int = 2, triton_stats: bool = False, **load) -> RunResult | None:
-        """`perf`, tried up to `attempts` times while perf_analyzer finds no stable measurement or
-        Triton crashed under it (locally, the stack restarts it; the next attempt waits for it);
-        None (said in the output) when no attempt gave a number. The result's name gives the
+    def perf(self, model: str, attempts: int = 2, triton_stats: bool = False, **load) -> RunResult | None:
+        """perf_analyzer against Triton, with this profile's measurement windows; `load` goes to
+        `run_perf_analyzer` (concurrency, rate, batch_size, ...; perf_analyzer's options such as
+        shape=[...] or sequence_length override the model's defaults). Tried up to `attempts` times
+        while perf_analyzer finds no stable measurement or Triton crashed under it (locally, the stack
+        restarts it; the next attempt waits for it); None (said in the output) when no attempt gave a
+        number: a notebook's other runs go on. Any other failure raises. The result's name gives the
         model's configuration (instances, dynamic batching), so runs under different
         configurations stay apart. The machine is sampled during the run (`result.resources`),
         with the CPU of each of the model's instance processes where this machine runs them; with
@@ -274,8 +255,8 @@ class TritonSide:
         """
         configuration = self.configuration(model)
         if (model, configuration) not in self._capacities:
-            alone = self.measure(model, concurrency=1)
-            saturated = self.measure(model, concurrency=4 * self.served_instances(model))
+            alone = self.perf(model, concurrency=1)
+            saturated = self.perf(model, concurrency=4 * self.served_instances(model))
             if alone is None or saturated is None:
                 raise RuntimeError(f"No stable capacity measurement of {model}: run this cell again.")
             self._capacities[(model, configuration)] = Capacity(model, configuration, alone, saturated)
@@ -338,7 +319,7 @@ class TritonSide:
     def apply_config(self, model: str, edited: TritonConfig | str) -> None:
         """Show the edit as a diff, write it where the server reads it, and reload that one model.
 
-        `edited` is a TritonConfig (e.g. `lab.config(model).with_dynamic_batching(...)`) or the
+        `edited` is a TritonConfig (e.g. `lab.triton.config(model).with_dynamic_batching(...)`) or the
         text of one; either way it is checked against Triton's schema before Triton sees it.
         """
         info = self.models.get(model)

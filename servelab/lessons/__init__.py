@@ -1,7 +1,7 @@
 """The lessons' checks: each expectation a notebook judges, as a function of its runs.
 
 A notebook states an expectation in prose, measures, then calls the check here that judges it,
-and records the verdict with `lab.judge(...)`. Each check returns a
+and records the verdict with `lab.record(...)`. Each check returns a
 `servelab.lessons.expectations.Expectation` whose conditions are judged on figures read from the runs
 (`expectations.figure`), so a verdict can only say what the tables beside it say; its `reason`
 is computed from the same runs (cores, device, measured costs), or says plainly that it is a

@@ -214,12 +214,12 @@ def _slots(run: RunResult, cap: int) -> Figure:
 
 
 def slots_need_room(
-    runs: dict[int, RunResult], watched: dict[int, list[ServeSample]], predict_concurrency: int
+    runs: dict[int, RunResult], watched: dict[int, list[ServeSample]], predict_slots: int
 ) -> Expectation:
-    """One replica with `predict_concurrency` predict slots, the same clients, runs by its
+    """One replica with `predict_slots` predict slots (PREDICT_CONCURRENCY), the same clients, runs by its
     `max_ongoing_requests` (`runs`, and Serve's samples during each, `watched`):
 
-    1. with the lowest, below `predict_concurrency`, requests wait in Serve's queue (at least one
+    1. with the lowest, below `predict_slots`, requests wait in Serve's queue (at least one
        on average) while no more than that many slots work: the others stay idle;
     2. the busy slots grow with every step of `max_ongoing_requests`;
     3. with the highest, more than one slot works on average;
@@ -252,7 +252,7 @@ def slots_need_room(
     )
     growing = all(slots[a].value < slots[b].value for a, b in pairwise(caps))
     return Expectation(
-        f"max_ongoing_requests below the predict concurrency ({predict_concurrency}) leaves predict slots idle "
+        f"max_ongoing_requests below the predict slots ({predict_slots}) leaves predict slots idle "
         "while requests wait in front",
         (
             unless(
@@ -260,7 +260,7 @@ def slots_need_room(
                 room,
                 condition(
                     f"with max_ongoing_requests {low}, requests waited in Serve's queue while at most {low} of the "
-                    f"{predict_concurrency} slots worked",
+                    f"{predict_slots} slots worked",
                     front[low].value >= 1 and slots[low].value <= low,
                     front[low],
                     slots[low],

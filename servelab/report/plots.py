@@ -304,7 +304,7 @@ def plot_batch_sizes(
 
 def plot_process_cpu(runs: Mapping[str, RunResult], cores: int, path: PathLike = None, title: str = "") -> Figure:
     """Stacked bars: each run's CPU per process (`resources["processes"]`, % of one core, as
-    Lab.measure records it for a model's instances), against the line of every core busy."""
+    TritonSide.perf records it for a model's instances), against the line of every core busy."""
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(runs) + 2), 4.5), layout="constrained")
     for position, result in enumerate(runs.values()):
         bottom = 0.0

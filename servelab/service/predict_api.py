@@ -142,7 +142,9 @@ class HealthResponse(BaseModel):
     )
     processes: int = Field(..., description="Processes that serve, each with the slots and threads below.")
     process_id: int = Field(..., description="The process that answered this request.")
-    predict_concurrency: int = Field(..., description="Inference slots of each process: inferences that run at once.")
+    slots: int = Field(
+        ..., description="Inference slots of each process (PREDICT_CONCURRENCY): inferences that run at once."
+    )
     inference_threads: int = Field(..., description="Threads each inference uses (intra-op threads).")
     cores: int = Field(..., description="Cores each process may use: its share of the affinity and container quota.")
     threads: str = Field(..., description="The thread plan in words, and what chose it.")
@@ -381,7 +383,7 @@ def create_app(model: ServedModel, title: str, description: str, settings: Servi
             first_inference_ms=placement.first_inference_ms,
             processes=processes,
             process_id=os.getpid(),
-            predict_concurrency=plan.slots,
+            slots=plan.slots,
             inference_threads=plan.threads,
             cores=plan.cores,
             threads=plan.describe(),

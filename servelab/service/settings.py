@@ -118,7 +118,7 @@ class ServiceSettings:
     on the device or the app)."""
 
     processes: int | None = None
-    predict_concurrency: int | None = None
+    slots: int | None = None  # PREDICT_CONCURRENCY
     inference_threads: int | None = None
     device: str = "auto"
     preprocess_workers: int | None = None
@@ -143,7 +143,7 @@ class ServiceSettings:
 
         return cls(
             processes=read("SERVICE_PROCESSES", _positive_int),
-            predict_concurrency=read("PREDICT_CONCURRENCY", _positive_int),
+            slots=read("PREDICT_CONCURRENCY", _positive_int),
             inference_threads=read("INFERENCE_THREADS", _positive_int),
             device=read("INFERENCE_DEVICE", lambda environ, _: device_setting(environ)),
             preprocess_workers=read("PREPROCESS_WORKERS", _positive_int),
@@ -175,12 +175,10 @@ class ServiceSettings:
         runs on: PREDICT_CONCURRENCY and INFERENCE_THREADS where set, the defaults of cores.py otherwise.
         A process started on its own (plain uvicorn, a Ray replica) has every core: SERVICE_PROCESSES
         is set for each of its workers by servelab.service.launch."""
-        given = {"PREDICT_CONCURRENCY": self.predict_concurrency, "INFERENCE_THREADS": self.inference_threads}
+        given = {"PREDICT_CONCURRENCY": self.slots, "INFERENCE_THREADS": self.inference_threads}
         by = ", ".join(f"{name}={value}" for name, value in given.items() if value is not None)
         cores = self.service_plan(device).cores_each if self.processes else available_cores()
-        return thread_plan(
-            self.predict_concurrency, self.inference_threads, device=device, cores=cores, environ={}, given_by=by
-        )
+        return thread_plan(self.slots, self.inference_threads, device=device, cores=cores, environ={}, given_by=by)
 
     def preprocess_workers_for(self, device: str, plan: ThreadPlan) -> int:
         """PREPROCESS_WORKERS, else the plan's (cores.py): on a CPU one decoding thread per two slots

@@ -259,7 +259,7 @@ class Model:
             raise ModelError(
                 f"{self.name}: input {declared.name} has a variable size (dims {list(declared.dims)}), so the lab "
                 f"cannot {purpose} from the config alone. Give perf_analyzer a shape yourself, e.g. "
-                f"lab.perf('{self.name}', shape=['{declared.name}:4']), or fix the dims in its config.pbtxt."
+                f"lab.triton.perf('{self.name}', shape=['{declared.name}:4']), or fix the dims in its config.pbtxt."
             )
 
 

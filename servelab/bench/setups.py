@@ -1,5 +1,5 @@
 """What the benchmark measures, shared by its run (servelab.bench.run) and its report
-(servelab.bench.report): the served targets, the naive reference apps, the in-process ceilings,
+(servelab.bench.report): the served setups, the naive reference apps, the in-process ceilings,
 and how a load point's CPU time splits between the server, its event loop and the load generator.
 """
 
@@ -9,21 +9,23 @@ from dataclasses import astuple, dataclass
 
 
 @dataclass(frozen=True)
-class ServedTarget:
+class ServedSetup:
+    """One way the lab serves the model, as the benchmark measures it."""
+
     name: str
-    kind: str  # loadgen target kind
+    kind: str  # the load generator's target kind (loadgen.make_target)
     model: str | None  # Triton model
     runtime: str  # the in-process ceiling it is compared with: its runtime...
     decode: bool = True  # ...and whether the server decodes images (or gets tensors)
 
 
-TARGETS = (
-    ServedTarget("fastapi_pt", "fastapi", None, "pytorch"),
-    ServedTarget("fastapi_onnx", "fastapi", None, "onnxruntime"),
-    ServedTarget("triton/food_classifier", "triton-http", "food_classifier", "pytorch"),
+SETUPS = (
+    ServedSetup("fastapi_pt", "fastapi", None, "pytorch"),
+    ServedSetup("fastapi_onnx", "fastapi", None, "onnxruntime"),
+    ServedSetup("triton/food_classifier", "triton-http", "food_classifier", "pytorch"),
     # Its clients send tensors they preprocessed themselves (here: once), so it is compared with
     # inference alone.
-    ServedTarget("triton/food_classifier_onnx", "triton-http", "food_classifier_onnx", "onnxruntime", decode=False),
+    ServedSetup("triton/food_classifier_onnx", "triton-http", "food_classifier_onnx", "onnxruntime", decode=False),
 )
 # The naive reference apps, measured at the highest concurrency only.
 NAIVE = {"pytorch": "naive/pytorch", "onnxruntime": "naive/onnxruntime"}
