@@ -15,12 +15,13 @@
 # TorchServe is no longer maintained; Triton's **sequence batcher** does the same job, and this
 # notebook teaches it there.
 #
-# Sequence batching is not *continuous batching*, which TorchServe ships as a separate example:
-# there one request (a generation, say) runs over many iterations, and the server adds new
-# requests to the running batch, or drops finished ones, between iterations instead of waiting
-# for the whole batch to end. Triton's counterpart is the iterative sequence of its sequence
-# batcher (`iterative_sequence`, for decoupled models that stream many responses to one request),
-# which this notebook does not use: here each frame is a request of its own, answered once.
+# TorchServe calls its batching here *sequence continuous batching*, and it has two parts. First,
+# each batch takes one waiting request from each of several sequences, and batches keep forming
+# as sequences start and end, without waiting for a whole batch of sequences to finish: Triton's
+# `oldest` strategy does that, and this notebook measures it. Second, a sequence's next request
+# may be served while the previous one still streams its answer: in Triton that needs a decoupled
+# model and the sequence batcher's `iterative_sequence`, which this notebook does not use (each
+# frame here is a request answered once; notebook 9 streams answers from a decoupled model).
 #
 # How Triton's sequence batcher works:
 #
@@ -78,7 +79,9 @@ rows = [
      "in flight per sequence and skips frames that come due meanwhile", "servelab/loadgen/sequences.py", "1 frame"),
     ("sequenceBatching", f"sequence_batching, strategy {strategy}; max_batch_size",
      "config.pbtxt", f"up to {served.max_batch_size} sequences per execution"),
-    ("continuousBatching (a separate mechanism)", "sequence_batching's iterative_sequence, for decoupled models",
+    ("continuousBatching: batches keep forming as sequences start and end", f"sequence_batching, strategy {strategy}",
+     "config.pbtxt", "measured below"),
+    ("continuousBatching: a next request while the last still streams", "iterative_sequence, for decoupled models",
      "config.pbtxt", "not used by this model"),
     ("cancel (a request that ends the sequence)", "a gRPC cancel, or the request parameter cancel with sequence_end",
      "client request; model.py", "drops the state (a gRPC cancel: once the model holds the frame; one still "
@@ -156,9 +159,13 @@ show("a sequence never started", frame(next_id + 1, photos[0].read_bytes()))
 #    and `oldest` with `N` sequences serves at least 1.2x the frames per second of one sequence
 #    at a time. A GPU has parallel work to spare for a batch; a CPU whose cores already work on
 #    one frame has little, so there the prediction may fail, and the check says by how much.
-# 3. A frame waits for the batch it rides in: Triton's queue time per frame (its statistics,
-#    not the client's latency, which also counts the longer execution of a batch) is higher with
-#    `N` sequences than alone.
+# 3. Where a frame waits. Triton's queue time per frame (its statistics, not the client's
+#    latency) has two parts: the wait for companions, up to the strategy's
+#    `max_queue_delay_microseconds` (the **queue delay**), and the wait for the execution that was
+#    running when the frame arrived. A frame alone never gets a companion, so it waits out the
+#    whole delay (0.8x to 1.5x of it). With `N` sequences, which all fit in one batch, a frame
+#    waits at most that one execution plus the delay. Which of the two runs waits longer depends
+#    on how long an execution takes on this machine: guess before you run it.
 
 # %%
 N = served.max_batch_size
@@ -234,7 +241,8 @@ lab.expect(
         else ""
     ),
 )
-lab.record(sequences.frame_waits_for_its_batch(alone, oldest, N));
+queue_delay_us = getattr(batcher, strategy).max_queue_delay_microseconds
+lab.record(sequences.where_a_frame_waits(alone, oldest, N, queue_delay_us));
 
 # %% [markdown]
 # A second opinion from perf_analyzer, which sends sequences too (`sequence_length=` becomes
@@ -345,6 +353,36 @@ show("its next frame", after_cancel)
 # %%
 lab.record(sequences.idle_and_cancelled_sequences(after_short_pause, after_long_pause, cancel_answer, after_cancel,
                                                   IDLE_S));
+
+# %% [markdown]
+# ## A busy sequence still times out
+#
+# The idle timeout catches a sequence that stops sending. The **sequence timeout**
+# (`sequence_timeout_s`; TorchServe's `sequenceTimeoutMSec`) bounds a sequence's whole life,
+# however busy it is. Here it is set to `TOTAL_S`, with the idle timeout `IDLE_LONGER_S` above
+# every pause: one sequence sends a frame every half second until 1 s before `TOTAL_S`, then
+# one more half a second after it.
+#
+# **Prediction** 6. Every frame before `TOTAL_S` is answered, and the one after it is refused as
+# `timed out` (not `expired`: the sequence never idled for `IDLE_LONGER_S`).
+
+# %%
+TOTAL_S, IDLE_LONGER_S = 3.0, 2.0
+short_lived = lab.triton.config(MODEL).with_parameters(
+    sequence_timeout_s=str(TOTAL_S), idle_timeout_s=str(IDLE_LONGER_S)
+)
+lab.triton.apply_config(MODEL, short_lived)
+next_id += 1
+began = time.monotonic()
+kept_busy = []
+for due_s in [0.5 * k for k in range(int(2 * (TOTAL_S - 1)) + 1)] + [TOTAL_S + 0.5]:
+    time.sleep(max(0.0, began + due_s - time.monotonic()))  # on schedule from the first frame
+    answer = frame(next_id, photo, start=due_s == 0)
+    show(f"frame at {time.monotonic() - began:.1f} s", answer)
+    kept_busy.append(answer)
+past_limit = kept_busy.pop()
+lab.triton.restore_config(MODEL)
+lab.record(sequences.busy_sequence_times_out(kept_busy, past_limit, TOTAL_S, IDLE_LONGER_S));
 
 # %% [markdown]
 # A server that keeps state makes every sequence a small reservation: memory in the model, a

@@ -16,14 +16,31 @@ def test_the_batcher_check_holds_on_batches_and_fails_on_a_strategy_that_ran_fra
     assert [part.outcome for part in failed.conditions] == [Outcome.HELD, Outcome.NOT_HELD]
 
 
-def test_the_wait_for_a_batch_is_judged_on_triton_s_queue_time():
-    alone = frames(1.0, 60)
-    assert sequences.frame_waits_for_its_batch(alone, frames(5.5, 900), 8).outcome is Outcome.HELD
-    # A higher latency with 8 sequences would not do: no longer wait in the queue fails the claim.
-    failed = sequences.frame_waits_for_its_batch(alone, frames(5.5, 40), 8)
-    assert failed.outcome is Outcome.NOT_HELD
-    assert [item.name for item in failed.conditions[0].figures] == ["queue per frame, 8 sequences",
-                                                                     "queue per frame, 1 sequence"]  # fmt: skip
+def queued(queue_us: float, execution_us: float = 0.0):
+    """A run of frames whose executions took `execution_us` each, input to output."""
+    stats = {"avg_batch_size": 5.0, "avg_queue_us": queue_us, "avg_compute_input_us": 0.1 * execution_us,
+             "avg_compute_infer_us": 0.8 * execution_us, "avg_compute_output_us": 0.1 * execution_us}  # fmt: skip
+    return synthetic_run("triton/food_sequence", 8, 40, 50, triton_stats=stats)
+
+
+def test_a_frame_waits_out_the_delay_alone_and_at_most_one_execution_plus_it_with_company():
+    # Both directions of the batched wait hold: full-profile runs measured 544 us (batches filled
+    # at once) and 26,700 us (frames arriving behind a 90 ms execution), against 2,180 us alone.
+    for batched in (queued(544, 90_000), queued(26_700, 90_000)):
+        assert sequences.where_a_frame_waits(queued(2_180), batched, 8, 2_000).outcome is Outcome.HELD
+    # Wrong: a lone frame sent at once, as if the batcher had no delay to wait out.
+    sent_at_once = sequences.where_a_frame_waits(queued(60), queued(544, 90_000), 8, 2_000)
+    assert [part.outcome for part in sent_at_once.conditions] == [Outcome.NOT_HELD, Outcome.HELD]
+    # Wrong: frames held behind a backlog of three executions.
+    backlog = sequences.where_a_frame_waits(queued(2_180), queued(270_000, 90_000), 8, 2_000)
+    assert [part.outcome for part in backlog.conditions] == [Outcome.HELD, Outcome.NOT_HELD]
+    assert [item.name for item in backlog.conditions[1].figures] == [
+        "queue per frame, 8 sequences", "one execution, 8 sequences (input to output)",
+        "max_queue_delay_microseconds (config)"]  # fmt: skip
+    # No delay configured: the lone wait has nothing to be judged against.
+    no_delay = sequences.where_a_frame_waits(queued(40), queued(5_000, 90_000), 8, 0)
+    assert [part.outcome for part in no_delay.conditions] == [Outcome.NOT_CHECKED, Outcome.HELD]
+    assert "no max_queue_delay_microseconds" in no_delay.conditions[0].detail
 
 
 class Refused(Exception):
@@ -64,3 +81,21 @@ def test_idle_and_cancelled_sequences_fail_on_any_other_error():
     # A cancel that was answered instead: the next frame is not judged as the refusal of a cancelled sequence.
     uncancelled = sequences.idle_and_cancelled_sequences(ANSWERED, EXPIRED, ANSWERED, NOT_STARTED, 1.0)
     assert [part.outcome for part in uncancelled.conditions][2:] == [Outcome.NOT_HELD, Outcome.NOT_CHECKED]
+
+
+TIMED_OUT = Refused("timed out: sequence 11 ran longer than the sequence timeout (3 s, parameter sequence_timeout_s)")
+
+
+def test_a_busy_sequence_times_out_on_its_age_and_not_on_idling():
+    held = sequences.busy_sequence_times_out([ANSWERED] * 5, TIMED_OUT, 3.0, 2.0)
+    assert held.outcome is Outcome.HELD, held
+    # Wrong: no total limit (the late frame answered), or the idle limit fired instead.
+    for late in (ANSWERED, EXPIRED):
+        failed = sequences.busy_sequence_times_out([ANSWERED] * 5, late, 3.0, 2.0)
+        assert [part.outcome for part in failed.conditions] == [Outcome.HELD, Outcome.NOT_HELD]
+    # Wrong: the sequence lost its state before the limit.
+    early = sequences.busy_sequence_times_out([ANSWERED, ANSWERED, TIMED_OUT], TIMED_OUT, 3.0, 2.0)
+    assert [part.outcome for part in early.conditions] == [Outcome.NOT_HELD, Outcome.HELD]
+    # Nothing sent before the limit: whether it lived until then is not shown.
+    unseen = sequences.busy_sequence_times_out([], TIMED_OUT, 3.0, 2.0)
+    assert [part.outcome for part in unseen.conditions] == [Outcome.NOT_CHECKED, Outcome.HELD]

@@ -25,20 +25,45 @@ def batcher_merges_sequences(oldest: RunResult | None, direct: RunResult | None,
     )
 
 
-def frame_waits_for_its_batch(alone: RunResult | None, batched: RunResult | None, sequences: int) -> Expectation:
-    """A frame of one of `sequences` sequences waits longer in Triton's queue than a frame of a
-    sequence alone: Triton's own queue time, not the client's latency (which also counts the
-    longer execution of a batch)."""
-    queue_batched = figure(batched, "triton_stats.avg_queue_us", f"queue per frame, {sequences} sequences")
+def where_a_frame_waits(
+    alone: RunResult | None, batched: RunResult | None, sequences: int, max_queue_delay_us: float
+) -> Expectation:
+    """Triton's queue time per frame (its statistics, not the client's latency) has two parts: the
+    wait for companions, up to the batcher's `max_queue_delay_us`, and the wait for the instance
+    to finish the execution running when the frame arrived. A frame of a sequence alone never gets
+    a companion, so it waits the whole delay, and no more (0.8x to 1.5x of it). With `sequences`
+    live sequences, all fitting one batch, a frame waits at most the one execution before it
+    (the compute time of a frame's execution, input to output) plus the delay: it is not held for
+    several rounds. Plausible wrong outcomes: a lone frame sent at once (the batcher ignoring its
+    delay), or frames of the batched run queued behind a backlog of executions. The bound on the
+    lone wait is NOT CHECKED where the config has no delay to wait for."""
     queue_alone = figure(alone, "triton_stats.avg_queue_us", "queue per frame, 1 sequence")
+    queue_batched = figure(batched, "triton_stats.avg_queue_us", f"queue per frame, {sequences} sequences")
+    delay = measured("max_queue_delay_microseconds (config)", max_queue_delay_us, "us")
+    execution_us = sum(
+        figure(batched, f"triton_stats.avg_compute_{stage}_us", f"compute {stage}").value
+        for stage in ("input", "infer", "output")
+    )
+    execution = measured(f"one execution, {sequences} sequences (input to output)", execution_us, "us")
     return Expectation(
-        "a frame waits for the batch it rides in",
+        "a frame waits for companions up to the queue delay, then for the execution ahead of it",
         (
+            unless(
+                max_queue_delay_us > 0,
+                "the config sets no max_queue_delay_microseconds: a lone frame has no delay to wait out",
+                condition(
+                    "alone, a frame waits out the whole queue delay, and no more (0.8x to 1.5x of it)",
+                    0.8 * max_queue_delay_us <= queue_alone.value <= 1.5 * max_queue_delay_us,
+                    queue_alone,
+                    delay,
+                ),
+            ),
             condition(
-                f"a frame waits longer in Triton's queue with {sequences} sequences than alone",
-                queue_batched.value > queue_alone.value,
+                f"with {sequences} sequences, a frame waits at most one execution plus the queue delay",
+                queue_batched.value <= execution_us + max_queue_delay_us,
                 queue_batched,
-                queue_alone,
+                execution,
+                delay,
             ),
         ),
     )
@@ -97,6 +122,43 @@ def idle_and_cancelled_sequences(
                     gone.value == 1,
                     gone,
                 ),
+            ),
+        ),
+    )
+
+
+def busy_sequence_times_out(
+    kept_busy: list[object], past_limit: object, sequence_timeout_s: float, idle_timeout_s: float
+) -> Expectation:
+    """A sequence that never idles (frames closer together than `idle_timeout_s`) still loses its
+    state once it is older than `sequence_timeout_s`: each frame of `kept_busy`, all sent before
+    that age, is answered, and `past_limit`, the first sent after it, is refused as timed out by
+    the model ("timed out: ..."). Plausible wrong outcomes: no total limit at all (the late frame
+    answered), or the idle limit doing the job (refused as expired). NOT CHECKED where no frame
+    was kept busy (nothing shows that the sequence lived up to the limit)."""
+    answered = measured(
+        f"frames answered of {len(kept_busy)} sent before {sequence_timeout_s:g} s",
+        sum(refusal(answer) is None for answer in kept_busy),
+    )
+    timed_out = measured("refused as timed out (1 yes, 0 no)", _said(past_limit, "timed out"))
+    return Expectation(
+        "a sequence older than the sequence timeout loses its state, however busy it is",
+        (
+            unless(
+                bool(kept_busy),
+                "no frame was sent before the limit: nothing shows the sequence lived until then",
+                condition(
+                    f"every frame sent before {sequence_timeout_s:g} s, each under {idle_timeout_s:g} s after the "
+                    "last, is answered",
+                    answered.value == len(kept_busy),
+                    answered,
+                ),
+            ),
+            condition(
+                f"the first frame after {sequence_timeout_s:g} s is refused as timed out, not expired",
+                timed_out.value == 1,
+                timed_out,
+                detail=f"refused: {refusal(past_limit)}" if refusal(past_limit) else "answered",
             ),
         ),
     )
