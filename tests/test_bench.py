@@ -112,9 +112,9 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
             rf"\| {re.escape(result.name)} \| loadgen \| c={result.concurrency} \|.*\| ([\d.]+)% \|", report
         )
         assert row and row.group(1) == f"{100 * ratio:.1f}", result.label
-    targets = report.split("## Targets")[1].split("##")[0]
+    goals = report.split("## Goals")[1].split("##")[0]
     judged = sum(len(goal.loads) for goal in bench_report.GOALS)
-    assert len(re.findall(r"^- (met|NOT MET|NOT JUDGED): ", targets, re.M)) == judged + len(bench.SETUPS) + 2
+    assert len(re.findall(r"^- (met|NOT MET|NOT JUDGED): ", goals, re.M)) == judged + len(bench.SETUPS) + 2
     # A FastAPI service is judged against its cap where its point kept every core busy, and only there.
     # Each line shows its windows one by one, and a FastAPI one its CPU split, from the run's own figures.
     for goal in (goal for goal in bench_report.GOALS if goal.of_cap):
@@ -123,7 +123,7 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
             cpu = bench.CpuSplit(**point["cpu_s"])
             name = re.escape(f"{goal.service} at c={load}")
             (line,) = re.findall(
-                rf"^- (?:(?:met|NOT MET): {name} reaches .* of its cap |NOT JUDGED: {name}: ).*", targets, re.M
+                rf"^- (?:(?:met|NOT MET): {name} reaches .* of its cap |NOT JUDGED: {name}: ).*", goals, re.M
             )
             if cpu.cores_busy(metadata["machine"]["cores_available"]) >= bench_report.EVERY_CORE_BUSY:
                 assert not line.startswith("- NOT JUDGED"), line
@@ -132,7 +132,7 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
             assert bench_report.overhead_cap(point, metadata) in line and line.endswith(_windows_said(point)), line
     point = metadata["windows_rps"]["triton/food_classifier"]["16"]
     assert re.search(
-        rf"^- (met|NOT MET): triton/food_classifier at c=16 reaches .*{re.escape(_windows_said(point))}$", targets, re.M
+        rf"^- (met|NOT MET): triton/food_classifier at c=16 reaches .*{re.escape(_windows_said(point))}$", goals, re.M
     )
     agreement = metadata["agreement"]
     for tool in ("loadgen", "perf_analyzer"):
@@ -226,13 +226,13 @@ def test_a_naive_app_measured_on_a_faster_moment_is_compared_at_one_machine_spee
         "sweep_best_rps": {"onnxruntime, decode, many": 100.0},
         "agreement": {"throughput_gap": 0.0, "p50_gap": 0.0},
     }
-    (line,) = [line for line in bench_report.target_lines(results, meta) if "as fast as naive/onnxruntime" in line]
+    (line,) = [line for line in bench_report.goal_lines(results, meta) if "as fast as naive/onnxruntime" in line]
     assert line.startswith("- met: fastapi_onnx at c=16")
     assert "(90.0 vs 75.0 req/s: yes) with a lower p99 (240 vs 336 ms: yes)" in line
     assert "machine at 80% and 120% of that speed: 72.0 vs 90.0 req/s, p99 300 vs 280 ms" in line
     # At one machine speed throughout, it is the raw comparison: here the naive app wins.
     meta["ceilings_rps"]["fastapi_onnx"]["16"] = 120.0
-    (line,) = [line for line in bench_report.target_lines(results, meta) if "as fast as naive/onnxruntime" in line]
+    (line,) = [line for line in bench_report.goal_lines(results, meta) if "as fast as naive/onnxruntime" in line]
     assert line.startswith("- NOT MET: ") and "(60.0 vs 75.0 req/s: no)" in line
 
 
@@ -243,9 +243,9 @@ def test_a_ratio_just_under_its_target_is_printed_under_it():
         "sweep_best_rps": {"pytorch, decode, many": 100.0},
         "agreement": {"throughput_gap": 0.0, "p50_gap": 0.0},
     }
-    lines = bench_report.target_lines(results, meta)
+    lines = bench_report.goal_lines(results, meta)
     assert (
-        "- NOT MET: triton/food_classifier at c=16 reaches 79.9% of its ceiling (target 80%): 80.0 of 100.0 req/s"
+        "- NOT MET: triton/food_classifier at c=16 reaches 79.9% of its ceiling (goal 80%): 80.0 of 100.0 req/s"
         in lines
     )
 
@@ -260,20 +260,20 @@ def _judged_against_its_cap(throughput: float, cpu_s: dict | None) -> str:
         "sweep_best_rps": {"onnxruntime, decode, many": 100.0},
         "agreement": {"throughput_gap": 0.0, "p50_gap": 0.0},
     }
-    lines = bench_report.target_lines([_served_at_16("fastapi_onnx", throughput, 300.0)], meta)
+    lines = bench_report.goal_lines([_served_at_16("fastapi_onnx", throughput, 300.0)], meta)
     (line,) = [line for line in lines if re.match(r"- [A-Za-z ]+: fastapi_onnx at c=16[ :](?!is at least)", line)]
     return line
 
 
 # 9.5 s of CPU on 2 cores over 5 s (95% busy), 1 s of it on the event loop and the load generator:
-# the cap is 8.5 / 9.5 = 89.5% of the ceiling, 89.5 req/s, and the target 95% of it, 85.0 req/s.
+# the cap is 8.5 / 9.5 = 89.5% of the ceiling, 89.5 req/s, and the goal 95% of it, 85.0 req/s.
 BUSY = {"server_s": 9.0, "event_loop_s": 0.5, "load_generator_s": 0.5, "wall_s": 5.0}
 
 
 def test_a_fastapi_service_on_busy_cores_is_judged_against_its_cap_not_the_ceiling():
     # 88% of the ceiling: under the 90% of the ceiling it used to be held to, and 98% of what it could reach.
     line = _judged_against_its_cap(88.0, BUSY)
-    assert line.startswith("- met: fastapi_onnx at c=16 reaches 98.3% of its cap (target 95%): 88.0 of 89.5 req/s")
+    assert line.startswith("- met: fastapi_onnx at c=16 reaches 98.3% of its cap (goal 95%): 88.0 of 89.5 req/s")
     assert "took 10.5% of the CPU its requests cost, which caps it at 89.5% of the ceiling" in line
     assert "(they were 95.0% busy); it reaches 88.0% of its ceiling (88.0 of 100.0 req/s)" in line
     assert line.endswith("window by window, against the ceiling beside each: 88%, 88%")
@@ -281,7 +281,7 @@ def test_a_fastapi_service_on_busy_cores_is_judged_against_its_cap_not_the_ceili
 
 def test_a_fastapi_service_under_its_cap_on_busy_cores_is_not_met_and_printed_under_its_target():
     line = _judged_against_its_cap(84.95, BUSY)
-    assert line.startswith("- NOT MET: fastapi_onnx at c=16 reaches 94.9% of its cap (target 95%): 85.0 of 89.5 req/s")
+    assert line.startswith("- NOT MET: fastapi_onnx at c=16 reaches 94.9% of its cap (goal 95%): 85.0 of 89.5 req/s")
 
 
 def test_a_fastapi_point_whose_cores_idled_or_had_no_cpu_split_is_not_judged_and_says_why():
@@ -302,7 +302,7 @@ def test_a_load_point_a_server_crash_interrupted_is_not_judged_and_its_row_says_
         "sweep_best_rps": {"onnxruntime, decode, many": 100.0},
         "agreement": {"throughput_gap": 0.0, "p50_gap": 0.0},
     }
-    lines = bench_report.target_lines([crashed], meta)
+    lines = bench_report.goal_lines([crashed], meta)
     assert f"- NOT JUDGED: fastapi_onnx at c=16: {crashed.interrupted_by[0]}" in lines
     assert not any(line.startswith("- met: fastapi_onnx at c=16 reaches") for line in lines)
     assert "NOT A CLEAN RUN: fastapi_onnx was killed by signal 9" in tables.results_table([crashed])

@@ -498,8 +498,8 @@ def test_the_targets_judge_each_fastapi_service_against_the_machines_ceiling_and
         throughput_rps=400, notes=["pipeline, 2 processes, each 1 slot(s) x 8 thread(s) (on cuda)"]
     )
     checked = [service("fastapi_pt", 90, 320, 316), service("naive_pt", 90, 300, 330)]
-    lines = report.targets(checked, {"pytorch": ceiling}, [1, 16, 64])
-    assert lines[0].startswith("met: fastapi_pt at c=16 is 0.80x the machine's ceiling (target 0.8x): 320.0 of 400.0")
+    lines = report.goals(checked, {"pytorch": ceiling}, [1, 16, 64])
+    assert lines[0].startswith("met: fastapi_pt at c=16 is 0.80x the machine's ceiling (goal 0.8x): 320.0 of 400.0")
     assert "(pipeline, 2 processes, each 1 slot(s) x 8 thread(s))" in lines[0]
     assert lines[1].startswith("NOT MET: fastapi_pt at c=64 is 0.79x")
     assert lines[2] == (
@@ -508,5 +508,5 @@ def test_the_targets_judge_each_fastapi_service_against_the_machines_ceiling_and
     )
     assert len(lines) == 3  # c=1 is one request in flight: no target
     just_under = [service("fastapi_pt", 90, 319.96, 400)]
-    (near_miss, _) = report.targets(just_under, {"pytorch": ceiling}, [1, 16, 64])
+    (near_miss, _) = report.goals(just_under, {"pytorch": ceiling}, [1, 16, 64])
     assert near_miss.startswith("NOT MET: fastapi_pt at c=16 is 0.79x")  # never shown as the 0.80 it missed

@@ -3,7 +3,7 @@
 Every ratio is taken against a ceiling measured in the same run on the same machine, in windows
 that take turns with the row's own measured windows (the mean of the ceiling's windows): a row
 at concurrency 1 against the in-process ceiling for one request in flight, a row at higher
-concurrency against the best in-process plan for many. The targets the lab sets itself are
+concurrency against the best in-process plan for many. The goals the lab sets itself are
 checked against this run's numbers and listed as met or not met, with the numbers, or as not
 judged, saying why (a FastAPI service is judged against the cap its CPU split sets, and only where
 every core was busy): the report says what happened, it does not fail.
@@ -83,13 +83,13 @@ def machine_speed(result: RunResult, meta: dict) -> float:
     latency multiplied by it (a slower machine makes every request slower, whoever serves it)."""
     served = _served(result)
     if served is None:
-        raise ValueError(f"{result.name} is not a target of the benchmark: it has no ceiling")
+        raise ValueError(f"{result.name} is not a setup of the benchmark: it has no ceiling")
     key = setups.ceiling_key(served.runtime, served.decode, "one" if result.concurrency == 1 else "many")
     return ceiling_of(result, meta["ceilings_rps"]) / meta["sweep_best_rps"][key]
 
 
-def _find(results: list[RunResult], target: str, concurrency: int) -> RunResult | None:
-    return next((r for r in results if r.name == target and r.concurrency == concurrency), None)
+def _find(results: list[RunResult], name: str, concurrency: int) -> RunResult | None:
+    return next((r for r in results if r.name == name and r.concurrency == concurrency), None)
 
 
 def pair_ratios(agreement: dict) -> str:
@@ -101,8 +101,8 @@ def pair_ratios(agreement: dict) -> str:
 
 
 def _floored(share: float) -> str:
-    """A share as a percentage with one decimal, rounded down: a ratio just under its target never
-    reads as the target itself."""
+    """A share as a percentage with one decimal, rounded down: a ratio just under its goal never
+    reads as the goal itself."""
     return f"{math.floor(round(share * 1000, 6)) / 10:.1f}%"
 
 
@@ -151,17 +151,17 @@ def _window_spread(point: dict) -> str:
 
 
 def against_ceiling(goal: Goal, result: RunResult, ceiling: float, point: dict) -> str:
-    """A target on the ratio to the ceiling, met or not, with its numbers."""
+    """A goal on the ratio to the ceiling, met or not, with its numbers."""
     fraction = result.throughput_rps / ceiling
     return (
         f"- {'met' if fraction >= goal.fraction else 'NOT MET'}: {goal.service} at c={result.concurrency} reaches "
-        f"{_floored(fraction)} of its ceiling (target {goal.fraction:.0%}): {result.throughput_rps:.1f} of "
+        f"{_floored(fraction)} of its ceiling (goal {goal.fraction:.0%}): {result.throughput_rps:.1f} of "
         f"{ceiling:.1f} req/s" + _window_spread(point)
     )
 
 
 def against_cap(goal: Goal, result: RunResult, ceiling: float, point: dict, meta: dict) -> str:
-    """A target on the ratio to the cap (the ceiling times 1 - the CPU split's overhead share),
+    """A goal on the ratio to the cap (the ceiling times 1 - the CPU split's overhead share),
     met or not where every core was busy; NOT JUDGED, saying why, where they were not or where no
     CPU split was measured."""
     where = f"{goal.service} at c={result.concurrency}"
@@ -184,15 +184,15 @@ def against_cap(goal: Goal, result: RunResult, ceiling: float, point: dict, meta
     of_cap = result.throughput_rps / (cap * ceiling)
     return (
         f"- {'met' if of_cap >= goal.fraction else 'NOT MET'}: {where} reaches {_floored(of_cap)} of its cap "
-        f"(target {goal.fraction:.0%}): {result.throughput_rps:.1f} of {cap * ceiling:.1f} req/s"
+        f"(goal {goal.fraction:.0%}): {result.throughput_rps:.1f} of {cap * ceiling:.1f} req/s"
         + overhead_cap(point, meta)
         + f"; {of_ceiling}"
         + _window_spread(point)
     )
 
 
-def target_lines(results: list[RunResult], meta: dict) -> list[str]:
-    """Each target, met or not (or not judged, saying why), with the numbers that decide it (and
+def goal_lines(results: list[RunResult], meta: dict) -> list[str]:
+    """Each goal, met or not (or not judged, saying why), with the numbers that decide it (and
     the spread of a ratio's windows, which does not decide it)."""
     ceilings, windows, agreement = meta["ceilings_rps"], meta.get("windows_rps", {}), meta["agreement"]
     lines = []
@@ -207,7 +207,7 @@ def target_lines(results: list[RunResult], meta: dict) -> list[str]:
                 continue
             point = windows.get(goal.service, {}).get(str(concurrency)) or {}
             ceiling = ceiling_of(result, ceilings)
-            assert ceiling is not None, f"{goal.service} is a target of the benchmark, with a ceiling"
+            assert ceiling is not None, f"{goal.service} is a setup of the benchmark, with a ceiling"
             if goal.of_cap:
                 lines.append(against_cap(goal, result, ceiling, point, meta))
             else:
@@ -315,7 +315,7 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "",
         tables.results_table(served, lambda r: ceiling_of(r, ceilings), "of ceiling"),
         "",
-        "## Targets",
+        "## Goals",
         "",
         "Each is decided by the load point's throughput over all its windows against the mean of the ceiling's "
         "windows around and between them. The window-by-window figures (each window against the two ceiling "
@@ -330,7 +330,7 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         f"the load generator used at least {EVERY_CORE_BUSY:.0%} of the cores' time), and NOT JUDGED elsewhere, "
         "saying why. Triton's front end has no event loop of ours to count: it is judged against the ceiling.",
         "",
-        *target_lines(results, meta),
+        *goal_lines(results, meta),
         "",
         "## Where a FastAPI service's CPU goes",
         "",
@@ -340,7 +340,7 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "service whose decoding and inference cost what the ceiling's do reaches at most 'cap' of it (1 minus "
         "their share of all the CPU the requests cost). At low concurrency the cores idle and the cap does not "
         "bind; on a GPU the GPU, not the cores, may be what runs out. 'of ceiling' is the mean of the windows' "
-        "own fractions (the windows' figures in Targets).",
+        "own fractions (the windows' figures in Goals).",
         "",
         *cpu_table(meta),
         "",
@@ -349,7 +349,7 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         f"Against Triton `{agreement['model']}` at concurrency {agreement['concurrency']}, in this run, "
         f"the two tools took turns {agreement['pairs']} time(s); medians. CPU per request is each tool's own "
         "CPU time over the requests Triton answered meanwhile (warm-up and every trial window included). "
-        "The targets compare the tools pair by pair, each pair run back to back at one machine speed "
+        "The goals compare the tools pair by pair, each pair run back to back at one machine speed "
         "(the load generator's figure over perf_analyzer's): " + pair_ratios(agreement) + ".",
         "",
         "| tool | throughput (req/s) | p50 (ms) | CPU per request (ms) |",

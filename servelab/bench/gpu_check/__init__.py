@@ -25,7 +25,7 @@
    runs): one request in flight, the best pipeline in one process, and in as many processes as the
    services plan (the machine's ceiling).
 6. Prints one table (the machine first) and writes it to results/gpu-check-<time>.md, with every run in
-   results/gpu-check-<time>.json, and the speed targets, met or not: each FastAPI service at least 0.8x
+   results/gpu-check-<time>.json, and the speed goals, met or not: each FastAPI service at least 0.8x
    the machine's ceiling above c=1, and never slower than naive/pytorch at the highest concurrency.
    Speed is reported, never failing the check.
 Every process it started is stopped at the end, on Ctrl-C and on a failure too. About 4-6 minutes with

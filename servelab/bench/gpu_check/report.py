@@ -105,13 +105,13 @@ def table_rows(
 
 
 SHOWN_AS = {"triton": "triton/" + TRITON_MODEL, "naive_pt": "naive/pytorch"}
-TARGET_OF_CEILING = 0.8  # each FastAPI service, under load, against the machine's in-process ceiling
+GOAL_OF_CEILING = 0.8  # each FastAPI service, under load, against the machine's in-process ceiling
 FASTAPI_SERVICES = ("fastapi_pt", "fastapi_onnx")
 
 
-def targets(checked: Sequence[Checked], ceilings: Mapping[str, Ceiling], concurrencies: Sequence[int]) -> list[str]:
-    """The speed targets, each met or not with its numbers (reported, never failing the check):
-    each FastAPI service at least TARGET_OF_CEILING of the machine's ceiling at every concurrency
+def goals(checked: Sequence[Checked], ceilings: Mapping[str, Ceiling], concurrencies: Sequence[int]) -> list[str]:
+    """The speed goals, each met or not with its numbers (reported, never failing the check):
+    each FastAPI service at least GOAL_OF_CEILING of the machine's ceiling at every concurrency
     above 1, and never slower than the original lab's kind of app at the highest."""
     lines = []
     by_name = {service.name: {run.concurrency: run for run in service.runs} for service in checked}
@@ -125,11 +125,11 @@ def targets(checked: Sequence[Checked], ceilings: Mapping[str, Ceiling], concurr
                 lines.append(f"NOT MEASURED: {name} at c={concurrency}")
                 continue
             ratio = run.throughput_rps / ceiling.pipelined.throughput_rps
-            # Rounded down: a ratio just under its target never reads as the target itself.
+            # Rounded down: a ratio just under its goal never reads as the goal itself.
             shown = math.floor(round(ratio * 100, 6)) / 100
             lines.append(
-                f"{'met' if ratio >= TARGET_OF_CEILING else 'NOT MET'}: {name} at c={concurrency} is "
-                f"{shown:.2f}x the machine's ceiling (target {TARGET_OF_CEILING:.1f}x): {_rate(run.throughput_rps)} "
+                f"{'met' if ratio >= GOAL_OF_CEILING else 'NOT MET'}: {name} at c={concurrency} is "
+                f"{shown:.2f}x the machine's ceiling (goal {GOAL_OF_CEILING:.1f}x): {_rate(run.throughput_rps)} "
                 f"of {_rate(ceiling.pipelined.throughput_rps)} req/s ({ceiling.pipelined.notes[0].split(' (on ')[0]})"
             )
     busiest = concurrencies[-1]
@@ -193,9 +193,9 @@ def report(machine: str, args: argparse.Namespace, checked: Sequence[Checked], c
             markdown_table(table_headings(concurrencies), table_rows(checked, ceilings, concurrencies)),
             *(f"- {note}" for note in notes),
             "",
-            "Targets (speed is reported, not judged: they never fail the check):",
+            "Goals (speed is reported, not judged: they never fail the check):",
             "",
-            *(f"- {line}" for line in targets(checked, ceilings, concurrencies) or ["none measured"]),
+            *(f"- {line}" for line in goals(checked, ceilings, concurrencies) or ["none measured"]),
             "",
         ]
     )
