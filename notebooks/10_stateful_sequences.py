@@ -47,7 +47,6 @@ from tritonclient.utils import InferenceServerException
 from servelab import paths
 from servelab.lab import Lab
 from servelab.lessons import sequences
-from servelab.lessons.expectations import condition, figure, measured
 from servelab.triton import stats as triton_stats
 
 lab = Lab.connect("10_stateful_sequences")
@@ -214,33 +213,7 @@ plt.show()
 print(f"One sequence at a time: average batch {alone.triton_stats['avg_batch_size']:.2f} (one frame in flight, "
       "so one frame per execution by construction: the baseline, not a claim)")
 lab.record(sequences.batcher_merges_sequences(oldest, direct, N))
-per_frame = {name: runs[name].triton_stats["compute_ms_per_inference"] for name in (alone.name, oldest.name)}
-cheaper = per_frame[oldest.name] < 0.8 * per_frame[alone.name]
-gain = oldest.throughput_rps / alone.throughput_rps
-lab.expect(
-    "batching across sequences pays: cheaper frames in a batch, more frames per second",
-    condition(
-        f"compute per frame in the batches of {N} sequences under 0.8x that of a frame alone",
-        cheaper,
-        figure(oldest, "triton_stats.compute_ms_per_inference", f"compute per frame, {N} sequences"),
-        figure(alone, "triton_stats.compute_ms_per_inference", "compute per frame, 1 sequence"),
-    ),
-    condition(
-        f"oldest with {N} sequences at least 1.2x the frames per second of one at a time",
-        gain >= 1.2,
-        figure(oldest, "throughput_rps", f"frames/s, {N} sequences"),
-        figure(alone, "throughput_rps", "frames/s, 1 sequence"),
-    ),
-    reason=f"on {lab.hardware()}, a frame in a batch of {oldest.triton_stats['avg_batch_size']:.1f} took "
-    f"{per_frame[oldest.name]:.1f} ms of compute against {per_frame[alone.name]:.1f} ms alone"
-    + (" (the device had parallel work to spare)" if cheaper else " (the device had no parallel work to spare)")
-    + f", and {N} sequences served {gain:.2f}x the frames per second of one"
-    + (
-        ": that gain came from overlapping the work around the model (client, network, queue), not from cheaper compute"
-        if gain >= 1.2 and not cheaper
-        else ""
-    ),
-)
+lab.record(sequences.batching_pays(alone, oldest, N, lab.hardware()))
 queue_delay_us = getattr(batcher, strategy).max_queue_delay_microseconds
 lab.record(sequences.where_a_frame_waits(alone, oldest, N, queue_delay_us));
 
@@ -292,29 +265,7 @@ for live in (CAPACITY, 2 * CAPACITY):
           f"{runs[name].sequences_failed or 'none'}")  # fmt: skip
 lab.triton.restore_config(MODEL)
 at_capacity, above = (runs[f"{MODEL}, state capacity {CAPACITY}, {n} sequences"] for n in (CAPACITY, 2 * CAPACITY))
-broken_by_eviction = above.sequences_failed.get("evicted", 0)
-
-# %%
-lab.expect(
-    "more live sequences than the cache holds break the least recently used ones, and say so",
-    condition(
-        f"{CAPACITY} sequences (the capacity): none broken off",
-        sum(at_capacity.sequences_failed.values()) == 0 and at_capacity.sequences_completed == CAPACITY,
-        figure(at_capacity, "sequences_completed", f"completed of {CAPACITY}"),
-    ),
-    condition(
-        f"{2 * CAPACITY} sequences: at least {CAPACITY} broken off, every one by an evicted error",
-        broken_by_eviction >= CAPACITY and broken_by_eviction == sum(above.sequences_failed.values()),
-        measured(f"broken off by 'evicted', {2 * CAPACITY} sequences", broken_by_eviction),
-        figure(above, "sequences_completed", f"completed of {2 * CAPACITY}"),
-    ),
-    condition(
-        "the model logged as many evictions as the clients saw",
-        evicted[2 * CAPACITY] == broken_by_eviction,
-        measured("evictions in the model's log", evicted[2 * CAPACITY]),
-        measured("evicted errors the clients saw", broken_by_eviction),
-    ),
-);
+lab.record(sequences.evictions_break_the_oldest(at_capacity, above, CAPACITY, evicted[2 * CAPACITY]));
 
 # %% [markdown]
 # ## An idle sequence expires; a cancelled one is gone

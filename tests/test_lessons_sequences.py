@@ -1,7 +1,10 @@
 """Notebook 10's checks, each fed a case it must pass and one it must fail."""
 
+import math
+
 from servelab.lessons import sequences
 from servelab.lessons.expectations import Outcome
+from servelab.results import LatencySummary, SequenceRunResult
 from tests.helpers import synthetic_run
 
 
@@ -99,3 +102,49 @@ def test_a_busy_sequence_times_out_on_its_age_and_not_on_idling():
     # Nothing sent before the limit: whether it lived until then is not shown.
     unseen = sequences.busy_sequence_times_out([], TIMED_OUT, 3.0, 2.0)
     assert [part.outcome for part in unseen.conditions] == [Outcome.NOT_CHECKED, Outcome.HELD]
+
+
+def compute(avg_batch: float, ms_per_frame: float, frames_per_s: float):
+    stats = {"avg_batch_size": avg_batch, "compute_ms_per_inference": ms_per_frame}
+    return synthetic_run("triton/food_sequence", 8, frames_per_s, 50, triton_stats=stats)
+
+
+def test_batching_pays_on_cheaper_frames_and_is_not_checked_where_no_batch_formed():
+    alone = compute(1.0, 40.0, 22.0)
+    assert sequences.batching_pays(alone, compute(4.1, 26.5, 36.8), 8, "cpu").outcome is Outcome.HELD
+    # Wrong: no parallel work to spare, a batch costs its frames' sum, and throughput barely moves.
+    flat = sequences.batching_pays(alone, compute(4.1, 39.0, 23.0), 8, "cpu")
+    assert [part.outcome for part in flat.conditions] == [Outcome.NOT_HELD, Outcome.NOT_HELD]
+    assert "no parallel work to spare" in flat.reason
+    # A gain without cheaper compute: said to come from overlapping the work around the model.
+    overlapped = sequences.batching_pays(alone, compute(4.1, 39.0, 30.0), 8, "cpu")
+    assert [part.outcome for part in overlapped.conditions] == [Outcome.NOT_HELD, Outcome.HELD]
+    assert "overlapping the work around the model" in overlapped.reason
+    # No batch formed: nothing was batched, so neither condition can be judged.
+    unbatched = sequences.batching_pays(alone, compute(1.3, 39.0, 23.0), 8, "cpu")
+    assert [part.outcome for part in unbatched.conditions] == [Outcome.NOT_CHECKED] * 2
+    assert "no batch formed" in unbatched.conditions[0].detail
+
+
+def live(started: int, completed: int, **failed: int) -> SequenceRunResult:
+    return SequenceRunResult("food_sequence", "loadgen", "sequences", 10 * started, 20.0, LatencySummary.of([50.0]),
+                             2.0, concurrency=started, sequence_length=10, sequences=started,
+                             sequences_completed=completed, sequences_failed=failed)  # fmt: skip
+
+
+def test_evictions_break_the_oldest_and_the_log_counts_them():
+    held = sequences.evictions_break_the_oldest(live(4, 4), live(8, 4, evicted=4), 4, 4.0)
+    assert held.outcome is Outcome.HELD, held
+    # Wrong: an unbounded cache breaks nothing at twice the capacity.
+    unbounded = sequences.evictions_break_the_oldest(live(4, 4), live(8, 8), 4, 0.0)
+    assert [part.outcome for part in unbounded.conditions] == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_CHECKED]
+    assert "no sequence was evicted" in unbounded.conditions[2].detail
+    # Wrong: sequences broken by another error, and a model that evicts without a word in its log.
+    other = sequences.evictions_break_the_oldest(live(4, 4), live(8, 2, evicted=4, expired=2), 4, 0.0)
+    assert [part.outcome for part in other.conditions] == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_HELD]
+    # Wrong: a sequence broken off at the capacity.
+    tight = sequences.evictions_break_the_oldest(live(4, 3, evicted=1), live(8, 4, evicted=4), 4, 4.0)
+    assert tight.conditions[0].outcome is Outcome.NOT_HELD
+    # No log to read here: the count is NOT CHECKED, the rest judged.
+    unread = sequences.evictions_break_the_oldest(live(4, 4), live(8, 4, evicted=4), 4, math.nan)
+    assert [part.outcome for part in unread.conditions] == [Outcome.HELD, Outcome.HELD, Outcome.NOT_CHECKED]

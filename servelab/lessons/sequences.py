@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import math
+
 from servelab.lessons.expectations import Expectation, condition, figure, measured, unless
-from servelab.results import RunResult
+from servelab.results import RunResult, SequenceRunResult
 
 
 def batcher_merges_sequences(oldest: RunResult | None, direct: RunResult | None, sequences: int) -> Expectation:
@@ -21,6 +23,112 @@ def batcher_merges_sequences(oldest: RunResult | None, direct: RunResult | None,
             )
             for name, run in (("oldest", oldest), ("direct", direct))
             for average in [figure(run, "triton_stats.avg_batch_size", f"average batch, {name}, {sequences} sequences")]
+        ),
+    )
+
+
+def batching_pays(alone: RunResult | None, batched: RunResult | None, sequences: int, hardware: str) -> Expectation:
+    """Batching frames of `sequences` sequences pays where a batch costs less per frame: Triton's
+    compute time per frame in the batches is under 0.8x that of a frame alone, and the batched
+    run serves at least 1.2x the frames per second of one sequence at a time. Plausible wrong
+    outcome: a device with no parallel work to spare (a CPU whose cores already work on one
+    frame), where a batch costs its frames' sum. Both NOT CHECKED where no batch formed (an
+    average batch under 2): then nothing was batched to pay. The reason says where a throughput
+    gain came from when compute was not cheaper."""
+    in_batch = figure(batched, "triton_stats.compute_ms_per_inference", f"compute per frame, {sequences} sequences")
+    single = figure(alone, "triton_stats.compute_ms_per_inference", "compute per frame, 1 sequence")
+    rate_batched = figure(batched, "throughput_rps", f"frames/s, {sequences} sequences")
+    rate_alone = figure(alone, "throughput_rps", "frames/s, 1 sequence")
+    average = figure(batched, "triton_stats.avg_batch_size", f"average batch, {sequences} sequences")
+    cheaper = in_batch.value < 0.8 * single.value
+    gain = rate_batched.value / rate_alone.value
+    no_batch = f"the runs of {sequences} sequences averaged {average.value:.2f} frames an execution: no batch formed"
+    return Expectation(
+        "batching across sequences pays: cheaper frames in a batch, more frames per second",
+        (
+            unless(
+                not average.value < 2,
+                no_batch,
+                condition(
+                    f"compute per frame in the batches of {sequences} sequences under 0.8x that of a frame alone",
+                    cheaper,
+                    in_batch,
+                    single,
+                ),
+            ),
+            unless(
+                not average.value < 2,
+                no_batch,
+                condition(
+                    f"{sequences} sequences serve at least 1.2x the frames per second of one at a time",
+                    gain >= 1.2,
+                    rate_batched,
+                    rate_alone,
+                    detail=f"{gain:.2f}x",
+                ),
+            ),
+        ),
+        reason=f"on {hardware}, a frame in a batch of {average.value:.1f} took {in_batch.value:.1f} ms of compute "
+        f"against {single.value:.1f} ms alone"
+        + (" (the device had parallel work to spare)" if cheaper else " (the device had no parallel work to spare)")
+        + f", and {sequences} sequences served {gain:.2f}x the frames per second of one"
+        + (
+            ": that gain came from overlapping the work around the model (client, network, queue), not from "
+            "cheaper compute"
+            if gain >= 1.2 and not cheaper
+            else ""
+        ),
+    )
+
+
+def evictions_break_the_oldest(
+    at_capacity: SequenceRunResult | None, above: SequenceRunResult | None, capacity: int, logged: float
+) -> Expectation:
+    """A state cache of `capacity` sequences: `at_capacity` (that many sequences, each started
+    once) breaks none off; `above` (twice as many) breaks at least `capacity` off, every one by an
+    "evicted" error; and the model logged `logged` evictions over `above`, as many as its clients
+    saw (NaN where the lab cannot read the model's log: NOT CHECKED). Plausible wrong outcomes:
+    an unbounded cache (nothing broken at twice the capacity), sequences broken by another error,
+    or a model that evicts silently. The log comparison is NOT CHECKED where nothing was evicted:
+    zero against zero shows nothing."""
+    completed = figure(at_capacity, "sequences_completed", f"completed of {capacity}")
+    broken_at_capacity = measured(
+        f"broken off, {capacity} sequences",
+        math.nan if at_capacity is None else sum(at_capacity.sequences_failed.values()),
+    )
+    failed_above = math.nan if above is None else sum(above.sequences_failed.values())
+    by_eviction = measured(
+        f"broken off by 'evicted', {2 * capacity} sequences",
+        math.nan if above is None else above.sequences_failed.get("evicted", 0),
+    )
+    by_other = measured(f"broken off by another error, {2 * capacity} sequences", failed_above - by_eviction.value)
+    in_log = measured("evictions in the model's log", logged)
+    return Expectation(
+        "more live sequences than the cache holds break the least recently used ones, and say so",
+        (
+            condition(
+                f"{capacity} sequences (the capacity): none broken off",
+                broken_at_capacity.value == 0 and completed.value == capacity,
+                broken_at_capacity,
+                completed,
+            ),
+            condition(
+                f"{2 * capacity} sequences: at least {capacity} broken off, every one by an evicted error",
+                by_eviction.value >= capacity and by_other.value == 0,
+                by_eviction,
+                by_other,
+                figure(above, "sequences_completed", f"completed of {2 * capacity}"),
+            ),
+            unless(
+                not by_eviction.value == 0,
+                "no sequence was evicted: the log has nothing to count",
+                condition(
+                    "the model logged as many evictions as the clients saw",
+                    in_log.value == by_eviction.value,
+                    in_log,
+                    by_eviction,
+                ),
+            ),
         ),
     )
 
