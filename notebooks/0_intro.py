@@ -89,7 +89,7 @@
 #
 # ### On your own machine, CPU only
 #
-# Any Linux x86_64 laptop or desktop with Python 3.10 or newer works; no GPU and no Docker are
+# Any Linux x86_64 laptop or desktop with Python 3.11 or newer works; no GPU and no Docker are
 # needed. From the repository root, run
 #
 # ```bash

@@ -70,6 +70,10 @@ if chameleon_only("choose the Chameleon project and site"):
 # (its `origin` remote, written as an `https://` address, since the node has no key to clone over
 # SSH). If that is not the repository you want (you work on a fork, say), or the cell finds none,
 # set `REPO_URL` to the repository's `https://` address yourself.
+#
+# `REPO_COMMIT` is the commit the node checks out: by default, the one this notebook was opened
+# from, so that the node runs the lab you are reading, not whatever the remote's default branch
+# holds today. Set it to `""` to take the default branch instead.
 
 # %%
 USERNAME = os.getenv("USER", "student")
@@ -83,9 +87,18 @@ if not REPO_URL:
     origin = subprocess.run(["git", "remote", "get-url", "origin"], capture_output=True, text=True)
     REPO_URL = re.sub(r"^git@([^:]+):", r"https://\1/", origin.stdout.strip())
 
+REPO_COMMIT = ""
+if not REPO_COMMIT:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    REPO_COMMIT = head.stdout.strip()
+    edited = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    if edited.stdout.strip():
+        print("Note: this folder has uncommitted edits; the node gets the commit, without them.")
+
 print(f"Lease: {LEASE_NAME}")
 print(f"Server: {NODE_NAME}, image {NODE_IMAGE}")
 print(f"Repository: {REPO_URL or '(none found: set REPO_URL above)'} -> ~/{REPO_DIR} on the node")
+print(f"Commit: {REPO_COMMIT or 'the default branch'}")
 
 # %% [markdown]
 # ## Find the lease
@@ -162,7 +175,17 @@ if chameleon_only("clone the repository on the node"):
     if not REPO_URL:
         raise ValueError("REPO_URL is empty: set it in the Settings cell to the repository's https:// address.")
     node.execute(f"test -d {REPO_DIR} || git clone {shlex.quote(REPO_URL)} {REPO_DIR}")
-    node.execute(f"git -C {REPO_DIR} log -1 --format='Cloned at commit %h: %s'")
+    if REPO_COMMIT:
+        missing = (
+            f"commit {REPO_COMMIT} is not on {REPO_URL}: push it there, or set REPO_COMMIT in the Settings cell "
+            "to a commit the remote has ('' for its default branch)"
+        )
+        node.execute(
+            f"git -C {REPO_DIR} fetch --quiet origin {shlex.quote(REPO_COMMIT)} && "
+            f"git -C {REPO_DIR} checkout --quiet --detach {shlex.quote(REPO_COMMIT)} "
+            f"|| {{ echo {shlex.quote(missing)} >&2; exit 1; }}"
+        )
+    node.execute(f"git -C {REPO_DIR} log -1 --format='Checked out commit %h: %s'")
 
 # %% [markdown]
 # ## Install Docker

@@ -1,10 +1,10 @@
 # %% [markdown]
 # # 5. Serving the model with Triton Inference Server
 #
-# FastAPI gave us one Python process that answers one request at a time. When many requests
-# arrive together, each one waits in line behind the others: that waiting, the *queueing
-# delay*, is what made the FastAPI latencies grow with concurrency, even though the model itself
-# did not get any slower.
+# FastAPI gave us a service with a fixed number of inference slots, each running one request at
+# a time. When more requests arrive than there are slots, each waits in line behind the others:
+# that waiting, the *queueing delay*, is what made the FastAPI latencies grow with concurrency,
+# even though the model itself did not get any slower.
 #
 # [NVIDIA Triton Inference Server](https://github.com/triton-inference-server/server) is a
 # server built for exactly this problem. It can run several copies ("instances") of a model
