@@ -51,17 +51,19 @@ if os.environ.get("JUPYTERHUB_API_URL"):
 print(f"LAB_SERVICES: {current_services()}")
 
 # %% [markdown]
-# The plan of the lease. Bringing the node up (notebook 2) is mostly waiting: for the server to boot,
-# and for the lab's images to download and build. The build's own work was timed on a machine
-# without a GPU; what only the GPU images download is counted at an assumed download rate (set
-# `DOWNLOAD_MB_PER_S` to your site's, if you know it), and notebook 2 prints how long the build
-# really took.
+# The plan of the lease: part 1 (notebooks 0-6) in it; part 2 (notebooks 7-10) runs anywhere,
+# later. Each notebook's time is its reading (200 words a minute), its measured run time and an
+# allowance for each step you do (`python -m servelab.time_plan`). Bringing the node up
+# (notebook 2) is mostly waiting: for the server to boot, and for the lab's images to download and
+# build. The build's own work was timed on a machine without a GPU; what only the GPU images
+# download is counted at an assumed download rate (set `DOWNLOAD_MB_PER_S` to your site's, if you
+# know it), and notebook 2 prints how long the build really took.
 
 # %%
-from servelab import node_plan
+from servelab import node_plan, time_plan
 
 DOWNLOAD_MB_PER_S = node_plan.PLANNING_DOWNLOAD_MB_PER_S
-print(node_plan.lease_plan(DOWNLOAD_MB_PER_S))
+print(time_plan.lease_table(time_plan.plan(download_mb_per_s=DOWNLOAD_MB_PER_S)))
 print()
 print(node_plan.setup_table(DOWNLOAD_MB_PER_S))
 

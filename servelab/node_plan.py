@@ -1,5 +1,6 @@
-"""Notebook 1's plan of the 3-hour lease: how long bringing the GPU node up takes (notebook 2), from
-figures each of which says where it comes from, and the budgets of the notebooks after it.
+"""How long bringing the GPU node up takes (notebook 2), from figures each of which says where it
+comes from: the part of notebook 1's lease plan that no notebook run measures (servelab.time_plan
+adds the notebooks).
 
 Standard library only: notebook 1 runs on Chameleon's own Jupyter server, where none of the lab's
 other packages are installed.
@@ -91,29 +92,6 @@ def setup_steps(download_mb_per_s: float = PLANNING_DOWNLOAD_MB_PER_S) -> list[S
         ),
         Step("start the Compose project", CPU_VARIANT_UP_S / 60, "measured with the CPU variant"),
     ]
-
-
-# The notebooks after the node is up: budgets to plan by, not measurements (each notebook times its own run).
-NOTEBOOK_BUDGETS = (
-    ("FastAPI: serve, measure one user and sixteen, threads", "3, 4", 25),
-    ("Triton: the model repository, then queueing, instances, batching", "5, 6", 40),
-    ("I/O outside the slot; the concurrency target on Ray Serve", "7, 8", 35),
-    ("cancellation; stateful sequences", "9, 10", 30),
-    ("download your notebooks with their outputs, bring the project down", "", 10),
-)
-
-
-def lease_plan(download_mb_per_s: float = PLANNING_DOWNLOAD_MB_PER_S) -> str:
-    """The whole plan as a Markdown table, with its total and what is left of the lease."""
-    setup = sum(step.minutes for step in setup_steps(download_mb_per_s))
-    rows = [("bring the node up: server, Docker, the lab's images", "2", setup, "computed, below")]
-    rows += [(what, notebooks, float(minutes), "a budget") for what, notebooks, minutes in NOTEBOOK_BUDGETS]
-    total = sum(minutes for _, _, minutes, _ in rows)
-    lines = ["| part of the lease | notebooks | minutes | from |", "| --- | --- | ---: | --- |"]
-    lines += [f"| {what} | {notebooks} | {minutes:.0f} | {source} |" for what, notebooks, minutes, source in rows]
-    left = LEASE_MINUTES - total
-    lines.append(f"| **total** | | **{total:.0f}** | {left:.0f} of the lease's {LEASE_MINUTES} minutes left |")
-    return "\n".join(lines)
 
 
 def setup_table(download_mb_per_s: float = PLANNING_DOWNLOAD_MB_PER_S) -> str:

@@ -1,9 +1,7 @@
-"""Notebook 1's plan of the lease (servelab.node_plan): notebook 2's setup computed from the figures
-it names, and the total set against the lease."""
+"""Notebook 2's set-up (servelab.node_plan), computed from the figures it names (servelab.time_plan
+sets it against the lease with the notebooks)."""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 
@@ -23,20 +21,6 @@ def test_setup_adds_the_timed_build_and_only_what_it_did_not_download_at_the_rat
     assert others == [(step.what, step.minutes) for step in fast if step is not download_fast]
     (build,) = [step for step in slow if step.what.startswith("build the images")]
     assert build.minutes == node_plan.CPU_VARIANT_BUILD_S / 60 and "measured" in build.source
-
-
-def test_the_lease_plan_totals_its_rows_and_says_what_is_left():
-    table = node_plan.lease_plan(50)
-    rows = [line for line in table.splitlines()[2:] if not line.startswith("| **total**")]
-    total = sum(float(line.split("|")[3]) for line in rows)
-    setup = sum(step.minutes for step in node_plan.setup_steps(50))
-    assert float(rows[0].split("|")[3]) == pytest.approx(round(setup))
-    found = re.search(r"\*\*(\d+)\*\* \| (-?\d+) of the lease's 180 minutes left", table)
-    assert found, table
-    assert abs(int(found.group(1)) - total) <= len(rows) / 2  # each row is shown rounded
-    assert int(found.group(2)) == node_plan.LEASE_MINUTES - int(found.group(1))
-    slower = re.search(r"\*\*(\d+)\*\*", node_plan.lease_plan(5))
-    assert slower and int(slower.group(1)) > int(found.group(1))
 
 
 def test_every_download_and_step_says_where_its_figure_comes_from():

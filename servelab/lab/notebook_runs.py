@@ -3,6 +3,9 @@ instructor runs the full profile and reads what each cell printed.
 
     python -m servelab.lab.notebook_runs 6_triton_bench.ipynb 8_concurrency_target.ipynb --executed-to DIR
 
+With `--record-times` (full profile only), each notebook that passes has its run time written to
+notebooks/run_times.json, where the time plan reads it (servelab.time_plan).
+
 A notebook is executed from the top in a fresh kernel (nbclient), each cell within the limit its
 metadata gives (`execution.timeout`, written by scripts/build_notebooks.py, as nbmake reads it).
 Its verdicts are checked by the notebook itself: `lab.verdicts()`, in the last cells of every
@@ -15,11 +18,15 @@ the same notebooks through nbmake (`pytest --nbmake`).
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import sys
 import time
 from pathlib import Path
 
-from servelab import paths
+from servelab import paths, time_plan
+from servelab.environment import machine_info
+from servelab.settings import settings
 
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"
 
@@ -56,11 +63,38 @@ def run_notebook(name: str, executed_to: Path | None = None) -> None:
             nbformat.write(notebook, executed_to / name)
 
 
+def machine() -> str:
+    """This machine in the words a run time is recorded with: its cores and GPUs."""
+    info = machine_info()
+    gpus = [gpu for gpu in info["gpus"] if gpu != "none"]
+    return f"{info['cores']} CPU cores, " + (
+        f"{len(gpus)} GPU(s): {', '.join(sorted(set(gpus)))}" if gpus else "no GPU"
+    )
+
+
+def record_time(name: str, seconds: float, path: Path = time_plan.RUN_TIMES) -> None:
+    """Write a full-profile run time of notebook `name` (its file name) where the time plan reads it."""
+    recorded = time_plan.run_times(path)
+    recorded[Path(name).stem] = {
+        "seconds": round(seconds),
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+    }
+    path.write_text(
+        json.dumps(dict(sorted(recorded.items(), key=lambda item: int(item[0].split("_")[0]))), indent=1) + "\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m servelab.lab.notebook_runs", description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="+", help="file names in notebooks/, e.g. 4_fastapi_bench.ipynb")
     parser.add_argument("--executed-to", type=Path, help="a folder to write each notebook to, with its outputs")
+    parser.add_argument(
+        "--record-times", action="store_true", help="write each passing notebook's run time for the time plan"
+    )
     args = parser.parse_args(argv)
+    if args.record_times and settings().profile != "full":
+        parser.error(f"--record-times records full-profile times; LAB_PROFILE is {settings().profile!r}")
     failed = []
     for name in args.notebooks:
         started = time.monotonic()
@@ -71,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"FAILED {name} ({time.monotonic() - started:.0f} s): {exc}", file=sys.stderr, flush=True)
             failed.append(name)
             continue
-        print(f"PASSED {name} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+        took = time.monotonic() - started
+        print(f"PASSED {name} ({took:.0f} s)", file=sys.stderr, flush=True)
+        if args.record_times:
+            record_time(name, took)
     print(f"{len(args.notebooks) - len(failed)} passed, {len(failed)} failed", flush=True)
     return 1 if failed else 0
 

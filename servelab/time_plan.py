@@ -1,0 +1,224 @@
+"""How long each notebook takes, computed from figures, never typed: what each notebook states at
+its top, and the lease plan of notebook 1.
+
+A notebook's minutes are the sum of:
+- reading: the words of its prose (its Markdown cells) at READING_WORDS_PER_MINUTE;
+- running: its run time in the full profile, as measured (`notebooks/run_times.json`, written by
+  `python -m servelab.lab.notebook_runs --record-times`), or for notebook 2 the node's set-up
+  (servelab.node_plan), which is what its cells wait for on the GPU node;
+- hands-on: HANDS_ON_MINUTES for each step the student does (a Markdown cell with "**Your turn**")
+  and PREDICTION_MINUTES for each prediction the student writes down ("**Prediction**").
+
+    python -m servelab.time_plan            # the plan, notebook by notebook, and the two parts
+    python -m servelab.time_plan --write    # write each notebook's time into its first cell
+
+Standard library only: notebook 1 runs on Chameleon's own Jupyter server, where none of the lab's
+other packages are installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab import node_plan
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+RUN_TIMES = NOTEBOOKS / "run_times.json"
+
+READING_WORDS_PER_MINUTE = 200
+# Stated allowances, not measured: doing a step (typing a command or an edit, running it, reading
+# what it printed), and writing down a prediction after reading what the experiment does.
+HANDS_ON_MINUTES = 3.0
+PREDICTION_MINUTES = 1.0
+# Part 1 (the original lab) runs on the GPU node, in a lease; part 2 anywhere, without one.
+PART_1 = range(0, 7)
+PART_2 = range(7, 11)
+# The lease's end: downloading the notebooks with their outputs and bringing the project down.
+WRAP_UP_MINUTES = 10.0
+# A stated time may differ from the computed one by this share before the check fails.
+TOLERANCE = 0.10
+
+_CELL = re.compile(r"^# %%(.*)$", re.M)
+_WORD = re.compile(r"[A-Za-z0-9][\w'.-]*")
+_STATED = re.compile(r"\*\*Time:\*\* about (\d+) minutes[^\n]*")
+
+
+@dataclass(frozen=True)
+class NotebookTime:
+    name: str  # the source's stem, "6_triton_bench"
+    words: int
+    run_minutes: float
+    run_source: str
+    hands_on: int
+    predictions: int
+
+    @property
+    def number(self) -> int:
+        return int(self.name.split("_", 1)[0])
+
+    @property
+    def reading_minutes(self) -> float:
+        return self.words / READING_WORDS_PER_MINUTE
+
+    @property
+    def hands_on_minutes(self) -> float:
+        return self.hands_on * HANDS_ON_MINUTES + self.predictions * PREDICTION_MINUTES
+
+    @property
+    def minutes(self) -> float:
+        return self.reading_minutes + self.run_minutes + self.hands_on_minutes
+
+    def statement(self) -> str:
+        """The line a notebook opens with: its time and the parts it is made of."""
+        return (
+            f"**Time:** about {round(self.minutes)} minutes ({self.reading_minutes:.0f} reading, "
+            f"{self.run_minutes:.0f} running, {self.hands_on_minutes:.0f} hands-on; `python -m servelab.time_plan`)"
+        )
+
+
+def markdown_cells(source: str) -> list[str]:
+    """The text of a jupytext (percent format) source's Markdown cells, without the comment marks."""
+    parts = _CELL.split(source)
+    cells = []
+    for header, body in zip(parts[1::2], parts[2::2], strict=True):
+        if "[markdown]" in header:
+            cells.append(
+                "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
+            )
+    return cells
+
+
+def prose_words(source: str) -> int:
+    """Words of prose: the Markdown cells' words, the time statement itself left out."""
+    return sum(len(_WORD.findall(_STATED.sub("", cell))) for cell in markdown_cells(source))
+
+
+def count_steps(source: str) -> tuple[int, int]:
+    """(hands-on steps, predictions): Markdown cells that ask the student to do or to predict."""
+    cells = markdown_cells(source)
+    return sum("**Your turn**" in cell for cell in cells), sum(cell.count("**Prediction") for cell in cells)
+
+
+def run_times(path: Path = RUN_TIMES) -> dict[str, dict]:
+    """The measured full-profile run times, by notebook (empty where none was recorded)."""
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def notebook_time(source_path: Path, measured: dict[str, dict], download_mb_per_s: float) -> NotebookTime:
+    source = source_path.read_text()
+    name = source_path.stem
+    hands_on, predictions = count_steps(source)
+    if name.startswith("2_"):
+        run = sum(step.minutes for step in node_plan.setup_steps(download_mb_per_s))
+        run_source = "the node's set-up (servelab.node_plan)"
+    elif name in measured:
+        entry = measured[name]
+        run = entry["seconds"] / 60
+        run_source = f"measured {entry['date']}, full profile, {entry['machine']}"
+    else:
+        raise ValueError(
+            f"{name} has no measured run time in {RUN_TIMES.name}: run it in the full profile with "
+            f"`python -m servelab.lab.notebook_runs {name}.ipynb --record-times`"
+        )
+    return NotebookTime(name, prose_words(source), run, run_source, hands_on, predictions)
+
+
+def plan(
+    folder: Path = NOTEBOOKS, download_mb_per_s: float = node_plan.PLANNING_DOWNLOAD_MB_PER_S
+) -> list[NotebookTime]:
+    """Every notebook's time, in the order a student takes them."""
+    measured = run_times(folder / RUN_TIMES.name)
+    sources = sorted(folder.glob("[0-9]*_*.py"), key=lambda path: int(path.stem.split("_", 1)[0]))
+    return [notebook_time(path, measured, download_mb_per_s) for path in sources]
+
+
+def part_minutes(times: list[NotebookTime], part: range) -> float:
+    return sum(time.minutes for time in times if time.number in part)
+
+
+def lease_table(times: list[NotebookTime]) -> str:
+    """Part 1 against the lease, as a Markdown table, with what is left of it."""
+    lines = [
+        "| notebook | reading | running | hands-on | minutes | running time from |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    lines += [
+        f"| {time.name} | {time.reading_minutes:.0f} | {time.run_minutes:.0f} | {time.hands_on_minutes:.0f} | "
+        f"{time.minutes:.0f} | {time.run_source} |"
+        for time in times
+        if time.number in PART_1
+    ]
+    lines.append(f"| download your notebooks, bring the project down | | | | {WRAP_UP_MINUTES:.0f} | a budget |")
+    total = part_minutes(times, PART_1) + WRAP_UP_MINUTES
+    left = node_plan.LEASE_MINUTES - total
+    lease = node_plan.LEASE_MINUTES
+    lines.append(f"| **part 1, total** | | | | **{total:.0f}** | {left:.0f} of the lease's {lease} minutes left |")
+    return "\n".join(lines)
+
+
+def stated_minutes(source: str) -> int | None:
+    """The minutes a notebook states in its first cell, or None where it states none."""
+    cells = markdown_cells(source)
+    found = _STATED.search(cells[0]) if cells else None
+    return int(found.group(1)) if found else None
+
+
+def write_statements(times: list[NotebookTime], folder: Path = NOTEBOOKS) -> list[str]:
+    """Put each notebook's statement in its first cell (after its title), replacing the old one;
+    the names of the sources it changed."""
+    changed = []
+    for time in times:
+        path = folder / f"{time.name}.py"
+        source = path.read_text()
+        line = f"# {time.statement()}"
+        if found := re.search(r"^# " + _STATED.pattern, source, re.M):
+            updated = source[: found.start()] + line + source[found.end() :]
+        else:
+            title = re.search(r"^# # .*\n", source, re.M)
+            if title is None:
+                raise ValueError(f"{path.name} has no title line (# # ...) to put its time under")
+            updated = source[: title.end()] + "#\n" + line + "\n" + source[title.end() :]
+        if updated != source:
+            path.write_text(updated)
+            changed.append(path.name)
+    return changed
+
+
+def disagreements(times: list[NotebookTime], folder: Path = NOTEBOOKS) -> list[str]:
+    """Each notebook whose stated time is missing or off the computed one by more than TOLERANCE."""
+    problems = []
+    for time in times:
+        stated = stated_minutes((folder / f"{time.name}.py").read_text())
+        if stated is None:
+            problems.append(f"{time.name} states no time: run `python -m servelab.time_plan --write`")
+        elif abs(stated - time.minutes) > TOLERANCE * time.minutes:
+            problems.append(
+                f"{time.name} states {stated} minutes, the plan computes {time.minutes:.1f}: "
+                "run `python -m servelab.time_plan --write`"
+            )
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m servelab.time_plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="write each notebook's time into its first cell")
+    args = parser.parse_args(argv)
+    times = plan()
+    print(lease_table(times))
+    print(f"\nPart 2 (notebooks 7-10, anywhere): {part_minutes(times, PART_2):.0f} minutes")
+    for time in times:
+        if time.number in PART_2:
+            print(f"- {time.name}: {time.minutes:.0f} min ({time.run_source})")
+    if args.write:
+        for name in write_statements(times):
+            print(f"wrote the time of {name}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

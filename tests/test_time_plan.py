@@ -1,0 +1,99 @@
+"""The time plan (servelab.time_plan): each notebook's time computed from its words, its measured
+run time and its steps, stated at its top within 10%, and part 1 fitting the lease with room."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from servelab import node_plan, time_plan
+from servelab.lab import notebook_runs
+
+SOURCE = """# %% [markdown]
+# # 9. A title
+#
+# Four words of prose.
+
+# %%
+print("code is not prose")
+
+# %% [markdown]
+# **Prediction** 1. One more, **Your turn**: type it.
+"""
+
+
+def test_prose_is_the_markdown_cells_words_and_steps_are_counted_there():
+    assert time_plan.prose_words(SOURCE) == 3 + 4 + 8  # "9. A title", "Four words...", the last cell
+    assert time_plan.count_steps(SOURCE) == (1, 1)
+    assert time_plan.count_steps('# %%\nprint("**Your turn**")\n') == (0, 0), "only Markdown asks the student"
+
+
+def test_a_notebook_s_minutes_add_reading_running_and_hands_on(tmp_path):
+    (tmp_path / "9_toy.py").write_text(SOURCE)
+    (tmp_path / "run_times.json").write_text(json.dumps({"9_toy": {"seconds": 120, "date": "d", "machine": "m"}}))
+    (toy,) = time_plan.plan(tmp_path)
+    assert toy.reading_minutes == pytest.approx(15 / time_plan.READING_WORDS_PER_MINUTE)
+    assert toy.run_minutes == 2.0 and "measured d, full profile, m" == toy.run_source
+    assert toy.hands_on_minutes == time_plan.HANDS_ON_MINUTES + time_plan.PREDICTION_MINUTES
+    assert toy.minutes == pytest.approx(toy.reading_minutes + 2.0 + toy.hands_on_minutes)
+
+
+def test_notebook_2_runs_as_long_as_the_node_takes_to_come_up_at_the_rate_given(tmp_path):
+    (tmp_path / "2_bring_up_node.py").write_text(SOURCE)
+    (slow,) = time_plan.plan(tmp_path, download_mb_per_s=5)
+    (fast,) = time_plan.plan(tmp_path, download_mb_per_s=500)
+    assert slow.run_minutes == pytest.approx(sum(step.minutes for step in node_plan.setup_steps(5)))
+    assert slow.run_minutes > fast.run_minutes and "node_plan" in slow.run_source
+
+
+def test_a_notebook_with_no_measured_run_time_says_how_to_measure_it(tmp_path):
+    (tmp_path / "9_toy.py").write_text(SOURCE)
+    with pytest.raises(ValueError, match=r"notebook_runs 9_toy.ipynb --record-times"):
+        time_plan.plan(tmp_path)
+
+
+def test_the_statement_is_written_under_the_title_replaced_when_it_changes_and_read_back(tmp_path):
+    (tmp_path / "9_toy.py").write_text(SOURCE)
+    (tmp_path / "run_times.json").write_text(json.dumps({"9_toy": {"seconds": 600, "date": "d", "machine": "m"}}))
+    times = time_plan.plan(tmp_path)
+    (missing,) = time_plan.disagreements(times, tmp_path)
+    assert missing == "9_toy states no time: run `python -m servelab.time_plan --write`"
+    assert time_plan.write_statements(times, tmp_path) == ["9_toy.py"]
+    written = (tmp_path / "9_toy.py").read_text()
+    assert written.startswith("# %% [markdown]\n# # 9. A title\n#\n# **Time:** about 14 minutes (0 reading, 10 running")
+    assert time_plan.prose_words(written) == time_plan.prose_words(SOURCE), "the statement is not read as prose"
+    assert time_plan.disagreements(times, tmp_path) == [] and time_plan.write_statements(times, tmp_path) == []
+    (tmp_path / "run_times.json").write_text(json.dumps({"9_toy": {"seconds": 1200, "date": "d", "machine": "m"}}))
+    slower = time_plan.plan(tmp_path)
+    assert time_plan.disagreements(slower, tmp_path)[0].startswith("9_toy states 14 minutes, the plan computes 24.")
+    time_plan.write_statements(slower, tmp_path)
+    assert time_plan.stated_minutes((tmp_path / "9_toy.py").read_text()) == 24
+    assert (tmp_path / "9_toy.py").read_text().count("**Time:**") == 1
+
+
+def test_every_notebook_states_the_time_the_plan_computes():
+    assert time_plan.disagreements(time_plan.plan()) == []
+
+
+def test_part_1_fits_the_lease_with_half_an_hour_to_spare():
+    times = time_plan.plan()
+    assert [time.number for time in times] == list(range(11))
+    used = time_plan.part_minutes(times, time_plan.PART_1) + time_plan.WRAP_UP_MINUTES
+    assert node_plan.LEASE_MINUTES - used >= 30, time_plan.lease_table(times)
+    assert f"{node_plan.LEASE_MINUTES - used:.0f} of the lease's 180 minutes left" in time_plan.lease_table(times)
+    slower = time_plan.plan(download_mb_per_s=5)
+    assert time_plan.part_minutes(slower, time_plan.PART_1) > time_plan.part_minutes(times, time_plan.PART_1)
+
+
+def test_a_run_time_is_recorded_by_notebook_in_order_and_only_in_the_full_profile(tmp_path, monkeypatch):
+    path = tmp_path / "run_times.json"
+    notebook_runs.record_time("10_last.ipynb", 61.4, path)
+    notebook_runs.record_time("2_early.ipynb", 5.2, path)
+    recorded = json.loads(path.read_text())
+    assert list(recorded) == ["2_early", "10_last"] and recorded["10_last"]["seconds"] == 61
+    assert "CPU cores" in recorded["2_early"]["machine"]
+    monkeypatch.setattr(notebook_runs, "settings", lambda: SimpleNamespace(profile="quick"))
+    with pytest.raises(SystemExit):
+        notebook_runs.main(["3_fastapi.ipynb", "--record-times"])
