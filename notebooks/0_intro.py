@@ -48,21 +48,30 @@
 # - a **resource sampler** that records CPU and GPU utilization during a run and plots it, so you
 #   can see which part of the machine is the bottleneck.
 #
-# ## How the notebooks are organized
+# ## Two parts
 #
-# | notebook | what it does | where it runs |
-# | --- | --- | --- |
-# | `0_intro` | this overview | anywhere |
-# | `1_reserve` | reserves a GPU node on Chameleon | Chameleon's Jupyter server |
-# | `2_bring_up_node` | starts and sets up that node | Chameleon's Jupyter server |
-# | `3_fastapi` | the model behind a FastAPI service | node's Jupyter container, or laptop |
-# | `4_fastapi_bench` | benchmarks the FastAPI service | node's Jupyter container, or laptop |
-# | `5_triton` | the same model in Triton | node's Jupyter container, or laptop |
-# | `6_triton_bench` | Triton benchmarks: instances, batching | node's Jupyter container, or laptop |
-# | `7_io_vs_compute` | images by URL: I/O outside the slot | node's Jupyter container, or laptop |
-# | `8_concurrency_target` | Ray Serve: the concurrency target, autoscaling | node's Jupyter container, or laptop |
-# | `9_cancellation` | clients who leave: cancelled or computed anyway | node's Jupyter container, or laptop |
-# | `10_stateful_sequences` | stateful models, Triton's sequence batcher | node's Jupyter container, or laptop |
+# - **Part 1, the original lab (notebooks 0-6)**, on the GPU node, in one 3-hour lease. Notebook 1
+#   prints the plan of the lease: each notebook's time, from its reading, its measured run time and
+#   the steps you do, leaves at least half an hour to spare.
+# - **Part 2, four more lessons (notebooks 7-10)**, anywhere and without a lease: local JupyterLab
+#   (`make up`) or the lab's Compose project, with or without a GPU. On the node too, if your lease
+#   has time left.
+#
+# Each notebook says at its top what it teaches and how long it takes.
+#
+# | notebook | part | what it does | where it runs |
+# | --- | --- | --- | --- |
+# | `0_intro` | 1 | this overview | anywhere |
+# | `1_reserve` | 1 | reserves a GPU node on Chameleon | Chameleon's Jupyter server |
+# | `2_bring_up_node` | 1 | starts and sets up that node | Chameleon's Jupyter server |
+# | `3_fastapi` | 1 | the model behind a FastAPI service | node's Jupyter container, or laptop |
+# | `4_fastapi_bench` | 1 | benchmarks the FastAPI service | node's Jupyter container, or laptop |
+# | `5_triton` | 1 | the same model in Triton | node's Jupyter container, or laptop |
+# | `6_triton_bench` | 1 | Triton benchmarks: instances, batching | node's Jupyter container, or laptop |
+# | `7_io_vs_compute` | 2 | images by URL: I/O outside the slot | anywhere the lab runs |
+# | `8_concurrency_target` | 2 | Ray Serve: the concurrency target, autoscaling | anywhere the lab runs |
+# | `9_cancellation` | 2 | clients who leave: cancelled or computed anyway | anywhere the lab runs |
+# | `10_stateful_sequences` | 2 | stateful models, Triton's sequence batcher | anywhere the lab runs |
 #
 # Every number a notebook shows is measured in the run you are looking at; the text never quotes
 # results from somewhere else. Where the lesson predicts a trend (for example, "latency grows with
@@ -85,7 +94,11 @@
 # reserve one ahead of time, and read the notebooks before your reservation starts, so the hours
 # go to running experiments rather than reading.
 #
-# Open this repository in Chameleon's Jupyter server and continue with **`1_reserve.ipynb`**.
+# **Opening the lab there.** Log in to Chameleon's JupyterHub (Experiment > Jupyter Interface).
+# If your course shared the lab as a Trovi artifact, open the artifact's page and choose *Launch
+# on Chameleon*: a copy of this repository opens in your Jupyter server. Otherwise open a terminal
+# in JupyterHub and `git clone` the repository's URL. Open `notebooks/0_intro.ipynb` (this one),
+# then continue with **`1_reserve.ipynb`**.
 #
 # ### On your own machine, CPU only
 #
