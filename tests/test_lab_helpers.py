@@ -143,6 +143,28 @@ def test_a_condition_whose_premise_did_not_arise_is_not_checked_with_its_reason(
         not_checked("a condition", "")
 
 
+def test_the_student_s_prediction_is_shown_beside_the_verdict_and_judged_right_or_wrong(capsys):
+    held, failed = condition("grows", True, measured("queue", 2.0)), condition("grows", False, measured("queue", 0.0))
+    unseen = not_checked("grows", "nothing queued")
+    log = ExpectationLog()
+    assert log.record("queue grows", (held,), predicted=True).prediction_said() == (
+        "You predicted it would hold: right"
+    )
+    assert log.record("queue grows", (failed,), predicted=True).prediction_said() == (
+        "You predicted it would hold: wrong"
+    )
+    assert log.record("queue grows", (failed,), predicted=False).prediction_said() == (
+        "You predicted it would not hold: right"
+    )
+    assert "neither right nor wrong" in log.record("queue grows", (unseen,), predicted=False).prediction_said()
+    assert log.record("queue grows", (held,), predicted="  ").prediction_said() == "Your prediction: (none written)"
+    words = log.record("queue grows", (held,), predicted="it doubles").prediction_said()
+    assert words == "Your prediction: it doubles" and log.record("queue grows", (held,)).prediction_said() == ""
+    printed = capsys.readouterr().out
+    assert "  You predicted it would hold: wrong" in printed and "Your prediction: it doubles" in printed
+    assert "    You predicted it would not hold: right" in log.summary()
+
+
 def test_a_verdict_not_checked_without_a_reason_is_a_problem_of_the_lab():
     run = perf_result()
     log = ExpectationLog()

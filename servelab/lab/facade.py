@@ -511,17 +511,26 @@ class Lab:
 
     # ---- lesson checks ---------------------------------------------------------------------
 
-    def expect(self, claim: str, *conditions: Condition, reason: str = "", must_hold: bool = False) -> Expectation:
+    def expect(
+        self,
+        claim: str,
+        *conditions: Condition,
+        reason: str = "",
+        must_hold: bool = False,
+        predicted: bool | str | None = None,
+    ) -> Expectation:
         """Record what the lesson expected, as the conditions it states, each judged on this run's
         figures (servelab.lessons.expectations.condition); `reason` says why it may not hold here.
         `must_hold`: a claim about what the lab's software does, not about speed, which `verdicts`
-        reports as a fault of the lab where it did not hold."""
-        return self.expectations.record(claim, conditions, reason, must_hold)
+        reports as a fault of the lab where it did not hold. `predicted`: the student's prediction,
+        written before the run (True/False: it holds; or words), shown beside the verdict."""
+        return self.expectations.record(claim, conditions, reason, must_hold, predicted)
 
-    def record(self, expectation: Expectation) -> Expectation:
-        """Record an expectation a lesson's check built and judged (servelab.lessons), as `expect` does."""
+    def record(self, expectation: Expectation, predicted: bool | str | None = None) -> Expectation:
+        """Record an expectation a lesson's check built and judged (servelab.lessons), as `expect`
+        does, with the student's prediction beside it."""
         return self.expectations.record(
-            expectation.claim, expectation.conditions, expectation.reason, expectation.must_hold
+            expectation.claim, expectation.conditions, expectation.reason, expectation.must_hold, predicted
         )
 
     def verdicts(self) -> str:

@@ -158,6 +158,9 @@ class Expectation:
     conditions: tuple[Condition, ...]
     reason: str = ""  # why it may not hold here; shown only when a condition did not hold
     must_hold: bool = False  # a claim about what the lab's software does: not holding is a fault of the lab
+    # The student's prediction, written before the run: whether the claim holds (True/False), or in
+    # their own words; shown beside the verdict.
+    predicted: bool | str | None = None
 
     @property
     def outcome(self) -> Outcome:
@@ -172,16 +175,35 @@ class Expectation:
         lines += [str(item) for item in self.conditions]
         if self.reason and self.outcome is Outcome.NOT_HELD:
             lines.append(f"  Why: {self.reason}")
+        if said := self.prediction_said():
+            lines.append(f"  {said}")
         return "\n".join(lines)
+
+    def prediction_said(self) -> str:
+        """The student's prediction beside the outcome (empty where the lesson asked for none)."""
+        if self.predicted is None:
+            return ""
+        if isinstance(self.predicted, str):
+            return f"Your prediction: {self.predicted}" if self.predicted.strip() else "Your prediction: (none written)"
+        guess = "it would hold" if self.predicted else "it would not hold"
+        if self.outcome is Outcome.NOT_CHECKED:
+            return f"You predicted {guess}: not checked here, so neither right nor wrong"
+        right = self.predicted == (self.outcome is Outcome.HELD)
+        return f"You predicted {guess}: {'right' if right else 'wrong'}"
 
 
 class ExpectationLog(list):
     """Every expectation a notebook recorded, in order."""
 
     def record(
-        self, claim: str, conditions: tuple[Condition, ...], reason: str = "", must_hold: bool = False
+        self,
+        claim: str,
+        conditions: tuple[Condition, ...],
+        reason: str = "",
+        must_hold: bool = False,
+        predicted: bool | str | None = None,
     ) -> Expectation:
-        expectation = Expectation(claim, tuple(conditions), reason, must_hold)
+        expectation = Expectation(claim, tuple(conditions), reason, must_hold, predicted)
         self.append(expectation)
         print(expectation)
         return expectation
@@ -192,6 +214,8 @@ class ExpectationLog(list):
         lines = []
         for item in self:
             lines.append(f"{item.outcome.value:>{width}}: {item.claim}")
+            if said := item.prediction_said():
+                lines.append(f"{'':>{width}}    {said}")
             for part in item.conditions:
                 why = f" ({part.detail})" if part.outcome is Outcome.NOT_CHECKED and part.detail else ""
                 if len(item.conditions) > 1:
