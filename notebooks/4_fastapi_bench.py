@@ -137,13 +137,14 @@ print(f"Same label as the direct API call: {ui_answer.label == api_answer['predi
 # which), the labels mean nothing, and the check says NOT CHECKED.
 
 # %%
+predicted_labels = None  # before you run this cell: True if every sample gets its name's class, else False
 served_weights = requests.get(f"{lab.fastapi_url('pt')}/health", timeout=10).json()["weights"]
 print(f"FastAPI (PyTorch) /health: {served_weights} weights")
 sample_pages = {}
 for photo in sorted(paths.SAMPLE_IMAGE.parent.glob("*.jpg")):
     page = lab.upload_to_ui(ui_url, photo.name, photo.read_bytes())
     sample_pages[photo.name] = (page.label, page.probability)
-lab.record(fastapi_bench.samples_get_their_labels(sample_pages, served_weights));
+lab.record(fastapi_bench.samples_get_their_labels(sample_pages, served_weights), predicted=predicted_labels);
 
 # %% [markdown]
 # ## How fast for one user? Sequential latency
@@ -203,11 +204,13 @@ print(f"ONNX Runtime service: {lab.fastapi_url('onnx')} ({served_runtime(lab.fas
 # request the model call was.
 
 # %%
+predicted_onnx_faster = None  # before you run this cell: True if ONNX Runtime answers faster, else False
 sequential_onnx = lab.sequential("onnx")
 report(sequential_onnx)
 
 # %%
-lab.record(fastapi_bench.runtime_comparison(sequential_pt, sequential_onnx, lab.hardware()));
+lab.record(fastapi_bench.runtime_comparison(sequential_pt, sequential_onnx, lab.hardware()),
+           predicted=predicted_onnx_faster);
 
 # %% [markdown]
 # ## Sixteen users at once
@@ -254,6 +257,10 @@ lab.record(fastapi_bench.runtime_comparison(sequential_pt, sequential_onnx, lab.
 
 
 # %%
+predicted_queueing = None  # before you run: True if all three of the expectation hold here, else False
+predicted_health_free = None  # and True if /health answers without waiting behind the predictions, else False
+
+
 def listening_pids(url: str) -> list[int]:
     """Locally, the process serving `url`, so the sampler can show its own CPU use. In Docker the
     server is in another container, out of this one's sight: the sampler then shows the whole machine."""
@@ -308,7 +315,8 @@ print(f"Little's law, the whole system: {senders} / {concurrent_onnx.throughput_
       f"{concurrent_onnx.latency.mean_ms:.1f} ms (a closed loop: the same thing, computed twice)")
 print(f"The service's own mean per request: waiting for a slot {stages['slot_wait']:.1f} ms, decoding "
       f"{stages['preprocess']:.1f} ms, inference {stages['inference']:.1f} ms; {slots} slot(s)")
-lab.record(fastapi_bench.queueing_under_load(sequential_onnx, concurrent_onnx, slots, lab.hardware()));
+lab.record(fastapi_bench.queueing_under_load(sequential_onnx, concurrent_onnx, slots, lab.hardware()),
+           predicted=predicted_queueing);
 # %% [markdown]
 # And the health checks that ran during those 16 senders, next to health checks on the idle service.
 # A handler that blocked the event loop for an inference would hold a health check for what remains
@@ -319,7 +327,7 @@ lab.record(fastapi_bench.queueing_under_load(sequential_onnx, concurrent_onnx, s
 # %%
 print(f"/health: {len(health_idle_ms)} checks idle, {len(health_loaded_ms)} during the c={senders} run")
 lab.record(fastapi_bench.health_stays_out_of_the_queue(health_idle_ms, health_loaded_ms, concurrent_onnx, slots,
-                                                       lab.hardware()));
+                                                       lab.hardware()), predicted=predicted_health_free);
 # %% [markdown]
 # ### What the machine was doing
 #
@@ -376,6 +384,8 @@ plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concur
 # %%
 from servelab.service.cores import available_cores
 
+predicted_crowded_slower = None  # before you run: True if more busy threads than cores is slower, else False
+predicted_elastic_near_best = None  # and True if the default plan is within 15% of the best, else False
 cores = available_cores()
 crowded = max(2, cores)  # slots, each with every core: more busy threads than cores
 plans = {
@@ -410,10 +420,11 @@ plt.show()
 crowded_name, one_core = f"{crowded} slots x {cores} threads", f"{cores} slots x 1 thread"
 every_core, default = f"1 slot x {cores} threads", "default (elastic)"
 lab.record(fastapi_bench.crowded_threads_are_slower(loaded, crowded_name, one_core, crowded, cores, device,
-                                                    lab.hardware()))
+                                                    lab.hardware()), predicted=predicted_crowded_slower)
 lab.record(fastapi_bench.every_core_serves_one_faster(alone, every_core, one_core, cores, device, lab.hardware()))
-lab.record(fastapi_bench.elastic_default_near_the_best(alone, loaded, default, device, lab.hardware(),
-                                                       sequential_pt.latency.p50_ms));
+near_best = fastapi_bench.elastic_default_near_the_best(alone, loaded, default, device, lab.hardware(),
+                                                        sequential_pt.latency.p50_ms)
+lab.record(near_best, predicted=predicted_elastic_near_best);
 
 # %% [markdown]
 # ## Processes: one interpreter, one lock
@@ -425,14 +436,14 @@ lab.record(fastapi_bench.elastic_default_near_the_best(alone, loaded, default, d
 # port), each on a share of the cores: `SERVICE_PROCESSES`, planned from the cores and the device.
 # `/health` says how many.
 #
-# **Predict** before you run it: set `my_prediction` to what you expect `processes_to_try`
+# **Predict** before you run it: set `predicted_processes` to what you expect `processes_to_try`
 # processes to serve against one, on this machine (say `"2x"`, or `"the same"`). Then run.
 
 # %%
 from servelab.service.cores import service_plan
 
 processes_to_try = 2  # edit me: 2, 4...
-my_prediction = "?"
+predicted_processes = ""  # your words
 plan = service_plan(cores, on_gpu=device.startswith("cuda"))
 print(f"This machine: {cores} core(s); the plan: {plan.describe()}")
 by_processes = {}
@@ -442,10 +453,10 @@ for count in (1, processes_to_try):
         print(f"{count} process(es) asked for: /health says {serving}")
         by_processes[count] = lab.concurrent("onnx", senders, url=variant_url,
                                              name=f"fastapi_onnx, {count} process(es)")
-print(f"Your prediction: {my_prediction}; measured: {by_processes[processes_to_try].throughput_rps:.1f} against "
-      f"{by_processes[1].throughput_rps:.1f} req/s")
+print(f"Measured: {by_processes[processes_to_try].throughput_rps:.1f} against {by_processes[1].throughput_rps:.1f} "
+      "req/s")
 lab.record(fastapi_bench.processes_follow_the_plan(by_processes[1], by_processes[processes_to_try], processes_to_try,
-                                                   plan.processes, cores));
+                                                   plan.processes, cores), predicted=predicted_processes);
 
 # %% [markdown]
 # ## Results

@@ -7,7 +7,8 @@ A notebook's minutes are the sum of:
   `python -m servelab.lab.notebook_runs --record-times`), or for notebook 2 the node's set-up
   (servelab.node_plan), which is what its cells wait for on the GPU node;
 - hands-on: HANDS_ON_MINUTES for each step the student does (a Markdown cell with "**Your turn**")
-  and PREDICTION_MINUTES for each prediction the student writes down ("**Prediction**").
+  and PREDICTION_MINUTES for each prediction the student writes down (a code line that sets a
+  `predicted_...` variable, which the verdict shows beside the outcome).
 
     python -m servelab.time_plan            # the plan, notebook by notebook, and the two parts
     python -m servelab.time_plan --write    # write each notebook's time into its first cell
@@ -45,6 +46,7 @@ TOLERANCE = 0.10
 
 _CELL = re.compile(r"^# %%(.*)$", re.M)
 _WORD = re.compile(r"[A-Za-z0-9][\w'.-]*")
+_PREDICTION = re.compile(r"^predicted_\w+ = ", re.M)
 _STATED = re.compile(r"\*\*Time:\*\* about (\d+) minutes[^\n]*")
 
 
@@ -99,9 +101,10 @@ def prose_words(source: str) -> int:
 
 
 def count_steps(source: str) -> tuple[int, int]:
-    """(hands-on steps, predictions): Markdown cells that ask the student to do or to predict."""
-    cells = markdown_cells(source)
-    return sum("**Your turn**" in cell for cell in cells), sum(cell.count("**Prediction") for cell in cells)
+    """(hands-on steps, predictions): Markdown cells that ask the student to do something, and the
+    `predicted_...` variables the student sets before a run."""
+    steps = sum("**Your turn**" in cell for cell in markdown_cells(source))
+    return steps, len(_PREDICTION.findall(source))
 
 
 def run_times(path: Path = RUN_TIMES) -> dict[str, dict]:

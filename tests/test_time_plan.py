@@ -20,21 +20,25 @@ SOURCE = """# %% [markdown]
 print("code is not prose")
 
 # %% [markdown]
-# **Prediction** 1. One more, **Your turn**: type it.
+# Predict, and then **Your turn**: type it.
+
+# %%
+predicted_growth = None  # True or False
 """
 
 
 def test_prose_is_the_markdown_cells_words_and_steps_are_counted_there():
-    assert time_plan.prose_words(SOURCE) == 3 + 4 + 8  # "9. A title", "Four words...", the last cell
+    assert time_plan.prose_words(SOURCE) == 3 + 4 + 7  # "9. A title", "Four words...", the last cell
     assert time_plan.count_steps(SOURCE) == (1, 1)
     assert time_plan.count_steps('# %%\nprint("**Your turn**")\n') == (0, 0), "only Markdown asks the student"
+    assert time_plan.count_steps("# %%\nx = predicted_growth\n") == (0, 0), "a prediction is set, not read"
 
 
 def test_a_notebook_s_minutes_add_reading_running_and_hands_on(tmp_path):
     (tmp_path / "9_toy.py").write_text(SOURCE)
     (tmp_path / "run_times.json").write_text(json.dumps({"9_toy": {"seconds": 120, "date": "d", "machine": "m"}}))
     (toy,) = time_plan.plan(tmp_path)
-    assert toy.reading_minutes == pytest.approx(15 / time_plan.READING_WORDS_PER_MINUTE)
+    assert toy.reading_minutes == pytest.approx(14 / time_plan.READING_WORDS_PER_MINUTE)
     assert toy.run_minutes == 2.0 and "measured d, full profile, m" == toy.run_source
     assert toy.hands_on_minutes == time_plan.HANDS_ON_MINUTES + time_plan.PREDICTION_MINUTES
     assert toy.minutes == pytest.approx(toy.reading_minutes + 2.0 + toy.hands_on_minutes)
