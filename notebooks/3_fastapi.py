@@ -237,6 +237,31 @@ for what, request_kwargs in bad_requests.items():
 # Every failure is refused with a status code the caller can act on (4xx: fix your request), never
 # with a 200 that hides an error message in the body.
 #
+# ## Your turn: change a setting
+#
+# **Your turn.** The service reads its settings from environment variables as it starts (the
+# table at the top of `servelab/service/settings.py`). Edit `MAX_REQUEST_BYTES` below and run the
+# cell: a private copy of the ONNX service starts with your value, its `/health` reports it, and
+# the sample photo is sent. Try a limit below the photo's size (it is refused with 413), one above
+# it (answered), and one that is not a number (the service refuses to start, and says why).
+
+# %%
+import base64
+
+from servelab.stack.supervision import StackError
+
+MAX_REQUEST_BYTES = "20000"  # edit me
+photo_body = json.dumps({"image": base64.b64encode(lab.sample_image()).decode()})
+try:
+    with lab.fastapi_variant("onnx", MAX_REQUEST_BYTES=MAX_REQUEST_BYTES) as variant_url:
+        told = requests.get(f"{variant_url}/health", timeout=10).json()["max_request_bytes"]
+        answer = requests.post(f"{variant_url}/predict", data=photo_body, timeout=30,
+                               headers={"Content-Type": "application/json"})  # fmt: skip
+        print(f"/health: max_request_bytes {told}; the sample photo, {len(photo_body)} bytes as JSON -> "
+              f"HTTP {answer.status_code}")  # fmt: skip
+except StackError as refused:
+    print(f"The service did not start:\n{refused}")
+#
 # Next, in `4_fastapi_bench.ipynb`, you send real predictions, through the API and through the web
 # UI, and measure how fast the service answers one user, then sixteen. In Docker, leave the project
 # running. Locally, the next cell stops the services this notebook started; the next notebook starts
