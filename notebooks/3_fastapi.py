@@ -261,6 +261,16 @@ try:
               f"HTTP {answer.status_code}")  # fmt: skip
 except StackError as refused:
     print(f"The service did not start:\n{refused}")
+
+# %% [markdown]
+# ## Questions
+#
+# 1. Why is a malformed request refused with a 4xx code, not answered 200 with an error inside?
+#    What does each code tell a client to do?
+# 2. Which `/health` field shows that the model really runs on the device it names, and why is
+#    `device` alone not enough?
+#
+# **Hand in:** the `/health` output, the error paths' table, and your setting's three outcomes.
 #
 # Next, in `4_fastapi_bench.ipynb`, you send real predictions, through the API and through the web
 # UI, and measure how fast the service answers one user, then sixteen. In Docker, leave the project

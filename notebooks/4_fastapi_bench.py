@@ -474,6 +474,16 @@ lab.verdicts();
 # %%
 plots.plot_latency_cdf(lab.results, log_x=True, title="FastAPI: latency per request, every run of this notebook");
 # %% [markdown]
+# ## Questions
+#
+# 1. With 16 senders, where did a request's time go (slot wait, decoding, inference)? Would a
+#    faster model or more slots shorten it more, on this machine?
+# 2. Which thread plan served worst under load, and why do more busy threads than cores hurt?
+# 3. How close was your prediction for `processes_to_try`, and what limited the gain?
+#
+# **Hand in:** the results table, the latency plot and the slots x threads plot, with your
+# predictions beside the verdicts.
+#
 # In Docker, leave the project running: Triton, in the next notebook, is already up beside FastAPI.
 # Locally, the next cell stops the services this notebook started.
 

@@ -310,6 +310,15 @@ lab.upload_to_ui(ui_url, "soup.jpg", lab.sample_image())
 # and its last line says what the model takes (an image file): GourmetGram sent the file's bytes
 # and Triton's `model.py` did the decoding, preprocessing and inference.
 #
+# ## Questions
+#
+# 1. Triton's configuration endpoint reports what it really runs. What differed from
+#    `config.pbtxt` here, and why does that matter when you compare your runs with another's?
+# 2. GourmetGram sent Triton the photo's bytes. Where did decoding and preprocessing happen, and
+#    what does that cost the model's instance?
+#
+# **Hand in:** the served config's printout, your request's answer, and the GourmetGram page.
+#
 # ## Wrapping up
 #
 # In Docker, Triton stays up for the next notebook, `6_triton_bench.ipynb`, where we measure
