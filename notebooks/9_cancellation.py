@@ -40,7 +40,6 @@ from servelab import retries
 from servelab.lab import Lab
 from servelab.lab.triton_side import TritonAddresses
 from servelab.lessons import cancellation
-from servelab.lessons.expectations import condition, measured
 from servelab.measure import service_stats
 from servelab.results import StepCounts
 from servelab.triton import stats as triton_stats
@@ -415,8 +414,11 @@ plt.show()
 #
 # **Prediction 5**, on a release with the race (2.51): at the service-time deadline a larger share
 # of the cancellations is handled as the answer completes (COMPLETE or FINISH) than at the
-# lesson's, and the server crashes there, but not at the lesson's deadline. On a release with the
-# fix, neither deadline crashes it.
+# lesson's, by more than the chance difference of two shares of so many cancellations (twice its
+# standard error), and the server crashes there, but not at the lesson's deadline. On a release
+# with the fix, neither deadline crashes it. A deadline at which no client gave up tells nothing of
+# the race: what reads it is NOT CHECKED, and so are the shares where the server's log shows no
+# cancellation handled (`cancellation.triton_cancellation_race`).
 
 # %%
 PROBE_S = DURATION_S
@@ -437,7 +439,9 @@ def probe_server():
         lab.triton.restore_config(TRITON_MODEL)
 
 
-def cancellation_probe(triton, name: str, clients: int, impatient: int, pace: tuple[float, float]) -> dict:
+def cancellation_probe(
+    triton, name: str, clients: int, impatient: int, pace: tuple[float, float]
+) -> cancellation.RaceProbe:
     """`clients` gRPC clients, `impatient` of them giving up at `pace`, against `triton` with its
     verbose log on, in runs of 2 s until it crashes or PROBE_S pass: the cancellations, the steps
     at which the server handled them (from its log), and the crash."""
@@ -457,15 +461,7 @@ def cancellation_probe(triton, name: str, clients: int, impatient: int, pace: tu
     except TimeoutError:  # the same race can deadlock the server instead of crashing it
         crash = crash or "hung: it stopped answering"
     steps = triton_stats.cancellation_steps(triton_stats.log_since(triton.log, log_start)) if triton.log else {}
-    handled = sum(steps.values())
-    near = steps.get("COMPLETE", 0) + steps.get("FINISH", 0)
-    return {
-        "cancelled": cancelled,
-        "steps": steps,
-        "near_share": near / handled if handled else math.nan,
-        "crashed": crash is not None,
-        "crash": crash,
-    }
+    return cancellation.RaceProbe(cancelled, steps, crash)
 
 
 probes = {}
@@ -481,42 +477,15 @@ with probe_server() as triton:
 print(f"Triton {'.'.join(map(str, version))}; a request alone (s) {1000 * s_alone:.1f} ms; up to {PROBE_S:g} s each")
 print(f"{'deadline':>22} | {'cancelled':>9} | {'handled at each step':<40} | {'as the answer completed':>23} | crash")
 for deadline, probe in probes.items():
-    steps = ", ".join(f"{step} {count}" for step, count in sorted(probe["steps"].items())) or "no log to read"
+    steps = ", ".join(f"{step} {count}" for step, count in sorted(probe.steps.items())) or "no log to read"
     print(
-        f"{deadline:>22} | {probe['cancelled']:>9} | {steps:<40} | {100 * probe['near_share']:>22.1f}% |"
-        f" {probe['crash'] or 'none'}"
+        f"{deadline:>22} | {probe.cancelled:>9} | {steps:<40} | {100 * probe.near_share:>22.1f}% |"
+        f" {probe.crash or 'none'}"
     )
 
 # %%
-has_race = version < RACE_FIXED_IN
-lesson_probe, at_s_probe = probes["the lesson's deadline"], probes["at the service time"]
-lab.expect(
-    f"Triton {'.'.join(map(str, version))}: cancellations handled as their answer completes "
-    + ("race, and crash the server" if has_race else "no longer crash the server (the fix)"),
-    condition(
-        "at the service-time deadline, a larger share of cancellations is handled as the answer completes",
-        at_s_probe["near_share"] > lesson_probe["near_share"],
-        measured("share as the answer completed, at the service time", 100 * at_s_probe["near_share"], "%"),
-        measured("share as the answer completed, the lesson's deadline", 100 * lesson_probe["near_share"], "%"),
-    ),
-    condition(
-        "the server crashed (or hung) at the service-time deadline"
-        if has_race
-        else "it did not crash at the service time",
-        at_s_probe["crashed"] == has_race,
-        measured("crashes at the service-time deadline", at_s_probe["crashed"]),
-    ),
-    condition(
-        "it did not crash at the lesson's deadline",
-        not lesson_probe["crashed"],
-        measured("crashes at the lesson's deadline", lesson_probe["crashed"]),
-    ),
-    reason=(
-        f"a hypothesis, not measured here: the race needs an answer to be completed inside the moment a "
-        f"cancellation waits for the server's gRPC thread, which depends on how busy this machine's "
-        f"{lab.cores} core(s) are, so within {PROBE_S:g} s it can miss, or hit the lesson's deadline too"
-    ),
-)
+lab.record(cancellation.triton_cancellation_race(probes["the lesson's deadline"], probes["at the service time"],
+                                                 version, RACE_FIXED_IN, PROBE_S, lab.cores));
 
 # %% [markdown]
 # What this means for the lesson: its deadline makes clients give up while their request still

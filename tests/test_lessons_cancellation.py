@@ -112,3 +112,51 @@ def test_ray_serve_drops_what_it_can():
     assert cancellation.ray_drops_gone_requests(request_run(40, 400, 12), 3).outcome is Outcome.HELD
     assert cancellation.ray_drops_gone_requests(request_run(40, 900, 8), 30).outcome is Outcome.NOT_HELD
     assert cancellation.ray_drops_gone_requests(request_run(0, 400, 12), 0).outcome is Outcome.NOT_CHECKED
+
+
+RaceProbe = cancellation.RaceProbe
+RACY, FIXED, FIXED_IN = (2, 51, 0), (2, 53, 0), (2, 53)
+
+
+def race(lesson: RaceProbe, at_s: RaceProbe, version=RACY):
+    return cancellation.triton_cancellation_race(lesson, at_s, version, FIXED_IN, probe_s=30, cores=2)
+
+
+def test_the_race_on_2_51_crashes_at_the_service_time_and_not_at_the_lesson_s_deadline():
+    lesson = RaceProbe(60, {"START": 10, "ISSUED": 48, "COMPLETE": 2})  # given up while queued
+    at_s = RaceProbe(40, {"ISSUED": 22, "COMPLETE": 12, "FINISH": 6}, "triton exited (signal 11)")
+    held = race(lesson, at_s)
+    assert outcomes(held) == [Outcome.HELD] * 3
+    assert held.claim == "Triton 2.51.0: cancellations handled as their answer completes race, and crash the server"
+    assert held.conditions[0].detail.startswith("+41.7 points, against ")
+    assert "this machine's 2 core(s)" in held.reason and "within 30 s" in held.reason
+    # On the release with the fix, the same shares and no crash anywhere hold too.
+    fixed = race(lesson, RaceProbe(40, at_s.steps), FIXED)
+    assert outcomes(fixed) == [Outcome.HELD] * 3 and "no longer crash" in fixed.claim
+
+
+def test_the_race_fails_where_the_deadlines_reach_the_server_at_the_same_steps_or_the_crashes_are_not_as_said():
+    """The wrong outcomes: the service-time deadline brings no more cancellations to the answer's
+    completion than the lesson's (a 3-point difference is within the noise of 40 and 60 shares),
+    the race missed, and the lesson's own deadline crashed the server."""
+    lesson = RaceProbe(60, {"ISSUED": 50, "COMPLETE": 10}, "hung: it stopped answering")
+    at_s = RaceProbe(40, {"ISSUED": 32, "COMPLETE": 8})
+    assert outcomes(race(lesson, at_s)) == [Outcome.NOT_HELD] * 3
+    # A fixed release that crashed all the same fails its second condition.
+    crashed = RaceProbe(40, {"ISSUED": 20, "COMPLETE": 20}, "triton exited (signal 11)")
+    assert outcomes(race(RaceProbe(60, {"ISSUED": 60}), crashed, FIXED)) == [
+        Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD]  # fmt: skip
+
+
+def test_the_race_is_not_checked_where_no_client_gave_up():
+    """0 cancelled: no share to compare, and "no crash" would hold on nothing."""
+    nobody = race(RaceProbe(0), RaceProbe(0))
+    assert outcomes(nobody) == [Outcome.NOT_CHECKED] * 3
+    assert nobody.conditions[0].detail == (
+        "no client gave up at the service time (0 cancelled): there was no cancellation to race"
+    )
+    assert nobody.conditions[2].detail.startswith("no client gave up at the lesson's deadline (0 cancelled)")
+    # Cancellations, but no log to read the steps from: the shares are NOT CHECKED, the crashes judged.
+    unlogged = race(RaceProbe(60), RaceProbe(40, {}, "triton exited (signal 11)"))
+    assert outcomes(unlogged) == [Outcome.NOT_CHECKED, Outcome.HELD, Outcome.HELD]
+    assert unlogged.conditions[0].detail.startswith("the server's log shows none of the 40 cancellations at the")

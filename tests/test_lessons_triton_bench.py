@@ -147,3 +147,74 @@ def test_flat_latency_is_not_checked_where_the_runs_without_batching_never_queue
     skipped = triton_bench.batching_keeps_latency_flat(idle, on, "cpu")
     assert outcomes(skipped) == [Outcome.NOT_CHECKED, Outcome.NOT_CHECKED]
     assert skipped.conditions[0].detail.startswith("without batching, requests hardly queued at 150 req/s (0.50 ms")
+
+
+def concurrency_runs(queues, computes, throughputs):
+    return {c: perf_run(throughput_rps=x, queue_ms=q, compute_ms=m, concurrency=c)
+            for c, q, m, x in zip((1, 8, 16), queues, computes, throughputs, strict=True)}  # fmt: skip
+
+
+def test_queueing_grows_with_the_clients_while_compute_stays():
+    # One instance at 25 ms: each added client waits about one more compute time.
+    held = triton_bench.queueing_grows(concurrency_runs((0.1, 175, 375), (25, 26, 27), (38, 38, 38)), "2 CPU cores", 2)
+    assert outcomes(held) == [Outcome.HELD] * 3
+    assert held.conditions[0].detail == "+7.0 compute times"
+    assert "2 CPU cores (2 cores)" in held.reason and "held 15.3 requests at a time" in held.reason
+
+
+def test_queueing_fails_where_the_time_moves_into_compute_instead_of_the_queue():
+    """The wrong outcome: the server runs the requests together, each computing 8 or 16 times
+    longer, and nothing waits in its queue (0.1 to 0.3 ms: a bare `<` would pass on that)."""
+    slices = triton_bench.queueing_grows(concurrency_runs((0.1, 0.2, 0.3), (25, 200, 400), (38, 38, 38)), "cpu", 2)
+    assert outcomes(slices) == [Outcome.NOT_HELD] * 3
+    # A queue that forms at 8 clients and does not grow further: the second step fails alone.
+    capped = triton_bench.queueing_grows(concurrency_runs((0.1, 175, 180), (25, 25, 25), (38, 38, 38)), "cpu", 2)
+    assert outcomes(capped) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD]
+
+
+def test_queueing_is_not_checked_where_the_server_never_held_a_second_request_or_a_run_is_missing():
+    """The load generator, not the server, was the bottleneck: at 16 clients Triton held one
+    request at a time at most, so no queue could form and a flat compute time says nothing."""
+    idle = triton_bench.queueing_grows(concurrency_runs((0.1, 0.2, 0.3), (25, 25, 25), (20, 30, 35)), "cpu", 2)
+    assert outcomes(idle) == [Outcome.NOT_CHECKED] * 3
+    assert idle.conditions[0].detail.startswith("at c=16, Triton held 0.89 requests at a time on average, under 2")
+    assert [item.name for item in idle.conditions[0].figures] == ["throughput at c=16", "queue at c=16",
+                                                                  "compute at c=16"]  # fmt: skip
+    missing = concurrency_runs((0.1, 175, 375), (25, 26, 27), (38, 38, 38))
+    missing[16] = None
+    assert outcomes(triton_bench.queueing_grows(missing, "cpu", 2)) == [Outcome.HELD] + [Outcome.NOT_CHECKED] * 2
+
+
+def arrival_run(arrival, queue_ms, p95_ms, compute_ms=10.0, rate=36.0):
+    return perf_run(rate, p95_ms / 1.5, queue_ms, compute_ms, concurrency=None, mode="open", rate_rps=rate,
+                    arrival=arrival)  # fmt: skip
+
+
+def test_poisson_arrivals_queue_more_than_constant_ones():
+    # At 36% of capacity, M/D/1 puts the Poisson wait near 0.28 of a service time; constant, 0.
+    constant, poisson = arrival_run("constant", 0.2, 15), arrival_run("poisson", 2.8, 24)
+    held = triton_bench.poisson_queues_more(constant, poisson, 36, 100, "2 CPU cores", 2)
+    assert outcomes(held) == [Outcome.HELD, Outcome.HELD]
+    assert "at 36% of capacity (the instance computing 36% of the time)" in held.reason
+    assert "2 CPU cores (2 cores)" in held.reason
+
+
+def test_poisson_fails_where_constant_arrivals_clump_as_much():
+    """The wrong outcome: the load generator cannot hold its constant schedule, and both queue
+    alike; a bare `>` would pass on 2.0 against 1.95 ms and 16.5 against 16 ms."""
+    constant, poisson = arrival_run("constant", 1.95, 16), arrival_run("poisson", 2.0, 16.5)
+    failed = triton_bench.poisson_queues_more(constant, poisson, 36, 100, "cpu", 2)
+    assert outcomes(failed) == [Outcome.NOT_HELD, Outcome.NOT_HELD]
+
+
+def test_poisson_is_not_checked_where_neither_run_queued_or_one_is_missing():
+    constant, poisson = arrival_run("constant", 0.02, 15), arrival_run("poisson", 0.05, 15.2)
+    quiet = triton_bench.poisson_queues_more(constant, poisson, 5, 100, "1 GPU", 8)
+    assert outcomes(quiet) == [Outcome.NOT_CHECKED] * 2
+    assert quiet.conditions[1].detail == (
+        "neither run queued: 0.05 and 0.02 ms, both under 10% of a 10.00 ms compute time, so neither can queue "
+        "more than the other"
+    )
+    missing = triton_bench.poisson_queues_more(constant, None, 36, 100, "cpu", 2)
+    assert outcomes(missing) == [Outcome.NOT_CHECKED] * 2
+    assert missing.conditions[0].detail.startswith("not measured: poisson queue")
