@@ -193,7 +193,8 @@ plt.show()
 # Truss's documentation takes 5 predict slots and 10 requests: all 10 begin preprocessing, and the
 # 6th waits for a slot. The variant below has 5 slots, `PREPROCESS_WORKERS=10` (by default one
 # decoding thread per two cores on a CPU, so the decodes would queue) and `DECODE_AHEAD=10` (its
-# default here too). Ten requests by URL (200 ms, emulated) go at once, after a warm-up burst.
+# default here too). Ten requests by URL go at once, after a warm-up burst, with a 1 s download
+# (emulated): long beside S, so that a wait behind a download would stand out.
 #
 # **Prediction**, from the service's metrics: all 10 are downloaded, decoded and inferred; the 5
 # beyond the slots wait about one inference S each, so the mean slot wait W is at least about S / 2
@@ -202,7 +203,7 @@ plt.show()
 # cannot show how many inferred at once: the slots' pool of 5 threads bounds that.
 
 # %%
-SENT, SLOTS, BURST_LATENCY_MS = 10, 5, 200
+SENT, SLOTS, BURST_LATENCY_MS = 10, 5, 1000
 decoding = {"PREPROCESS_WORKERS": str(SENT), "DECODE_AHEAD": str(SENT)}
 with lab.fastapi_variant("onnx", slots=SLOTS, **decoding) as url:
     health = requests.get(f"{url}/health", timeout=10).json()

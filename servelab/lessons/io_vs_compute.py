@@ -168,8 +168,9 @@ def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure) -> Ex
             ),
         ),
         reason="W counts every wait after the download but the decoding (for a decoding thread, for "
-        "room ahead of the slots, for a slot): a burst decoded by fewer threads than requests, or a "
-        "machine whose cores the decoding and the inferences share, stretches it",
+        "room ahead of the slots, for the event loop to hand a request to a slot, for a slot): a burst "
+        "decoded by fewer threads than requests, or a busy machine, stretches it; condition 3 tells the "
+        "designs apart only with a download D long beside S",
     )
 
 
