@@ -1,7 +1,7 @@
 """Notebook 7's check, fed a case it must pass and ones it must fail."""
 
 from servelab.lessons import io_vs_compute
-from servelab.lessons.expectations import Outcome
+from servelab.lessons.expectations import Outcome, measured
 from tests.helpers import service_stages, synthetic_run
 
 
@@ -40,3 +40,50 @@ def test_an_idle_slot_outside_and_no_longer_wait_inside_fail_their_conditions():
     failed = io_vs_compute.slot_holds_only_inference(INSIDE, starved, 18, 50, "2 CPU cores")
     assert outcomes(failed)[1:] == [Outcome.NOT_HELD] * 3  # below the bound; busy 32%; waits 950 vs 930
     assert "busy 32%" in failed.conditions[2].detail
+
+
+# Truss's case: 10 requests at once on 5 slots. Each downloads (D = 200 ms) and decodes (P = 20 ms)
+# at once; the first 5 take the slots, the other 5 wait one inference each (S = 60 ms): W = 30 ms.
+def burst(wait: float, sent: int = 10, answered: int = 10):
+    stats = service_stages(download=200, slot_wait=wait, preprocess=20, inference=60)
+    stats["stage_counts"] = {"download": answered, "slot_wait": answered, "preprocess": answered,
+                             "inference": answered}  # fmt: skip
+    return synthetic_run("fastapi_onnx", sent, 10, 300, service_stats=stats, requests=sent)
+
+
+FIVE = measured("slots", 5)
+
+
+def test_a_burst_on_five_slots_as_predicted_holds_every_condition():
+    held = io_vs_compute.burst_waits_only_for_slots(burst(28), 10, FIVE)
+    assert outcomes(held) == [Outcome.HELD] * 3, held
+    assert held.conditions[1].detail == "S x 0.50 = 30.0 ms"
+
+
+def test_downloads_held_behind_the_slots_fail_the_third_condition():
+    # Only 5 download and decode at once: the other 5 wait for D + P + S, W = 0.5 x 280 ms.
+    failed = io_vs_compute.burst_waits_only_for_slots(burst(140), 10, FIVE)
+    assert outcomes(failed) == [Outcome.HELD, Outcome.HELD, Outcome.NOT_HELD]
+    assert failed.conditions[2].detail == "(S + D / 2) x 0.50 = 80.0 ms"
+
+
+def test_more_than_five_inferring_at_once_fails_the_second_condition():
+    failed = io_vs_compute.burst_waits_only_for_slots(burst(0.3), 10, FIVE)
+    assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD]
+
+
+def test_requests_lost_on_the_way_fail_the_first_condition():
+    failed = io_vs_compute.burst_waits_only_for_slots(burst(28, answered=8), 10, FIVE)
+    assert outcomes(failed)[0] is Outcome.NOT_HELD
+
+
+def test_no_more_requests_than_slots_leaves_the_waits_not_checked():
+    unchecked = io_vs_compute.burst_waits_only_for_slots(burst(0.2, sent=4, answered=4), 4, FIVE)
+    assert outcomes(unchecked) == [Outcome.HELD, Outcome.NOT_CHECKED, Outcome.NOT_CHECKED]
+    assert unchecked.conditions[1].detail == "4 requests for 5 slots: none has to wait for one"
+
+
+def test_queued_waits_counts_the_inferences_each_request_waits_for():
+    assert io_vs_compute.queued_waits(10, 5) == 0.5
+    assert io_vs_compute.queued_waits(4, 5) == 0
+    assert io_vs_compute.queued_waits(6, 2) == 1.0  # 0, 0, 1, 1, 2, 2

@@ -328,6 +328,16 @@ class Lab:
         load = loadgen.Load(concurrency, duration_s=self.profile.duration_s, warmup_s=self.profile.warmup_s)
         return self._counted_fastapi_run(flavor, url, name, load, image_url, resources)
 
+    def burst(
+        self, flavor: str, requests: int, url: str | None = None, name: str | None = None, image_url: str | None = None
+    ) -> RunResult:
+        """`requests` requests sent at once, one per sender, after an unmeasured burst of as many
+        (which warms every slot): against the `flavor` service (or the one at `url`, recorded as
+        `name`), sending the photo or, with `image_url`, its URL. The service's own account of the
+        measured burst (its /metrics) is in `result.service_stats`."""
+        load = loadgen.Load(requests, requests, warmup_requests=requests)
+        return self._counted_fastapi_run(flavor, url, name, load, image_url)
+
     def _counted_fastapi_run(
         self,
         flavor: str,
