@@ -7,7 +7,7 @@ from servelab.lessons import concurrency_target
 from servelab.lessons.concurrency_target import Step
 from servelab.lessons.expectations import Outcome
 from servelab.ray.watch import ServeSample
-from tests.helpers import synthetic_run
+from tests.helpers import service_stages, synthetic_run
 
 AUTOSCALING = {"target_ongoing_requests": 1.5, "min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 2,
                "downscale_delay_s": 5, "look_back_period_s": 4, "metrics_interval_s": 1}  # fmt: skip
@@ -41,13 +41,10 @@ def load(t):  # one request per client in the system; the replicas hold 4 each, 
     return 1.0 if t <= 10 or t > 40 else 3.0 if t <= 25 else 8.0
 
 
-def test_a_scale_up_on_the_target_before_any_replica_is_full_holds_every_condition():
+def test_an_autoscaler_that_follows_the_target_holds_every_condition():
     held = concurrency_target.scales_on_the_target(step_load(as_predicted, load), steps(), AUTOSCALING, MAX_ONGOING)
-    # 3 clients cannot fill a replica of 4 nor queue: that condition holds by construction, not judged.
-    assert outcomes(held) == [Outcome.HELD] * 3 + [Outcome.NOT_CHECKED, Outcome.HELD], held
-    assert held.conditions[3].detail.startswith("3 clients cannot fill a replica that holds 4 requests")
+    assert outcomes(held) == [Outcome.HELD] * 3, held
     assert held.conditions[1].figures[0].value == 3.0  # per replica, 11 to 20 s
-    assert held.conditions[2].detail == "added 6 s into the step of 3 clients"
 
 
 def test_a_prompt_scale_up_is_judged_before_the_second_replica_ran_not_over_the_whole_step():
@@ -61,7 +58,7 @@ def test_a_prompt_scale_up_is_judged_before_the_second_replica_ran_not_over_the_
     whole_step = statistics.fmean(s.per_replica for s in samples if 10 <= s.t_s <= 25)
     assert whole_step <= AUTOSCALING["target_ongoing_requests"]  # the former check's window: it failed
     held = concurrency_target.scales_on_the_target(samples, steps(), AUTOSCALING, MAX_ONGOING)
-    assert outcomes(held) == [Outcome.HELD] * 3 + [Outcome.NOT_CHECKED, Outcome.HELD], held
+    assert outcomes(held) == [Outcome.HELD] * 3, held
     assert [item.value for item in held.conditions[1].figures] == [3.0, 1]  # the sample at 12 s, after SETTLE_S
 
 
@@ -69,43 +66,19 @@ def test_a_load_that_never_exceeded_the_target_fails():
     def light(t):  # a lighter load: 1.2 requests per replica, below the target of 1.5
         return 1.2 if 10 < t <= 25 else load(t)
 
-    def on_the_cap(t):  # the second replica only once the replicas were full, with 12 clients
-        return (1, 1) if 27 <= t < 31 else (2, 0) if 31 <= t < 56 else (1, 0)
-
-    failed = concurrency_target.scales_on_the_target(step_load(on_the_cap, light), steps(), AUTOSCALING, MAX_ONGOING)
-    assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_HELD, Outcome.NOT_CHECKED, Outcome.HELD]
-    assert failed.conditions[2].detail == "not added during the step of 3 clients"
-    assert "not added during the step of 3 clients" in failed.reason
-
-
-def test_a_replica_added_only_once_the_replica_was_full_and_requests_queued_fails():
-    """The wrong outcome, with 5 clients (enough to fill a replica of 4): the replica held 4 and one
-    waited in front before Serve added the second: the cap triggered scaling, not the target."""
-
-    def full(t):
-        return 4.0 if 10 < t <= 25 else load(t)
-
-    five = steps(clients=(1, 5, 12, 1))
-    failed = concurrency_target.scales_on_the_target(
-        step_load(as_predicted, full, lambda t: 1.0 if 10 < t <= 25 else 0.0), five, AUTOSCALING, MAX_ONGOING
-    )
-    assert outcomes(failed)[2:4] == [Outcome.HELD, Outcome.NOT_HELD]
-    assert [item.value for item in failed.conditions[3].figures] == [4.0, 1.0]
-    # The same 5 clients, 3 of them inside and none in front when Serve added it: judged, and held.
-    early = concurrency_target.scales_on_the_target(step_load(as_predicted, load), five, AUTOSCALING, MAX_ONGOING)
-    assert outcomes(early)[2:4] == [Outcome.HELD, Outcome.HELD]
-    assert [item.value for item in early.conditions[3].figures] == [3.0, 0.0]
+    failed = concurrency_target.scales_on_the_target(step_load(as_predicted, light), steps(), AUTOSCALING, MAX_ONGOING)
+    assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD]
+    assert "metrics_interval_s (1 s here)" in failed.reason
 
 
 def test_a_replica_never_added_or_never_removed_fails_the_removal():
     never = concurrency_target.scales_on_the_target(step_load(lambda t: (1, 0), load), steps(), AUTOSCALING, 4)
-    assert outcomes(never)[2] is Outcome.NOT_HELD
-    assert outcomes(never)[4] is Outcome.NOT_HELD  # nothing to remove is not a removal
+    assert outcomes(never)[2] is Outcome.NOT_HELD  # nothing to remove is not a removal
     kept = concurrency_target.scales_on_the_target(
         step_load(lambda t: (1, 0) if t < 16 else (2, 0), load), steps(), AUTOSCALING, MAX_ONGOING
     )
-    assert outcomes(kept)[4] is Outcome.NOT_HELD
-    assert [item.value for item in kept.conditions[4].figures] == [2, 2]
+    assert outcomes(kept)[2] is Outcome.NOT_HELD
+    assert [item.value for item in kept.conditions[2].figures] == [2, 2]
 
 
 def test_no_sample_before_the_second_replica_ran_is_not_checked():
@@ -113,6 +86,89 @@ def test_no_sample_before_the_second_replica_ran_is_not_checked():
         step_load(lambda t: (2, 0) if 11 <= t < 56 else (1, 0), load), steps(), AUTOSCALING, MAX_ONGOING
     )
     assert outcomes(at_once)[1] is Outcome.NOT_CHECKED
+
+
+# ---- the two rules for when to scale: target below the cap (Ray's practice), at the cap (Baseten's)
+
+AT_CAP = {**AUTOSCALING, "target_ongoing_requests": MAX_ONGOING}
+
+
+def at_cap_steps(clients=(1, 3, 12)):
+    bounds = [(0, 5), (5, 20), (20, 35)]
+    return [Step(start, end, c, synthetic_run("ray_serve", c)) for (start, end), c in zip(bounds, clients, strict=True)]
+
+
+def at_cap_load(replicas_at, inside_at=lambda t: 1.0 if t <= 5 else 3.0 if t <= 20 else 4.0,
+                queued_at=lambda t: 8.0 if t > 20 else 0.0):  # fmt: skip
+    """The target-at-the-cap load, one sample a second for 35 s; 12 clients fill the replica and 8 queue."""
+    return [sample(t, replicas_at(t)[0], inside_at(t), queued_at(t), replicas_at(t)[1]) for t in range(36)]
+
+
+def when_full(t):  # the second replica decided 4 s into the step of 12 clients, running 5 s later
+    return (1, 1) if 24 <= t < 29 else (2, 0) if t >= 29 else (1, 0)
+
+
+def rules(below_samples, at_cap_samples, below_steps=None, at_cap=None):
+    return concurrency_target.scaling_rules(
+        concurrency_target.StepLoad(below_samples, below_steps or steps(), AUTOSCALING),
+        concurrency_target.StepLoad(at_cap_samples, at_cap or at_cap_steps(), AT_CAP),
+        MAX_ONGOING,
+    )
+
+
+def test_each_rule_adding_its_replica_as_it_says_holds_every_condition():
+    held = rules(step_load(as_predicted, load), at_cap_load(when_full))
+    assert outcomes(held) == [Outcome.HELD] * 3, held
+    assert held.conditions[0].detail == "added 6 s into the step of 3 clients"
+    assert [item.value for item in held.conditions[0].figures] == [3, 3.0, 0.0]
+    assert held.conditions[2].detail == "added 4 s into the step of 12 clients"
+    assert [item.value for item in held.conditions[2].figures] == [12, 4.0, 8.0]
+
+
+def test_a_low_target_that_waited_for_a_full_replica_fails():
+    """The wrong outcome for Ray's practice: with the target at 1.5, Serve added the replica only once
+    12 clients had filled the replica and queued, as if the cap triggered scaling."""
+
+    def late(t):
+        return (1, 1) if 28 <= t < 32 else (2, 0) if 32 <= t < 56 else (1, 0)
+
+    failed = rules(step_load(late, load, lambda t: 4.0 if 25 < t <= 40 else 0.0), at_cap_load(when_full))
+    assert outcomes(failed) == [Outcome.NOT_HELD, Outcome.HELD, Outcome.HELD]
+    assert failed.conditions[0].detail == "added 3 s into the step of 12 clients"
+
+
+def test_a_target_at_the_cap_that_scaled_below_the_cap_fails():
+    """The wrong outcome for Baseten's rule: with the target at the cap, Serve added a replica while
+    3 clients left the replica short of its 4 and nothing waited in front, as with the lower target."""
+
+    def early(t):
+        return (1, 1) if 11 <= t < 16 else (2, 0) if t >= 16 else (1, 0)
+
+    failed = rules(step_load(as_predicted, load), at_cap_load(early))
+    assert outcomes(failed) == [Outcome.HELD, Outcome.HELD, Outcome.NOT_HELD]
+    assert [item.value for item in failed.conditions[2].figures] == [3, 3.0, 0.0]
+    # The same full replica whose queue stayed under one request on average: not the rule either.
+    fleeting = rules(step_load(as_predicted, load), at_cap_load(when_full, queued_at=lambda t: 0.5 if t > 20 else 0))
+    assert outcomes(fleeting)[2] is Outcome.NOT_HELD
+
+
+def test_a_target_at_the_cap_that_never_scaled_fails_and_leaves_its_timing_not_checked():
+    never = rules(step_load(as_predicted, load), at_cap_load(lambda t: (1, 0)))
+    assert outcomes(never) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_CHECKED]
+    assert never.conditions[2].detail == "with target 4, Serve added no replica: no addition to time"
+
+
+def test_the_rules_are_not_checked_where_their_premise_did_not_arise():
+    # Two replicas left from the run before: already during the first step, nothing to add.
+    crowded = rules(step_load(lambda t: (2, 0), load), at_cap_load(lambda t: (2, 0)))
+    assert outcomes(crowded) == [Outcome.NOT_CHECKED] * 3
+    assert crowded.conditions[0].detail == (
+        "with target 1.5, 2 replicas ran or started already during the first step (1 client(s)): no addition to time"
+    )
+    # No step had more clients than the replica holds: nothing could fill it, nor queue.
+    few = rules(step_load(as_predicted, load), at_cap_load(lambda t: (1, 0)), at_cap=at_cap_steps((1, 3, 4)))
+    assert outcomes(few) == [Outcome.HELD, Outcome.NOT_CHECKED, Outcome.NOT_CHECKED]
+    assert few.conditions[1].detail == "no step had more than 4 clients, for 1 replica(s) of 4: nothing could fill them"
 
 
 def queue_samples(in_replica_ms_12, queued_12):
@@ -221,3 +277,112 @@ def test_a_bound_that_refused_nothing_leaves_its_effects_not_checked():
     never = concurrency_target.bounded_queue_refuses("Triton", queue_run(90), queue_run(200), 2, None, "r")
     assert outcomes(never) == [Outcome.NOT_HELD, Outcome.NOT_CHECKED, Outcome.HELD, Outcome.NOT_CHECKED]
     assert never.conditions[3].detail.startswith("the queue of 2 refused nothing")
+
+
+# ---- replicas against the machine's capacity, two nodes, FastAPI's slot
+
+
+def replicas_runs(*rates):
+    return {n: synthetic_run(f"ray_serve, {n} replica(s), 8 clients", 8, rate) for n, rate in enumerate(rates, 1)}
+
+
+def test_a_second_gpu_replica_that_adds_capacity_holds():
+    held = concurrency_target.gpu_replicas_add_capacity(replicas_runs(30, 55), gpus=2, cores=16)
+    assert outcomes(held) == [Outcome.HELD], held
+    assert held.conditions[0].detail == "1.83x"
+
+
+def test_a_second_gpu_replica_that_adds_little_fails():
+    """The wrong outcome: 1.1x, the GPUs not the limit (the CPU work around them is)."""
+    failed = concurrency_target.gpu_replicas_add_capacity(replicas_runs(30, 33), gpus=2, cores=16)
+    assert outcomes(failed) == [Outcome.NOT_HELD]
+    assert "shares 16 cores" in failed.reason
+
+
+def test_two_replicas_sharing_one_gpu_are_not_checked():
+    shared = concurrency_target.gpu_replicas_add_capacity(replicas_runs(30, 31), gpus=1, cores=8)
+    assert outcomes(shared) == [Outcome.NOT_CHECKED]
+    assert shared.conditions[0].detail.startswith("this Ray has 1 GPU(s), which the two replicas share")
+
+
+def test_replicas_that_stop_adding_once_the_cores_are_full_hold():
+    held = concurrency_target.replicas_stop_at_full_cores(replicas_runs(20, 30, 31), {1: 60, 2: 97, 3: 99}, cores=2)
+    assert outcomes(held) == [Outcome.HELD] * 2, held
+    assert held.conditions[1].detail == "gain 1.03x, room for 1.03x"
+
+
+def test_a_third_replica_that_adds_capacity_past_full_cores_fails():
+    """The wrong outcome: each replica counted as a machine of its own, 1.5x from a third replica
+    while two already filled the cores; and cores that two replicas left half idle."""
+    failed = concurrency_target.replicas_stop_at_full_cores(replicas_runs(20, 30, 45), {1: 60, 2: 97, 3: 99}, cores=2)
+    assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD]
+    idle = concurrency_target.replicas_stop_at_full_cores(replicas_runs(20, 30, 31), {1: 40, 2: 60, 3: 70}, cores=2)
+    assert outcomes(idle)[0] is Outcome.NOT_HELD
+    assert "(2 cores)" in idle.reason
+
+
+def test_replicas_against_cores_without_a_third_run_are_not_checked():
+    runs = replicas_runs(20, 30)
+    partial = concurrency_target.replicas_stop_at_full_cores(runs, {1: 60, 2: 97}, cores=2)
+    assert outcomes(partial) == [Outcome.HELD, Outcome.NOT_CHECKED]
+    assert partial.conditions[1].detail == "no run with two and three replicas to compare (replicas run: 1, 2)"
+
+
+def two_node_report(replicas=None, served=None, nodes=("node-aaaa1", "node-bbbb2"), addresses=("127.0.0.1",), ok=40):
+    replicas = replicas or {nodes[0]: ["r1"], nodes[-1]: ["r2"]}
+    statuses = {"200": ok, **({"503": 40 - ok} if ok < 40 else {})}
+    return {"nodes": list(nodes), "node_addresses": list(addresses), "statuses": statuses,
+            "requests_by_node": served or {nodes[0]: 22, nodes[-1]: 18}, "replicas_by_node": replicas}  # fmt: skip
+
+
+def test_replicas_spread_over_two_nodes_on_loopback_hold_every_condition():
+    held = concurrency_target.spread_over_nodes(two_node_report(), 40)
+    assert outcomes(held) == [Outcome.HELD] * 5, held
+    assert held.must_hold
+
+
+def test_both_replicas_on_the_head_node_fail():
+    """The wrong outcome: both replicas on the head node, which then served every request."""
+    head = two_node_report(replicas={"node-aaaa1": ["r1", "r2"]}, served={"node-aaaa1": 40})
+    failed = concurrency_target.spread_over_nodes(head, 40)
+    assert outcomes(failed) == [Outcome.HELD, Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD, Outcome.NOT_HELD]
+    assert [item.value for item in failed.conditions[2].figures] == [2, 0]
+    exposed = concurrency_target.spread_over_nodes(two_node_report(addresses=("10.0.0.5", "127.0.0.1"), ok=38), 40)
+    assert outcomes(exposed) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD]
+
+
+def test_a_cluster_whose_second_node_never_joined_leaves_the_placement_not_checked():
+    lone = concurrency_target.spread_over_nodes(
+        two_node_report(nodes=("node-aaaa1",), replicas={"node-aaaa1": ["r1"]}, served={"node-aaaa1": 40}), 40
+    )
+    assert outcomes(lone) == [Outcome.NOT_HELD, Outcome.HELD, Outcome.NOT_CHECKED, Outcome.HELD, Outcome.NOT_CHECKED]
+    assert lone.conditions[2].detail.startswith("the cluster had 1 node(s): no second node")
+    assert "1, at 127.0.0.1" in lone.reason
+
+
+def fastapi_run(clients, p50_ms, slot_wait_ms, inference_ms, errors=None):
+    return synthetic_run(f"fastapi_onnx, 1 slot, {clients}", clients, 1000 * clients / p50_ms, p50_ms,
+                         errors=errors or {}, service_stats=service_stages(slot_wait=slot_wait_ms,
+                                                                            inference=inference_ms))  # fmt: skip
+
+
+def test_requests_waiting_for_fastapis_slot_hold_every_condition():
+    held = concurrency_target.fastapi_queues_inside(fastapi_run(4, 40, 28, 9), fastapi_run(16, 150, 135, 9.5), 1)
+    assert outcomes(held) == [Outcome.HELD] * 3, held
+    assert held.conditions[2].detail == "slot wait +107.0 ms, inference +0.5 ms"
+
+
+def test_requests_refused_or_waiting_outside_the_slot_fail():
+    """The wrong outcome: the extra clients refused, or their wait outside the slot (the latency
+    grows while the slot wait stays within an inference time of what it was)."""
+    refused = fastapi_run(16, 150, 30, 9, errors={"http_503": 5})
+    failed = concurrency_target.fastapi_queues_inside(fastapi_run(4, 40, 28, 9), refused, 1)
+    assert outcomes(failed) == [Outcome.NOT_HELD, Outcome.HELD, Outcome.NOT_HELD]
+    flat = concurrency_target.fastapi_queues_inside(fastapi_run(4, 40, 28, 9), fastapi_run(16, 80, 30, 9), 1)
+    assert outcomes(flat) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_HELD]
+
+
+def test_fastapi_with_a_slot_for_every_client_is_not_checked():
+    judged = concurrency_target.fastapi_queues_inside(fastapi_run(4, 40, 0, 9), fastapi_run(16, 45, 0, 9), 16)
+    assert outcomes(judged) == [Outcome.HELD, Outcome.NOT_CHECKED, Outcome.NOT_CHECKED]
+    assert judged.conditions[1].detail == "16 client(s) for 16 predict slot(s): none had to wait for a slot"

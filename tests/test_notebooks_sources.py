@@ -76,11 +76,14 @@ def test_a_judging_notebook_checks_its_verdicts_after_its_last_one(name):
 
 def test_the_two_node_claim_about_ray_serve_must_hold():
     """A claim about what the lab's software does, not about speed: the test that checked it before
-    notebook 8 did is gone, and the notebook's check took its place."""
-    claim = "Serve spreads the replicas over both nodes, on loopback, and both serve requests"
+    notebook 8 did is gone, and the notebook's check took its place (its lesson marks it must_hold)."""
+    from servelab.lessons import concurrency_target
+
     (call,) = [
         call
-        for call in lab_calls(NOTEBOOKS / "8_concurrency_target.py", "expect")
-        if isinstance(call.args[0], ast.Constant) and call.args[0].value == claim
+        for call in lab_calls(NOTEBOOKS / "8_concurrency_target.py", "record")
+        if "concurrency_target.spread_over_nodes" in ast.unparse(call.args[0])
     ]
-    assert any(keyword.arg == "must_hold" and ast.literal_eval(keyword.value) is True for keyword in call.keywords)
+    report = {"nodes": ["a", "b"], "node_addresses": ["127.0.0.1"], "statuses": {"200": 2},
+              "requests_by_node": {"a": 1, "b": 1}, "replicas_by_node": {"a": ["r1"], "b": ["r2"]}}  # fmt: skip
+    assert call and concurrency_target.spread_over_nodes(report, 2).must_hold

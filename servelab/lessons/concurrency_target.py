@@ -45,25 +45,20 @@ def scales_on_the_target(
     samples: list[ServeSample], steps: list[Step], autoscaling: dict, max_ongoing: int
 ) -> Expectation:
     """A step load of (below the target, between the target and `max_ongoing`, above both, below
-    the target again), against a deployment with `autoscaling` (its autoscaling_config):
+    the target again), against a deployment with `autoscaling` (its autoscaling_config): Serve's
+    autoscaler follows the requests per replica.
 
     1. below the target, Serve runs `min_replicas`;
     2. in the second step, until a second replica runs, the requests per replica (inside it or
        queued in front) are above `target_ongoing_requests`;
-    3. Serve adds that replica (starting or running) during the second step;
-    4. until then, no replica held `max_ongoing` requests and none waited in front: the target
-       triggered scaling, not the cap. Judged on the requests inside all the replicas together (Serve
-       reports no per-replica count): under `max_ongoing`, no replica can hold that many. NOT
-       CHECKED where the step has fewer clients than `max_ongoing`: they cannot fill a replica nor
-       queue, so it holds by construction;
-    5. once the load is back below the target, Serve removes it.
+    3. once the load is back below the target, Serve removes the replica it added.
+
+    When Serve added that replica, and how full the replica was then, is `scaling_rules`'s to judge.
     """
     target, fewest = autoscaling["target_ongoing_requests"], autoscaling["min_replicas"]
     low, between, *_, last = steps
     at_start = [sample.running for sample in during(samples, low.start_s, low.end_s)]
     in_between = during(samples, between.start_s, between.end_s)
-    added_at = next((sample.t_s for sample in in_between if sample.added > fewest), None)
-    until_added = [sample for sample in in_between if added_at is None or sample.t_s <= added_at]
     one_running = [
         sample for sample in in_between if sample.t_s >= between.start_s + SETTLE_S and 0 < sample.running <= fewest
     ]
@@ -71,26 +66,13 @@ def scales_on_the_target(
         f"requests per replica, {between.clients} clients, before a second replica ran",
         _mean(sample.per_replica for sample in one_running),
     )
-    added = measured(
-        f"replicas running or starting, {between.clients} clients (most)", _most(s.added for s in in_between)
-    )
-    inside = measured(
-        "requests inside the replicas, all together, until then (most)",
-        _most(sample.ongoing for sample in until_added),
-    )
-    queued = measured("queued in front until then (most)", _most(sample.queued for sample in until_added))
     loaded = [sample.running for sample in samples if between.start_s <= sample.t_s <= last.start_s]
     at_end = during(samples, last.start_s, last.end_s)
     most = measured("replicas running under load (most)", _most(loaded))
     end = measured("replicas running at the end", at_end[-1].running if at_end else math.nan)
-    when = (
-        f"added {added_at - between.start_s:.0f} s into the step of {between.clients} clients"
-        if added_at is not None
-        else f"not added during the step of {between.clients} clients"
-    )
     return Expectation(
-        "Serve adds a replica when the requests per replica exceed target_ongoing_requests, before any "
-        "replica is full, and removes it after",
+        "Serve's autoscaler follows the requests per replica: above target_ongoing_requests it adds a "
+        "replica, and it removes it once the load is back below",
         (
             condition(
                 f"with {low.clients} client(s), below the target, {fewest} replica(s) serve",
@@ -106,38 +88,165 @@ def scales_on_the_target(
                 detail=f"target {target:g}",
             ),
             condition(
-                f"with {between.clients} clients, Serve added a replica",
-                added_at is not None,
-                added,
-                detail=when,
-            ),
-            unless(
-                between.clients >= max_ongoing,
-                f"{between.clients} clients cannot fill a replica that holds {max_ongoing} requests, nor queue "
-                "in front of it: this holds by construction",
-                condition(
-                    f"until then, no replica held its max_ongoing_requests ({max_ongoing}) and nothing waited in "
-                    "front: the target, not the cap, triggered scaling",
-                    added_at is not None and inside.value < max_ongoing and queued.value < 1,
-                    inside,
-                    queued,
-                    detail=when,
-                ),
-            ),
-            condition(
                 "after the load drops below the target again, Serve removes the replica it added",
                 most.value > fewest and end.value <= fewest,
                 most,
                 end,
             ),
         ),
-        reason=f"Serve's routers report their load every metrics_interval_s "
+        reason=_delays(autoscaling) + " A step shorter than all that ends before Serve acts "
+        "(LAB_PROFILE=full runs longer steps).",
+    )
+
+
+def _delays(autoscaling: dict) -> str:
+    return (
+        f"Serve's routers report their load every metrics_interval_s "
         f"({autoscaling.get('metrics_interval_s', 10):g} s here); Serve averages it over look_back_period_s "
         f"({autoscaling.get('look_back_period_s', 30):g} s), then waits upscale_delay_s "
         f"({autoscaling.get('upscale_delay_s', 30):g} s) or downscale_delay_s "
-        f"({autoscaling.get('downscale_delay_s', 600):g} s), and a new replica then has to start: here the "
-        f"second replica was {when}. A step shorter than all that ends before Serve acts "
-        "(LAB_PROFILE=full runs longer steps).",
+        f"({autoscaling.get('downscale_delay_s', 600):g} s), and a new replica then has to start."
+    )
+
+
+class StepLoad(NamedTuple):
+    """A step load against an autoscaling deployment: Serve's samples, the steps, and the
+    deployment's autoscaling_config."""
+
+    samples: list[ServeSample]
+    steps: list[Step]
+    autoscaling: dict
+
+
+class _Addition(NamedTuple):
+    """When Serve first decided on a replica beyond `min_replicas` in one step load (one starting
+    counts: that is its decision), and Serve's samples of that step until then."""
+
+    target: float
+    fewest: int  # min_replicas
+    step: Step | None  # the step during which Serve added the replica; None: it never did
+    at_s: float  # when (NaN: never)
+    before: list[ServeSample]  # Serve's samples of that step until then, once SETTLE_S had passed
+    crowded: str  # why the first step already ran more than `fewest` replicas; "" where it did not
+
+    @property
+    def why_not(self) -> str:
+        """Why there is no addition to time ("": there is one)."""
+        if self.crowded or self.step is not None:
+            return self.crowded
+        return f"with target {self.target:g}, Serve added no replica: no addition to time"
+
+    @property
+    def when(self) -> str:
+        if self.step is None:
+            return "never added"
+        return f"added {self.at_s - self.step.start_s:.0f} s into the step of {self.step.clients} clients"
+
+    def figures(self) -> tuple[Figure, ...]:
+        name = f"target {self.target:g}"
+        return (
+            measured(f"{name}: clients when Serve added a replica", self.step.clients if self.step else math.nan),
+            measured(f"{name}: requests inside the replicas until then (most)", _most(s.ongoing for s in self.before)),
+            measured(f"{name}: queued in front until then (mean)", _mean(s.queued for s in self.before)),
+        )
+
+
+def _addition(load: StepLoad) -> _Addition:
+    target, fewest, first = load.autoscaling["target_ongoing_requests"], load.autoscaling["min_replicas"], load.steps[0]
+    at_first = int(_most(s.added for s in during(load.samples, first.start_s + SETTLE_S, first.end_s)))
+    watched = during(load.samples, first.start_s + SETTLE_S, load.steps[-1].end_s)
+    at = next((sample.t_s for sample in watched if sample.added > fewest), None)
+    step = None if at is None else [step for step in load.steps if step.start_s <= at][-1]
+    crowded = (
+        f"with target {target:g}, {max(at_first, fewest + 1)} replicas ran or started already during the first step "
+        f"({first.clients} client(s)): no addition to time"
+        if at_first > fewest or step is first
+        else ""
+    )
+    if at is None or step is None:
+        return _Addition(target, fewest, None, math.nan, [], crowded)
+    return _Addition(target, fewest, step, at, during(load.samples, step.start_s + SETTLE_S, at), crowded)
+
+
+def scaling_rules(below: StepLoad, at_cap: StepLoad, max_ongoing: int) -> Expectation:
+    """Two rules for when to add a replica, measured on step loads against the same deployment
+    (each replica holds at most `max_ongoing` requests, its cap):
+
+    1. `below`: target_ongoing_requests under the cap, Ray Serve's practice. Serve adds a replica
+       before any replica is full: until it decided (a replica starting), the replicas held fewer
+       than their cap (the most any sample read) and nothing waited in front (under half a request
+       on average: a gauge's snapshot can catch a request while the router assigns it);
+    2. `at_cap`: target_ongoing_requests equal to the cap, the rule of Baseten's concurrency target
+       (one number caps a replica and, once every replica has reached it, triggers scaling). With
+       more clients than the replicas hold, Serve adds a replica;
+    3. and only once the replicas were full (a sample read their cap) and requests waited in front
+       (at least one on average, not a snapshot's passing one).
+
+    "Until it decided" is Serve's samples of the step during which it decided, once SETTLE_S had
+    passed. A wrong outcome for 1 is a replica added only with the step above the cap; for 3, one
+    added with the clients below the cap, as with the lower target. Each is NOT CHECKED where its
+    premise did not arise: more replicas than `min_replicas` ran already in the first step (no
+    addition to time), Serve added none (for 1, `scales_on_the_target` judges the load that should
+    have), or no step of `at_cap` had more clients than its replicas hold (nothing could fill them).
+    """
+    low, high = _addition(below), _addition(at_cap)
+    full = high.fewest * max_ongoing  # what the replicas hold before Serve adds one
+    most_clients = max(step.clients for step in at_cap.steps)
+    low_clients, low_inside, low_queued = low.figures()
+    high_clients, high_inside, high_queued = high.figures()
+    added = measured(
+        f"target {high.target:g}: replicas running or starting (most)", _most(s.added for s in at_cap.samples)
+    )
+    cpu = _mean(s.cpu_percent for s in [*below.samples, *at_cap.samples])
+    return Expectation(
+        f"with target_ongoing_requests below max_ongoing_requests ({max_ongoing}), Ray Serve's practice, a replica "
+        "is added before any replica is full; with the target equal to it, Baseten's rule, only once the replicas "
+        "are full and requests wait in front",
+        (
+            unless(
+                not low.why_not,
+                low.why_not,
+                condition(
+                    f"target {low.target:g}, below the cap {max_ongoing}: until Serve added a replica, the replicas "
+                    "held fewer requests than their cap and nothing waited in front",
+                    low_inside.value < low.fewest * max_ongoing and low_queued.value < 0.5,
+                    low_clients,
+                    low_inside,
+                    low_queued,
+                    detail=low.when,
+                ),
+            ),
+            unless(
+                most_clients > full and not high.crowded,
+                high.crowded
+                if high.crowded
+                else f"no step had more than {most_clients} clients, for {high.fewest} replica(s) of {max_ongoing}: "
+                "nothing could fill them",
+                condition(
+                    f"target {high.target:g}, equal to the cap: with {most_clients} clients, more than the replicas "
+                    "hold, Serve added a replica",
+                    high.step is not None,
+                    added,
+                    detail=high.when,
+                ),
+            ),
+            unless(
+                not high.why_not,
+                high.why_not,
+                condition(
+                    f"target {high.target:g}, equal to the cap: Serve added it only once the replicas were full and "
+                    "requests waited in front",
+                    high_inside.value >= full and high_queued.value >= 1,
+                    high_clients,
+                    high_inside,
+                    high_queued,
+                    detail=high.when,
+                ),
+            ),
+        ),
+        reason=f"{_delays(at_cap.autoscaling)} With target {low.target:g} the replica was {low.when}, with target "
+        f"{high.target:g} {high.when}; the gauges are snapshots taken every second, while the CPU samples read "
+        f"{cpu:.0f}% on average (the clients, Serve's proxy and the replicas share the cores).",
     )
 
 
@@ -363,4 +472,193 @@ def bounded_queue_refuses(
             ),
         ),  # fmt: skip
         reason=reason,
+    )
+
+
+def gpu_replicas_add_capacity(by_replicas: dict[int, RunResult], gpus: int, cores: int) -> Expectation:
+    """The same clients against 1 and 2 replicas, each with a GPU of its own (no autoscaling): the
+    second replica serves at least 1.3x what one does. The margin: a second GPU doubles the compute
+    at best, and the runs' noise on a shared machine is some 10%, so 1.3x is a gain no noise makes.
+    A wrong outcome: about 1x, the GPUs not the limit. NOT CHECKED where Ray has fewer than two GPUs
+    (two replicas then share one, each reserving part of it: no second GPU was added), or a run is
+    missing."""
+    one, two = (figure(by_replicas.get(n), "throughput_rps", f"{n} replica(s)") for n in (1, 2))
+    gain = two.value / one.value if one.value else math.nan
+    return Expectation(
+        "each GPU replica adds capacity",
+        (
+            unless(
+                gpus >= 2,
+                f"this Ray has {gpus} GPU(s), which the two replicas share: a second replica adds no GPU",
+                condition(
+                    "two replicas serve at least 1.3x what one does", gain >= 1.3, one, two, detail=f"{gain:.2f}x"
+                ),  # fmt: skip
+            ),
+        ),
+        reason="the replicas' GPUs may not be the limit: the CPU work around them (decoding, Serve's proxy, "
+        f"the load generator) shares {cores} cores",
+    )
+
+
+def replicas_stop_at_full_cores(
+    by_replicas: dict[int, RunResult], cpu_percent: dict[int, float], cores: int
+) -> Expectation:
+    """On a CPU-only machine, the same clients against 1, 2 and 3 replicas (`cpu_percent`: the
+    machine's CPU use during each run, in % of all cores):
+
+    1. with two replicas, the CPU samples read at least 95% (the cores are full; 95, not 100: the
+       samples are means over a run, which starts and ends with the cores less busy);
+    2. the third replica's gain over two stays within what the cores have left, 100% / (CPU % with
+       two), give or take 15% (the runs' noise on a shared machine, which a bare comparison would
+       let decide).
+
+    A wrong outcome: a third replica that adds 1.5x while two already filled the cores (each
+    replica counted as a machine of its own). A condition whose run is missing (no third replica
+    ran) is NOT CHECKED, with the replicas that ran.
+    """
+    throughputs = {n: figure(by_replicas.get(n), "throughput_rps", f"{n} replica(s)") for n in (2, 3)}
+    cpu = {n: measured(f"CPU % with {n} replicas", cpu_percent.get(n, math.nan), "%") for n in (2, 3)}
+    ran = ", ".join(str(n) for n in sorted(by_replicas)) or "none"
+    gain = throughputs[3].value / throughputs[2].value if throughputs[2].value else math.nan
+    room = 100 / cpu[2].value if cpu[2].value else math.inf
+    return Expectation(
+        "on a CPU-only machine, replicas stop adding capacity once the cores are full",
+        (
+            unless(
+                2 in by_replicas,
+                f"no run with two replicas (replicas run: {ran})",
+                condition("with two replicas, the CPU samples read at least 95%", cpu[2].value >= 95, cpu[2]),
+            ),
+            unless(
+                2 in by_replicas and 3 in by_replicas,
+                f"no run with two and three replicas to compare (replicas run: {ran})",
+                condition(
+                    "the third replica's gain stays within 100% / (CPU % with two), +15%",
+                    gain <= 1.15 * room,
+                    throughputs[2],
+                    throughputs[3],
+                    cpu[2],
+                    detail=f"gain {gain:.2f}x, room for {room:.2f}x",
+                ),
+            ),
+        ),
+        reason=f"the CPU samples are the whole machine's ({cores} cores): if Serve's proxy or the load generator "
+        "spends less CPU per request when fewer requests wait in front, that shows up as capacity",
+    )
+
+
+def spread_over_nodes(report: dict, requests: int) -> Expectation:
+    """A two-node Ray cluster on this machine (`report`: servelab.ray.cluster's JSON), a deployment
+    of two replicas at most one per node, and `requests` requests through the head node's proxy.
+    A claim about what the lab's software does, not about speed: it must hold.
+
+    1. the cluster has two nodes;
+    2. every node is on 127.0.0.1 (Ray kept on loopback);
+    3. no node holds two replicas: one on each;
+    4. every request was answered;
+    5. each node served requests.
+
+    A wrong outcome: both replicas on the head node, which then serves every request (3 and 5).
+    3 and 5 are NOT CHECKED where the cluster had fewer than two nodes: no second node to place a
+    replica on (1 says so)."""
+    nodes = report["nodes"]
+    replicas = {node: len(report["replicas_by_node"].get(node, [])) for node in nodes}
+    served = {node: report["requests_by_node"].get(node, 0) for node in nodes}
+    lone = f"the cluster had {len(nodes)} node(s): no second node to place a replica on, nor to serve"
+    elsewhere = set(report["node_addresses"]) - {"127.0.0.1"}
+    return Expectation(
+        "Serve spreads the replicas over both nodes, on loopback, and both serve requests",
+        (
+            condition("the cluster has two nodes", len(nodes) == 2, measured("nodes", len(nodes))),
+            condition(
+                "every node is on 127.0.0.1 (Ray kept on loopback)",
+                not elsewhere and bool(report["node_addresses"]),
+                measured("node addresses other than 127.0.0.1", len(elsewhere)),
+                detail=", ".join(report["node_addresses"]),
+            ),
+            unless(
+                len(nodes) >= 2,
+                lone,
+                condition(
+                    "no node holds two replicas: one on each",
+                    all(count == 1 for count in replicas.values()),
+                    *(measured(f"replicas on node {node[:8]}", count) for node, count in replicas.items()),
+                ),
+            ),
+            condition(
+                "every request was answered",
+                report["statuses"] == {"200": requests},
+                measured("answered", report["statuses"].get("200", 0)),
+                detail=f"of {requests}; statuses {report['statuses']}",
+            ),
+            unless(
+                len(nodes) >= 2,
+                lone,
+                condition(
+                    "each node served requests",
+                    min(served.values(), default=0) > 0,
+                    *(measured(f"served by node {node[:8]}", count) for node, count in served.items()),
+                ),
+            ),
+        ),
+        reason=f"the cluster's nodes: {len(nodes)}, at {', '.join(report['node_addresses']) or 'no address'}",
+        must_hold=True,
+    )
+
+
+def fastapi_queues_inside(few: RunResult, many: RunResult, slots: int) -> Expectation:
+    """FastAPI with `slots` predict slots and nothing in front of them, `few` then `many` clients:
+
+    1. nobody is refused;
+    2. the median latency grows at least 2.5x: each extra client waiting for the slots adds a
+       service time, which from 4 to 16 clients on one slot is about 4x; 2.5x leaves room for
+       the work outside the slot that overlaps, and is beyond any noise;
+    3. the wait for the slots grows more than the inference does, by at least one inference time
+       (a margin: with nothing queued, the noise in either mean could decide a bare comparison).
+
+    A wrong outcome: the extra clients' requests refused or waiting outside the process (the
+    latency grows while the slot wait does not). 2 and 3 are NOT CHECKED where `many` had no more
+    clients than the slots: nothing could wait for one."""
+    errors = [figure(run, "error_count", f"errors, {run.concurrency} clients") for run in (few, many)]
+    p50s = [figure(run, "latency.p50_ms", f"p50, {run.concurrency} clients") for run in (few, many)]
+    waits = [
+        figure(run, "service_stats.stage_mean_ms.slot_wait", f"slot wait, {run.concurrency} clients")
+        for run in (few, many)
+    ]
+    infers = [
+        figure(run, "service_stats.stage_mean_ms.inference", f"inference, {run.concurrency} clients")
+        for run in (few, many)
+    ]
+    crowd = (many.concurrency or 0) > slots
+    why = f"{many.concurrency} client(s) for {slots} predict slot(s): none had to wait for a slot"
+    grown = waits[1].value - waits[0].value
+    return Expectation(
+        "FastAPI's predict slots queue requests inside the process and never refuse",
+        (
+            condition("nobody is refused", errors[0].value == 0 and errors[1].value == 0, *errors),
+            unless(
+                crowd,
+                why,
+                condition(
+                    f"the median latency grows at least 2.5x from {few.concurrency} to {many.concurrency} clients",
+                    p50s[1].value >= 2.5 * p50s[0].value,
+                    *p50s,
+                    detail=f"{p50s[1].value / p50s[0].value:.1f}x",
+                ),
+            ),
+            unless(
+                crowd,
+                why,
+                condition(
+                    "the wait for the slot grows more than the inference, by at least one inference time",
+                    grown > infers[1].value - infers[0].value + infers[1].value,
+                    *waits,
+                    *infers,
+                    detail=f"slot wait +{grown:.1f} ms, inference {infers[1].value - infers[0].value:+.1f} ms",
+                ),
+            ),
+        ),
+        reason=f"the {many.concurrency} clients, the load generator and the service share the cores: "
+        f"with {many.concurrency} clients an inference took {infers[1].value:.1f} ms against "
+        f"{infers[0].value:.1f} ms with {few.concurrency}",
     )
