@@ -198,7 +198,7 @@ lab.triton.restore_config(TRITON_MODEL)
 
 # %%
 config = serve.shipped_config()
-food11 = serve.settings(config)
+food11 = serve.deployment_options(config)
 food11.pop("autoscaling_config")
 food11.update(num_replicas=1)
 serve.apply(config)
