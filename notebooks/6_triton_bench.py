@@ -82,11 +82,14 @@ print(f"The models run on {lab.hardware()}.")
 # never had a second request there, nothing could queue, and the check says NOT CHECKED.
 
 # %%
+predicted_queueing_grows = None  # before you run: True if the queue wait grows with the clients, the compute
+# time staying about the same, else False (the next cell records it)
 python_backend = {f"c={c}": lab.triton.perf("food_classifier", concurrency=c) for c in (1, 8, 16)}
 lab.breakdown(python_backend);
 
 # %%
-lab.record(triton_bench.queueing_grows({c: python_backend[f"c={c}"] for c in (1, 8, 16)}, lab.hardware(), lab.cores));
+lab.record(triton_bench.queueing_grows({c: python_backend[f"c={c}"] for c in (1, 8, 16)}, lab.hardware(), lab.cores),
+           predicted=predicted_queueing_grows);
 
 # %% [markdown]
 # ### Batching on the client side
@@ -104,9 +107,12 @@ lab.record(triton_bench.queueing_grows({c: python_backend[f"c={c}"] for c in (1,
 # 2. so the client gets at least 4 times the images per second.
 
 # %%
+predicted_client_batching = None  # before you run: True if 16 images compute in under twice the time of 1
+# (so at least 4 times the images per second), else False
 batch_of_16 = lab.triton.perf("food_classifier", concurrency=1, batch_size=16)
 lab.breakdown({"1 image per request": python_backend["c=1"], "16 images per request": batch_of_16})
-lab.record(triton_bench.client_batching(python_backend["c=1"], batch_of_16, lab.hardware(), lab.cores));
+lab.record(triton_bench.client_batching(python_backend["c=1"], batch_of_16, lab.hardware(), lab.cores),
+           predicted=predicted_client_batching);
 
 # %% [markdown]
 # Batching raises throughput on a GPU, but only when a client *has* 16 images at once. Our users
@@ -129,6 +135,8 @@ lab.record(triton_bench.client_batching(python_backend["c=1"], batch_of_16, lab.
 # utilization; on your own machine it records the CPU of every instance's process.
 
 # %%
+predicted_instances = None  # before you run: True if 4 instances serve more than 1, and 8 no more than 4, else False
+# (recorded after the runs with 8 instances below)
 two_per_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_GPU", "gpus": [1]}]
 lab.triton.apply_config("food_classifier", lab.triton.config("food_classifier").with_instance_groups(two_per_gpu))
 print(f"Triton now runs {lab.triton.served_instances('food_classifier')} instances of food_classifier")
@@ -184,7 +192,7 @@ for name, used in instances_cpu.items():
         f"{rate[name].value / (used.value / 100):.1f} requests per second of CPU"
     )
 lab.record(triton_bench.instances_stop_helping({1: scaling["1 instance"], 4: four_instances, 8: eight_instances},
-                                              lab.hardware(), lab.cores));
+                                              lab.hardware(), lab.cores), predicted=predicted_instances);
 
 # %% [markdown]
 # What the machine did during each run, in place of the original lab's nvtop screenshots. On your
@@ -227,11 +235,12 @@ lab.triton.restore_config("food_classifier")
 # one ends, so its requests per second are one over that mean: the same number, judged once.)
 
 # %%
+predicted_onnx_faster = None  # before you run this cell: True if ONNX answers one client faster than Python, else False
 onnx_single = lab.triton.perf("food_classifier_onnx", concurrency=1)
 python_single = python_backend["c=1"]
 lab.record(triton_bench.onnx_beats_python(onnx_single, python_single,
                                           lab.triton.served_config("food_classifier_onnx").get("backend") == "python",
-                                          lab.hardware()));
+                                          lab.hardware()), predicted=predicted_onnx_faster);
 
 # %% [markdown]
 # ### Scaling the ONNX model
@@ -246,6 +255,7 @@ lab.record(triton_bench.onnx_beats_python(onnx_single, python_single,
 # instance, as long as one instance left hardware idle.
 
 # %%
+predicted_onnx_instances = None  # before you run: True if the larger group serves more requests/s than 1, else False
 onnx_one_busy = lab.triton.perf("food_classifier_onnx", concurrency=8)
 two_on_each_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]
 lab.triton.apply_config(
@@ -261,7 +271,7 @@ onnx_scaled = {
 }
 lab.breakdown(onnx_scaled)
 lab.record(triton_bench.instance_scaling(onnx_one_busy, onnx_scaled[f"c=8, {onnx_instances} instances"],
-                                        onnx_instances, lab.hardware(), lab.cores));
+                                        onnx_instances, lab.hardware(), lab.cores), predicted=predicted_onnx_instances);
 
 # %% [markdown]
 # Compare the queue column with the compute column at 16 clients. When requests arrive faster
@@ -326,6 +336,7 @@ print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()[
 # queue more than the other, and the check says NOT CHECKED.
 
 # %%
+predicted_poisson_queues_more = None  # before you run: True if Poisson arrivals queue longer than even ones, else False
 lab.triton.restore_config("food_classifier_onnx")
 onnx_capacity = lab.triton.capacity("food_classifier_onnx")
 rates = lab.triton.scale_rates([120, 180, 240, 300], onnx_capacity)
@@ -336,7 +347,7 @@ arrivals = {
 }
 lab.breakdown(arrivals)
 lab.record(triton_bench.poisson_queues_more(arrivals["constant"], arrivals["poisson"], rates[0], onnx_capacity.rps,
-                                            lab.hardware(), lab.cores));
+                                            lab.hardware(), lab.cores), predicted=predicted_poisson_queues_more);
 
 # %% [markdown]
 # ## 6. Dynamic batching
@@ -361,6 +372,11 @@ lab.record(triton_bench.poisson_queues_more(arrivals["constant"], arrivals["pois
 
 
 # %%
+predicted_batching_shortens_queue = None  # before you run: True if batching shortens the queue wait, else False
+predicted_batching_flat = None  # and True if with batching the mean latency stays roughly flat as the rate grows
+# (and grows less than without), else False; both recorded after the runs with batching below
+
+
 def poisson_sweep() -> dict:
     """Poisson runs at every rate, each with the server's statistics over that run."""
     sweep = {}
@@ -440,8 +456,10 @@ for name, sweep in (("no batching", without_batching), ("dynamic batching", with
     executions = run.triton_stats["executions_by_batch_size"]
     print(f"{name}, {highest}: compute per image, by batch size: " + ", ".join(
         f"{size}: {per_image[size]:.2f} ms ({executions[size]} executions)" for size in sorted(per_image)))
-lab.record(triton_bench.batching_shortens_the_queue(without_batching, with_batching))
-lab.record(triton_bench.batching_keeps_latency_flat(without_batching, with_batching, lab.hardware()));
+lab.record(triton_bench.batching_shortens_the_queue(without_batching, with_batching),
+           predicted=predicted_batching_shortens_queue)
+lab.record(triton_bench.batching_keeps_latency_flat(without_batching, with_batching, lab.hardware()),
+           predicted=predicted_batching_flat);
 
 # %% [markdown]
 # ### The queueing view
@@ -525,6 +543,18 @@ lab.verdicts();
 # %%
 plots.plot_latency_throughput_vs_concurrency(lab.results, title="Triton: latency and throughput vs concurrency")
 plt.show()
+
+# %% [markdown]
+# ## Questions
+#
+# 1. For the Python-backend model, how did the queue and the compute change as clients were added,
+#    and why?
+# 2. Did more instances raise the throughput, and up to where? Use the instances' CPU to explain it.
+# 3. Did dynamic batching keep the latency flat on this machine? Use the compute per image at each
+#    batch size to explain why or why not.
+#
+# **Hand in:** the results table and the plots (batch sizes, queueing, latency and throughput;
+# locally also the CPU per instance), with your predictions beside the verdicts.
 
 # %% [markdown]
 # In Docker, the project keeps running for the next notebooks; when you are done with the lab,

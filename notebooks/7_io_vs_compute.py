@@ -104,6 +104,8 @@ for url in (lab.image_url("soup.jpg"), f"{service}/health", "file:///etc/passwd"
 #    the download is inside it (it waits for other requests' downloads as well as their inferences).
 
 # %%
+predicted_slot_at_50ms = None  # before you run: True if all four of the prediction hold at 50 ms, else False
+predicted_slot_at_200ms = None  # and True if all four hold at 200 ms, else False (both recorded two cells below)
 LATENCIES_MS = (50, 200)
 CONCURRENCIES = (1, 4, 16)
 PLACEMENTS = ("outside_slot", "inside_slot")
@@ -162,7 +164,8 @@ for latency_ms in LATENCIES_MS:
         "1 / (D + S)": 1000 / (inside_stages["download"] + inside_stages["inference"]),
         "1 / S": 1000 / outside[enough[latency_ms]].service_stats["stage_mean_ms"]["inference"],
     }
-    lab.record(io_vs_compute.slot_holds_only_inference(inside, outside, enough[latency_ms], latency_ms, lab.hardware()))
+    lab.record(io_vs_compute.slot_holds_only_inference(inside, outside, enough[latency_ms], latency_ms, lab.hardware()),
+               predicted={50: predicted_slot_at_50ms, 200: predicted_slot_at_200ms}[latency_ms])
 
 # %% [markdown]
 # Throughput against concurrency, both designs, one panel per download latency; the dotted line is
@@ -203,6 +206,8 @@ plt.show()
 # cannot show how many inferred at once: the slots' pool of 5 threads bounds that.
 
 # %%
+predicted_burst = None  # before you run: True if all 10 are served and the mean slot wait is at least about S / 2
+# but well below (D + S) / 2, else False
 SENT, SLOTS, BURST_LATENCY_MS = 10, 5, 1000
 decoding = {"PREPROCESS_WORKERS": str(SENT), "DECODE_AHEAD": str(SENT)}
 with lab.fastapi_variant("onnx", slots=SLOTS, **decoding) as url:
@@ -216,7 +221,8 @@ with lab.fastapi_variant("onnx", slots=SLOTS, **decoding) as url:
 stages = burst.service_stats
 print("requests per stage:", stages["stage_counts"])
 print("mean ms per stage: ", {name: round(ms, 1) for name, ms in stages["stage_mean_ms"].items()})
-lab.record(io_vs_compute.burst_waits_only_for_slots(burst, SENT, measured("slots", health["slots"])))
+lab.record(io_vs_compute.burst_waits_only_for_slots(burst, SENT, measured("slots", health["slots"])),
+           predicted=predicted_burst)
 
 # %% [markdown]
 # ## All the runs, and the verdicts
@@ -224,6 +230,18 @@ lab.record(io_vs_compute.burst_waits_only_for_slots(burst, SENT, measured("slots
 # %%
 lab.table()
 lab.verdicts();
+
+# %% [markdown]
+# ## Questions
+#
+# 1. With the download inside the slot, what limited the throughput as senders were added? Use the
+#    server's slot wait to explain it.
+# 2. Why does a longer download need more senders before the `outside_slot` curve flattens? Did
+#    yours?
+# 3. In the burst, what did the requests beyond the slots wait for, and what did they not wait for?
+#
+# **Hand in:** the results table, the stage table and the throughput plot, with your predictions
+# beside the verdicts.
 
 # %% [markdown]
 # Locally, the next cell stops the services this notebook started (in Docker it does nothing: the
