@@ -167,6 +167,11 @@ show("a sequence never started", frame(next_id + 1, photos[0].read_bytes()))
 #    on how long an execution takes on this machine: guess before you run it.
 
 # %%
+predicted_batcher_merges = None  # before you run: True if with N sequences the average batch is >= 2, else False
+predicted_batching_pays = None  # and True if a frame in a batch costs < 0.8x one alone and oldest serves >= 1.2x
+# the frames per second of one sequence at a time, else False
+predicted_frame_waits = None  # and True if a frame alone waits out the queue delay (0.8x to 1.5x), and with N
+# sequences at most one execution plus the delay, else False
 N = served.max_batch_size
 LENGTH = 10
 DURATION_S = lab.profile.duration_s
@@ -212,10 +217,10 @@ plt.show()
 # %%
 print(f"One sequence at a time: average batch {alone.triton_stats['avg_batch_size']:.2f} (one frame in flight, "
       "so one frame per execution by construction: the baseline, not a claim)")
-lab.record(sequences.batcher_merges_sequences(oldest, direct, N))
-lab.record(sequences.batching_pays(alone, oldest, N, lab.hardware()))
+lab.record(sequences.batcher_merges_sequences(oldest, direct, N), predicted=predicted_batcher_merges)
+lab.record(sequences.batching_pays(alone, oldest, N, lab.hardware()), predicted=predicted_batching_pays)
 queue_delay_us = getattr(batcher, strategy).max_queue_delay_microseconds
-lab.record(sequences.where_a_frame_waits(alone, oldest, N, queue_delay_us));
+lab.record(sequences.where_a_frame_waits(alone, oldest, N, queue_delay_us), predicted=predicted_frame_waits);
 
 # %% [markdown]
 # A second opinion from perf_analyzer, which sends sequences too (`sequence_length=` becomes
@@ -245,6 +250,8 @@ if checked is not None:
 # many evictions as the clients saw.
 
 # %%
+predicted_evictions = None  # before you run: True if none is broken off at the capacity, and at twice it
+# at least CAPACITY are, each by an `evicted` error the model's log counts too, else False
 CAPACITY = 4
 lab.triton.apply_config(MODEL, lab.triton.config(MODEL).with_parameters(state_capacity=str(CAPACITY)))
 
@@ -265,7 +272,8 @@ for live in (CAPACITY, 2 * CAPACITY):
           f"{runs[name].sequences_failed or 'none'}")  # fmt: skip
 lab.triton.restore_config(MODEL)
 at_capacity, above = (runs[f"{MODEL}, state capacity {CAPACITY}, {n} sequences"] for n in (CAPACITY, 2 * CAPACITY))
-lab.record(sequences.evictions_break_the_oldest(at_capacity, above, CAPACITY, evicted[2 * CAPACITY]));
+lab.record(sequences.evictions_break_the_oldest(at_capacity, above, CAPACITY, evicted[2 * CAPACITY]),
+           predicted=predicted_evictions);
 
 # %% [markdown]
 # ## An idle sequence expires; a cancelled one is gone
@@ -281,6 +289,8 @@ lab.record(sequences.evictions_break_the_oldest(at_capacity, above, CAPACITY, ev
 # START for a sequence it does not know. Each is judged on that specific refusal, not on any error.
 
 # %%
+predicted_idle_and_cancelled = None  # before you run: True if the short pause is answered, the long one `expired`,
+# the cancel answered CANCELLED and the next frame refused as without START, else False
 IDLE_S = 1.0
 lab.triton.apply_config(MODEL, lab.triton.config(MODEL).with_parameters(idle_timeout_s=str(IDLE_S)))
 photo = photos[0].read_bytes()
@@ -303,7 +313,7 @@ show("its next frame", after_cancel)
 
 # %%
 lab.record(sequences.idle_and_cancelled_sequences(after_short_pause, after_long_pause, cancel_answer, after_cancel,
-                                                  IDLE_S));
+                                                  IDLE_S), predicted=predicted_idle_and_cancelled);
 
 # %% [markdown]
 # ## A busy sequence still times out
@@ -318,6 +328,8 @@ lab.record(sequences.idle_and_cancelled_sequences(after_short_pause, after_long_
 # `timed out` (not `expired`: the sequence never idled for `IDLE_LONGER_S`).
 
 # %%
+predicted_busy_times_out = None  # before you run: True if every frame before TOTAL_S is answered and the one
+# after it is refused as `timed out` (not `expired`), else False
 TOTAL_S, IDLE_LONGER_S = 3.0, 2.0
 short_lived = lab.triton.config(MODEL).with_parameters(
     sequence_timeout_s=str(TOTAL_S), idle_timeout_s=str(IDLE_LONGER_S)
@@ -333,7 +345,8 @@ for due_s in [0.5 * k for k in range(int(2 * (TOTAL_S - 1)) + 1)] + [TOTAL_S + 0
     kept_busy.append(answer)
 past_limit = kept_busy.pop()
 lab.triton.restore_config(MODEL)
-lab.record(sequences.busy_sequence_times_out(kept_busy, past_limit, TOTAL_S, IDLE_LONGER_S));
+lab.record(sequences.busy_sequence_times_out(kept_busy, past_limit, TOTAL_S, IDLE_LONGER_S),
+           predicted=predicted_busy_times_out);
 
 # %% [markdown]
 # A server that keeps state makes every sequence a small reservation: memory in the model, a
@@ -345,3 +358,14 @@ lab.record(sequences.busy_sequence_times_out(kept_busy, past_limit, TOTAL_S, IDL
 # %%
 lab.table()
 lab.verdicts()
+
+# %% [markdown]
+# ## Questions
+#
+# 1. Did batching frames of different sequences pay on this machine? Why, from the compute time per frame?
+# 2. Which run's frames waited longer in Triton's queue, alone or with `N` sequences, and why?
+# 3. Why must a server that keeps state bound it (the cache, the idle and sequence timeouts), and what
+#    does a client do when it meets each bound's error?
+#
+# **Hand in:** the throughput and batch-size plot, the results table and the verdicts, with your
+# predictions beside them.

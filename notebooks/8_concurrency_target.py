@@ -123,6 +123,9 @@ print(requests.get(f"{serve.url}/health", timeout=10).json())
 #    *any* replica to have room, which is what lets a new replica take work at once.
 
 # %%
+predicted_scales_on_target = None  # before you run: True if 3 clients bring a 2nd replica while the first
+# is not full, and it goes once the load drops, else False
+predicted_queue_in_front = None  # and True if with 12 clients requests wait in front of the replicas, else False
 MAX_ONGOING, TARGET, BETWEEN = 4, 1.5, 3  # BETWEEN: clients above the target, below the cap
 autoscaling = {
     "target_ongoing_requests": TARGET,
@@ -204,8 +207,9 @@ plt.show()
 # replicas that ran during the step.
 
 # %%
-lab.record(concurrency_target.scales_on_the_target(samples, steps, autoscaling, MAX_ONGOING))
-lab.record(concurrency_target.queue_in_front(samples, steps, MAX_ONGOING));
+lab.record(concurrency_target.scales_on_the_target(samples, steps, autoscaling, MAX_ONGOING),
+           predicted=predicted_scales_on_target)
+lab.record(concurrency_target.queue_in_front(samples, steps, MAX_ONGOING), predicted=predicted_queue_in_front);
 
 # %% [markdown]
 # ## Baseten's rule: the target equal to the cap
@@ -225,6 +229,8 @@ lab.record(concurrency_target.queue_in_front(samples, steps, MAX_ONGOING));
 # the requests beyond wait in front while the new replica starts.
 
 # %%
+predicted_scaling_rules = None  # before you run: True if, with the target at the cap, Serve adds a replica
+# only once the replica is full (12 clients, not 3), else False
 at_cap_autoscaling = {**autoscaling, "target_ongoing_requests": MAX_ONGOING}
 at_cap_config = serve.shipped_config()
 food11 = serve.deployment_options(at_cap_config)
@@ -256,7 +262,7 @@ lab.record(concurrency_target.scaling_rules(
     concurrency_target.StepLoad(samples, steps, autoscaling),
     concurrency_target.StepLoad(at_cap_samples, at_cap_steps, at_cap_autoscaling),
     MAX_ONGOING,
-));
+), predicted=predicted_scaling_rules);
 
 # %% [markdown]
 # ## The cap must leave room for the predict slots
@@ -283,6 +289,7 @@ lab.record(concurrency_target.scaling_rules(
 # is elsewhere.
 
 # %%
+predicted_slots_need_room = None  # before you run: True if all three predictions hold here, else False
 SLOT_CLIENTS, PREDICT_SLOTS = 4, 2
 slot_runs, slot_samples = {}, {}
 for cap in (1, PREDICT_SLOTS, MAX_ONGOING):
@@ -311,7 +318,8 @@ for cap, run in slot_runs.items():
         f"{statistics.fmean(sample.queued for sample in slot_samples[cap]):>17.2f}{stages['slot_wait']:>14.1f}"
         f"{in_replica_mean_ms(slot_samples[cap], 0, float('inf')):>15.1f}{stages['inference']:>17.1f}"
     )
-lab.record(concurrency_target.slots_need_room(slot_runs, slot_samples, PREDICT_SLOTS));
+lab.record(concurrency_target.slots_need_room(slot_runs, slot_samples, PREDICT_SLOTS),
+           predicted=predicted_slots_need_room);
 
 # %% [markdown]
 # ## A small queue: overload refused fast
@@ -330,6 +338,7 @@ lab.record(concurrency_target.slots_need_room(slot_runs, slot_samples, PREDICT_S
 # and nobody is refused.
 
 # %%
+predicted_serve_queue_refuses = None  # before you run: True if the small queue refuses fast and bounds p95, else False
 QUEUE_CLIENTS, BACKOFF_S = 16, 0.1
 runs_by_queue = {}
 for queued in (2, -1):
@@ -349,7 +358,7 @@ lab.record(concurrency_target.bounded_queue_refuses(
     "Ray Serve", small, unbounded, 2, "http_503",
     f"on {lab.hardware()}, Serve's proxy, the refusals and the load generator share the cores with the replica, "
     "which slows the answered requests too",
-));
+), predicted=predicted_serve_queue_refuses);
 
 # %% [markdown]
 # ## Do more replicas add capacity here?
@@ -372,6 +381,8 @@ lab.record(concurrency_target.bounded_queue_refuses(
 # NOT CHECKED there.)
 
 # %%
+predicted_replicas_capacity = None  # before you run: True if replicas add capacity only while the machine
+# has room (GPU node: 2nd replica >= 1.3x; CPU only: a 3rd adds at most what the cores have left), else False
 replica_counts = (1, 2) if serve.hardware.gpus else (1, 2, 3)
 by_replicas, cpu_by_replicas = {}, {}
 for replicas in replica_counts:
@@ -390,9 +401,11 @@ for replicas in replica_counts:
     print(f"  CPU busy: {cpu_by_replicas[replicas]:.0f}% of all cores")
 
 if serve.hardware.gpus:
-    lab.record(concurrency_target.gpu_replicas_add_capacity(by_replicas, serve.hardware.gpus, lab.cores))
+    lab.record(concurrency_target.gpu_replicas_add_capacity(by_replicas, serve.hardware.gpus, lab.cores),
+               predicted=predicted_replicas_capacity)
 else:
-    lab.record(concurrency_target.replicas_stop_at_full_cores(by_replicas, cpu_by_replicas, lab.cores))
+    lab.record(concurrency_target.replicas_stop_at_full_cores(by_replicas, cpu_by_replicas, lab.cores),
+               predicted=predicted_replicas_capacity)
 print(f"On {lab.hardware()}:")
 for replicas in replica_counts:
     rate = by_replicas[replicas].throughput_rps
@@ -444,9 +457,12 @@ lab.record(concurrency_target.spread_over_nodes(report, TWO_NODE_REQUESTS));
 # time (12 more clients on one slot add about 12).
 
 # %%
+predicted_fastapi_queues_inside = None  # before you run: True if 16 clients wait inside FastAPI, none refused,
+# p50 >= 2.5x that of 4, and the slot wait grows more than inference, else False
 with lab.fastapi_variant("onnx", slots=1) as url:
     fastapi_runs = {c: lab.concurrent("onnx", c, url=url, name="fastapi_onnx, 1 slot") for c in (4, 16)}
-lab.record(concurrency_target.fastapi_queues_inside(fastapi_runs[4], fastapi_runs[16], slots=1));
+lab.record(concurrency_target.fastapi_queues_inside(fastapi_runs[4], fastapi_runs[16], slots=1),
+           predicted=predicted_fastapi_queues_inside);
 
 # %% [markdown]
 # **Triton**: admission control in front of the model, without autoscaling. With dynamic
@@ -473,6 +489,8 @@ lab.record(concurrency_target.fastapi_queues_inside(fastapi_runs[4], fastapi_run
 # under half of what it is with no bound, where nobody is refused.
 
 # %%
+predicted_triton_queue_refuses = None  # before you run: True if Triton's queue of 2 refuses fast
+# and bounds the answered p95, else False
 MODEL = "food_classifier_onnx"
 triton_runs = {}
 for max_queue in (2, 0):
@@ -501,7 +519,7 @@ lab.record(concurrency_target.bounded_queue_refuses(
     f"on {lab.hardware()}, the 16 clients, their refusals and both instances share the cores; with the "
     f"queue of 2 an answered request waited {bounded.triton_stats['avg_queue_us'] / 1000:.1f} ms in Triton's queue "
     f"on average for {bounded.triton_stats['avg_compute_infer_us'] / 1000:.1f} ms of computing",
-));
+), predicted=predicted_triton_queue_refuses);
 
 # %% [markdown]
 # Three engines, the same two ideas: a limit on the work running at once (Ray Serve's
@@ -514,6 +532,17 @@ lab.record(concurrency_target.bounded_queue_refuses(
 # %%
 lab.table()
 lab.verdicts()
+# %% [markdown]
+# ## Questions
+#
+# 1. With the target below the cap, then at it, what made Serve add the second replica, and what
+#    did each choice cost the requests?
+# 2. Why does a cap below the predict slots leave slots idle?
+# 3. What does a bounded queue buy the answered requests, and what do the refused ones pay?
+#
+# **Hand in:** the step-load tables and plots, the slots table, the replica throughputs, the
+# results table and the verdicts, with your predictions beside them.
+
 # %% [markdown]
 # The next cell deploys the shipped Ray Serve config again and, locally, stops what this notebook
 # started (in Docker the containers keep running until you bring them down).

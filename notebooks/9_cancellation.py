@@ -137,6 +137,9 @@ def account(name: str, result, inferences: float) -> None:
 # ## FastAPI, with and without abandoning
 
 # %%
+predicted_waste_without = None  # before you run: True if, abandoning off, the server computes answers nobody
+# reads and the patient clients pay (prediction 1), else False
+predicted_abandoning_cuts = None  # and True if, on, the waste falls under a quarter of that (prediction 2), else False
 for setting in ("off", "on"):
     name = f"fastapi_onnx, 1 slot, abandon {setting}"
     with lab.fastapi_variant("onnx", slots=1, ABANDON_ON_DISCONNECT=setting) as url:
@@ -156,6 +159,8 @@ for setting in ("off", "on"):
 # container mounts, while `docker compose logs triton` shows the same lines).
 
 # %%
+predicted_triton_grpc = None  # before you run: True if Triton computes for gone clients over HTTP,
+# and over gRPC the cancels reach it (prediction 3), else False
 one_at_a_time = (
     lab.triton.config(TRITON_MODEL)
     .with_fields(max_batch_size=1)
@@ -197,6 +202,7 @@ lab.triton.restore_config(TRITON_MODEL)
 # front of it. The deployment stays for the streams of the next section.
 
 # %%
+predicted_ray_drops = None  # before you run: True if Ray Serve's waste is under a quarter of the cancelled, else False
 config = serve.shipped_config()
 food11 = serve.deployment_options(config)
 food11.pop("autoscaling_config")
@@ -262,6 +268,7 @@ account(name, result, result.service_stats["stage_counts"].get("inference", 0))
 #    were taking turns with theirs.
 
 # %%
+predicted_fastapi_stream_stops = None  # before you run: True if FastAPI's streams hold predictions 1 to 3, else False
 STREAM_PATIENT, STREAM_IMPATIENT = 2, 2
 STEPS, LEAVE_AFTER = 8, 2
 STREAM_S = max(lab.profile.duration_s, 3)
@@ -298,6 +305,7 @@ for setting in ("off", "on"):
 # verdict that reads the run is NOT CHECKED.
 
 # %%
+predicted_triton_stream_stops = None  # before you run: True if Triton's streams hold predictions 1 to 3, else False
 triton_log = lab.triton.log()
 log_start = triton_log.stat().st_size if triton_log else 0
 
@@ -319,6 +327,7 @@ stream_load("Triton", "on", lab.triton_grpc, refine_steps_logged, kind="triton-g
 # off in its environment; then the config as shipped again.
 
 # %%
+predicted_ray_stream_stops = None  # before you run: True if Ray Serve's streams hold predictions 1 to 3, else False
 stream_load("Ray Serve", "on", serve.url, lambda: service_stats.refine_steps(serve.url))
 food11["ray_actor_options"]["runtime_env"]["env_vars"]["ABANDON_ON_DISCONNECT"] = "off"
 serve.apply(config)
@@ -359,8 +368,14 @@ fig.tight_layout()
 plt.show()
 
 # %%
+stream_predictions = {
+    "FastAPI": predicted_fastapi_stream_stops,
+    "Triton": predicted_triton_stream_stops,
+    "Ray Serve": predicted_ray_stream_stops,
+}
 for engine in engines:
-    lab.record(cancellation.stream_stops_at_the_next_step(engine, streams[engine, "off"], streams[engine, "on"]))
+    lab.record(cancellation.stream_stops_at_the_next_step(engine, streams[engine, "off"], streams[engine, "on"]),
+               predicted=stream_predictions[engine])
 
 # %% [markdown]
 # Stopping midway takes the same three things on every engine: the work is cut into steps, the
@@ -421,6 +436,8 @@ plt.show()
 # cancellation handled (`cancellation.triton_cancellation_race`).
 
 # %%
+predicted_triton_race = None  # before you run: True if prediction 5 holds for this Triton (2.51: the service-time
+# deadline races more and crashes it, the lesson's does not; fixed: neither crashes it), else False
 PROBE_S = DURATION_S
 RACE_FIXED_IN = (2, 53)
 
@@ -485,7 +502,8 @@ for deadline, probe in probes.items():
 
 # %%
 lab.record(cancellation.triton_cancellation_race(probes["the lesson's deadline"], probes["at the service time"],
-                                                 version, RACE_FIXED_IN, PROBE_S, lab.cores));
+                                                 version, RACE_FIXED_IN, PROBE_S, lab.cores),
+           predicted=predicted_triton_race);
 
 # %% [markdown]
 # What this means for the lesson: its deadline makes clients give up while their request still
@@ -505,11 +523,13 @@ lab.record(cancellation.triton_cancellation_race(probes["the lesson's deadline"]
 off_name, on_name = "fastapi_onnx, 1 slot, abandon off", "fastapi_onnx, 1 slot, abandon on"
 http_name, grpc_name = (f"triton/{TRITON_MODEL}, {protocol}" for protocol in ("http", "grpc"))
 ray_name = "ray_serve, 1 replica"
-lab.record(cancellation.waste_without_cancellation(runs[off_name], runs[on_name], wasted[off_name]))
-lab.record(cancellation.abandoning_cuts_the_waste(runs[off_name], runs[on_name], wasted[off_name], wasted[on_name]))
+lab.record(cancellation.waste_without_cancellation(runs[off_name], runs[on_name], wasted[off_name]),
+           predicted=predicted_waste_without)
+lab.record(cancellation.abandoning_cuts_the_waste(runs[off_name], runs[on_name], wasted[off_name], wasted[on_name]),
+           predicted=predicted_abandoning_cuts)
 lab.record(cancellation.triton_cancels_over_grpc(runs[http_name], runs[grpc_name], wasted[http_name],
-                                                 wasted[grpc_name]))
-lab.record(cancellation.ray_drops_gone_requests(runs[ray_name], wasted[ray_name]));
+                                                 wasted[grpc_name]), predicted=predicted_triton_grpc)
+lab.record(cancellation.ray_drops_gone_requests(runs[ray_name], wasted[ray_name]), predicted=predicted_ray_drops);
 # %% [markdown]
 # Cancellation is cheap where the server can drop work that has not started, which is most of
 # the work when a queue forms: the clients who left stop taking the capacity that the clients
@@ -521,3 +541,13 @@ lab.record(cancellation.ray_drops_gone_requests(runs[ray_name], wasted[ray_name]
 # %%
 lab.table()
 lab.verdicts()
+
+# %% [markdown]
+# ## Questions
+#
+# 1. How did abandoning change the patient clients' p95 and the goodput, and why?
+# 2. What did Triton compute for clients who left over HTTP, and over gRPC? Why do the protocols differ?
+# 3. Why does a stream stopped midway still cost a step or so, and what would finer steps change?
+#
+# **Hand in:** the streams table and plot, the goodput and waste plot, the race probe's table,
+# the results table and the verdicts, with your predictions beside them.
