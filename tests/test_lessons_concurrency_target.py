@@ -208,6 +208,15 @@ def test_requests_waiting_inside_the_replicas_fail_the_queue_check():
                                     "0.0 queued on average: the other 4.3 were in neither")  # fmt: skip
 
 
+def test_the_queue_check_is_not_checked_where_every_client_found_room_in_a_replica():
+    # A cap of 8 on 2 replicas holds the 12 clients: nothing had to wait in front.
+    roomy = concurrency_target.queue_in_front(queue_samples(190.0, 0.0), queue_steps(), 8)
+    assert outcomes(roomy) == [Outcome.NOT_CHECKED] * 3
+    assert roomy.conditions[0].detail == (
+        "12 clients, 2 replica(s) of 8 requests each: every request found room in a replica"
+    )
+
+
 def slot_run(cap, throughput_rps, inferences, inference_ms, slot_wait_ms):
     stats = {"stage_counts": {"inference": inferences},
              "stage_mean_ms": {"inference": inference_ms, "slot_wait": slot_wait_ms}}  # fmt: skip

@@ -172,3 +172,6 @@ def test_processes_follow_the_plan_on_many_cores_and_on_two():
     better = synthetic_run("fastapi_onnx, 2 processes", 8, throughput_rps=300)
     failed = fastapi_bench.processes_follow_the_plan(alone, better, 2, planned=1, cores=2)
     assert failed.outcome is Outcome.NOT_HELD and "x1.67" in failed.reason
+    # One process tried against one (the student's edit): the same setting twice, nothing to judge.
+    same = fastapi_bench.processes_follow_the_plan(alone, alone, 1, planned=1, cores=2)
+    assert same.outcome is Outcome.NOT_CHECKED and "nothing to compare" in same.conditions[0].detail

@@ -42,6 +42,16 @@ def test_an_idle_slot_outside_and_no_longer_wait_inside_fail_their_conditions():
     assert "busy 32%" in failed.conditions[2].detail
 
 
+def test_a_download_too_short_to_matter_leaves_the_designs_comparison_not_checked():
+    # A 0.5 ms download beside an 8 ms inference: inside or outside the slot, the limit is the same.
+    points = ((1, 70, 0), (4, 110, 20), (16, 112, 130))
+    quick = {senders: run(senders, rate, 0.5, wait) for senders, rate, wait in points}
+    quick_out = {**quick, 18: run(18, 112, 0.5, 150)}
+    judged = io_vs_compute.slot_holds_only_inference(quick, quick_out, 18, 0.5, "2 CPU cores")
+    assert [outcomes(judged)[i] for i in (1, 3)] == [Outcome.NOT_CHECKED] * 2
+    assert "under a tenth of an inference" in judged.conditions[1].detail
+
+
 # Truss's case: 10 requests at once on 5 slots. Each downloads (D = 200 ms) and decodes (P = 20 ms)
 # at once; the first 5 take the slots, the other 5 wait one inference each (S = 60 ms): W = 30 ms.
 def burst(wait: float, sent: int = 10, answered: int = 10):

@@ -17,6 +17,9 @@ def test_the_batcher_check_holds_on_batches_and_fails_on_a_strategy_that_ran_fra
     assert sequences.batcher_merges_sequences(frames(5.5, 900), frames(7.9, 1500), 8).outcome is Outcome.HELD
     failed = sequences.batcher_merges_sequences(frames(5.5, 900), frames(1.1, 0), 8)
     assert [part.outcome for part in failed.conditions] == [Outcome.HELD, Outcome.NOT_HELD]
+    alone = sequences.batcher_merges_sequences(frames(1.0, 900), frames(1.0, 0), 1)
+    assert [part.outcome for part in alone.conditions] == [Outcome.NOT_CHECKED] * 2
+    assert alone.conditions[0].detail == "1 sequence(s) live: no two sequences to merge"
 
 
 def queued(queue_us: float, execution_us: float = 0.0):
