@@ -92,6 +92,25 @@ lab.record(triton_bench.queueing_grows({c: python_backend[f"c={c}"] for c in (1,
            predicted=predicted_queueing_grows);
 
 # %% [markdown]
+# **Your turn.** Type a perf_analyzer command yourself, as the original lab did in a terminal:
+# the same model at a concurrency of your choice. The lab adds only where its Triton is (`-u`)
+# and where the report goes (`-f`), prints what perf_analyzer printed, and adds each load level
+# to this notebook's table. A line it will not run (another server, a model it lacks) gets a
+# message that says what to change.
+
+# %%
+from servelab.triton.perf_analyzer import PerfAnalyzerError
+from servelab.triton.typed_command import TypedCommandError
+
+my_command = "perf_analyzer -m food_classifier --concurrency-range 4 --measurement-request-count 20"  # edit me
+try:
+    lab.table(lab.triton.perf_typed(my_command))
+except TypedCommandError as refused:
+    print(f"Not run: {refused}")
+except PerfAnalyzerError as failed:  # perf_analyzer's own message: an option it does not know, no stable number...
+    print(f"perf_analyzer gave no number:\n{failed}")
+
+# %% [markdown]
 # ### Batching on the client side
 #
 # Now one client sends batches of 16 images per request. `model.py` stacks them and runs

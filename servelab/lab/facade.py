@@ -107,8 +107,9 @@ class Lab:
             notebook, self.services, self.profile.name, self._health_urls(), stacks or [], shared_exits_file
         )
         self.triton = TritonSide(
-            self.keeper, self.triton_http, self.repository, self.triton_server, self.profile, self.models
-        )
+            self.keeper, self.triton_http, self.repository, self.triton_server, self.profile, self.models,
+            self.triton_grpc,
+        )  # fmt: skip
 
     # ---- connecting ------------------------------------------------------------------------
 

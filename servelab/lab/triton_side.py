@@ -41,7 +41,7 @@ from servelab.results import RunResult
 from servelab.service.hardware import Hardware
 from servelab.stack.catalogue import triton_service
 from servelab.stack.supervision import Ports, ServiceSpec, start_on_free_ports
-from servelab.triton import perf_analyzer
+from servelab.triton import perf_analyzer, typed_command
 from servelab.triton import server as triton_local
 from servelab.triton.adaptation import gpus_missing
 from servelab.triton.config import ConfigError, TritonConfig
@@ -133,6 +133,7 @@ class TritonSide:
     server: Hardware  # what the Triton server has: configs are adapted to it
     profile: Profile  # its perf_analyzer measurement window
     models: ModelRepository  # the models as shipped
+    grpc: str | None = None  # the lab's Triton over gRPC, host:port
     _capacities: dict[tuple[str, str], Capacity] = field(default_factory=dict, repr=False)
 
     @property
@@ -206,6 +207,25 @@ class TritonSide:
             print(f"{model} {load}: perf_analyzer gave up every time, so this run has no result.")
             return None
         return self.keeper.keep(result, f"{result.name}, {self.configuration(model)}", started)
+
+    def perf_typed(self, line: str) -> list[RunResult]:
+        """A perf_analyzer command line as typed (servelab.triton.typed_command): run against the
+        lab's Triton, with the model's input data (the sample photo) where the line gives none,
+        its output printed as perf_analyzer wrote it, and each load level of its report kept as a
+        run. A line the lab will not run raises TypedCommandError saying what to change;
+        perf_analyzer's own failure raises with its message."""
+        typed = typed_command.parse(line, self.models.names())
+        if self.http is None or (typed.protocol == "grpc" and self.grpc is None):
+            raise RuntimeError(f"This notebook has no Triton over {typed.protocol}: connect with Lab.connect().")
+        if not {"--input-data", "--shape"} & {word.partition("=")[0] for word in typed.arguments}:
+            data = self.models.get(typed.model).perf_analyzer_input(paths.SAMPLE_IMAGE.read_bytes(), paths.LAB_DIR)
+            if "input_data" in data:
+                given = [*typed.arguments, "--input-data", str(data["input_data"])]
+                typed = dataclasses.replace(typed, arguments=given)
+        started = self.keeper.ready_to_measure()
+        measured = typed_command.run(typed, self.http, self.grpc or "", timeout_s=600)
+        print(measured.stdout)
+        return [self.keeper.keep(result, result.name, started) for result in measured.results]
 
     def _sampled_perf_analyzer(self, model: str, started: float, **load) -> RunResult:
         """`run_perf_analyzer`, with the machine sampled during the run and the CPU of each of the

@@ -139,25 +139,35 @@ def run(
     sequence_options = _sequence_options(
         sequence_length, sequence_length_variation, sequence_id_range, num_of_sequences, serial_sequences
     )
+    command = [str(binary()), "-u", url, "-i", protocol, "-m", model, "-b", str(batch_size), "-f", REPORT]
+    if concurrency is not None:
+        command += ["--concurrency-range", str(concurrency)]
+    else:
+        command += ["--request-rate-range", f"{request_rate:g}", "--request-distribution", request_distribution]
+    if measurement_interval_ms is not None:
+        command += ["--measurement-mode", "time_windows", "-p", str(measurement_interval_ms)]
+    else:
+        command += ["--measurement-mode", "count_windows", "--measurement-request-count", str(request_count)]
+    command += ["--max-trials", str(max_trials), "--stability-percentage", f"{stability_percentage:g}"]
+    for item in shape or []:
+        command += ["--shape", item]
+    if input_data:  # a file or folder of data, by its absolute path; or "zero", "random"
+        data = Path(input_data)
+        command += ["--input-data", str(data.resolve()) if data.exists() else str(input_data)]
+    command += sequence_options + (extra_args or [])
+    stdout, rows = execute(command, timeout_s)
+    name = f"triton/{model} ({protocol})"
+    results = [
+        to_run_result(row, name, batch_size, request_rate, request_distribution, stdout, command) for row in rows
+    ]
+    return PerfAnalyzerRun(command, rows, stdout, results)
+
+
+def execute(command: list[str], timeout_s: float) -> tuple[str, list[dict[str, float]]]:
+    """Run a perf_analyzer `command` that writes its report to REPORT, in a folder of its own (so
+    that the command, kept in each result, names no folder that is gone: run again anywhere, it
+    works the same); its output and its report's rows. A failure raises with the end of its output."""
     with tempfile.TemporaryDirectory() as tmp:
-        # perf_analyzer runs in a folder of its own and writes its report there, so that the command
-        # (kept in each result) names no folder that is gone: run again anywhere, it works the same.
-        command = [str(binary()), "-u", url, "-i", protocol, "-m", model, "-b", str(batch_size), "-f", REPORT]
-        if concurrency is not None:
-            command += ["--concurrency-range", str(concurrency)]
-        else:
-            command += ["--request-rate-range", f"{request_rate:g}", "--request-distribution", request_distribution]
-        if measurement_interval_ms is not None:
-            command += ["--measurement-mode", "time_windows", "-p", str(measurement_interval_ms)]
-        else:
-            command += ["--measurement-mode", "count_windows", "--measurement-request-count", str(request_count)]
-        command += ["--max-trials", str(max_trials), "--stability-percentage", f"{stability_percentage:g}"]
-        for item in shape or []:
-            command += ["--shape", item]
-        if input_data:  # a file or folder of data, by its absolute path; or "zero", "random"
-            data = Path(input_data)
-            command += ["--input-data", str(data.resolve()) if data.exists() else str(input_data)]
-        command += sequence_options + (extra_args or [])
         log.info("running %s", shlex.join(command))
         completed = subprocess.run(
             command, cwd=tmp, env=environment(), capture_output=True, text=True, timeout=timeout_s
@@ -171,13 +181,7 @@ def run(
                 if message in completed.stdout + completed.stderr:
                     raise NoStableMeasurement(meaning, output)
             raise PerfAnalyzerError(output)
-        rows = parse_csv((Path(tmp) / REPORT).read_text())
-    name = f"triton/{model} ({protocol})"
-    results = [
-        to_run_result(row, name, batch_size, request_rate, request_distribution, completed.stdout, command)
-        for row in rows
-    ]
-    return PerfAnalyzerRun(command, rows, completed.stdout, results)
+        return completed.stdout, parse_csv((Path(tmp) / REPORT).read_text())
 
 
 def _sequence_options(
