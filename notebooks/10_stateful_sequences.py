@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 10. Stateful inference: sequences and the sequence batcher
 #
+# **Time:** about 16 minutes (6 reading, 3 running, 6 hands-on; `python -m servelab.time_plan`)
+#
 # Every model so far answered each request on its own. Some answers depend on what came before:
 # a meal filmed as a stream of frames is one dish, and a classifier that sees one frame at a time
 # should answer with what the frames **so far** say, not with the last frame's guess. The model

@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 1. Reserve a GPU node on Chameleon
 #
+# **Time:** about 5 minutes (5 reading, 0 running, 0 hands-on; `python -m servelab.time_plan`)
+#
 # *Chameleon path only. On the local path, skip to `3_fastapi.ipynb`.*
 #
 # Chameleon's bare-metal nodes are reserved before they are used: you ask for a node type and a

@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 2. Bring up the GPU node
 #
+# **Time:** about 36 minutes (8 reading, 29 running, 0 hands-on; `python -m servelab.time_plan`)
+#
 # *Chameleon path only. On the local path, skip to `3_fastapi.ipynb`.*
 #
 # Your lease from notebook 1 has started: the `gpu_p100` node is yours until it ends. In this

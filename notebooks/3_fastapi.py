@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 3. Wrapping the model in FastAPI
 #
+# **Time:** about 13 minutes (10 reading, 0 running, 3 hands-on; `python -m servelab.time_plan`)
+#
 # GourmetGram, our food photo app, needs a model behind it that answers one question: *what food
 # is in this picture?* In this notebook you meet the service that answers it: a small
 # [FastAPI](https://fastapi.tiangolo.com/) app that wraps the Food-11 classifier (MobileNetV2) and

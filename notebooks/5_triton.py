@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 5. Serving the model with Triton Inference Server
 #
+# **Time:** about 11 minutes (10 reading, 1 running, 0 hands-on; `python -m servelab.time_plan`)
+#
 # FastAPI gave us a service with a fixed number of inference slots, each running one request at
 # a time. When more requests arrive than there are slots, each waits in line behind the others:
 # that waiting, the *queueing delay*, is what made the FastAPI latencies grow with concurrency,

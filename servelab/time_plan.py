@@ -6,7 +6,7 @@ A notebook's minutes are the sum of:
 - running: its run time in the full profile, as measured (`notebooks/run_times.json`, written by
   `python -m servelab.lab.notebook_runs --record-times`), or for notebook 2 the node's set-up
   (servelab.node_plan), which is what its cells wait for on the GPU node;
-- hands-on: HANDS_ON_MINUTES for each step the student does (a Markdown cell with "**Your turn**")
+- hands-on: HANDS_ON_MINUTES for each step the student does (a Markdown cell with "**Your turn")
   and PREDICTION_MINUTES for each prediction the student writes down (a code line that sets a
   `predicted_...` variable, which the verdict shows beside the outcome).
 
@@ -103,7 +103,7 @@ def prose_words(source: str) -> int:
 def count_steps(source: str) -> tuple[int, int]:
     """(hands-on steps, predictions): Markdown cells that ask the student to do something, and the
     `predicted_...` variables the student sets before a run."""
-    steps = sum("**Your turn**" in cell for cell in markdown_cells(source))
+    steps = sum("**Your turn" in cell for cell in markdown_cells(source))
     return steps, len(_PREDICTION.findall(source))
 
 

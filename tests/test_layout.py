@@ -20,6 +20,7 @@ FOUNDATION = {
     "settings",
     "environment",
     "node_plan",
+    "time_plan",
     "results",
     "profiles",
     "retries",
