@@ -62,7 +62,6 @@ from servelab import paths
 from servelab.lab import Lab
 from servelab.lab import ray_side as lab_ray
 from servelab.lessons import concurrency_target
-from servelab.lessons.concurrency_target import Step
 from servelab.ray.watch import during, in_replica_mean_ms
 from servelab.stack.supervision import Ports
 
@@ -146,14 +145,7 @@ serve.apply(step_config)
 
 step_s = lab.profile.step_s
 STEPS = [(1, round(step_s * 2 / 3)), (BETWEEN, step_s), (12, step_s), (1, 2 * step_s)]
-steps = []  # Step: start and end on the watcher's time axis, clients, run
-with serve.watch() as watcher:
-    for clients, seconds in STEPS:
-        start = watcher.now_s()
-        run = lab.closed_loop(serve.url, clients, seconds, name=f"ray_serve, step of {clients} client(s)")
-        steps.append(Step(start, watcher.now_s(), clients, run))
-samples = watcher.samples
-print(f"{len(samples)} samples of Serve's state; polls that failed: {dict(watcher.failures) or 'none'}")
+samples, steps = lab_ray.step_load(serve, lab.closed_loop, STEPS, "ray_serve")  # steps: start, end, clients, run
 
 # %% [markdown]
 # Each step, from both sides: the client's view (its run), and Serve's (the samples taken during
@@ -241,14 +233,7 @@ food11["autoscaling_config"] = at_cap_autoscaling
 serve.apply(at_cap_config)
 
 AT_CAP_STEPS = [(1, round(step_s / 3)), (BETWEEN, step_s), (12, step_s)]
-at_cap_steps = []
-with serve.watch() as watcher:
-    for clients, seconds in AT_CAP_STEPS:
-        start = watcher.now_s()
-        run = lab.closed_loop(serve.url, clients, seconds, name=f"ray_serve, target = cap, step of {clients} client(s)")
-        at_cap_steps.append(Step(start, watcher.now_s(), clients, run))
-at_cap_samples = watcher.samples
-print(f"{len(at_cap_samples)} samples of Serve's state; polls that failed: {dict(watcher.failures) or 'none'}")
+at_cap_samples, at_cap_steps = lab_ray.step_load(serve, lab.closed_loop, AT_CAP_STEPS, "ray_serve, target = cap")
 print_steps(at_cap_samples, at_cap_steps)
 lab_ray.plot_step_load(at_cap_samples, at_cap_steps, MAX_ONGOING, width_s=max(1.0, step_s / 10), target=MAX_ONGOING)
 plt.show()

@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import atexit
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servelab.lessons.concurrency_target import Step
 from servelab.measure import timeline
 from servelab.ray import local as ray_local
 from servelab.ray import rest as ray_rest
 from servelab.ray.watch import ServeSample, ServeWatcher
+from servelab.results import RunResult
 from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
 from servelab.service.serve_config import for_hardware
@@ -169,6 +172,22 @@ def serve_at(ports: Ports, token_file: Path) -> RayServe:
         token_file=token_file,
         local_port=ports.ray_serve,
     )
+
+
+def step_load(
+    serve: RayServe, closed_loop: Callable[..., RunResult], steps: list[tuple[int, float]], label: str
+) -> tuple[list[ServeSample], list[Step]]:
+    """Each (clients, seconds) step in turn against `serve`, with `closed_loop` (the lab's, which
+    keeps each run as "<label>, step of N client(s)"), while Serve is watched: Serve's samples, and
+    the steps on the watcher's time axis."""
+    ran = []
+    with serve.watch() as watcher:
+        for clients, seconds in steps:
+            start = watcher.now_s()
+            run = closed_loop(serve.url, clients, seconds, name=f"{label}, step of {clients} client(s)")
+            ran.append(Step(start, watcher.now_s(), clients, run))
+    print(f"{len(watcher.samples)} samples of Serve's state; polls that failed: {dict(watcher.failures) or 'none'}")
+    return watcher.samples, ran
 
 
 def plot_step_load(
