@@ -19,9 +19,9 @@
 #    caps what one replica is sent, and once every replica has reached it (the rest queue in front),
 #    replicas are added. Ray Serve splits it in two options: `max_ongoing_requests` caps what one
 #    replica holds, and `target_ongoing_requests` is the load per replica above which Serve adds
-#    replicas. Ray's practice, and its defaults (a target of 2 for a cap of 5), set the target below
-#    the cap: Serve then adds a replica *before* any replica is full. Set the target equal to the
-#    cap, and Serve follows Baseten's rule: a replica is added only once the replicas are full.
+#    replicas. Ray's practice, and its own defaults, set the target below the cap: Serve then adds
+#    a replica *before* any replica is full. Set the target equal to the cap, and Serve follows
+#    Baseten's rule: a replica is added only once the replicas are full.
 #    The notebook measures both, on the same step load.
 # 2. **The concurrency target must be at least the predict slots.** A replica can run no more
 #    inferences at once than the requests it holds: with `max_ongoing_requests` below
