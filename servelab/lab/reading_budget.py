@@ -1,0 +1,123 @@
+"""What a student must read in a notebook: its words of prose, and the lab names its cells use.
+
+A lab name is a name the student meets in a cell and would look up in the lab's package:
+- a name imported from `servelab` (`Lab`, `plots`, `paths`, ...), counted by what is used of it:
+  `Lab.connect`, `plots.plot_queueing` and `paths.REPO_ROOT` are three names, `plots` alone none;
+- an attribute of the connected lab (`lab.table`), or of its Triton side (`lab.triton.perf`), or of
+  its profile (`lab.profile.step_s`); what follows that (`lab.fastapi_urls.items`) is Python's.
+
+    python -m servelab.lab.reading_budget           # each notebook's words and lab names, and the budgets
+    python -m servelab.lab.reading_budget --names   # the lab names too
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+from pathlib import Path
+
+from servelab.time_plan import NOTEBOOKS, prose_words
+
+WORD_BUDGET = 1200
+# Notebook 0 says what the whole lab is, where it runs and how a student arrives.
+WORD_BUDGET_OF = {"0_intro": 1500}
+LAB_NAME_BUDGET = 15
+
+_CELL = re.compile(r"^# %%(.*)$", re.M)
+# Lab objects whose attributes are themselves lab objects: their attributes count one level deeper.
+_NESTED = {("lab", "triton"), ("lab", "profile"), ("lab", "models")}
+
+
+def code_cells(source: str) -> str:
+    """The code of a jupytext source's code cells, IPython's magics and shell lines left out."""
+    parts = _CELL.split(source)
+    cells = [body for header, body in zip(parts[1::2], parts[2::2], strict=True) if "[markdown]" not in header]
+    return "\n".join(line for cell in cells for line in cell.splitlines() if not line.lstrip().startswith(("%", "!")))
+
+
+def _chain(node: ast.Attribute) -> list[str]:
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return []
+    return [node.id, *reversed(names)]
+
+
+def lab_names(source: str) -> set[str]:
+    """The lab names a notebook's cells use (see the module's docstring)."""
+    tree = ast.parse(code_cells(source))
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("servelab"):
+            imported |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            imported |= {alias.asname or alias.name for alias in node.names if alias.name.startswith("servelab")}
+    roots = imported | {"lab"}
+    used: set[str] = set()
+    bare = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in imported}
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    for node in ast.walk(tree):
+        outermost = isinstance(node, ast.Attribute) and not isinstance(parents.get(node), ast.Attribute)
+        chain = _chain(node) if outermost else []
+        if len(chain) < 2 or chain[0] not in roots:
+            continue
+        depth = 3 if tuple(chain[:2]) in _NESTED and len(chain) > 2 else 2
+        used.add(".".join(chain[:depth]))
+    # A name imported and used on its own (a function called, an exception caught) counts itself.
+    used_as_root = {name.split(".")[0] for name in used}
+    lone = {
+        name
+        for name in bare
+        if name not in used_as_root
+        or any(
+            isinstance(node, ast.Name) and node.id == name and not isinstance(parents.get(node), ast.Attribute)
+            for node in ast.walk(tree)
+        )
+    }
+    return used | lone
+
+
+def word_budget(stem: str) -> int:
+    return WORD_BUDGET_OF.get(stem, WORD_BUDGET)
+
+
+def notebook_sources(folder: Path = NOTEBOOKS) -> list[Path]:
+    return sorted(folder.glob("[0-9]*.py"), key=lambda path: int(path.stem.split("_")[0]))
+
+
+def over_budget(folder: Path = NOTEBOOKS) -> list[str]:
+    """One line for each notebook over a budget, saying by how much."""
+    lines = []
+    for path in notebook_sources(folder):
+        source = path.read_text()
+        words, names = prose_words(source), lab_names(source)
+        if words > word_budget(path.stem):
+            lines.append(f"{path.name}: {words} words of prose, over the budget of {word_budget(path.stem)}")
+        if len(names) > LAB_NAME_BUDGET:
+            lines.append(
+                f"{path.name}: {len(names)} lab names, over the budget of {LAB_NAME_BUDGET}: {', '.join(sorted(names))}"
+            )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--names", action="store_true", help="list each notebook's lab names")
+    parser.add_argument("--folder", type=Path, default=NOTEBOOKS)
+    args = parser.parse_args(argv)
+    print(f"| notebook | words (budget) | lab names (budget {LAB_NAME_BUDGET}) |\n| --- | ---: | ---: |")
+    for path in notebook_sources(args.folder):
+        source = path.read_text()
+        names = lab_names(source)
+        print(f"| {path.stem} | {prose_words(source)} ({word_budget(path.stem)}) | {len(names)} |")
+        if args.names:
+            print(f"|   | {', '.join(sorted(names))} | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
