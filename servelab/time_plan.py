@@ -39,6 +39,8 @@ PREDICTION_MINUTES = 1.0
 # Part 1 (the original lab) runs on the GPU node, in a lease; part 2 anywhere, without one.
 PART_1 = range(0, 7)
 PART_2 = range(7, 11)
+# An appendix (`appendix_<name>.py`) is optional and in neither part.
+APPENDIX_PREFIX = "appendix_"
 # The lease's end: downloading the notebooks with their outputs and bringing the project down.
 WRAP_UP_MINUTES = 10.0
 # A stated time may differ from the computed one by this share before the check fails.
@@ -60,8 +62,9 @@ class NotebookTime:
     predictions: int
 
     @property
-    def number(self) -> int:
-        return int(self.name.split("_", 1)[0])
+    def number(self) -> int | None:
+        """Its place in the sequence; None for an appendix, which is in neither part."""
+        return int(self.name.split("_", 1)[0]) if self.name[0].isdigit() else None
 
     @property
     def reading_minutes(self) -> float:
@@ -131,13 +134,24 @@ def notebook_time(source_path: Path, measured: dict[str, dict], download_mb_per_
     return NotebookTime(name, prose_words(source), run, run_source, hands_on, predictions)
 
 
+def order_key(stem: str) -> tuple[int, int, str]:
+    """Where a notebook (its file's stem) comes: by number (10 after 9), the appendices last."""
+    number = stem.split("_", 1)[0]
+    return (0, int(number), stem) if number.isdigit() else (1, 0, stem)
+
+
+def notebook_sources(folder: Path = NOTEBOOKS) -> list[Path]:
+    """The notebooks' sources in the order a student takes them."""
+    found = [*folder.glob("[0-9]*_*.py"), *folder.glob(f"{APPENDIX_PREFIX}*.py")]
+    return sorted(found, key=lambda path: order_key(path.stem))
+
+
 def plan(
     folder: Path = NOTEBOOKS, download_mb_per_s: float = node_plan.PLANNING_DOWNLOAD_MB_PER_S
 ) -> list[NotebookTime]:
     """Every notebook's time, in the order a student takes them."""
     measured = run_times(folder / RUN_TIMES.name)
-    sources = sorted(folder.glob("[0-9]*_*.py"), key=lambda path: int(path.stem.split("_", 1)[0]))
-    return [notebook_time(path, measured, download_mb_per_s) for path in sources]
+    return [notebook_time(path, measured, download_mb_per_s) for path in notebook_sources(folder)]
 
 
 def part_minutes(times: list[NotebookTime], part: range) -> float:
@@ -217,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     for time in times:
         if time.number in PART_2:
             print(f"- {time.name}: {time.minutes:.0f} min ({time.run_source})")
+    for time in times:
+        if time.number is None:
+            print(f"Appendix, optional: {time.name}, {time.minutes:.0f} min ({time.run_source})")
     if args.write:
         for name in write_statements(times):
             print(f"wrote the time of {name}", file=sys.stderr)

@@ -77,13 +77,24 @@ def test_the_statement_is_written_under_the_title_replaced_when_it_changes_and_r
     assert (tmp_path / "9_toy.py").read_text().count("**Time:**") == 1
 
 
+def test_an_appendix_comes_last_states_its_time_and_is_in_neither_part(tmp_path):
+    for name in ("appendix_probe", "10_last", "9_toy"):
+        (tmp_path / f"{name}.py").write_text(SOURCE)
+    runs = {name: {"seconds": 60, "date": "d", "machine": "m"} for name in ("appendix_probe", "10_last", "9_toy")}
+    (tmp_path / "run_times.json").write_text(json.dumps(runs))
+    times = time_plan.plan(tmp_path)
+    assert [time.name for time in times] == ["9_toy", "10_last", "appendix_probe"]
+    assert times[-1].number is None and time_plan.part_minutes(times, time_plan.PART_2) == 2 * times[-1].minutes
+    assert time_plan.write_statements(times, tmp_path) == ["9_toy.py", "10_last.py", "appendix_probe.py"]
+
+
 def test_every_notebook_states_the_time_the_plan_computes():
     assert time_plan.disagreements(time_plan.plan()) == []
 
 
 def test_part_1_fits_the_lease_with_half_an_hour_to_spare():
     times = time_plan.plan()
-    assert [time.number for time in times] == list(range(11))
+    assert [time.number for time in times if time.number is not None] == list(range(11))
     used = time_plan.part_minutes(times, time_plan.PART_1) + time_plan.WRAP_UP_MINUTES
     assert node_plan.LEASE_MINUTES - used >= 30, time_plan.lease_table(times)
     assert f"{node_plan.LEASE_MINUTES - used:.0f} of the lease's 180 minutes left" in time_plan.lease_table(times)
@@ -93,10 +104,11 @@ def test_part_1_fits_the_lease_with_half_an_hour_to_spare():
 
 def test_a_run_time_is_recorded_by_notebook_in_order_and_only_in_the_full_profile(tmp_path, monkeypatch):
     path = tmp_path / "run_times.json"
+    notebook_runs.record_time("appendix_extra.ipynb", 30, path)
     notebook_runs.record_time("10_last.ipynb", 61.4, path)
     notebook_runs.record_time("2_early.ipynb", 5.2, path)
     recorded = json.loads(path.read_text())
-    assert list(recorded) == ["2_early", "10_last"] and recorded["10_last"]["seconds"] == 61
+    assert list(recorded) == ["2_early", "10_last", "appendix_extra"] and recorded["10_last"]["seconds"] == 61
     assert "CPU cores" in recorded["2_early"]["machine"]
     monkeypatch.setattr(notebook_runs, "settings", lambda: SimpleNamespace(profile="quick"))
     with pytest.raises(SystemExit):

@@ -81,7 +81,7 @@ def record_time(name: str, seconds: float, path: Path = time_plan.RUN_TIMES) -> 
         "machine": machine(),
     }
     path.write_text(
-        json.dumps(dict(sorted(recorded.items(), key=lambda item: int(item[0].split("_")[0]))), indent=1) + "\n"
+        json.dumps(dict(sorted(recorded.items(), key=lambda item: time_plan.order_key(item[0]))), indent=1) + "\n"
     )
 
 

@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from servelab.time_plan import NOTEBOOKS, prose_words
+from servelab.time_plan import NOTEBOOKS, notebook_sources, prose_words
 
 WORD_BUDGET = 1200
 # Notebook 0 says what the whole lab is, where it runs and how a student arrives.
@@ -83,10 +83,6 @@ def lab_names(source: str) -> set[str]:
 
 def word_budget(stem: str) -> int:
     return WORD_BUDGET_OF.get(stem, WORD_BUDGET)
-
-
-def notebook_sources(folder: Path = NOTEBOOKS) -> list[Path]:
-    return sorted(folder.glob("[0-9]*.py"), key=lambda path: int(path.stem.split("_")[0]))
 
 
 def over_budget(folder: Path = NOTEBOOKS) -> list[str]:

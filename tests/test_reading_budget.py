@@ -1,0 +1,66 @@
+"""What a student reads (servelab.lab.reading_budget): words of prose and lab names per notebook,
+counted as the docstring says, and each notebook within its budgets."""
+
+from __future__ import annotations
+
+import pytest
+
+from servelab import time_plan
+from servelab.lab import reading_budget
+
+TOY = """# %% [markdown]
+# # 9. A title
+#
+# `lab.hidden()` in prose is not code.
+
+# %%
+%matplotlib inline
+from servelab.lab import Lab, plots
+from servelab.lessons import triton_bench
+from servelab.triton.perf_analyzer import PerfAnalyzerError
+import servelab.paths as paths
+
+lab = Lab.connect()
+run = lab.triton.perf("m", concurrency=1)
+lab.table([run])
+lab.fastapi_urls.items()
+plots.plot_queueing(run)
+lab.record(triton_bench.queueing_grows(run), predicted=True)
+print(paths.REPO_ROOT)
+try:
+    lab.triton.perf("m")
+except PerfAnalyzerError as error:
+    print(error)
+"""
+
+
+def test_lab_names_are_what_a_cell_uses_of_the_lab_each_once():
+    assert reading_budget.lab_names(TOY) == {
+        "Lab.connect",
+        "lab.triton.perf",  # the Triton side's methods count one level deeper
+        "lab.table",
+        "lab.fastapi_urls",  # what follows (.items) is Python's
+        "plots.plot_queueing",  # a module imported counts by what is used of it, not itself
+        "lab.record",
+        "triton_bench.queueing_grows",
+        "paths.REPO_ROOT",
+        "PerfAnalyzerError",  # used on its own: caught
+    }
+
+
+def test_a_source_over_a_budget_is_named_with_what_to_cut(tmp_path):
+    wordy = TOY.replace("is not code.", "is not code. " + "word " * reading_budget.WORD_BUDGET)
+    (tmp_path / "9_toy.py").write_text(wordy)
+    (tmp_path / "0_intro.py").write_text(wordy)  # notebook 0 has a larger budget
+    (over,) = reading_budget.over_budget(tmp_path)
+    assert over.startswith(f"9_toy.py: {time_plan.prose_words(wordy)} words of prose, over the budget of 1200")
+    many = TOY + "".join(f"lab.method_{n}()\n" for n in range(reading_budget.LAB_NAME_BUDGET))
+    (tmp_path / "9_toy.py").write_text(many)
+    (names,) = reading_budget.over_budget(tmp_path)
+    assert names.startswith("9_toy.py: 24 lab names, over the budget of 15: Lab.connect, PerfAnalyzerError")
+
+
+@pytest.mark.parametrize("source", time_plan.notebook_sources(), ids=lambda path: path.stem)
+def test_each_notebook_keeps_to_its_word_budget(source):
+    words = time_plan.prose_words(source.read_text())
+    assert words <= reading_budget.word_budget(source.stem), f"{source.name}: {words} words of prose"
