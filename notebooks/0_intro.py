@@ -74,6 +74,7 @@
 # | `8_concurrency_target` | 2 | Ray Serve: the concurrency target, autoscaling | anywhere the lab runs |
 # | `9_cancellation` | 2 | clients who leave: cancelled or computed anyway | anywhere the lab runs |
 # | `10_stateful_sequences` | 2 | stateful models, Triton's sequence batcher | anywhere the lab runs |
+# | `appendix_triton_crash` | optional | probing a Triton 2.51 crash under gRPC cancellation | local services |
 #
 # Every number a notebook shows is measured in the run you are looking at; the text never quotes
 # results from somewhere else. Where the lesson predicts a trend (for example, "latency grows with
