@@ -5,34 +5,30 @@
 #
 # *Chameleon path only. On the local path, skip to `3_fastapi.ipynb`.*
 #
-# Your lease from notebook 1 has started: the `gpu_p100` node is yours until it ends. In this
-# notebook you start an operating system on it and prepare it for the lab:
+# Your *lease* from notebook 1 (Chameleon's booking of hardware for a time window) has started: the
+# `gpu_p100` node is yours until it ends. This notebook prepares it:
 #
-# 1. a server on the node, from the `CC-Ubuntu24.04-CUDA` image (Ubuntu with the NVIDIA driver and
-#    CUDA already installed), and a floating IP address, so that you can reach it;
+# 1. a *server* (an operating system running on the node) from the `CC-Ubuntu24.04-CUDA` image
+#    (Ubuntu with the NVIDIA driver and CUDA), with a public address to reach it;
 # 2. this repository, cloned on the node;
 # 3. Docker, and the NVIDIA container toolkit, which lets containers use the GPUs;
-# 4. `nvtop`, a terminal monitor of GPU use, handy to watch a benchmark from an SSH session;
-# 5. the lab's container images, one of which builds the model files from the original lab's
-#    trained weights;
-# 6. the lab's Compose project: every service of notebooks 3 to 10, with the Jupyter container
-#    in which those notebooks run.
+# 4. `nvtop`, a terminal monitor of GPU use;
+# 5. the lab's container images, which also build the model files from the original lab's trained
+#    weights;
+# 6. the lab's Compose project: every service of notebooks 3 to 10, and the Jupyter they run in.
 #
-# **Where the cells run:** in Chameleon's Jupyter server, like notebook 1. The commands for the
-# node go to it over SSH, through python-chi's `execute`, and their output appears below each cell.
-# On any other machine these cells are skipped and say so.
+# **Where the cells run:** in Chameleon's Jupyter server, like notebook 1; commands for the node go
+# over SSH (python-chi's `execute`), their output below each cell. Elsewhere the cells are skipped.
 #
-# After you have checked the first few cells (project, lease), the rest runs without your help:
-# click the code cell under "Start the server" and use **Run > Run Selected Cell and All Below**. Keep an eye
-# on it: bringing up a bare-metal node and installing everything takes a while, and you want to see
-# an error when it happens.
+# Check the first cells (project, lease) yourself; then click the code cell under "Start the
+# server" and use **Run > Run Selected Cell and All Below**. Keep watching, to see any error when
+# it happens.
 
 # %% [markdown]
 # ## Set up python-chi
 #
-# As in notebook 1: load python-chi, decide where the lab's services are (on Chameleon's Jupyter
-# server, `LAB_SERVICES=chameleon` unless you set it yourself), then choose the project and the
-# site of your lease.
+# As in notebook 1: load python-chi (Chameleon's Python library), set where the lab's services are,
+# and choose your lease's project and site.
 
 # %%
 import os
@@ -65,17 +61,12 @@ if chameleon_only("choose the Chameleon project and site"):
 # %% [markdown]
 # ## Settings
 #
-# `LEASE_NAME` must be the name you gave the lease in notebook 1. The server is named after you as
-# well.
-#
-# `REPO_URL` is the repository the node clones: by default, the one this notebook was opened from
-# (its `origin` remote, written as an `https://` address, since the node has no key to clone over
-# SSH). If that is not the repository you want (you work on a fork, say), or the cell finds none,
-# set `REPO_URL` to the repository's `https://` address yourself.
-#
-# `REPO_COMMIT` is the commit the node checks out: by default, the one this notebook was opened
-# from, so that the node runs the lab you are reading, not whatever the remote's default branch
-# holds today. Set it to `""` to take the default branch instead.
+# - `LEASE_NAME`: the name you gave the lease in notebook 1. The server is named after you too.
+# - `REPO_URL`: the repository the node clones. By default, this notebook's (its `origin`, as an
+#   `https://` address: the node has no key to clone over SSH). Set it for a fork, or if the cell
+#   finds none.
+# - `REPO_COMMIT`: the commit the node checks out. By default, this notebook's, so that the node
+#   runs the lab you are reading; `""` takes the remote's default branch.
 
 # %%
 USERNAME = os.getenv("USER", "student")
@@ -105,9 +96,8 @@ print(f"Commit: {REPO_COMMIT or 'the default branch'}")
 # %% [markdown]
 # ## Find the lease
 #
-# The server has to be started *inside* the lease, so first look the lease up by name. Its status
-# must be "ACTIVE" now that its start time has passed; the cell stops with an explanation if it
-# is not.
+# The server must start *inside* the lease, so look the lease up by name. Its status must be
+# "ACTIVE"; if not, the cell stops and says what to do.
 
 # %%
 if chameleon_only("look the lease up and check that it is active"):
@@ -122,18 +112,14 @@ if chameleon_only("look the lease up and check that it is active"):
 # %% [markdown]
 # ## Start the server
 #
-# A server is an operating system running on the reserved node. python-chi asks for one from the
-# lease's node reservation, with the `CC-Ubuntu24.04-CUDA` image, and waits until it is running.
-# A bare-metal server boots like a real machine (firmware, network boot, copying the image to disk),
-# so this takes several minutes, sometimes more than ten.
+# python-chi asks for a server from the lease's *node reservation* (the part of the lease that
+# books the node), with the image, and waits until it runs. A bare-metal server boots like a real
+# machine (firmware, network boot, copying the image to disk): notebook 1's plan gives how long.
 #
-# `idempotent=True` makes the cell safe to run again: if a server with this name exists already,
-# python-chi uses it instead of starting a second one, *whatever its state*.
-#
-# A bare-metal boot sometimes fails, and the server ends in the "ERROR" state. python-chi's wait
-# stops there without raising an error, so the cell asks for the state itself and stops with what to do:
-# delete the server (`node.delete()` in a new cell, or Horizon: **Compute** > **Instances**,
-# **Delete Instance**), wait a minute, and run this cell again.
+# `idempotent=True` makes the cell safe to run again: a server with this name is reused, *whatever
+# its state*. A boot can fail and leave the server in "ERROR"; the cell then stops and says what to
+# do: delete the server (`node.delete()` in a new cell, or in Horizon, Chameleon's web interface:
+# **Compute** > **Instances**, **Delete Instance**), wait a minute, and run the cell again.
 
 # %%
 if chameleon_only("start a server on the reserved node"):
@@ -149,10 +135,9 @@ if chameleon_only("start a server on the reserved node"):
 # %% [markdown]
 # ## Give it a public address
 #
-# The server is on Chameleon's shared network, which cannot be reached from outside. A floating IP
-# is a public address that Chameleon routes to it. (Chameleon's bare-metal sites have no security
-# groups, so there is no firewall rule to add.) The cell attaches one, unless the server already
-# has one, then waits until the server answers on the SSH port.
+# The server is on Chameleon's shared network, unreachable from outside. A *floating IP* is a
+# public address that Chameleon routes to it (bare-metal sites have no firewall rules to add). The
+# cell attaches one unless the server has one, then waits until the server answers on SSH.
 
 # %%
 if chameleon_only("attach a floating IP and wait for SSH"):
@@ -165,12 +150,12 @@ if chameleon_only("attach a floating IP and wait for SSH"):
     print(f"Floating IP: {FLOATING_IP}")
 
 # %% [markdown]
-# Note the floating IP: you will use it to open an SSH session, the web UI and Jupyter on the node.
+# Note the floating IP: you will use it for SSH, the web UI and Jupyter on the node.
 #
 # ## Clone the repository on the node
 #
 # From here on, `node.execute(...)` runs a shell command on the node over SSH, as user `cc`, and
-# shows its output. A command that fails stops the cell with its error message.
+# shows its output; a command that fails stops the cell.
 
 # %%
 if chameleon_only("clone the repository on the node"):
@@ -192,11 +177,10 @@ if chameleon_only("clone the repository on the node"):
 # %% [markdown]
 # ## Install Docker
 #
-# Every service of the lab (the FastAPI model server, Triton, the GourmetGram web UI, Jupyter) runs
-# in a container on the node, so each one brings its own libraries and nothing on the host needs
-# them. Docker's installation script sets up the Docker engine and Compose. Adding `cc` to the
-# `docker` group lets it use Docker without `sudo`; that takes effect at the next login, and since
-# each `execute` logs in again, the very next cell already benefits.
+# Every service of the lab (FastAPI, Triton, GourmetGram, Jupyter) runs in a container, which
+# brings its own libraries. Docker's installation script sets up the engine and Compose. Adding
+# `cc` to the `docker` group lets it use Docker without `sudo` from its next login: each `execute`
+# logs in again, so from the next cell on.
 
 # %%
 if chameleon_only("install Docker on the node"):
@@ -207,19 +191,17 @@ if chameleon_only("install Docker on the node"):
 # %% [markdown]
 # ## Let containers use the GPUs
 #
-# The node's image has the NVIDIA driver, but a container cannot see the GPUs unless Docker is told
-# how to hand them over. That is the job of the NVIDIA container toolkit: the cell adds NVIDIA's
-# package repository (and its signing key), installs the toolkit, and registers its runtime with
-# Docker.
+# The image has the NVIDIA driver, but a container sees the GPUs only through the NVIDIA container
+# toolkit. The cell adds NVIDIA's package repository (and its signing key), installs the toolkit,
+# and registers its runtime with Docker.
 #
-# One more setting avoids a known problem
-# ([NVIDIA/nvidia-container-toolkit#48](https://github.com/NVIDIA/nvidia-container-toolkit/issues/48)):
-# with Docker's default `systemd` cgroup driver, a running container can lose access to its GPUs
-# when systemd reloads its configuration, and then fails with "Failed to initialize NVML". Docker
-# is switched to the `cgroupfs` driver, which does not have that problem, and restarted.
+# It also switches Docker to the `cgroupfs` cgroup driver: with the default `systemd` driver, a
+# running container can lose its GPUs when systemd reloads its configuration, and then fails with
+# "Failed to initialize NVML"
+# ([NVIDIA/nvidia-container-toolkit#48](https://github.com/NVIDIA/nvidia-container-toolkit/issues/48)).
 #
-# The last command starts a throwaway container with every GPU and runs `nvidia-smi` in it. If the
-# toolkit works, it lists the node's two P100s.
+# The last command runs `nvidia-smi` in a throwaway container given every GPU: if the toolkit
+# works, it lists the node's P100s.
 
 # %%
 NVIDIA_APT_SOURCE = (
@@ -250,9 +232,8 @@ if chameleon_only("install the NVIDIA container toolkit on the node"):
 # %% [markdown]
 # ## Install nvtop
 #
-# `nvtop` shows, live, how busy each GPU is and how much of its memory is used: run it in an SSH
-# session on the node during a benchmark to watch the GPUs work (the notebooks also record and
-# plot GPU use themselves).
+# `nvtop` shows, live, each GPU's use and memory: run it in an SSH session to watch a benchmark
+# (the notebooks also record GPU use themselves).
 
 # %%
 if chameleon_only("install nvtop on the node"):
@@ -261,21 +242,18 @@ if chameleon_only("install nvtop on the node"):
 # %% [markdown]
 # ## Build the lab's images, and the model files in them
 #
-# Every service runs in a container built from the repository (`compose.yaml`). One image, `torch`,
-# holds PyTorch for the services that run it, and builds the model files that every service
-# serves: the Food-11 MobileNetV2 in PyTorch form (`food11.pth`) and exported to ONNX
-# (`food11.onnx`). Nothing is installed on the node itself.
+# Each service runs in a container built from the repository (`compose.yaml`); nothing is installed
+# on the node itself. The `torch` image also builds the model files that every service serves: the
+# Food-11 MobileNetV2 in PyTorch (`food11.pth`) and exported to ONNX (`food11.onnx`).
 #
-# The weights are the original lab's, trained on Food-11: `FOOD11_CHECKPOINT=original` (in the
-# project's `.env` file, which Compose reads) makes the build download them from GitHub at a fixed
-# commit, and check the file's git blob id **before** anything unpickles it. The file is a whole
-# pickled model, and unpickling runs code from it: only the file whose id the lab knows is opened.
-# The build then keeps its weights (a `state_dict`), checks that it is a MobileNetV2 with 11
-# classes, and exports the ONNX graph. Set `WEIGHTS = ""` to serve untrained weights instead (the
-# labels then mean nothing; every service says so).
+# The weights are the original lab's, trained on Food-11. `FOOD11_CHECKPOINT=original`, in the
+# `.env` file that Compose reads, makes the build download them from GitHub at a fixed commit and
+# check the file's git blob id **before** unpickling it: the file is a pickled model, and
+# unpickling runs its code. The build then keeps only the weights (a `state_dict`), checks that
+# they are a MobileNetV2 for Food-11's classes, and exports the ONNX graph. `WEIGHTS = ""` serves
+# untrained weights instead (the labels then mean nothing; every service says so).
 #
-# The first build downloads several gigabytes of Python packages and NVIDIA's Triton image, and
-# takes a while: notebook 1's plan gives the figure.
+# The first build downloads several gigabytes: notebook 1's plan gives how long.
 
 # %%
 WEIGHTS = "original"
@@ -295,16 +273,15 @@ if chameleon_only("build the lab's images on the node, the model files from the 
 # %% [markdown]
 # ## Open an SSH session
 #
-# Some steps of the lab are shell commands on the node (starting and stopping containers, watching
-# `nvtop`). Run them in an SSH session from a terminal on your own computer:
+# Some steps of the lab are shell commands on the node (starting containers, watching `nvtop`).
+# Run them from a terminal on your own computer:
 #
 # ```bash
 # ssh -i ~/.ssh/id_rsa_chameleon cc@A.B.C.D
 # ```
 #
-# where `~/.ssh/id_rsa_chameleon` is the private key of the key pair you added to CHI@TACC (use
-# your own path if it is somewhere else), and `A.B.C.D` is the node's floating IP. The next cell
-# prints the command with the real address.
+# with the private key of the key pair you added to CHI@TACC (your own path if it is elsewhere),
+# and the node's floating IP for `A.B.C.D`: the next cell prints the command with it.
 
 # %%
 if chameleon_only("print the SSH command for this node"):
@@ -313,31 +290,27 @@ if chameleon_only("print the SSH command for this node"):
 # %% [markdown]
 # ## Start the lab's Compose project and its Jupyter container
 #
-# Notebooks 3 to 10 run in a Jupyter server *on the node*, in a container next to the services
-# they measure. It comes with the lab's Compose project (`compose.yaml`: FastAPI with PyTorch and
-# with ONNX Runtime, Triton, Ray Serve, the image host, GourmetGram and Jupyter), which you start
-# on the node from the repository root:
+# Notebooks 3 to 10 run in a Jupyter container *on the node*, next to the services they measure.
+# It is part of the lab's Compose project (`compose.yaml`: FastAPI with PyTorch and with ONNX
+# Runtime, Triton, Ray Serve, the image host, GourmetGram, Jupyter), which starts from the
+# repository root:
 #
 # ```bash
 # # runs on the node, in ~/serve-system
 # docker compose up -d --build
 # ```
 #
-# The images are built already (above), so the start takes a minute or two. Every port is
-# published on the node's 127.0.0.1 only: your browser reaches them through an SSH tunnel. Jupyter is protected by
-# a random token; the container tells you its URL, with the token, when you ask it:
+# The images are built already, so this is quick. Every port is published on the
+# node's 127.0.0.1 only: your browser reaches them through an SSH tunnel. Jupyter's URL carries a
+# random token, which the container prints:
 #
 # ```bash
-# # runs on the node
 # docker compose exec jupyter jupyter server list
 # ```
 #
-# The next cell does both for you over SSH, and prints the tunnel to open and the address to open
-# in your browser.
-#
-# The compose file sets `LAB_SERVICES=compose` in the Jupyter container, so the notebooks there
-# reach the services by their Compose names (`fastapi_pt`, `triton`...). You do not need to set
-# anything.
+# The next cell does both over SSH, and prints the tunnel to open and the address for your browser.
+# In the Jupyter container, `LAB_SERVICES=compose` makes the notebooks reach the services by their
+# Compose names (`fastapi_pt`, `triton`...): you set nothing.
 
 # %%
 if chameleon_only("start the lab's Compose project and read the Jupyter token"):
@@ -358,10 +331,9 @@ if chameleon_only("start the lab's Compose project and read the Jupyter token"):
 # %% [markdown]
 # ## Next
 #
-# Open the Jupyter URL printed above. In its file browser, open the repository's `notebooks`
-# folder (inside `work/` if you see that folder first), then **`3_fastapi.ipynb`**. From there on,
-# the notebooks' code cells run in that container on the node, and the shell commands in them run
-# in your SSH session.
+# Open the Jupyter URL printed above, then the repository's `notebooks` folder (inside `work/` if
+# you see that first), then **`3_fastapi.ipynb`**. From there on, code cells run in that container
+# on the node, and shell commands in your SSH session.
 #
-# Keep this notebook's tab around until the end of the lab: if the node needs another command, a
-# new cell here can send it with `node.execute(...)` (after running the cells that define `node`).
+# Keep this tab open until the end of the lab: a new cell here can send the node another command
+# with `node.execute(...)` (after running the cells that define `node`).

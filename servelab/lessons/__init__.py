@@ -8,6 +8,9 @@ is computed from the same runs (cores, device, measured costs), or says plainly 
 hypothesis. Living here, every check has a unit test that feeds it a failing case
 (tests/test_lessons_*.py): a check that cannot fail teaches nothing.
 
+A notebook's helpers moved out of its cells (printouts, say) live in its module too, tested
+without servers where they can be (tests/test_lessons_<module>.py).
+
 One module per notebook; a module imports from servelab's measuring tools and records, never
 from the notebooks' facade (servelab.lab.facade).
 """
