@@ -3,38 +3,23 @@
 #
 # **Time:** about 13 minutes (10 reading, 0 running, 3 hands-on; `python -m servelab.time_plan`)
 #
-# GourmetGram, our food photo app, needs a model behind it that answers one question: *what food
-# is in this picture?* In this notebook you meet the service that answers it: a small
-# [FastAPI](https://fastapi.tiangolo.com/) app that wraps the Food-11 classifier (MobileNetV2) and
-# answers HTTP requests. By the end you should be able to say:
+# GourmetGram, our food photo app, asks a model *what food is in this picture?* The model answers
+# through a small [FastAPI](https://fastapi.tiangolo.com/) app (a Python web framework) that wraps
+# the Food-11 classifier (MobileNetV2). You learn what a request looks like and what comes back
+# (errors included), where the work runs inside the service, why the UI and the model are separate
+# services, and how to check what a service serves.
 #
-# - what a request to the model service looks like, and what comes back (including the errors);
-# - where inside the service the work happens, and which part of it is allowed to run in parallel;
-# - why the web UI and the model service are two separate processes;
-# - how to bring the FastAPI stack up, and how to check that it serves the model you think it does.
-#
-# **Where the cells run.** On the GPU node (or any machine with Docker), the code cells run *in the
-# Jupyter container of the lab's Compose project*
-# (it has the repository mounted and can reach the services by their Docker names). Notebook 2
-# started that container and printed its address: open this notebook there and run it from the top.
-# The section "Bring the FastAPI stack up" below shows the commands it ran, for when you start the
-# stack yourself. On your laptop (`LAB_SERVICES=local`, the default) every cell runs right here, and the notebook
-# starts the services it needs itself.
+# **Where the cells run.** In Docker (the GPU node): in the Jupyter container notebook 2 started.
+# On your laptop (`LAB_SERVICES=local`, the default): right here; the notebook starts its services.
 
 # %% [markdown]
 # ## The service, file by file
 #
-# Two files make up the PyTorch service:
-#
-# - `fastapi_pt/app.py` loads the model and says how to run it on a batch of images. That is all
-#   it does. Its twin, `fastapi_onnx/app.py`, does the same with ONNX Runtime, and you will switch
-#   to it in the next notebook.
-# - `servelab/service/predict_api.py` is the HTTP side that both apps share: the request and response
-#   schemas, the error codes, the size limit, and where decoding and inference run. It is part of
-#   the lab's service package, `servelab/service/`, which every service installs: locally in the
-#   lab's virtualenv, and in every Docker image, built from the repository root.
-#
-# The next cell prints the first file as it is on disk.
+# - `fastapi_pt/app.py` loads the model and runs it on a batch of images, nothing more. Its twin,
+#   `fastapi_onnx/app.py`, does the same with ONNX Runtime (next notebook).
+# - `servelab/service/predict_api.py` is the HTTP side both share: schemas, error codes, size
+#   limit, and where decoding and inference run. It belongs to the lab's service package,
+#   `servelab/service/`, installed in every service.
 
 # %%
 from servelab import paths
@@ -42,12 +27,9 @@ from servelab import paths
 print((paths.FASTAPI_PT_DIR / "app.py").read_text())
 
 # %% [markdown]
-# Notice what is *not* in there: no routes, no JSON, no error handling. `run_model` takes a NumPy
-# batch of shape `[N, 3, 224, 224]` and returns logits `[N, 11]`; the device (GPU when PyTorch sees
-# one, CPU otherwise) is chosen once at start-up. Everything about HTTP lives in the shared file,
-# `servelab/service/predict_api.py`. Most of it is plumbing you can read later (settings from the
-# environment, the size limit, metrics, what happens when a client hangs up). The next cell prints
-# the four parts that matter here, found by name in the file as it is on disk: the request and
+# No routes, no JSON, no error handling: `run_model` takes a NumPy batch `[N, 3, 224, 224]` and
+# returns *logits* (a raw score per class) `[N, 11]`, on the device chosen at start-up (the GPU if
+# PyTorch sees one). The next cell prints what matters in `predict_api.py`: the request and
 # response schemas, the `/predict` route, and `compute`, which decides where a request's work runs.
 
 # %%
@@ -60,17 +42,14 @@ print(excerpt(predict_api, "PredictRequest", "PredictResponse", "create_app.pred
 # %% [markdown]
 # ### What to take from it
 #
-# **Request and response.** `POST /predict` takes a JSON body with one field,
-# `{"image": "<the JPEG or PNG file, base64-encoded>"}` (or, instead, `{"url": ...}`: where to fetch
-# the photo, which notebook 7 uses), and answers
+# **Request and response.** `POST /predict` takes `{"image": "<JPEG or PNG file, base64-encoded>"}`
+# (or `{"url": ...}`, where to fetch the photo: notebook 7) and answers
 # `{"prediction": "<one of the 11 Food-11 classes>", "probability": <its softmax probability>}`.
-# Base64 turns the binary file into text, so it fits in JSON, at the price of a body about a third
-# larger than the file. Both shapes are Pydantic models (`PredictRequest`, `PredictResponse`), so
-# FastAPI validates every request against them and publishes them in an OpenAPI schema, which the
-# next notebook reads.
+# *Base64* writes a binary file as text, so it fits in JSON, in a body about a third larger. Both
+# shapes are *Pydantic* models (typed classes): FastAPI validates every request against them and
+# publishes them as an OpenAPI schema (next notebook).
 #
-# **Error codes.** A failed request says what went wrong, and what to do about it, in a `detail`
-# field:
+# **Error codes.** A failed request says what went wrong in a `detail` field:
 #
 # | status | when |
 # | --- | --- |
@@ -79,102 +58,66 @@ print(excerpt(predict_api, "PredictRequest", "PredictResponse", "create_app.pred
 # | 413 | the body is larger than `MAX_REQUEST_BYTES` (refused before it is read into memory) |
 # | 500 | the model itself failed; the traceback is in the server's log, not in the answer |
 #
-# **Where the work runs.** The handler is `async`, so one event loop accepts every connection. It
-# never does heavy work itself:
+# **Where the work runs.** The handler is `async`: it runs in the *event loop*, the single thread
+# in which an async server runs its coroutines (functions that pause while they wait), one at a
+# time. A blocking call there stops all of them, so the handler does no heavy work itself:
 #
-# 1. Base64 and image decoding and the preprocessing (resize, crop, normalise) run in the
-#    *preprocessing pool*, a thread pool with `PREPROCESS_WORKERS` threads (by default one per two
-#    slots on a CPU, where the cores are for the model, and one per core on a GPU node, where
-#    decoding is the CPU's main work). A request is decoded while the model is busy with another, but at most
-#    `DECODE_AHEAD` requests ahead of it (two per slot by default): the rest wait undecoded, so
-#    memory stays bounded however many clients send.
+# 1. Decoding and preprocessing (resize, crop, normalise) run in a pool of `PREPROCESS_WORKERS`
+#    threads while the model works, at most `DECODE_AHEAD` requests ahead (memory stays bounded).
 # 2. The model call waits for one of `PREDICT_CONCURRENCY` *inference slots* (by default one per
-#    CPU core, one on a GPU), then runs in a thread of its own. With one slot, the model sees one
-#    image at a time. Every other request waits in line for a slot.
+#    CPU core, one on a GPU), then runs in a thread of its own. Every other request waits in line.
 #
-# On a machine with many cores, or beside a GPU, the service runs several such processes
-# (`processes` in `/health`), each with its own slots, on its share of the cores: notebook 4 says why.
+# On many cores, or beside a GPU, the service runs several such processes (`processes` in
+# `/health`), each with its own slots: notebook 4 says why.
 #
-# That wait in line is **queueing delay**, and it is the subject of the rest of the lab: a request's
-# latency is the time it waits plus the time it is served. With one sender there is nobody to wait
-# behind. With many, the wait can be far longer than the inference itself.
-#
-# `/health` reports the service's settings, and whether its weights are trained, so you never have
-# to guess what a service is running.
+# That wait is **queueing delay**, the subject of the rest of the lab: latency is the time a request
+# waits plus the time it is served. With many senders, the wait can dwarf the inference.
 
 # %% [markdown]
 # ## Why the UI and the model are separate services
 #
-# An earlier version of GourmetGram loaded the model inside the Flask web app. Here the web app does
-# no inference at all: it forwards each uploaded photo to the model service over HTTP. Splitting
-# them costs one extra network hop per prediction, and buys a lot:
+# GourmetGram's web app does no inference: it forwards each photo to the model service over HTTP.
+# That costs a network hop per prediction, and buys:
 #
-# - **Scale them separately.** The web UI is light and mostly waits; the model is heavy and needs a
-#   GPU. With two services you can run one small UI and several model servers (or one model
-#   server on a big GPU), instead of copying the model into every web server.
-# - **Optimise them separately.** You can swap PyTorch for ONNX Runtime, or FastAPI for Triton
-#   (later in this lab), without touching one line of the UI, as long as the API stays the same.
-# - **Isolate them.** A model that crashes, or is restarting with new weights, does not take the
-#   web page down with it. The page says "backend unavailable" instead.
+# - **Separate scaling.** The UI is light and mostly waits; the model is heavy and needs a GPU.
+#   Run one small UI and several model servers, not a model in every web server.
+# - **Separate optimisation.** Swap PyTorch for ONNX Runtime, or FastAPI for Triton, without
+#   touching the UI, as long as the API stays the same.
+# - **Isolation.** A model that crashes or restarts does not take the page down: it says "backend
+#   unavailable".
 #
-# Here is the whole of GourmetGram's side of the conversation, taken from `gourmetgram/backends.py`: it
-# base64-encodes the uploaded file, posts it to `{FASTAPI_SERVER_URL}/predict`, and turns every
-# failure into a page the user can read.
+# GourmetGram's side of it (`gourmetgram/backends.py`): post the upload, base64-encoded, to
+# `{FASTAPI_SERVER_URL}/predict`; turn every failure into a readable page.
 
 # %%
 print(excerpt(paths.GOURMETGRAM_DIR / "backends.py", "FastAPIBackend.predict"))
 
 # %% [markdown]
-# The UI learns where the model lives from one environment variable, `FASTAPI_SERVER_URL`. In the
-# Docker Compose project it is `http://fastapi_pt:8000`: Compose puts the containers on one
-# network where each service is reachable by its name.
+# `FASTAPI_SERVER_URL` is all the UI knows of the model: in the Compose project,
+# `http://fastapi_pt:8000` (Compose puts the containers on one network, each reachable by name).
 #
 # ## Bring the lab's services up
 #
-# ### In Docker: the GPU node, or any machine with Docker (in your SSH session on the node)
+# ### In Docker (the GPU node, or any machine with Docker)
 #
-# Notebook 2 already did this for you on the node; here is what it ran, so you can do it yourself
-# (running it again is harmless: Compose only starts what is not running yet). The images build the
-# model files themselves, in one of them (`torch`), from the weights `FOOD11_CHECKPOINT` names:
+# Notebook 2 ran this on the node; in the repository clone (rerunning it is harmless):
 #
 # ```bash
-# # runs on the node, in the repository clone (~/serve-system)
 # docker compose up -d --build
-# # on a machine without an NVIDIA GPU (a laptop with Docker), the CPU variant instead:
+# # without an NVIDIA GPU (a laptop with Docker), the CPU variant instead:
 # # docker compose -f compose.yaml -f docker/compose.cpu.yaml up -d --build
 # ```
 #
-# This builds and starts one project (`compose.yaml`) with every service of notebooks 3 to 10:
-# `fastapi_pt` (the model service above), `fastapi_onnx` (the same with ONNX Runtime, next
-# notebook), `triton`, `ray_serve`, `image_host`, `gourmetgram` (the web UI, talking to
-# `http://fastapi_pt:8000`) and `jupyter`, a Jupyter server with the repository mounted at `work/`:
-# this is where the code cells of notebooks 3 to 10 run. Each port is published on the node's
-# 127.0.0.1 only, at the numbers of the README's table (Jupyter 8888, GourmetGram 8300, FastAPI
-# 8100 and 8101...).
+# `compose.yaml` holds every service of notebooks 3 to 10, `jupyter` (where these cells run)
+# included; `docker compose ps` shows each `healthy` once its model is loaded. Ports are published
+# on the node's 127.0.0.1 only: `docker compose exec jupyter jupyter server list` prints Jupyter's
+# address, which your browser reaches through an SSH tunnel (notebook 2 prints it). A notebook
+# cannot run these commands: its container has no access to the host's Docker.
 #
-# `docker compose ps` shows them; each reports `healthy` once its model is loaded. Jupyter is
-# protected by a random token. Ask the container for it:
+# ### On your laptop without Docker
 #
-# ```bash
-# # runs on the node
-# docker compose exec jupyter jupyter server list
-# ```
-#
-# It prints a line like `http://127.0.0.1:8888/?token=0123abcd...`. Your browser reaches the
-# node's 127.0.0.1 through an SSH tunnel: on your own machine, run
-# `ssh -L 8888:127.0.0.1:8888 -L 8300:127.0.0.1:8300 -L 8100:127.0.0.1:8100 cc@A.B.C.D` (your
-# node's floating IP in place of `A.B.C.D`), paste the address into your browser, then open
-# `work/notebooks/3_fastapi.ipynb` and run it from the top.
-#
-# The notebook cannot run these commands for you: it runs *inside* one of those containers, and
-# the container has no access to Docker on the host.
-#
-# ### On your laptop without Docker (local services)
-#
-# `Lab.connect(...)` uses the lab if `make up` is already running it, and otherwise starts the
-# services this notebook needs (FastAPI with PyTorch and with ONNX Runtime; Triton comes in
-# notebook 5) as local processes, and stops them when the notebook's kernel exits. In the Jupyter
-# container the same line finds the Compose project's services by name, and waits until they answer.
+# `Lab.connect(...)` uses `make up`'s services if they run, else starts the ones this notebook
+# needs, stopped when the kernel exits. In Docker it finds the project's services by name.
 
 # %%
 from servelab.lab import Lab
@@ -182,20 +125,16 @@ from servelab.lab import Lab
 lab = Lab.connect("3_fastapi", triton=False)  # these notebooks use FastAPI only
 
 # %% [markdown]
-# The name passed to `Lab.connect` names the file every run of this notebook is saved to as it
-# ends (the line above says where). If the kernel dies or you come back another day,
-# `Lab.saved_runs("3_fastapi")` loads them back. If a local service crashes, the lab restarts it,
-# the notebook says so, and a run the crash interrupted is marked NOT A CLEAN RUN.
+# Runs are saved under the name passed to `Lab.connect` (`Lab.saved_runs("3_fastapi")` loads them
+# back). A local service that crashes is restarted, and a run it interrupted is NOT A CLEAN RUN.
 #
 # ## Is it up, and what is it serving?
 #
-# Ask each FastAPI service for `/health`. Look at four fields in particular: `device` (CPU or
-# which GPU), `first_inference_ms` (the service ran one inference there as it started: the device
-# really runs the model), `runtime` (PyTorch or ONNX Runtime), and `weights`. On the node the
-# model files are built from the original lab's trained weights (notebook 2); elsewhere, with no
-# internet to fetch them, the model is a seeded, **untrained** MobileNetV2. It costs exactly as
-# much to run as a trained one, so every latency and throughput you measure is real, but the
-# labels it predicts are then meaningless.
+# Ask each service for `/health`. Look at `device` (CPU or which GPU),
+# `first_inference_ms` (one inference at start-up: the device really runs the model), `runtime`
+# (PyTorch or ONNX Runtime) and `weights`. On the node they are the original lab's trained weights;
+# elsewhere the model is a seeded, **untrained** MobileNetV2: it costs the same to run, so latency
+# and throughput are real, but its labels are meaningless.
 
 # %%
 import json
@@ -216,9 +155,8 @@ for flavor, url in lab.fastapi_urls.items():
 # %% [markdown]
 # ## The error paths, for real
 #
-# The table of error codes above is a promise; here the service keeps it. Each request below is
-# wrong in a different way. The 413 case sends a body just over the service's own limit, read from
-# `/health`, so nothing is guessed.
+# Each request below is wrong in a different way. The 413 case sends a body just over the
+# service's own limit, read from `/health`.
 
 # %%
 service_url = next(iter(lab.fastapi_urls.values()))
@@ -236,16 +174,15 @@ for what, request_kwargs in bad_requests.items():
     print(f"{what:30s} -> HTTP {response.status_code}: {shown}")
 
 # %% [markdown]
-# Every failure is refused with a status code the caller can act on (4xx: fix your request), never
-# with a 200 that hides an error message in the body.
+# Every failure gets a status code the caller can act on (4xx: fix your request), never a 200 with
+# an error hidden in the body.
 #
 # ## Your turn: change a setting
 #
-# **Your turn.** The service reads its settings from environment variables as it starts (the
-# table at the top of `servelab/service/settings.py`). Edit `MAX_REQUEST_BYTES` below and run the
-# cell: a private copy of the ONNX service starts with your value, its `/health` reports it, and
-# the sample photo is sent. Try a limit below the photo's size (it is refused with 413), one above
-# it (answered), and one that is not a number (the service refuses to start, and says why).
+# **Your turn.** The service reads its settings from environment variables at start-up (listed in
+# `servelab/service/settings.py`). Edit `MAX_REQUEST_BYTES` and run the cell: a private ONNX
+# service starts with your value and is sent the sample photo. Try a limit below the photo's size,
+# one above it, and one that is not a number.
 
 # %%
 import base64
@@ -274,10 +211,8 @@ except StackError as refused:
 #
 # **Hand in:** the `/health` output, the error paths' table, and your setting's three outcomes.
 #
-# Next, in `4_fastapi_bench.ipynb`, you send real predictions, through the API and through the web
-# UI, and measure how fast the service answers one user, then sixteen. In Docker, leave the project
-# running. Locally, the next cell stops the services this notebook started; the next notebook starts
-# its own.
+# Next, `4_fastapi_bench.ipynb` measures how fast the service answers one user, then sixteen. In
+# Docker, leave the project running; locally, the next cell stops this notebook's services.
 
 # %%
 lab.stop()

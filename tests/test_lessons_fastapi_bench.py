@@ -1,4 +1,8 @@
-"""Notebook 4's checks, each fed a case it must pass and one it must fail."""
+"""Notebook 4's checks, each fed a case it must pass and one it must fail; and the machinery of its cells."""
+
+import os
+import socket
+import time
 
 from servelab import paths
 from servelab.lessons import fastapi_bench
@@ -175,3 +179,74 @@ def test_processes_follow_the_plan_on_many_cores_and_on_two():
     # One process tried against one (the student's edit): the same setting twice, nothing to judge.
     same = fastapi_bench.processes_follow_the_plan(alone, alone, 1, planned=1, cores=2)
     assert same.outcome is Outcome.NOT_CHECKED and "nothing to compare" in same.conditions[0].detail
+
+
+# ---- the machinery of the notebook's cells ------------------------------------------------------
+
+OPENAPI = {
+    "paths": {
+        "/predict": {
+            "post": {
+                "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Req"}}}},
+                "responses": {
+                    "200": {"description": "Successful Response",
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Resp"}}}},
+                    "413": {"description": "Too large"},
+                },
+            }
+        }
+    },
+    "components": {"schemas": {"Req": {"properties": {"image": {"type": "string"}}},
+                               "Resp": {"properties": {"prediction": {}, "probability": {}}}}},
+}  # fmt: skip
+
+
+def test_describe_predict_follows_each_reference_to_the_schema_it_names():
+    text = fastapi_bench.describe_predict(OPENAPI)
+    assert '"image": {\n      "type": "string"' in text  # the request body's schema, resolved
+    assert "  200: Successful Response (fields: prediction, probability)" in text
+    assert "  413: Too large (fields: no body)" in text
+
+
+def test_the_thread_plans_are_the_ones_the_checks_judge_even_on_one_core():
+    plans = {"1 slot x 4 threads": (1, 4), "4 slots x 1 thread": (4, 1), "4 slots x 4 threads": (4, 4),
+             "default (elastic)": (None, None)}  # fmt: skip
+    assert fastapi_bench.thread_plans(4) == plans
+    assert list(fastapi_bench.thread_plans(1).values())[2] == (2, 1)  # crowded: still two slots
+    runs = {name: plan_run(name, 20 + i, 50 - i) for i, name in enumerate(fastapi_bench.thread_plans(4))}
+    crowded, every_core, elastic = fastapi_bench.thread_plan_checks(runs, runs, 4, "cpu", "4 cores", 22.0)
+    assert "with 4 slots, 4 threads each" in crowded.claim
+    assert "every core" in every_core.claim and "elastic default" in elastic.claim
+
+
+def test_listening_pids_finds_this_process_listening_on_a_port():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert os.getpid() in fastapi_bench.listening_pids(f"http://127.0.0.1:{port}")
+
+
+def test_the_load_watch_times_health_before_and_during_the_block():
+    calls = iter(range(1000))
+    with fastapi_bench.LoadWatch("http://x:1", on_compose=True, idle_checks=3, every_s=0.01,
+                                 time_health=lambda: float(next(calls))) as watch:  # fmt: skip
+        time.sleep(0.1)
+    assert watch.idle_ms == [0.0, 1.0, 2.0]
+    assert len(watch.loaded_ms) >= 2 and watch.loaded_ms[0] == 3.0
+    assert watch.sampler.pids == []  # in Docker the server is in another container: the machine only
+    stopped = len(watch.loaded_ms)
+    time.sleep(0.05)
+    assert len(watch.loaded_ms) == stopped  # the poller stopped with the block
+
+
+def test_usage_text_says_the_machine_the_gpu_or_why_none_and_the_server_process():
+    series = {"t_s": [0.25, 0.5], "cpu_percent": [40.0, 60.0], "memory_percent": [10.0, 10.0],
+              "gpus": [], "gpu_source": "no GPU found", "process_cpu_percent": [100.0, 300.0]}  # fmt: skip
+    text = fastapi_bench.usage_text(series, 4)
+    assert "CPU 50.0% of all 4 cores on average (peak 60.0%); GPU: no GPU found" in text
+    assert "The server process alone: 200.0% of one core on average, i.e. 50% of all 4 cores" in text
+    gpu = {"index": 0, "name": "H100", "util_percent": [30.0, 50.0], "memory_used_mib": [1.0, 2.0],
+           "memory_total_mib": 80.0}  # fmt: skip
+    with_gpu = fastapi_bench.usage_text({**series, "gpus": [gpu]}, 4)
+    assert "GPU: H100 40.0% busy on average (peak 50.0%)" in with_gpu

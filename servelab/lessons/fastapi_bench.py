@@ -1,5 +1,7 @@
-"""Notebook 4's checks: GourmetGram's labels for its samples, one user against sixteen, PyTorch
-against ONNX Runtime.
+"""Notebook 4's checks (GourmetGram's labels for its samples, one user against sixteen, PyTorch
+against ONNX Runtime, thread plans, processes) and the machinery of its cells: what /openapi.json
+says about /predict, the four thread plans, the watch kept beside the 16-sender run (/health timed
+in a background thread, the machine sampled), and the resources it saw, in words.
 
 The FastAPI services time each stage of a request themselves (their /metrics, read around a run
 into `RunResult.service_stats`), so a claim about where a request's time went is judged on the
@@ -8,9 +10,18 @@ service's own timing, not on the client's latency alone.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
+import requests
 
 from servelab.lessons.expectations import (
     Condition,
@@ -21,6 +32,7 @@ from servelab.lessons.expectations import (
     measured,
     unless,
 )
+from servelab.measure.resources import ResourceSampler, summarize
 from servelab.results import RunResult
 
 # GourmetGram's bundled samples (gourmetgram/static/samples), by file name, and the Food-11 class
@@ -343,3 +355,159 @@ def processes_follow_the_plan(
         (unless(processes > 1, f"{processes} process(es) tried: the same setting as one, nothing to compare", part),),
         reason=f"on {cores} core(s), {processes} processes served x{gain:.2f} of one process's throughput",
     )
+
+
+# ---- the machinery of the notebook's cells ------------------------------------------------------
+
+
+def describe_predict(openapi: dict[str, Any]) -> str:
+    """What an OpenAPI document (a FastAPI service's /openapi.json) says about POST /predict: its
+    JSON request body's schema, and each answer it documents with the fields of its body, every
+    `$ref` followed into the document's components/schemas."""
+    schemas = openapi.get("components", {}).get("schemas", {})
+
+    def resolve(schema: dict[str, Any]) -> dict[str, Any]:
+        while "$ref" in schema:
+            schema = schemas[schema["$ref"].rsplit("/", 1)[1]]
+        return schema
+
+    def json_schema(part: dict[str, Any]) -> dict[str, Any]:
+        return resolve(part.get("content", {}).get("application/json", {}).get("schema", {}))
+
+    operation = openapi["paths"]["/predict"]["post"]
+    request = json.dumps(json_schema(operation["requestBody"]), indent=2)
+    lines = ["POST /predict, request body:", request, "", "Answers:"]
+    for status, answer in operation["responses"].items():
+        fields = ", ".join(json_schema(answer).get("properties", {})) or "no body"
+        lines.append(f"  {status}: {answer.get('description', '')} (fields: {fields})")
+    return "\n".join(lines)
+
+
+def _plan_names(cores: int) -> tuple[str, str, str, str]:
+    """The thread plans' names on `cores` cores: every core for one slot, one core per slot,
+    crowded (more busy threads than cores), the default."""
+    crowded = max(2, cores)
+    return (
+        f"1 slot x {cores} threads",
+        f"{cores} slots x 1 thread",
+        f"{crowded} slots x {cores} threads",
+        "default (elastic)",
+    )
+
+
+def thread_plans(cores: int) -> dict[str, tuple[int | None, int | None]]:
+    """The four plans notebook 4 serves on `cores` cores, by name: (inference slots, threads per
+    inference), None keeping the service's default. The crowded plan has at least two slots, each
+    with every core: more busy threads than cores, even on one core."""
+    every_core, one_core, crowded, default = _plan_names(cores)
+    return {every_core: (1, cores), one_core: (cores, 1), crowded: (max(2, cores), cores), default: (None, None)}
+
+
+def thread_plan_checks(
+    alone: Mapping[str, RunResult],
+    loaded: Mapping[str, RunResult],
+    cores: int,
+    device: str,
+    hardware: str,
+    earlier_p50_ms: float,
+) -> tuple[Expectation, Expectation, Expectation]:
+    """The three checks of the plans of `thread_plans(cores)`, each run alone and under load:
+    crowded threads are slower under load, every core serves one request faster, and the elastic
+    default is near the best (`earlier_p50_ms`: the default's median one at a time, measured earlier)."""
+    every_core, one_core, crowded, default = _plan_names(cores)
+    return (
+        crowded_threads_are_slower(loaded, crowded, one_core, max(2, cores), cores, device, hardware),
+        every_core_serves_one_faster(alone, every_core, one_core, cores, device, hardware),
+        elastic_default_near_the_best(alone, loaded, default, device, hardware, earlier_p50_ms),
+    )
+
+
+def listening_pids(url: str) -> list[int]:
+    """The processes of this machine that listen on `url`'s port (a local server's), as psutil sees
+    them; none where it sees no such process."""
+    port = urlsplit(url).port
+    return sorted(
+        {
+            conn.pid
+            for conn in psutil.net_connections("tcp")
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid
+        }
+    )
+
+
+def health_check_ms(url: str) -> float:
+    """How long the service at `url` takes to answer one GET /health, in ms."""
+    started = time.perf_counter()
+    requests.get(f"{url}/health", timeout=10).raise_for_status()
+    return (time.perf_counter() - started) * 1000
+
+
+class LoadWatch:
+    """What notebook 4 watches beside a run under load, as a context manager around it:
+
+    - /health, timed `idle_checks` times as the block starts (`idle_ms`), then every `every_s`
+      seconds in a background thread until it ends (`loaded_ms`);
+    - `sampler`, a ResourceSampler to hand the run, which also samples the server's own process
+      where this one can see it: locally, not in the Compose project (`on_compose`), where the
+      server runs in another container.
+
+    `time_health`: how one health check is timed (health_check_ms of `url` unless given)."""
+
+    def __init__(
+        self,
+        url: str,
+        on_compose: bool,
+        idle_checks: int = 10,
+        every_s: float = 0.1,
+        time_health: Callable[[], float] | None = None,
+    ) -> None:
+        self.url = url
+        self.idle_checks = idle_checks
+        self.every_s = every_s
+        self._time_health = time_health or (lambda: health_check_ms(url))
+        self.sampler = ResourceSampler(interval_s=0.25, pids=[] if on_compose else listening_pids(url))
+        self.idle_ms: list[float] = []
+        self.loaded_ms: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.loaded_ms.append(self._time_health())
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> LoadWatch:
+        self.idle_ms = [self._time_health() for _ in range(self.idle_checks)]
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._poll, name="health-poller", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def usage_text(series: Mapping[str, Any], cores: int) -> str:
+    """The resources a ResourceSampler saw (`series`, a RunResult's `resources`), in words: the
+    whole machine's CPU on `cores` cores, each GPU's use (or how none was read), and the server
+    process's own CPU where it was sampled."""
+    usage = summarize(dict(series))
+    gpus = ", ".join(
+        f"{gpu['name']} {gpu['util_percent_mean']}% busy on average (peak {gpu['util_percent_max']}%)"
+        for gpu in usage["gpus"]
+    )
+    lines = [
+        f"The whole machine: CPU {usage['cpu_percent_mean']}% of all {cores} cores on average "
+        f"(peak {usage['cpu_percent_max']}%); GPU: {gpus or usage['gpu_source']}"
+    ]
+    if "process_cpu_percent_mean" in usage:
+        server = usage["process_cpu_percent_mean"]
+        lines.append(
+            f"The server process alone: {server}% of one core on average, i.e. {server / cores:.0f}% of all "
+            f"{cores} cores, the unit of the plot's thick line."
+        )
+    return "\n".join(lines)
