@@ -4,44 +4,43 @@
 # **Time:** about 15 minutes (6 reading, 6 running, 3 hands-on; `python -m servelab.time_plan`)
 #
 # So far every request carried its photo. Real services often receive a *reference* instead: the
-# photo sits in an object store (S3, Swift, a CDN), and the request says where. Before the model
-# can run, the server downloads it; afterwards it may upload a result. That I/O takes time, but no
-# model: the question of this notebook is where it should run.
+# photo sits in an object store (S3, Swift, a CDN), and the request says where. The server downloads
+# it before the model runs, and may upload a result after. That I/O takes time but no model: where
+# should it run?
 #
-# Serving frameworks such as Truss split a model's code into three parts:
+# Serving frameworks such as Truss (Baseten's packaging of a model as a service) split a model's
+# code into three parts:
 #
-# - **preprocess**: fetch and prepare the input (download, decode, resize), outside the predict slots.
-#   In this lab's service (`servelab/service/predict_api.py`): `fetch`, the download, asynchronous I/O on
-#   the event loop (`image_fetch.py`), as many at once as arrive; then the scheduler's `decode`
-#   (`scheduler.py`), bounded too: `PREPROCESS_WORKERS` threads decode at once, and at most
-#   `DECODE_AHEAD` requests are being decoded or wait decoded for a slot; the rest wait undecoded.
-# - **predict**: run the model; at most one request per *predict slot* at once. Here: the scheduler's `in_slot`, run
-#   by a pool of `PREDICT_CONCURRENCY` inference threads, the slots; a request waits in the pool's
-#   queue for one.
-# - **postprocess**: turn the model's output into an answer; as many at once as arrive. Here:
-#   `top_prediction` (softmax and label). Truss's example uploads a result there: here, that upload
-#   would run after `run_in_slot` returns, the slot already free, on the event loop like the download.
+# - **preprocess**: fetch and prepare the input, outside the predict slots. In this lab's service
+#   (`servelab/service/predict_api.py`): `fetch`, the download, asynchronous I/O on the event loop
+#   (`image_fetch.py`), as many at once as arrive; then the scheduler's `decode` (`scheduler.py`):
+#   `PREPROCESS_WORKERS` threads decode at once, and at most `DECODE_AHEAD` requests are decoding or
+#   wait decoded for a slot.
+# - **predict**: run the model, one request per **predict slot** at a time (a slot: one of the
+#   `PREDICT_CONCURRENCY` inference threads). Here: the scheduler's `run_in_slot`; a request waits in
+#   the threads' queue for a slot.
+# - **postprocess**: turn the model's output into an answer (here `top_prediction`: softmax and
+#   label), as many at once as arrive. Truss's example uploads a result there; here that upload
+#   would run on the event loop after `run_in_slot` returns, the slot already free.
 #
-# The predict slots protect the model (its memory, its GPU); everything outside it runs
-# freely. If the download runs *inside* the slot, the model sits idle while bytes travel: with one
-# slot, inference time S and download time D, at most one request per D + S seconds. Outside the
-# slot, downloads overlap each other and the model, so once enough requests are in flight the slot
-# is always busy, and the throughput approaches one request per S.
+# The slots protect the model (its memory, its GPU); everything outside them runs freely. With one
+# slot, inference time S and download time D:
 #
-# **Where the cells run.** In Docker: in the Jupyter container of the lab's Compose project (its
-# `image_host` service is the object store). Locally: here,
-# against services this notebook starts. Either way, the two service variants measured below run as
+# - download *inside* the slot: the model idles while bytes travel, so at most one request per
+#   D + S seconds;
+# - download *outside* it: downloads overlap each other and the model, so with enough requests in
+#   flight the slot is always busy, and the throughput approaches one request per S.
+#
+# **Where the cells run:** in Docker, in the Compose project's Jupyter container (its `image_host`
+# service is the object store); locally, here. The service variants measured below run as
 # processes next to this notebook.
 
 # %%
-import math
-
 import matplotlib.pyplot as plt
 import requests
 
 from servelab.lab import Lab
 from servelab.lessons import io_vs_compute
-from servelab.lessons.expectations import measured
 from servelab.report import plots
 
 lab = Lab.connect("7_io_vs_compute", triton=False)
@@ -50,10 +49,9 @@ print(f"The models run on {lab.hardware()}.")
 # %% [markdown]
 # ## The object store: the lab's image host
 #
-# A real bucket in another region answers after tens to hundreds of milliseconds. The lab's image
-# host serves the sample photos after an **emulated** latency: the bytes travel over this machine's
-# loopback (or the Docker network), and the host waits on purpose before answering. A URL can ask
-# for another latency (`?latency_ms=...`), which the experiments below use.
+# A real bucket in another region answers only after a network round trip. The lab's image host
+# **emulates** that latency: it waits on purpose before answering, then sends the photo over this
+# machine's loopback (or the Docker network). A URL can ask for another latency (`?latency_ms=...`).
 
 # %%
 host = requests.get(f"{lab.image_host_url}/health", timeout=10).json()
@@ -64,9 +62,9 @@ print("Photos:", ", ".join(f"{name} ({size} bytes)" for name, size in host["imag
 # ## One request by URL
 #
 # `POST /predict` takes exactly one of `{"image": "<base64>"}` and `{"url": "http(s)://..."}`. The
-# server fetches a URL only from the hosts it is told to trust (`IMAGE_URL_ALLOWED_HOSTS`): a server
-# that fetches whatever URL a client names can be turned against the services behind it. The next
-# cell sends one good URL and two the server must refuse.
+# server fetches only from the hosts it trusts (`IMAGE_URL_ALLOWED_HOSTS`): a server that fetches
+# any URL a client names can be turned against the services behind it. The next cell sends one
+# good URL and two the server must refuse.
 
 # %%
 service = lab.fastapi_url("onnx")
@@ -81,29 +79,29 @@ for url in (lab.image_url("soup.jpg"), f"{service}/health", "file:///etc/passwd"
 #
 # Two variants of the ONNX Runtime service, each with **one** predict slot (`PREDICT_CONCURRENCY=1`):
 #
-# - `outside_slot` (the default, and the right design): download, decode, *then* wait for the slot;
-# - `inside_slot` (the naive design): take the slot first, then download, decode and run the model.
+# - `outside_slot` (the default, the right design): download, decode, *then* wait for the slot;
+# - `inside_slot` (the naive design): take the slot, then download, decode and infer.
 #
-# Each is measured in closed loop at 1, 4 and 16 concurrent senders, every request naming the photo
-# by URL, at two emulated download latencies. Besides the client's view, every run records the
-# service's own metrics (`/metrics`): the mean time of the download, of waiting for the slot, of
-# decoding and of the inference. These are the server's figures, the D and S below.
+# Each runs in closed loop (a sender sends its next request when the last is answered) at 1, 4 and
+# 16 senders, every request naming the photo by URL, at two emulated download latencies. Each run
+# also records the service's own metrics (`/metrics`): its mean download, slot wait, decoding and
+# inference times, the D and S below.
 #
-# How many senders are *enough* to keep the slot busy with the download outside it? Each request
-# spends D downloading, a little decoding, and S in the slot, so about (D + S) / S requests must be
-# in flight for one of them to be in the slot at any moment. The outside design is measured once
-# more with half again that many senders, computed from its own run with one sender.
+# How many senders are *enough* to keep the slot busy with the download outside it? A request is
+# in flight for about D + S, and in the slot for S, so about (D + S) / S must be in flight. The
+# outside design is measured once more with half again that many (at least 16), computed from its
+# run with one sender.
 #
 # **Prediction**, for each download latency:
 #
 # 1. inside the slot, more senders only lengthen the queue: from 4 to 16 senders the throughput
-#    changes by less than 15%, because the slot, held for the download too, is the limit (by
-#    design at most 1 / (D + decoding + S): the dotted line of the plot below);
+#    changes by less than 15%: the slot, held for the download too, is the limit (at most about
+#    1 / (D + S), the dotted line of the plot below);
 # 2. outside the slot, with 16 senders, the throughput is above that bound;
 # 3. outside the slot, with enough senders, the throughput approaches 1 / S: the slot is busy at
 #    least 70% of the time;
-# 4. the server's own metrics show why: with 16 senders, a request waits longer for the slot when
-#    the download is inside it (it waits for other requests' downloads as well as their inferences).
+# 4. the server's metrics show why: with 16 senders, a request waits longer for the slot when the
+#    download is inside it (behind other requests' downloads as well as their inferences).
 
 # %%
 predicted_slot_at_50ms = None  # before you run: True if all four of the prediction hold at 50 ms, else False
@@ -111,15 +109,6 @@ predicted_slot_at_200ms = None  # and True if all four hold at 200 ms, else Fals
 LATENCIES_MS = (50, 200)
 CONCURRENCIES = (1, 4, 16)
 PLACEMENTS = ("outside_slot", "inside_slot")
-
-
-def enough_senders(alone) -> int:
-    """Half again (D + decoding + S) / S, from the server's means in a run with one sender."""
-    stages = alone.service_stats["stage_mean_ms"]
-    return min(128, math.ceil(1.5 * (stages["download"] + stages["preprocess"] + stages["inference"])
-                              / stages["inference"]))
-
-
 runs = {}  # (latency, placement) -> concurrency -> run
 enough = {}  # latency -> the senders that keep the slot busy with the download outside it
 for placement in PLACEMENTS:
@@ -131,7 +120,7 @@ for placement in PLACEMENTS:
                 c: lab.concurrent("onnx", c, url=url, image_url=photo, name=name) for c in CONCURRENCIES
             }
             if placement == "outside_slot":
-                enough[latency_ms] = max(CONCURRENCIES[-1], enough_senders(measured_runs[1]))
+                enough[latency_ms] = io_vs_compute.enough_senders(measured_runs[1], at_least=CONCURRENCIES[-1])
                 print(f"  enough senders at {latency_ms} ms: {enough[latency_ms]}")
                 if enough[latency_ms] not in measured_runs:
                     measured_runs[enough[latency_ms]] = lab.concurrent(
@@ -139,8 +128,8 @@ for placement in PLACEMENTS:
                     )
 
 # %% [markdown]
-# What the servers measured, per run (milliseconds per request, means): the download (the emulated
-# latency plus the transfer), the wait for the slot, decoding, and the inference.
+# What the servers measured, per run (mean milliseconds per request): the download (emulated
+# latency plus transfer), the wait for the slot, decoding, and the inference.
 
 # %%
 print(f"{'run':<78} {'download':>9} {'slot wait':>10} {'decode':>7} {'infer':>6}")
@@ -153,8 +142,7 @@ for by_concurrency in runs.values():
         )
 
 # %% [markdown]
-# The check, one expectation per download latency. D and S are the server's means in the run each
-# condition judges.
+# The check, one per download latency, on the server's D and S in the run each condition judges.
 
 # %%
 top = CONCURRENCIES[-1]
@@ -170,10 +158,9 @@ for latency_ms in LATENCIES_MS:
                predicted={50: predicted_slot_at_50ms, 200: predicted_slot_at_200ms}[latency_ms])
 
 # %% [markdown]
-# Throughput against concurrency, both designs, one panel per download latency; the dotted line is
-# 1 / (D + S), the bound of the `inside_slot` design (the server's D and S in its run with 16
-# senders, as the verdicts use it), and the dashed line 1 / S, from the `outside_slot` run with
-# enough senders.
+# Throughput against senders, both designs, one panel per download latency. Dotted: 1 / (D + S),
+# the `inside_slot` bound (the server's D and S with 16 senders, as the verdicts use them). Dashed:
+# 1 / S, from the `outside_slot` run with enough senders.
 
 # %%
 panels = {
@@ -186,26 +173,24 @@ plots.plot_throughput_bounds(panels, bounds, title="fastapi_onnx, one predict sl
 plt.show()
 
 # %% [markdown]
-# Read the plot against the prediction. With the download inside the slot, the curve should stay
-# near 1 / (D + S) whatever the number of senders: more clients only lengthen the queue. Outside,
-# it should rise with the senders until the slot is busy: then the model, not the network, is the
-# limit. The longer the download, the more requests must be in flight to hide it (about (D + S) / S
-# of them), so the panel with the longer download should need more senders before it flattens.
-# Where your run differs, the verdicts below say which condition failed, with its numbers.
+# Read the plot against the prediction: inside the slot, the curve should stay near 1 / (D + S);
+# outside, it should rise until the slot is busy (the model, not the network, is then the limit),
+# later with the longer download, which needs more requests in flight to hide it. Where your run
+# differs, the verdicts say which condition failed.
 #
 # ## Truss's case: 10 requests at once on 5 slots
 #
 # Truss's documentation takes 5 predict slots and 10 requests: all 10 begin preprocessing, and the
-# 6th waits for a slot. The variant below has 5 slots, `PREPROCESS_WORKERS=10` (by default one
-# decoding thread per two cores on a CPU, so the decodes would queue) and `DECODE_AHEAD=10` (its
-# default here too). Ten requests by URL go at once, after a warm-up burst, with a 1 s download
-# (emulated): long beside S, so that a wait behind a download would stand out.
+# 6th waits for a slot. The variant below has 5 slots, `PREPROCESS_WORKERS=10` (the default on a
+# CPU, one decoding thread per two cores, would queue the decodes) and `DECODE_AHEAD=10`. Ten
+# requests by URL go at once, after a warm-up burst, each with an emulated download of
+# `BURST_LATENCY_MS`: long beside S, so a wait behind a download would stand out.
 #
 # **Prediction**, from the service's metrics: all 10 are downloaded, decoded and inferred; the 5
 # beyond the slots wait about one inference S each, so the mean slot wait W is at least about S / 2
-# (on a busy machine the event loop's delay in handing decoded requests to the slots adds to it),
-# and well below (D + S) / 2, the mean if the downloads waited behind the slots. Counts and means
-# cannot show how many inferred at once: the slots' pool of 5 threads bounds that.
+# and well below (D + S) / 2, its mean if the downloads waited behind the slots. (On a busy machine
+# the event loop's delay in handing decoded requests to the slots adds to W.) Counts and means
+# cannot show how many inferred at once: the pool of 5 slot threads bounds that.
 
 # %%
 predicted_burst = None  # before you run: True if all 10 are served and the mean slot wait is at least about S / 2
@@ -223,7 +208,7 @@ with lab.fastapi_variant("onnx", slots=SLOTS, **decoding) as url:
 stages = burst.service_stats
 print("requests per stage:", stages["stage_counts"])
 print("mean ms per stage: ", {name: round(ms, 1) for name, ms in stages["stage_mean_ms"].items()})
-lab.record(io_vs_compute.burst_waits_only_for_slots(burst, SENT, measured("slots", health["slots"])),
+lab.record(io_vs_compute.burst_waits_only_for_slots(burst, SENT, health["slots"]),
            predicted=predicted_burst)
 
 # %% [markdown]

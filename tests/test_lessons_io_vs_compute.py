@@ -97,3 +97,17 @@ def test_queued_waits_counts_the_inferences_each_request_waits_for():
     assert io_vs_compute.queued_waits(10, 5) == 0.5
     assert io_vs_compute.queued_waits(4, 5) == 0
     assert io_vs_compute.queued_waits(6, 2) == 1.0  # 0, 0, 1, 1, 2, 2
+
+
+def test_the_slots_as_a_number_are_judged_as_the_figure_slots():
+    held = io_vs_compute.burst_waits_only_for_slots(burst(28), 10, 5)
+    assert outcomes(held) == [Outcome.HELD] * 3, held
+    assert held.conditions[1].figures[-1] == FIVE
+
+
+def test_enough_senders_is_half_again_what_keeps_the_slot_busy_within_its_bounds():
+    # D + decoding + S = 50 + 4 + 8 = 62 ms, 8 of it in the slot: 7.75 in flight, half again 11.6 -> 12.
+    assert io_vs_compute.enough_senders(run(1, 15, 50, 0)) == 12
+    assert io_vs_compute.enough_senders(run(1, 15, 50, 0), at_least=16) == 16
+    # A 1 s download beside a 1 ms inference would call for 1,508 senders: capped.
+    assert io_vs_compute.enough_senders(run(1, 1, 1000, 0, inference=1.0)) == 128

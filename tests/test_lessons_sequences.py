@@ -1,10 +1,18 @@
 """Notebook 10's checks, each fed a case it must pass and one it must fail."""
 
 import math
+from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from servelab import paths
 from servelab.lessons import sequences
 from servelab.lessons.expectations import Outcome
 from servelab.results import LatencySummary, SequenceRunResult
+from servelab.triton.models import ModelRepository
 from tests.helpers import synthetic_run
 
 
@@ -151,3 +159,102 @@ def test_evictions_break_the_oldest_and_the_log_counts_them():
     # No log to read here: the count is NOT CHECKED, the rest judged.
     unread = sequences.evictions_break_the_oldest(live(4, 4), live(8, 4, evicted=4), 4, math.nan)
     assert [part.outcome for part in unread.conditions] == [Outcome.HELD, Outcome.HELD, Outcome.NOT_CHECKED]
+
+
+# ---- StatefulModel: the notebook's frames, runs, log and configs, against fakes of Triton and the lab ----
+
+
+class FakeTriton:
+    def __init__(self, log: Path | None = None) -> None:
+        self.log_file, self.calls = log, []
+
+    def log(self) -> Path | None:
+        return self.log_file
+
+    def apply_config(self, model: str, config: str) -> None:
+        self.calls.append(("apply", model, config))
+
+    def restore_config(self, model: str) -> None:
+        self.calls.append(("restore", model))
+
+
+class FakeLab:
+    """What StatefulModel uses of the lab: its models, its load generator's sequences, its Triton side."""
+
+    models = ModelRepository()
+    profile = SimpleNamespace(duration_s=12.0)
+
+    def __init__(self, log: Path | None = None) -> None:
+        self.triton, self.asked = FakeTriton(log), []
+
+    def sequences(self, model: str, concurrency: int, length: int, **load):
+        self.asked.append((model, concurrency, length, load))
+        stats = {"inference_count": 40, "execution_count": 8, "avg_batch_size": 5.0, "compute_ms_per_inference": 9.5}
+        return synthetic_run(load["name"], concurrency, 40, 50, triton_stats=stats)
+
+
+class FakeClient:
+    """tritonclient's gRPC client as far as a frame goes: the request it was sent, an answer or a refusal."""
+
+    def __init__(self, refused: str | None = None) -> None:
+        self.refused, self.sent = refused, []
+
+    def infer(self, model: str, inputs: list, **options):
+        self.sent.append((model, inputs, options))
+        if self.refused:
+            raise InferenceServerException(self.refused)
+        outputs = {"SEQUENCE_LABEL": b"Soup", "SEQUENCE_PROBABILITY": 0.8125, "FRAME_LABEL": b"Bread", "FRAMES_SEEN": 2}
+        return SimpleNamespace(as_numpy=lambda name: np.array([[outputs[name]]]))
+
+
+PHOTO = paths.SAMPLE_IMAGE.read_bytes()
+
+
+def test_a_frame_carries_its_sequence_and_flags_and_its_answer_is_described():
+    client = FakeClient()
+    model = sequences.StatefulModel(FakeLab(), "food_sequence", client=client)
+    answer = model.frame(7, PHOTO, start=True, cancel=True)
+    ((name, inputs, options),) = client.sent
+    assert name == "food_sequence" and [tensor.name() for tensor in inputs] == ["FRAME"]
+    assert options == {"sequence_id": 7, "sequence_start": True, "sequence_end": False,
+                       "parameters": {"cancel": True}}  # fmt: skip
+    assert sequences.describe(answer) == ("frame says Bread; the sequence so far says Soup (0.812) after 2 frame(s)")
+
+
+def test_a_refused_frame_is_returned_and_described_by_its_message(capsys):
+    model = sequences.StatefulModel(FakeLab(), "food_sequence", client=FakeClient(refused="expired: sequence 7"))
+    refused = model.frame(7, PHOTO)
+    assert isinstance(refused, InferenceServerException)
+    assert sequences.refusal(refused) == "expired: sequence 7"
+    model.show("frame 3", refused)
+    assert capsys.readouterr().out == "frame 3: ERROR expired: sequence 7\n"
+
+
+def test_a_run_lasts_the_profiles_duration_and_prints_tritons_account(capsys):
+    lab = FakeLab()
+    run = sequences.StatefulModel(lab, "food_sequence", client=FakeClient()).run("oldest, 8 sequences", 8, 10)
+    assert run.name == "oldest, 8 sequences"
+    assert lab.asked == [("food_sequence", 8, 10, {"name": "oldest, 8 sequences", "duration_s": 12.0,
+                                                    "warmup_sequences": 1, "triton_stats": True})]  # fmt: skip
+    assert "40 frames in 8 executions: average batch 5.00, 9.5 ms of compute per frame" in capsys.readouterr().out
+
+
+def test_evictions_are_counted_from_the_models_log_and_unknown_without_one(tmp_path):
+    log = tmp_path / "triton.log"
+    log.write_text("food_sequence: evicted 3 sequence(s)\nfood_sequence: expired 1 sequence(s)\n"
+                   "other_model: evicted 5 sequence(s)\nfood_sequence: evicted 1 sequence(s)\n")  # fmt: skip
+    assert sequences.StatefulModel(FakeLab(log), "food_sequence", client=FakeClient()).evictions_logged() == 4
+    assert math.isnan(sequences.StatefulModel(FakeLab(), "food_sequence", client=FakeClient()).evictions_logged())
+
+
+def test_a_config_tried_in_a_with_block_is_restored_even_when_the_block_fails():
+    lab = FakeLab()
+    model = sequences.StatefulModel(lab, "food_sequence", client=FakeClient())
+    with pytest.raises(RuntimeError), model.configured("state_capacity 4"):
+        raise RuntimeError("a cell failed")
+    assert lab.triton.calls == [("apply", "food_sequence", "state_capacity 4"), ("restore", "food_sequence")]
+
+
+def test_the_photos_are_the_labs_samples():
+    photos = sequences.StatefulModel.photos(3)
+    assert len(photos) == 3 and all(photo.parent == paths.SAMPLE_IMAGE.parent for photo in photos)

@@ -7,13 +7,25 @@ D and S are the service's own mean download and inference times (its /metrics ar
 
 from __future__ import annotations
 
-from servelab.lessons.expectations import Expectation, Figure, condition, figure, unless
+import math
+
+from servelab.lessons.expectations import Expectation, Figure, condition, figure, measured, unless
 from servelab.results import RunResult
 
 
 def stage(run: RunResult | None, name: str, label: str):
     """The service's mean time of one stage in `run`, as a figure."""
     return figure(run, f"service_stats.stage_mean_ms.{name}", label)
+
+
+def enough_senders(alone: RunResult, at_least: int = 1, at_most: int = 128) -> int:
+    """Senders that keep one slot busy with the download outside it: half again (D + decoding + S) / S,
+    from the service's means in `alone`, a run with one sender; at least `at_least`, at most `at_most`.
+    Each request spends D + decoding + S in flight and S in the slot, so about (D + decoding + S) / S
+    must be in flight for one of them to be in the slot at any moment."""
+    stages = alone.service_stats["stage_mean_ms"]
+    needed = math.ceil(1.5 * (stages["download"] + stages["preprocess"] + stages["inference"]) / stages["inference"])
+    return max(at_least, min(at_most, needed))
 
 
 def slot_holds_only_inference(
@@ -114,11 +126,11 @@ def queued_waits(sent: int, slots: int) -> float:
     return sum(i // slots for i in range(sent)) / sent
 
 
-def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure) -> Expectation:
+def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure | float) -> Expectation:
     """`sent` requests by URL sent at once to a service with `slots` predict slots (its /health's
-    figure), judged on the service's own counts and means (D, decoding P, slot wait W, S). The mean
-    W of requests that each wait for floor(i / slots) inferences is S x `queued_waits` (the
-    expected wait, E):
+    figure, or the number it said, as the figure "slots"), judged on the service's own counts and
+    means (D, decoding P, slot wait W, S). The mean W of requests that each wait for
+    floor(i / slots) inferences is S x `queued_waits` (the expected wait, E):
 
     1. all `sent` were downloaded, preprocessed and inferred;
     2. those beyond the slots waited for one: W is at least half of E (wrong: more than `slots`
@@ -139,6 +151,7 @@ def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure) -> Ex
         for name, label in (("download", "downloaded"), ("preprocess", "preprocessed"), ("inference", "inferred"))
     ]
     d, wait, s = stage(burst, "download", "D"), stage(burst, "slot_wait", "W"), stage(burst, "inference", "S")
+    slots = slots if isinstance(slots, Figure) else measured("slots", slots)
     n = round(slots.value)
     share = queued_waits(sent, n)
     expected, held_bound = s.value * share, (s.value + d.value / 2) * share
