@@ -2,6 +2,7 @@
 instructor runs the full profile and reads what each cell printed.
 
     python -m servelab.lab.notebook_runs 6_triton_bench.ipynb 8_concurrency_target.ipynb --executed-to DIR
+    python -m servelab.lab.notebook_runs appendix_triton_crash.ipynb    # an appendix runs the same way
 
 With `--record-times` (full profile only), each notebook that passes has its run time written to
 notebooks/run_times.json, where the time plan reads it (servelab.time_plan).
@@ -29,6 +30,24 @@ from servelab.environment import machine_info
 from servelab.settings import settings
 
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"
+# The lab's notebooks: the numbered lessons ("9_cancellation"), then the appendices
+# ("appendix_triton_crash": optional exercises, part of neither part of the lab), each built,
+# checked and run as the lessons are.
+LESSONS, APPENDICES = "[0-9]*", "appendix_*"
+
+
+def order(name: str) -> tuple[int, int, str]:
+    """Where notebook `name` (a file name or stem) comes: the lessons by number (10 after 9), then
+    the appendices by name."""
+    number = name.split("_", 1)[0]
+    return (0, int(number), "") if number.isdigit() else (1, 0, name)
+
+
+def sources(folder: Path = NOTEBOOKS, suffix: str = ".py") -> list[Path]:
+    """The notebooks' jupytext sources (with `suffix` ".ipynb": the generated notebooks), lessons
+    then appendices (`order`)."""
+    found = [*folder.glob(LESSONS + suffix), *folder.glob(APPENDICES + suffix)]
+    return sorted(found, key=lambda path: order(path.name))
 
 
 def judging(folder: Path = NOTEBOOKS) -> list[str]:
@@ -36,7 +55,7 @@ def judging(folder: Path = NOTEBOOKS) -> list[str]:
     file name."""
     return sorted(
         source.with_suffix(".ipynb").name
-        for source in folder.glob("[0-9]*.py")
+        for source in sources(folder)
         if any(call in source.read_text() for call in ("lab.expect(", "lab.record("))
     )
 
@@ -80,9 +99,7 @@ def record_time(name: str, seconds: float, path: Path = time_plan.RUN_TIMES) -> 
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
     }
-    path.write_text(
-        json.dumps(dict(sorted(recorded.items(), key=lambda item: int(item[0].split("_")[0]))), indent=1) + "\n"
-    )
+    path.write_text(json.dumps(dict(sorted(recorded.items(), key=lambda item: order(item[0]))), indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
