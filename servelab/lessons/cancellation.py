@@ -1,4 +1,6 @@
-"""Notebook 9's checks: requests and streams whose client has left.
+"""Notebook 9's checks: requests and streams whose client has left; the appendix's check of
+Triton 2.51's cancellation race; and the machinery of both, below the checks (`Experiment`, the
+race probe), which takes the notebook's Lab as an argument (`LabLike`).
 
 Every condition about what the server did for clients who left needs some to have left: where
 none did in a run (nothing cancelled), it is NOT CHECKED, with that reason, rather than held on
