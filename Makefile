@@ -16,10 +16,10 @@ test-fast: artifacts  ## the day-to-day lane: unit tests and lint, no server sta
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
 test-notebook: artifacts  ## one notebook against the lab, as `make test` runs it (nbmake): make test-notebook NOTEBOOK=8_concurrency_target
-	@test -f "notebooks/$(NOTEBOOK).ipynb" || { echo "NOTEBOOK=$(NOTEBOOK) is not one of: $(basename $(notdir $(wildcard notebooks/[0-9]*.ipynb)))" >&2; exit 2; }
+	@test -f "notebooks/$(NOTEBOOK).ipynb" || { echo "NOTEBOOK=$(NOTEBOOK) is not one of: $(basename $(notdir $(wildcard notebooks/[0-9]*.ipynb notebooks/appendix_*.ipynb)))" >&2; exit 2; }
 	$(PY) -m pytest "notebooks/$(NOTEBOOK).ipynb" $(PYTEST_ARGS)
 
-test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3-10 in its Jupyter, tear down
+test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3-10 and the appendix in its Jupyter, tear down
 	bash scripts/test_docker.sh
 
 # The GPU check runs with the Python that has torch: the lab's virtualenv where there is one, else the

@@ -70,7 +70,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def run_order(item: pytest.Item) -> tuple[bool, int]:
     """Tests first, then the notebooks in the lab's order (10 after 9, where pytest's is 0, 10, 1);
-    a notebook with no number (one a test writes) keeps its place after them."""
+    a notebook with no number (an appendix, or one a test writes) keeps its place after them."""
     if not is_notebook(item):
         return False, 0
     number = re.match(r"\d+", item.path.name)

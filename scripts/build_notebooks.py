@@ -47,5 +47,7 @@ def build(source: Path) -> Path:
 
 
 if __name__ == "__main__":
-    for source in sorted(NOTEBOOKS.glob("[0-9]*.py")):
+    # The numbered lessons and the appendices (servelab.lab.notebook_runs.sources, which this script,
+    # run before the package may be installed, does not import).
+    for source in sorted([*NOTEBOOKS.glob("[0-9]*.py"), *NOTEBOOKS.glob("appendix_*.py")]):
         print(f"{source.name} -> {build(source).name}", file=sys.stderr)

@@ -9,7 +9,7 @@
 #     so a second run rebuilds nothing that did not change), the model files among them, in the
 #     lab's PyTorch image (no image copies a model file of this clone's); the project brought up,
 #     every health check waited for;
-#  4. notebooks 3-10 run in the Jupyter container by `pytest --nbmake`, quick profile, against the
+#  4. notebooks 3-10 and the appendix run in the Jupyter container by `pytest --nbmake`, quick profile, against the
 #     containers, every verdict checked against its own tables by the notebook's `lab.verdicts()`; a
 #     failing notebook is reported by its cell's source and traceback (nbmake), in this log;
 #  5. a photo uploaded to GourmetGram through its published port, which answers with a class;
@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 
 PROJECT=servelab-check
 NOTEBOOKS=(3_fastapi.ipynb 4_fastapi_bench.ipynb 5_triton.ipynb 6_triton_bench.ipynb 7_io_vs_compute.ipynb
-  8_concurrency_target.ipynb 9_cancellation.ipynb 10_stateful_sequences.ipynb)
+  8_concurrency_target.ipynb 9_cancellation.ipynb 10_stateful_sequences.ipynb appendix_triton_crash.ipynb)
 PY=.venv/bin/python
 DOCKERD_PID=.lab/docker/dockerd.pid
 

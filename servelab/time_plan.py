@@ -140,9 +140,10 @@ def order_key(stem: str) -> tuple[int, int, str]:
     return (0, int(number), stem) if number.isdigit() else (1, 0, stem)
 
 
-def notebook_sources(folder: Path = NOTEBOOKS) -> list[Path]:
-    """The notebooks' sources in the order a student takes them."""
-    found = [*folder.glob("[0-9]*_*.py"), *folder.glob(f"{APPENDIX_PREFIX}*.py")]
+def notebook_sources(folder: Path = NOTEBOOKS, suffix: str = ".py") -> list[Path]:
+    """The notebooks' sources in the order a student takes them (with `suffix` ".ipynb": the
+    generated notebooks)."""
+    found = [*folder.glob(f"[0-9]*_*{suffix}"), *folder.glob(f"{APPENDIX_PREFIX}*{suffix}")]
     return sorted(found, key=lambda path: order_key(path.stem))
 
 

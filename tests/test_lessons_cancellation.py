@@ -1,4 +1,8 @@
-"""Notebook 9's check on streamed work, fed a case it must pass and cases it must fail."""
+"""Notebook 9's checks, each fed a case it must pass and cases it must fail, the appendix's race
+check, and the notebooks' machinery that runs without a server (a stand-in lab)."""
+
+import math
+from types import SimpleNamespace
 
 from servelab.lessons import cancellation
 from servelab.lessons.expectations import Outcome
@@ -118,8 +122,11 @@ RaceProbe = cancellation.RaceProbe
 RACY, FIXED, FIXED_IN = (2, 51, 0), (2, 53, 0), (2, 53)
 
 
+ALONE = request_run(0, 20, 100)  # the run that measured a request alone: the service-time deadline
+
+
 def race(lesson: RaceProbe, at_s: RaceProbe, version=RACY):
-    return cancellation.triton_cancellation_race(lesson, at_s, version, FIXED_IN, probe_s=30, cores=2)
+    return cancellation.triton_cancellation_race(ALONE, lesson, at_s, version, FIXED_IN, probe_s=30, cores=2)
 
 
 def test_the_race_on_2_51_crashes_at_the_service_time_and_not_at_the_lesson_s_deadline():
@@ -127,6 +134,8 @@ def test_the_race_on_2_51_crashes_at_the_service_time_and_not_at_the_lesson_s_de
     at_s = RaceProbe(40, {"ISSUED": 22, "COMPLETE": 12, "FINISH": 6}, "triton exited (signal 11)")
     held = race(lesson, at_s)
     assert outcomes(held) == [Outcome.HELD] * 3
+    # The deadline is read from its run, so that the verdict says what the table says.
+    assert held.conditions[1].figures[-1].value == ALONE.latency.p50_ms == 10
     assert held.claim == "Triton 2.51.0: cancellations handled as their answer completes race, and crash the server"
     assert held.conditions[0].detail.startswith("+41.7 points, against ")
     assert "this machine's 2 core(s)" in held.reason and "within 30 s" in held.reason
@@ -160,3 +169,90 @@ def test_the_race_is_not_checked_where_no_client_gave_up():
     unlogged = race(RaceProbe(60), RaceProbe(40, {}, "triton exited (signal 11)"))
     assert outcomes(unlogged) == [Outcome.NOT_CHECKED, Outcome.HELD, Outcome.HELD]
     assert unlogged.conditions[0].detail.startswith("the server's log shows none of the 40 cancellations at the")
+
+
+# ---- the machinery: pacing, waste, tables, and the loads against a stand-in lab -----------------
+
+
+def test_pacing_gives_up_after_the_service_time_and_offers_half_of_one_slot():
+    patience_s, backoff_s = cancellation.pacing(50.0, impatient=4)
+    assert patience_s == 0.05
+    # Each sender: one request per patience + back-off = 2 s x 4; the four together, one per 2 s.
+    assert math.isclose(patience_s + backoff_s, 2 * 4 * 0.05)
+
+
+def test_wasted_inferences_are_those_beyond_the_answers_never_below_zero_nan_where_unread():
+    assert cancellation.wasted_inferences(30, 22) == 8
+    assert cancellation.wasted_inferences(20, 22) == 0  # a server counts at a scrape, clients a bit later
+    assert math.isnan(cancellation.wasted_inferences(math.nan, 22))
+    # Triton counts a request its model answered CANCELLED as a success.
+    assert cancellation.inferences_computed({"success_count": 40, "cancelled_by_model": 15}) == 25
+
+
+def test_the_streams_table_has_a_line_per_run_with_the_steps_per_client_who_left():
+    rows = cancellation.stream_rows(
+        {("FastAPI", "on"): streamed(0, 0, 500), ("FastAPI", "off"): streamed(20, 190, 900.0)}
+    )  # off first, whichever was measured first
+    assert len(rows) == 3 and "9.50" in rows[1] and "900 / 1080 ms (10 streams)" in rows[1]
+    assert "nan" in rows[2]  # nobody left: no steps per client who left
+
+
+def test_the_probe_table_says_where_there_was_no_log():
+    rows = cancellation.probe_rows({"at the service time": RaceProbe(40, {"ISSUED": 30, "FINISH": 10}, "hung"),
+                                    "the lesson's deadline": RaceProbe(60)})  # fmt: skip
+    assert "FINISH 10, ISSUED 30" in rows[1] and "25.0%" in rows[1] and rows[1].endswith("hung")
+    assert "no log to read" in rows[2] and rows[2].endswith("none")
+
+
+class StandInLab:
+    """The Lab's calls the experiment makes, answered from a list of runs, with no server."""
+
+    def __init__(self, *runs):
+        self.runs, self.calls = list(runs), []
+        self.triton_http, self.triton_grpc = "127.0.0.1:8000", "127.0.0.1:8001"
+        self.profile = SimpleNamespace(duration_s=3.0)
+        self.triton = SimpleNamespace(applied=[], apply_config=lambda model, config: self.triton.applied.append(
+            (model, config)), restore_config=lambda model: self.triton.applied.append((model, "shipped")))  # fmt: skip
+
+    def hardware(self) -> str:
+        return "2 CPU core(s) and no GPU"
+
+    def closed_loop(self, address, concurrency, duration_s, name, **options):
+        self.calls.append((address, concurrency, duration_s, name, options))
+        return self.runs.pop(0)
+
+
+def test_a_request_load_is_paced_from_the_latency_alone_and_its_waste_accounted():
+    alone = request_run(0, 40, 50)  # p50 20 ms
+    run = request_run(10, 400, 12)
+    run.service_stats = {"stage_counts": {"inference": 30}, "abandoned_by_stage": {}}
+    run.latencies_ms = [1.0] * 22
+    lab = StandInLab(alone, run)
+    experiment = cancellation.Experiment(lab, patient=4, impatient=4)
+    assert experiment.duration_s == 8  # at least 8 s, whatever the profile
+    assert experiment.requests("fastapi_onnx, abandon off", "http://x") is run
+    assert lab.calls[0][1:4] == (1, 3, "fastapi_onnx, abandon off, 1 client")  # a request alone, first
+    _, concurrency, duration_s, _, options = lab.calls[1]
+    assert duration_s == 8 and concurrency == 8 and options["impatient"] == 4 and options["service_stats"]
+    assert (options["patience_s"], options["backoff_s"]) == cancellation.pacing(20.0, 4)
+    assert experiment.runs == {"fastapi_onnx, abandon off": run} and experiment.wasted["fastapi_onnx, abandon off"] == 8
+
+
+def test_a_triton_run_that_triton_crashed_under_is_measured_once_more_and_not_twice(capsys, monkeypatch):
+    noted = []  # the retry is said (servelab.retries), here kept out of the suite's own list
+    monkeypatch.setattr(cancellation.retries, "note", lambda what, why: noted.append((what, why)))
+    stats = {"success_count": 30, "cancelled_by_model": 10, "fail_count": 5}
+    crashed = request_run(10, 400, 12, triton_stats=stats, interrupted_by=["triton exited (signal 11)"])
+    again = request_run(10, 400, 12, triton_stats=stats)
+    lab = StandInLab(request_run(0, 40, 50), crashed, again)
+    experiment = cancellation.Experiment(lab)
+    with experiment.triton_config("food_classifier_onnx", "one at a time"):
+        assert experiment.triton_requests("grpc", "food_classifier_onnx") is again
+    assert [call[0] for call in lab.calls] == ["127.0.0.1:8001"] * 3 and lab.calls[1][4]["kind"] == "triton-grpc"
+    assert lab.triton.applied == [("food_classifier_onnx", "one at a time"), ("food_classifier_onnx", "shipped")]
+    assert "Triton crashed during this run" in capsys.readouterr().out
+    assert noted == [("the run 'triton/food_classifier_onnx, grpc'", "Triton crashed under it")]
+    # Crashed twice: the second run is kept as it is, marked, for its verdict to be NOT CHECKED.
+    lab = StandInLab(request_run(0, 40, 50), crashed, crashed, again)
+    assert cancellation.Experiment(lab).triton_requests("http", "food_classifier_onnx") is crashed
+    assert lab.runs == [again] and lab.calls[0][0] == "127.0.0.1:8000"

@@ -23,7 +23,7 @@ import pytest
 
 from servelab import paths
 from servelab.lab import Lab, run_keeper
-from servelab.lab.notebook_runs import NOTEBOOKS, judging
+from servelab.lab.notebook_runs import NOTEBOOKS, judging, sources
 from servelab.lessons.expectations import LabFault, condition, figure, measured
 from servelab.profiles import profile
 from tests.helpers import synthetic_run
@@ -145,6 +145,7 @@ def test_the_notebooks_that_judge_expectations_are_found_and_each_is_generated()
         "8_concurrency_target",
         "9_cancellation",
         "10_stateful_sequences",
+        "appendix_triton_crash",
     } <= {name.removesuffix(".ipynb") for name in judging()}
     for name in judging():
         assert (NOTEBOOKS / name).is_file(), f"{name} is not generated: run `make notebooks`"
@@ -240,6 +241,6 @@ def test_a_notebook_gets_the_session_s_servers_and_one_that_changes_one_is_caugh
 
 def test_every_notebook_carries_the_time_limits_build_notebooks_writes():
     limits = {"execution": {"timeout": 1200}, "servelab": {"notebook_timeout_s": 1500}}
-    for generated in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")):
+    for generated in sources(NOTEBOOKS, ".ipynb"):
         metadata = json.loads(generated.read_text())["metadata"]
         assert {key: metadata.get(key) for key in limits} == limits, f"{generated.name}: run `make notebooks`"

@@ -34,8 +34,9 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
 from servelab import paths
+from servelab.lab.notebook_runs import sources
 
-SOURCES = sorted((paths.REPO_ROOT / "notebooks").glob("[0-9]*.py"))
+SOURCES = sources()
 GUARD = "chameleon_only"
 # Fewer checked uses than this means the checker has stopped following the notebooks.
 MIN_CHECKED_CHI_USES = 20

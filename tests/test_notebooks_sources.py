@@ -8,22 +8,28 @@ import jupytext
 import pytest
 
 from servelab import paths
-from servelab.lab.notebook_runs import judging
+from servelab.lab.notebook_runs import judging, order, sources
 
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"
+SOURCES = sources(NOTEBOOKS)  # the numbered lessons (10 after 9, not after 1), then the appendices
 
 
-def lesson_number(path) -> int:
-    return int(path.name.split("_")[0])
+def test_every_notebook_has_a_source_and_the_sequence_is_complete():
+    lessons = [source for source in SOURCES if source.name[0].isdigit()]
+    assert [source.name.split("_")[0] for source in lessons] == [str(n) for n in range(len(lessons))]
+    assert "appendix_triton_crash.py" in {source.name for source in SOURCES}
+    assert sources(NOTEBOOKS, ".ipynb") == [source.with_suffix(".ipynb") for source in SOURCES]
 
 
-SOURCES = sorted(NOTEBOOKS.glob("[0-9]*.py"), key=lesson_number)  # 10 after 9, not after 1
-
-
-def test_every_numbered_notebook_has_a_source_and_the_sequence_is_complete():
-    assert [source.name.split("_")[0] for source in SOURCES] == [str(n) for n in range(len(SOURCES))]
-    generated = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"), key=lesson_number)
-    assert generated == [source.with_suffix(".ipynb") for source in SOURCES]
+def test_the_lessons_come_in_their_order_and_the_appendices_after_them():
+    names = ["appendix_b.ipynb", "10_last.ipynb", "appendix_a", "9_cancellation", "0_intro.py"]
+    assert sorted(names, key=order) == [
+        "0_intro.py",
+        "9_cancellation",
+        "10_last.ipynb",
+        "appendix_a",
+        "appendix_b.ipynb",
+    ]
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)

@@ -2,6 +2,7 @@
 instructor runs the full profile and reads what each cell printed.
 
     python -m servelab.lab.notebook_runs 6_triton_bench.ipynb 8_concurrency_target.ipynb --executed-to DIR
+    python -m servelab.lab.notebook_runs appendix_triton_crash.ipynb    # an appendix runs the same way
 
 With `--record-times` (full profile only), each notebook that passes has its run time written to
 notebooks/run_times.json, where the time plan reads it (servelab.time_plan).
@@ -31,12 +32,27 @@ from servelab.settings import settings
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"
 
 
+# The lab's notebooks: the numbered lessons ("9_cancellation"), then the appendices
+# ("appendix_triton_crash": optional exercises, part of neither part of the lab), each built,
+# checked and run as the lessons are.
+def order(name: str) -> tuple[int, int, str]:
+    """Where notebook `name` (a file name or stem) comes: the lessons by number (10 after 9), then
+    the appendices by name."""
+    return time_plan.order_key(Path(name).stem)
+
+
+def sources(folder: Path = NOTEBOOKS, suffix: str = ".py") -> list[Path]:
+    """The notebooks' jupytext sources (with `suffix` ".ipynb": the generated notebooks), lessons
+    then appendices (`order`)."""
+    return time_plan.notebook_sources(folder, suffix)
+
+
 def judging(folder: Path = NOTEBOOKS) -> list[str]:
     """The notebooks that judge expectations (their source calls `lab.expect(` or `lab.record(`), by
     file name."""
     return sorted(
         source.with_suffix(".ipynb").name
-        for source in folder.glob("[0-9]*.py")
+        for source in sources(folder)
         if any(call in source.read_text() for call in ("lab.expect(", "lab.record("))
     )
 
@@ -80,9 +96,7 @@ def record_time(name: str, seconds: float, path: Path = time_plan.RUN_TIMES) -> 
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
     }
-    path.write_text(
-        json.dumps(dict(sorted(recorded.items(), key=lambda item: time_plan.order_key(item[0]))), indent=1) + "\n"
-    )
+    path.write_text(json.dumps(dict(sorted(recorded.items(), key=lambda item: order(item[0]))), indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,6 @@
-"""Notebook 9's checks: requests and streams whose client has left.
+"""Notebook 9's checks: requests and streams whose client has left; the appendix's check of
+Triton 2.51's cancellation race; and the machinery of both, below the checks (`Experiment`, the
+race probe), which takes the notebook's Lab as an argument (`LabLike`).
 
 Every condition about what the server did for clients who left needs some to have left: where
 none did in a run (nothing cancelled), it is NOT CHECKED, with that reason, rather than held on
@@ -17,9 +19,15 @@ whose client left, its `patient_latency` the patient clients' time to their last
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
 
+from servelab import retries
 from servelab.lessons.expectations import (
     Condition,
     Expectation,
@@ -30,7 +38,11 @@ from servelab.lessons.expectations import (
     not_checked,
     unless,
 )
-from servelab.results import RunResult
+from servelab.measure import service_stats
+from servelab.profiles import Profile
+from servelab.results import RunResult, StepCounts
+from servelab.triton import stats as triton_stats
+from servelab.triton.config import TritonConfig
 
 # With cancellation on, what a client who left may still cost: the step running when it left, and
 # one more while the news travels (the proxy's cancel to a Ray Serve replica, say).
@@ -256,7 +268,7 @@ def stream_stops_at_the_next_step(engine: str, off: RunResult | None, on: RunRes
     )
 
 
-# ---- Triton's cancellation race (notebook 9's probe) ---------------------------------------------
+# ---- Triton's cancellation race (the appendix notebook, appendix_triton_crash) ------------------
 
 # The steps of Triton's verbose log at which a cancellation is handled as its answer completes.
 AS_THE_ANSWER_COMPLETES = ("COMPLETE", "FINISH")
@@ -314,12 +326,18 @@ def _no_cancellation(probes: dict[str, RaceProbe], logged: bool) -> str:
 
 
 def triton_cancellation_race(
-    lesson: RaceProbe, at_s: RaceProbe, version: tuple[int, ...], fixed_in: tuple[int, ...], probe_s: float, cores: int
+    alone: RunResult,
+    lesson: RaceProbe,
+    at_s: RaceProbe,
+    version: tuple[int, ...],
+    fixed_in: tuple[int, ...],
+    probe_s: float,
+    cores: int,
 ) -> Expectation:
     """Triton's gRPC cancellation race (fixed in `fixed_in`), probed at two deadlines on a Triton
     of `version`: the lesson's (`lesson`: clients giving up while patient ones are queued ahead of
-    them) and the service time (`at_s`: two clients alone, giving up as their answer is often
-    being completed). Three conditions:
+    them) and the service time (`at_s`: two clients alone, giving up after the latency of a
+    request alone, `alone`'s median, as their answer is often being completed). Three conditions:
 
     1. at the service time, a larger share of the cancellations is handled as the answer completes
        (COMPLETE or FINISH) than at the lesson's deadline, by more than twice the standard error of
@@ -375,6 +393,7 @@ def triton_cancellation_race(
                     at_s.crashed == has_race,
                     crashes["at the service time"],
                     cancelled["at the service time"],
+                    figure(alone, "latency.p50_ms", "a request alone: the service-time deadline"),
                 ),
             ),
             if_cancelled(
@@ -394,3 +413,368 @@ def triton_cancellation_race(
             f"({at_s.cancelled} and {lesson.cancelled} cancelled at the service time and the lesson's deadline)"
         ),
     )
+
+
+# ---- the notebooks' machinery: the loads, and what each server did under them ------------------
+
+
+class LabLike(Protocol):
+    """What the machinery below uses of the notebooks' Lab (servelab.lab.facade.Lab, which this
+    layer does not import)."""
+
+    triton: Any  # servelab.lab.triton_side.TritonSide
+    triton_http: str | None
+    triton_grpc: str | None
+    profile: Profile
+
+    @property
+    def on_compose(self) -> bool: ...
+
+    def hardware(self) -> str: ...
+
+    def closed_loop(
+        self,
+        address: str,
+        concurrency: int,
+        duration_s: float,
+        name: str,
+        kind: str = "fastapi",
+        model: str | None = None,
+        backoff_s: float = 0.0,
+        impatient: int = 0,
+        patience_s: float | None = None,
+        service_stats: bool = False,
+        triton_stats: bool = False,
+    ) -> RunResult: ...
+
+    def streams(
+        self,
+        address: str,
+        concurrency: int,
+        steps: int,
+        duration_s: float,
+        name: str,
+        server_steps: Callable[[], StepCounts],
+        kind: str = "fastapi",
+        model: str | None = None,
+        impatient: int = 0,
+        leave_after_steps: int | None = None,
+        patience_s: float | None = None,
+        backoff_s: float = 0.0,
+    ) -> RunResult: ...
+
+    def wait_for_services(self) -> None: ...
+
+
+def pacing(alone_ms: float, impatient: int) -> tuple[float, float]:
+    """(patience, back-off) in seconds for an engine whose request alone takes `alone_ms` (s): an
+    impatient client gives up after s, and the next arrives after the back-off, so that each of the
+    `impatient` senders sends one request per 2 s x `impatient`; together, one per 2 s, half of
+    what one slot serves."""
+    patience_s = alone_ms / 1000
+    return patience_s, 2 * impatient * patience_s - patience_s
+
+
+def wasted_inferences(inferences: float, answered: int) -> float:
+    """The inferences a server ran beyond the answers its clients received: computed for nobody
+    (never below 0; NaN where the server's count could not be read)."""
+    return math.nan if math.isnan(inferences) else max(inferences - answered, 0)
+
+
+def inferences_computed(triton_stats: dict) -> float:
+    """The inferences Triton computed over a run: its successes less the requests its model
+    answered CANCELLED, which its statistics count as successes though nothing was computed."""
+    return triton_stats["success_count"] - triton_stats["cancelled_by_model"]
+
+
+def stream_rows(streams: dict[tuple[str, str], RunResult]) -> list[str]:
+    """The streams' table, a line each: per engine and setting, the streams whose client left,
+    the steps computed and those for clients who left (in all, and per client who left), and the
+    patient clients' p50 / p95 to their last step."""
+    rows = [
+        f"{'engine':>9} | {'cancellation':>12} | {'streams left':>12} | {'steps computed':>14} | "
+        f"{'for clients who left':>20} | {'per client who left':>19} | patient p50 / p95 to the last step"
+    ]
+    engines = dict.fromkeys(engine for engine, _ in streams)
+    for engine, setting in [(engine, setting) for engine in engines for setting in ("off", "on")]:
+        if (run := streams.get((engine, setting))) is None:
+            continue
+        steps = run.steps or {}
+        per_client = steps["for_gone_clients"] / run.cancelled if run.cancelled else math.nan
+        patient = run.patient_latency
+        p50, p95 = (patient.p50_ms, patient.p95_ms) if patient else (math.nan, math.nan)
+        rows.append(
+            f"{engine:>9} | {setting:>12} | {run.cancelled:>12} | {steps['computed']:>14} | "
+            f"{steps['for_gone_clients']:>20} | {per_client:>19.2f} | "
+            f"{p50:.0f} / {p95:.0f} ms ({len(run.latencies_ms)} streams)"
+        )
+    return rows
+
+
+@dataclass
+class Experiment:
+    """Notebook 9's loads, one engine at a time, and what each server did under them.
+
+    Requests: `patient` clients wait for every answer; `impatient` ones give up after the engine's
+    latency for a request alone (measured first, for `alone_s`) and come back after a back-off
+    (`pacing`), for the profile's duration (at least 8 s). Each run is kept in `runs`, and its
+    inferences computed for nobody in `wasted`, by run name.
+    Streams: `stream_patient` clients read every one of `steps` steps, `stream_impatient` leave
+    after `leave_after` steps and start again, for the profile's duration (at least 3 s); each run
+    in `streams`, by (engine, "off" or "on")."""
+
+    lab: LabLike
+    patient: int = 4
+    impatient: int = 4
+    stream_patient: int = 2
+    stream_impatient: int = 2
+    steps: int = 8
+    leave_after: int = 2
+    alone_s: float = 3.0
+    refine_model: str = "food_refine"
+    runs: dict[str, RunResult] = field(default_factory=dict)
+    wasted: dict[str, float] = field(default_factory=dict)
+    streams: dict[tuple[str, str], RunResult] = field(default_factory=dict)
+    _log_start: int | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.duration_s = max(self.lab.profile.duration_s, 8)
+        self.stream_s = max(self.lab.profile.duration_s, 3)
+        print(f"The models run on {self.lab.hardware()}.")
+
+    # -- requests --
+
+    def _paced(self, name: str, address: str, kind: str = "fastapi", model: str | None = None) -> tuple[float, float]:
+        alone = self.lab.closed_loop(address, 1, self.alone_s, name=f"{name}, 1 client", kind=kind, model=model)
+        patience_s, backoff_s = pacing(alone.latency.p50_ms, self.impatient)
+        print(f"{name}: a request alone {alone.latency.p50_ms:.1f} ms; patience {1000 * patience_s:.0f} ms")
+        return patience_s, backoff_s
+
+    def _load(self, name: str, address: str, pace: tuple[float, float], **options: Any) -> RunResult:
+        return self.lab.closed_loop(
+            address, self.patient + self.impatient, self.duration_s, name=name, impatient=self.impatient,
+            patience_s=pace[0], backoff_s=pace[1], **options,
+        )  # fmt: skip
+
+    def _account(self, name: str, result: RunResult, inferences: float) -> None:
+        self.runs[name] = result
+        answered = len(result.latencies_ms)
+        self.wasted[name] = wasted_inferences(inferences, answered)
+        patient = result.patient_latency.p95_ms if result.patient_latency else math.nan
+        print(
+            f"  {result.cancelled} cancelled by their clients, {answered} answered; the server ran {inferences:.0f}"
+            f" inferences: {self.wasted[name]:.0f} for nobody. Patient clients' p95: {patient:.0f} ms"
+        )
+
+    def requests(self, name: str, url: str) -> RunResult:
+        """The load against the FastAPI service or Ray Serve at `url`, kept as `name`; the
+        inferences it ran from its /metrics (for Ray Serve's one replica, the deployment's)."""
+        result = self._load(name, url, self._paced(name, url), service_stats=True)
+        stats = result.service_stats or {}
+        self._account(name, result, stats["stage_counts"].get("inference", 0) if stats else math.nan)
+        print(f"  abandoned by the server, by stage: {stats.get('abandoned_by_stage') or 'none'}")
+        return result
+
+    def triton_requests(self, protocol: str, model: str) -> RunResult:
+        """The load against the lab's Triton over `protocol` ("http" or "grpc"), kept as
+        "triton/<model>, <protocol>", with Triton's statistics over it and the requests its model
+        answered CANCELLED (from its log: NaN where there is none to read). Measured once more
+        if Triton crashed under it (the 2.51 race: notebooks/appendix_triton_crash)."""
+        kind, address = f"triton-{protocol}", self.lab.triton_http if protocol == "http" else self.lab.triton_grpc
+        assert address is not None, "this notebook connected with Triton"
+        name = f"triton/{model}, {protocol}"
+        pace = self._paced(name, address, kind, model)
+        for attempt in (1, 2):
+            result = self._load(name, address, pace, kind=kind, model=model, triton_stats=True)
+            if result.clean or attempt == 2:
+                break
+            print("  Triton crashed during this run (see the appendix): measuring it once more.")
+            retries.note(f"the run {name!r}", "Triton crashed under it")  # listed at the end of the test suite too
+        stats = result.triton_stats or {}
+        self._account(name, result, inferences_computed(stats))
+        print(
+            f"  Triton failed {stats['fail_count']} cancelled requests before the model; the model answered"
+            f" {stats['cancelled_by_model']:.0f} CANCELLED instead of computing them"
+        )
+        return result
+
+    @contextlib.contextmanager
+    def triton_config(self, model: str, config: TritonConfig) -> Iterator[None]:
+        """The lab's Triton serves `model` with `config` for the `with` block (the edit is shown as
+        a diff), then as shipped again."""
+        self.lab.triton.apply_config(model, config)
+        try:
+            yield
+        finally:
+            self.lab.triton.restore_config(model)
+
+    # -- streams --
+
+    def _refine_steps_logged(self) -> StepCounts:
+        """food_refine's steps since the first Triton stream, from its log lines (NaN: no log)."""
+        log: Path | None = self.lab.triton.log()
+        if log is None or self._log_start is None:
+            return StepCounts(math.nan, math.nan, 0)  # type: ignore[arg-type]
+        return triton_stats.refine_steps(triton_stats.log_since(log, self._log_start), self.refine_model)
+
+    def stream(self, engine: str, setting: str, url: str | None = None) -> RunResult:
+        """The streamed load, kept as "<engine> /refine, cancellation <setting>": against `url`'s
+        POST /refine (FastAPI, Ray Serve), counted by its /metrics; for engine "Triton", against the
+        lab's Triton over gRPC (`refine_model`), counted from the model's log lines."""
+        if engine == "Triton":
+            if self._log_start is None:
+                log = self.lab.triton.log()
+                self._log_start = log.stat().st_size if log else 0
+            assert self.lab.triton_grpc is not None, "this notebook connected with Triton"
+            address, kind, model, counter = (
+                self.lab.triton_grpc,
+                "triton-grpc",
+                self.refine_model,
+                self._refine_steps_logged,
+            )
+        else:
+            assert url is not None, f"{engine}: the service's URL"
+            address, kind, model = url, "fastapi", None
+
+            def counter() -> StepCounts:
+                return service_stats.refine_steps(address)
+
+        run = self.lab.streams(
+            address, self.stream_patient + self.stream_impatient, self.steps, self.stream_s,
+            f"{engine} /refine, cancellation {setting}", counter, kind=kind, model=model,
+            impatient=self.stream_impatient, leave_after_steps=self.leave_after,
+        )  # fmt: skip
+        self.streams[engine, setting] = run
+        steps = run.steps or {}
+        print(
+            f"  {run.cancelled} streams left after {self.leave_after} steps, {len(run.latencies_ms)} read to the "
+            f"last; the server computed {steps['computed']} steps, {steps['for_gone_clients']} for clients who had left"
+        )
+        if not run.clean:
+            print("  A service crashed during this run (its table row says which): its figures are NOT CHECKED.")
+        return run
+
+    # -- what the student reads --
+
+    def show_streams(self) -> None:
+        """The streams' table (`stream_rows`), then steps computed for clients who left and the
+        patient clients' p50, by engine, cancellation off and on."""
+        import matplotlib.pyplot as plt
+
+        print("\n".join(stream_rows(self.streams)))
+        engines = list(dict.fromkeys(engine for engine, _ in self.streams))
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.5))
+        width = 0.38
+        for offset, setting, color in ((-width / 2, "off", "tab:red"), (width / 2, "on", "tab:green")):
+            at = [index + offset for index in range(len(engines))]
+            runs = [self.streams[engine, setting] for engine in engines]
+            left.bar(at, [(run.steps or {})["for_gone_clients"] for run in runs], width, color=color, label=setting)
+            right.bar(at, [getattr(run.patient_latency, "p50_ms", math.nan) for run in runs], width, color=color,
+                      label=setting)  # fmt: skip
+        for axis, title in (
+            (left, "steps computed for clients who left"),
+            (right, "patient p50 to the last step (ms)"),
+        ):
+            axis.set_xticks(range(len(engines)), engines)
+            axis.set_title(title)
+            axis.legend(title="cancellation")
+        fig.suptitle(
+            f"{self.stream_patient} patient + {self.stream_impatient} impatient clients, {self.steps} steps, "
+            f"leaving after {self.leave_after}"
+        )
+        fig.tight_layout()
+        plt.show()
+
+    def show_goodput_and_waste(self) -> None:
+        """Each request run's goodput and its wasted inferences per second, side by side."""
+        import matplotlib.pyplot as plt
+
+        names = list(self.runs)
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+        left.barh(names, [self.runs[name].throughput_rps for name in names], color="tab:green")
+        left.set_xlabel("goodput (answers to clients still waiting, req/s)")
+        right.barh(names, [self.wasted[name] / self.runs[name].wall_s for name in names], color="tab:red")
+        right.set_xlabel("wasted inferences per second (computed for nobody)")
+        left.invert_yaxis()
+        fig.suptitle(f"{self.patient} patient + {self.impatient} impatient clients, {self.lab.hardware()}")
+        fig.tight_layout()
+        plt.show()
+
+
+# ---- the race probe's machinery (the appendix notebook) -----------------------------------------
+
+
+class ProbeTarget(NamedTuple):
+    """The Triton a probe runs against: its addresses (host:port) and its log (None: none to read)."""
+
+    http: str
+    grpc: str
+    log: Path | None
+
+
+@contextlib.contextmanager
+def probe_server(lab: LabLike, model: str, config: TritonConfig) -> Iterator[ProbeTarget]:
+    """A Triton serving `model` with `config` for the `with` block: locally a private one serving
+    the model alone, so that the lab's server is never crashed on purpose; in the Compose project
+    the project's own, configured alike and restored after (Docker restarts it if it crashes)."""
+    if not lab.on_compose:
+        with lab.triton.private_triton(model, config) as own:
+            yield ProbeTarget(own.http, own.grpc, own.log)
+        return
+    assert lab.triton_http is not None and lab.triton_grpc is not None, "the Compose project runs Triton"
+    lab.triton.apply_config(model, config)
+    try:
+        yield ProbeTarget(lab.triton_http, lab.triton_grpc, lab.triton.log())
+    finally:
+        lab.triton.restore_config(model)
+
+
+PROBE_RUN_S = 2.0  # one run of a probe: a crash ends the probe at the end of its run
+
+
+def cancellation_probe(
+    lab: LabLike,
+    triton: ProbeTarget,
+    model: str,
+    name: str,
+    clients: int,
+    impatient: int,
+    pace: tuple[float, float],
+    probe_s: float,
+) -> RaceProbe:
+    """`clients` gRPC clients, `impatient` of them giving up at `pace` (patience, back-off), against
+    `triton` with its verbose log on, in runs of PROBE_RUN_S until it crashes or `probe_s` pass: the
+    cancellations, the steps at which the server handled them (from its log), and the crash, or the
+    hang (the same race can deadlock the server instead: it stops answering)."""
+    log_start = triton.log.stat().st_size if triton.log else 0
+    lab.triton.log_verbosity(1, triton.http)
+    cancelled, crash, begun = 0, None, time.monotonic()
+    while crash is None and time.monotonic() - begun < probe_s:
+        run = lab.closed_loop(
+            triton.grpc, clients, PROBE_RUN_S, name=name, kind="triton-grpc", model=model,
+            impatient=impatient, patience_s=pace[0], backoff_s=pace[1],
+        )  # fmt: skip
+        cancelled += run.cancelled
+        crash = run.interrupted_by[0] if run.interrupted_by else None
+    lab.wait_for_services()
+    try:
+        lab.triton.log_verbosity(0, triton.http)  # a server restarted after a crash is back at 0 already
+    except TimeoutError:
+        crash = crash or "hung: it stopped answering"
+    steps = triton_stats.cancellation_steps(triton_stats.log_since(triton.log, log_start)) if triton.log else {}
+    return RaceProbe(cancelled, steps, crash)
+
+
+def probe_rows(probes: dict[str, RaceProbe]) -> list[str]:
+    """The race probe's table, a line per deadline: cancellations, the steps at which the server
+    handled them, the share handled as the answer completed, and the crash."""
+    rows = [
+        f"{'deadline':>22} | {'cancelled':>9} | {'handled at each step':<40} | {'as the answer completed':>23} | crash"
+    ]
+    for deadline, probe in probes.items():
+        steps = ", ".join(f"{step} {count}" for step, count in sorted(probe.steps.items())) or "no log to read"
+        rows.append(
+            f"{deadline:>22} | {probe.cancelled:>9} | {steps:<40} | {100 * probe.near_share:>22.1f}% |"
+            f" {probe.crash or 'none'}"
+        )
+    return rows

@@ -9,7 +9,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from servelab import paths
 from servelab.lessons.expectations import Expectation, condition, figure, measured, unless
@@ -17,8 +17,20 @@ from servelab.results import RunResult, SequenceRunResult
 from servelab.triton import stats as triton_stats
 
 if TYPE_CHECKING:
-    from servelab.lab.facade import Lab
     from servelab.triton.config import TritonConfig
+
+
+class SequenceLab(Protocol):
+    """What `StatefulModel` uses of the notebook's Lab (servelab.lab.facade.Lab, which this layer
+    does not import): its models, its Triton side, its profile and its sequence runs."""
+
+    models: Any  # servelab.triton.models.ModelRegistry
+    triton: Any  # servelab.lab.triton_side.TritonSide
+    triton_grpc: str | None
+    profile: Any  # servelab.profiles.Profile
+
+    def sequences(self, model: str, concurrency: int, length: int, **options: Any) -> SequenceRunResult: ...
+
 
 # The outputs of the lab's stateful model (food_sequence) that a frame's answer shows.
 FRAME_OUTPUTS = ("SEQUENCE_LABEL", "SEQUENCE_PROBABILITY", "FRAME_LABEL", "FRAMES_SEEN")
@@ -46,7 +58,7 @@ class StatefulModel:
     gRPC, each with its sequence ID and START/END flags; runs of live sequences from the lab's load
     generator; the model's log of evictions; a config tried for a while, then restored."""
 
-    def __init__(self, lab: Lab, model: str, client: Any = None) -> None:
+    def __init__(self, lab: SequenceLab, model: str, client: Any = None) -> None:
         import tritonclient.grpc as grpcclient
 
         self.lab, self.model = lab, model
