@@ -4,7 +4,7 @@ import math
 import statistics
 
 from servelab.lessons import concurrency_target
-from servelab.lessons.concurrency_target import Step
+from servelab.lessons.concurrency_target import Step, StepLoad
 from servelab.lessons.expectations import Outcome
 from servelab.ray.watch import ServeSample
 from tests.helpers import service_stages, synthetic_run
@@ -42,7 +42,7 @@ def load(t):  # one request per client in the system; the replicas hold 4 each, 
 
 
 def test_an_autoscaler_that_follows_the_target_holds_every_condition():
-    held = concurrency_target.scales_on_the_target(step_load(as_predicted, load), steps(), AUTOSCALING, MAX_ONGOING)
+    held = concurrency_target.scales_on_the_target(StepLoad(step_load(as_predicted, load), steps(), AUTOSCALING))
     assert outcomes(held) == [Outcome.HELD] * 3, held
     assert held.conditions[1].figures[0].value == 3.0  # per replica, 11 to 20 s
 
@@ -57,7 +57,7 @@ def test_a_prompt_scale_up_is_judged_before_the_second_replica_ran_not_over_the_
     samples = step_load(prompt, settled)
     whole_step = statistics.fmean(s.per_replica for s in samples if 10 <= s.t_s <= 25)
     assert whole_step <= AUTOSCALING["target_ongoing_requests"]  # the former check's window: it failed
-    held = concurrency_target.scales_on_the_target(samples, steps(), AUTOSCALING, MAX_ONGOING)
+    held = concurrency_target.scales_on_the_target(StepLoad(samples, steps(), AUTOSCALING))
     assert outcomes(held) == [Outcome.HELD] * 3, held
     assert [item.value for item in held.conditions[1].figures] == [3.0, 1]  # the sample at 12 s, after SETTLE_S
 
@@ -66,16 +66,16 @@ def test_a_load_that_never_exceeded_the_target_fails():
     def light(t):  # a lighter load: 1.2 requests per replica, below the target of 1.5
         return 1.2 if 10 < t <= 25 else load(t)
 
-    failed = concurrency_target.scales_on_the_target(step_load(as_predicted, light), steps(), AUTOSCALING, MAX_ONGOING)
+    failed = concurrency_target.scales_on_the_target(StepLoad(step_load(as_predicted, light), steps(), AUTOSCALING))
     assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD]
     assert "metrics_interval_s (1 s here)" in failed.reason
 
 
 def test_a_replica_never_added_or_never_removed_fails_the_removal():
-    never = concurrency_target.scales_on_the_target(step_load(lambda t: (1, 0), load), steps(), AUTOSCALING, 4)
+    never = concurrency_target.scales_on_the_target(StepLoad(step_load(lambda t: (1, 0), load), steps(), AUTOSCALING))
     assert outcomes(never)[2] is Outcome.NOT_HELD  # nothing to remove is not a removal
     kept = concurrency_target.scales_on_the_target(
-        step_load(lambda t: (1, 0) if t < 16 else (2, 0), load), steps(), AUTOSCALING, MAX_ONGOING
+        StepLoad(step_load(lambda t: (1, 0) if t < 16 else (2, 0), load), steps(), AUTOSCALING)
     )
     assert outcomes(kept)[2] is Outcome.NOT_HELD
     assert [item.value for item in kept.conditions[2].figures] == [2, 2]
@@ -83,7 +83,7 @@ def test_a_replica_never_added_or_never_removed_fails_the_removal():
 
 def test_no_sample_before_the_second_replica_ran_is_not_checked():
     at_once = concurrency_target.scales_on_the_target(
-        step_load(lambda t: (2, 0) if 11 <= t < 56 else (1, 0), load), steps(), AUTOSCALING, MAX_ONGOING
+        StepLoad(step_load(lambda t: (2, 0) if 11 <= t < 56 else (1, 0), load), steps(), AUTOSCALING)
     )
     assert outcomes(at_once)[1] is Outcome.NOT_CHECKED
 
@@ -110,8 +110,8 @@ def when_full(t):  # the second replica decided 4 s into the step of 12 clients,
 
 def rules(below_samples, at_cap_samples, below_steps=None, at_cap=None):
     return concurrency_target.scaling_rules(
-        concurrency_target.StepLoad(below_samples, below_steps or steps(), AUTOSCALING),
-        concurrency_target.StepLoad(at_cap_samples, at_cap or at_cap_steps(), AT_CAP),
+        StepLoad(below_samples, below_steps or steps(), AUTOSCALING),
+        StepLoad(at_cap_samples, at_cap or at_cap_steps(), AT_CAP),
         MAX_ONGOING,
     )
 
@@ -192,8 +192,12 @@ def queue_steps(client_ms_1=24.0, client_ms_12=200.0):
     ]
 
 
+def queue_in_front(samples, steps, max_ongoing):
+    return concurrency_target.queue_in_front(StepLoad(samples, steps, AUTOSCALING), max_ongoing)
+
+
 def test_requests_waiting_in_front_hold_the_queue_check():
-    held = concurrency_target.queue_in_front(queue_samples(120.0, 3.0), queue_steps(), MAX_ONGOING)
+    held = queue_in_front(queue_samples(120.0, 3.0), queue_steps(), MAX_ONGOING)
     assert outcomes(held) == [Outcome.HELD] * 3, held
     assert held.conditions[1].detail == "outside 40%, expected about 33% = 1 - 2 x 4 / 12"
     assert held.conditions[2].detail == "outside 4.0 ms against 80.0 ms"
@@ -201,7 +205,7 @@ def test_requests_waiting_in_front_hold_the_queue_check():
 
 def test_requests_waiting_inside_the_replicas_fail_the_queue_check():
     # No queue in front, and nearly all of a request's time spent inside a replica.
-    failed = concurrency_target.queue_in_front(queue_samples(190.0, 0.0), queue_steps(), MAX_ONGOING)
+    failed = queue_in_front(queue_samples(190.0, 0.0), queue_steps(), MAX_ONGOING)
     assert outcomes(failed) == [Outcome.NOT_HELD] * 3
     assert [item.name for item in failed.conditions[0].figures] == ["queued in front, 12 clients (mean)"]
     assert failed.reason.startswith("with 12 clients, Serve's gauges counted 7.7 requests inside the replicas and "
@@ -210,11 +214,28 @@ def test_requests_waiting_inside_the_replicas_fail_the_queue_check():
 
 def test_the_queue_check_is_not_checked_where_every_client_found_room_in_a_replica():
     # A cap of 8 on 2 replicas holds the 12 clients: nothing had to wait in front.
-    roomy = concurrency_target.queue_in_front(queue_samples(190.0, 0.0), queue_steps(), 8)
+    roomy = queue_in_front(queue_samples(190.0, 0.0), queue_steps(), 8)
     assert outcomes(roomy) == [Outcome.NOT_CHECKED] * 3
     assert roomy.conditions[0].detail == (
         "12 clients, 2 replica(s) of 8 requests each: every request found room in a replica"
     )
+
+
+def test_the_step_table_shows_each_step_from_serves_side_and_the_clients():
+    load = StepLoad(queue_samples(120.0, 3.0), queue_steps(), AUTOSCALING)
+    view = concurrency_target.step_view(load.samples, load.steps[2])  # 12 clients, samples 25 to 40 s
+    assert view["replicas (max)"] == 2
+    assert math.isclose(view["queued (mean)"], 15 * 3.0 / 16)  # the sample at 25 s still read none
+    assert math.isclose(view["in replica ms"], 120.0) and view["client ms"] == 200.0
+    table = concurrency_target.step_table(load).splitlines()
+    assert len(table) == 1 + len(load.steps)
+    assert table[0].split()[0] == "step" and "client ms" in table[0]
+    assert table[3].startswith("12 client(s), 25-40 s") and table[3].split()[-2:] == ["120.0", "200.0"]
+
+
+def test_a_step_without_samples_reads_none():
+    view = concurrency_target.step_view([], queue_steps()[0])
+    assert view["replicas (max)"] == 0 and math.isnan(view["queued (mean)"]) and math.isnan(view["in replica ms"])
 
 
 def slot_run(cap, throughput_rps, inferences, inference_ms, slot_wait_ms):
@@ -234,6 +255,14 @@ def test_slots_filling_with_room_in_the_replica_hold_every_condition():
     assert outcomes(held) == [Outcome.HELD] * 4, held
     assert held.conditions[1].detail == "0.21 -> 0.51 -> 1.28"
     assert math.isclose(concurrency_target.busy_slots(runs[4]), 420 * 15.2 / 1000 / 5)
+
+
+def test_the_slot_table_has_a_row_per_cap():
+    runs = {1: slot_run(1, 25, 125, 8.3, 0.7), 4: slot_run(4, 84, 420, 15.2, 4.6)}
+    table = concurrency_target.slot_table(runs, {1: watched(2.2), 4: watched(0.4)}).splitlines()
+    assert len(table) == 3 and "busy slots" in table[0]
+    assert table[2].split()[:5] == ["4", "84.0", "1.28", "0.40", "4.6"]
+    assert table[2].split()[-1] == "15.2"
 
 
 def test_slots_that_fill_whatever_the_cap_fail():
@@ -328,6 +357,15 @@ def test_a_third_replica_that_adds_capacity_past_full_cores_fails():
     idle = concurrency_target.replicas_stop_at_full_cores(replicas_runs(20, 30, 31), {1: 40, 2: 60, 3: 70}, cores=2)
     assert outcomes(idle)[0] is Outcome.NOT_HELD
     assert "(2 cores)" in idle.reason
+
+
+def test_the_capacity_check_follows_the_hardware():
+    runs = replicas_runs(30, 55, 56)
+    assert (
+        concurrency_target.replicas_add_capacity(runs, {}, gpus=2, cores=16).claim == "each GPU replica adds capacity"
+    )
+    cpu_only = concurrency_target.replicas_add_capacity(runs, {1: 60, 2: 97, 3: 99}, gpus=0, cores=2)
+    assert cpu_only.claim.startswith("on a CPU-only machine")
 
 
 def test_replicas_against_cores_without_a_third_run_are_not_checked():

@@ -5,6 +5,9 @@
     serve.deployment_options(config)["max_ongoing_requests"] = 2
     serve.apply(config)                        # shows the edit, deploys it, waits until it runs
     with serve.watch() as watcher: ...         # replicas, ongoing and queued requests over time
+    load = step_load(serve, lab.closed_loop, [(1, 10), (12, 10)], "ray_serve", autoscaling)
+    show_step_load(load, max_ongoing=4)        # its table and plot
+    two_node_cluster(40)                       # a two-node Ray cluster on this machine: its report
 
 Where it runs:
 - locally, the Ray Serve of `make up` when it runs (the shipped config is deployed again when the
@@ -22,17 +25,22 @@ adaptation is printed too.
 from __future__ import annotations
 
 import atexit
+import json
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.lessons.concurrency_target import Step
+from servelab import paths
+from servelab.lessons.concurrency_target import Step, StepLoad, step_table
 from servelab.measure import timeline
 from servelab.ray import local as ray_local
 from servelab.ray import rest as ray_rest
-from servelab.ray.watch import ServeSample, ServeWatcher
+from servelab.ray.watch import ServeWatcher
 from servelab.results import RunResult
 from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
@@ -175,11 +183,15 @@ def serve_at(ports: Ports, token_file: Path) -> RayServe:
 
 
 def step_load(
-    serve: RayServe, closed_loop: Callable[..., RunResult], steps: list[tuple[int, float]], label: str
-) -> tuple[list[ServeSample], list[Step]]:
-    """Each (clients, seconds) step in turn against `serve`, with `closed_loop` (the lab's, which
-    keeps each run as "<label>, step of N client(s)"), while Serve is watched: Serve's samples, and
-    the steps on the watcher's time axis."""
+    serve: RayServe,
+    closed_loop: Callable[..., RunResult],
+    steps: list[tuple[int, float]],
+    label: str,
+    autoscaling: dict[str, Any],
+) -> StepLoad:
+    """Each (clients, seconds) step in turn against `serve`, deployed with `autoscaling` (its
+    autoscaling_config), with `closed_loop` (the lab's, which keeps each run as "<label>, step of
+    N client(s)"), while Serve is watched: Serve's samples, and the steps on the watcher's time axis."""
     ran = []
     with serve.watch() as watcher:
         for clients, seconds in steps:
@@ -187,23 +199,34 @@ def step_load(
             run = closed_loop(serve.url, clients, seconds, name=f"{label}, step of {clients} client(s)")
             ran.append(Step(start, watcher.now_s(), clients, run))
     print(f"{len(watcher.samples)} samples of Serve's state; polls that failed: {dict(watcher.failures) or 'none'}")
-    return watcher.samples, ran
+    return StepLoad(watcher.samples, ran, autoscaling)
 
 
-def plot_step_load(
-    samples: list[ServeSample], steps: list[tuple], max_ongoing: int, width_s: float, target: float | None = None
-):
-    """A step load on one time axis: clients and replicas; requests inside the replicas (with
-    what the running replicas may hold, and with `target`, the autoscaler's target for them) and
-    queued in front; the clients' p50 and p95 per window; answers and refusals per second with the
-    CPU use. `steps`: (start_s, end_s, clients, run)."""
+def show_step_load(load: StepLoad, max_ongoing: int) -> None:
+    """A step load's table (servelab.lessons.concurrency_target.step_table), then its plot."""
     import matplotlib.pyplot as plt
 
-    figure, (load, requests_, latency, rate) = plt.subplots(4, 1, sharex=True, figsize=(10, 10))
+    print(step_table(load))
+    plot_step_load(load, max_ongoing)
+    plt.show()
+
+
+def plot_step_load(load: StepLoad, max_ongoing: int, width_s: float | None = None):
+    """A step load on one time axis: clients and replicas; requests inside the replicas (with
+    what the running replicas may hold, and what makes Serve add one: replicas x its target) and
+    queued in front; the clients' p50 and p95 per window (`width_s`; by default a tenth of the
+    median step, at least 1 s); answers and refusals per second with the CPU use."""
+    import matplotlib.pyplot as plt
+
+    samples, steps = load.samples, load.steps
+    target = load.autoscaling.get("target_ongoing_requests")
+    if width_s is None:
+        width_s = max(1.0, statistics.median(step.end_s - step.start_s for step in steps) / 10)
+    figure, (counts, requests_, latency, rate) = plt.subplots(4, 1, sharex=True, figsize=(10, 10))
     t = [sample.t_s for sample in samples]
-    load.step([start for start, *_ in steps], [clients for _, _, clients, _ in steps], where="post", label="clients")
-    load.plot(t, [sample.running for sample in samples], "o-", label="replicas running (Serve's status)")
-    load.set_ylabel("count")
+    counts.step([start for start, *_ in steps], [clients for _, _, clients, _ in steps], where="post", label="clients")
+    counts.plot(t, [sample.running for sample in samples], "o-", label="replicas running (Serve's status)")
+    counts.set_ylabel("count")
     requests_.plot(t, [sample.ongoing for sample in samples], label="inside the replicas")
     requests_.plot(t, [sample.queued for sample in samples], label="queued in front")
     requests_.plot(t, [sample.running * max_ongoing for sample in samples], "--", label="replicas x max_ongoing")
@@ -224,7 +247,7 @@ def plot_step_load(
     cpu.set_ylim(0, 105)
     cpu.set_ylabel("CPU % (all cores)")
     rate.set_xlabel("seconds")
-    for axes in (load, requests_, latency, rate):
+    for axes in (counts, requests_, latency, rate):
         axes.legend(loc="upper left", fontsize="small")
         for start, *_ in steps[1:]:
             axes.axvline(start, color="lightgray", linewidth=0.8)
@@ -232,3 +255,20 @@ def plot_step_load(
     figure.suptitle("Ray Serve under a step load: replicas, queue, latency")
     figure.tight_layout()
     return figure
+
+
+def two_node_cluster(requests: int) -> dict[str, Any]:
+    """A two-node Ray cluster on this machine, `requests` requests through its proxy
+    (servelab.ray.cluster, in a process of its own, on a free port): its JSON report."""
+    port = Ports.found_free().ray_serve
+    command = [sys.executable, "-m", "servelab.ray.cluster", "--port", str(port), "--requests", str(requests)]
+    ran = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=paths.REPO_ROOT,
+    )
+    if ran.returncode != 0:
+        raise RuntimeError(f"The two-node cluster failed:\n{ran.stderr[-3000:]}")
+    return json.loads(ran.stdout.strip().splitlines()[-1])

@@ -32,6 +32,15 @@ class Step(NamedTuple):
     run: RunResult
 
 
+class StepLoad(NamedTuple):
+    """A step load against an autoscaling deployment: Serve's samples, the steps, and the
+    deployment's autoscaling_config."""
+
+    samples: list[ServeSample]
+    steps: list[Step]
+    autoscaling: dict
+
+
 def _mean(values) -> float:
     values = list(values)
     return statistics.fmean(values) if values else math.nan
@@ -41,12 +50,35 @@ def _most(values) -> float:
     return float(max(values, default=math.nan))
 
 
-def scales_on_the_target(
-    samples: list[ServeSample], steps: list[Step], autoscaling: dict, max_ongoing: int
-) -> Expectation:
-    """A step load of (below the target, between the target and `max_ongoing`, above both, below
-    the target again), against a deployment with `autoscaling` (its autoscaling_config): Serve's
-    autoscaler follows the requests per replica.
+def step_view(samples: list[ServeSample], step: Step) -> dict[str, float]:
+    """One step seen from both sides: Serve's samples during it (replicas, requests inside the
+    replicas and per replica, queued in front, CPU, time in a replica) and the client's latency."""
+    inside = during(samples, step.start_s, step.end_s)
+    return {
+        "replicas (max)": _most(sample.running for sample in inside) if inside else 0.0,
+        "in replicas (mean)": _mean(sample.ongoing for sample in inside),
+        "per replica (mean)": _mean(sample.per_replica for sample in inside if sample.running),
+        "queued (mean)": _mean(sample.queued for sample in inside),
+        "CPU % (mean)": _mean(sample.cpu_percent for sample in inside),
+        "in replica ms": in_replica_mean_ms(samples, step.start_s, step.end_s),
+        "client ms": step.run.latency.mean_ms,
+    }
+
+
+def step_table(load: StepLoad) -> str:
+    """A step load's table: one row per step (`step_view`)."""
+    views = [step_view(load.samples, step) for step in load.steps]
+    lines = [f"{'step':<28}" + "".join(f"{name:>20}" for name in views[0])]
+    for step, view in zip(load.steps, views, strict=True):
+        label = f"{step.clients} client(s), {step.start_s:.0f}-{step.end_s:.0f} s"
+        lines.append(f"{label:<28}" + "".join(f"{value:20.1f}" for value in view.values()))
+    return "\n".join(lines)
+
+
+def scales_on_the_target(load: StepLoad) -> Expectation:
+    """A step load of (below the target, between the target and the replicas' cap, above both,
+    below the target again), against a deployment with `load.autoscaling` (its
+    autoscaling_config): Serve's autoscaler follows the requests per replica.
 
     1. below the target, Serve runs `min_replicas`;
     2. in the second step, until a second replica runs, the requests per replica (inside it or
@@ -55,14 +87,15 @@ def scales_on_the_target(
 
     When Serve added that replica, and how full the replica was then, is `scaling_rules`'s to judge.
     """
+    samples, autoscaling = load.samples, load.autoscaling
     target, fewest = autoscaling["target_ongoing_requests"], autoscaling["min_replicas"]
-    low, between, *_, last = steps
+    low, between, *_, last = load.steps
     at_start = [sample.running for sample in during(samples, low.start_s, low.end_s)]
     in_between = during(samples, between.start_s, between.end_s)
     one_running = [
         sample for sample in in_between if sample.t_s >= between.start_s + SETTLE_S and 0 < sample.running <= fewest
     ]
-    load = measured(
+    per_replica = measured(
         f"requests per replica, {between.clients} clients, before a second replica ran",
         _mean(sample.per_replica for sample in one_running),
     )
@@ -82,8 +115,8 @@ def scales_on_the_target(
             condition(
                 f"with {between.clients} clients, the requests per replica were above the target until a "
                 "second replica ran",
-                load.value > target,
-                load,
+                per_replica.value > target,
+                per_replica,
                 measured("samples before it ran", len(one_running)),
                 detail=f"target {target:g}",
             ),
@@ -107,15 +140,6 @@ def _delays(autoscaling: dict) -> str:
         f"({autoscaling.get('upscale_delay_s', 30):g} s) or downscale_delay_s "
         f"({autoscaling.get('downscale_delay_s', 600):g} s), and a new replica then has to start."
     )
-
-
-class StepLoad(NamedTuple):
-    """A step load against an autoscaling deployment: Serve's samples, the steps, and the
-    deployment's autoscaling_config."""
-
-    samples: list[ServeSample]
-    steps: list[Step]
-    autoscaling: dict
 
 
 class _Addition(NamedTuple):
@@ -250,7 +274,7 @@ def scaling_rules(below: StepLoad, at_cap: StepLoad, max_ongoing: int) -> Expect
     )
 
 
-def queue_in_front(samples: list[ServeSample], steps: list[Step], max_ongoing: int) -> Expectation:
+def queue_in_front(load: StepLoad, max_ongoing: int) -> Expectation:
     """The first step (one client) against the step with the most clients: with the most clients,
     Serve's queue holds requests, and at least half the share of a request's time that the
     replicas' cap predicts (1 - replicas x `max_ongoing` / clients) is spent outside the replica;
@@ -258,6 +282,7 @@ def queue_in_front(samples: list[ServeSample], steps: list[Step], max_ongoing: i
     Plausible wrong outcome: requests that wait inside the replica instead (a cap above the target).
     All NOT CHECKED where the most clients fit in the replicas (no more than replicas x
     `max_ongoing`): then no request had to wait in front."""
+    samples, steps = load.samples, load.steps
     first = steps[0]
     high = max(steps, key=lambda step: step.clients)
     inside = during(samples, high.start_s, high.end_s)
@@ -335,6 +360,22 @@ def busy_slots(run: RunResult) -> float:
         raise ValueError(f"{run.label}: the service's /metrics were not read over this run (service_stats)")
     count = run.service_stats["stage_counts"]["inference"]
     return 0.0 if count == 0 else count * run.service_stats["stage_mean_ms"]["inference"] / 1000 / run.wall_s
+
+
+def slot_table(runs: dict[int, RunResult], watched: dict[int, list[ServeSample]]) -> str:
+    """`slots_need_room`'s runs as a table, one row per `max_ongoing_requests`: throughput, busy
+    slots, requests queued in front (Serve's samples, `watched`), and the replica's own times: the
+    wait for a slot, the time in the replica, the time at the model."""
+    lines = [f"{'max_ongoing_requests':>22}{'req/s':>8}{'busy slots':>12}{'queued in front':>17}{'slot wait ms':>14}"
+             f"{'in replica ms':>15}{'at the model ms':>17}"]  # fmt: skip
+    for cap, run in runs.items():
+        stages = (run.service_stats or {}).get("stage_mean_ms", {})
+        lines.append(
+            f"{cap:>22}{run.throughput_rps:>8.1f}{busy_slots(run):>12.2f}"
+            f"{_mean(sample.queued for sample in watched[cap]):>17.2f}{stages.get('slot_wait', math.nan):>14.1f}"
+            f"{in_replica_mean_ms(watched[cap], 0, math.inf):>15.1f}{stages.get('inference', math.nan):>17.1f}"
+        )
+    return "\n".join(lines)
 
 
 def _slots(run: RunResult, cap: int) -> Figure:
@@ -564,6 +605,16 @@ def replicas_stop_at_full_cores(
         reason=f"the CPU samples are the whole machine's ({cores} cores): if Serve's proxy or the load generator "
         "spends less CPU per request when fewer requests wait in front, that shows up as capacity",
     )
+
+
+def replicas_add_capacity(
+    by_replicas: dict[int, RunResult], cpu_percent: dict[int, float], gpus: int, cores: int
+) -> Expectation:
+    """Replicas add capacity only while the machine has room for them: with GPUs,
+    `gpu_replicas_add_capacity`; on a CPU-only machine, `replicas_stop_at_full_cores`."""
+    if gpus:
+        return gpu_replicas_add_capacity(by_replicas, gpus, cores)
+    return replicas_stop_at_full_cores(by_replicas, cpu_percent, cores)
 
 
 def spread_over_nodes(report: dict, requests: int) -> Expectation:
