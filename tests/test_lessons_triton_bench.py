@@ -218,3 +218,50 @@ def test_poisson_is_not_checked_where_neither_run_queued_or_one_is_missing():
     missing = triton_bench.poisson_queues_more(constant, None, 36, 100, "cpu", 2)
     assert outcomes(missing) == [Outcome.NOT_CHECKED] * 2
     assert missing.conditions[0].detail.startswith("not measured: poisson queue")
+
+
+def test_the_queue_is_the_clients_ahead_times_the_compute_time():
+    # One instance at 25 ms: at 8 clients a request waits for the 7 ahead, 175 ms; at 16, for 15.
+    held = triton_bench.queue_is_the_clients_ahead(concurrency_runs((0.1, 175, 375), (25, 26, 27), (38, 38, 38)), "cpu")
+    assert outcomes(held) == [Outcome.NOT_CHECKED, Outcome.HELD, Outcome.HELD]
+    assert held.conditions[0].detail == "one client: no request is ever ahead of another"
+    assert held.conditions[1].detail == "queue / (7 x compute) = 0.96"
+
+
+def test_the_queue_is_not_the_clients_ahead_where_the_server_runs_them_together_or_something_else_queues():
+    """The wrong outcomes: the server runs the requests together (no queue, each computing 8 or 16
+    times longer), or a queue four times what the clients ahead explain."""
+    together = concurrency_runs((0.1, 0.2, 0.3), (25, 200, 400), (38, 38, 38))
+    assert outcomes(triton_bench.queue_is_the_clients_ahead(together, "cpu"))[1:] == [Outcome.NOT_HELD] * 2
+    longer = concurrency_runs((0.1, 700, 390), (25, 25, 26), (38, 38, 38))
+    assert outcomes(triton_bench.queue_is_the_clients_ahead(longer, "cpu"))[1:] == [Outcome.NOT_HELD, Outcome.HELD]
+
+
+def test_the_queue_against_the_clients_ahead_is_not_checked_where_the_server_never_held_them():
+    idle = triton_bench.queue_is_the_clients_ahead(concurrency_runs((0.1, 0.2, 0.3), (25, 25, 25), (20, 30, 35)), "cpu")
+    assert outcomes(idle) == [Outcome.NOT_CHECKED] * 3
+    assert idle.conditions[1].detail.startswith("Triton held 0.76 requests at a time on average, under 2")
+    missing = concurrency_runs((0.1, 175, 375), (25, 26, 27), (38, 38, 38))
+    missing[16] = None
+    assert outcomes(triton_bench.queue_is_the_clients_ahead(missing, "cpu"))[2] is Outcome.NOT_CHECKED
+
+
+def sampled(throughput_rps, mean_ms, processes=None, gpus=()):
+    series = {"t_s": [0, 1], "cpu_percent": [90, 90], "memory_percent": [5, 5], "gpu_source": "nvml",
+              "gpus": [{"index": index, "name": "H100", "util_percent": [util, util], "memory_used_mib": [1, 1],
+                        "memory_total_mib": 80} for index, util in enumerate(gpus)]}  # fmt: skip
+    resources = {**series, "processes": processes} if processes else series
+    return perf_run(throughput_rps=throughput_rps, mean_ms=mean_ms, resources=resources)
+
+
+def test_device_use_says_whether_the_latency_grew_while_the_device_was_not_full():
+    on_gpu = {"c=1": sampled(40, 25, gpus=(20, 0)), "c=16": sampled(40, 400, gpus=(35, 0))}
+    said = triton_bench.device_use(on_gpu, cores=8, sweep=True)
+    assert "c=16: 400.0 ms mean latency; GPU 0 35.0% busy, GPU 1 0.0% busy" in said
+    assert said.endswith("at most 35% busy: not full, so the requests wait for the instance, not the device, and "
+                         "more instances can use what one leaves idle.")  # fmt: skip
+    on_cpu = {"c=1": sampled(30, 30, {"i0": 150}), "c=8": sampled(33, 240, {"i0": 186})}
+    full = triton_bench.device_use(on_cpu, cores=2, sweep=True)
+    assert "the instances used 186% of a core, of the 200% this machine has; 17.7 requests per second of CPU" in full
+    assert "with the device 93% busy: full" in full
+    assert "not full" not in triton_bench.device_use(on_cpu, cores=2)  # no sweep: no conclusion
