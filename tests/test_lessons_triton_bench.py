@@ -265,3 +265,46 @@ def test_device_use_says_whether_the_latency_grew_while_the_device_was_not_full(
     assert "the instances used 186% of a core, of the 200% this machine has; 17.7 requests per second of CPU" in full
     assert "with the device 93% busy: full" in full
     assert "not full" not in triton_bench.device_use(on_cpu, cores=2)  # no sweep: no conclusion
+
+
+def test_the_poisson_sweep_runs_every_rate_with_triton_s_statistics():
+    asked = []
+
+    def perf(model, **load):
+        asked.append((model, load))
+        if load["rate"] == 2:
+            return None  # no stable measurement
+        run = poisson(load["rate"], 8, 1, 6)
+        run.triton_stats.update(inference_count=10, execution_count=10, avg_batch_size=1.0)
+        return run
+
+    sweep = triton_bench.poisson_sweep(perf, [1, 2.5, 2])
+    assert list(sweep) == ["1 req/s", "2.5 req/s", "2 req/s"] and sweep["2 req/s"] is None
+    assert asked[0] == ("food_classifier_onnx", {"rate": 1, "distribution": "poisson", "triton_stats": True})
+
+
+def test_batches_ran_reads_the_largest_batch_and_the_compute_per_image_at_the_highest_rate():
+    without = {"50 req/s": poisson(50, 8, 1, 6), "150 req/s": poisson(150, 40, 30, 6)}
+    on = {"50 req/s": poisson(50, 8, 1, 6, batches={1: 10, 2: 3}, per_image={1: 6, 2: 4}),
+          "150 req/s": poisson(150, 10, 2, 3, batches={1: 10, 4: 30, 8: 0}, per_image={1: 6, 4: 2})}  # fmt: skip
+    histograms, said = triton_bench.batches_ran(without, on)
+    assert list(histograms) == ["50 req/s, dynamic batching", "150 req/s, dynamic batching", "150 req/s, no batching"]
+    assert said.splitlines() == [
+        "The largest batch that ran: 4.",
+        "no batching, 150 req/s: compute per image, by batch size: 1: 6.00 ms (100 executions)",
+        "dynamic batching, 150 req/s: compute per image, by batch size: 1: 6.00 ms (10 executions), 4: 2.00 ms "
+        "(30 executions)",
+    ]
+
+
+def test_the_queueing_view_compares_the_runs_with_m_g_1_and_says_what_was_measured():
+    from servelab.lab.triton_side import Capacity
+
+    alone = perf_run(throughput_rps=100, mean_ms=10, compute_ms=8)
+    alone.latency.std_ms = 5.0  # cv2 = 0.25
+    capacity = Capacity("m", "1 instance", alone, perf_run(throughput_rps=100, compute_ms=9, concurrency=4))
+    view = triton_bench.queueing_view({"50 req/s": poisson(50, 20, 6, 8), "90 req/s": None}, capacity)
+    lines = view.splitlines()
+    assert len(lines) == 7 and lines[1].startswith("  50 req/s |  50%")
+    assert "squared coefficient of variation is 0.25" in view and "(4 clients)" in view
+    assert triton_bench.queueing_view({"90 req/s": None}, capacity).startswith("No queueing comparison")
