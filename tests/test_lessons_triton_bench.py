@@ -218,3 +218,93 @@ def test_poisson_is_not_checked_where_neither_run_queued_or_one_is_missing():
     missing = triton_bench.poisson_queues_more(constant, None, 36, 100, "cpu", 2)
     assert outcomes(missing) == [Outcome.NOT_CHECKED] * 2
     assert missing.conditions[0].detail.startswith("not measured: poisson queue")
+
+
+def test_the_queue_is_the_clients_ahead_times_the_compute_time():
+    # One instance at 25 ms: at 8 clients a request waits for the 7 ahead, 175 ms; at 16, for 15.
+    held = triton_bench.queue_is_the_clients_ahead(concurrency_runs((0.1, 175, 375), (25, 26, 27), (38, 38, 38)), "cpu")
+    assert outcomes(held) == [Outcome.NOT_CHECKED, Outcome.HELD, Outcome.HELD]
+    assert held.conditions[0].detail == "one client: no request is ever ahead of another"
+    assert held.conditions[1].detail == "queue / (7 x compute) = 0.96"
+
+
+def test_the_queue_is_not_the_clients_ahead_where_the_server_runs_them_together_or_something_else_queues():
+    """The wrong outcomes: the server runs the requests together (no queue, each computing 8 or 16
+    times longer), or a queue four times what the clients ahead explain."""
+    together = concurrency_runs((0.1, 0.2, 0.3), (25, 200, 400), (38, 38, 38))
+    assert outcomes(triton_bench.queue_is_the_clients_ahead(together, "cpu"))[1:] == [Outcome.NOT_HELD] * 2
+    longer = concurrency_runs((0.1, 700, 390), (25, 25, 26), (38, 38, 38))
+    assert outcomes(triton_bench.queue_is_the_clients_ahead(longer, "cpu"))[1:] == [Outcome.NOT_HELD, Outcome.HELD]
+
+
+def test_the_queue_against_the_clients_ahead_is_not_checked_where_the_server_never_held_them():
+    idle = triton_bench.queue_is_the_clients_ahead(concurrency_runs((0.1, 0.2, 0.3), (25, 25, 25), (20, 30, 35)), "cpu")
+    assert outcomes(idle) == [Outcome.NOT_CHECKED] * 3
+    assert idle.conditions[1].detail.startswith("Triton held 0.76 requests at a time on average, under 2")
+    missing = concurrency_runs((0.1, 175, 375), (25, 26, 27), (38, 38, 38))
+    missing[16] = None
+    assert outcomes(triton_bench.queue_is_the_clients_ahead(missing, "cpu"))[2] is Outcome.NOT_CHECKED
+
+
+def sampled(throughput_rps, mean_ms, processes=None, gpus=()):
+    series = {"t_s": [0, 1], "cpu_percent": [90, 90], "memory_percent": [5, 5], "gpu_source": "nvml",
+              "gpus": [{"index": index, "name": "H100", "util_percent": [util, util], "memory_used_mib": [1, 1],
+                        "memory_total_mib": 80} for index, util in enumerate(gpus)]}  # fmt: skip
+    resources = {**series, "processes": processes} if processes else series
+    return perf_run(throughput_rps=throughput_rps, mean_ms=mean_ms, resources=resources)
+
+
+def test_device_use_says_whether_the_latency_grew_while_the_device_was_not_full():
+    on_gpu = {"c=1": sampled(40, 25, gpus=(20, 0)), "c=16": sampled(40, 400, gpus=(35, 0))}
+    said = triton_bench.device_use(on_gpu, cores=8, sweep=True)
+    assert "c=16: 400.0 ms mean latency; GPU 0 35.0% busy, GPU 1 0.0% busy" in said
+    assert said.endswith("at most 35% busy: not full, so the requests wait for the instance, not the device, and "
+                         "more instances can use what one leaves idle.")  # fmt: skip
+    on_cpu = {"c=1": sampled(30, 30, {"i0": 150}), "c=8": sampled(33, 240, {"i0": 186})}
+    full = triton_bench.device_use(on_cpu, cores=2, sweep=True)
+    assert "the instances used 186% of a core, of the 200% this machine has; 17.7 requests per second of CPU" in full
+    assert "with the device 93% busy: full" in full
+    assert "not full" not in triton_bench.device_use(on_cpu, cores=2)  # no sweep: no conclusion
+
+
+def test_the_poisson_sweep_runs_every_rate_with_triton_s_statistics():
+    asked = []
+
+    def perf(model, **load):
+        asked.append((model, load))
+        if load["rate"] == 2:
+            return None  # no stable measurement
+        run = poisson(load["rate"], 8, 1, 6)
+        run.triton_stats.update(inference_count=10, execution_count=10, avg_batch_size=1.0)
+        return run
+
+    sweep = triton_bench.poisson_sweep(perf, [1, 2.5, 2])
+    assert list(sweep) == ["1 req/s", "2.5 req/s", "2 req/s"] and sweep["2 req/s"] is None
+    assert asked[0] == ("food_classifier_onnx", {"rate": 1, "distribution": "poisson", "triton_stats": True})
+
+
+def test_batches_ran_reads_the_largest_batch_and_the_compute_per_image_at_the_highest_rate():
+    without = {"50 req/s": poisson(50, 8, 1, 6), "150 req/s": poisson(150, 40, 30, 6)}
+    on = {"50 req/s": poisson(50, 8, 1, 6, batches={1: 10, 2: 3}, per_image={1: 6, 2: 4}),
+          "150 req/s": poisson(150, 10, 2, 3, batches={1: 10, 4: 30, 8: 0}, per_image={1: 6, 4: 2})}  # fmt: skip
+    histograms, said = triton_bench.batches_ran(without, on)
+    assert list(histograms) == ["50 req/s, dynamic batching", "150 req/s, dynamic batching", "150 req/s, no batching"]
+    assert said.splitlines() == [
+        "The largest batch that ran: 4.",
+        "no batching, 150 req/s: compute per image, by batch size: 1: 6.00 ms (100 executions)",
+        "dynamic batching, 150 req/s: compute per image, by batch size: 1: 6.00 ms (10 executions), 4: 2.00 ms "
+        "(30 executions)",
+    ]
+
+
+def test_the_queueing_view_compares_the_runs_with_m_g_1_and_says_what_was_measured():
+    from servelab.lab.triton_side import Capacity
+
+    alone = perf_run(throughput_rps=100, mean_ms=10, compute_ms=8)
+    alone.latency.std_ms = 5.0  # cv2 = 0.25
+    capacity = Capacity("m", "1 instance", alone, perf_run(throughput_rps=100, compute_ms=9, concurrency=4))
+    view = triton_bench.queueing_view({"50 req/s": poisson(50, 20, 6, 8), "90 req/s": None}, capacity)
+    lines = view.splitlines()
+    assert len(lines) == 7 and lines[1].startswith("  50 req/s |  50%")
+    assert "squared coefficient of variation is 0.25" in view and "(4 clients)" in view
+    assert triton_bench.queueing_view({"90 req/s": None}, capacity).startswith("No queueing comparison")

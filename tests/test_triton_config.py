@@ -202,3 +202,50 @@ def test_a_config_read_from_a_file_names_its_origin_in_errors(tmp_path):
     with pytest.raises(ConfigError, match=str(path)):
         TritonConfig.read(path)
     assert TritonConfig.read(paths.MODELS_STAGING_DIR / "food_classifier" / "config.pbtxt").name == "food_classifier"
+
+
+def test_a_typed_block_replaces_its_field_and_keeps_the_rest_of_the_text():
+    """What notebook 6's student types: one top-level field as config.pbtxt text."""
+    shipped = SHIPPED["food_classifier"]
+    typed = "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0 ] }, { count: 2, kind: KIND_GPU, gpus: [ 1 ] } ]"
+    edited = shipped.with_text(typed)
+    assert edited.instance_count() == 4
+    # The same text as the edit made from Python values: only the lines that differ are rewritten.
+    assert (
+        edited.text
+        == shipped.with_instance_groups(
+            [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_GPU", "gpus": [1]}]
+        ).text
+    )
+    # On a server with no GPU, the typed GPU groups run as as many CPU instances.
+    served = adapt_to_server(edited, LOCAL_TRITON).proto
+    cpu = served.instance_group[0].KIND_CPU
+    assert [(group.count, group.kind, list(group.gpus)) for group in served.instance_group] == [(2, cpu, [])] * 2
+    batching = shipped.with_text(
+        "dynamic_batching {\n  preferred_batch_size: [ 4, 8 ]\n  max_queue_delay_microseconds: 100\n}"
+    )
+    assert changed_lines(shipped.diff(batching)) == [
+        "+dynamic_batching {", "+  preferred_batch_size: [ 4, 8 ]", "+  max_queue_delay_microseconds: 100", "+}"
+    ]  # fmt: skip
+    assert shipped.with_text("dynamic_batching { }").proto.HasField("dynamic_batching")
+
+
+@pytest.mark.parametrize(
+    ("typed", "message"),
+    [
+        # A misspelt field is named, with the field meant, and the line it is on.
+        ("instance_group [ { cont: 2, kind: KIND_GPU } ]",
+         "line 1: an instance_group has no field 'cont'; did you mean 'count'"),
+        ("dynamic_batching {\n  max_queue_delay_microsecond: 100\n}",
+         "line 2: a dynamic_batching has no field 'max_queue_delay_microsecond'; did you mean 'max_queue_delay_micro"),
+        ("instance_group [ { count: 2, kind: GPU } ]", "kind has no value 'GPU'; it has: KIND_AUTO, KIND_GPU"),
+        # A block for a field a model config does not have.
+        ("queue_limit { size: 4 }", "a model config has no field 'queue_limit'; it has: .*instance_group"),
+        ("", "the text writes no field"),
+        ("instance_group [ { count: 2 ]", "line 1: .*Expected identifier"),
+        ("dynamic_batching { preferred_batch_size: [ 32 ] }", "between 1 and max_batch_size \\(16\\)"),
+    ],
+)  # fmt: skip
+def test_a_typed_block_that_triton_would_refuse_fails_here_naming_what_is_wrong(typed, message):
+    with pytest.raises(ConfigError, match=message):
+        SHIPPED["food_classifier"].with_text(typed)

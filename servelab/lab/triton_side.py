@@ -339,7 +339,7 @@ class TritonSide:
     def apply_config(self, model: str, edited: TritonConfig | str) -> None:
         """Show the edit as a diff, write it where the server reads it, and reload that one model.
 
-        `edited` is a TritonConfig (e.g. `lab.triton.config(model).with_dynamic_batching(...)`) or the
+        `edited` is a TritonConfig (e.g. `lab.triton.config(model).with_text("dynamic_batching { }")`) or the
         text of one; either way it is checked against Triton's schema before Triton sees it.
         """
         info = self.models.get(model)

@@ -10,6 +10,7 @@ the edit. Changed fields are written in the style of the shipped configs (`[ ]` 
 
     config = TritonConfig.read(Path("models_staging/food_classifier/config.pbtxt"))
     edited = config.with_dynamic_batching(preferred_batch_size=[4, 8], max_queue_delay_microseconds=100)
+    typed = config.with_text("dynamic_batching { preferred_batch_size: [ 4, 8 ] }")  # the same, typed
     print(config.diff(edited))
 
 What a given server makes of a config (its GPUs, its backends) is servelab.triton.adaptation's.
@@ -18,12 +19,13 @@ What a given server makes of a config (its GPUs, its backends) is servelab.trito
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from google.protobuf import json_format, text_format
+from google.protobuf import descriptor_pool, json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.text_encoding import CEscape
@@ -333,6 +335,47 @@ def _check_semantics(config: ModelConfigProto, origin: str) -> None:
         raise ConfigError(f"{origin}: " + "; ".join(problems) + ".")
 
 
+_UNKNOWN_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "(\w+)"')
+_UNKNOWN_VALUE = re.compile(r'Enum type "([\w.]+)" has no value named (\w+)')
+
+
+def _called(full_name: str) -> str:
+    """A message type of the schema as config.pbtxt calls it: "an instance_group" for
+    inference.ModelInstanceGroup, "a model config" for the whole config."""
+    if full_name == ModelConfig.DESCRIPTOR.full_name:
+        return "a model config"
+    for field in ModelConfig.DESCRIPTOR.fields:
+        if field.message_type is not None and field.message_type.full_name == full_name:
+            return f"{'an' if field.name[0] in 'aeiou' else 'a'} {field.name}"
+    return full_name.split(".")[-1]
+
+
+def _typed_error(exc: text_format.ParseError, origin: str) -> str:
+    """What is wrong with typed config text, in words: an unknown field or value named, with the
+    one meant where one is close, else those there are; any other error as the schema says it."""
+    where = f"{origin}, line {exc.GetLine()}" if exc.GetLine() else origin
+    if found := _UNKNOWN_FIELD.search(str(exc)):
+        message_type, name = found.groups()
+        try:
+            known = sorted(descriptor_pool.Default().FindMessageTypeByName(message_type).fields_by_name)
+        except KeyError:
+            known = []
+        said = f"{_called(message_type)} has no field {name!r}"
+    elif found := _UNKNOWN_VALUE.search(str(exc)):
+        enum_type, name = found.groups()
+        try:
+            known = list(descriptor_pool.Default().FindEnumTypeByName(enum_type).values_by_name)
+        except KeyError:
+            known = []
+        parent, _, enum = enum_type.rpartition(".")
+        said = f"{_called(parent)}'s {enum.lower()} has no value {name!r}"
+    else:
+        return f"{where}: {str(exc).split(' : ', 1)[-1]} (Triton's schema: model_config.proto)."
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"it has: {', '.join(known)}."
+    return f"{where}: {said}; {hint}"
+
+
 @dataclass(frozen=True)
 class TritonConfig:
     """The text of one config.pbtxt, checked against Triton's schema when made."""
@@ -387,6 +430,27 @@ class TritonConfig:
                 json_format.ParseDict({name: value}, edited, ignore_unknown_fields=False)
             except json_format.ParseError as exc:
                 raise ConfigError(f"{self.origin}: cannot set {name} to {value!r}: {exc}") from None
+        return self.with_proto(edited)
+
+    def with_text(self, block: str) -> TritonConfig:
+        """This config with the top-level fields written in `block`, config.pbtxt text as typed
+        (e.g. `instance_group [ { count: 2, kind: KIND_GPU } ]`, or a `dynamic_batching { ... }`
+        block), each replacing that whole field, or added where this config has none; every other
+        field keeps its text. Checked against Triton's schema: a misspelt or unknown field is a
+        ConfigError that names it (and the field meant, where one is close)."""
+        typed = ModelConfig()
+        origin = f"{self.origin} (the typed text)"
+        try:
+            text_format.Parse(block, typed)
+        except text_format.ParseError as exc:
+            raise ConfigError(_typed_error(exc, origin)) from None
+        written = [field.name for field, _ in typed.ListFields()]
+        if not written:
+            raise ConfigError(f"{origin}: the text writes no field (e.g. instance_group [ {{ count: 2 }} ]).")
+        edited = self.proto
+        for name in written:
+            edited.ClearField(name)
+        edited.MergeFrom(typed)
         return self.with_proto(edited)
 
     def without(self, *names: str) -> TritonConfig:
