@@ -309,7 +309,7 @@ lab.record(triton_bench.batching_keeps_latency_flat(without_batching, with_batch
 # Kendall's notation names a queue arrivals/service/servers: M is Poisson (memoryless) arrivals,
 # D a deterministic service time, G a general one. With S = 1 / the measured capacity, the runs
 # without batching are an M/D/1 queue: the wait grows slowly, then sharply near capacity. M/G/1
-# adds how much a request's time varies. Each prediction adds the wait to a request's time alone.
+# adds how much a request's time varies. Each model's estimate adds the wait to a request's time alone.
 
 # %%
 print(triton_bench.queueing_view(without_batching, onnx_capacity))

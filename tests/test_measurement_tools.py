@@ -273,7 +273,7 @@ def test_sampler_reads_every_gpu_when_there_is_one():
 def test_md1_known_value_half_load():
     # rho = 50 req/s * 10 ms = 0.5: Wq = 0.5 / (2 * 100/s * 0.5) = 5 ms.
     assert queueing.md1_mean_wait_s(50, 0.010) == pytest.approx(0.005)
-    (row,) = queueing.mg1_prediction([50], 0.010, 0.0)
+    (row,) = queueing.mg1_estimate([50], 0.010, 0.0)
     assert row == pytest.approx({"rate_rps": 50.0, "utilization": 0.5, "queueing_delay_ms": 5.0, "latency_ms": 15.0})
 
 
@@ -290,7 +290,7 @@ def test_mg1_waits_longer_as_the_service_time_varies_and_is_md1_when_it_does_not
     # rho = 0.5, S = 10 ms: Wq = 0.5 * 10 ms * (1 + cv2) / (2 * 0.5) = 5 ms * (1 + cv2).
     assert queueing.mg1_mean_wait_s(50, 0.010, 0.0) == pytest.approx(queueing.md1_mean_wait_s(50, 0.010))
     assert queueing.mg1_mean_wait_s(50, 0.010, 1.0) == pytest.approx(0.010)  # M/M/1: twice M/D/1
-    (row,) = queueing.mg1_prediction([50], 0.010, 0.5)
+    (row,) = queueing.mg1_estimate([50], 0.010, 0.5)
     assert row["queueing_delay_ms"] == pytest.approx(7.5) and row["latency_ms"] == pytest.approx(17.5)
     with pytest.raises(ValueError, match="not negative"):
         queueing.mg1_mean_wait_s(50, 0.010, -0.1)
@@ -363,7 +363,7 @@ def _open_results(service_ms: float = 20.0) -> list[RunResult]:
     results = []
     for arrival, factor in (("poisson", 1.0), ("constant", 0.0)):
         for i, rate in enumerate((10, 20, 30, 40, 45)):
-            predicted = queueing.mg1_prediction([rate], service_ms / 1000, 0.0)[0]["latency_ms"]
+            predicted = queueing.mg1_estimate([rate], service_ms / 1000, 0.0)[0]["latency_ms"]
             center = service_ms + factor * (predicted - service_ms)
             results.append(
                 _result("fastapi_onnx", rate=rate, arrival=arrival, center_ms=center, throughput=rate, seed=20 + i)

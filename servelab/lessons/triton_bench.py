@@ -548,7 +548,7 @@ def queueing_view(without: dict[str, RunResult | None], capacity: Capacity) -> s
     mean = sum(ratios) / len(ratios)
     outside_ms = alone_ms - capacity.alone.server_ms("compute_infer")
     lines.append(
-        f"\nThe measured mean latencies are {min(ratios):.2f} to {max(ratios):.2f} times the M/G/1 prediction "
+        f"\nThe measured mean latencies are {min(ratios):.2f} to {max(ratios):.2f} times the M/G/1 estimate "
         f"({mean:.2f} on average: {'above' if mean > 1 else 'below'} it). What this run measured about the "
         f"difference:\n"
         f"- a request's time varies: its squared coefficient of variation is {cv2:.2f}, where M/D/1 assumes 0 "

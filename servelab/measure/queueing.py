@@ -81,7 +81,7 @@ def dd1_mean_wait_s(rate_rps: float, service_time_s: float) -> float:
     return 0.0 if rho <= 1 else math.inf
 
 
-def _prediction(
+def _estimate(
     wait_s: Callable[[float, float], float], rates: Iterable[float], service_time_s: float
 ) -> list[dict[str, Any]]:
     rows = []
@@ -98,7 +98,7 @@ def _prediction(
     return rows
 
 
-def mg1_prediction(rates: Iterable[float], service_time_s: float, cv2: float) -> list[dict[str, Any]]:
-    """M/G/1 predictions at each offered rate (M/D/1 at cv2 = 0): rate_rps, utilization,
+def mg1_estimate(rates: Iterable[float], service_time_s: float, cv2: float) -> list[dict[str, Any]]:
+    """M/G/1 estimates at each offered rate (M/D/1 at cv2 = 0): rate_rps, utilization,
     queueing_delay_ms, latency_ms."""
-    return _prediction(lambda rate, service: mg1_mean_wait_s(rate, service, cv2), rates, service_time_s)
+    return _estimate(lambda rate, service: mg1_mean_wait_s(rate, service, cv2), rates, service_time_s)

@@ -449,7 +449,7 @@ def plot_queueing(
     if cv2 > 0:
         models.append((f"M/G/1 (Poisson arrivals, service cv² = {cv2:.2f})", cv2, "tab:purple"))
     for name, variation, color in models:
-        waits = [row["queueing_delay_ms"] for row in queueing.mg1_prediction(rates, service_time_s, variation)]
+        waits = [row["queueing_delay_ms"] for row in queueing.mg1_estimate(rates, service_time_s, variation)]
         ax.plot(rates, base_ms + np.asarray(waits), color=color, linewidth=2, label=f"{name}: predicted mean")
     ax.plot(
         rates,
@@ -472,7 +472,7 @@ def plot_queueing(
     if log_y:
         ax.set_yscale("log")
     else:
-        # Keep the interesting part readable: the predictions shoot up near capacity.
+        # Keep the interesting part readable: the estimates shoot up near capacity.
         measured_max = max((r.latency.mean_ms for r in runs if math.isfinite(r.latency.mean_ms)), default=base_ms)
         ax.set_ylim(0, max(measured_max, 10 * base_ms) * 1.1)
     utilization_axis = ax.secondary_xaxis(
