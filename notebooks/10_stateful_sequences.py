@@ -115,7 +115,7 @@ stateful.show("a sequence never started", stateful.frame(next_id + 1, photos[0].
 # ends. The baseline: the same, one sequence at a time. Triton's statistics around each run count
 # the executions and their batch sizes.
 #
-# **Predictions**
+# **Expectations**
 #
 # 1. Frames of different sequences share executions: with `N` sequences the average batch is at
 #    least 2, with `oldest` and `direct` alike.
@@ -192,7 +192,7 @@ if checked is not None:
 # `CAPACITY`; the load generator runs `CAPACITY`, then twice as many, sequences at once, each
 # started once (a broken one is not restarted).
 #
-# **Prediction** 4. At the capacity no sequence is broken off. At twice the capacity at least
+# **Expectation** 4. At the capacity no sequence is broken off. At twice the capacity at least
 # `CAPACITY` are, each by an `evicted` error, and the model's log counts as many evictions as the
 # clients saw.
 
@@ -222,7 +222,7 @@ lab.record(sequences.evictions_break_the_oldest(at_capacity, above, CAPACITY, ev
 # `sequence_end`; the model drops the state without computing the frame, and Triton frees the
 # sequence's batch slot.
 #
-# **Prediction** 5. After the short pause the frame is answered; after the long one it is refused
+# **Expectation** 5. After the short pause the frame is answered; after the long one it is refused
 # as `expired`; the cancel is answered CANCELLED; the cancelled sequence's next frame is refused by
 # Triton as a frame without START (the sequence is gone). Each is judged on that specific refusal,
 # not on any error.
@@ -261,7 +261,7 @@ lab.record(sequences.idle_and_cancelled_sequences(after_short_pause, after_long_
 # above every pause: one sequence sends a frame every half second until 1 s before `TOTAL_S`, then
 # one more half a second after it.
 #
-# **Prediction** 6. Every frame before `TOTAL_S` is answered; the one after it is refused as
+# **Expectation** 6. Every frame before `TOTAL_S` is answered; the one after it is refused as
 # `timed out` (not `expired`: the sequence never idled for `IDLE_LONGER_S`).
 
 # %%

@@ -58,16 +58,10 @@ print(triton_bench.device_use(python_backend, lab.cores, sweep=True))
 # The lab adds its Triton (`-u`) and a report file (`-f`); a line it won't run says what to change.
 
 # %%
-from servelab.triton.perf_analyzer import PerfAnalyzerError
-from servelab.triton.typed_command import TypedCommandError
-
 my_command = "perf_analyzer -m food_classifier --concurrency-range 4 --measurement-request-count 20"  # edit me
-try:
-    lab.table(lab.triton.perf_typed(my_command))
-except TypedCommandError as refused:
-    print(f"Not run: {refused}")
-except PerfAnalyzerError as failed:  # perf_analyzer's own message: an option it does not know, no stable number...
-    print(f"perf_analyzer gave no number:\n{failed}")
+typed_runs = lab.triton.perf_typed(my_command)
+if typed_runs:
+    lab.table(typed_runs)
 
 # %% [markdown]
 # ### Batching on the client side

@@ -92,7 +92,7 @@ for url in (lab.image_url("soup.jpg"), f"{service}/health", "file:///etc/passwd"
 # outside design is measured once more with half again that many (at least 16), computed from its
 # run with one sender.
 #
-# **Prediction**, for each download latency:
+# **Expectation**, for each download latency:
 #
 # 1. inside the slot, more senders only lengthen the queue: from 4 to 16 senders the throughput
 #    changes by less than 15%: the slot, held for the download too, is the limit (at most about
@@ -173,7 +173,7 @@ plots.plot_throughput_bounds(panels, bounds, title="fastapi_onnx, one predict sl
 plt.show()
 
 # %% [markdown]
-# Read the plot against the prediction: inside the slot, the curve should stay near 1 / (D + S);
+# Read the plot against the expectation: inside the slot, the curve should stay near 1 / (D + S);
 # outside, it should rise until the slot is busy (the model, not the network, is then the limit),
 # later with the longer download, which needs more requests in flight to hide it. Where your run
 # differs, the verdicts say which condition failed.
@@ -186,7 +186,7 @@ plt.show()
 # requests by URL go at once, after a warm-up burst, each with an emulated download of
 # `BURST_LATENCY_MS`: long beside S, so a wait behind a download would stand out.
 #
-# **Prediction**, from the service's metrics: all 10 are downloaded, decoded and inferred; the 5
+# **Expectation**, from the service's metrics: all 10 are downloaded, decoded and inferred; the 5
 # beyond the slots wait about one inference S each, so the mean slot wait W is at least about S / 2
 # and well below (D + S) / 2, its mean if the downloads waited behind the slots. (On a busy machine
 # the event loop's delay in handing decoded requests to the slots adds to W.) Counts and means

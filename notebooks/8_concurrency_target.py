@@ -73,7 +73,7 @@ print(requests.get(f"{serve.url}/health", timeout=10).json())
 # Steps of 1 client, 3 (above the target, below the cap), 12 (above both), then 1. Every second the
 # notebook samples Serve: replicas, requests inside them and queued in front, time in a replica, CPU.
 #
-# **Prediction**:
+# **Expectation**:
 #
 # 1. 1 client: one replica. 3 clients: above the target, the replica not full, nothing queued, yet
 #    Serve adds a replica: the target triggers it. Back at 1 client, Serve removes it.
@@ -125,7 +125,7 @@ lab.record(concurrency_target.queue_in_front(below_cap, MAX_ONGOING), predicted=
 #
 # The target raised to the cap (4); steps of 1, 3, then 12 clients.
 #
-# **Prediction**: with 3 clients the replica holds 3 of 4, nothing queues, no replica is added. With
+# **Expectation**: with 3 clients the replica holds 3 of 4, nothing queues, no replica is added. With
 # 12 it is full, requests queue, and only then does Serve add one. The trade-off: replicas started
 # early but not full (target below the cap), or full while requests wait for a new one (at the cap).
 
@@ -156,7 +156,7 @@ lab.record(concurrency_target.scaling_rules(below_cap, at_cap, MAX_ONGOING), pre
 # One replica with two predict slots, 4 clients, caps of 1, 2, then 4. The replica's `/metrics` give
 # its busy slots and its wait for a slot.
 #
-# **Prediction**:
+# **Expectation**:
 #
 # 1. Cap 1: at most one slot works, while requests queue in front (at least one on average).
 # 2. Each higher cap keeps more slots busy; with 4, more than one on average.
@@ -197,7 +197,7 @@ lab.record(concurrency_target.slots_need_room(slot_runs, slot_samples, PREDICT_S
 # (`max_queued_requests: -1`, the default). A refused client waits 100 ms before retrying (a
 # **backoff**); with `backoff_s=0`, refusals flood the server.
 #
-# **Prediction**: with the small queue, requests are refused (503 only), a refusal takes under a
+# **Expectation**: with the small queue, requests are refused (503 only), a refusal takes under a
 # quarter of the answers' median time, and the answered p95 is under half that with no bound, where
 # nobody is refused.
 
@@ -231,7 +231,7 @@ lab.record(concurrency_target.bounded_queue_refuses(
 # (a share of the cores each). The CPU samples count every process: they show when the cores are
 # **full**.
 #
-# **Prediction**: GPU node: the second replica gives at least 1.3x the throughput. CPU only: two
+# **Expectation**: GPU node: the second replica gives at least 1.3x the throughput. CPU only: two
 # replicas fill the cores (CPU at least 95%), and a third adds at most 100% / (CPU % with two), +15%.
 # (One GPU shared by two replicas: NOT CHECKED.)
 
@@ -268,7 +268,7 @@ lab.record(concurrency_target.replicas_add_capacity(by_replicas, cpu_by_replicas
 # here, deploys two replicas, at most one per node, and sends requests through the head node's proxy.
 # On real machines, the README says how.
 #
-# **Prediction**: one replica per node, both nodes serve, all on 127.0.0.1. It must hold anywhere
+# **Expectation**: one replica per node, both nodes serve, all on 127.0.0.1. It must hold anywhere
 # (`must_hold=True`): if not, the verdicts stop with an error, a fault of the lab.
 
 # %%
@@ -282,7 +282,7 @@ lab.record(concurrency_target.spread_over_nodes(report, TWO_NODE_REQUESTS));
 #
 # **FastAPI**: one predict slot, nothing in front: requests wait inside the process, none is refused.
 #
-# **Prediction**: from 4 to 16 clients nobody is refused, the median latency grows at least 2.5x, and
+# **Expectation**: from 4 to 16 clients nobody is refused, the median latency grows at least 2.5x, and
 # the slot wait grows more than the inference, by at least one inference time.
 
 # %%
@@ -299,7 +299,7 @@ lab.record(concurrency_target.fastapi_queues_inside(fastapi_runs[4], fastapi_run
 # instances taking one request at a time (`max_batch_size: 1`: like two one-slot replicas), 16 clients
 # with the same backoff, a queue of 2 against no bound.
 #
-# **Prediction**: as for Ray Serve: refusals in under a quarter of the answered median time, and an
+# **Expectation**: as for Ray Serve: refusals in under a quarter of the answered median time, and an
 # answered p95 under half that with no bound, where none is refused.
 
 # %%

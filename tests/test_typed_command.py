@@ -50,10 +50,10 @@ def settled(lab: Lab, line: str) -> list:
     windows do not agree on a busy machine (a student sees that message and runs it again)."""
     for _attempt in range(2):
         try:
-            return lab.triton.perf_typed(line)
+            return lab.triton.run_typed(line)
         except perf_analyzer.NoStableMeasurement:
             continue
-    return lab.triton.perf_typed(line)
+    return lab.triton.run_typed(line)
 
 
 @pytest.mark.integration
@@ -77,3 +77,10 @@ def test_a_typed_line_runs_against_the_lab_s_triton_and_each_load_level_is_kept(
     # The Python-backend model takes the photo's bytes: the lab adds the sample as its input data.
     (photo,) = settled(lab, "perf_analyzer -m food_classifier --measurement-request-count 10 --stability-percentage 80")
     assert "--input-data" in photo.command and photo.throughput_rps > 0
+    # In a notebook's cell, a wrong line or perf_analyzer's own failure is printed, and gives no run.
+    capsys.readouterr()
+    assert lab.triton.perf_typed("perf_analyzer -m food_clasifier") == []
+    assert "Not run: -m food_clasifier: the lab's Triton serves no such model" in capsys.readouterr().out
+    assert lab.triton.perf_typed("perf_analyzer -m food_classifier --no-such-option") == []
+    assert "perf_analyzer gave no number; change the line" in capsys.readouterr().out
+    assert len(lab.results) == 3, "neither kept a run"

@@ -23,6 +23,7 @@ import functools
 import math
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -209,6 +210,20 @@ class TritonSide:
         return self.keeper.keep(result, f"{result.name}, {self.configuration(model)}", started)
 
     def perf_typed(self, line: str) -> list[RunResult]:
+        """A perf_analyzer command line as a student types it (`run_typed`), for a notebook's cell: a
+        line the lab will not run, or perf_analyzer's own failure, is printed with what to change,
+        and gives no run, so the cell needs no error handling of its own."""
+        try:
+            return self.run_typed(line)
+        except typed_command.TypedCommandError as refused:
+            print(f"Not run: {refused}")
+        except perf_analyzer.PerfAnalyzerError as failed:  # an option it does not know, no stable measurement...
+            print(f"perf_analyzer gave no number; change the line and run the cell again:\n{failed}")
+        except subprocess.TimeoutExpired as late:
+            print(f"perf_analyzer ran past {late.timeout:g} s and was stopped: ask for fewer requests or windows.")
+        return []
+
+    def run_typed(self, line: str) -> list[RunResult]:
         """A perf_analyzer command line as typed (servelab.triton.typed_command): run against the
         lab's Triton, with the model's input data (the sample photo) where the line gives none,
         its output printed as perf_analyzer wrote it, and each load level of its report kept as a
