@@ -209,7 +209,7 @@ stages = burst.service_stats
 print("requests per stage:", stages["stage_counts"])
 print("mean ms per stage: ", {name: round(ms, 1) for name, ms in stages["stage_mean_ms"].items()})
 lab.record(io_vs_compute.burst_waits_only_for_slots(burst, SENT, health["slots"]),
-           predicted=predicted_burst)
+           predicted=predicted_burst);
 
 # %% [markdown]
 # ## All the runs, and the verdicts

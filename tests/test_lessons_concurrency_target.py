@@ -125,6 +125,15 @@ def test_each_rule_adding_its_replica_as_it_says_holds_every_condition():
     assert [item.value for item in held.conditions[2].figures] == [12, 4.0, 8.0]
 
 
+def test_full_replicas_read_from_the_queue_in_front_not_from_one_snapshot_inside():
+    """Measured (session 47): 12 clients, 4.5 queued in front on average, while no one-second
+    snapshot read the replica at its cap of 4. The router queues only for full replicas: it held."""
+    snapshots = at_cap_load(when_full, inside_at=lambda t: 1.0 if t <= 5 else 3.0)
+    held = rules(step_load(as_predicted, load), snapshots)
+    assert outcomes(held) == [Outcome.HELD] * 3, held
+    assert [item.value for item in held.conditions[2].figures] == [12, 3.0, 8.0]
+
+
 def test_a_low_target_that_waited_for_a_full_replica_fails():
     """The wrong outcome for Ray's practice: with the target at 1.5, Serve added the replica only once
     12 clients had filled the replica and queued, as if the cap triggered scaling."""

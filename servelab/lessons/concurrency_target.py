@@ -203,8 +203,11 @@ def scaling_rules(below: StepLoad, at_cap: StepLoad, max_ongoing: int) -> Expect
     2. `at_cap`: target_ongoing_requests equal to the cap, the rule of Baseten's concurrency target
        (one number caps a replica and, once every replica has reached it, triggers scaling). With
        more clients than the replicas hold, Serve adds a replica;
-    3. and only once the replicas were full (a sample read their cap) and requests waited in front
-       (at least one on average, not a snapshot's passing one).
+    3. and only once the replicas were full: more clients than the replicas hold, and requests
+       waited in front (at least one on average, not a snapshot's passing one), which Serve's router
+       does only while every replica holds its cap. The most any sample read inside is shown beside
+       them, not judged: two gauges sampled once a second can miss the moment a replica is at its
+       cap while requests move between the router and it (measured: 3 of 4 inside, with 4.5 queued).
 
     "Until it decided" is Serve's samples of the step during which it decided, once SETTLE_S had
     passed. A wrong outcome for 1 is a replica added only with the step above the cap; for 3, one
@@ -260,7 +263,7 @@ def scaling_rules(below: StepLoad, at_cap: StepLoad, max_ongoing: int) -> Expect
                 condition(
                     f"target {high.target:g}, equal to the cap: Serve added it only once the replicas were full and "
                     "requests waited in front",
-                    high_inside.value >= full and high_queued.value >= 1,
+                    high_clients.value > full and high_queued.value >= 1,
                     high_clients,
                     high_inside,
                     high_queued,
