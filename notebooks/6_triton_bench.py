@@ -33,7 +33,7 @@ lab = Lab.connect("6_triton_bench")
 #
 # 1. the queue grows with the clients (1 to 8, 8 to 16: each by more than one compute time),
 #    while compute infer stays within 50% of its lowest;
-# 2. at each c, the queue is about (c - 1) compute times.
+# 2. at each c above 1, the queue is about (c - 1) compute times.
 #
 # Where Triton held under two requests at a time, nothing could queue: NOT CHECKED.
 
