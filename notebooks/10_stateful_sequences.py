@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 10. Stateful inference: sequences and the sequence batcher
 #
-# **Time:** about 16 minutes (6 reading, 3 running, 6 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 15 minutes (6 reading, 3 running, 6 hands-on; `python -m servelab.time_plan`)
 #
 # Some answers depend on what came before. A meal filmed as a stream of frames is one dish: a
 # classifier that sees one frame at a time should answer with what the frames **so far** say. The

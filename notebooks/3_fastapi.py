@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 3. Wrapping the model in FastAPI
 #
-# **Time:** about 13 minutes (10 reading, 0 running, 3 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 9 minutes (6 reading, 0 running, 3 hands-on; `python -m servelab.time_plan`)
 #
 # GourmetGram, our food photo app, asks a model *what food is in this picture?* The model answers
 # through a small [FastAPI](https://fastapi.tiangolo.com/) app (a Python web framework) that wraps

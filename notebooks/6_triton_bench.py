@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 6. Benchmarking Triton: queueing, instances, backends and dynamic batching
 #
-# **Time:** about 36 minutes (16 reading, 9 running, 11 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 33 minutes (6 reading, 9 running, 18 hands-on; `python -m servelab.time_plan`)
 #
 # Where does a request's time go when Triton is loaded? Each experiment states an expectation,
 # measures, and checks it against this run's numbers. In Docker, cells run in the Jupyter

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 7. I/O outside the predict slot: fetching the photo by URL
 #
-# **Time:** about 15 minutes (6 reading, 6 running, 3 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 14 minutes (6 reading, 6 running, 3 hands-on; `python -m servelab.time_plan`)
 #
 # So far every request carried its photo. Real services often receive a *reference* instead: the
 # photo sits in an object store (S3, Swift, a CDN), and the request says where. The server downloads

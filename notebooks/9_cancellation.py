@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 9. Cancellation: stop working for clients who left
 #
-# **Time:** about 26 minutes (12 reading, 6 running, 8 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 19 minutes (6 reading, 6 running, 7 hands-on; `python -m servelab.time_plan`)
 #
 # A client that gives up (a closed tab, an app's timeout, a retry) leaves its request on the
 # server. A server that computes it anyway spends a predict slot on an answer nobody reads, while

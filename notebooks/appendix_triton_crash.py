@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Appendix: Triton 2.51's cancellation crash
 #
-# **Time:** about 12 minutes (3 reading, 5 running, 4 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 5 minutes (3 reading, 1 running, 1 hands-on; `python -m servelab.time_plan`)
 #
 # An optional debugging exercise on the lab's own stack, part of neither part of the lab. Notebook 9
 # cancels gRPC requests to Triton; Triton 2.51, the release that runs locally, can crash under
