@@ -37,7 +37,8 @@ def code_cells(source: str) -> str:
     return "\n".join(line for cell in cells for line in cell.splitlines() if not line.lstrip().startswith(("%", "!")))
 
 
-def _chain(node: ast.Attribute) -> list[str]:
+def _chain(node: ast.expr) -> list[str]:
+    """`lab.triton.perf` as ["lab", "triton", "perf"]; [] where the chain starts with no name."""
     names = []
     while isinstance(node, ast.Attribute):
         names.append(node.attr)
@@ -62,7 +63,7 @@ def lab_names(source: str) -> set[str]:
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     for node in ast.walk(tree):
         outermost = isinstance(node, ast.Attribute) and not isinstance(parents.get(node), ast.Attribute)
-        chain = _chain(node) if outermost else []
+        chain = _chain(node) if outermost and isinstance(node, ast.expr) else []
         if len(chain) < 2 or chain[0] not in roots:
             continue
         depth = 3 if tuple(chain[:2]) in _NESTED and len(chain) > 2 else 2

@@ -36,7 +36,7 @@ class SequenceLab(Protocol):
 FRAME_OUTPUTS = ("SEQUENCE_LABEL", "SEQUENCE_PROBABILITY", "FRAME_LABEL", "FRAMES_SEEN")
 
 
-def describe(answer: object) -> str:
+def describe(answer: Any) -> str:
     """A frame's answer in one line: what the frame says and what the sequence says so far; or the
     error that refused it (tritonclient's InferenceServerException, its text through `message()`)."""
     if isinstance(answer, Exception):
@@ -102,6 +102,7 @@ class StatefulModel:
             triton_stats=True,
         )  # fmt: skip
         stats = result.triton_stats
+        assert stats is not None, "measured with triton_stats=True"
         # The executions' compute time, shared among their frames.
         print(
             f"  {stats['inference_count']} frames in {stats['execution_count']} executions: average batch "

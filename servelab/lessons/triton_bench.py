@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from servelab.lessons.expectations import (
     Condition,
@@ -25,8 +25,20 @@ from servelab.measure import queueing
 from servelab.measure.resources import summarize
 from servelab.results import RunResult
 
-if TYPE_CHECKING:
-    from servelab.lab.triton_side import Capacity
+
+class Capacity(Protocol):
+    """What `queueing_view` reads of a measured capacity (servelab.lab.triton_side.Capacity, which
+    this layer does not import)."""
+
+    alone: RunResult  # one client at a time
+    saturated: RunResult  # enough clients to keep every instance busy
+
+    @property
+    def service_time_s(self) -> float: ...
+
+    @property
+    def service_cv2(self) -> float: ...
+
 
 NOT_MEASURED = math.nan
 
@@ -432,7 +444,7 @@ def _use(run: RunResult, cores: int) -> tuple[float, str]:
     """What the device that served `run` was doing: its busy share and how it was read. Where this
     notebook sees the instances' processes (local services: the server runs on this CPU), their CPU
     against all cores; else (in Docker) the busiest GPU the sampler read; else the machine's CPU."""
-    summary = summarize(run.resources)
+    summary = summarize(run.resources or {})
     if processes := summary.get("processes"):
         used = sum(processes.values())
         rate = run.throughput_rps / (used / 100) if used else math.nan
@@ -483,8 +495,7 @@ def poisson_sweep(perf: Callable[..., RunResult | None], rates: list[float], mod
     for rate in rates:
         result = perf(model, rate=rate, distribution="poisson", triton_stats=True)
         sweep[f"{rate:g} req/s"] = result
-        if result is not None:
-            stats = result.triton_stats
+        if result is not None and (stats := result.triton_stats) is not None:
             print(
                 f"    server: {stats['inference_count']} inferences in {stats['execution_count']} executions "
                 f"(average batch {stats['avg_batch_size']:.2f})"
@@ -499,12 +510,11 @@ def batches_ran(
     without), and in words: the largest batch that ran, and the compute per image at each batch size
     at the highest rate."""
     highest = list(without)[-1]
-    histograms = {
-        f"{name}, {'dynamic batching' if batched else 'no batching'}": result.triton_stats
-        for batched, sweep in ((True, with_batching), (False, without))
-        for name, result in sweep.items()
-        if result is not None and (batched or name == highest)
-    }
+    histograms: dict[str, dict] = {}
+    for batched, sweep in ((True, with_batching), (False, without)):
+        for name, result in sweep.items():
+            if result is not None and result.triton_stats is not None and (batched or name == highest):
+                histograms[f"{name}, {'dynamic batching' if batched else 'no batching'}"] = result.triton_stats
     largest = max(
         (
             int(size)
@@ -516,10 +526,11 @@ def batches_ran(
     )
     lines = [f"The largest batch that ran: {largest}."]
     for name, sweep in (("no batching", without), ("dynamic batching", with_batching)):
-        if (run := sweep.get(highest)) is None:
+        run = sweep.get(highest)
+        if run is None or (stats := run.triton_stats) is None:
             continue
-        per_image = run.triton_stats["compute_ms_per_inference_by_batch_size"]
-        executions = run.triton_stats["executions_by_batch_size"]
+        per_image = stats["compute_ms_per_inference_by_batch_size"]
+        executions = stats["executions_by_batch_size"]
         costs = [f"{size}: {per_image[size]:.2f} ms ({executions[size]} executions)" for size in sorted(per_image)]
         lines.append(f"{name}, {highest}: compute per image, by batch size: " + ", ".join(costs))
     return histograms, "\n".join(lines)
@@ -535,14 +546,15 @@ def queueing_view(without: dict[str, RunResult | None], capacity: Capacity) -> s
     lines = [f"{'rate':>10} | {'load':>4} | mean latency: measured, M/D/1, M/G/1 | Triton queue: measured, M/G/1 wait"]
     ratios, computes = [], []
     for name, result in without.items():
-        if result is None:
+        if result is None or result.rate_rps is None:  # every open-loop run has its rate
             continue
-        md1_wait = 1000 * queueing.md1_mean_wait_s(result.rate_rps, service_s)
-        mg1_wait = 1000 * queueing.mg1_mean_wait_s(result.rate_rps, service_s, cv2)
+        rate = result.rate_rps
+        md1_wait = 1000 * queueing.md1_mean_wait_s(rate, service_s)
+        mg1_wait = 1000 * queueing.mg1_mean_wait_s(rate, service_s, cv2)
         ratios.append(result.latency.mean_ms / (alone_ms + mg1_wait))
         computes.append(result.server_ms("compute_infer"))
         lines.append(
-            f"{name:>10} | {result.rate_rps * service_s:4.0%} | {result.latency.mean_ms:8.1f} ms, "
+            f"{name:>10} | {rate * service_s:4.0%} | {result.latency.mean_ms:8.1f} ms, "
             f"{alone_ms + md1_wait:6.1f} ms, {alone_ms + mg1_wait:6.1f} ms | {result.server_ms('queue'):8.1f} ms, "
             f"{mg1_wait:6.1f} ms"
         )
