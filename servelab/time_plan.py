@@ -86,16 +86,19 @@ class NotebookTime:
         )
 
 
+def cells(source: str) -> list[tuple[bool, str]]:
+    """A jupytext (percent format) source's cells, in order: (is it Markdown, its lines as written)."""
+    parts = _CELL.split(source)
+    return [("[markdown]" in header, body) for header, body in zip(parts[1::2], parts[2::2], strict=True)]
+
+
 def markdown_cells(source: str) -> list[str]:
     """The text of a jupytext (percent format) source's Markdown cells, without the comment marks."""
-    parts = _CELL.split(source)
-    cells = []
-    for header, body in zip(parts[1::2], parts[2::2], strict=True):
-        if "[markdown]" in header:
-            cells.append(
-                "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
-            )
-    return cells
+    return [
+        "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
+        for markdown, body in cells(source)
+        if markdown
+    ]
 
 
 def prose_words(source: str) -> int:

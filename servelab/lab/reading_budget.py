@@ -14,27 +14,24 @@ from __future__ import annotations
 
 import argparse
 import ast
-import re
 import sys
 from pathlib import Path
 
-from servelab.time_plan import NOTEBOOKS, notebook_sources, prose_words
+from servelab.time_plan import NOTEBOOKS, cells, notebook_sources, prose_words
 
 WORD_BUDGET = 1200
 # Notebook 0 says what the whole lab is, where it runs and how a student arrives.
 WORD_BUDGET_OF = {"0_intro": 1500}
 LAB_NAME_BUDGET = 15
 
-_CELL = re.compile(r"^# %%(.*)$", re.M)
 # Lab objects whose attributes are themselves lab objects: their attributes count one level deeper.
 _NESTED = {("lab", "triton"), ("lab", "profile"), ("lab", "models")}
 
 
 def code_cells(source: str) -> str:
     """The code of a jupytext source's code cells, IPython's magics and shell lines left out."""
-    parts = _CELL.split(source)
-    cells = [body for header, body in zip(parts[1::2], parts[2::2], strict=True) if "[markdown]" not in header]
-    return "\n".join(line for cell in cells for line in cell.splitlines() if not line.lstrip().startswith(("%", "!")))
+    code = [body for markdown, body in cells(source) if not markdown]
+    return "\n".join(line for cell in code for line in cell.splitlines() if not line.lstrip().startswith(("%", "!")))
 
 
 def _chain(node: ast.expr) -> list[str]:
