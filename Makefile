@@ -9,8 +9,13 @@ export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256 FOOD11_CHECKPOINT_GIT_BLOB
 up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve and GourmetGram on 127.0.0.1; Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
 
+# When make began: `make test` ends with its whole time, the virtualenv and the artifacts included
+# (pytest's own summary above it gives its wall time and its five slowest items).
+MAKE_STARTED := $(shell date +%s)
+
 test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook (nbmake)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@$(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
+	echo "make test: $$(( $$(date +%s) - $(MAKE_STARTED) )) s in all, set-up included (exit $$status)"; exit $$status
 
 test-fast: artifacts  ## the day-to-day lane: unit tests and lint, no server started (under 2 minutes)
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)

@@ -23,6 +23,8 @@ import re
 import shutil
 import sys
 import tempfile
+import time
+from collections import Counter
 from collections.abc import Iterator
 
 import psutil
@@ -132,3 +134,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
             "in its metadata, written by scripts/build_notebooks.py), though no cell ran past its own."
         )
     return report
+
+
+# ---- where the time went ----------------------------------------------------------------------
+
+SLOWEST_SHOWN = 5
+SESSION_STARTED = time.monotonic()  # when pytest loaded this file: collection is counted too
+ITEM_SECONDS: Counter[str] = Counter()  # setup, call and teardown of each item, together
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    ITEM_SECONDS[report.nodeid] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The session's wall time and its slowest items, last in the log, where a slowdown shows
+    first: a module's shared servers or fixtures count towards the item that started them."""
+    minutes = (time.monotonic() - SESSION_STARTED) / 60
+    terminalreporter.section(f"wall time {minutes:.1f} min; the {SLOWEST_SHOWN} slowest items")
+    for nodeid, seconds in ITEM_SECONDS.most_common(SLOWEST_SHOWN):
+        terminalreporter.write_line(f"{seconds:7.1f} s  {nodeid}")

@@ -72,7 +72,8 @@ class RunResult:
     # (a failure's too: how long until it failed; None for one never sent), "ok" or the error
     # kind]; what a time axis is drawn from (loadgen only).
     timeline: list[list] = field(default_factory=list)
-    # Open loop: how late the generator sent requests relative to their schedule.
+    # How late the generator acted against its schedule (servelab.loadgen.lag): an open loop's
+    # sends against their arrival times; the other runs' event loop against a timer it keeps.
     schedule_lag: dict[str, Any] | None = None
     # perf_analyzer: server-side breakdown, microseconds (queue, compute input/infer/output...).
     server_breakdown: dict[str, float] | None = None

@@ -30,6 +30,7 @@ from servelab.loadgen import (
 )
 from servelab.results import SequenceRunResult, load_results, save_results
 from servelab.triton.models import ModelError, ModelRepository, ModelRequest, RequestTensor
+from tests.helpers import kept_schedule
 
 FRAME = ModelRequest(
     (RequestTensor("FRAME", "BYTES", np.array([[b"a base64 photo: the server does not look"]], dtype=object)),),
@@ -55,8 +56,9 @@ class SequenceServer:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.configure()
 
-    def configure(self, sleep_ms: float = 0.0, failures: dict[tuple[int, int], str] | None = None) -> None:
-        """Frames take `sleep_ms`; `failures`: (n-th sequence started, frame index) -> error message."""
+    def configure(self, sleep_ms: float = 0.0, failures: dict[tuple[int, int], str] | None = None) -> SequenceServer:
+        """Frames take `sleep_ms`; `failures`: (n-th sequence started, frame index) -> error message.
+        Returns the server, so that a run measured again (`kept_schedule`) starts afresh."""
         self.sleep_s, self.failures = sleep_ms / 1000, failures or {}
         self.frames: list[Frame] = []
         self.live: dict[int, int] = {}  # sequence ID -> frames seen
@@ -65,6 +67,7 @@ class SequenceServer:
         self.most_live = 0
         self.overlapping = 0  # frames that arrived while a frame of their sequence was in flight
         self.bad_bodies = 0  # bodies whose tensor bytes do not match the header
+        return self
 
     async def infer(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -166,8 +169,7 @@ def test_ids_are_never_reused_by_a_later_run(server):
 
 @pytest.mark.integration
 def test_concurrency_is_the_number_of_live_sequences(server):
-    server.configure(sleep_ms=20)
-    result = run(server, 6, 4, sequences=12)
+    result = kept_schedule(lambda: run(server.configure(sleep_ms=20), 6, 4, sequences=12))
     assert result.sequences_completed == 12
     assert server.most_live == 6  # six at once, never more: a slot starts its next sequence after the last ends
     assert server.overlapping == 0  # one frame of a sequence in flight at a time
@@ -177,16 +179,14 @@ def test_concurrency_is_the_number_of_live_sequences(server):
 
 @pytest.mark.integration
 def test_a_sequence_lasts_its_length_times_the_frame_latency(server):
-    server.configure(sleep_ms=20)
-    result = run(server, 2, 6, sequences=4)
+    result = kept_schedule(lambda: run(server.configure(sleep_ms=20), 2, 6, sequences=4))
     assert 20 <= result.latency.p50_ms <= 20 + 40  # the server's 20 ms, and a busy machine's round trip
     assert result.sequence_latency.p50_ms == pytest.approx(6 * result.latency.mean_ms, rel=0.2)
 
 
 @pytest.mark.integration
 def test_a_duration_bounds_the_sequences_started(server):
-    server.configure(sleep_ms=10)
-    result = run(server, 2, 5, duration_s=0.5)
+    result = kept_schedule(lambda: run(server.configure(sleep_ms=10), 2, 5, duration_s=0.5))
     # About 2 slots x 0.5 s / 50 ms per sequence; those under way at the deadline run to their end.
     longest_s = result.sequence_latency.max_ms / 1000
     assert 0.5 <= result.wall_s <= 0.5 + longest_s + 0.1
@@ -199,8 +199,7 @@ def test_a_duration_bounds_the_sequences_started(server):
 
 @pytest.mark.integration
 def test_frames_come_due_at_the_frame_interval(server):
-    server.configure(sleep_ms=5)
-    result = run(server, 1, 6, frame_interval_s=0.04)
+    result = kept_schedule(lambda: run(server.configure(sleep_ms=5), 1, 6, frame_interval_s=0.04))
     assert result.frames_skipped == 0 and result.requests == 6
     (frames,) = server.by_sequence().values()
     gaps = np.diff([frame.arrived for frame in frames])
@@ -210,11 +209,11 @@ def test_frames_come_due_at_the_frame_interval(server):
 
 @pytest.mark.integration
 def test_frames_due_while_the_previous_is_in_flight_are_skipped_never_queued(server):
-    """Frames due every 30 ms, answered after 45: each sent frame covers the next one's due time,
+    """Frames due every 100 ms, answered after 150: each sent frame covers the next one's due time,
     which is skipped. Of 10 frames, 0, 2, 4, 6 and 8 go out on time; 9 is due while 8 is in
-    flight, but it carries END, so it goes out as soon as 8 is answered."""
-    server.configure(sleep_ms=45)
-    result = run(server, 2, 10, frame_interval_s=0.03)
+    flight, but it carries END, so it goes out as soon as 8 is answered. An answer is 50 ms clear of
+    each due time on either side: a busy machine's round trip does not move a frame across one."""
+    result = kept_schedule(lambda: run(server.configure(sleep_ms=150), 2, 10, frame_interval_s=0.1))
     assert result.errors == {} and result.sequences_completed == 2
     assert result.frames_skipped == 2 * 4 and result.requests == 2 * 6
     assert server.overlapping == 0

@@ -39,6 +39,14 @@ def test_csv_rows_become_run_results_with_a_server_breakdown():
     assert result.server_breakdown["server_compute_infer_us"] == 12097
 
 
+def test_csv_rows_come_in_the_order_of_their_load_levels_not_of_their_throughput():
+    header, row = SAMPLE_CSV.splitlines()
+    busier = "1,80.0," + row.split(",", 2)[2]  # c=1 served more than c=2: perf_analyzer writes it last
+    assert [r["Concurrency"] for r in perf_analyzer.parse_csv(f"{header}\n{row}\n{busier}\n")] == [1, 2]
+    rates = f"Request Rate,{header.split(',', 1)[1]}\n20,{row.split(',', 1)[1]}\n10,{row.split(',', 1)[1]}\n"
+    assert [r["Request Rate"] for r in perf_analyzer.parse_csv(rates)] == [10, 20]
+
+
 def fake_perf_analyzer(monkeypatch) -> list[list[str]]:
     """Replace the perf_analyzer process by one that writes SAMPLE_CSV where -f says; returns the
     commands it was given."""

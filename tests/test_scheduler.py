@@ -388,8 +388,14 @@ def test_a_refine_stream_s_photo_holds_its_room_until_its_first_step_is_in_a_slo
     stream = lab.refine("stream", steps=2)
     until(lambda: lab.scheduler.ahead == 1, WAIT_S, "the stream's photo decoded, holding the one room")
     lab.send("next")
-    until(lambda: lab.scheduler.waiting_for_room == 1, WAIT_S, "the next request waiting for the photo's room")
-    assert lab.scheduler.waiting_for_slot == 1 and "next" not in lab.decoded  # the first step's, queued
+    # The next request waits for the photo's room, and the stream's first step (submitted once its
+    # photo is decoded, on the loop's next turn) for the slot.
+    until(
+        lambda: lab.scheduler.waiting_for_room == 1 and lab.scheduler.waiting_for_slot == 1,
+        WAIT_S,
+        "the next request waiting for the photo's room, and the first step for the slot",
+    )
+    assert "next" not in lab.decoded
     lab.model.let_go()
     assert stream.result(WAIT_S)[0] == 200 and lab.answers["next"].result(WAIT_S).shape == (1, 11)
     # The first step's slot gave the photo's room to the next request.

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from servelab.loadgen.lag import LoopWatch, schedule_lag
 from servelab.loadgen.load import Load, bounds_in_words
 from servelab.loadgen.targets import RequestError, Target
 from servelab.results import LatencySummary, RunResult
@@ -38,21 +39,16 @@ log = logging.getLogger(__name__)
 
 ARRIVALS = ("constant", "poisson")
 
-# An open-loop run fell behind its schedule when its p99 lag exceeds both of these. A lag has to
-# be large compared with the gap between arrivals to change the offered load, and large in
-# absolute terms to change latencies. Below 10 ms it is noise: asyncio's timers already wake up
-# to about 1 ms late (epoll counts in milliseconds), and on a busy 2-core machine the OS often
-# runs the generator a few milliseconds after its timer fired. A generator that cannot keep up
-# falls further behind with every request, and soon passes both.
-LAG_LIMIT_S = 0.010
-LAG_LIMIT_FRACTION = 0.1
-
 
 class Recorder:
     """Outcomes of one phase of a run (warm-up or measurement), and its progress bar. `unit` is
-    what one request is called in the progress ("request", or a sequence's "frame")."""
+    what one request is called in the progress ("request", or a sequence's "frame"). With
+    `watch_loop`, it watches how late the generator's event loop runs until the phase ends
+    (servelab.loadgen.lag): the schedule lag of a run that has no schedule of arrivals."""
 
-    def __init__(self, description: str, total: int | None, progress: bool, unit: str = "request") -> None:
+    def __init__(
+        self, description: str, total: int | None, progress: bool, unit: str = "request", watch_loop: bool = False
+    ) -> None:
         self.latencies_ms: list[float] = []
         self.patient_latencies_ms: list[float] = []  # answered to senders without a deadline
         self.errors: Counter[str] = Counter()
@@ -68,6 +64,8 @@ class Recorder:
         self.line_at_end = progress and not sys.stderr.isatty()
         on_terminal = progress and not self.line_at_end
         self.bar = tqdm(total=total, desc=description, unit=unit, file=sys.stderr, disable=not on_terminal, leave=False)
+        self.watch = LoopWatch().start() if watch_loop else None
+        self.schedule_lag: dict[str, Any] | None = None
 
     def success(self, latency_s: float, patient: bool = True) -> None:
         self.latencies_ms.append(latency_s * 1000.0)
@@ -98,6 +96,8 @@ class Recorder:
     def finish(self) -> None:
         if self.ended is None:
             self.ended = time.perf_counter()
+            if self.watch is not None:
+                self.schedule_lag = self.watch.stop()
             if self.line_at_end:
                 log.info("%s: %d %ss in %.1f s", self.description, self.count, self.unit, self.wall_s)
         self.bar.close()
@@ -158,6 +158,7 @@ def run_result(name: str, mode: str, recorder: Recorder, notes: list[str], **loa
         latencies_ms=recorder.latencies_ms,
         timeline=recorder.timeline,
         notes=notes,
+        schedule_lag=recorder.schedule_lag,
         **load,
     )
 
@@ -222,7 +223,7 @@ async def run_closed(
             await _closed_phase(target, warmup, Recorder("warm-up", warmup.requests, progress))
         if on_measuring:
             on_measuring()  # called in the loop's thread, blocking it: nothing is in flight between the phases
-        recorder = Recorder(f"c={concurrency}", load.requests, progress)
+        recorder = Recorder(f"c={concurrency}", load.requests, progress, watch_loop=True)
         await _closed_phase(target, load, recorder)
     except asyncio.CancelledError:
         # Deliberately not re-raised: stopping early is how a user ends a long run, and what
@@ -254,28 +255,6 @@ def arrival_offsets(rate_rps: float, arrival: str = "constant", seed: int = 0) -
         for gap in rng.exponential(1.0 / rate_rps, size=1024):
             elapsed += float(gap)
             yield elapsed
-
-
-def _schedule_lag(lags_s: list[float], rate_rps: float) -> dict[str, Any]:
-    if not lags_s:
-        message = "No request was sent, so there is no schedule lag to report."
-        return {"mean_ms": math.nan, "p99_ms": math.nan, "max_ms": math.nan, "fell_behind": False, "message": message}
-    lags_ms = np.asarray(lags_s) * 1000.0
-    mean_ms, p99_ms, max_ms = float(lags_ms.mean()), float(np.percentile(lags_ms, 99)), float(lags_ms.max())
-    limit_ms = max(LAG_LIMIT_S, LAG_LIMIT_FRACTION / rate_rps) * 1000.0
-    fell_behind = p99_ms > limit_ms
-    if fell_behind:
-        message = (
-            f"The generator fell behind its schedule: 1% of requests went out more than {p99_ms:.1f} ms late "
-            f"(worst {max_ms:.1f} ms; the limit is {limit_ms:.1f} ms). The server was offered less than "
-            f"{rate_rps:g} req/s, and the latencies include the lag. Try a lower rate, or perf_analyzer."
-        )
-    else:
-        message = (
-            f"The generator kept to its schedule: requests went out {mean_ms:.2f} ms late on average "
-            f"(p99 {p99_ms:.2f} ms, worst {max_ms:.2f} ms)."
-        )
-    return {"mean_ms": mean_ms, "p99_ms": p99_ms, "max_ms": max_ms, "fell_behind": fell_behind, "message": message}
 
 
 async def run_open(
@@ -370,7 +349,7 @@ async def run_open(
             "would have seen; lower the rate, or raise max_outstanding."
         )
         log.warning("%s", notes[-1])
-    lag = _schedule_lag(lags_s, rate_rps)
+    lag = schedule_lag(lags_s, rate_rps)
     if lag["fell_behind"]:
         log.warning("%s", lag["message"])
     result = run_result(target.name, "open", recorder, notes, rate_rps=rate_rps, arrival=arrival)

@@ -192,8 +192,8 @@ def make_sequence_target(endpoint: Endpoint) -> SequenceTarget:
 class SequenceRecorder(Recorder):
     """A phase's frames (as `Recorder` counts requests), and what became of its sequences."""
 
-    def __init__(self, description: str, total_frames: int | None, progress: bool) -> None:
-        super().__init__(description, total_frames, progress, unit="frame")
+    def __init__(self, description: str, total_frames: int | None, progress: bool, watch_loop: bool = False) -> None:
+        super().__init__(description, total_frames, progress, unit="frame", watch_loop=watch_loop)
         self.sequences = 0
         self.sequence_latencies_ms: list[float] = []
         self.sequences_failed: dict[str, int] = {}
@@ -270,7 +270,8 @@ async def run_sequences(
         if on_measuring:
             on_measuring()  # as in run_closed: no frame is in flight between the phases
         to_start = load.sequences_to_start
-        recorder = SequenceRecorder(description, to_start * load.length if to_start is not None else None, progress)
+        total_frames = to_start * load.length if to_start is not None else None
+        recorder = SequenceRecorder(description, total_frames, progress, watch_loop=True)
         await _sequence_phase(target, load, recorder)
     except asyncio.CancelledError:
         # As in run_closed: stopping early keeps what was measured.
@@ -308,4 +309,5 @@ def _result(
         frames_skipped=recorder.frames_skipped,
         sequence_latency=LatencySummary.of(recorder.sequence_latencies_ms),
         sequence_latencies_ms=recorder.sequence_latencies_ms,
+        schedule_lag=recorder.schedule_lag,
     )

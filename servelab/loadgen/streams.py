@@ -241,7 +241,7 @@ async def run_streams(
     if leave_after_steps is not None and not 1 <= leave_after_steps < steps:
         raise ValueError(f"leave_after_steps must be from 1 to steps - 1 ({steps - 1})")
     log.info("streams against %s: %d senders, %d steps each, %g s", target.name, concurrency, steps, duration_s)
-    recorder = Recorder(f"c={concurrency}, {steps} steps", None, progress, unit="stream")
+    recorder = Recorder(f"c={concurrency}, {steps} steps", None, progress, unit="stream", watch_loop=True)
     received_per_stream: list[int] = []
     notes = [f"each stream asked for {steps} steps"]
     if impatient:

@@ -143,9 +143,7 @@ def describe_result(result: RunResult) -> str:
         f"max {latency.max_ms:.1f} ms (mean {latency.mean_ms:.1f} ms).",
         f"Errors: {errors}.",
     ]
-    if result.schedule_lag:
-        parts.append(result.schedule_lag["message"])
-    return " ".join(parts + _sentences(result.notes))
+    return " ".join(parts + _lag_sentences(result) + _sentences(result.notes))
 
 
 def _describe_sequences(result: SequenceRunResult) -> str:
@@ -164,7 +162,14 @@ def _describe_sequences(result: SequenceRunResult) -> str:
         f"Sequence latency (first frame sent to last answered): p50 {sequence.p50_ms:.1f} ms, "
         f"max {sequence.max_ms:.1f} ms.",
     ]
-    return " ".join(parts + _sentences(result.notes))
+    return " ".join(parts + _lag_sentences(result) + _sentences(result.notes))
+
+
+def _lag_sentences(result: RunResult) -> list[str]:
+    """An open loop says how it kept its schedule of arrivals; the other runs speak only where the
+    machine held the generator up (servelab.loadgen.lag)."""
+    lag = result.schedule_lag
+    return [lag["message"]] if lag and (result.mode == "open" or lag["fell_behind"]) else []
 
 
 def _sentences(notes: list[str]) -> list[str]:

@@ -213,8 +213,11 @@ def _sequence_options(
 
 
 def parse_csv(text: str) -> list[dict[str, float]]:
-    """perf_analyzer's -f report: one row per measured load level, latencies in microseconds."""
-    return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(io.StringIO(text))]
+    """perf_analyzer's -f report: one row per measured load level, latencies in microseconds, in
+    the order of the load levels. perf_analyzer writes them by throughput, which puts c=2 before
+    c=1 wherever c=2 served less (a busy machine)."""
+    rows = [{key: float(value) for key, value in row.items()} for row in csv.DictReader(io.StringIO(text))]
+    return sorted(rows, key=lambda row: row.get("Concurrency", row.get("Request Rate", 0.0)))
 
 
 def _request_count(stdout: str) -> int:
