@@ -35,7 +35,8 @@ from tritonclient.utils import InferenceServerException
 from servelab import paths, retries
 from servelab.lab.run_accounts import TritonAccount, counted
 from servelab.lab.run_keeper import RunKeeper
-from servelab.measure.resources import ProcessCpu, ResourceSampler, triton_instance_processes
+from servelab.measure.processes import ProcessCpu, triton_instance_processes
+from servelab.measure.resources import ResourceSampler
 from servelab.profiles import Profile
 from servelab.report.summaries import listed
 from servelab.results import RunResult
