@@ -7,7 +7,8 @@
 - `run_keeper`: `RunKeeper` (`lab.keeper`) keeps every run (names it, marks it if a service
   crashed under it, saves it, loads saved runs back), tells the student of a service's exit, and
   waits for the services before each run;
-- `triton_side`: `TritonSide` (`lab.triton`): perf_analyzer runs, capacity, Triton's model configs;
+- `triton_side`: `TritonSide` (`lab.triton`): perf_analyzer runs, capacity, Triton's model configs
+  (those methods written in `triton_configs`, mixed into TritonSide);
 - `ray_side`: `RayServe` (`lab.ray_serve()`): the Ray Serve to edit, redeploy and watch;
 - `run_accounts`: what Lab counts over a run besides the load generator's figures (the server's
   statistics, the machine's resources), set on the run before it is saved;
