@@ -8,10 +8,11 @@ is computed from the same runs (cores, device, measured costs), or says plainly 
 hypothesis. Living here, every check has a unit test that feeds it a failing case
 (tests/test_lessons_*.py): a check that cannot fail teaches nothing.
 
-One folder per notebook, named as the notebook (`fastapi_bench/` for notebooks/4_fastapi_bench.py;
+One folder per notebook, named for the notebook (`fastapi_bench/` for notebooks/4_fastapi_bench.py;
 `cancellation/` holds the appendix's race too), whose docstring names its notebook and each module:
 - `checks.py` (or `checks_<topic>.py`, one per part of the notebook): its expectations, nothing
-  else, each a pure function of runs; they import no other module of the folder but checks;
+  else, each a pure function of runs; of the folder they import only other checks and `runs.py`
+  (tests/test_layout.py holds them to it, and no lesson imports another);
 - `experiment.py`: what runs its loads or configures the servers for it, beyond the Lab's own
   methods (which it takes as an argument, a Protocol: this layer imports nothing of servelab.lab);
 - `views.py`: its tables and printed rows; `runs.py` where its checks read records of their own.
