@@ -3,7 +3,7 @@
     FastAPIBackend ("fastapi"): POSTs {"image": base64} to {FASTAPI_SERVER_URL}/predict.
     TritonBackend ("triton"): KServe v2 HTTP to Triton. It knows no model by name: on the first
         request it reads the model's metadata (GET /v2/models/{model}) and recognises one of two
-        request shapes (see recognise_model):
+        request shapes (triton_calls.recognise_model):
         "image file (base64)": one BYTES input [-1, 1]; the page sends the file's bytes,
             base64-encoded, and reads a BYTES label and an FP32 probability back;
         "preprocessed tensor": one FP32 input [-1, 3, 224, 224]; the page decodes and
@@ -14,7 +14,8 @@
 
 Failures surface as BackendUnavailable (the page answers 503) or BackendFailed (502). Each backend
 also reports whether its weights are trained, for the banner every page shows. No Flask here:
-app.py chooses the backend from its settings and turns these results into pages.
+app.py chooses the backend from its settings and turns these results into pages. What a backend
+answers is in answers.py; how a Triton model is called, in triton_calls.py.
 """
 
 from __future__ import annotations
@@ -23,30 +24,40 @@ import base64
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
-import numpy as np
 import requests
 import tritonclient.http as triton_http
+from answers import BackendFailed, BackendUnavailable, Prediction, WeightsStatus
 from PIL import Image
+from triton_calls import IMAGE_FILE, PREPROCESSED_TENSOR, ImageFileCall, ModelCall, TensorCall, recognise_model
 from tritonclient.utils import InferenceServerException
 
-from servelab.service import food11
+# What app.py and the tests take from here: the backends, and what they answer and call.
+__all__ = [
+    "IMAGE_FILE",
+    "PREPROCESSED_TENSOR",
+    "Backend",
+    "BackendChoice",
+    "BackendFailed",
+    "BackendUnavailable",
+    "FastAPIBackend",
+    "ImageFileCall",
+    "Prediction",
+    "TensorCall",
+    "TritonBackend",
+    "WeightsCache",
+    "WeightsStatus",
+    "make_backend",
+    "recognise_model",
+]
 
 log = logging.getLogger("gourmetgram.backends")
 
 T = TypeVar("T")
-
-
-class BackendUnavailable(Exception):
-    """The backend could not be reached, or did not answer in time: the page answers 503."""
-
-
-class BackendFailed(Exception):
-    """The backend answered, but with an error, a malformed reply, or a model it cannot call: 502."""
 
 
 @dataclass(frozen=True)
@@ -54,153 +65,6 @@ class BackendChoice:
     kind: str  # "fastapi" or "triton"
     url: str  # fastapi: "http://host:port"; triton: "host:port", as tritonclient wants it
     model: str  # triton: the model name, any name Triton may have; fastapi: "food11"
-
-
-@dataclass(frozen=True)
-class Prediction:
-    label: str
-    probability: float
-
-
-@dataclass(frozen=True)
-class WeightsStatus:
-    """What the backend says about its weights: "trained", "untrained" or "unknown"."""
-
-    weights: str
-    note: str
-    reachable: bool
-
-    @property
-    def banner(self) -> str | None:
-        """The warning every page shows, or None when the weights are known to be trained."""
-        if self.weights == "trained":
-            return None
-        if self.weights == "untrained":
-            # The backend's own note says what the weights are and how to serve trained ones; said once.
-            return self.note or "Untrained weights: the model was never trained, so its predictions are not meaningful."
-        if not self.reachable:
-            return (
-                "Weights status unknown (backend unreachable): if the model is running untrained "
-                "weights, its predictions are not meaningful."
-            )
-        return (
-            "Weights status unknown: the backend does not know, or did not say, whether its weights are trained; "
-            f"if they are not, its predictions are not meaningful. {self.note}"
-        ).strip()
-
-
-# --- Triton request shapes ---------------------------------------------------------------------
-
-IMAGE_FILE = "image file (base64)"
-PREPROCESSED_TENSOR = "preprocessed tensor"
-# -1 is Triton's batch dimension: both shapes are those of a model with max_batch_size > 0.
-IMAGE_FILE_SHAPE = [-1, 1]
-TENSOR_SHAPE = [-1, 3, food11.IMAGE_SIZE, food11.IMAGE_SIZE]
-LOGITS_SHAPE = [-1, len(food11.LABELS)]
-KNOWN_SHAPES = (
-    f"one BYTES input of shape {IMAGE_FILE_SHAPE} (an image file, base64-encoded) with a BYTES label output "
-    f"and an FP32 probability output, each of shape {IMAGE_FILE_SHAPE}; or one FP32 input of shape {TENSOR_SHAPE} "
-    f"(a preprocessed image) with one FP32 output of shape {LOGITS_SHAPE} (logits for the Food-11 classes)"
-)
-
-
-@dataclass(frozen=True)
-class ImageFileCall:
-    """Send the file itself, base64-encoded; the model decodes, preprocesses and labels it."""
-
-    takes: ClassVar[str] = IMAGE_FILE
-    input_name: str
-    label_output: str
-    probability_output: str
-
-    @property
-    def outputs(self) -> list[str]:
-        return [self.label_output, self.probability_output]
-
-    def inputs(self, raw: bytes, image: Image.Image) -> list[Any]:
-        encoded = triton_http.InferInput(self.input_name, [1, 1], "BYTES")
-        encoded.set_data_from_numpy(np.array([[base64.b64encode(raw).decode()]], dtype=object))
-        return [encoded]
-
-    def prediction(self, result: Any, model: str) -> Prediction:
-        label, probability = result.as_numpy(self.label_output), result.as_numpy(self.probability_output)
-        if label is None or probability is None or label.size != 1 or probability.size != 1:
-            raise BackendFailed(
-                f"model '{model}' did not return one {self.label_output} and one {self.probability_output}."
-            )
-        value = label.reshape(-1)[0]
-        return Prediction(
-            label=value.decode() if isinstance(value, bytes) else str(value),
-            probability=float(probability.reshape(-1)[0]),
-        )
-
-
-@dataclass(frozen=True)
-class TensorCall:
-    """Send a preprocessed float tensor; the model is the bare network, so softmax happens here."""
-
-    takes: ClassVar[str] = PREPROCESSED_TENSOR
-    input_name: str
-    logits_output: str
-
-    @property
-    def outputs(self) -> list[str]:
-        return [self.logits_output]
-
-    def inputs(self, raw: bytes, image: Image.Image) -> list[Any]:
-        batch = food11.preprocess(image)[np.newaxis]  # [1, 3, 224, 224] float32
-        tensor = triton_http.InferInput(self.input_name, list(batch.shape), "FP32")
-        tensor.set_data_from_numpy(batch)
-        return [tensor]
-
-    def prediction(self, result: Any, model: str) -> Prediction:
-        logits = result.as_numpy(self.logits_output)
-        if logits is None or logits.shape != (1, len(food11.LABELS)):
-            shape = None if logits is None else list(logits.shape)
-            raise BackendFailed(
-                f"model '{model}' returned {self.logits_output} of shape {shape}, not [1, {len(food11.LABELS)}]."
-            )
-        label, probability = food11.top_prediction(logits)[0]
-        return Prediction(label=label, probability=probability)
-
-
-ModelCall = ImageFileCall | TensorCall
-
-
-def _describe(tensors: list[Mapping[str, Any]]) -> str:
-    """Inputs or outputs as a message shows them: 'INPUT_IMAGE (BYTES [-1, 1]), ...'."""
-    return ", ".join(f"{t.get('name')} ({t.get('datatype')} {t.get('shape')})" for t in tensors) or "none"
-
-
-def recognise_model(metadata: Mapping[str, Any]) -> ModelCall:
-    """How to call a Triton model, from its metadata (GET /v2/models/{model}); BackendFailed if neither shape fits.
-
-    The match is on datatypes and shapes, never on names: those are what the page's request
-    depends on, while tensor names are the model author's choice. Extra outputs are ignored, but
-    the ones the page reads must be unambiguous (exactly one candidate each).
-    """
-    model = metadata.get("name", "?")
-    inputs: list[Mapping[str, Any]] = list(metadata.get("inputs") or [])
-    outputs: list[Mapping[str, Any]] = list(metadata.get("outputs") or [])
-
-    def outputs_of(datatype: str, shape: list[int]) -> list[str]:
-        return [o["name"] for o in outputs if o.get("datatype") == datatype and list(o.get("shape") or []) == shape]
-
-    if len(inputs) == 1:
-        (only,) = inputs
-        datatype, shape = only.get("datatype"), list(only.get("shape") or [])
-        if datatype == "BYTES" and shape == IMAGE_FILE_SHAPE:
-            labels, probabilities = outputs_of("BYTES", IMAGE_FILE_SHAPE), outputs_of("FP32", IMAGE_FILE_SHAPE)
-            if len(labels) == 1 and len(probabilities) == 1:
-                return ImageFileCall(only["name"], label_output=labels[0], probability_output=probabilities[0])
-        if datatype == "FP32" and shape == TENSOR_SHAPE:
-            logits = outputs_of("FP32", LOGITS_SHAPE)
-            if len(logits) == 1:
-                return TensorCall(only["name"], logits_output=logits[0])
-    raise BackendFailed(
-        f"model '{model}' takes inputs {_describe(inputs)} and returns {_describe(outputs)}; "
-        f"this page can call only two kinds of model: {KNOWN_SHAPES}."
-    )
 
 
 # --- Backends ----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
     lab/       what notebooks call: Lab.connect(), its Triton and Ray Serve sides, GourmetGram's
                client, running a notebook and checking its verdicts
-    lessons/   each notebook's checks, and the expectation/verdict records they return
+    lessons/   a folder per notebook: its checks, the loads it runs, its tables; and the
+               expectation/verdict records the checks return
     bench/     the headline benchmark: its targets, the run, its report, the naive reference app
     report/    figures and Markdown tables drawn from run records
     loadgen/   the load generator (closed and open loop, sequences, streams)

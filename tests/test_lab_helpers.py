@@ -10,7 +10,7 @@ import time
 import pytest
 
 from servelab import service_exits
-from servelab.lab import Lab, triton_side, ui
+from servelab.lab import Lab, triton_configs, ui
 from servelab.lab.triton_side import TOP_LOAD, Capacity, rates_at_capacity
 from servelab.lessons.expectations import (
     Condition,
@@ -297,7 +297,7 @@ def test_a_config_naming_gpus_the_server_lacks_is_served_on_the_gpus_it_has_and_
         def is_model_ready(self, model):
             return True
 
-    monkeypatch.setattr(triton_side.triton_http, "InferenceServerClient", Triton)
+    monkeypatch.setattr(triton_configs.triton_http, "InferenceServerClient", Triton)
     one_gpu = Hardware(gpus=1, cores=16, backends=("onnxruntime", "python", "pytorch"))
     lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path, triton_server=one_gpu)
     (tmp_path / "food_classifier").mkdir()

@@ -1,6 +1,7 @@
 """servelab's layout as servelab/__init__.py draws it: each folder imports only the folders below
 it and the foundation modules, no module imports itself back through others, and each folder
-says what it owns."""
+says what it owns; and servelab/lessons as its __init__ draws it: a folder per notebook, whose
+checks import none of its runs or views."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from servelab import paths
+from servelab.time_plan import NOTEBOOKS
 
 PACKAGE = paths.REPO_ROOT / "servelab"
 # Top to bottom, as servelab/__init__.py lists them: a folder may import any folder after it.
@@ -126,3 +128,64 @@ def test_tests_share_code_through_tests_helpers_only():
         for match in other_test_code.finditer(path.read_text())
     )
     assert found == []
+
+
+# ---- servelab/lessons: a folder per notebook -------------------------------------------------------
+
+LESSONS = PACKAGE / "lessons"
+LESSON_FOLDERS = sorted(path.parent.name for path in LESSONS.glob("*/__init__.py"))
+
+
+def lesson_of(module: str) -> str:
+    """The lesson folder `module` belongs to ("" for servelab.lessons' own modules and the rest)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "lessons" else ""
+
+
+def test_lessons_hold_the_shared_machinery_and_a_folder_per_lesson():
+    assert {path.name for path in LESSONS.glob("*.py")} == {"__init__.py", "expectations.py"}
+    assert LESSON_FOLDERS, "no lesson folder found"
+
+
+@pytest.mark.parametrize("notebook", sorted(NOTEBOOKS.glob("*.py")), ids=lambda path: path.stem)
+def test_a_notebooks_lesson_folder_names_the_notebook_and_each_of_its_modules(notebook):
+    """A reader finds a check by its notebook's name: the folder the notebook imports says, first
+    thing, which notebook it serves, and what each of its modules holds."""
+    tree = ast.parse(notebook.read_text())
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "servelab.lessons"
+        for alias in node.names
+    }
+    for lesson in imported:
+        assert lesson in LESSON_FOLDERS, f"{notebook.name} imports servelab.lessons.{lesson}, not a lesson folder"
+        init = LESSONS / lesson / "__init__.py"
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert f"notebooks/{notebook.name}" in docstring, f"{init} does not name notebooks/{notebook.name}"
+        modules = {path.stem for path in (LESSONS / lesson).glob("*.py")} - {"__init__"}
+        unnamed = sorted(module for module in modules if f"`{module}`" not in docstring)
+        assert unnamed == [], f"{init} does not say what these modules hold: {unnamed}"
+
+
+def test_a_lessons_checks_import_none_of_its_runs_or_views_and_no_lesson_another():
+    """A check is a pure function of runs: its module imports, of its folder, only other checks
+    and the records they read (runs.py), never what runs the loads (experiment.py) or prints
+    (views.py); and a lesson imports, of servelab.lessons, only itself and the shared machinery."""
+    assert any(lesson_of(module) for module in GRAPH), "the lessons' modules are in the import graph"
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if lesson_of(module)
+        for target in targets
+        if target.startswith("servelab.lessons.")
+        and target != "servelab.lessons.expectations"
+        and (
+            lesson_of(target) != lesson_of(module)
+            or (
+                module.rsplit(".", 1)[1].startswith("checks")
+                and not target.rsplit(".", 1)[1].startswith(("checks", "runs"))
+            )
+        )
+    )
+    assert wrong == []

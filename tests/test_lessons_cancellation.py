@@ -4,6 +4,7 @@ check, and the notebooks' machinery that runs without a server (a stand-in lab).
 import math
 from types import SimpleNamespace
 
+from servelab import retries
 from servelab.lessons import cancellation
 from servelab.lessons.expectations import Outcome
 from servelab.results import LatencySummary, RunResult
@@ -240,7 +241,7 @@ def test_a_request_load_is_paced_from_the_latency_alone_and_its_waste_accounted(
 
 def test_a_triton_run_that_triton_crashed_under_is_measured_once_more_and_not_twice(capsys, monkeypatch):
     noted = []  # the retry is said (servelab.retries), here kept out of the suite's own list
-    monkeypatch.setattr(cancellation.retries, "note", lambda what, why: noted.append((what, why)))
+    monkeypatch.setattr(retries, "note", lambda what, why: noted.append((what, why)))
     stats = {"success_count": 30, "cancelled_by_model": 10, "fail_count": 5}
     crashed = request_run(10, 400, 12, triton_stats=stats, interrupted_by=["triton exited (signal 11)"])
     again = request_run(10, 400, 12, triton_stats=stats)

@@ -17,7 +17,7 @@
    for their runs (the CPU counterpart of FastAPI's one slot per core), set through the
    repository API and put back afterwards.
 3. The load generator against perf_analyzer: at concurrency 8 against `food_classifier_onnx`,
-   alternating, with the CPU each tool spent per request.
+   alternating, with the CPU each tool spent per request (servelab.bench.agreement).
 
 Writes results.json, report.md (servelab.bench.report) and PNG plots to a new folder under
 results/ (git-ignored). Speed is never asserted here: this reports what the machine did.
@@ -27,97 +27,39 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
-import platform
-import resource
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import psutil
-import requests
-import tritonclient.http as triton_http
-from tritonclient.utils import InferenceServerException
 
 from servelab import loadgen, paths
 from servelab.bench import report as bench_report
+from servelab.bench.agreement import agreement_gaps, measure_agreement  # noqa: F401 (tests read agreement_gaps here)
+from servelab.bench.served import Endpoints, address, one_instance_per_core, runtime_versions, thread_plan_of
 from servelab.bench.setups import CEILINGS, NAIVE, SETUPS, CpuSplit, ServedSetup, ceiling_key
 from servelab.environment import machine_info
 from servelab.measure import inprocess
 from servelab.measure.resources import ResourceSampler
 from servelab.profiles import PROFILES, Profile
 from servelab.results import RunResult, pooled, save_results
-from servelab.service.cores import available_cores, thread_plan
+from servelab.service.cores import available_cores
 from servelab.stack import artifacts
 from servelab.stack.catalogue import fastapi_service, triton_service
 from servelab.stack.supervision import LocalStack, Ports, ServiceSpec
-from servelab.triton import perf_analyzer
 from servelab.triton import stats as triton_stats
-from servelab.triton.models import ModelRepository
 
 log = logging.getLogger(__name__)
 
-AGREEMENT_MODEL = "food_classifier_onnx"
-AGREEMENT_CONCURRENCY = 8
 # Warm-up of a window after a load point's first, and of the ceiling measured again: the model is
 # already loaded (the ceiling's in the process that swept it).
 REPEAT_WARMUP_S = 1.0
-
-
-@dataclass(frozen=True)
-class Endpoints:
-    fastapi_pt: str  # http://host:port
-    fastapi_onnx: str
-    triton_http: str  # host:port
-
-    @classmethod
-    def of(cls, ports: Ports) -> Endpoints:
-        return cls(
-            f"http://127.0.0.1:{ports.fastapi_pt}",
-            f"http://127.0.0.1:{ports.fastapi_onnx}",
-            f"127.0.0.1:{ports.triton_http}",
-        )
-
-
-def address(setup: ServedSetup, endpoints: Endpoints) -> str:
-    return {"fastapi_pt": endpoints.fastapi_pt, "fastapi_onnx": endpoints.fastapi_onnx}.get(
-        setup.name, endpoints.triton_http
-    )
-
-
-def runtime_versions(endpoints: Endpoints) -> dict:
-    versions = {"python": platform.python_version()}
-    packages = ("torch", "torchvision", "onnxruntime", "numpy", "fastapi", "uvicorn", "tritonclient", "nvidia-pytriton")
-    for package in packages:
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            versions[package] = metadata.version(package)
-    with contextlib.suppress(requests.RequestException, ValueError):
-        server = requests.get(f"http://{endpoints.triton_http}/v2", timeout=5).json()
-        versions["tritonserver"] = server.get("version", "unknown")
-    return versions
-
-
-def thread_plan_of(setup: ServedSetup, endpoints: Endpoints) -> str:
-    """How `setup` uses the cores, as served now: FastAPI says so in /health; a Triton model's
-    instances each compute their plan with servelab/cores.py, as done here, and log it."""
-    try:
-        if not setup.model:
-            return requests.get(f"{address(setup, endpoints)}/health", timeout=5).json()["threads"]
-        client = triton_http.InferenceServerClient(endpoints.triton_http)
-        groups = client.get_model_config(setup.model)["instance_group"]
-    except (requests.RequestException, ValueError, KeyError, InferenceServerException) as exc:
-        return f"unknown ({type(exc).__name__}: {exc})"
-    instances = sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in groups)
-    device = "cpu" if all(group.get("kind") == "KIND_CPU" for group in groups) else "cuda"
-    return thread_plan(slots=instances, device=device, given_by=f"{instances} instance(s)").describe()
 
 
 def _cpu_now(pid: int | None) -> CpuSplit | None:
@@ -225,25 +167,6 @@ def _load_point(
     return result
 
 
-@contextlib.contextmanager
-def one_instance_per_core(triton: str, model: str) -> Iterator[None]:
-    """Serve `model` with one instance per core while the block runs, when its instances are on
-    the CPU (the local stack); as configured otherwise. Served as before after the block."""
-    client = triton_http.InferenceServerClient(triton)
-    config = client.get_model_config(model)
-    if any(group.get("kind") != "KIND_CPU" for group in config.get("instance_group", [])):
-        yield
-        return
-    per_core = {**config, "instance_group": [{"count": available_cores(), "kind": "KIND_CPU"}]}
-    client.load_model(model, config=json.dumps(per_core))
-    try:
-        yield
-    finally:
-        # The served config, given back as an override too: a plain load would be skipped, since
-        # the files on disk did not change.
-        client.load_model(model, config=json.dumps(config))
-
-
 def _naive(
     profile: Profile, image: bytes, log_dir: Path, ceilings: dict[str, inprocess.Ceiling], windows_rps: dict
 ) -> list[RunResult]:
@@ -264,81 +187,6 @@ def _naive(
             pid = stack.pids()[spec.name]
             results.append(_load_point(ceilings, setup, url, "", concurrency, profile, image, windows_rps, pid))
     return results
-
-
-def _counted(run, triton: str) -> tuple[RunResult, int, float, float]:
-    """Run `run()`; return its result, the requests Triton answered meanwhile, and the CPU
-    seconds this process and its finished children spent meanwhile."""
-    own, children = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    with triton_stats.counted_over(triton, AGREEMENT_MODEL) as stats:
-        result = run()
-    assert stats.delta is not None, "set as the block ended without an error"
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    child_s = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
-    return result, stats.delta.success_count + stats.delta.fail_count, time.process_time() - own, child_s
-
-
-def agreement_gaps(generator: list[RunResult], reference: list[RunResult]) -> dict:
-    """The load generator over perf_analyzer, pair by pair (each pair ran back to back, at one
-    machine speed), and each measure's gap: how far the median pair is from 1. The medians of each
-    tool's runs would compare runs made minutes apart, at whatever speed the machine had then."""
-    pairs = list(zip(generator, reference, strict=True))
-    ratios = {
-        "throughput": [ours.throughput_rps / theirs.throughput_rps for ours, theirs in pairs],
-        "p50": [ours.latency.p50_ms / theirs.latency.p50_ms for ours, theirs in pairs],
-    }
-    gaps = {f"{measure}_gap": abs(statistics.median(values) - 1) for measure, values in ratios.items()}
-    return {**gaps, "pair_ratios": ratios}
-
-
-def _agreement(endpoints: Endpoints, profile: Profile, image: bytes) -> dict:
-    """The load generator and perf_analyzer, alternately, against the same model at the same load.
-
-    Single runs on a busy 2-core machine differ by more than the tolerances, whoever measures,
-    so the tools take turns `profile.agreement_pairs` times, and are compared pair by pair
-    (`agreement_gaps`). Each
-    run's CPU is divided by the requests Triton answered during it (warm-up and every trial
-    window included), so the two tools' costs per request compare fairly.
-    """
-    generator, reference, generator_cpu, reference_cpu = [], [], [], []
-    for _ in range(profile.agreement_pairs):
-        result, answered, own_s, _ = _counted(
-            lambda: loadgen.closed_loop(
-                loadgen.Endpoint("triton-http", endpoints.triton_http, AGREEMENT_MODEL, image),
-                loadgen.Load(AGREEMENT_CONCURRENCY, duration_s=profile.duration_s / 2, warmup_s=profile.warmup_s),
-                progress=False,
-            ),
-            endpoints.triton_http,
-        )  # fmt: skip
-        generator.append(result)
-        generator_cpu.append(own_s / answered)
-        result, answered, _, child_s = _counted(
-            lambda: perf_analyzer.run(
-                endpoints.triton_http, AGREEMENT_MODEL, concurrency=AGREEMENT_CONCURRENCY,
-                measurement_interval_ms=int(profile.duration_s * 1000 / 4), stability_percentage=25,
-                **ModelRepository().get(AGREEMENT_MODEL).perf_analyzer_input(image, paths.LAB_DIR),
-            ).results[0],
-            endpoints.triton_http,
-        )  # fmt: skip
-        reference.append(result)
-        reference_cpu.append(child_s / answered)
-
-    def medians(runs: list[RunResult], cpu: list[float]) -> dict:
-        return {
-            "throughput_rps": statistics.median(r.throughput_rps for r in runs),
-            "p50_ms": statistics.median(r.latency.p50_ms for r in runs),
-            "cpu_ms_per_request": 1000 * statistics.median(cpu),
-        }
-
-    return {
-        "model": AGREEMENT_MODEL,
-        "concurrency": AGREEMENT_CONCURRENCY,
-        "pairs": profile.agreement_pairs,
-        "loadgen": medians(generator, generator_cpu),
-        "perf_analyzer": medians(reference, reference_cpu),
-        **agreement_gaps(generator, reference),
-        "runs": {"loadgen": [r.to_dict() for r in generator], "perf_analyzer": [r.to_dict() for r in reference]},
-    }
 
 
 def run_benchmark(
@@ -420,7 +268,7 @@ def _measure_and_report(
                     point.interrupted_by = [e.describe() for e in exits if e.between(started, time.time())]
                     results.append(point)
         log.info("load generator vs perf_analyzer, %d alternating pairs", profile.agreement_pairs)
-        agreement = _agreement(endpoints, profile, image)
+        agreement = measure_agreement(endpoints, profile, image)
         meta = {
             "profile": profile.name,
             "profile_settings": {

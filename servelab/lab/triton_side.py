@@ -12,7 +12,8 @@ first adapted to the server that runs it (`server`: locally the pip-installed Tr
 the Compose project, what its container has), and that adaptation is printed too.
 `lab.triton.instance_groups(n)` writes n instances for that server's hardware. Locally, a notebook
 can also start a Triton of its own for one model (`lab.triton.private_triton(...)`), for an
-experiment that must not disturb the lab's server.
+experiment that must not disturb the lab's server. The methods of the served configs are written in
+servelab.lab.triton_configs (`ServedConfigs`, mixed into TritonSide).
 """
 
 from __future__ import annotations
@@ -24,18 +25,16 @@ import math
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tritonclient.http as triton_http
-from tritonclient.utils import InferenceServerException
-
 from servelab import paths, retries
 from servelab.lab.run_accounts import TritonAccount, counted
 from servelab.lab.run_keeper import RunKeeper
-from servelab.measure.resources import ProcessCpu, ResourceSampler, triton_instance_processes
+from servelab.lab.triton_configs import ServedConfigs
+from servelab.measure.processes import ProcessCpu, triton_instance_processes
+from servelab.measure.resources import ResourceSampler
 from servelab.profiles import Profile
 from servelab.report.summaries import listed
 from servelab.results import RunResult
@@ -44,16 +43,11 @@ from servelab.stack.catalogue import triton_service
 from servelab.stack.supervision import Ports, ServiceSpec, start_on_free_ports
 from servelab.triton import perf_analyzer, typed_command
 from servelab.triton import server as triton_local
-from servelab.triton.adaptation import gpus_missing
-from servelab.triton.config import ConfigError, TritonConfig
+from servelab.triton.config import TritonConfig
 from servelab.triton.models import ModelRepository
 
 # Where a notebook's own services keep their staged files and logs while they run.
 NOTEBOOK_STACK_DIR = paths.STACK_DIR / "notebook-stack"
-# How long a reload may take before apply_config gives up waiting. Each instance of a Python-backend
-# model starts a process that imports PyTorch and runs a first inference: four of them on a busy
-# 2-core machine took longer than tritonclient's default of 60 s (notebook 6, quick profile).
-MODEL_LOAD_TIMEOUT_S = 600.0
 
 
 class ServiceCrashed(RuntimeError):
@@ -125,7 +119,7 @@ def rates_at_capacity(reference: list[float], capacity_rps: float, top_load: flo
 
 
 @dataclass
-class TritonSide:
+class TritonSide(ServedConfigs):
     """The lab's Triton: perf_analyzer runs kept by `keeper`, capacity, and the served configs."""
 
     keeper: RunKeeper  # keeps each run, and says when the server is ready to measure
@@ -136,13 +130,6 @@ class TritonSide:
     models: ModelRepository  # the models as shipped
     grpc: str | None = None  # the lab's Triton over gRPC, host:port
     _capacities: dict[tuple[str, str], Capacity] = field(default_factory=dict, repr=False)
-
-    @property
-    def address(self) -> str:
-        """The lab's Triton (host:port), for a notebook that connected with it."""
-        if not self.http:
-            raise RuntimeError("This notebook connected without Triton (Lab.connect(triton=False)).")
-        return self.http
 
     def account(self, model: str) -> TritonAccount:
         """What counts Triton's statistics of `model` over a run, and the requests it answered CANCELLED."""
@@ -317,91 +304,6 @@ class TritonSide:
             f"req/s ({shares} of it)."
         )
         return rates
-
-    def served_on(self, model: str) -> str:
-        """Where Triton runs `model`'s instances, in words ("GPU 0", "the CPU"), as the server reports it."""
-        groups = self.served_config(model).get("instance_group", [])
-        gpus = sorted({gpu for group in groups if group.get("kind") == "KIND_GPU" for gpu in group.get("gpus", [])})
-        places = [f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"] if gpus else []
-        if any(group.get("kind") != "KIND_GPU" for group in groups):
-            places.append("the CPU")
-        return " and ".join(places)
-
-    def config(self, model: str) -> TritonConfig:
-        """The model's config as shipped for the GPU node (what a student edits); the server
-        serves a staged copy, so this file never holds an edit."""
-        return self.models.get(model).config
-
-    def instance_groups(self, count: int) -> list[dict]:
-        """`count` instances of a model as config instance groups for the Triton server's
-        hardware: spread over its GPUs, one group per GPU, where it has GPUs; on its CPU otherwise."""
-        gpus = self.server.gpus
-        if not gpus:
-            return [{"count": count, "kind": "KIND_CPU"}]
-        per_gpu = [count // gpus + (1 if gpu < count % gpus else 0) for gpu in range(gpus)]
-        return [{"count": n, "kind": "KIND_GPU", "gpus": [gpu]} for gpu, n in enumerate(per_gpu) if n]
-
-    def served_config(self, model: str) -> dict:
-        """What Triton reports it runs for `model` (its own defaults filled in)."""
-        return triton_http.InferenceServerClient(self.address).get_model_config(model)
-
-    def served_instances(self, model: str) -> int:
-        """How many instances of `model` Triton runs now, from what the server itself reports."""
-        groups = self.served_config(model).get("instance_group", [])
-        # On a GPU group, `count` instances run on *each* listed GPU.
-        return sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in groups)
-
-    def apply_config(self, model: str, edited: TritonConfig | str) -> None:
-        """Show the edit as a diff, write it where the server reads it, and reload that one model.
-
-        `edited` is a TritonConfig (e.g. `lab.triton.config(model).with_text("dynamic_batching { }")`) or the
-        text of one; either way it is checked against Triton's schema before Triton sees it.
-        """
-        info = self.models.get(model)
-        if isinstance(edited, str):
-            edited = TritonConfig(edited, origin=f"{model}/config.pbtxt (edited)")
-        if edited.name not in ("", model):
-            raise ConfigError(f'The edited config says name: "{edited.name}", but it is applied to {model}.')
-        shipped = self.config(model)
-        print(
-            shipped.diff(edited, f"{model}/config.pbtxt (as shipped)", f"{model}/config.pbtxt (edited)")
-            or f"{model}/config.pbtxt: back to the config as shipped"
-        )
-        if self.repository is None:
-            raise RuntimeError("This notebook connected without Triton (Lab.connect(triton=False)).")
-        served = triton_local.served_config(info, edited, self.repository / model, self.server)
-        adaptation = edited.diff(served, "edited", "served by this Triton")
-        if adaptation:
-            missing = gpus_missing(edited, self.server)
-            moved = (
-                f": the instances written for GPU {listed([str(gpu) for gpu in missing])}, which it lacks, run on "
-                f"GPU {listed([str(gpu) for gpu in sorted({gpu % self.server.gpus for gpu in missing})])}, "
-                "as many as written"
-                if missing
-                else ""
-            )
-            print(f"Adapted for the Triton server ({self.server.describe()}){moved}:\n{adaptation}")
-        (self.repository / model / "config.pbtxt").write_text(served.text)
-        client = triton_http.InferenceServerClient(self.address, network_timeout=MODEL_LOAD_TIMEOUT_S)
-        started = time.monotonic()
-        try:
-            client.load_model(model)  # in explicit mode, loading a loaded model reloads it from disk
-        except InferenceServerException as exc:
-            raise ConfigError(f"Triton refused the edited config of {model}: {exc.message()}") from None
-        print(f"Reloaded {model} in {time.monotonic() - started:.1f} s; ready: {client.is_model_ready(model)}")
-
-    def version(self, http: str | None = None) -> tuple[int, ...]:
-        """The release of the Triton at `http` (default: the lab's), as it reports it: (2, 51, 0)."""
-        version = triton_http.InferenceServerClient(http or self.address).get_server_metadata()["version"]
-        return tuple(int(part) for part in version.split("."))
-
-    def log_verbosity(self, level: int, http: str | None = None) -> None:
-        """Set the verbose log level of the Triton at `http` (default: the lab's) through its
-        logging API: 1 logs every step of every request; 0 (where a server starts) turns it off."""
-        triton_http.InferenceServerClient(http or self.address).update_log_settings({"log_verbose_level": level})
-
-    def restore_config(self, model: str) -> None:
-        self.apply_config(model, self.config(model))
 
     @contextlib.contextmanager
     def private_triton(self, model: str, config: TritonConfig) -> Iterator[TritonAddresses]:

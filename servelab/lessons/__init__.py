@@ -8,9 +8,14 @@ is computed from the same runs (cores, device, measured costs), or says plainly 
 hypothesis. Living here, every check has a unit test that feeds it a failing case
 (tests/test_lessons_*.py): a check that cannot fail teaches nothing.
 
-A notebook's helpers moved out of its cells (printouts, say) live in its module too, tested
-without servers where they can be (tests/test_lessons_<module>.py).
-
-One module per notebook; a module imports from servelab's measuring tools and records, never
-from the notebooks' facade (servelab.lab.facade).
+One folder per notebook, named for the notebook (`fastapi_bench/` for notebooks/4_fastapi_bench.py;
+`cancellation/` holds the appendix's race too), whose docstring names its notebook and each module:
+- `checks.py` (or `checks_<topic>.py`, one per part of the notebook): its expectations, nothing
+  else, each a pure function of runs; of the folder they import only other checks and `runs.py`
+  (tests/test_layout.py holds them to it, and no lesson imports another);
+- `experiment.py`: what runs its loads or configures the servers for it, beyond the Lab's own
+  methods (which it takes as an argument, a Protocol: this layer imports nothing of servelab.lab);
+- `views.py`: its tables and printed rows; `runs.py` where its checks read records of their own.
+The notebook imports the folder (`from servelab.lessons import cancellation`), which re-exports
+the names it calls. `expectations.py` is the machinery every check shares.
 """

@@ -1,7 +1,7 @@
 """The local lab as processes on this machine (`make up`), and the model files it serves.
 
-- `supervision`: ports, and services as supervised processes (started in order, restarted when
-  they crash, and logged, stopped in reverse);
+- `supervision`: services as supervised processes (started in order, restarted when they crash,
+  and logged, stopped in reverse), on the ports of `ports` (the settings', or free ones);
 - `catalogue`: the spec of every service of the lab: FastAPI, Triton, Ray Serve, GourmetGram, the
   image host, Jupyter;
 - `artifacts`: builds the model files every service loads (`make artifacts`);

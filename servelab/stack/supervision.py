@@ -10,7 +10,8 @@ to MAX_RESTARTS times in RESTART_WINDOW_S, as `restart: unless-stopped` does for
 stacks. Each exit is logged with its cause and the last lines of the service's log, and recorded
 in `restarts.jsonl` beside the logs, where the notebooks' Lab reads it (servelab.service_exits).
 
-What runs is given as `ServiceSpec`s: the lab's own services are servelab.stack.catalogue's.
+What runs is given as `ServiceSpec`s: the lab's own services are servelab.stack.catalogue's, on
+the ports of servelab.stack.ports.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,13 +28,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from servelab import paths, retries, service_exits
-from servelab.settings import Settings, settings
-from servelab.triton import server as triton_local
+from servelab.stack.ports import Ports, port_is_free
 
 log = logging.getLogger(__name__)
 
@@ -53,48 +51,6 @@ class PortClash(StackError):
 _BIND_FAILED = ("address already in use", "failed to listen", "failed to bind")
 
 
-_DEFAULT = Settings()
-
-
-@dataclass(frozen=True)
-class Ports:
-    """Every port the local stack uses; each can be moved with SERVELAB_PORT_<NAME> (servelab.settings)."""
-
-    fastapi_pt: int = _DEFAULT.port_fastapi_pt
-    fastapi_onnx: int = _DEFAULT.port_fastapi_onnx
-    triton_http: int = _DEFAULT.port_triton_http
-    triton_grpc: int = _DEFAULT.port_triton_grpc
-    triton_metrics: int = _DEFAULT.port_triton_metrics
-    gourmetgram: int = _DEFAULT.port_gourmetgram
-    image_host: int = _DEFAULT.port_image_host
-    ray_serve: int = _DEFAULT.port_ray_serve
-    ray_dashboard: int = _DEFAULT.port_ray_dashboard
-    ray_metrics: int = _DEFAULT.port_ray_metrics
-    jupyter: int = _DEFAULT.port_jupyter
-
-    @classmethod
-    def configured(cls) -> Ports:
-        """The ports the settings give (the defaults, moved by SERVELAB_PORT_<NAME>)."""
-        return cls(**settings().ports())
-
-    @classmethod
-    def found_free(cls) -> Ports:
-        """Ports the OS says are free now. Nothing reserves them: another process may take one
-        before a server binds it (start_on_free_ports tries again then)."""
-        sockets = [socket.socket() for _ in cls.__dataclass_fields__]
-        try:
-            for sock in sockets:
-                sock.bind(("127.0.0.1", 0))
-            return cls(*(sock.getsockname()[1] for sock in sockets))
-        finally:
-            for sock in sockets:
-                sock.close()
-
-    @property
-    def triton(self) -> triton_local.TritonPorts:
-        return triton_local.TritonPorts(self.triton_http, self.triton_grpc, self.triton_metrics)
-
-
 @dataclass
 class ServiceSpec:
     name: str
@@ -111,18 +67,6 @@ class ServiceSpec:
     # Words in the start-up failure of a known transient (Ray's node slow to register on a busy
     # machine): such a start is tried once more, and logged as a retry.
     retry_start_on: str | None = None
-
-
-def port_is_free(port: int) -> bool:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        # As the servers themselves do: connections of a stopped server lingering in TIME_WAIT
-        # do not make a port taken; only a listener does.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def answers(url: str) -> bool:

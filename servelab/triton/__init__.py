@@ -1,7 +1,8 @@
 """Triton Inference Server as the lab runs it.
 
 - `server`: the real Triton 2.51 binary on this machine, and staging the model repository for it;
-- `config`: reading, editing and writing `config.pbtxt`, keeping its text (comments and all);
+- `config`: reading, editing and writing `config.pbtxt`, keeping its text (comments and all), which
+  `config_text` rewrites field by field;
 - `adaptation`: a config adapted to the server that serves it (its GPUs, its backends);
 - `models`: the registry of models in models_staging/ and how to build a request for each;
 - `stats`: Triton's statistics around a run (queue, compute, batch sizes);

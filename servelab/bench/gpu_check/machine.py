@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from servelab.environment import machine_info
-from servelab.measure.resources import NvmlReader
+from servelab.measure.gpus import NvmlReader
 from servelab.service.cores import available_cores
 
 

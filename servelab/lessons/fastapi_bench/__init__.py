@@ -1,0 +1,51 @@
+"""Notebook 4 (notebooks/4_fastapi_bench.py): benchmarking the FastAPI service.
+
+- `checks`: GourmetGram's labels for its samples (`samples_get_their_labels`), PyTorch against
+  ONNX Runtime (`runtime_comparison`), one user against sixteen (`queueing_under_load`,
+  `health_stays_out_of_the_queue`), and processes (`processes_follow_the_plan`);
+- `checks_threads`: the thread plans, alone and under load (`thread_plan_checks`: crowded threads,
+  every core for one request, the elastic default);
+- `experiment`: the plans the notebook serves (`thread_plans`) and the watch kept beside the
+  16-sender run (`LoadWatch`);
+- `views`: what /openapi.json says about /predict (`describe_predict`) and a run's resources in
+  words (`usage_text`).
+
+Each check is a function of the runs, judged on the services' own timing of each stage. The
+notebook calls them by this folder's name (`fastapi_bench.runtime_comparison`).
+"""
+
+from servelab.lessons.fastapi_bench.checks import (
+    SAMPLE_LABELS,
+    health_stays_out_of_the_queue,
+    processes_follow_the_plan,
+    queueing_under_load,
+    runtime_comparison,
+    samples_get_their_labels,
+)
+from servelab.lessons.fastapi_bench.checks_threads import (
+    crowded_threads_are_slower,
+    elastic_default_near_the_best,
+    every_core_serves_one_faster,
+    thread_plan_checks,
+)
+from servelab.lessons.fastapi_bench.experiment import LoadWatch, health_check_ms, listening_pids, thread_plans
+from servelab.lessons.fastapi_bench.views import describe_predict, usage_text
+
+__all__ = [
+    "SAMPLE_LABELS",
+    "LoadWatch",
+    "crowded_threads_are_slower",
+    "describe_predict",
+    "elastic_default_near_the_best",
+    "every_core_serves_one_faster",
+    "health_check_ms",
+    "health_stays_out_of_the_queue",
+    "listening_pids",
+    "processes_follow_the_plan",
+    "queueing_under_load",
+    "runtime_comparison",
+    "samples_get_their_labels",
+    "thread_plan_checks",
+    "thread_plans",
+    "usage_text",
+]

@@ -1,0 +1,167 @@
+"""Notebook 4's checks of its thread plans (inference slots x threads per inference), each plan
+run alone and under load: crowded threads are slower, every core serves one request faster, and
+the elastic default is near the best; and the plans' names (`plan_names`), which
+servelab.lessons.fastapi_bench.experiment's `thread_plans` serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from servelab.lessons.expectations import (
+    Expectation,
+    condition,
+    figure,
+    unless,
+)
+from servelab.lessons.fastapi_bench.checks import stage
+from servelab.results import RunResult
+
+
+def _on_the_gpu(device: str) -> str:
+    """Why the thread plans are not judged on `device`; empty on a CPU."""
+    if device.startswith("cuda"):
+        return (
+            f"the model ran on {device}: the plans only change how the CPU shares its other work, and the "
+            "lesson expects differences too small to judge"
+        )
+    return ""
+
+
+def crowded_threads_are_slower(
+    loaded: Mapping[str, RunResult], crowded: str, fitting: str, slots: int, cores: int, device: str, hardware: str
+) -> Expectation:
+    """Under load, `slots` slots with `cores` threads each (the plan `crowded`: more busy threads
+    than cores) serve worse than the same slots with one thread each (`fitting`): a higher median
+    latency and a lower throughput. NOT CHECKED where the model ran on a GPU."""
+    crowded_p50 = figure(loaded[crowded], "latency.p50_ms", f"{crowded} p50")
+    fitting_p50 = figure(loaded[fitting], "latency.p50_ms", f"{fitting} p50")
+    crowded_rate = figure(loaded[crowded], "throughput_rps", crowded)
+    fitting_rate = figure(loaded[fitting], "throughput_rps", fitting)
+    gpu = _on_the_gpu(device)
+    return Expectation(
+        f"with {slots} slots, {cores} threads each (more busy threads than cores) are slower under load than 1 each",
+        (
+            unless(
+                not gpu,
+                gpu,
+                condition("a higher median latency", crowded_p50.value > fitting_p50.value, crowded_p50, fitting_p50),
+            ),
+            unless(
+                not gpu,
+                gpu,
+                condition("a lower throughput", crowded_rate.value < fitting_rate.value, crowded_rate, fitting_rate),
+            ),
+        ),  # fmt: skip
+        reason=f"on {hardware}, the model on {device}, the crowded plan's extra threads found cores to run on",
+    )
+
+
+def every_core_serves_one_faster(
+    alone: Mapping[str, RunResult], every_core: str, one_core: str, cores: int, device: str, hardware: str
+) -> Expectation:
+    """One request at a time, the plan that gives an inference every core (`every_core`) answers
+    sooner than one thread (`one_core`): a lower median latency. (Its requests per second, one at
+    a time, are 1 / its mean latency: not judged again.) NOT CHECKED with one core, where both
+    plans are one thread, and on a GPU."""
+    all_cores = figure(alone[every_core], "latency.p50_ms", f"{cores} threads")
+    one_thread = figure(alone[one_core], "latency.p50_ms", "1 thread")
+    infer = {name: stage(alone[name], "inference", name).value for name in (every_core, one_core)}
+    why = _on_the_gpu(device) or (
+        "with one core there is only one thread to give: both plans are the same" if cores < 2 else ""
+    )
+    return Expectation(
+        "a request alone is served faster with every core than with one",
+        (
+            unless(
+                not why,
+                why,
+                condition(
+                    "a lower median latency, one request at a time",
+                    all_cores.value < one_thread.value,
+                    all_cores,
+                    one_thread,
+                    detail=f"x{all_cores.value / one_thread.value:.2f}",
+                ),
+            ),
+        ),  # fmt: skip
+        reason=f"on {hardware}, the model on {device}, the model call itself took {infer[every_core]:.1f} ms with "
+        f"{cores} threads and {infer[one_core]:.1f} ms with 1, by the service's own timing: where the threads "
+        "gained little on one image, the rest of the request decided",
+    )
+
+
+def elastic_default_near_the_best(
+    alone: Mapping[str, RunResult], loaded: Mapping[str, RunResult], default: str, device: str, hardware: str,
+    earlier_p50_ms: float,
+) -> Expectation:  # fmt: skip
+    """The `default` plan is within 15% of the best plan: alone, its median latency at most 1.15x
+    the lowest; under load, its throughput at least the highest / 1.15. NOT CHECKED on a GPU."""
+    best_alone = min(alone.values(), key=lambda result: result.latency.p50_ms)
+    best_loaded = max(loaded.values(), key=lambda result: result.throughput_rps)
+    default_alone = figure(alone[default], "latency.p50_ms", "default alone")
+    default_loaded = figure(loaded[default], "throughput_rps", "default under load")
+    best_p50 = figure(best_alone, "latency.p50_ms", f"best alone ({best_alone.name})")
+    best_rate = figure(best_loaded, "throughput_rps", f"best under load ({best_loaded.name})")
+    gpu = _on_the_gpu(device)
+    return Expectation(
+        "the elastic default is within 15% of the best plan, alone and under load",
+        (
+            unless(
+                not gpu,
+                gpu,
+                condition(
+                    "alone: a median latency within 15% of the best plan's",
+                    default_alone.value <= 1.15 * best_p50.value,
+                    default_alone,
+                    best_p50,
+                    detail=f"x{default_alone.value / best_p50.value:.2f}",
+                ),
+            ),
+            unless(
+                not gpu,
+                gpu,
+                condition(
+                    "under load: a throughput within 15% of the best plan's",
+                    default_loaded.value >= best_rate.value / 1.15,
+                    default_loaded,
+                    best_rate,
+                    detail=f"x{default_loaded.value / best_rate.value:.2f}",
+                ),
+            ),
+        ),  # fmt: skip
+        reason=f"the same default plan served one request at a time in {earlier_p50_ms:.1f} ms (median) earlier "
+        f"in this notebook and in {default_alone.value:.1f} ms here: on {hardware}, the model on {device}, runs "
+        "move that much between measurements",
+    )
+
+
+def plan_names(cores: int) -> tuple[str, str, str, str]:
+    """The thread plans' names on `cores` cores: every core for one slot, one core per slot,
+    crowded (more busy threads than cores), the default."""
+    crowded = max(2, cores)
+    return (
+        f"1 slot x {cores} threads",
+        f"{cores} slots x 1 thread",
+        f"{crowded} slots x {cores} threads",
+        "default (elastic)",
+    )
+
+
+def thread_plan_checks(
+    alone: Mapping[str, RunResult],
+    loaded: Mapping[str, RunResult],
+    cores: int,
+    device: str,
+    hardware: str,
+    earlier_p50_ms: float,
+) -> tuple[Expectation, Expectation, Expectation]:
+    """The three checks of the plans of `thread_plans(cores)`, each run alone and under load:
+    crowded threads are slower under load, every core serves one request faster, and the elastic
+    default is near the best (`earlier_p50_ms`: the default's median one at a time, measured earlier)."""
+    every_core, one_core, crowded, default = plan_names(cores)
+    return (
+        crowded_threads_are_slower(loaded, crowded, one_core, max(2, cores), cores, device, hardware),
+        every_core_serves_one_faster(alone, every_core, one_core, cores, device, hardware),
+        elastic_default_near_the_best(alone, loaded, default, device, hardware, earlier_p50_ms),
+    )

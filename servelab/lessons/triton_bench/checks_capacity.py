@@ -1,0 +1,158 @@
+"""Notebook 6's checks of what more work at once buys (its sections 1 to 3): a batch of images
+from one client, more instances of a model, and the ONNX Runtime model against the Python-backend
+one. Claims about what the model costs are judged on Triton's own statistics (perf_analyzer's
+server-side breakdown), never on the client's latency, which also counts uploads and the network.
+`MARGIN`, the noise between two runs of one setting, serves the other checks too.
+"""
+
+from __future__ import annotations
+
+import math
+
+from servelab.lessons.expectations import (
+    Expectation,
+    condition,
+    figure,
+)
+from servelab.measure.resources import summarize
+from servelab.results import RunResult
+
+NOT_MEASURED = math.nan
+
+# Two runs of the same setting differ by a few percent in throughput on a shared machine: a gain
+# smaller than this is not taken for one, and "no better" allows this much.
+MARGIN = 0.10
+
+
+def instances_cpu(run: RunResult | None) -> float:
+    """The CPU the model's instance processes used during `run`, in % of one core, summed over
+    them; NaN where this notebook could not see them (in Docker, or no run)."""
+    if run is None or not run.resources:
+        return NOT_MEASURED
+    processes = summarize(run.resources).get("processes") or {}
+    return float(sum(processes.values())) if processes else NOT_MEASURED
+
+
+def _cpu_said(name: str, run: RunResult | None, cores: int) -> str:
+    used = instances_cpu(run)
+    if math.isnan(used):
+        return f"{name}: the instances ran out of this notebook's sight (their CPU is not known)"
+    return f"{name}: the instances used {used:.0f}% of a core, of the {100 * cores}% this machine has"
+
+
+def client_batching(single: RunResult | None, batched: RunResult | None, hardware: str, cores: int) -> Expectation:
+    """One client, a request of 16 images against one of 1: Triton computes the 16 in less than
+    twice the time of 1 (its compute infer, per request), and the client gets at least 4 times the
+    images per second."""
+    size = batched.batch_size if batched is not None else 16
+    compute_batched = figure(batched, "server_ms(compute_infer)", f"compute infer, {size} images")
+    compute_single = figure(single, "server_ms(compute_infer)", "compute infer, 1 image")
+    rate_batched, rate_single = (
+        figure(batched, "images_per_s", "batched"),
+        figure(single, "images_per_s", "one at a time"),
+    )
+    ratio = compute_batched.value / compute_single.value
+    per_image_batched = compute_batched.value / size
+    return Expectation(
+        f"a batch of {size} costs little more than a batch of 1",
+        (
+            condition(
+                f"Triton computes a request of {size} images in less than twice the time of 1 image",
+                ratio < 2,
+                compute_batched,
+                compute_single,
+                detail=f"{ratio:.1f}x",
+            ),
+            condition(
+                "so the client gets at least 4 times the images per second",
+                rate_batched.value >= 4 * rate_single.value,
+                rate_batched,
+                rate_single,
+            ),
+        ),
+        reason=f"on {hardware}, an image cost {per_image_batched:.1f} ms of compute infer in a batch of {size} "
+        f"against {compute_single.value:.1f} ms alone (compute infer here includes model.py decoding each image); "
+        f"{_cpu_said('with 1 image per request', single, cores)}. A batch pays where one image leaves the "
+        "hardware idle: what the single-image run left unused is the most a batch could use",
+    )
+
+
+def instance_scaling(one: RunResult | None, more: RunResult | None, instances: int, hardware: str, cores: int):
+    """Under load, `instances` instances serve more requests per second than one: by more than
+    MARGIN, so that two runs of the same setting, differing by noise, do not pass."""
+    one_rate, more_rate = (
+        figure(one, "throughput_rps", "1 instance"),
+        figure(more, "throughput_rps", f"{instances} instances"),
+    )
+    gain = more_rate.value / one_rate.value
+    return Expectation(
+        f"under load, {instances} instances of the ONNX model serve more than one",
+        (
+            condition(
+                f"at 8 clients, {instances} instances serve more than {1 + MARGIN:.2f}x the requests per second "
+                "of 1 (less is within the noise between two runs)",
+                gain > 1 + MARGIN,
+                one_rate,
+                more_rate,
+                detail=f"x{gain:.2f}",
+            ),
+        ),
+        reason=f"on {hardware}: {_cpu_said('1 instance', one, cores)}; "
+        f"{_cpu_said(f'{instances} instances', more, cores)}. More instances can only use what one left idle",
+    )
+
+
+def instances_stop_helping(runs: dict[int, RunResult | None], hardware: str, cores: int) -> Expectation:
+    """The original lab's claim, on the Python-backend model at 8 clients, by instance count
+    (`runs`: 1, 4 and 8 instances): more instances help while the hardware has idle capacity
+    (4 serve more than 1, by more than MARGIN), and once it has none they only fight over it:
+    8 do no better than 4 (at most MARGIN more, or fewer)."""
+    rate = {count: figure(run, "throughput_rps", f"{count} instance{'s' * (count > 1)}") for count, run in runs.items()}
+    one, four, eight = rate[1], rate[4], rate[8]
+    rise, further = four.value / one.value, eight.value / four.value
+    used = "; ".join(_cpu_said(f"with {count}", run, cores) for count, run in runs.items())
+    return Expectation(
+        "more Python-backend instances help while the hardware has idle capacity, and stop helping when it has none",
+        (
+            condition(
+                f"from 1 instance to 4, throughput rises by more than {MARGIN:.0%}",
+                rise > 1 + MARGIN,
+                one,
+                four,
+                detail=f"x{rise:.2f}",
+            ),
+            condition(
+                f"8 instances do no better than 4: at most {MARGIN:.0%} more requests per second (within the "
+                "noise), or fewer",
+                further <= 1 + MARGIN,
+                four,
+                eight,
+                detail=f"x{further:.2f}",
+            ),
+        ),
+        reason=f"on {hardware}: {used}. Where 4 instances left the cores idle, 8 use them; where 1 kept them busy, "
+        "4 only take turns",
+    )
+
+
+def onnx_beats_python(onnx: RunResult | None, python: RunResult | None, onnx_behind_python: bool, hardware: str):
+    """One client at a time, the ONNX model answers sooner than the Python-backend model: a lower
+    mean latency. Its throughput is not judged beside it: with one client, each request starts as
+    the last one ends, so requests per second are 1 / the mean latency, the same number again."""
+    onnx_ms, python_ms = figure(onnx, "latency.mean_ms", "ONNX mean"), figure(python, "latency.mean_ms", "Python mean")
+    return Expectation(
+        "the ONNX Runtime model beats the Python-backend model at concurrency 1",
+        (
+            condition(
+                "a lower mean latency (with one client, also more requests per second: 1 / the mean)",
+                onnx_ms.value < python_ms.value,
+                onnx_ms,
+                python_ms,
+                detail=f"x{onnx_ms.value / python_ms.value:.2f}",
+            ),
+        ),
+        reason="this Triton has no ONNX Runtime backend: the ONNX model also runs behind the Python backend, and "
+        "each of its requests carries 600 KB of float32 pixels instead of a compressed JPEG"
+        if onnx_behind_python
+        else f"on {hardware}, both models spend most of a request outside the network",
+    )
