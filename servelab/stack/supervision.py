@@ -221,6 +221,9 @@ class LocalStack:
                         raise
                     retries.note(f"starting {managed.spec.name} once more", managed.spec.retry_start_on)
                     managed.stop()
+                    # The first start's children can hold its ports a moment longer (Ray's metrics
+                    # exporter did, on a busy machine): the second start waits for them, as a restart does.
+                    _wait_for_ports(managed.spec.ports, threading.Event())
                     managed.start(after=f"did not start: {managed.spec.retry_start_on}")
                     managed.wait_ready()
         except BaseException:
