@@ -4,7 +4,7 @@ PY := .venv/bin/python
 # Passed through to `servelab artifacts` to serve a trained checkpoint instead of untrained weights.
 export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256 FOOD11_CHECKPOINT_GIT_BLOB
 
-.PHONY: up test test-fast test-notebook test-docker test-gpu bench bench-quick notebooks format setup artifacts clean
+.PHONY: up test test-fast test-notebook test-docker docker-build test-gpu bench bench-quick notebooks format setup artifacts clean
 
 up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve and GourmetGram on 127.0.0.1; Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
@@ -26,6 +26,9 @@ test-notebook: artifacts  ## one notebook against the lab, as `make test` runs i
 
 test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3-10 and the appendix in its Jupyter, tear down
 	bash scripts/test_docker.sh
+
+docker-build: setup  ## only the Docker engine and the Compose project's images (CPU variant), as test-docker builds them
+	bash scripts/test_docker.sh --build-only
 
 # The GPU check runs with the Python that has torch: the lab's virtualenv where there is one, else the
 # machine's own (a bare GPU machine: servelab/bench/gpu_check/__init__.py says what to bring). It creates nothing.

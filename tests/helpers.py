@@ -52,7 +52,7 @@ def until(check: Callable[[], T], timeout_s: float, what: str, every_s: float = 
 
 
 R = TypeVar("R", bound="RunResult")
-TRIES = 3
+TRIES = 5  # a run is a second or two: a busy machine may hold several of them up in a row
 
 
 def kept_schedule(measure: Callable[[], R], tries: int = TRIES) -> R:
