@@ -33,11 +33,12 @@ PROJECT=servelab-check
 #  5: Triton's own image: the repository staged at its start in the volume it shares with Jupyter,
 #     a config changed from another container, Triton's log read through that volume;
 #  7: FastAPI fetching photos from the image host across the project's network (its allowed hosts);
-#  9: cancellation as Triton's image (its release) and Docker's network deliver it;
-# 10: the sequence batcher of Triton's image, its eviction log read through the shared volume.
+#  9: cancellation as Triton's image (its release) and Docker's network deliver it, the steps a
+#     stream ran counted from Triton's log through the shared volume.
 # Not here: 4 (the same services, out of this container's sight), 6 and 8 (their container paths:
-# tests/test_compose.py), and the appendix (a crash of the local Triton 2.51's, not the image's).
-NOTEBOOKS=(3_fastapi.ipynb 5_triton.ipynb 7_io_vs_compute.ipynb 9_cancellation.ipynb 10_stateful_sequences.ipynb)
+# tests/test_compose.py), 10 (its paths there, a config applied and Triton's log read through the
+# volume, gRPC to Triton by name, are 5's and 9's), and the appendix (a crash of Triton 2.51's).
+NOTEBOOKS=(3_fastapi.ipynb 5_triton.ipynb 7_io_vs_compute.ipynb 9_cancellation.ipynb)
 PY=.venv/bin/python
 DOCKERD_PID=.lab/docker/dockerd.pid
 build_only=0

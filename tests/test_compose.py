@@ -1,5 +1,5 @@
 """The Compose project's own paths, from its Jupyter container: `make test-docker` runs this file
-there, beside notebooks 3, 5, 7, 9 and 10 (scripts/test_docker.sh says why those).
+there, beside notebooks 3, 5, 7 and 9 (scripts/test_docker.sh says why those).
 
 Notebooks 4, 6 and 8 run once, in `make test`, against the local stack; in the containers they
 would measure the same lessons again for many minutes. What they do differently there is checked

@@ -23,6 +23,7 @@ from servelab.report import plots, tables
 from servelab.results import LatencySummary, RunResult, load_results, pooled, save_results
 from servelab.triton import stats as triton_stats
 from servelab.triton.stats import StatsDelta, TritonStatsError
+from tests.helpers import until
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -172,6 +173,7 @@ BURN_CPU = "import time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < 
 def test_sampler_sees_a_busy_core_and_stops_its_thread():
     with ResourceSampler(interval_s=0.2, pids=[os.getpid()]) as sampler:
         subprocess.run([sys.executable, "-c", BURN_CPU], check=True)
+        until(lambda: len(sampler.series()["t_s"]) >= 5, 10, "five samples")  # a busy machine may delay some
     assert not sampler.running
     series = sampler.series()
     assert len(series["t_s"]) >= 5
@@ -192,7 +194,7 @@ def test_sampler_sees_a_busy_core_and_stops_its_thread():
 def test_sampler_stops_when_the_measured_block_raises():
     with pytest.raises(ZeroDivisionError):
         with ResourceSampler(interval_s=0.05) as sampler:
-            time.sleep(0.2)
+            until(lambda: len(sampler.series()["t_s"]) >= 2, 10, "two samples")
             raise ZeroDivisionError
     assert not sampler.running
     assert len(sampler.series()["t_s"]) >= 2
@@ -233,7 +235,7 @@ def test_sampler_parses_nvidia_smi_output(monkeypatch, tmp_path):
         "printf '0, NVIDIA H100 80GB HBM3, 37, 1024, 81559\\n1, NVIDIA A100-SXM4-40GB, [N/A], 2048, 40960\\n'",
     )
     with ResourceSampler(interval_s=0.1) as sampler:
-        time.sleep(0.35)
+        until(lambda: len(sampler.series()["t_s"]) >= 3, 10, "three samples")
     series = sampler.series()
     assert series["gpu_source"] == "nvidia-smi"
     first, second = series["gpus"]
