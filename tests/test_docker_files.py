@@ -54,7 +54,10 @@ PUBLISHED = {
     "jupyter": {"JUPYTER": (8888, 8888)},
 }
 MODEL_FILES_IN_THE_TORCH_IMAGE = "/opt/servelab/models"
-TRITON_BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.12-py3"
+# 24.10: the last release whose onnxruntime backend has sm_60 code (docker/Dockerfile.triton says why).
+TRITON_BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+# What the Triton image's first guard scans: the backends the lab loads, and the server's libraries.
+TRITON_TREE = ["/opt/tritonserver/backends/python", "/opt/tritonserver/backends/onnxruntime", "/opt/tritonserver/lib"]
 
 
 # ---- reading the files ------------------------------------------------------------------------
@@ -334,6 +337,11 @@ def test_each_gpu_image_pins_the_last_cudnn_with_pascal_code_and_checks_its_cuda
     installs = [args for keyword, args in instructions if keyword == "RUN" and re.search(r"\bpip3? install\b", args)]
     assert any('${CUDNN:+"$CUDNN"}' in args for args in installs), "cuDNN's pin goes with the libraries"
     guards = [i for i, (keyword, args) in enumerate(instructions) if keyword == "RUN" and "cuda_arch.py" in args]
+    if service == "triton":  # NVIDIA's libraries first, then what pip installed
+        first, *guards = guards
+        assert first < min(i for i, (keyword, _) in enumerate(instructions) if keyword == "RUN" and i != first)
+        assert instructions[first][1].split('--arch "$CUDA_ARCH"')[1].split(";")[0].split() == TRITON_TREE
+        assert "--allow" not in instructions[first][1], "only the backends the lab loads are scanned"
     assert len(guards) == 1, "one check, after the CUDA libraries are installed"
     (guard,) = guards
     guard_args = instructions[guard][1]
@@ -399,7 +407,7 @@ def test_the_triton_image_stages_the_repository_for_its_server_and_pins_the_rele
     assert json.loads(dict(instructions)["CMD"]) == ["python3", "-m", "servelab.triton.container"]
     assert ("COPY", "docker/triton_log_copy.sh /usr/local/bin/triton_log_copy.sh") in instructions
     runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
-    assert '"tritonclient[grpc]==2.53.0"' in runs and '"numpy<2"' in runs
+    assert '"tritonclient[grpc]==2.51.0"' in runs and '"numpy<2"' in runs
     # The model files of the torch image, staged by the start (servelab.triton.container).
     assert ("ENV", f"SERVELAB_ARTIFACTS_DIR={MODEL_FILES_IN_THE_TORCH_IMAGE}") in instructions
     # The whole package, not servelab/service alone: the models import servelab.triton.model_instance.
