@@ -24,11 +24,14 @@ import jsonschema
 import pytest
 import yaml
 
+from servelab import node_build
 from servelab.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = REPO_ROOT / "compose.yaml"
 CPU_OVERRIDE = REPO_ROOT / "docker" / "compose.cpu.yaml"
+# The lab's images from a registry (SERVELAB_IMAGE_PREFIX), after either variant.
+REGISTRY_OVERRIDE = REPO_ROOT / "docker" / "compose.registry.yaml"
 # The compose-spec JSON schema, from the compose-spec repository (schema/compose-spec.json,
 # Apache License 2.0), which Compose v2 validates every file against.
 COMPOSE_SPEC_SCHEMA = REPO_ROOT / "tests" / "data" / "compose-spec.json"
@@ -75,16 +78,25 @@ RESET = object()
 _ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
 _ComposeLoader.add_constructor("!override", lambda loader, node: Override(loader.construct_mapping(node, deep=True)))
 
-_VAR_RE = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<arg>[^}]*))?\}")
+_VAR_RE = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
+
+
+class MissingVariable(ValueError):
+    """A ${VAR:?message} whose variable is unset: Compose stops with the message."""
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
-    """Compose's interpolation of the forms the project uses: ${VAR}, ${VAR:-default}, ${VAR-default}."""
+    """Compose's interpolation of the forms the project uses: ${VAR}, ${VAR:-default}, ${VAR-default},
+    ${VAR:?message}."""
 
     def replace(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
         value, op, default = env.get(match.group("name")), match.group("op"), match.group("arg") or ""
+        if op == ":?":
+            if not value:
+                raise MissingVariable(f"{match.group('name')}: {default}")
+            return value
         if op == ":-":
             return value or default
         if op == "-":
@@ -163,14 +175,37 @@ def test_each_variant_is_valid_under_the_compose_spec_schema(cpu):
 
 
 @pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI here: `make test-docker` installs Compose")
-@pytest.mark.parametrize("files", [["compose.yaml"], ["compose.yaml", "docker/compose.cpu.yaml"]], ids=["gpu", "cpu"])
+@pytest.mark.parametrize(
+    "files",
+    [["compose.yaml"], ["compose.yaml", "docker/compose.cpu.yaml"], ["compose.yaml", "docker/compose.registry.yaml"]],
+    ids=["gpu", "cpu", "registry"],
+)
 def test_compose_itself_accepts_each_variant(files):
     version = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
     if version.returncode != 0:
         pytest.skip("no Compose v2 plugin here: `make test-docker` installs it")
     command = ["docker", "compose", *(arg for name in files for arg in ("-f", name)), "config", "--quiet"]
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    env = {**os.environ, "SERVELAB_IMAGE_PREFIX": "registry.example.org/course/servelab-"}
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "cpu"])
+def test_with_an_image_prefix_every_service_is_pulled_from_the_registry_and_nothing_is_built(cpu):
+    # The live pull (a registry, `docker compose pull`) needs a Docker engine and images pushed to
+    # it, which `make test` has neither of: what Compose would pull is read here instead.
+    prefix = "registry.example.org:5000/course/servelab-"
+    env = {"SERVELAB_IMAGE_PREFIX": prefix}
+    project = merge(variant(cpu, env), load(REGISTRY_OVERRIDE, env))
+    jsonschema.Draft7Validator(json.loads(COMPOSE_SPEC_SCHEMA.read_text())).validate(project)
+    active = {name: service for name, service in project["services"].items() if not service.get("profiles")}
+    assert set(active) == SERVICES, "the PyTorch image, never run, is not pulled"
+    for name, service in project["services"].items():
+        assert service["image"] == prefix + name and "build" not in service, name
+    with pytest.raises(MissingVariable, match="SERVELAB_IMAGE_PREFIX: set SERVELAB_IMAGE_PREFIX to the registry"):
+        load(REGISTRY_OVERRIDE, {})
+    files = node_build.env_file("original", prefix)
+    assert f"COMPOSE_FILE=compose.yaml:{REGISTRY_OVERRIDE.relative_to(REPO_ROOT)}" in files.splitlines()
 
 
 def test_one_project_has_every_service_of_notebooks_3_to_10_with_no_fixed_container_name():
