@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 2. Bring up the GPU node
 #
-# **Time:** about 35 minutes (6 reading, 29 running, 0 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 31 minutes (6 reading, 25 running, 0 hands-on; `python -m servelab.time_plan`)
 #
 # *Chameleon path only. On the local path, skip to `3_fastapi.ipynb`.*
 #
