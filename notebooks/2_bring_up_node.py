@@ -195,7 +195,8 @@ if chameleon_only("clone the repository on the node"):
 
 # %%
 if chameleon_only("install Docker on the node"):
-    node.execute(node_setup.wait_for_apt_then("command -v docker >/dev/null || curl -fsSL https://get.docker.com | sudo sh"))
+    install_docker = "command -v docker >/dev/null || curl -fsSL https://get.docker.com | sudo sh"
+    node.execute(node_setup.wait_for_apt_then(install_docker))
     node.execute("sudo usermod -aG docker cc")
     node.execute("docker --version && docker compose version")
 
