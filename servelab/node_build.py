@@ -77,7 +77,7 @@ class Step:
 
     def command(self, compose: list[str]) -> list[str]:
         if self.action == "build":
-            return [*compose, "build", "--progress", "plain", *self.stage.built]
+            return [*compose, "--progress", "plain", "build", *self.stage.built]  # a line per step, for the log
         if self.action == "pull":
             return [*compose, "pull", *self.stage.started]
         return [*compose, "up", "-d", "--no-build", *self.stage.started]
@@ -199,8 +199,11 @@ def start(repo: Path, compose: list[str]) -> str:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # setsid: no hang-up when the SSH connection goes
         )
-    state["runner_pid"] = runner.pid  # at once: a status read before the runner writes must not find the last one
-    write_state(repo, state)
+    # At once, so that a status read before the runner writes its own does not find the last runner gone.
+    state = read_state(repo)
+    if state.get("runner_pid") != runner.pid:
+        state["runner_pid"] = runner.pid
+        write_state(repo, state)
     resumed = [name for name, r in state["steps"].items() if r["status"] == "done"]
     where = f", resuming after {', '.join(resumed)}" if resumed else ""
     return f"Started the build (process {runner.pid}){where}; its log: {STATE_FOLDER / 'build.log'}."
@@ -316,9 +319,9 @@ def follow(ask: Callable[[str], str], repo_dir: str, until: str = "fastapi", pol
             )
             return progress
         now = time.monotonic()
-        if step is not None and (step[0].name != shown or now - shown_at >= SHOW_EVERY_S):
+        if step is not None and (f"{step[0].name} {step[1]['status']}" != shown or now - shown_at >= SHOW_EVERY_S):
             print(progress.line())
-            shown, shown_at = step[0].name, now
+            shown, shown_at = f"{step[0].name} {step[1]['status']}", now
         sleep(poll_s)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,23 +29,23 @@ STAND_IN = textwrap.dedent(
     args = sys.argv[1:]
     with open(os.environ["STANDIN_CALLS"], "a") as calls:
         calls.write(" ".join(args) + "\\n")
-    services = [arg for arg in args[1:] if not arg.startswith("-") and arg != "plain"]
+    action, *services = [arg for arg in args if not arg.startswith("-") and arg != "plain"]
     for service in services:
         print(f"#7 [{service} 2/5] RUN pip install torch", flush=True)
-        while (Path(os.environ["STANDIN_HOLD"]) / service).exists() and args[0] == "build":
+        while (Path(os.environ["STANDIN_HOLD"]) / service).exists() and action == "build":
             print(f"#7 [{service} 2/5] 1.2GB / 2.5GB downloaded", flush=True)
             time.sleep(0.05)
-        if service == os.environ.get("STANDIN_FAIL") and args[0] == "build":
+        if service == os.environ.get("STANDIN_FAIL") and action == "build":
             print(f"ERROR: failed to solve: {service}: no space left on device", flush=True)
             sys.exit(1)
     """
 )
 CALLS_BUILDING = [
-    "build --progress plain torch fastapi_pt fastapi_onnx image_host gourmetgram jupyter",
+    "--progress plain build torch fastapi_pt fastapi_onnx image_host gourmetgram jupyter",
     "up -d --no-build fastapi_pt fastapi_onnx image_host gourmetgram jupyter",
-    "build --progress plain triton",
+    "--progress plain build triton",
     "up -d --no-build triton",
-    "build --progress plain ray_serve",
+    "--progress plain build ray_serve",
     "up -d --no-build ray_serve",
 ]
 
@@ -108,11 +109,21 @@ def node(tmp_path):
 
 
 def test_the_build_runs_detached_shows_progress_and_resumes_where_it_stopped(node, capsys):
-    (node.hold / "triton").touch()  # Triton's image "downloads" until released
-    progress = node.follow(until="fastapi")
+    for service in ("jupyter", "triton"):  # each image "downloads" until released
+        (node.hold / service).touch()
+    polls = []
+
+    def sleep(seconds: float) -> None:  # between polls, the first stage's download ends
+        polls.append(seconds)
+        if len(polls) == 3:
+            (node.hold / "jupyter").unlink()
+        time.sleep(seconds)
+
+    progress = node.follow(until="fastapi", sleep=sleep)
     out = capsys.readouterr().out
     assert out.startswith("Started the build (process ")
-    assert "Building the FastAPI services, GourmetGram, the image host and Jupyter (notebooks 3 and 4): " in out
+    first_stage = "the FastAPI services, GourmetGram, the image host and Jupyter (notebooks 3 and 4)"
+    assert re.search(rf"\nBuilding {re.escape(first_stage)}: \d+ s so far\. Log: ", out), out
     assert progress.stage_done("fastapi") and not progress.stage_done("triton")
     assert "Done: the FastAPI services, GourmetGram, the image host and Jupyter (notebooks 3 and 4)." in out
     runner = node.runner_pid()
@@ -188,7 +199,7 @@ def test_the_jupyter_container_waits_for_a_service_with_the_build_s_progress(nod
 
     (node.hold / "triton").touch()
     node.follow(until="fastapi")
-    wait_until(lambda: "triton" in Progress(node_build.status(node.repo)).line())
+    wait_until(lambda: "#7 [triton 2/5]" in Progress(node_build.status(node.repo)).line())
     sleeps = []
 
     def sleep(seconds: float) -> None:  # the student waits; meanwhile Triton's image gets built
