@@ -154,7 +154,8 @@ class Lab:
             image_host_url=image_host_url,
             triton_server=Hardware.read(shared / "hardware.json") if triton else LOCAL_TRITON,
             notebook=notebook,
-            shared_exits_file=shared / service_exits.EVENTS_FILE,
+            # Triton's restarts, which a notebook without Triton neither waits for nor marks its runs with.
+            shared_exits_file=shared / service_exits.EVENTS_FILE if triton else None,
         )
 
     def _health_urls(self) -> dict[str, str]:
