@@ -57,15 +57,16 @@ print(f"LAB_SERVICES: {current_services()}")
 # later. Each notebook's time is its reading (200 words a minute), its measured run time and an
 # allowance for each step you do (`python -m servelab.time_plan`). Bringing the node up
 # (notebook 2) is mostly waiting: for the server to boot, and for the lab's images to download and
-# build. The build's own work was timed on a machine without a GPU; what only the GPU images
-# download is counted at an assumed download rate (set `DOWNLOAD_MB_PER_S` to your site's, if you
-# know it), and notebook 2 prints how long the build really took.
+# build, counted from what each downloads at the original lab's rate (about 15 GB in 20 minutes;
+# set `DOWNLOAD_MB_PER_S` to your site's, if you know it) until a build on the node has been timed
+# (`notebooks/node_build_times.json`). Triton's image builds while you work through notebooks 3
+# and 4.
 
 # %%
-from servelab import node_plan, time_plan
+from servelab import node_plan, node_setup, time_plan
 
 DOWNLOAD_MB_PER_S = node_plan.PLANNING_DOWNLOAD_MB_PER_S
-print(time_plan.lease_table(time_plan.plan(download_mb_per_s=DOWNLOAD_MB_PER_S)))
+print(time_plan.lease_table(time_plan.plan(download_mb_per_s=DOWNLOAD_MB_PER_S), DOWNLOAD_MB_PER_S))
 print()
 print(node_plan.setup_table(DOWNLOAD_MB_PER_S))
 
@@ -83,10 +84,10 @@ if chameleon_only("choose the Chameleon project and site"):
 # %% [markdown]
 # ## What to reserve
 #
-# The next cell holds the lease's settings. The lease is named after you, so that you (and the
-# course staff) can tell it apart from everyone else's: on Chameleon's Jupyter server, `USER` is
-# your Chameleon user name. If your course asks for another name (your university ID, say), change
-# `LEASE_NAME`, and use the same name in notebook 2.
+# The next cell holds the lease's settings. The lease is named after you and its start, so that
+# you (and the course staff) can tell it apart from everyone else's, and from your own earlier
+# ones: on Chameleon's Jupyter server, `USER` is your Chameleon user name. If your course asks for
+# another name (your university ID, say), change `USERNAME`.
 #
 # `LEASE_START = None` starts the lease now. To reserve a later window, set it to that time in
 # **UTC**, for example `datetime(2030, 1, 31, 14, 0, tzinfo=timezone.utc)` for 14:00 UTC on
@@ -94,13 +95,13 @@ if chameleon_only("choose the Chameleon project and site"):
 
 # %%
 USERNAME = os.getenv("USER", "student")
-LEASE_NAME = f"serve_system_{USERNAME}"
 LEASE_HOURS = 3
 LEASE_START = None
 
+start = LEASE_START or datetime.now(timezone.utc)
 print(
-    f"Lease {LEASE_NAME!r}: one gpu_p100 node for {LEASE_HOURS} hours, "
-    f"starting {'now' if LEASE_START is None else f'{LEASE_START:%Y-%m-%d %H:%M} UTC'}"
+    f"Lease {node_setup.lease_name(USERNAME, start)!r}: one gpu_p100 node for {LEASE_HOURS} hours, "
+    f"starting {'now' if LEASE_START is None else f'{start:%Y-%m-%d %H:%M} UTC'}"
 )
 
 # %% [markdown]
@@ -129,27 +130,35 @@ if chameleon_only("list the gpu_p100 nodes and when each one is next free"):
 # start. (We give python-chi the end time rather than a duration, because it counts a duration
 # from *now*, which would shorten a lease that starts later.)
 #
-# `idempotent=True` makes the cell safe to run twice: if a lease with this name already exists
-# (and has not ended), python-chi uses it instead of creating a second one. For a lease that starts
-# now, the cell waits until it is active; a lease that starts later stays "PENDING" until then.
+# The cell keeps the new lease's id in this clone (`.lab/chameleon_lease.json`), where notebook 2
+# finds it, and is safe to run twice: a lease it made that has not ended is used again, not
+# doubled. For a lease that starts now, the cell waits until it is active; a lease that starts
+# later stays "PENDING" until then.
 
 # %%
-if chameleon_only("create the lease"):
-    start = LEASE_START or datetime.now(timezone.utc)
-    gpu_lease = lease.Lease(LEASE_NAME, start_date=LEASE_START, end_date=start + timedelta(hours=LEASE_HOURS))
-    gpu_lease.add_node_reservation(amount=1, node_type="gpu_p100")
-    gpu_lease.submit(wait_for_active=LEASE_START is None, idempotent=True)
+if chameleon_only("create the lease, or use the one this cell made before"):
+    gpu_lease = node_setup.reusable_lease(lease.get_lease)
+    if gpu_lease is None:
+        start = LEASE_START or datetime.now(timezone.utc)
+        end = start + timedelta(hours=LEASE_HOURS)
+        gpu_lease = lease.Lease(node_setup.lease_name(USERNAME, start), start_date=LEASE_START, end_date=end)
+        gpu_lease.add_node_reservation(amount=1, node_type="gpu_p100")
+        try:
+            gpu_lease.submit(wait_for_active=LEASE_START is None)
+        finally:
+            node_setup.save_lease(gpu_lease)  # its id, once Chameleon gave it one
+    print(f"Lease {gpu_lease.name} (id {gpu_lease.id}): {gpu_lease.status}")
 
 # %% [markdown]
 # ## Check on the lease
 #
 # Run this cell whenever you want to see the lease as Chameleon has it: its status, start and end
 # (in UTC), and its node reservation. It works in a fresh kernel too, since it looks the lease up by
-# name.
+# the id the cell above kept.
 
 # %%
-if chameleon_only("look the lease up by name and show it"):
-    gpu_lease = lease.get_lease(LEASE_NAME)
+if chameleon_only("look the lease up by its id and show it"):
+    gpu_lease = lease.get_lease(node_setup.lease_id())
     gpu_lease.show()
     print(f"Status: {gpu_lease.status}")
 
@@ -162,15 +171,16 @@ if chameleon_only("look the lease up by name and show it"):
 # 1. On [chameleoncloud.org](https://chameleoncloud.org), open **Experiment** > **CHI@TACC** and
 #    log in. At the top left, check that the project is the one for this course.
 # 2. In the menu on the left, open **Reservations** > **Leases**, then click **+ Create Lease**.
-# 3. On the **General** tab, name the lease `serve_system_` followed by your user name (the name
-#    notebook 2 will look for). Set a start date and time, or leave them empty to start now, and
-#    an end about 3 hours after the start. The form shows which time zone it uses: check it.
+# 3. On the **General** tab, name the lease `serve_system_`, your user name and the date. Set a
+#    start date and time, or leave them empty to start now, and an end about 3 hours after the
+#    start. The form shows which time zone it uses: check it.
 # 4. On the **Hosts** tab, tick **Reserve Hosts**, keep the minimum and maximum number of hosts at
 #    1, and under **Resource Properties** choose `node_type` and then `gpu_p100`.
 # 5. Leave the **Networks** and **Devices** tabs as they are, and click **Create**.
 #
 # The new lease is listed as "Pending" until it starts, then as "Active". Click its name to check
-# the details: the start and end times, and the node Chameleon set aside for you. If the form
+# the details: the start and end times, and the node Chameleon set aside for you. Copy its **ID**
+# into `LEASE_ID` in notebook 2's Settings cell. If the form
 # reports that no host is available, pick a later window (the **Host Calendar** under
 # Reservations shows when `gpu_p100` nodes are taken).
 #
@@ -181,5 +191,5 @@ if chameleon_only("look the lease up by name and show it"):
 #
 # When you have finished the whole lab, give the node back early, so that someone else can use it:
 # delete the lease in Horizon (Reservations > Leases, **Delete Lease**), or call `delete()` on the
-# lease that `lease.get_lease(LEASE_NAME)` returns. Deleting the lease deletes the server on it,
-# and everything stored there.
+# lease that `lease.get_lease(node_setup.lease_id())` returns. Deleting the lease deletes the
+# server on it, and everything stored there: copy your work off first (notebook 2's last cell).

@@ -1,28 +1,26 @@
 # %% [markdown]
 # # 2. Bring up the GPU node
 #
-# **Time:** about 35 minutes (6 reading, 29 running, 0 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 31 minutes (6 reading, 25 running, 0 hands-on; `python -m servelab.time_plan`)
 #
 # *Chameleon path only. On the local path, skip to `3_fastapi.ipynb`.*
 #
 # Your *lease* from notebook 1 (Chameleon's booking of hardware for a time window) has started: the
 # `gpu_p100` node is yours until it ends. This notebook prepares it:
 #
-# 1. a *server* (an operating system running on the node) from the `CC-Ubuntu24.04-CUDA` image
-#    (Ubuntu with the NVIDIA driver and CUDA), with a public address to reach it;
+# 1. a *server* (an operating system on the node) from the `CC-Ubuntu24.04-CUDA` image (Ubuntu
+#    with the NVIDIA driver), with a public address, and a check of its GPUs;
 # 2. this repository, cloned on the node;
-# 3. Docker, and the NVIDIA container toolkit, which lets containers use the GPUs;
-# 4. `nvtop`, a terminal monitor of GPU use;
-# 5. the lab's container images, which also build the model files from the original lab's trained
-#    weights;
-# 6. the lab's Compose project: every service of notebooks 3 to 10, and the Jupyter they run in.
+# 3. Docker, the NVIDIA container toolkit (containers use the GPUs through it), and `nvtop`;
+# 4. the lab's images and Compose project: what notebooks 3 and 4 use first; Triton's image, the
+#    largest, builds while you work through those.
 #
 # **Where the cells run:** in Chameleon's Jupyter server, like notebook 1; commands for the node go
 # over SSH (python-chi's `execute`), their output below each cell. Elsewhere the cells are skipped.
 #
 # Check the first cells (project, lease) yourself; then click the code cell under "Start the
-# server" and use **Run > Run Selected Cell and All Below**. Keep watching, to see any error when
-# it happens.
+# server" and use **Run > Run Selected Cell and All Below**. Keep watching: a cell that fails says
+# what to do, and every cell can run again.
 
 # %% [markdown]
 # ## Set up python-chi
@@ -36,7 +34,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from chi import context, lease, server
@@ -45,6 +42,7 @@ from chi import context, lease, server
 # Jupyter server). servelab.environment needs nothing beyond the standard library.
 if (Path.cwd().parent / "servelab").is_dir():
     sys.path.insert(0, str(Path.cwd().parent))
+from servelab import node_build, node_setup
 from servelab.environment import chameleon_only, current_services
 
 if os.environ.get("JUPYTERHUB_API_URL"):
@@ -61,16 +59,19 @@ if chameleon_only("choose the Chameleon project and site"):
 # %% [markdown]
 # ## Settings
 #
-# - `LEASE_NAME`: the name you gave the lease in notebook 1. The server is named after you too.
+# - `LEASE_ID`: empty for the lease notebook 1 made (it kept its id in this clone); for a lease
+#   made in Horizon, its ID, from its page there.
 # - `REPO_URL`: the repository the node clones. By default, this notebook's (its `origin`, as an
-#   `https://` address: the node has no key to clone over SSH). Set it for a fork, or if the cell
-#   finds none.
-# - `REPO_COMMIT`: the commit the node checks out. By default, this notebook's, so that the node
-#   runs the lab you are reading; `""` takes the remote's default branch.
+#   `https://` address). Set it for a fork, or if the cell finds none.
+# - `REPO_COMMIT`: the commit the node checks out. By default, this notebook's; `""` takes the
+#   remote's default branch.
+# - `IMAGE_PREFIX`: empty, and the node builds the lab's images; where your course has pushed them
+#   to a registry, its prefix (`docker/compose.registry.yaml`), and the node pulls them.
 
 # %%
 USERNAME = os.getenv("USER", "student")
-LEASE_NAME = f"serve_system_{USERNAME}"
+LEASE_ID = ""
+IMAGE_PREFIX = ""
 NODE_NAME = f"node-serve-system-{USERNAME}"
 NODE_IMAGE = "CC-Ubuntu24.04-CUDA"
 REPO_DIR = "serve-system"  # the clone's folder on the node, in the home directory of user cc
@@ -88,7 +89,7 @@ if not REPO_COMMIT:
     if edited.stdout.strip():
         print("Note: this folder has uncommitted edits; the node gets the commit, without them.")
 
-print(f"Lease: {LEASE_NAME}")
+print(f"Lease: {LEASE_ID or 'the one notebook 1 made'}")
 print(f"Server: {NODE_NAME}, image {NODE_IMAGE}")
 print(f"Repository: {REPO_URL or '(none found: set REPO_URL above)'} -> ~/{REPO_DIR} on the node")
 print(f"Commit: {REPO_COMMIT or 'the default branch'}")
@@ -96,30 +97,26 @@ print(f"Commit: {REPO_COMMIT or 'the default branch'}")
 # %% [markdown]
 # ## Find the lease
 #
-# The server must start *inside* the lease, so look the lease up by name. Its status must be
+# The server must start *inside* the lease, so look the lease up by its id. Its status must be
 # "ACTIVE"; if not, the cell stops and says what to do.
 
 # %%
-if chameleon_only("look the lease up and check that it is active"):
-    gpu_lease = lease.get_lease(LEASE_NAME)
+if chameleon_only("look the lease up by its id and check that it is active"):
+    gpu_lease = lease.get_lease(node_setup.lease_id(LEASE_ID))
     gpu_lease.show()
     lease_status = gpu_lease.status  # asks Chameleon again each time it is read
     if lease_status != "ACTIVE":
         raise RuntimeError(
-            f"Lease {LEASE_NAME} is {lease_status}, not ACTIVE: wait until it starts, then run this cell again."
+            f"Lease {gpu_lease.name} is {lease_status}, not ACTIVE: wait until it starts, then run this cell again."
         )
 
 # %% [markdown]
 # ## Start the server
 #
 # python-chi asks for a server from the lease's *node reservation* (the part of the lease that
-# books the node), with the image, and waits until it runs. A bare-metal server boots like a real
-# machine (firmware, network boot, copying the image to disk): notebook 1's plan gives how long.
-#
-# `idempotent=True` makes the cell safe to run again: a server with this name is reused, *whatever
-# its state*. A boot can fail and leave the server in "ERROR"; the cell then stops and says what to
-# do: delete the server (`node.delete()` in a new cell, or in Horizon, Chameleon's web interface:
-# **Compute** > **Instances**, **Delete Instance**), wait a minute, and run the cell again.
+# books the node), and waits until it runs. A bare-metal server boots like a real machine: notebook
+# 1's plan gives how long. `idempotent=True` reuses a server with this name, *whatever its state*;
+# a boot that failed leaves it in "ERROR", and the cell says what to do.
 
 # %%
 if chameleon_only("start a server on the reserved node"):
@@ -152,6 +149,18 @@ if chameleon_only("attach a floating IP and wait for SSH"):
 # %% [markdown]
 # Note the floating IP: you will use it for SSH, the web UI and Jupyter on the node.
 #
+# ## Check the GPUs
+#
+# `nvidia-smi` must list the node's two P100s, under a driver whose branch still runs them: R580 is
+# the last NVIDIA branch that supports Pascal GPUs, and the lab's images need R560 or later. The
+# cell stops at once, saying what to do, when that is not so.
+
+# %%
+if chameleon_only("check the node's GPUs and driver"):
+    gpus = node_setup.check_gpus(node.execute(node_setup.NVIDIA_SMI).stdout)
+    print(f"{len(gpus)} GPUs, driver {gpus[0].driver}: ready.")
+
+# %% [markdown]
 # ## Clone the repository on the node
 #
 # From here on, `node.execute(...)` runs a shell command on the node over SSH, as user `cc`, and
@@ -177,31 +186,29 @@ if chameleon_only("clone the repository on the node"):
 # %% [markdown]
 # ## Install Docker
 #
-# Every service of the lab (FastAPI, Triton, GourmetGram, Jupyter) runs in a container, which
-# brings its own libraries. Docker's installation script sets up the engine and Compose. Adding
-# `cc` to the `docker` group lets it use Docker without `sudo` from its next login: each `execute`
-# logs in again, so from the next cell on.
+# Every service of the lab runs in a container, which brings its own libraries. Docker's
+# installation script sets up the engine and Compose. Adding `cc` to the `docker` group lets it
+# use Docker without `sudo` from its next login (each `execute` logs in again).
+#
+# On a node that just booted, `unattended-upgrades` often holds apt's lock for a few minutes:
+# each install here waits for it (at most 15 minutes), saying which process holds it.
 
 # %%
 if chameleon_only("install Docker on the node"):
-    node.execute("command -v docker >/dev/null || curl -fsSL https://get.docker.com | sudo sh")
+    install_docker = "command -v docker >/dev/null || curl -fsSL https://get.docker.com | sudo sh"
+    node.execute(node_setup.wait_for_apt_then(install_docker))
     node.execute("sudo usermod -aG docker cc")
     node.execute("docker --version && docker compose version")
 
 # %% [markdown]
 # ## Let containers use the GPUs
 #
-# The image has the NVIDIA driver, but a container sees the GPUs only through the NVIDIA container
-# toolkit. The cell adds NVIDIA's package repository (and its signing key), installs the toolkit,
-# and registers its runtime with Docker.
-#
-# It also switches Docker to the `cgroupfs` cgroup driver: with the default `systemd` driver, a
-# running container can lose its GPUs when systemd reloads its configuration, and then fails with
-# "Failed to initialize NVML"
-# ([NVIDIA/nvidia-container-toolkit#48](https://github.com/NVIDIA/nvidia-container-toolkit/issues/48)).
-#
-# The last command runs `nvidia-smi` in a throwaway container given every GPU: if the toolkit
-# works, it lists the node's P100s.
+# A container sees the GPUs only through the NVIDIA container toolkit. The cell adds NVIDIA's
+# package repository, installs the toolkit, registers it with Docker, and switches Docker to the
+# `cgroupfs` cgroup driver: with `systemd`'s, a container can lose its GPUs when systemd reloads
+# ("Failed to initialize NVML",
+# [NVIDIA/nvidia-container-toolkit#48](https://github.com/NVIDIA/nvidia-container-toolkit/issues/48)).
+# Last, `nvidia-smi` in a throwaway container lists the P100s.
 
 # %%
 NVIDIA_APT_SOURCE = (
@@ -222,8 +229,8 @@ USE_CGROUPFS = (
 
 if chameleon_only("install the NVIDIA container toolkit on the node"):
     node.execute(NVIDIA_APT_SOURCE)
-    node.execute("sudo apt-get update -q")
-    node.execute("sudo apt-get install -y -q nvidia-container-toolkit")
+    node.execute(node_setup.apt_get("update -q"))
+    node.execute(node_setup.apt_get("install -y -q nvidia-container-toolkit"))
     node.execute("sudo nvidia-ctk runtime configure --runtime=docker")
     node.execute(f"sudo python3 -c {shlex.quote(USE_CGROUPFS)}")
     node.execute("sudo systemctl restart docker")
@@ -237,38 +244,30 @@ if chameleon_only("install the NVIDIA container toolkit on the node"):
 
 # %%
 if chameleon_only("install nvtop on the node"):
-    node.execute("sudo apt-get install -y -q nvtop")
+    node.execute(node_setup.apt_get("install -y -q nvtop"))
 
 # %% [markdown]
 # ## Build the lab's images, and the model files in them
 #
-# Each service runs in a container built from the repository (`compose.yaml`); nothing is installed
-# on the node itself. The `torch` image also builds the model files that every service serves: the
-# Food-11 MobileNetV2 in PyTorch (`food11.pth`) and exported to ONNX (`food11.onnx`).
+# The `torch` image also builds the model files every service serves (the Food-11 MobileNetV2, in
+# PyTorch and ONNX) from the original lab's weights: `FOOD11_CHECKPOINT=original`, in the `.env`
+# file Compose reads, downloads them at a fixed commit and checks their git blob id **before**
+# unpickling them (unpickling runs the file's code). `WEIGHTS = ""` serves untrained weights.
 #
-# The weights are the original lab's, trained on Food-11. `FOOD11_CHECKPOINT=original`, in the
-# `.env` file that Compose reads, makes the build download them from GitHub at a fixed commit and
-# check the file's git blob id **before** unpickling it: the file is a pickled model, and
-# unpickling runs its code. The build then keeps only the weights (a `state_dict`), checks that
-# they are a MobileNetV2 for Food-11's classes, and exports the ONNX graph. `WEIGHTS = ""` serves
-# untrained weights instead (the labels then mean nothing; every service says so).
-#
-# The first build downloads several gigabytes: notebook 1's plan gives how long.
+# The build downloads about 25 GB. It runs on the node detached from this notebook: a dropped
+# connection does not stop it, and running the cell again shows it, or resumes it where it
+# stopped. Its stages, each built then started: what notebooks 3 and 4 use (the cell waits for it,
+# showing the image, the time so far and the log's last line); Triton, while you work through
+# notebooks 3 and 4 (notebooks 5 and 6 wait for it); Ray Serve. On the node,
+# `python3 -m servelab.node_build status` says where it is.
 
 # %%
 WEIGHTS = "original"
-# The build's whole output goes to build.log on the node; shown here: its last lines if it failed,
-# else what it said of the weights (nothing when the model files come from an earlier build).
-BUILD = (
-    "docker compose build --progress plain > build.log 2>&1 || { tail -n 40 build.log; exit 1; };"
-    " grep -E 'servelab[.]stack' build.log || echo 'The model files are those of an earlier build.'"
-)
 
-if chameleon_only("build the lab's images on the node, the model files from the original lab's weights"):
-    node.execute(f"cd {REPO_DIR} && echo FOOD11_CHECKPOINT={shlex.quote(WEIGHTS)} > .env")
-    build_started = time.monotonic()
-    node.execute(f"cd {REPO_DIR} && {BUILD}")
-    print(f"The images were built in {(time.monotonic() - build_started) / 60:.0f} minutes.")
+if chameleon_only("build the lab's images on the node, in the background, and start what notebooks 3 and 4 use"):
+    node.execute(f"cd {REPO_DIR} && printf %s {shlex.quote(node_build.env_file(WEIGHTS, IMAGE_PREFIX))} > .env")
+    with node.ssh_connection() as ssh:
+        node_build.follow(lambda command: ssh.run(command, hide=True).stdout, REPO_DIR, until="fastapi")
 
 # %% [markdown]
 # ## Open an SSH session
@@ -288,33 +287,16 @@ if chameleon_only("print the SSH command for this node"):
     print(f"ssh -i ~/.ssh/id_rsa_chameleon cc@{FLOATING_IP}")
 
 # %% [markdown]
-# ## Start the lab's Compose project and its Jupyter container
+# ## Open the Jupyter container
 #
-# Notebooks 3 to 10 run in a Jupyter container *on the node*, next to the services they measure.
-# It is part of the lab's Compose project (`compose.yaml`: FastAPI with PyTorch and with ONNX
-# Runtime, Triton, Ray Serve, the image host, GourmetGram, Jupyter), which starts from the
-# repository root:
-#
-# ```bash
-# # runs on the node, in ~/serve-system
-# docker compose up -d --build
-# ```
-#
-# The images are built already, so this is quick. Every port is published on the
-# node's 127.0.0.1 only: your browser reaches them through an SSH tunnel. Jupyter's URL carries a
-# random token, which the container prints:
-#
-# ```bash
-# docker compose exec jupyter jupyter server list
-# ```
-#
-# The next cell does both over SSH, and prints the tunnel to open and the address for your browser.
-# In the Jupyter container, `LAB_SERVICES=compose` makes the notebooks reach the services by their
-# Compose names (`fastapi_pt`, `triton`...): you set nothing.
+# Notebooks 3 to 10 run in a Jupyter container *on the node*, next to the services they measure,
+# in the Compose project (`compose.yaml`) the build started. Ports are published on the node's
+# 127.0.0.1 only: your browser reaches them through an SSH tunnel. The next cell reads Jupyter's
+# token and prints the tunnel and the address to open. There, `LAB_SERVICES=compose` makes the
+# notebooks reach the services by their Compose names: you set nothing.
 
 # %%
-if chameleon_only("start the lab's Compose project and read the Jupyter token"):
-    node.execute(f"cd {REPO_DIR} && docker compose up -d --build")
+if chameleon_only("read the Jupyter token"):
     # Jupyter writes its URL a few seconds after its container starts: ask until it is there.
     servers = node.execute(
         f"cd {REPO_DIR} && for attempt in $(seq 30); do"
@@ -337,3 +319,16 @@ if chameleon_only("start the lab's Compose project and read the Jupyter token"):
 #
 # Keep this tab open until the end of the lab: a new cell here can send the node another command
 # with `node.execute(...)` (after running the cells that define `node`).
+#
+# ## Before the lease ends: copy your work off the node
+#
+# When the lease ends, the node is wiped. At the end of part 1 (notebook 6), run this cell: it
+# copies your saved notebooks, with their outputs, and every run they kept (`results/`) into
+# `from_node/` in this clone, on Chameleon's Jupyter server. In a fresh kernel, run the cells up to
+# "Give it a public address" first.
+
+# %%
+if chameleon_only("copy the notebooks and results off the node"):
+    with node.ssh_connection() as ssh:
+        copied = node_setup.copy_off(ssh, REPO_DIR, Path.cwd().parent / "from_node" / gpu_lease.name)
+    print(f"{len(copied)} files copied to from_node/{gpu_lease.name}:", *sorted(copied), sep="\n  ")

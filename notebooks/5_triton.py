@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 5. Serving the model with Triton Inference Server
 #
-# **Time:** about 6 minutes (5 reading, 0 running, 0 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 6 minutes (6 reading, 0 running, 0 hands-on; `python -m servelab.time_plan`)
 #
 # In FastAPI, requests beyond its fixed number of inference slots wait in line: that *queueing
 # delay* made its latencies grow with concurrency, while the model itself got no slower.
@@ -22,8 +22,10 @@
 # %% [markdown]
 # ## Bring up Triton
 #
-# **In Docker**, notebook 3's Compose project already runs Triton (NVIDIA's image, plus PyTorch for
-# the Python backend). Watch it load the models, on the Docker host in the repository clone:
+# **In Docker**, the Compose project runs Triton (NVIDIA's image, plus PyTorch for the Python
+# backend). On the node its image builds in the background from notebook 2 on: `Lab.connect(...)`
+# below waits for it, showing the build's progress. Watch Triton load the models, on the Docker host
+# in the repository clone:
 #
 # ```bash
 # docker compose logs -f triton

@@ -83,8 +83,7 @@ lab.record(triton_bench.client_batching(python_backend["c=1"], batch_of_16, lab.
            predicted=predicted_client_batching);
 
 # %% [markdown]
-# That helps only a client with 16 images. For one photo per user: more instances, or server-side
-# batches.
+# That helps only a client with 16 images. For one photo per user: more instances, or server batches.
 #
 # ## 2. More instances of the Python-backend model
 #
@@ -340,8 +339,8 @@ plt.show()
 # **Hand in:** the results table and the plots, with your predictions beside the verdicts.
 
 # %% [markdown]
-# In Docker, the project keeps running; when done with the lab, run `docker compose down` on the
-# Docker host. Locally, the next cell stops this notebook's services.
+# Part 1 ends here. On the node, save this notebook, then run notebook 2's last cell (Chameleon's
+# Jupyter): it copies your work off. Locally, the next cell stops the services.
 
 # %%
 lab.stop()

@@ -18,8 +18,8 @@
 #   `ABANDON_ON_DISCONNECT=off` turns it off.
 # - **Triton over gRPC**: the client cancels the call. Triton fails a cancelled request not yet
 #   at the model; the lab's models check `request.is_cancelled()` once, before inference, and
-#   answer CANCELLED. Either way nothing is computed. Triton 2.51, the release that runs locally,
-#   can crash here: the optional notebook `appendix_triton_crash` measures why.
+#   answer CANCELLED. Either way nothing is computed. Triton 2.51, the lab's release, can crash
+#   here: the optional notebook `appendix_triton_crash` measures why.
 # - **Triton over HTTP**: nothing. A closed connection does not cancel a request: it is computed
 #   and the answer thrown away.
 # - **Ray Serve**: its proxy sees the connection close. A request not yet in a replica is dropped;
@@ -157,8 +157,8 @@ for setting in ("off", "on"):
 # %% [markdown]
 # Triton's `food_refine`, `abandon_on_cancel` off, then as shipped (on). Here a client cancels
 # between two steps, while the model computes the next, where the 2.51 crash (see the appendix)
-# is rare. Should it crash anyway, the run is marked NOT A CLEAN RUN (the local stack restarts
-# Triton) and its verdict is NOT CHECKED.
+# is rare. Should it crash anyway, the run is marked NOT A CLEAN RUN (the local stack, or Docker,
+# restarts Triton) and its verdict is NOT CHECKED.
 
 # %%
 predicted_triton_stream_stops = None  # before you run: True if Triton's streams hold expectations 1 to 3, else False

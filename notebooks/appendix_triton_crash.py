@@ -4,12 +4,13 @@
 # **Time:** about 5 minutes (3 reading, 1 running, 1 hands-on; `python -m servelab.time_plan`)
 #
 # An optional debugging exercise on the lab's own stack, part of neither part of the lab. Notebook 9
-# cancels gRPC requests to Triton; Triton 2.51, the release that runs locally, can crash under
-# them (`Signal (11) received`). Here you measure when, and why notebook 9's deadline mostly
+# cancels gRPC requests to Triton; Triton 2.51, the lab's release (locally and on the node), can
+# crash under them (`Signal (11) received`). Here you measure when, and why notebook 9's deadline mostly
 # avoids it.
 #
 # The bug: upstream issues triton-inference-server/server#7368 and #8034, fixed by pull request
-# #7840 in release 24.12 (Triton 2.53), the release the node's image pins. The fix describes a
+# #7840 in release 24.12 (Triton 2.53), whose ONNX Runtime backend has no code for the node's P100s,
+# so the lab stays on 24.10 (`docker/Dockerfile.triton`). The fix describes a
 # **race** (two threads touching the same state, the outcome depending on which goes first): a
 # cancellation reaches the server and waits for the gRPC thread that handles it; if the request's
 # answer is completed in that moment, the answer's path frees the request's state, which the
@@ -51,8 +52,9 @@ one_at_a_time = (  # notebook 9's config: one instance, one request per executio
 # Verbose logging slows every step the server takes, the handling of a cancellation included,
 # which widens the race's window: the probe sees in seconds what otherwise takes minutes. Locally
 # it runs against a Triton of this notebook's own, with the same model and config, so the lab's
-# server is never crashed on purpose; in Docker, against the Compose project's (Docker restarts it
-# if it crashes, and the runs it interrupted are marked).
+# server is never crashed on purpose; in Docker (the node's image and the CPU variant's stand-in are
+# both 2.51), against the Compose project's: Docker restarts it when it crashes, and the runs it
+# interrupted are marked.
 #
 # **Expectation**, on a release with the race (2.51): at the service-time deadline, a larger share
 # of the cancellations is handled as the answer completes (COMPLETE or FINISH) than at the
@@ -89,7 +91,8 @@ lab.record(cancellation.triton_cancellation_race(alone, probes["the lesson's dea
 # %% [markdown]
 # What this means for notebook 9: its deadline makes clients give up while their request still
 # waits, which the table shows at the step where the server handled each cancellation. On 2.51
-# that makes the race rarer, not impossible. So the local stack restarts a Triton that crashes,
+# that makes the race rarer, not impossible. So the local stack (and Docker, in the Compose
+# project) restarts a Triton that crashes,
 # the lab marks a run the crash interrupted (NOT A CLEAN RUN), notebook 9 measures such a Triton
 # run once more, and a marked run never feeds a verdict (it is NOT CHECKED).
 #

@@ -2,19 +2,30 @@
 comes from: the part of notebook 1's lease plan that no notebook run measures (servelab.time_plan
 adds the notebooks).
 
+The images are built on the node in stages (servelab.node_build): what notebooks 3 and 4 need
+while notebook 2 waits, then Triton's image while the student works through notebooks 3 and 4. A
+stage's minutes are what its images download at a stated rate, until the node has measured it:
+servelab.node_build writes each stage's real time to notebooks/node_build_times.json, and the
+plan takes that instead.
+
 Standard library only: notebook 1 runs on Chameleon's own Jupyter server, where none of the lab's
 other packages are installed.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+
+from servelab import node_build
 
 LEASE_MINUTES = 180
 
-# The node's download rate is not known before the lease: the plan's assumption, which notebook 2's
-# own timing of the build replaces.
-PLANNING_DOWNLOAD_MB_PER_S = 50.0
+# The node's rate of downloading and unpacking an image, from the original lab's own words: its Triton
+# base, "about 15 GB", takes "about 20 minutes" to come down and build.
+PLANNING_DOWNLOAD_MB_PER_S = 15000 / (20 * 60)
+MEASURED_BUILD_TIMES = Path(__file__).resolve().parent.parent / node_build.MEASURED_TIMES
 
 
 @dataclass(frozen=True)
@@ -22,45 +33,40 @@ class Download:
     what: str
     megabytes: float
     source: str
-    # Already in the CPU variant's build timed below: where PyTorch's CPU wheel index cannot be
-    # reached (as on the machine that timed it), that build installs PyPI's PyTorch, with its CUDA
-    # 13 libraries, about the size of the CUDA 12.6 set.
-    in_timed_build: bool = False
 
 
-# What the GPU images download: their Python packages, read from PyPI on 2026-11-26 (wheels as
-# downloaded, Python 3.11; Python 3.12's set is the same size). PyTorch's cu126 index cannot be
-# reached from the machine that read them, so the torch wheel is counted at the size of PyTorch
-# 2.7.1's cu126 wheel; and NVIDIA's Triton image, whose registry cannot be reached either.
-GPU_DOWNLOADS = (
-    Download(
-        "PyTorch for CUDA 12.6 with the CUDA libraries it pins (the torch image: fastapi_pt, jupyter, the model files)",
-        3620,
-        "PyPI wheel sizes, 2026-11-26",
-        in_timed_build=True,
+PYPI = "PyPI wheel sizes, read 2026-11-26 (Python 3.11; 3.12's set is the same size)"
+# PyTorch's cu126 index cannot be reached from the machine that read them: the torch wheel is
+# counted at PyTorch 2.7.1's cu126 size.
+PYTORCH_CU126 = 3620
+# What each stage of the node's build (servelab.node_build.STAGES) downloads.
+DOWNLOADS = {
+    "fastapi": (
+        Download("PyTorch for CUDA 12.6 and the CUDA libraries it pins (the torch image)", PYTORCH_CU126, PYPI),
+        Download("ONNX Runtime 1.25's GPU build, cuDNN 9.10 and CUDA 12.9's libraries (fastapi_onnx)", 1979, PYPI),
+        Download("ONNX Runtime's GPU build for Jupyter (PyTorch's CUDA libraries serve it)", 271, PYPI),
+        Download(
+            "the Python base image, FastAPI, JupyterLab, Ray, tritonclient and the rest",
+            1000,
+            "a budget, not measured",
+        ),
     ),
-    Download("the same for Python 3.12 (the Triton image)", 3620, "PyPI wheel sizes, 2026-11-26", in_timed_build=True),
-    Download(
-        "ONNX Runtime 1.25 with cuDNN 9.10 and CUDA 12.9's libraries (fastapi_onnx and ray_serve, each)",
-        2 * 1979,
-        "PyPI wheel sizes, 2026-11-26",
+    "triton": (
+        Download(
+            "NVIDIA's Triton image, nvcr.io/nvidia/tritonserver:24.10-py3",
+            15000,
+            "the original lab: about 15 GB (24.06-py3 unpacked: 15.5 GB, triton-inference-server/server#7474)",
+        ),
+        Download("PyTorch for CUDA 12.6 again, for the Triton image's Python", PYTORCH_CU126, PYPI),
     ),
-    Download(
-        "ONNX Runtime's GPU build in the Jupyter image (PyTorch's CUDA libraries serve it)", 271, "PyPI, 2026-11-26"
+    "ray_serve": (
+        Download("ONNX Runtime with cuDNN and CUDA again (pip's build cache may hold fastapi_onnx's)", 1979, PYPI),
     ),
-    Download(
-        "NVIDIA's Triton image, nvcr.io/nvidia/tritonserver:24.12-py3 (unpacked: the download is compressed, smaller)",
-        15500,
-        "24.06-py3's unpacked size, triton-inference-server/server#7474",
-    ),
-)
+}
 
-# `make test-docker` on 2026-11-26, a 2-core machine, nothing cached: building every image of the
-# CPU variant (the packages' downloads and unpacking included), then starting the project until
-# every health check passed.
-CPU_VARIANT_BUILD_S = 393
-CPU_VARIANT_UP_S = 35
-
+# Starting the services once their images are there: the CPU variant's `up`, until every health
+# check passed (`make test-docker`, 2026-11-26, 2 cores).
+COMPOSE_UP_S = 35
 # python-chi's own estimate while it waits for a bare-metal server: "typically 10 minutes ... up to 20".
 SERVER_BOOT_MINUTES = 10
 # Not measured: installing Docker, the NVIDIA container toolkit and nvtop with apt, a budget.
@@ -74,33 +80,50 @@ class Step:
     source: str
 
 
-def setup_steps(download_mb_per_s: float = PLANNING_DOWNLOAD_MB_PER_S) -> list[Step]:
+def measured_times(path: Path = MEASURED_BUILD_TIMES) -> dict[str, dict]:
+    """The stages' times measured on the node (empty until one is written there)."""
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def stage_step(stage: str, download_mb_per_s: float, measured: dict[str, dict]) -> Step:
+    """One stage: building and starting its images, measured on the node where it has been, else
+    its downloads at `download_mb_per_s` and the time to start its services."""
+    what = f"{'build' if stage != 'triton' else 'build, in the background,'} {node_build.stage(stage).what}"
+    if entry := measured.get(stage):
+        return Step(what, entry["seconds"] / 60, f"measured on the node {entry['machine']}, {entry['date']}")
+    megabytes = sum(item.megabytes for item in DOWNLOADS[stage])
+    return Step(
+        what,
+        megabytes / download_mb_per_s / 60 + COMPOSE_UP_S / 60,
+        f"{megabytes / 1000:.1f} GB at {download_mb_per_s:g} MB/s, and {COMPOSE_UP_S} s to start",
+    )
+
+
+def setup_steps(
+    download_mb_per_s: float = PLANNING_DOWNLOAD_MB_PER_S, measured: dict[str, dict] | None = None
+) -> list[Step]:
     """Notebook 2, step by step: each step's minutes and where the figure comes from."""
-    downloaded = sum(item.megabytes for item in GPU_DOWNLOADS if not item.in_timed_build)
     return [
         Step("start the server on the node", SERVER_BOOT_MINUTES, "python-chi's estimate (up to 20 minutes)"),
         Step("install Docker, the NVIDIA container toolkit, nvtop", INSTALLS_BUDGET_MINUTES, "a budget, not measured"),
-        Step(
-            "build the images (the model files among them)",
-            CPU_VARIANT_BUILD_S / 60,
-            "the CPU variant's build, measured (make test-docker, 2 cores, nothing cached)",
-        ),
-        Step(
-            f"download what the timed build did not: {downloaded / 1000:.1f} GB",
-            downloaded / download_mb_per_s / 60,
-            f"the sizes below, at {download_mb_per_s:g} MB/s (assumed)",
-        ),
-        Step("start the Compose project", CPU_VARIANT_UP_S / 60, "measured with the CPU variant"),
+        stage_step("fastapi", download_mb_per_s, measured_times() if measured is None else measured),
     ]
 
 
+def triton_step(download_mb_per_s: float = PLANNING_DOWNLOAD_MB_PER_S, measured: dict[str, dict] | None = None) -> Step:
+    """Triton's stage, which runs while the student works through notebooks 3 and 4."""
+    return stage_step("triton", download_mb_per_s, measured_times() if measured is None else measured)
+
+
 def setup_table(download_mb_per_s: float = PLANNING_DOWNLOAD_MB_PER_S) -> str:
-    """Notebook 2's steps, and the downloads they count, as Markdown tables."""
+    """Notebook 2's steps, Triton's build behind them, and what each stage downloads, as Markdown tables."""
     lines = ["| bringing the node up | minutes | from |", "| --- | ---: | --- |"]
-    lines += [f"| {step.what} | {step.minutes:.1f} | {step.source} |" for step in setup_steps(download_mb_per_s)]
-    lines += ["", "| what the GPU images download | MB | in the timed build | from |", "| --- | ---: | --- | --- |"]
+    steps = [*setup_steps(download_mb_per_s), triton_step(download_mb_per_s)]
+    lines += [f"| {step.what} | {step.minutes:.1f} | {step.source} |" for step in steps]
+    lines += ["", "| stage | what it downloads | MB | from |", "| --- | --- | ---: | --- |"]
     lines += [
-        f"| {item.what} | {item.megabytes:.0f} | {'yes' if item.in_timed_build else 'no'} | {item.source} |"
-        for item in GPU_DOWNLOADS
+        f"| {stage} | {item.what} | {item.megabytes:.0f} | {item.source} |"
+        for stage, items in DOWNLOADS.items()
+        for item in items
     ]
     return "\n".join(lines)

@@ -221,6 +221,13 @@ class Settings:
         "(or the SHA-256 above)",
         _git_blob,
     )
+    image_prefix: str | None = _setting(
+        "SERVELAB_IMAGE_PREFIX",
+        None,
+        "the registry prefix of the lab's images, pushed by an instructor (docker/compose.registry.yaml says "
+        "how): where set, the node pulls them instead of building them (notebook 2, servelab/node_build.py)",
+        shown="unset: the node builds them",
+    )
     inference_device: str = _setting(
         "INFERENCE_DEVICE",
         "auto",

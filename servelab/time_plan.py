@@ -39,9 +39,11 @@ PREDICTION_MINUTES = 1.0
 # Part 1 (the original lab) runs on the GPU node, in a lease; part 2 anywhere, without one.
 PART_1 = range(0, 7)
 PART_2 = range(7, 11)
+# Triton's image builds while the student works through these (servelab.node_build).
+FASTAPI_NOTEBOOKS = (3, 4)
 # An appendix (`appendix_<name>.py`) is optional and in neither part.
 APPENDIX_PREFIX = "appendix_"
-# The lease's end: downloading the notebooks with their outputs and bringing the project down.
+# The lease's end: copying the notebooks and results off the node, bringing the project down.
 WRAP_UP_MINUTES = 10.0
 # A stated time may differ from the computed one by this share before the check fails.
 TOLERANCE = 0.10
@@ -162,20 +164,41 @@ def part_minutes(times: list[NotebookTime], part: range) -> float:
     return sum(time.minutes for time in times if time.number in part)
 
 
-def lease_table(times: list[NotebookTime]) -> str:
+def triton_wait_minutes(
+    times: list[NotebookTime], download_mb_per_s: float = node_plan.PLANNING_DOWNLOAD_MB_PER_S
+) -> float:
+    """How long notebook 5 waits for Triton's image, whose build starts as notebook 2 ends: what
+    the build takes beyond notebooks 3 and 4."""
+    fastapi_notebooks = sum(time.minutes for time in times if time.number in FASTAPI_NOTEBOOKS)
+    return max(0.0, node_plan.triton_step(download_mb_per_s).minutes - fastapi_notebooks)
+
+
+def part_1_minutes(times: list[NotebookTime], download_mb_per_s: float = node_plan.PLANNING_DOWNLOAD_MB_PER_S) -> float:
+    """Part 1 in the lease: its notebooks, any wait for Triton's image, and the wrap-up."""
+    return part_minutes(times, PART_1) + triton_wait_minutes(times, download_mb_per_s) + WRAP_UP_MINUTES
+
+
+def lease_table(times: list[NotebookTime], download_mb_per_s: float = node_plan.PLANNING_DOWNLOAD_MB_PER_S) -> str:
     """Part 1 against the lease, as a Markdown table, with what is left of it."""
     lines = [
         "| notebook | reading | running | hands-on | minutes | running time from |",
         "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
-    lines += [
-        f"| {time.name} | {time.reading_minutes:.0f} | {time.run_minutes:.0f} | {time.hands_on_minutes:.0f} | "
-        f"{time.minutes:.0f} | {time.run_source} |"
-        for time in times
-        if time.number in PART_1
-    ]
-    lines.append(f"| download your notebooks, bring the project down | | | | {WRAP_UP_MINUTES:.0f} | a budget |")
-    total = part_minutes(times, PART_1) + WRAP_UP_MINUTES
+    for time in times:
+        if time.number in PART_1:
+            lines.append(
+                f"| {time.name} | {time.reading_minutes:.0f} | {time.run_minutes:.0f} | {time.hands_on_minutes:.0f} | "
+                f"{time.minutes:.0f} | {time.run_source} |"
+            )
+        if time.number == max(FASTAPI_NOTEBOOKS):
+            triton = node_plan.triton_step(download_mb_per_s)
+            lines.append(
+                f"| wait for Triton's image, built during notebooks 3 and 4 | | | | "
+                f"{triton_wait_minutes(times, download_mb_per_s):.0f} | its build takes {triton.minutes:.0f} "
+                f"minutes ({triton.source}) |"
+            )
+    lines.append(f"| copy your work off the node, bring the project down | | | | {WRAP_UP_MINUTES:.0f} | a budget |")
+    total = part_1_minutes(times, download_mb_per_s)
     left = node_plan.LEASE_MINUTES - total
     lease = node_plan.LEASE_MINUTES
     lines.append(f"| **part 1, total** | | | | **{total:.0f}** | {left:.0f} of the lease's {lease} minutes left |")

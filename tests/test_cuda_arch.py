@@ -2,14 +2,19 @@
 and fails a GPU image's build where one has none for its target.
 
 Its libraries are made here: minimal ELF64 files whose `.nv_fatbin` section holds fatbins written
-by the test, with and without the target's code. Where nvcc is on the machine, a kernel it compiles
-checks the reading against the real format; where this Python has CUDA 13 libraries (the lab's
-virtualenv), one of them checks that a library built for Turing and newer fails for the P100.
+by the test, with and without the target's code, and a Triton image's tree laid out as NVIDIA's image
+lays it out, checked with the arguments docker/Dockerfile.triton gives the guard. Where nvcc is on the
+machine, a kernel it compiles checks the reading against the real format; where this Python has CUDA
+13 libraries (the lab's virtualenv), one of them checks that a library built for Turing and newer
+fails for the P100; where it has the nvidia-pytriton wheel, its Python backend (Triton 2.51's, the
+release docker/Dockerfile.triton builds on) is read as it is.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import site
 import struct
@@ -26,11 +31,23 @@ from servelab.service.cuda_arch import Entry, device_code, main
 PTX, CUBIN = 1, 2
 PLAIN = 0x11  # 64-bit, Linux: the flags of an uncompressed entry from nvcc 13
 P100 = ["--arch", "6.0"]
+CUDA_12_6_ISA = (8, 5)  # the PTX ISA of the node's driver (560, CUDA 12.6), and of Triton 2.51's own PTX
+NODE = ((6, 0), CUDA_12_6_ISA)  # the P100 under that driver
+CUBIN_FORMAT = (1, 7)  # what a cubin entry's version holds (read from Triton 2.51's Python backend)
 
 
-def fatbin_entry(kind: int, sm: int, flags: int = PLAIN, payload: bytes = b"\x7fELF code", header_size: int = 64):
-    """One entry: a header laid out as nvcc 13 and cuDNN's write it, then its payload."""
-    header = struct.pack("<HHIQ12xI8xQ16x", kind, 0x0101, header_size, len(payload), sm, flags)
+def fatbin_entry(
+    kind: int,
+    sm: int,
+    flags: int = PLAIN,
+    payload: bytes = b"\x7fELF code",
+    header_size: int = 64,
+    isa: tuple[int, int] = CUDA_12_6_ISA,
+):
+    """One entry: a header laid out as nvcc 13 and cuDNN's write it, then its payload; a PTX entry's
+    version is its PTX ISA version (`isa`), a cubin's its format's."""
+    major, minor = isa if kind == PTX else CUBIN_FORMAT
+    header = struct.pack("<HHIQ8xHHI8xQ16x", kind, 0x0101, header_size, len(payload), minor, major, sm, flags)
     return header.ljust(header_size, b"\0") + payload
 
 
@@ -67,6 +84,10 @@ def guard(capsys, *args: str | Path) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
+def ptx(sm: int, variant: str = "", isa: tuple[int, int] = CUDA_12_6_ISA, compressed: bool = False) -> Entry:
+    return Entry("PTX", sm, variant, compressed, isa)
+
+
 @pytest.mark.parametrize(
     ("entry", "capability", "runs"),
     [
@@ -74,19 +95,41 @@ def guard(capsys, *args: str | Path) -> tuple[int, str]:
         (Entry("sm", 60), (6, 1), True),  # binary compatible forward within a major version
         (Entry("sm", 61), (6, 0), False),  # never backward
         (Entry("sm", 60), (7, 0), False),  # nor across major versions
-        (Entry("PTX", 52), (6, 0), True),  # the driver compiles PTX for a newer GPU
-        (Entry("PTX", 70), (6, 0), False),
-        (Entry("PTX", 120), (12, 1), True),
+        (ptx(52), (6, 0), True),  # the driver compiles PTX for a newer GPU
+        (ptx(70), (6, 0), False),
+        (ptx(120), (12, 1), True),
         (Entry("sm", 100), (10, 3), True),
         (Entry("sm", 100, "a"), (10, 3), False),  # sm_100a: 10.0 only
         (Entry("sm", 90, "a"), (9, 0), True),
-        (Entry("PTX", 100, "f"), (10, 3), True),  # compute_100f: its family, 10.x from 10.0 up
-        (Entry("PTX", 100, "f"), (12, 0), False),  # and no other
+        (ptx(100, "f"), (10, 3), True),  # compute_100f: its family, 10.x from 10.0 up
+        (ptx(100, "f"), (12, 0), False),  # and no other
     ],
     ids=str,
 )
 def test_what_runs_on_a_compute_capability(entry, capability, runs):
-    assert entry.runs_on(*capability) is runs
+    assert entry.runs_on(capability, (9, 0)) is runs
+
+
+@pytest.mark.parametrize(
+    ("entry", "driver_isa", "runs"),
+    [
+        (ptx(52, isa=(8, 5)), (8, 5), True),  # CUDA 12.5 or 12.6 wrote it: a 560 driver compiles it
+        (ptx(52, isa=(8, 8)), (8, 5), False),  # CUDA 12.9 wrote it: newer than the driver, no code
+        (ptx(52, isa=(8, 8)), (8, 8), True),  # a CUDA 12.9 driver compiles it
+        (ptx(52, isa=(9, 0)), (8, 8), False),
+        (Entry("sm", 60), (8, 0), True),  # a cubin is not compiled: any CUDA 12 driver runs it
+    ],
+    ids=str,
+)
+def test_ptx_runs_only_where_the_driver_compiles_its_isa_version(entry, driver_isa, runs):
+    assert entry.runs_on((6, 0), driver_isa) is runs
+
+
+def test_the_node_s_driver_is_cuda_12_6_which_compiles_ptx_isa_8_5():
+    assert cuda_arch.NODE_DRIVER_CUDA == (12, 6)
+    assert cuda_arch.PTX_ISA_OF_CUDA[cuda_arch.NODE_DRIVER_CUDA] == (8, 5)
+    isas = [cuda_arch.PTX_ISA_OF_CUDA[cuda] for cuda in sorted(cuda_arch.PTX_ISA_OF_CUDA)]
+    assert isas == sorted(isas), "a newer CUDA never compiles less"
 
 
 def test_a_cubin_for_the_target_passes(tmp_path, capsys):
@@ -95,7 +138,7 @@ def test_a_cubin_for_the_target_passes(tmp_path, capsys):
     code, out = guard(capsys, *P100, tmp_path)
     assert code == 0
     assert "ok         libkernels.so: sm 60 70" in out
-    assert "OK: 1 libraries with device code can run on compute capability 6.0" in out
+    assert "OK: 1 libraries with device code can run on compute capability 6.0 under a CUDA 12.6 driver" in out
 
 
 def test_cubins_only_for_other_architectures_fail_naming_the_library_and_what_it_has(tmp_path, capsys):
@@ -104,18 +147,30 @@ def test_cubins_only_for_other_architectures_fail_naming_the_library_and_what_it
     library(tmp_path, "torch/lib/libtorch_cuda.so", container(fatbin_entry(CUBIN, 60)))
     code, out = guard(capsys, *P100, tmp_path)
     assert code == 1
-    assert "FAILED for compute capability 6.0 (it runs a cubin sm_60 or PTX up to 60)" in out
+    assert "FAILED for compute capability 6.0 (it runs a cubin sm_60 or PTX up to 60 of PTX ISA 8.5 or older" in out
     assert "1 of 2 libraries with device code cannot run on 6.0:" in out
     assert "  nvidia/cudnn/lib/libcudnn_cnn.so.9: no code for 6.0 (has sm 61 70 75)" in out
     assert "libtorch_cuda.so: no code" not in out
     assert main([*P100, str(tmp_path / "torch")]) == 0  # the good library alone passes
 
 
-@pytest.mark.parametrize(("ptx", "passes"), [(52, True), (60, True), (70, False)])
-def test_ptx_at_or_below_the_target_passes_as_the_driver_compiles_it(tmp_path, capsys, ptx, passes):
-    library(tmp_path, "libjit.so", container(fatbin_entry(PTX, ptx, payload=b".version 8.8\0")))
+@pytest.mark.parametrize(("sm", "passes"), [(52, True), (60, True), (70, False)])
+def test_ptx_at_or_below_the_target_passes_as_the_driver_compiles_it(tmp_path, capsys, sm, passes):
+    library(tmp_path, "libjit.so", container(fatbin_entry(PTX, sm, payload=b".version 8.5\0")))
     code, out = guard(capsys, *P100, tmp_path)
-    assert (code, f"libjit.so: PTX {ptx}" in out) == (0 if passes else 1, True)
+    assert (code, f"libjit.so: PTX {sm} (ISA 8.5)" in out) == (0 if passes else 1, True)
+
+
+def test_ptx_newer_than_the_node_s_driver_is_no_code_unless_the_driver_is_given_as_newer(tmp_path, capsys):
+    # compute_52 written by CUDA 12.9 (PTX ISA 8.8): a CUDA 12.6 driver refuses to compile it.
+    library(tmp_path, "libnewptx.so", container(fatbin_entry(CUBIN, 75), fatbin_entry(PTX, 52, isa=(8, 8))))
+    code, out = guard(capsys, *P100, tmp_path)
+    assert code == 1
+    assert "  libnewptx.so: no code for 6.0 (has sm 75, PTX 52 (ISA 8.8))" in out
+    assert "PTX up to 60 of PTX ISA 8.5 or older, which a CUDA 12.6 driver compiles" in out
+    code, out = guard(capsys, *P100, "--driver-cuda", "12.9", tmp_path)
+    assert (code, "under a CUDA 12.9 driver" in out) == (0, True)
+    assert main([*P100, "--driver-cuda", "12.5", str(tmp_path)]) == 1  # 12.5's ISA is 8.5 too
 
 
 def test_every_container_counts_whatever_the_padding_between_them(tmp_path):
@@ -123,7 +178,7 @@ def test_every_container_counts_whatever_the_padding_between_them(tmp_path):
     second = container(fatbin_entry(CUBIN, 80, payload=b"odd length"))  # leaves the next one unaligned
     last = container(fatbin_entry(CUBIN, 60))
     lib = library(tmp_path, "libmany.so", first, second, last, padding=b"\0" * 4100)  # past one scan window
-    assert device_code(lib) == {Entry("sm", 75), Entry("PTX", 120), Entry("sm", 80), Entry("sm", 60)}
+    assert device_code(lib) == {Entry("sm", 75), ptx(120), Entry("sm", 80), Entry("sm", 60)}
 
 
 def test_a_compressed_entry_is_read_from_its_header(tmp_path, capsys):
@@ -134,9 +189,9 @@ def test_a_compressed_entry_is_read_from_its_header(tmp_path, capsys):
         fatbin_entry(PTX, 120, zstd | 0x200000, payload=os.urandom(100), header_size=80),  # compute_120f
     )
     lib = library(tmp_path, "libpacked.so.12", entries)
-    assert device_code(lib) == {Entry("sm", 60, "", True), Entry("sm", 90, "a", True), Entry("PTX", 120, "f", True)}
+    assert device_code(lib) == {Entry("sm", 60, "", True), Entry("sm", 90, "a", True), ptx(120, "f", compressed=True)}
     code, out = guard(capsys, *P100, lib)
-    assert (code, "libpacked.so.12: sm 60 90a, PTX 120f" in out) == (0, True)
+    assert (code, "libpacked.so.12: sm 60 90a, PTX 120f (ISA 8.5)" in out) == (0, True)
 
 
 def test_files_without_device_code_are_skipped_and_nothing_to_check_fails(tmp_path, capsys):
@@ -182,7 +237,7 @@ def test_an_allow_entry_excuses_a_library_with_its_reason(tmp_path, capsys):
     code, out = guard(capsys, *P100, "--allow", "libcusparseLt.so*=2:4 sparsity on sm_80+ only", tmp_path)
     assert code == 0
     assert "allowed    cusparselt/lib/libcusparseLt.so.0: sm 80" in out
-    assert "OK: 2 libraries with device code can run on compute capability 6.0; " in out
+    assert "OK: 2 libraries with device code can run on compute capability 6.0 under a CUDA 12.6 driver; " in out
     assert "cusparselt/lib/libcusparseLt.so.0 allowed: 2:4 sparsity on sm_80+ only" in out
 
 
@@ -232,6 +287,7 @@ def test_the_command_line(tmp_path):
         (["--arch", "sm_60", str(tmp_path)], 2, "expected MAJOR.MINOR"),
         (["--arch", "6.0", "--allow", "libcuda_code.so", str(tmp_path)], 2, "expected GLOB=WHY"),
         (["--arch", "6.0", str(tmp_path / "missing")], 2, "no such file or folder"),
+        (["--arch", "6.1", "--driver-cuda", "12.7", str(tmp_path)], 2, "expected a CUDA release whose PTX ISA"),
     ]:
         done = subprocess.run([*run, *args], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=60)
         assert (done.returncode, said in done.stdout + done.stderr) == (code, True), done.stdout + done.stderr
@@ -256,8 +312,18 @@ def test_a_library_nvcc_compiles_is_read_exactly(tmp_path, capsys):
     )
     assert compiled.returncode == 0, compiled.stderr
     assert {(e.kind, e.sm) for e in device_code(lib)} == {("sm", 75), ("PTX", 80)}
-    results = {arch: guard(capsys, "--arch", arch, lib)[0] for arch in ("6.0", "7.0", "7.5", "8.6")}
+    version = subprocess.run([nvcc(), "--version"], capture_output=True, text=True, timeout=60).stdout
+    release = tuple(map(int, re.search(r"release (\d+)\.(\d+)", version).groups()))
+    if release not in cuda_arch.PTX_ISA_OF_CUDA:
+        pytest.skip(f"nvcc {release}: its PTX ISA version is not in cuda_arch.PTX_ISA_OF_CUDA")
+    (written,) = [e for e in device_code(lib) if e.kind == "PTX"]
+    assert written.isa == cuda_arch.PTX_ISA_OF_CUDA[release]  # the header's version is the PTX's `.version`
+    assert f".version {written.isa[0]}.{written.isa[1]}".encode() in lib.read_bytes() or written.compressed
+    driver = ["--driver-cuda", "{}.{}".format(*release)]  # a driver of nvcc's own release
+    results = {arch: guard(capsys, "--arch", arch, *driver, lib)[0] for arch in ("6.0", "7.0", "7.5", "8.6")}
     assert results == {"6.0": 1, "7.0": 1, "7.5": 0, "8.6": 0}  # 8.6: the driver compiles the PTX for 8.0
+    if written.isa > cuda_arch.PTX_ISA_OF_CUDA[cuda_arch.NODE_DRIVER_CUDA]:  # newer than the node's driver
+        assert guard(capsys, "--arch", "8.6", lib)[0] == 1
 
 
 def venv_cudnn() -> Path | None:
@@ -276,3 +342,103 @@ def test_a_real_cuda_13_library_has_no_code_for_the_p100(capsys):
     assert 75 in cubins and min(cubins) >= 75
     assert guard(capsys, *P100, lib)[0] == 1
     assert guard(capsys, "--arch", "7.5", lib)[0] == 0
+
+
+# ---- a Triton image's tree, as docker/Dockerfile.triton's first guard scans it -----------------
+
+# Triton's onnxruntime backend builds ONNX Runtime for these (onnxruntime_backend's
+# tools/gen_ort_dockerfile.py, x86_64): CMake makes a cubin and PTX of each.
+ORT_CUDA_ARCHS = {"24.10": (60, 61, 70, 75, 80, 86, 90), "24.12": (75, 80, 86, 90)}
+# Triton 2.51's Python backend, as read from nvidia-pytriton 0.7.0's libtriton_python.so.
+PYTHON_BACKEND_CUBINS = (53, 60, 62, 70, 72, 75, 80, 86, 89, 90)
+
+
+def kernels(cubins: tuple[int, ...], ptx: tuple[int, ...] = ()) -> bytes:
+    return container(*(fatbin_entry(CUBIN, sm) for sm in cubins), *(fatbin_entry(PTX, sm) for sm in ptx))
+
+
+def host_code(folder: Path, name: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(elf({".text": b"\x90" * 32}))
+    return path
+
+
+def triton_tree(root: Path, ort_archs: tuple[int, ...], python_cubins: tuple[int, ...] = PYTHON_BACKEND_CUBINS):
+    """/opt/tritonserver as NVIDIA's image lays it out, under `root`: the backends the lab loads,
+    one it never loads (TensorRT's, built for newer GPUs), and the server's own libraries (host code,
+    as 2.51's libtritonserver.so is)."""
+    tree = root / "opt" / "tritonserver"
+    library(tree / "backends/python", "libtriton_python.so", kernels(python_cubins, ptx=(53,)))
+    onnxruntime = tree / "backends/onnxruntime"
+    library(onnxruntime, "libonnxruntime_providers_cuda.so", kernels(ort_archs, ptx=ort_archs))
+    for name in ("libonnxruntime.so.1", "libonnxruntime_providers_shared.so", "libtriton_onnxruntime.so"):
+        host_code(onnxruntime, name)
+    (onnxruntime / "libonnxruntime.so").symlink_to("libonnxruntime.so.1")
+    library(tree / "backends/tensorrt", "libtriton_tensorrt.so", kernels((75, 80, 86, 89, 90)))
+    host_code(tree / "lib", "libtritonserver.so")
+    return tree
+
+
+def dockerfile_triton_guard(tree: Path) -> list[str]:
+    """The arguments docker/Dockerfile.triton's first guard gives cuda_arch.py, for the GPU the
+    image is built for (CUDA_ARCH's default), with /opt/tritonserver moved to `tree`."""
+    text = (paths.REPO_ROOT / "docker" / "Dockerfile.triton").read_text().replace("\\\n", " ")
+    default_arch = re.search(r"^ARG CUDA_ARCH=(\S+)$", text, re.M).group(1)
+    run = next(line for line in text.splitlines() if line.startswith("RUN") and "/opt/tritonserver/" in line)
+    args = shlex.split(run.split("python3 /tmp/cuda_arch.py", 1)[1].split(";", 1)[0])
+    return [arg.replace("$CUDA_ARCH", default_arch).replace("/opt/tritonserver", str(tree)) for arg in args]
+
+
+def test_the_triton_guard_passes_24_10_s_backends(tmp_path, capsys):
+    tree = triton_tree(tmp_path, ORT_CUDA_ARCHS["24.10"])
+    code, out = guard(capsys, *dockerfile_triton_guard(tree))
+    assert code == 0, out
+    assert "ok         python/libtriton_python.so: sm 53 60 62 70 72 75 80 86 89 90, PTX 53 (ISA 8.5)" in out
+    assert "ok         onnxruntime/libonnxruntime_providers_cuda.so: sm 60 61 70 75 80 86 90" in out
+    assert f"none       {tree / 'lib'}: no library with device code" in out
+    assert "tensorrt" not in out, "a backend the lab never loads is not scanned"
+    assert "OK: 2 libraries with device code can run on compute capability 6.0 under a CUDA 12.6 driver" in out
+
+
+def test_the_triton_guard_fails_24_12_s_onnxruntime_backend_naming_it(tmp_path, capsys):
+    tree = triton_tree(tmp_path, ORT_CUDA_ARCHS["24.12"])
+    code, out = guard(capsys, *dockerfile_triton_guard(tree))
+    assert code == 1
+    assert "1 of 2 libraries with device code cannot run on 6.0:" in out
+    has = "sm 75 80 86 90, PTX 75 80 86 90 (ISA 8.5)"
+    assert f"  onnxruntime/libonnxruntime_providers_cuda.so: no code for 6.0 (has {has})" in out
+
+
+@pytest.mark.parametrize(
+    ("ptx_isa", "has"),
+    [((8, 5), "sm 75 80 90, PTX 75 (ISA 8.5)"), ((8, 8), "sm 75 80 90, PTX 53 (ISA 8.8)")],
+    ids=["ptx-for-turing", "ptx-newer-than-the-driver"],
+)
+def test_the_triton_guard_fails_a_python_backend_without_code_the_node_runs(tmp_path, capsys, ptx_isa, has):
+    tree = triton_tree(tmp_path, ORT_CUDA_ARCHS["24.10"])
+    ptx_sm = 75 if ptx_isa == CUDA_12_6_ISA else 53
+    entries = [*(fatbin_entry(CUBIN, sm) for sm in (75, 80, 90)), fatbin_entry(PTX, ptx_sm, isa=ptx_isa)]
+    (tree / "backends/python/libtriton_python.so").write_bytes(elf({".nv_fatbin": container(*entries)}))
+    code, out = guard(capsys, *dockerfile_triton_guard(tree))
+    assert (code, f"  python/libtriton_python.so: no code for 6.0 (has {has})" in out) == (1, True)
+
+
+def pytriton_python_backend() -> Path | None:
+    """Triton 2.51's own Python backend, in the nvidia-pytriton wheel (the lab's virtualenv has it)."""
+    for folder in map(Path, site.getsitepackages()):
+        if (lib := folder / "pytriton/tritonserver/backends/python/libtriton_python.so").exists():
+            return lib
+    return None
+
+
+@pytest.mark.skipif(pytriton_python_backend() is None, reason="no nvidia-pytriton here: the tree above stands for it")
+def test_triton_2_51_s_own_python_backend_has_pascal_code(tmp_path, capsys):
+    lib = pytriton_python_backend()
+    entries = device_code(lib)
+    assert {e.sm for e in entries if e.kind == "sm"} == set(PYTHON_BACKEND_CUBINS)
+    assert {(e.sm, e.isa) for e in entries if e.kind == "PTX"} == {(53, CUDA_12_6_ISA)}  # CUDA 12.6 wrote it
+    tree = triton_tree(tmp_path, ORT_CUDA_ARCHS["24.10"])
+    (tree / "backends/python/libtriton_python.so").unlink()
+    (tree / "backends/python/libtriton_python.so").symlink_to(lib)
+    assert guard(capsys, *dockerfile_triton_guard(tree))[0] == 0

@@ -24,11 +24,14 @@ import jsonschema
 import pytest
 import yaml
 
+from servelab import node_build
 from servelab.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = REPO_ROOT / "compose.yaml"
 CPU_OVERRIDE = REPO_ROOT / "docker" / "compose.cpu.yaml"
+# The lab's images from a registry (SERVELAB_IMAGE_PREFIX), after either variant.
+REGISTRY_OVERRIDE = REPO_ROOT / "docker" / "compose.registry.yaml"
 # The compose-spec JSON schema, from the compose-spec repository (schema/compose-spec.json,
 # Apache License 2.0), which Compose v2 validates every file against.
 COMPOSE_SPEC_SCHEMA = REPO_ROOT / "tests" / "data" / "compose-spec.json"
@@ -54,7 +57,10 @@ PUBLISHED = {
     "jupyter": {"JUPYTER": (8888, 8888)},
 }
 MODEL_FILES_IN_THE_TORCH_IMAGE = "/opt/servelab/models"
-TRITON_BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.12-py3"
+# 24.10: the last release whose onnxruntime backend has sm_60 code (docker/Dockerfile.triton says why).
+TRITON_BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+# What the Triton image's first guard scans: the backends the lab loads, and the server's libraries.
+TRITON_TREE = ["/opt/tritonserver/backends/python", "/opt/tritonserver/backends/onnxruntime", "/opt/tritonserver/lib"]
 
 
 # ---- reading the files ------------------------------------------------------------------------
@@ -72,16 +78,25 @@ RESET = object()
 _ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
 _ComposeLoader.add_constructor("!override", lambda loader, node: Override(loader.construct_mapping(node, deep=True)))
 
-_VAR_RE = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<arg>[^}]*))?\}")
+_VAR_RE = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
+
+
+class MissingVariable(ValueError):
+    """A ${VAR:?message} whose variable is unset: Compose stops with the message."""
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
-    """Compose's interpolation of the forms the project uses: ${VAR}, ${VAR:-default}, ${VAR-default}."""
+    """Compose's interpolation of the forms the project uses: ${VAR}, ${VAR:-default}, ${VAR-default},
+    ${VAR:?message}."""
 
     def replace(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
         value, op, default = env.get(match.group("name")), match.group("op"), match.group("arg") or ""
+        if op == ":?":
+            if not value:
+                raise MissingVariable(f"{match.group('name')}: {default}")
+            return value
         if op == ":-":
             return value or default
         if op == "-":
@@ -160,14 +175,37 @@ def test_each_variant_is_valid_under_the_compose_spec_schema(cpu):
 
 
 @pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI here: `make test-docker` installs Compose")
-@pytest.mark.parametrize("files", [["compose.yaml"], ["compose.yaml", "docker/compose.cpu.yaml"]], ids=["gpu", "cpu"])
+@pytest.mark.parametrize(
+    "files",
+    [["compose.yaml"], ["compose.yaml", "docker/compose.cpu.yaml"], ["compose.yaml", "docker/compose.registry.yaml"]],
+    ids=["gpu", "cpu", "registry"],
+)
 def test_compose_itself_accepts_each_variant(files):
     version = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
     if version.returncode != 0:
         pytest.skip("no Compose v2 plugin here: `make test-docker` installs it")
     command = ["docker", "compose", *(arg for name in files for arg in ("-f", name)), "config", "--quiet"]
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    env = {**os.environ, "SERVELAB_IMAGE_PREFIX": "registry.example.org/course/servelab-"}
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "cpu"])
+def test_with_an_image_prefix_every_service_is_pulled_from_the_registry_and_nothing_is_built(cpu):
+    # The live pull (a registry, `docker compose pull`) needs a Docker engine and images pushed to
+    # it, which `make test` has neither of: what Compose would pull is read here instead.
+    prefix = "registry.example.org:5000/course/servelab-"
+    env = {"SERVELAB_IMAGE_PREFIX": prefix}
+    project = merge(variant(cpu, env), load(REGISTRY_OVERRIDE, env))
+    jsonschema.Draft7Validator(json.loads(COMPOSE_SPEC_SCHEMA.read_text())).validate(project)
+    active = {name: service for name, service in project["services"].items() if not service.get("profiles")}
+    assert set(active) == SERVICES, "the PyTorch image, never run, is not pulled"
+    for name, service in project["services"].items():
+        assert service["image"] == prefix + name and "build" not in service, name
+    with pytest.raises(MissingVariable, match="SERVELAB_IMAGE_PREFIX: set SERVELAB_IMAGE_PREFIX to the registry"):
+        load(REGISTRY_OVERRIDE, {})
+    files = node_build.env_file("original", prefix)
+    assert f"COMPOSE_FILE=compose.yaml:{REGISTRY_OVERRIDE.relative_to(REPO_ROOT)}" in files.splitlines()
 
 
 def test_one_project_has_every_service_of_notebooks_3_to_10_with_no_fixed_container_name():
@@ -334,6 +372,11 @@ def test_each_gpu_image_pins_the_last_cudnn_with_pascal_code_and_checks_its_cuda
     installs = [args for keyword, args in instructions if keyword == "RUN" and re.search(r"\bpip3? install\b", args)]
     assert any('${CUDNN:+"$CUDNN"}' in args for args in installs), "cuDNN's pin goes with the libraries"
     guards = [i for i, (keyword, args) in enumerate(instructions) if keyword == "RUN" and "cuda_arch.py" in args]
+    if service == "triton":  # NVIDIA's libraries first, then what pip installed
+        first, *guards = guards
+        assert first < min(i for i, (keyword, _) in enumerate(instructions) if keyword == "RUN" and i != first)
+        assert instructions[first][1].split('--arch "$CUDA_ARCH"')[1].split(";")[0].split() == TRITON_TREE
+        assert "--allow" not in instructions[first][1], "only the backends the lab loads are scanned"
     assert len(guards) == 1, "one check, after the CUDA libraries are installed"
     (guard,) = guards
     guard_args = instructions[guard][1]
@@ -399,7 +442,7 @@ def test_the_triton_image_stages_the_repository_for_its_server_and_pins_the_rele
     assert json.loads(dict(instructions)["CMD"]) == ["python3", "-m", "servelab.triton.container"]
     assert ("COPY", "docker/triton_log_copy.sh /usr/local/bin/triton_log_copy.sh") in instructions
     runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
-    assert '"tritonclient[grpc]==2.53.0"' in runs and '"numpy<2"' in runs
+    assert '"tritonclient[grpc]==2.51.0"' in runs and '"numpy<2"' in runs
     # The model files of the torch image, staged by the start (servelab.triton.container).
     assert ("ENV", f"SERVELAB_ARTIFACTS_DIR={MODEL_FILES_IN_THE_TORCH_IMAGE}") in instructions
     # The whole package, not servelab/service alone: the models import servelab.triton.model_instance.

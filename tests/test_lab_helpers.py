@@ -217,6 +217,30 @@ def test_in_the_compose_project_a_service_crashed_before_its_restart_is_recorded
     assert time.monotonic() >= back_at, "it returned while Triton was silent"
 
 
+@pytest.mark.parametrize("triton", [False, True], ids=["fastapi-only", "with-triton"])
+def test_in_the_compose_project_a_notebook_without_triton_neither_waits_for_it_nor_reads_its_restarts(
+    tmp_path, monkeypatch, triton
+):
+    """On the node Triton's image may still be building while notebooks 3 and 4 run (servelab.node_build)."""
+    compose = {
+        "LAB_SERVICES": "compose", "FASTAPI_PT_URL": "http://fastapi_pt:8000", "FASTAPI_ONNX_URL": "http://fastapi_onnx:8000",
+        "IMAGE_HOST_URL": "http://image_host:8000", "TRITON_HTTP": "triton:8000", "TRITON_GRPC": "triton:8001",
+        "TRITON_SHARED_DIR": str(tmp_path),
+    }  # fmt: skip
+    monkeypatch.setattr("servelab.lab.facade.settings", lambda: Settings.from_environ(compose))
+    waited: list[str] = []
+    monkeypatch.setattr("servelab.lab.facade.wait_until_answering", lambda urls: waited.extend(urls))
+    monkeypatch.setattr("servelab.lab.facade.answers", lambda url: True)  # Triton answers: no build to follow
+    Hardware(gpus=0, cores=2).write(tmp_path / "hardware.json")
+    lab = Lab._compose(profile("quick"), "3_fastapi", triton)
+    assert ("triton" in waited, lab.triton_http is not None) == (triton, triton)
+    service_exits.record(
+        tmp_path / service_exits.EVENTS_FILE, service_exits.ServiceExit("triton", time.time(), "exited", "")
+    )
+    monkeypatch.setattr("servelab.lab.run_keeper.answers", lambda url: True)
+    assert [event.service for event in lab.keeper.service_exits()] == (["triton"] if triton else [])
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("server", "groups"),

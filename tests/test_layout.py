@@ -22,6 +22,8 @@ FOUNDATION = {
     "settings",
     "environment",
     "node_plan",
+    "node_build",
+    "node_setup",
     "time_plan",
     "results",
     "profiles",

@@ -95,11 +95,23 @@ def test_every_notebook_states_the_time_the_plan_computes():
 def test_part_1_fits_the_lease_with_half_an_hour_to_spare():
     times = time_plan.plan()
     assert [time.number for time in times if time.number is not None] == list(range(11))
-    used = time_plan.part_minutes(times, time_plan.PART_1) + time_plan.WRAP_UP_MINUTES
+    used = time_plan.part_1_minutes(times)
     assert node_plan.LEASE_MINUTES - used >= 30, time_plan.lease_table(times)
     assert f"{node_plan.LEASE_MINUTES - used:.0f} of the lease's 180 minutes left" in time_plan.lease_table(times)
     slower = time_plan.plan(download_mb_per_s=5)
-    assert time_plan.part_minutes(slower, time_plan.PART_1) > time_plan.part_minutes(times, time_plan.PART_1)
+    assert time_plan.part_1_minutes(slower, 5) > time_plan.part_1_minutes(times)
+
+
+def test_notebook_5_waits_for_what_triton_s_build_takes_beyond_notebooks_3_and_4():
+    times = time_plan.plan()
+    fastapi = sum(time.minutes for time in times if time.number in (3, 4))
+    for rate in (5, 12.5, 500):
+        build = node_plan.triton_step(rate).minutes
+        assert time_plan.triton_wait_minutes(times, rate) == pytest.approx(max(0.0, build - fastapi))
+    assert time_plan.triton_wait_minutes(times, 5) > 0 and time_plan.triton_wait_minutes(times, 500) == 0
+    slow = time_plan.part_1_minutes(times, 5) - time_plan.part_minutes(times, time_plan.PART_1)
+    assert slow == pytest.approx(time_plan.triton_wait_minutes(times, 5) + time_plan.WRAP_UP_MINUTES)
+    assert "| wait for Triton's image, built during notebooks 3 and 4 |" in time_plan.lease_table(times, 5)
 
 
 def test_a_run_time_is_recorded_by_notebook_in_order_and_only_in_the_full_profile(tmp_path, monkeypatch):

@@ -1,13 +1,15 @@
-# Stand-in for nvcr.io/nvidia/tritonserver:24.12-py3 (NVIDIA's registry), built by
+# Stand-in for nvcr.io/nvidia/tritonserver:24.10-py3 (NVIDIA's registry), built by
 # scripts/docker_bases.sh where that registry cannot be reached. It reproduces what the lab's
 # Dockerfile.triton and the Triton container's start rely on: `tritonserver` on the PATH,
 # /opt/tritonserver/backends/python, and `python3`/`pip3` installing system-wide, where the Python
-# backend's stub finds the packages. What differs, and what the lab does about it:
-# - the server is Triton 2.51.0 (the 24.10 release), from PyPI's nvidia-pytriton wheel, not 2.53.0:
-#   the version it reports says so, and notebook 9 reads it;
+# backend's stub finds the packages. The server is the same release, Triton 2.51.0, from PyPI's
+# nvidia-pytriton wheel: the version it reports is the image's, and so is its cancellation race
+# (notebook 9 and the appendix read the version). What differs, and what the lab does about it:
 # - it has the Python backend only: the start of the Triton container serves an ONNX Runtime model
 #   with the Python backend running the same graph, as the local stack does, and says so;
-# - Debian 12's Python 3.11, not Ubuntu 22.04's 3.10; no CUDA (the CPU variant asks for none).
+# - no /opt/tritonserver/lib and no CUDA: Dockerfile.triton's guard of the server's libraries runs
+#   only for a GPU (CUDA_ARCH), which the CPU variant asks for none of;
+# - Debian 12's Python 3.11, not Ubuntu's.
 ARG ROOTFS
 FROM ${ROOTFS}
 RUN rm -f /usr/lib/python3.*/EXTERNALLY-MANAGED

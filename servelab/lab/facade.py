@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
-from servelab import paths, service_exits
+from servelab import node_build, paths, service_exits
 from servelab.environment import (  # noqa: F401 (notebooks use chameleon_only and machine_info)
     chameleon_only,
     current_services,
@@ -117,30 +117,37 @@ class Lab(Measuring):
                 "This is Chameleon's Jupyter server, where notebooks 1 and 2 set up the node: the lab's services "
                 "run on the node. Open this notebook in the node's Jupyter container (notebook 2 prints its address)."
             )
-        lab = cls._compose(chosen, notebook) if services == "compose" else cls._local(chosen, triton, notebook)
+        lab = cls._compose(chosen, notebook, triton) if services == "compose" else cls._local(chosen, triton, notebook)
         print(lab.describe())
         return lab
 
     @classmethod
-    def _compose(cls, chosen: Profile, notebook: str) -> Lab:
+    def _compose(cls, chosen: Profile, notebook: str, triton: bool) -> Lab:
         """The Compose project's services, at the addresses compose.yaml gives the Jupyter container,
-        once each answers; Triton's repository and hardware are in the volume both containers share."""
+        once each answers (Triton only where `triton`: on the node its image may still be building,
+        servelab.node_build, whose progress is shown meanwhile); Triton's repository and hardware are
+        in the volume both containers share."""
         given = settings()
         shared = given.triton_shared_dir
         fastapi_urls = {"pt": given.compose("fastapi_pt_url"), "onnx": given.compose("fastapi_onnx_url")}
-        image_host_url, triton_http = given.compose("image_host_url"), given.compose("triton_http")
+        image_host_url = given.compose("image_host_url")
+        triton_http = given.compose("triton_http") if triton else None
+        if triton_http:
+            ready = f"http://{triton_http}/v2/health/ready"
+            node_build.wait_for_service("triton", lambda: answers(ready), paths.REPO_ROOT)
         wait_until_answering(health_urls(fastapi_urls, image_host_url, triton_http))
         return cls(
             services="compose",
             profile=chosen,
             fastapi_urls=fastapi_urls,
             triton_http=triton_http,
-            triton_grpc=given.compose("triton_grpc"),
-            repository=shared / "models",
+            triton_grpc=given.compose("triton_grpc") if triton else None,
+            repository=shared / "models" if triton else None,
             image_host_url=image_host_url,
-            triton_server=Hardware.read(shared / "hardware.json"),
+            triton_server=Hardware.read(shared / "hardware.json") if triton else LOCAL_TRITON,
             notebook=notebook,
-            shared_exits_file=shared / service_exits.EVENTS_FILE,
+            # Triton's restarts, which a notebook without Triton neither waits for nor marks its runs with.
+            shared_exits_file=shared / service_exits.EVENTS_FILE if triton else None,
         )
 
     def _health_urls(self) -> dict[str, str]:
@@ -242,6 +249,9 @@ class Lab(Measuring):
         """The lab's Ray Serve (servelab.lab.ray_side), to edit, redeploy and watch; locally, started
         on first use when `make up` does not run one."""
         if self._ray_serve is None:
+            if self.on_compose:  # on the node its image may still be building (servelab.node_build)
+                health = f"{settings().compose('ray_serve_url')}/health"
+                node_build.wait_for_service("ray_serve", lambda: answers(health), paths.REPO_ROOT)
             self._ray_serve = (
                 lab_ray.compose()
                 if self.on_compose

@@ -6,9 +6,11 @@ convolution runs. The code a shared library carries for the GPU sits in its `.nv
 fatbin containers, each a list of entries whose headers name a cubin (machine code for one `sm_XY`)
 or PTX (for `compute_XY`, which the driver compiles for the GPU at load). A GPU of compute
 capability X.Y runs a cubin of the same major version X and a minor version up to Y, and PTX of any
-version up to X.Y. A library with neither has no code for it.
+version up to X.Y, where the driver can compile it: a driver compiles PTX of its own CUDA release's
+PTX ISA version or older, and refuses newer PTX (CUDA_ERROR_UNSUPPORTED_PTX_VERSION), so PTX that a
+newer CUDA wrote is no code for that GPU either. A library with neither has no code for it.
 
-    python -m servelab.service.cuda_arch --arch 6.0 [--allow 'GLOB=why' ...] [PATH ...]
+    python -m servelab.service.cuda_arch --arch 6.0 [--driver-cuda 12.6] [--allow 'GLOB=why' ...] [PATH ...]
 
 checks every `*.so*` under PATH (files or folders; by default this Python's site-packages), prints
 what each library with device code carries, and exits 1 naming each library with no code for the
@@ -38,8 +40,11 @@ from typing import BinaryIO
 FATBIN_MAGIC = 0xBA55ED50
 CONTAINER = struct.Struct("<IHHQ")  # magic, version, header size, size of the entries after the header
 # An entry header, as far as it is read (real ones are 64 to 184 bytes; read from cuDNN, cuBLAS and nvcc's own):
-# kind (1 PTX, 2 cubin) u16 @0, header size u32 @4, payload size u64 @8, sm u32 @28, flags u64 @40.
-ENTRY = struct.Struct("<HxxIQ12xI8xQ16x")
+# kind (1 PTX, 2 cubin) u16 @0, header size u32 @4, payload size u64 @8, version minor u16 @24 and major
+# u16 @26, sm u32 @28, flags u64 @40. A PTX entry's version is its PTX ISA version: the `.version` its
+# text opens with (checked on libtriton_python.so of Triton 2.51, 8.5, and CUDA 13 libraries, 9.0); a
+# cubin's is its format's (1.7, 1.8).
+ENTRY = struct.Struct("<HxxIQ8xHHI8xQ16x")
 KIND_PTX, KIND_CUBIN = 1, 2
 # Compressed payloads: CUDA 12's libraries set 0x2000, CUDA 13's 0x8000 (their payloads start with zstd's magic).
 FLAG_COMPRESSED = 0x2000 | 0x8000
@@ -47,6 +52,21 @@ FLAG_COMPRESSED = 0x2000 | 0x8000
 FLAG_ARCH_SPECIFIC = 0x100000  # sm_90a: for that compute capability only
 FLAG_FAMILY_SPECIFIC = 0x200000  # sm_120f, compute_120f: for its family (same major version, minor up from it)
 SCAN_WINDOW = 4096  # bytes read at a time while skipping the zeros that align one container after another
+
+# The newest PTX ISA version each CUDA release compiles, its driver included (NVIDIA's PTX ISA release
+# notes: 12.5 brought 8.5, 12.6 none; there was no 12.7 release).
+PTX_ISA_OF_CUDA = {
+    **{(11, minor): (7, minor) for minor in range(9)},
+    **{(12, minor): (8, minor) for minor in range(6)},
+    (12, 6): (8, 5),
+    (12, 8): (8, 7),
+    (12, 9): (8, 8),
+    (13, 0): (9, 0),
+}
+# The driver of the lab's node: Chameleon's CC-Ubuntu24.04-CUDA image installs nvidia-driver-560, a
+# CUDA 12.6 driver (ChameleonCloud/CC-Images, elements/cuda/package-installs.yaml). It runs cubins of
+# any CUDA 12 (minor version compatibility), but PTX only up to CUDA 12.6's ISA version, 8.5.
+NODE_DRIVER_CUDA = (12, 6)
 
 
 class FatbinError(ValueError):
@@ -59,9 +79,15 @@ class Entry:
     sm: int  # 60 for sm_60 or compute_60; 100 for sm_100
     variant: str = ""  # "a" (arch-specific) or "f" (family-specific), as in sm_90a and compute_120f
     compressed: bool = False
+    isa: tuple[int, int] = (0, 0)  # PTX: its PTX ISA version, (8, 5) for `.version 8.5`; cubins: (0, 0)
 
-    def runs_on(self, major: int, minor: int) -> bool:
+    def runs_on(self, arch: tuple[int, int], ptx_isa: tuple[int, int]) -> bool:
+        """Whether a GPU of compute capability `arch` runs it, under a driver that compiles PTX up to
+        `ptx_isa` (the PTX ISA version of the driver's CUDA release)."""
+        major, minor = arch
         entry_major, entry_minor = divmod(self.sm, 10)
+        if self.kind == "PTX" and self.isa > ptx_isa:
+            return False  # written by a newer CUDA than the driver's: it refuses to compile it
         if self.variant == "a":
             return (entry_major, entry_minor) == (major, minor)
         if self.kind == "PTX" and self.variant != "f":  # the driver compiles it for any GPU at or above it
@@ -128,13 +154,14 @@ def read_container(read: Callable[[int, int], bytes], position: int, limit: int)
         raw = read(entry, ENTRY.size)
         if len(raw) < ENTRY.size:
             raise FatbinError(f"fatbin entry at byte {entry} cut short")
-        kind, entry_header_size, payload_size, sm, flags = ENTRY.unpack(raw)
+        kind, entry_header_size, payload_size, version_minor, version_major, sm, flags = ENTRY.unpack(raw)
         if entry_header_size < ENTRY.size or entry + entry_header_size + payload_size > end:
             raise FatbinError(f"fatbin entry at byte {entry} runs past its container")
         if kind in (KIND_PTX, KIND_CUBIN):  # other kinds (cuFFT's 8, neither of these) are not counted
             name = "PTX" if kind == KIND_PTX else "sm"
             variant = "a" if flags & FLAG_ARCH_SPECIFIC else "f" if flags & FLAG_FAMILY_SPECIFIC else ""
-            entries.add(Entry(name, sm, variant, bool(flags & FLAG_COMPRESSED)))
+            isa = (version_major, version_minor) if kind == KIND_PTX else (0, 0)
+            entries.add(Entry(name, sm, variant, bool(flags & FLAG_COMPRESSED), isa))
         entry += entry_header_size + payload_size
     return entries, end
 
@@ -189,9 +216,17 @@ def embedded_code(path: Path) -> set[Entry]:
 
 
 def describe(entries: Iterable[Entry]) -> str:
-    """`sm 50 60 70 90 90a, PTX 90 120f`: the cubins' architectures, then the PTX versions."""
-    kinds = {kind: dict.fromkeys(str(e) for e in sorted(entries) if e.kind == kind) for kind in ("sm", "PTX")}
-    return ", ".join(f"{kind} {' '.join(names)}" for kind, names in kinds.items() if names)
+    """`sm 50 60 70 90 90a, PTX 90 120f (ISA 8.8)`: the cubins' architectures, then the PTX's, each
+    group of them followed by the PTX ISA version they were written in."""
+    entries = sorted(entries)
+    cubins = " ".join(dict.fromkeys(str(e) for e in entries if e.kind == "sm"))
+    by_isa: dict[tuple[int, int], list[str]] = {}
+    for entry in sorted((e for e in entries if e.kind == "PTX"), key=lambda e: (e.isa, e.sm, e.variant)):
+        names = by_isa.setdefault(entry.isa, [])
+        if str(entry) not in names:
+            names.append(str(entry))
+    ptx = " ".join(f"{' '.join(names)} (ISA {major}.{minor})" for (major, minor), names in by_isa.items())
+    return ", ".join(part for part in (cubins and f"sm {cubins}", ptx and f"PTX {ptx}") if part)
 
 
 def libraries(roots: list[Path]) -> Iterator[tuple[str, Path]]:
@@ -207,29 +242,37 @@ def libraries(roots: list[Path]) -> Iterator[tuple[str, Path]]:
                 yield str(path.relative_to(base)), path
 
 
-def runs(entries: set[Entry], arch: tuple[int, int]) -> bool:
-    return any(entry.runs_on(*arch) for entry in entries)
+def runs(entries: set[Entry], arch: tuple[int, int], ptx_isa: tuple[int, int]) -> bool:
+    return any(entry.runs_on(arch, ptx_isa) for entry in entries)
 
 
-def check(roots: list[Path], arch: tuple[int, int], allows: dict[str, str]) -> int:
+def check(
+    roots: list[Path],
+    arch: tuple[int, int],
+    allows: dict[str, str],
+    driver_cuda: tuple[int, int] = NODE_DRIVER_CUDA,
+) -> int:
     """Print what each library with device code carries, then what is missing; 0 when each one can run on
-    `arch` or is excused, 1 otherwise (a library without code, an --allow that matches none, nothing to check)."""
+    `arch` under a driver of CUDA `driver_cuda` or is excused, 1 otherwise (a library without code, an
+    --allow that matches none, nothing to check)."""
     major, minor = arch
     target = f"{major}.{minor}"
+    ptx_isa = PTX_ISA_OF_CUDA[driver_cuda]
     checked, failures = 0, []
     excused: dict[str, list[str]] = {}  # an --allow's glob: the libraries it excused
     matched: set[str] = set()  # the globs that match a library with device code, whether it needed excusing or not
+    with_code: set[Path] = set()  # the roots with a library with device code
     for name, path in libraries(roots):
         try:
             entries = device_code(path)
             if entries is None:
                 continue  # no device code: nothing the GPU runs
-            own = set() if runs(entries, arch) else embedded_code(path)
+            own = set() if runs(entries, arch, ptx_isa) else embedded_code(path)
         except (ValueError, struct.error, OSError) as error:  # FatbinError, or headers that point nowhere
             verdict, has, problem = "UNREADABLE", str(error), f"its device code could not be read ({error})"
         else:
             has = describe(entries) + (f"; loads itself: {describe(own)}" if own else "")
-            verdict = "ok" if runs(entries | own, arch) else "NO CODE"
+            verdict = "ok" if runs(entries | own, arch, ptx_isa) else "NO CODE"
             problem = f"no code for {target} (has {has})"
         checked += 1
         glob = next((glob for glob in allows if fnmatch.fnmatchcase(path.name, glob)), None)
@@ -241,14 +284,20 @@ def check(roots: list[Path], arch: tuple[int, int], allows: dict[str, str]) -> i
         elif verdict != "ok":
             failures.append(f"  {name}: {problem}")
         print(f"{verdict:<10} {name}: {has}")
+        with_code.add(next(root for root in roots if root == path or root in path.parents))
+    for root in roots:
+        if root not in with_code:  # a folder of host code alone: nothing for the GPU to run, nothing to check
+            print(f"{'none':<10} {root}: no library with device code")
     stale = [f"  --allow '{glob}={why}' matches no library" for glob, why in allows.items() if glob not in matched]
     if checked == 0:
         print(f"cuda_arch: FAILED: no library with device code under {', '.join(map(str, roots))}: nothing checked")
         return 1
     if failures or stale:
         cubins = f"sm_{major}0" + (f" to sm_{major}{minor}" if minor else "")
+        driver = f"{driver_cuda[0]}.{driver_cuda[1]}"
         print(
-            f"cuda_arch: FAILED for compute capability {target} (it runs a cubin {cubins} or PTX up to {major}{minor}):"
+            f"cuda_arch: FAILED for compute capability {target} (it runs a cubin {cubins} or PTX up to {major}{minor}"
+            f" of PTX ISA {ptx_isa[0]}.{ptx_isa[1]} or older, which a CUDA {driver} driver compiles):"
         )
         if failures:
             print(f"{len(failures)} of {checked} libraries with device code cannot run on {target}:")
@@ -257,7 +306,10 @@ def check(roots: list[Path], arch: tuple[int, int], allows: dict[str, str]) -> i
             print("stale exceptions (remove them, or fix their globs):\n" + "\n".join(stale))
         return 1
     allowed = "".join(f"; {', '.join(names)} allowed: {allows[glob]}" for glob, names in excused.items())
-    print(f"cuda_arch: OK: {checked} libraries with device code can run on compute capability {target}{allowed}")
+    print(
+        f"cuda_arch: OK: {checked} libraries with device code can run on compute capability {target} under a CUDA "
+        f"{driver_cuda[0]}.{driver_cuda[1]} driver{allowed}"
+    )
     return 0
 
 
@@ -273,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m servelab.service.cuda_arch", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", required=True, help="the target GPU's compute capability, e.g. 6.0 for a P100")
     parser.add_argument(
+        "--driver-cuda",
+        default="{}.{}".format(*NODE_DRIVER_CUDA),
+        help="the CUDA release of the target's driver (nvidia-smi's 'CUDA Version'), which limits the PTX it "
+        "compiles; default: the lab's node, driver 560 of Chameleon's CC-Ubuntu24.04-CUDA image",
+    )
+    parser.add_argument(
         "--allow",
         action="append",
         default=[],
@@ -283,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (match := re.fullmatch(r"(\d+)\.(\d)", args.arch)):
         parser.error(f"--arch {args.arch!r}: expected MAJOR.MINOR, e.g. 6.0")
+    driver = re.fullmatch(r"(\d+)\.(\d+)", args.driver_cuda)
+    driver_cuda = (int(driver[1]), int(driver[2])) if driver else None
+    if driver_cuda not in PTX_ISA_OF_CUDA:
+        known = ", ".join(f"{major}.{minor}" for major, minor in PTX_ISA_OF_CUDA)
+        parser.error(f"--driver-cuda {args.driver_cuda!r}: expected a CUDA release whose PTX ISA is known: {known}")
     allows = {}
     for allow in args.allow:
         glob, _, why = allow.partition("=")
@@ -292,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(p) for p in args.paths if not p.exists()]
     if missing:
         parser.error(f"no such file or folder: {', '.join(missing)}")
-    return check(args.paths or site_packages(), (int(match[1]), int(match[2])), allows)
+    return check(args.paths or site_packages(), (int(match[1]), int(match[2])), allows, driver_cuda)
 
 
 if __name__ == "__main__":

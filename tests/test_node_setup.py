@@ -1,0 +1,233 @@
+"""Setting up the node (servelab.node_setup): nvidia-smi's output read and judged (text captured on a
+GPU machine, and a P100 node's in the same format), apt's lock waited for against a real process
+holding it, the lease found by its id through python-chi's own lease functions (the Blazar API
+behind them is an in-memory stand-in: no Chameleon here), and the student's work copied off.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import chi.context
+import chi.lease
+import invoke
+import pytest
+from blazarclient.exception import BlazarClientException
+
+from servelab import node_setup
+from servelab.node_setup import NodeProblem
+from servelab.service import cuda_arch
+
+DATA = Path(__file__).parent / "data"
+# The format as captured (tests/data/nvidia_smi_h100.txt, an H100 machine, driver 580.159.04):
+# a gpu_p100 node under the CC-Ubuntu24.04-CUDA image's driver 560.
+P100_NODE = "0, Tesla P100-PCIE-16GB, 6.0, 560.35.03\n1, Tesla P100-PCIE-16GB, 6.0, 560.35.03\n"
+NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest "
+    "NVIDIA driver is installed and running.\n"
+)
+
+
+def test_a_p100_node_passes_with_both_gpus_read():
+    gpus = node_setup.check_gpus(P100_NODE)
+    assert [(g.index, g.name, g.compute_capability, g.branch) for g in gpus] == [
+        (0, "Tesla P100-PCIE-16GB", "6.0", 560),
+        (1, "Tesla P100-PCIE-16GB", "6.0", 560),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (NO_DRIVER, 'nvidia-smi lists no GPU; it said: "NVIDIA-SMI has failed'),
+        (P100_NODE.splitlines()[0], "This node has GPU 0: Tesla P100-PCIE-16GB, compute capability 6.0; a gpu_p100"),
+        ((DATA / "nvidia_smi_h100.txt").read_text(), "GPU 0: NVIDIA H100 80GB HBM3, compute capability 9.0"),
+        (P100_NODE.replace("560.35.03", "590.44.01"), "R580, the last branch that supports Pascal GPUs"),
+        (P100_NODE.replace("560.35.03", "550.127.05"), "predates R560: the lab's images run CUDA 12.6 code"),
+    ],
+    ids=["no-driver", "one-gpu", "an-h100-captured", "driver-past-pascal", "driver-too-old"],
+)
+def test_a_node_the_lab_cannot_use_fails_saying_why_and_what_to_do(text, says):
+    with pytest.raises(NodeProblem, match=r"(Delete the server|install an R580|Start the server from)") as problem:
+        node_setup.check_gpus(text)
+    assert says in str(problem.value)
+
+
+def test_the_captured_output_is_read_as_nvidia_smi_prints_it():
+    (gpu,) = node_setup.parse_gpus((DATA / "nvidia_smi_h100.txt").read_text())
+    assert (gpu.name, gpu.compute_capability, gpu.driver, gpu.branch) == (
+        "NVIDIA H100 80GB HBM3",
+        "9.0",
+        "580.159.04",
+        580,
+    )
+    assert "--query-gpu=index,name,compute_cap,driver_version --format=csv,noheader" in node_setup.NVIDIA_SMI
+
+
+def test_the_first_driver_branch_is_the_one_whose_ptx_the_build_guard_accepts():
+    # R560 is a CUDA 12.6 driver: the guard's default (servelab/service/cuda_arch.py) is that driver's.
+    assert (node_setup.FIRST_BRANCH, cuda_arch.NODE_DRIVER_CUDA) == (560, (12, 6))
+
+
+# ---- apt's lock ---------------------------------------------------------------------------------
+
+
+def hold_lock(path: Path, seconds: float) -> subprocess.Popen:
+    """A process holding `path` open and locked, as apt and unattended-upgrades hold dpkg's lock."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); fcntl.lockf(f, fcntl.LOCK_EX); "
+         "print('locked', flush=True); time.sleep(float(sys.argv[2]))", str(path), str(seconds)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+@pytest.mark.skipif(shutil.which("fuser") is None, reason="no fuser (psmisc) here; Ubuntu's node has it")
+def test_apt_waits_for_its_lock_saying_who_holds_it_then_runs(tmp_path):
+    lock = tmp_path / "lock-frontend"
+    holder = hold_lock(lock, 1.0)
+    command = node_setup.wait_for_apt_then("echo apt ran", limit_s=30, locks=(str(lock),), sudo="", poll_s=0.1)
+    done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+    holder.wait()
+    assert done.returncode == 0, done.stderr
+    assert re.match(r"apt is locked by python\S* \(unattended-upgrades .*\): waiting, \d+ s so far", done.stdout)
+    assert done.stdout.rstrip().endswith("apt ran")
+    assert "DPkg::Lock::Timeout=900" in node_setup.apt_get("install -y nvtop")
+
+
+@pytest.mark.skipif(shutil.which("fuser") is None, reason="no fuser (psmisc) here; Ubuntu's node has it")
+def test_apt_gives_up_at_its_limit_saying_what_to_do(tmp_path):
+    lock = tmp_path / "lock"
+    holder = hold_lock(lock, 30)
+    try:
+        command = node_setup.wait_for_apt_then("echo apt ran", limit_s=1, locks=(str(lock),), sudo="", poll_s=0.1)
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+    finally:
+        holder.kill()
+    assert done.returncode == 1 and "apt ran" not in done.stdout
+    assert "apt is still locked by python" in done.stderr and "then run this cell again" in done.stderr
+
+
+# ---- the lease, through python-chi ------------------------------------------------------------
+
+
+class Blazar:
+    """Blazar's lease API, in memory, as python-chi's client calls it (`blazar().lease`)."""
+
+    def __init__(self):
+        self.leases: dict[str, dict] = {}
+        self.lease = self
+
+    def create(self, name, start, end, reservations, events):
+        now = dt.datetime(2026, 11, 27, 10, 0)
+        lease_id = f"lease-{len(self.leases) + 1}"
+        self.leases[lease_id] = {
+            "id": lease_id, "name": name, "status": "ACTIVE", "user_id": "u", "project_id": "p",
+            "created_at": f"{now:%Y-%m-%d %H:%M:%S}", "start_date": f"{now:%Y-%m-%dT%H:%M:%S.%f}",
+            "end_date": f"{now + dt.timedelta(hours=3):%Y-%m-%dT%H:%M:%S.%f}",
+            "reservations": [{"id": f"{lease_id}-hosts", "resource_type": "physical:host", **r} for r in reservations],
+        }  # fmt: skip
+        return self.leases[lease_id]
+
+    def get(self, ref):
+        if ref not in self.leases:
+            raise BlazarClientException(f"lease {ref} not found", code=404)
+        return self.leases[ref]
+
+    def list(self):
+        return list(self.leases.values())
+
+
+@pytest.fixture
+def blazar(monkeypatch):
+    api = Blazar()
+    monkeypatch.setattr(chi.lease, "blazar", lambda: api)
+    monkeypatch.setattr(chi.context, "version", "1.0")  # as notebooks 1 and 2 pin it
+    return api
+
+
+def reserve(name: str) -> chi.lease.Lease:
+    """Notebook 1's lease, as it makes it."""
+    start = dt.datetime(2026, 11, 27, 10, 0, tzinfo=dt.timezone.utc)
+    made = chi.lease.Lease(name, start_date=None, end_date=start + dt.timedelta(hours=3))
+    made.add_node_reservation(amount=1, node_type="gpu_p100")
+    made.submit(wait_for_active=False)
+    return made
+
+
+def test_one_name_for_every_lease_of_a_user_breaks_python_chi_s_lookup_by_name(blazar):
+    first = reserve("serve_system_alice")
+    blazar.leases[first.id]["status"] = "TERMINATED"  # the first lease ended; the student reserves again
+    again = chi.lease.Lease("serve_system_alice", end_date=dt.datetime(2026, 11, 28, 13, 0))
+    again.add_node_reservation(amount=1, node_type="gpu_p100")
+    again.submit(wait_for_active=False, idempotent=True)  # python-chi takes the ended lease as absent
+    assert again.id != first.id and len(blazar.leases) == 2
+    with pytest.raises(Exception, match="Multiple leases found|Lease not found"):
+        chi.lease.get_lease("serve_system_alice")
+
+
+def test_each_lease_has_its_own_name_and_notebook_2_finds_it_by_the_id_notebook_1_kept(blazar, tmp_path):
+    record = tmp_path / "chameleon_lease.json"
+    assert node_setup.reusable_lease(chi.lease.get_lease, record) is None  # none made yet
+    name = node_setup.lease_name("alice", dt.datetime(2026, 11, 27, 10, 5, tzinfo=dt.timezone.utc))
+    assert name == "serve_system_alice_20261127_1005"
+    made = reserve(name)
+    node_setup.save_lease(made, record)
+    # Notebook 1 run again: the lease it made is used, not a second one.
+    assert node_setup.reusable_lease(chi.lease.get_lease, record).id == made.id and len(blazar.leases) == 1
+    # Notebook 2, in a fresh kernel: found by id, whatever other lease has that name.
+    reserve(name)
+    found = chi.lease.get_lease(node_setup.lease_id("", record))
+    assert (found.id, found.status, found.node_reservations[0]["id"]) == (made.id, "ACTIVE", f"{made.id}-hosts")
+    assert node_setup.lease_id(" lease-from-horizon ", record) == "lease-from-horizon"
+
+
+def test_an_ended_or_deleted_lease_is_not_reused_and_no_lease_at_all_says_what_to_do(blazar, tmp_path, capsys):
+    record = tmp_path / "chameleon_lease.json"
+    made = reserve("serve_system_bob_20261127_1005")
+    node_setup.save_lease(made, record)
+    blazar.leases[made.id]["status"] = "TERMINATED"
+    assert node_setup.reusable_lease(chi.lease.get_lease, record) is None
+    del blazar.leases[made.id]
+    assert node_setup.reusable_lease(chi.lease.get_lease, record) is None
+    assert "is TERMINATED: making a new one" in capsys.readouterr().out
+    with pytest.raises(NodeProblem, match="run notebook 1's 'Create the lease' cell"):
+        node_setup.lease_id("", tmp_path / "none.json")
+
+
+# ---- the student's work, off the node -----------------------------------------------------------
+
+
+class LocalConnection:
+    """fabric's Connection, on this machine: `run` is invoke's (whose Connection.run fabric's extends)."""
+
+    def run(self, command: str, **kwargs):
+        return invoke.Context().run(command, in_stream=False, **kwargs)  # pytest holds stdin
+
+    def get(self, remote: str, local: str) -> None:
+        shutil.copy(remote, local)
+
+
+def test_the_notebooks_and_results_are_copied_off_the_node(tmp_path):
+    clone = tmp_path / "node" / "serve-system"
+    (clone / "notebooks").mkdir(parents=True)
+    (clone / "notebooks" / "4_fastapi_bench.ipynb").write_text('{"cells": ["with outputs"]}')
+    (clone / "results" / "notebooks").mkdir(parents=True)
+    (clone / "results" / "notebooks" / "4_fastapi_bench.jsonl").write_text('{"name": "c=8"}\n')
+    (clone / ".lab" / "node-build").mkdir(parents=True)
+    (clone / ".lab" / "node-build" / "build.log").write_text("#7 [triton 2/5] RUN pip install torch\n")
+    (clone / "compose.yaml").write_text("not copied\n")
+    copied = node_setup.copy_off(LocalConnection(), str(clone), tmp_path / "here")
+    assert sorted(copied) == [
+        ".lab/node-build/build.log",
+        "notebooks/4_fastapi_bench.ipynb",
+        "results/notebooks/4_fastapi_bench.jsonl",
+    ]  # state.json is not there yet: left out, not an error
+    assert (tmp_path / "here" / "results/notebooks/4_fastapi_bench.jsonl").read_text() == '{"name": "c=8"}\n'
+    assert not (tmp_path / "here" / "work.tar.gz").exists() and not (tmp_path / "here" / "compose.yaml").exists()
