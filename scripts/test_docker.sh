@@ -37,7 +37,8 @@ PROJECT=servelab-check
 #     stream ran counted from Triton's log through the shared volume.
 # Not here: 4 (the same services, out of this container's sight), 6 and 8 (their container paths:
 # tests/test_compose.py), 10 (its paths there, a config applied and Triton's log read through the
-# volume, gRPC to Triton by name, are 5's and 9's), and the appendix (a crash of Triton 2.51's).
+# volume, gRPC to Triton by name, are 5's and 9's), and the appendix (it probes Triton 2.51's crash,
+# the release `make test` runs too; here Docker's restart brings Triton back, which step 6 checks).
 NOTEBOOKS=(3_fastapi.ipynb 5_triton.ipynb 7_io_vs_compute.ipynb 9_cancellation.ipynb)
 PY=.venv/bin/python
 DOCKERD_PID=.lab/docker/dockerd.pid
