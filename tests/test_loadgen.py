@@ -332,6 +332,23 @@ class CountingTarget(loadgen.Target):
         pass
 
 
+def test_a_closed_loop_says_when_its_event_loop_was_held_up_and_only_then():
+    """A closed loop has no schedule of arrivals: its loop's own timer is its schedule. Requests that
+    hold the loop (5 ms each, above) make the timer late; requests that wait, as on a server, do not."""
+    held = asyncio.run(loadgen.run_closed(BlockingTarget(), loadgen.Load(1, requests=100), progress=False))
+    assert held.schedule_lag["fell_behind"] is True and held.schedule_lag["max_ms"] >= 4
+    assert "other work held it up" in loadgen.describe_result(held)
+
+    class WaitingTarget(CountingTarget):
+        async def send(self) -> None:
+            await asyncio.sleep(0.005)
+
+    load = loadgen.Load(1, requests=100)
+    waited = kept_schedule(lambda: asyncio.run(loadgen.run_closed(WaitingTarget(), load, progress=False)))
+    assert waited.schedule_lag["p99_ms"] < held.schedule_lag["p99_ms"]
+    assert "schedule" not in loadgen.describe_result(waited)  # a closed loop speaks only when held up
+
+
 def test_a_closed_loop_sends_its_load_as_described_once_warm_up_unmeasured():
     target = CountingTarget()
     load = loadgen.Load(3, requests=20, warmup_requests=5)
