@@ -22,6 +22,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import tomllib
 import yaml
 
 from servelab.settings import Settings
@@ -32,6 +33,8 @@ CPU_OVERRIDE = REPO_ROOT / "docker" / "compose.cpu.yaml"
 # The compose-spec JSON schema, from the compose-spec repository (schema/compose-spec.json,
 # Apache License 2.0), which Compose v2 validates every file against.
 COMPOSE_SPEC_SCHEMA = REPO_ROOT / "tests" / "data" / "compose-spec.json"
+# What each part of the lab installs (tests/test_dependencies.py checks the lock against it).
+EXTRAS = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 
 SERVICES = {"fastapi_pt", "fastapi_onnx", "triton", "ray_serve", "image_host", "gourmetgram", "jupyter"}
 # Built, never run: the lab's PyTorch image, with the model files (docker/Dockerfile.torch).
@@ -225,7 +228,7 @@ def test_the_cpu_variant_installs_cpu_builds_and_asks_the_services_for_the_cpu()
         assert cpu[name]["build"]["args"]["TORCH_INDEX_URL"].endswith("/whl/cpu")
     assert variant(True, {"TORCH_INDEX_URL": ""})["services"]["torch"]["build"]["args"]["TORCH_INDEX_URL"] == ""
     for name in ("fastapi_onnx", "ray_serve", "jupyter"):
-        assert cpu[name]["build"]["args"]["ONNXRUNTIME"].startswith("onnxruntime>=")
+        assert cpu[name]["build"]["args"]["ONNXRUNTIME"] == "onnxruntime"  # at the lock's version
     for name in GPU_LIBRARY_IMAGES:
         assert not set(gpu[name]["build"].get("args", {})) & {"TORCH_INDEX_URL", "ONNXRUNTIME", "CUDNN", "CUDA_ARCH"}, (
             f"{name}: the GPU build takes its Dockerfile's defaults"
@@ -377,10 +380,12 @@ def test_the_fastapi_and_ray_images_serve_the_gpu_builds_by_default():
     for service in ("torch", "triton"):
         instructions = dockerfile_instructions(dockerfiles()[service])
         assert ("ARG", "TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126") in instructions
+        # The lock's torch and torchvision (2.14, the last release with cu126 wheels), from that index.
         assert any(
-            re.search(r'\$\{TORCH_INDEX_URL:\+--index-url "\$TORCH_INDEX_URL"\}\s+"torch<2\.15"', args)
+            re.search(r'\$\{TORCH_INDEX_URL:\+--index-url "\$TORCH_INDEX_URL"\}\s+-r /tmp/torch\.txt', args)
             for _, args in instructions
         ), service
+    assert re.search(r"^torch==2\.14\.\d+$", (REPO_ROOT / "requirements.lock").read_text(), re.M)
     for service in ("fastapi_onnx", "ray_serve", "jupyter"):
         instructions = dockerfile_instructions(dockerfiles()[service])
         assert ("ARG", 'ONNXRUNTIME="onnxruntime-gpu[cuda,cudnn]>=1.21,<1.26"') in instructions, service
@@ -399,7 +404,8 @@ def test_the_triton_image_stages_the_repository_for_its_server_and_pins_the_rele
     assert json.loads(dict(instructions)["CMD"]) == ["python3", "-m", "servelab.triton.container"]
     assert ("COPY", "docker/triton_log_copy.sh /usr/local/bin/triton_log_copy.sh") in instructions
     runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
-    assert '"tritonclient[grpc]==2.53.0"' in runs and '"numpy<2"' in runs
+    assert '"/src[triton]"' in runs  # its extra: the lab's one Triton client, numpy 1.x
+    assert {"tritonclient[grpc]==2.51.0", "numpy<2"} <= set(EXTRAS["triton"])
     # The model files of the torch image, staged by the start (servelab.triton.container).
     assert ("ENV", f"SERVELAB_ARTIFACTS_DIR={MODEL_FILES_IN_THE_TORCH_IMAGE}") in instructions
     # The whole package, not servelab/service alone: the models import servelab.triton.model_instance.
@@ -410,12 +416,19 @@ def test_the_jupyter_image_has_the_virtualenv_s_client_and_runs_as_the_clone_s_o
     instructions = dockerfile_instructions(dockerfiles()["jupyter"])
     assert instructions[0] == ("FROM", TORCH_CONTEXT)
     runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
-    # Debian 12's glibc runs the perf_analyzer of tritonclient 2.51, the virtualenv's release.
-    assert '"tritonclient[all]==2.51.0"' in runs and "libb64-0d" in runs and '"ray[serve]==2.60.0"' in runs
-    assert "tritonclient[all]==2.51.0" in (REPO_ROOT / "requirements.txt").read_text()
-    # `make test-docker` runs the notebooks here with `pytest --nbmake`, the release the virtualenv pins.
-    nbmake = re.search(r"^nbmake==\S+$", (REPO_ROOT / "requirements.txt").read_text(), re.M).group()
-    assert f'"{nbmake}"' in runs and '"pytest>=8"' in runs and '"pytest-timeout>=2.3"' in runs
+    # The virtualenv's notebook tools (its `lab` extra has this one): Debian 12's glibc runs the
+    # perf_analyzer of tritonclient 2.51; `make test-docker` runs the notebooks here with `pytest --nbmake`.
+    assert '"/src[notebooks]"' in runs and "libb64-0d" in runs
+    assert "servelab[notebooks,image-host,triton,model-files]" in EXTRAS["lab"]
+    notebooks = set(EXTRAS["notebooks"])
+    assert {
+        "tritonclient[all]==2.51.0",
+        "nbmake==1.5.5",
+        "pytest>=8",
+        "pytest-timeout>=2.3",
+        "ipywidgets>=8",
+    } <= notebooks
+    assert "servelab[service,ray-serve,gourmetgram]" in notebooks and "ray[serve]==2.60.0" in EXTRAS["ray-serve"]
     assert "pip install --no-deps -e ." in runs  # servelab, editable where the clone is mounted
     assert "useradd --create-home --uid 1000 --gid 100" in runs  # the group Triton's staged configs share
     assert [args for keyword, args in instructions if keyword == "USER"] == ["jovyan"]
