@@ -480,3 +480,45 @@ def test_the_stand_ins_are_tagged_with_the_real_names_of_every_base_the_dockerfi
         pattern = base.split(":")[0] + ":" + ("*" if "/" in base else base.split(":")[1])
         assert f"    {pattern})" in script, f"no stand-in for {base}"
     assert "docker pull" in script  # the real base first, where its registry is reachable
+
+
+# ---- a machine without a GPU ------------------------------------------------------------------
+
+
+def test_one_line_of_env_example_runs_the_cpu_variant():
+    lines = [line for line in (REPO_ROOT / ".env.example").read_text().splitlines() if line and line[0] != "#"]
+    assert lines == [f"COMPOSE_FILE=compose.yaml:{CPU_OVERRIDE.relative_to(REPO_ROOT)}"]
+    assert variant(cpu=True)["services"]["torch"]["build"]["args"]["CUDA_ARCH"] == ""  # skips the GPU check
+
+
+def fake_sysfs(root: Path, devices: dict[str, tuple[str, str]]) -> Path:
+    for address, (vendor, device_class) in devices.items():
+        folder = root / "bus" / "pci" / "devices" / address
+        folder.mkdir(parents=True)
+        (folder / "vendor").write_text(vendor + "\n")
+        (folder / "class").write_text(device_class + "\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("devices", "env", "builds"),
+    [
+        ({"0000:00:01.0": ("0x8086", "0x060000"), "0000:00:02.0": ("0x10de", "0x040300")}, {}, False),
+        ({"0000:00:01.0": ("0x8086", "0x060000"), "0000:3b:00.0": ("0x10de", "0x030200")}, {}, True),
+        ({"0000:00:01.0": ("0x8086", "0x060000")}, {"GPU_BUILD_WITHOUT_GPU": "1"}, True),
+    ],
+    ids=["no-nvidia-gpu", "a-p100", "told-to-build-anyway"],
+)
+def test_the_gpu_build_stops_first_on_a_machine_without_a_gpu_naming_the_env_line(tmp_path, devices, env, builds):
+    first_run = next(args for keyword, args in dockerfile_instructions(dockerfiles()[TORCH_IMAGE]) if keyword == "RUN")
+    assert "docker/require_gpu.sh" in first_run and 'if [ -n "$CUDA_ARCH" ]' in first_run
+    sysfs = fake_sysfs(tmp_path, devices)
+    command = ["sh", str(REPO_ROOT / "docker" / "require_gpu.sh")]
+    done = subprocess.run(
+        command, env={"PATH": os.environ["PATH"], "SYSFS": str(sysfs), **env}, capture_output=True, text=True
+    )
+    assert (done.returncode == 0) == builds, done.stderr
+    env_line = next(
+        line for line in (REPO_ROOT / ".env.example").read_text().splitlines() if line.startswith("COMPOSE_FILE=")
+    )
+    assert (env_line in done.stderr) == (not builds)
