@@ -73,6 +73,10 @@ def _lower_one_of(choices: tuple[str, ...]) -> Callable[[str, str], str]:
     return lambda variable, raw: parse(variable, raw.lower())
 
 
+def _switch(variable: str, raw: str) -> bool:
+    return _lower_one_of(("on", "off"))(variable, raw) == "on"
+
+
 def _sha256(variable: str, raw: str) -> str:
     if not re.fullmatch(r"[0-9a-fA-F]{64}", raw):
         raise SettingError(f"{variable}={raw!r}: set it to the file's SHA-256, 64 hex digits (`sha256sum FILE`).")
@@ -180,6 +184,14 @@ class Settings:
         "what the lab measured: the benchmark's reports, every notebook's runs",
         _path,
         shown="`results` in the repository",
+    )
+    progress: bool = _setting(
+        "LAB_PROGRESS",
+        True,
+        "`on`: a bar with its ETA on every load a notebook or a script runs, where someone watches (a "
+        "terminal, a notebook's kernel: servelab/progress.py); `off`: none",
+        _switch,
+        shown="`on`",
     )
     retries_file: Path | None = _setting(
         "SERVELAB_RETRIES_FILE",

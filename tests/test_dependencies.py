@@ -1,13 +1,10 @@
 """One source of dependencies: pyproject.toml declares them (an extra per part of the lab), and
-requirements.lock, uv's resolution of them, pins every version; the virtualenv and every image
-install at the lock's versions. Read as text, where no Docker engine runs: a test fails when an
-image installs a package outside the lock or a version other than its pin, except the runtime
-builds that differ by variant, each named below with why."""
+requirements.lock, uv's resolution of them, pins every version; the virtualenv installs at the
+lock's versions (the images too: tests/test_docker_files.py reads their pip installs)."""
 
 from __future__ import annotations
 
 import re
-import shlex
 import subprocess
 from importlib import metadata
 
@@ -18,33 +15,12 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from servelab import paths
-from tests.test_docker_files import dockerfile_instructions, dockerfiles, variant
+from tests.helpers import lock_pins
 
 ROOT = paths.REPO_ROOT
 LOCK = ROOT / "requirements.lock"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 EXTRAS = PYPROJECT["project"]["optional-dependencies"]
-# Where an image installs outside the lock, and why (its Dockerfile says so too).
-GPU_ONLY = {
-    "onnxruntime-gpu": "ONNX Runtime's GPU build: the lock is made on a machine without a GPU",
-    "nvidia-cudnn-cu12": "cuDNN 9.10.2, the last with Pascal code, pinned by the Dockerfiles' CUDNN",
-}
-# The PyTorch step: the lock's torch and torchvision, from the variant's index (cu126, cpu), whose
-# builds and dependencies differ from the registry's; numpy 1.x until the image's locked step.
-TORCH_STEP = re.compile(r"grep -E '\^\(torch\|torchvision\)==' /src/requirements\.lock > /tmp/torch\.txt")
-TORCH_STEP_ARGS = {"${TORCH_INDEX_URL:+--index-url", "$TORCH_INDEX_URL}", "-r", "/tmp/torch.txt", "numpy<2"}
-VARIANT_ARGS = {"${ONNXRUNTIME}", "${CUDNN:+$CUDNN}"}  # as the shell sees them, quotes removed
-# The one line of the lock an image may leave out: a CUDA build of PyTorch pins its own CUDA runtime.
-LEFT_OUT = "grep -v '^nvidia-cuda-runtime-cu12==' /src/requirements.lock > /tmp/constraints.txt"
-
-
-def locked() -> dict[str, Version]:
-    pins = {}
-    for line in LOCK.read_text().splitlines():
-        if line and not line.startswith((" ", "#")):
-            name, _, version = line.partition("==")
-            pins[canonicalize_name(name)] = Version(version)
-    return pins
 
 
 def requirements(extra: str) -> list[Requirement]:
@@ -58,25 +34,6 @@ def requirements(extra: str) -> list[Requirement]:
         else:
             found.append(requirement)
     return found
-
-
-def pip_installs(text: str) -> list[list[str]]:
-    """The arguments of each `pip install` in a RUN's shell text, up to the end of its command."""
-    commands = re.split(r"&&|;|\bthen\b|\belse\b", text)
-    return [
-        shlex.split(command.split(" install", 1)[1]) for command in commands if re.search(r"\bpip3? install\b", command)
-    ]
-
-
-def packages_named(arguments: list[str]) -> list[str]:
-    """What a pip install names to install: its arguments less the options and their values."""
-    named, skip = [], False
-    for arg in arguments:
-        if skip or arg.startswith("-"):
-            skip = arg in ("-c", "-r", "--index-url")
-            continue
-        named.append(arg)
-    return named
 
 
 # ---- the lock --------------------------------------------------------------------------------
@@ -94,7 +51,7 @@ def test_the_lock_is_uv_s_resolution_and_pins_every_package_once():
 
 @pytest.mark.parametrize("extra", sorted(EXTRAS))
 def test_the_lock_pins_every_requirement_of_each_extra_at_a_version_it_allows(extra):
-    pins = locked()
+    pins = lock_pins()
     for requirement in requirements(extra):
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{extra}: {requirement} is not in requirements.lock: run `make lock`"
@@ -104,14 +61,14 @@ def test_the_lock_pins_every_requirement_of_each_extra_at_a_version_it_allows(ex
 
 
 def test_the_pins_the_lab_depends_on_are_the_checked_releases():
-    pins = locked()
+    pins = lock_pins()
     # perf_analyzer runs only from tritonclient 2.51.0's wheel here; nvidia-pytriton 0.7.0 is Triton 2.51.0.
     assert pins["tritonclient"] == Version("2.51.0") and pins["nvidia-pytriton"] == Version("0.7.0")
     assert pins["numpy"].major == 1 and pins["protobuf"].major == 4
 
 
 def test_the_virtualenv_has_the_lock_s_versions():
-    pins, drifted = locked(), []
+    pins, drifted = lock_pins(), []
     for name, version in pins.items():
         try:
             installed = Version(metadata.version(name))
@@ -138,52 +95,4 @@ def test_the_virtualenv_and_the_gpu_check_s_wheels_install_at_the_lock_s_version
     wheels = (ROOT / "scripts" / "gpu_check_wheels.sh").read_text()
     assert "-c requirements.lock" in wheels
     listed = re.search(r"WHEELS=\(\n(.*?)\n\)", wheels, re.S).group(1).split()
-    assert listed and all(canonicalize_name(name) in locked() for name in listed), "names only: the lock pins"
-
-
-@pytest.mark.parametrize("image", sorted(dockerfiles()))
-def test_every_pip_install_of_an_image_is_at_the_lock_s_versions_or_a_named_variant_build(image):
-    extras_seen = []
-    for keyword, args in dockerfile_instructions(dockerfiles()[image]):
-        if keyword != "RUN":
-            continue
-        for arguments in pip_installs(args):
-            if "--no-deps" in arguments:  # the lab's own package, after its dependencies
-                assert packages_named(arguments) in (["/src"], ["."]), arguments
-            elif "-r" in arguments:
-                assert TORCH_STEP.search(args), f"{image}: -r of anything but the lock's torch lines"
-                assert set(arguments) <= TORCH_STEP_ARGS | VARIANT_ARGS, arguments
-            else:
-                constraint = arguments[arguments.index("-c") + 1] if "-c" in arguments else None
-                assert constraint == "/src/requirements.lock" or (
-                    constraint == "/tmp/constraints.txt" and LEFT_OUT in args
-                ), f"{image}: `pip install {' '.join(arguments)}` is not constrained by the lock"
-                for package in packages_named(arguments):
-                    if package in VARIANT_ARGS:
-                        continue  # checked below, in each variant
-                    extras = re.fullmatch(r"/src\[([a-z,-]+)\]", package)
-                    assert extras, f"{image}: installs {package}, not an extra of pyproject.toml"
-                    assert set(extras.group(1).split(",")) <= set(EXTRAS), package
-                    extras_seen.append(package)
-    assert image == "torch" or extras_seen, f"{image}: installs nothing from pyproject.toml"
-
-
-@pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "cpu"])
-def test_the_runtimes_each_variant_picks_are_the_lock_s_or_a_gpu_build_named_with_why(cpu):
-    pins = locked()
-    for name, service in variant(cpu)["services"].items():
-        defaults = dict(
-            value.split("=", 1)
-            for keyword, value in dockerfile_instructions(dockerfiles()[name])
-            if keyword == "ARG" and "=" in value
-        )
-        args = {**{key: value.strip('"') for key, value in defaults.items()}, **service["build"].get("args", {})}
-        for arg in ("ONNXRUNTIME", "CUDNN"):
-            if not args.get(arg):
-                continue
-            requirement = Requirement(args[arg])
-            package = canonicalize_name(requirement.name)
-            if cpu:
-                assert package in pins and not requirement.specifier, f"{name}: {arg}={args[arg]}: the lock pins it"
-            else:
-                assert package in GPU_ONLY or package in pins, f"{name}: {arg}={args[arg]}"
+    assert listed and all(canonicalize_name(name) in lock_pins() for name in listed), "names only: the lock pins"

@@ -24,8 +24,11 @@ import jsonschema
 import pytest
 import tomllib
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from servelab.settings import Settings
+from tests.helpers import lock_pins
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = REPO_ROOT / "compose.yaml"
@@ -522,3 +525,87 @@ def test_the_gpu_build_stops_first_on_a_machine_without_a_gpu_naming_the_env_lin
         line for line in (REPO_ROOT / ".env.example").read_text().splitlines() if line.startswith("COMPOSE_FILE=")
     )
     assert (env_line in done.stderr) == (not builds)
+
+
+# ---- what each image installs: the lock's versions ------------------------------------------
+
+
+# Where an image installs outside the lock, and why (its Dockerfile says so too).
+GPU_ONLY = {
+    "onnxruntime-gpu": "ONNX Runtime's GPU build: the lock is made on a machine without a GPU",
+    "nvidia-cudnn-cu12": "cuDNN 9.10.2, the last with Pascal code, pinned by the Dockerfiles' CUDNN",
+}
+# The PyTorch step: the lock's torch and torchvision, from the variant's index (cu126, cpu), whose
+# builds and dependencies differ from the registry's; numpy 1.x until the image's locked step.
+TORCH_STEP = re.compile(r"grep -E '\^\(torch\|torchvision\)==' /src/requirements\.lock > /tmp/torch\.txt")
+TORCH_STEP_ARGS = {"${TORCH_INDEX_URL:+--index-url", "$TORCH_INDEX_URL}", "-r", "/tmp/torch.txt", "numpy<2"}
+VARIANT_ARGS = {"${ONNXRUNTIME}", "${CUDNN:+$CUDNN}"}  # as the shell sees them, quotes removed
+# The one line of the lock an image may leave out: a CUDA build of PyTorch pins its own CUDA runtime.
+LEFT_OUT = "grep -v '^nvidia-cuda-runtime-cu12==' /src/requirements.lock > /tmp/constraints.txt"
+
+
+def pip_installs(text: str) -> list[list[str]]:
+    """The arguments of each `pip install` in a RUN's shell text, up to the end of its command."""
+    commands = re.split(r"&&|;|\bthen\b|\belse\b", text)
+    return [
+        shlex.split(command.split(" install", 1)[1]) for command in commands if re.search(r"\bpip3? install\b", command)
+    ]
+
+
+def packages_named(arguments: list[str]) -> list[str]:
+    """What a pip install names to install: its arguments less the options and their values."""
+    named, skip = [], False
+    for arg in arguments:
+        if skip or arg.startswith("-"):
+            skip = arg in ("-c", "-r", "--index-url")
+            continue
+        named.append(arg)
+    return named
+
+
+@pytest.mark.parametrize("image", sorted(dockerfiles()))
+def test_every_pip_install_of_an_image_is_at_the_lock_s_versions_or_a_named_variant_build(image):
+    extras_seen = []
+    for keyword, args in dockerfile_instructions(dockerfiles()[image]):
+        if keyword != "RUN":
+            continue
+        for arguments in pip_installs(args):
+            if "--no-deps" in arguments:  # the lab's own package, after its dependencies
+                assert packages_named(arguments) in (["/src"], ["."]), arguments
+            elif "-r" in arguments:
+                assert TORCH_STEP.search(args), f"{image}: -r of anything but the lock's torch lines"
+                assert set(arguments) <= TORCH_STEP_ARGS | VARIANT_ARGS, arguments
+            else:
+                constraint = arguments[arguments.index("-c") + 1] if "-c" in arguments else None
+                assert constraint == "/src/requirements.lock" or (
+                    constraint == "/tmp/constraints.txt" and LEFT_OUT in args
+                ), f"{image}: `pip install {' '.join(arguments)}` is not constrained by the lock"
+                for package in packages_named(arguments):
+                    if package in VARIANT_ARGS:
+                        continue  # checked below, in each variant
+                    extras = re.fullmatch(r"/src\[([a-z,-]+)\]", package)
+                    assert extras, f"{image}: installs {package}, not an extra of pyproject.toml"
+                    assert set(extras.group(1).split(",")) <= set(EXTRAS), package
+                    extras_seen.append(package)
+    assert image == "torch" or extras_seen, f"{image}: installs nothing from pyproject.toml"
+
+
+@pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "cpu"])
+def test_the_runtimes_each_variant_picks_are_the_lock_s_or_a_gpu_build_named_with_why(cpu):
+    pins = lock_pins()
+    for name, service in variant(cpu)["services"].items():
+        defaults = dict(
+            value.split("=", 1)
+            for keyword, value in dockerfile_instructions(dockerfiles()[name])
+            if keyword == "ARG" and "=" in value
+        )
+        args = {**{key: value.strip('"') for key, value in defaults.items()}, **service["build"].get("args", {})}
+        for arg in ("ONNXRUNTIME", "CUDNN"):
+            if not args.get(arg):
+                continue
+            requirement = Requirement(args[arg])
+            package = canonicalize_name(requirement.name)
+            if cpu:
+                assert package in pins and not requirement.specifier, f"{name}: {arg}={args[arg]}: the lock pins it"
+            else:
+                assert package in GPU_ONLY or package in pins, f"{name}: {arg}={args[arg]}"
