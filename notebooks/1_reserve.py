@@ -183,3 +183,5 @@ if chameleon_only("look the lease up by name and show it"):
 # delete the lease in Horizon (Reservations > Leases, **Delete Lease**), or call `delete()` on the
 # lease that `lease.get_lease(LEASE_NAME)` returns. Deleting the lease deletes the server on it,
 # and everything stored there.
+#
+# Next: `2_bring_up_node.ipynb`.

@@ -46,6 +46,7 @@ from chi import context, lease, server
 if (Path.cwd().parent / "servelab").is_dir():
     sys.path.insert(0, str(Path.cwd().parent))
 from servelab.environment import chameleon_only, current_services
+from servelab.settings import repository_url
 
 if os.environ.get("JUPYTERHUB_API_URL"):
     os.environ.setdefault("LAB_SERVICES", "chameleon")
@@ -62,9 +63,9 @@ if chameleon_only("choose the Chameleon project and site"):
 # ## Settings
 #
 # - `LEASE_NAME`: the name you gave the lease in notebook 1. The server is named after you too.
-# - `REPO_URL`: the repository the node clones. By default, this notebook's (its `origin`, as an
-#   `https://` address: the node has no key to clone over SSH). Set it for a fork, or if the cell
-#   finds none.
+# - `REPO_URL`: the repository the node clones. By default `SERVELAB_REPO_URL`, else this notebook's
+#   `origin` as an `https://` address (the node has no key for SSH). A copy without git (Trovi) stops
+#   here, saying where to set it.
 # - `REPO_COMMIT`: the commit the node checks out. By default, this notebook's, so that the node
 #   runs the lab you are reading; `""` takes the remote's default branch.
 
@@ -75,10 +76,9 @@ NODE_NAME = f"node-serve-system-{USERNAME}"
 NODE_IMAGE = "CC-Ubuntu24.04-CUDA"
 REPO_DIR = "serve-system"  # the clone's folder on the node, in the home directory of user cc
 
-REPO_URL = ""
-if not REPO_URL:
-    origin = subprocess.run(["git", "remote", "get-url", "origin"], capture_output=True, text=True)
-    REPO_URL = re.sub(r"^git@([^:]+):", r"https://\1/", origin.stdout.strip())
+REPO_URL = ""  # a fork's https:// address; empty: SERVELAB_REPO_URL, else this clone's origin
+if not REPO_URL and chameleon_only("find the repository the node clones"):
+    REPO_URL = repository_url()
 
 REPO_COMMIT = ""
 if not REPO_COMMIT:
@@ -90,7 +90,7 @@ if not REPO_COMMIT:
 
 print(f"Lease: {LEASE_NAME}")
 print(f"Server: {NODE_NAME}, image {NODE_IMAGE}")
-print(f"Repository: {REPO_URL or '(none found: set REPO_URL above)'} -> ~/{REPO_DIR} on the node")
+print(f"Repository: {REPO_URL or '(read on Chameleon)'} -> ~/{REPO_DIR} on the node")
 print(f"Commit: {REPO_COMMIT or 'the default branch'}")
 
 # %% [markdown]
@@ -159,8 +159,6 @@ if chameleon_only("attach a floating IP and wait for SSH"):
 
 # %%
 if chameleon_only("clone the repository on the node"):
-    if not REPO_URL:
-        raise ValueError("REPO_URL is empty: set it in the Settings cell to the repository's https:// address.")
     node.execute(f"test -d {REPO_DIR} || git clone {shlex.quote(REPO_URL)} {REPO_DIR}")
     if REPO_COMMIT:
         missing = (

@@ -340,8 +340,8 @@ plt.show()
 # **Hand in:** the results table and the plots, with your predictions beside the verdicts.
 
 # %% [markdown]
-# In Docker, the project keeps running; when done with the lab, run `docker compose down` on the
-# Docker host. Locally, the next cell stops this notebook's services.
+# In Docker, the project keeps running; when done, run `docker compose down` on the Docker host.
+# Locally, the next cell stops this notebook's services. Next: `7_io_vs_compute.ipynb`.
 
 # %%
 lab.stop()

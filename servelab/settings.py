@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import os
 import re
+import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,6 +234,13 @@ class Settings:
         "(or the SHA-256 above)",
         _git_blob,
     )
+    repo_url: str | None = _setting(
+        "SERVELAB_REPO_URL",
+        None,
+        "the repository the GPU node clones (notebook 2), an https:// address: a fork's, or the lab's where this "
+        "copy has no git history (a Trovi artifact, a download), which `repository_url()` stops on, saying so",
+        shown="this clone's `origin`",
+    )
     inference_device: str = _setting(
         "INFERENCE_DEVICE",
         "auto",
@@ -301,6 +309,27 @@ class Settings:
                 "the Compose project (compose.yaml), which sets it: open them there."
             )
         return str(value)
+
+
+def repository_url(root: Path | None = None) -> str:
+    """The repository the GPU node clones: SERVELAB_REPO_URL, else the `origin` of the clone at
+    `root` (this one), as an https:// address (the node has no key to clone over SSH). A
+    SettingError, saying where to set it, where neither is found (a copy without git: a Trovi
+    artifact, a download): never an empty URL."""
+    if chosen := settings().repo_url:
+        return chosen
+    root = root or Path(__file__).resolve().parent.parent
+    origin = ""
+    if (root / ".git").exists():  # a folder in a clone, a file in a worktree
+        found = subprocess.run(["git", "remote", "get-url", "origin"], cwd=root, capture_output=True, text=True)
+        origin = found.stdout.strip()
+    if not origin:
+        raise SettingError(
+            f"No repository URL: {root} has no git remote `origin` to read it from (a Trovi artifact or a "
+            "download has no git history). Set SERVELAB_REPO_URL to the lab's https:// address: in notebook 2's "
+            "Settings cell (REPO_URL = ...), or in the environment of the Jupyter server."
+        )
+    return re.sub(r"^git@([^:]+):", r"https://\1/", origin)
 
 
 def variable_of(name: str) -> str:
