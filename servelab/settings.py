@@ -8,9 +8,9 @@ choosing LAB_SERVICES, the root conftest.py) does so before anything asks for th
 process started later inherits what it sets.
 
 A value the lab cannot use is an error that names the variable and says what it takes, raised
-where the settings are first read. Unset, or empty, means the default. README's table of the
+where the settings are first read. Unset, or empty, means the default. docs/settings.md's table of the
 variables is generated from this class: `python -m servelab.settings --markdown` prints it, and
-`python scripts/build_readme_settings.py` writes it into README.md.
+`python scripts/build_settings_doc.py` writes it into docs/settings.md.
 
 Standard library only: notebooks 0-2 read LAB_SERVICES on Chameleon's own Jupyter server, where
 none of the lab's other packages are installed.
@@ -123,7 +123,7 @@ def checkpoint_problem(checkpoint: str | None, sha256: str | None, git_blob: str
 
 def _setting(variable: str, default: Any, meaning: str, parse: Callable[[str, str], Any] = _text, shown: str = ""):
     """A field of Settings: the variable it is read from, what it means, and how its text is read;
-    `shown` is the default as README says it, where the value alone would not say it."""
+    `shown` is the default as docs/settings.md says it, where the value alone would not say it."""
     metadata = {"variable": variable, "meaning": meaning, "parse": parse, "shown": shown}
     return field(default=default, metadata=metadata)
 
@@ -344,7 +344,7 @@ def settings() -> Settings:
 
 
 def markdown_table() -> str:
-    """README's table of the variables, one row per field of Settings."""
+    """docs/settings.md's table of the variables, one row per field of Settings."""
     rows = ["| Variable | Default | Meaning | `settings()` field |", "|---|---|---|---|"]
     for setting in dataclasses.fields(Settings):
         default = setting.metadata["shown"] or ("unset" if setting.default is None else f"`{setting.default}`")
@@ -355,7 +355,7 @@ def markdown_table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m servelab.settings", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--markdown", action="store_true", help="print README's table of the variables")
+    parser.add_argument("--markdown", action="store_true", help="print docs/settings.md's table of the variables")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown_table(), end="")

@@ -1,5 +1,5 @@
 """The tooling's settings (servelab.settings): each variable read once, in one place, with a bad
-value refused by name, and README's table of the variables generated from the same class."""
+value refused by name, and docs/settings.md's table of the variables generated from the same class."""
 
 from __future__ import annotations
 
@@ -205,21 +205,21 @@ def test_no_other_module_of_the_tooling_reads_a_variable_of_the_lab():
     ]
 
 
-def test_readme_lists_every_variable_as_the_settings_class_does():
-    readme = (paths.REPO_ROOT / "README.md").read_text()
-    start, end = "<!-- settings table: python scripts/build_readme_settings.py -->\n", "<!-- end of settings table -->"
-    assert start in readme and end in readme, "README has lost the markers of its settings table"
+def test_the_settings_page_lists_every_variable_as_the_settings_class_does():
+    readme = (paths.REPO_ROOT / "docs" / "settings.md").read_text()
+    start, end = "<!-- settings table: python scripts/build_settings_doc.py -->\n", "<!-- end of settings table -->"
+    assert start in readme and end in readme, "docs/settings.md has lost the markers of its settings table"
     table = readme.split(start, 1)[1].split(end, 1)[0]
-    assert table == markdown_table(), "README's settings table is stale: run `python scripts/build_readme_settings.py`"
+    assert table == markdown_table(), "docs/settings.md's settings table is stale: run `python scripts/build_settings_doc.py`"
 
 
-def test_readme_lists_every_service_variable_as_the_services_settings_module_does():
-    build = runpy.run_path(str(paths.REPO_ROOT / "scripts" / "build_readme_settings.py"))
-    readme = (paths.REPO_ROOT / "README.md").read_text()
+def test_the_settings_page_lists_every_service_variable_as_the_services_settings_module_does():
+    build = runpy.run_path(str(paths.REPO_ROOT / "scripts" / "build_settings_doc.py"))
+    readme = (paths.REPO_ROOT / "docs" / "settings.md").read_text()
     start, end = build["SERVICES"]
-    assert start in readme and end in readme, "README has lost the markers of its service settings table"
+    assert start in readme and end in readme, "docs/settings.md has lost the markers of its service settings table"
     table = readme.split(start, 1)[1].split(end, 1)[0]
-    assert table == build["service_table"](), "README's service settings table is stale: run the script"
+    assert table == build["service_table"](), "docs/settings.md's service settings table is stale: run the script"
     assert "PREDICT_CONCURRENCY" in table and "ABANDON_ON_DISCONNECT" in table
 
 
