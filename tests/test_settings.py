@@ -210,7 +210,7 @@ def test_the_settings_page_lists_every_variable_as_the_settings_class_does():
     start, end = "<!-- settings table: python scripts/build_settings_doc.py -->\n", "<!-- end of settings table -->"
     assert start in readme and end in readme, "docs/settings.md has lost the markers of its settings table"
     table = readme.split(start, 1)[1].split(end, 1)[0]
-    assert table == markdown_table(), "docs/settings.md's settings table is stale: run `python scripts/build_settings_doc.py`"
+    assert table == markdown_table(), "the settings table is stale: run `python scripts/build_settings_doc.py`"
 
 
 def test_the_settings_page_lists_every_service_variable_as_the_services_settings_module_does():
