@@ -45,10 +45,12 @@ format: setup  ## fix what ruff can (lint and format; seconds); `make test` chec
 setup:  ## virtualenv at requirements.lock's versions, and the system libraries perf_analyzer and Triton need (a few minutes the first time; a second when nothing changed)
 	@bash scripts/bootstrap.sh
 
-# uv's resolver (pyproject.toml's `dev` extra installs it) for the virtualenv's Python and platform,
-# keeping each pin of the lock that pyproject.toml still allows (LOCK_ARGS=--upgrade: the newest).
+# uv's resolver (pyproject.toml's `dev` extra installs it) for this platform and Python 3.11.2, Debian
+# 12's, the oldest 3.11 the lab meets (a Debian 12 virtualenv, the Docker stand-ins' base): a release
+# that needs a newer 3.11 would not install there. It keeps each pin of the lock that pyproject.toml
+# still allows (LOCK_ARGS=--upgrade: the newest).
 lock: setup  ## requirements.lock from pyproject.toml: every version the lab installs, pinned (seconds)
-	.venv/bin/uv pip compile pyproject.toml --all-extras --python $(PY) --system-certs --quiet \
+	.venv/bin/uv pip compile pyproject.toml --all-extras --python-version 3.11.2 --system-certs --quiet \
 		--custom-compile-command "make lock" -o requirements.lock $(LOCK_ARGS)
 
 artifacts: setup  ## the model files (food11.pth, food11.onnx), placed where each service and Triton model loads them (about a minute; seconds once built)
