@@ -4,37 +4,37 @@ PY := .venv/bin/python
 # Passed through to `servelab artifacts` to serve a trained checkpoint instead of untrained weights.
 export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256 FOOD11_CHECKPOINT_GIT_BLOB
 
-.PHONY: up test test-fast test-notebook test-docker docker-build test-gpu bench bench-quick notebooks format setup artifacts clean
+.PHONY: up test test-fast test-notebook test-docker docker-build test-gpu bench bench-quick notebooks format setup lock artifacts clean help
 
-up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve and GourmetGram on 127.0.0.1; Ctrl-C stops all
+up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve and GourmetGram on 127.0.0.1 (ready in about 35 s once set up); Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
 
 # When make began: `make test` ends with its whole time, the virtualenv and the artifacts included
 # (pytest's own summary above it gives its wall time and its five slowest items).
 MAKE_STARTED := $(shell date +%s)
 
-test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook (nbmake)
+test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook (nbmake): about 25 minutes on 2 cores
 	@$(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
 	echo "make test: $$(( $$(date +%s) - $(MAKE_STARTED) )) s in all, set-up included (exit $$status)"; exit $$status
 
 test-fast: artifacts  ## the day-to-day lane: unit tests and lint, no server started (under 2 minutes)
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-test-notebook: artifacts  ## one notebook against the lab, as `make test` runs it (nbmake): make test-notebook NOTEBOOK=8_concurrency_target
+test-notebook: artifacts  ## one notebook against the lab, as `make test` runs it (nbmake; 10 s to about 4 minutes): make test-notebook NOTEBOOK=8_concurrency_target
 	@test -f "notebooks/$(NOTEBOOK).ipynb" || { echo "NOTEBOOK=$(NOTEBOOK) is not one of: $(basename $(notdir $(wildcard notebooks/[0-9]*.ipynb notebooks/appendix_*.ipynb)))" >&2; exit 2; }
 	$(PY) -m pytest "notebooks/$(NOTEBOOK).ipynb" $(PYTEST_ARGS)
 
-test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3, 5, 7, 9 and tests/test_compose.py in its Jupyter, tear down
+test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3, 5, 7, 9 and tests/test_compose.py in its Jupyter, tear down (about 14 minutes; a first build adds 5-20)
 	bash scripts/test_docker.sh
 
-docker-build: setup  ## only the Docker engine and the Compose project's images (CPU variant), as test-docker builds them
+docker-build: setup  ## only the Docker engine and the Compose project's images (CPU variant), as test-docker builds them (5-20 minutes the first time, a minute after)
 	bash scripts/test_docker.sh --build-only
 
 # The GPU check runs with the Python that has torch: the lab's virtualenv where there is one, else the
 # machine's own (a bare GPU machine: servelab/bench/gpu_check/__init__.py says what to bring). It creates nothing.
 PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 
-test-gpu:  ## the GPU check (about 4 minutes): services and Triton on the GPU, their verdicts, speed and GPU memory; exit 2 without a GPU
+test-gpu:  ## the GPU check (about 5 minutes): services and Triton on the GPU, their verdicts, speed and GPU memory; exit 2 without a GPU
 	$(PYTHON) -m servelab.bench.gpu_check $(if $(TRITON_SERVER_BIN),--tritonserver $(TRITON_SERVER_BIN)) $(GPU_CHECK_ARGS)
 
 bench: artifacts  ## the headline benchmark (about 30 minutes); report in results/bench-<time>-full/
@@ -43,19 +43,30 @@ bench: artifacts  ## the headline benchmark (about 30 minutes); report in result
 bench-quick: artifacts  ## the same steps, briefly (about 7 minutes): proves the pipeline, not the speed
 	$(PY) -m servelab bench --profile quick
 
-notebooks: setup  ## regenerate notebooks/*.ipynb from their sources (notebooks/*.py)
+notebooks: setup  ## regenerate notebooks/*.ipynb from their sources (notebooks/*.py; seconds)
 	$(PY) scripts/build_notebooks.py
 
-format: setup  ## fix what ruff can (lint and format); `make test` checks that nothing is left
+format: setup  ## fix what ruff can (lint and format; seconds); `make test` checks that nothing is left
 	.venv/bin/ruff check --fix .
 	.venv/bin/ruff format .
 
-setup:  ## virtualenv, Python packages and the system libraries perf_analyzer and Triton need
+setup:  ## virtualenv at requirements.lock's versions, and the system libraries perf_analyzer and Triton need (a few minutes the first time; a second when nothing changed)
 	@bash scripts/bootstrap.sh
 
-artifacts: setup  ## the model files (food11.pth, food11.onnx), placed where each service and Triton model loads them
+# uv's resolver (pyproject.toml's `dev` extra installs it) for this platform and Python 3.11.2, Debian
+# 12's, the oldest 3.11 the lab meets (a Debian 12 virtualenv, the Docker stand-ins' base): a release
+# that needs a newer 3.11 would not install there. It keeps each pin of the lock that pyproject.toml
+# still allows (LOCK_ARGS=--upgrade: the newest).
+lock: setup  ## requirements.lock from pyproject.toml: every version the lab installs, pinned (seconds)
+	.venv/bin/uv pip compile pyproject.toml --all-extras --python-version 3.11.2 --system-certs --quiet \
+		--custom-compile-command "make lock" -o requirements.lock $(LOCK_ARGS)
+
+artifacts: setup  ## the model files (food11.pth, food11.onnx), placed where each service and Triton model loads them (about a minute; seconds once built)
 	$(PY) -m servelab artifacts
 
-clean:  ## remove generated files (artifacts, staged Triton repository, logs); keeps .venv
+clean:  ## remove generated files (artifacts, staged Triton repository, logs; seconds); keeps .venv
 	rm -rf .lab
 	git clean -fX -- fastapi_pt fastapi_onnx gourmetgram models_staging
+
+help:  ## this list: each target, what it does and how long it takes
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z-]+:[^#]*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)

@@ -134,7 +134,7 @@
 # `LAB_SERVICES` yourself.
 #
 # Run the cell: it prints where the services are, and, when they are local, what this machine has
-# to work with.
+# to work with. Next: `1_reserve.ipynb` on Chameleon, or `3_fastapi.ipynb` anywhere else.
 
 # %%
 import os

@@ -304,4 +304,4 @@ lab.verdicts()
 #    does a client do when it meets each bound's error?
 #
 # **Hand in:** the throughput and batch-size plot, the results table and the verdicts, with your
-# predictions beside them.
+# predictions beside them. Next, optional: `appendix_triton_crash.ipynb`.

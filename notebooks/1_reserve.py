@@ -193,3 +193,5 @@ if chameleon_only("look the lease up by its id and show it"):
 # delete the lease in Horizon (Reservations > Leases, **Delete Lease**), or call `delete()` on the
 # lease that `lease.get_lease(node_setup.lease_id())` returns. Deleting the lease deletes the
 # server on it, and everything stored there: copy your work off first (notebook 2's last cell).
+#
+# Next: `2_bring_up_node.ipynb`.

@@ -44,6 +44,7 @@ if (Path.cwd().parent / "servelab").is_dir():
     sys.path.insert(0, str(Path.cwd().parent))
 from servelab import node_build, node_setup
 from servelab.environment import chameleon_only, current_services
+from servelab.settings import repository_url
 
 if os.environ.get("JUPYTERHUB_API_URL"):
     os.environ.setdefault("LAB_SERVICES", "chameleon")
@@ -61,8 +62,9 @@ if chameleon_only("choose the Chameleon project and site"):
 #
 # - `LEASE_ID`: empty for the lease notebook 1 made (it kept its id in this clone); for a lease
 #   made in Horizon, its ID, from its page there.
-# - `REPO_URL`: the repository the node clones. By default, this notebook's (its `origin`, as an
-#   `https://` address). Set it for a fork, or if the cell finds none.
+# - `REPO_URL`: the repository the node clones. By default `SERVELAB_REPO_URL`, else this notebook's
+#   `origin` as an `https://` address (the node has no key for SSH). A copy without git (Trovi) stops
+#   here, saying where to set it.
 # - `REPO_COMMIT`: the commit the node checks out. By default, this notebook's; `""` takes the
 #   remote's default branch.
 # - `IMAGE_PREFIX`: empty, and the node builds the lab's images; where your course has pushed them
@@ -76,10 +78,9 @@ NODE_NAME = f"node-serve-system-{USERNAME}"
 NODE_IMAGE = "CC-Ubuntu24.04-CUDA"
 REPO_DIR = "serve-system"  # the clone's folder on the node, in the home directory of user cc
 
-REPO_URL = ""
-if not REPO_URL:
-    origin = subprocess.run(["git", "remote", "get-url", "origin"], capture_output=True, text=True)
-    REPO_URL = re.sub(r"^git@([^:]+):", r"https://\1/", origin.stdout.strip())
+REPO_URL = ""  # a fork's https:// address; empty: SERVELAB_REPO_URL, else this clone's origin
+if not REPO_URL and chameleon_only("find the repository the node clones"):
+    REPO_URL = repository_url()
 
 REPO_COMMIT = ""
 if not REPO_COMMIT:
@@ -91,7 +92,7 @@ if not REPO_COMMIT:
 
 print(f"Lease: {LEASE_ID or 'the one notebook 1 made'}")
 print(f"Server: {NODE_NAME}, image {NODE_IMAGE}")
-print(f"Repository: {REPO_URL or '(none found: set REPO_URL above)'} -> ~/{REPO_DIR} on the node")
+print(f"Repository: {REPO_URL or '(read on Chameleon)'} -> ~/{REPO_DIR} on the node")
 print(f"Commit: {REPO_COMMIT or 'the default branch'}")
 
 # %% [markdown]
@@ -168,8 +169,6 @@ if chameleon_only("check the node's GPUs and driver"):
 
 # %%
 if chameleon_only("clone the repository on the node"):
-    if not REPO_URL:
-        raise ValueError("REPO_URL is empty: set it in the Settings cell to the repository's https:// address.")
     node.execute(f"test -d {REPO_DIR} || git clone {shlex.quote(REPO_URL)} {REPO_DIR}")
     if REPO_COMMIT:
         missing = (

@@ -304,6 +304,7 @@ plots.plot_latency_cdf(lab.results, log_x=True, title="FastAPI: latency per requ
 # predictions beside the verdicts.
 #
 # In Docker, leave the project running. Locally, the next cell stops this notebook's services.
+# Next: `5_triton.ipynb`.
 
 # %%
 lab.stop()

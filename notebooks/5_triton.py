@@ -218,9 +218,9 @@ lab.upload_to_ui(ui_url, "soup.jpg", lab.sample_image())
 #
 # ## Wrapping up
 #
-# In Docker, Triton stays up for notebook 6, which measures queueing, more instances, the ONNX
-# Runtime backend, bursty arrivals and dynamic batching. Locally, the next cell stops this
-# notebook's services to free the CPU (in Docker it does nothing).
+# In Docker, Triton stays up for the next, `6_triton_bench.ipynb`, which measures queueing, more
+# instances, the ONNX Runtime backend, bursty arrivals and dynamic batching. Locally, the next cell
+# stops this notebook's services to free the CPU (in Docker it does nothing).
 
 # %%
 lab.stop()

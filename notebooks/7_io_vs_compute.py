@@ -232,7 +232,7 @@ lab.verdicts();
 
 # %% [markdown]
 # Locally, the next cell stops the services this notebook started (in Docker it does nothing: the
-# containers keep running until you bring them down).
+# containers keep running until you bring them down). Next: `8_concurrency_target.ipynb`.
 
 # %%
 lab.stop()

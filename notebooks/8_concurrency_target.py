@@ -356,7 +356,8 @@ lab.verdicts()
 # verdicts, with your predictions beside them.
 
 # %% [markdown]
-# The next cell deploys the shipped config again and, locally, stops what this notebook started.
+# The next cell redeploys the shipped config and, locally, stops what this notebook started.
+# Next: `9_cancellation.ipynb`.
 
 # %%
 serve.restore()

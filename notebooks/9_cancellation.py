@@ -236,4 +236,4 @@ lab.verdicts()
 # 3. Why does a stream stopped midway still cost a step or so, and what would finer steps change?
 #
 # **Hand in:** the streams table and plot, the goodput and waste plot, the results table and the
-# verdicts, with your predictions beside them.
+# verdicts, with your predictions beside them. Next: `10_stateful_sequences.ipynb`.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create the lab's virtualenv (.venv) and install everything it needs; safe to run again:
-# it does nothing when requirements.txt, pyproject.toml and this script are unchanged.
+# Create the lab's virtualenv (.venv) and install everything it needs: pyproject.toml's `dev` extra
+# (the lab and its tests), every version as requirements.lock pins it. Safe to run again: it does
+# nothing when requirements.lock, pyproject.toml and this script are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,15 +36,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-wanted=$(cat requirements.txt pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
+wanted=$(cat requirements.lock pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$wanted" ] && [ -x "$VENV/bin/python" ]; then
   say "virtualenv $VENV is up to date"
   exit 0
 fi
 
 [ -x "$VENV/bin/python" ] || { say "creating virtualenv $VENV with $("$PYTHON" --version)"; "$PYTHON" -m venv "$VENV"; }
-say "installing Python packages into $VENV from requirements.txt (the first time: a few minutes, several GB for PyTorch)"
-"$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar on -r requirements.txt
-"$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-deps -e .
+say "installing Python packages into $VENV at requirements.lock's versions (the first time: a few minutes, several GB for PyTorch)"
+"$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar on -c requirements.lock -e ".[dev]"
 echo "$wanted" > "$STAMP"
 say "virtualenv $VENV is ready"

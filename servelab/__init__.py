@@ -18,9 +18,10 @@
 At the bottom, modules every folder may use: settings (every environment variable the tooling reads,
 read once), paths (where files live), environment (where the lab's services are: local or the
 Compose project's), results (the run record), profiles (quick/full), retries, polling (reading a
-server's counts until they settle), jsonl and service_exits; and, standard library only like
-environment, for Chameleon's own Jupyter server and the node: node_setup (the node's checks, apt,
-the lease, copying the work off), node_build (the node's images, built detached in stages),
-node_plan and time_plan (notebook 2's set-up, and each notebook's time: notebook 1's plan of the lease).
+server's counts until they settle), progress (bars where someone watches), jsonl and service_exits;
+and, standard library only like environment, for Chameleon's own Jupyter server and the node:
+node_setup (the node's checks, apt, the lease, copying the work off), node_build (the node's images,
+built detached in stages), node_plan and time_plan (notebook 2's set-up, and each notebook's time:
+notebook 1's plan of the lease).
 tests/test_layout.py keeps the arrows pointing down.
 """

@@ -8,9 +8,9 @@ choosing LAB_SERVICES, the root conftest.py) does so before anything asks for th
 process started later inherits what it sets.
 
 A value the lab cannot use is an error that names the variable and says what it takes, raised
-where the settings are first read. Unset, or empty, means the default. README's table of the
+where the settings are first read. Unset, or empty, means the default. docs/settings.md's table of the
 variables is generated from this class: `python -m servelab.settings --markdown` prints it, and
-`python scripts/build_readme_settings.py` writes it into README.md.
+`python scripts/build_settings_doc.py` writes it into docs/settings.md.
 
 Standard library only: notebooks 0-2 read LAB_SERVICES on Chameleon's own Jupyter server, where
 none of the lab's other packages are installed.
@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import os
 import re
+import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,10 @@ def _lower_one_of(choices: tuple[str, ...]) -> Callable[[str, str], str]:
     return lambda variable, raw: parse(variable, raw.lower())
 
 
+def _switch(variable: str, raw: str) -> bool:
+    return _lower_one_of(("on", "off"))(variable, raw) == "on"
+
+
 def _sha256(variable: str, raw: str) -> str:
     if not re.fullmatch(r"[0-9a-fA-F]{64}", raw):
         raise SettingError(f"{variable}={raw!r}: set it to the file's SHA-256, 64 hex digits (`sha256sum FILE`).")
@@ -118,7 +123,7 @@ def checkpoint_problem(checkpoint: str | None, sha256: str | None, git_blob: str
 
 def _setting(variable: str, default: Any, meaning: str, parse: Callable[[str, str], Any] = _text, shown: str = ""):
     """A field of Settings: the variable it is read from, what it means, and how its text is read;
-    `shown` is the default as README says it, where the value alone would not say it."""
+    `shown` is the default as docs/settings.md says it, where the value alone would not say it."""
     metadata = {"variable": variable, "meaning": meaning, "parse": parse, "shown": shown}
     return field(default=default, metadata=metadata)
 
@@ -181,6 +186,14 @@ class Settings:
         _path,
         shown="`results` in the repository",
     )
+    progress: bool = _setting(
+        "LAB_PROGRESS",
+        True,
+        "`on`: a bar with its ETA on every load a notebook or a script runs, where someone watches (a "
+        "terminal, a notebook's kernel: servelab/progress.py); `off`: none",
+        _switch,
+        shown="`on`",
+    )
     retries_file: Path | None = _setting(
         "SERVELAB_RETRIES_FILE",
         None,
@@ -227,6 +240,13 @@ class Settings:
         "the registry prefix of the lab's images, pushed by an instructor (docker/compose.registry.yaml says "
         "how): where set, the node pulls them instead of building them (notebook 2, servelab/node_build.py)",
         shown="unset: the node builds them",
+    )
+    repo_url: str | None = _setting(
+        "SERVELAB_REPO_URL",
+        None,
+        "the repository the GPU node clones (notebook 2), an https:// address: a fork's, or the lab's where this "
+        "copy has no git history (a Trovi artifact, a download), which `repository_url()` stops on, saying so",
+        shown="this clone's `origin`",
     )
     inference_device: str = _setting(
         "INFERENCE_DEVICE",
@@ -298,6 +318,27 @@ class Settings:
         return str(value)
 
 
+def repository_url(root: Path | None = None) -> str:
+    """The repository the GPU node clones: SERVELAB_REPO_URL, else the `origin` of the clone at
+    `root` (this one), as an https:// address (the node has no key to clone over SSH). A
+    SettingError, saying where to set it, where neither is found (a copy without git: a Trovi
+    artifact, a download): never an empty URL."""
+    if chosen := settings().repo_url:
+        return chosen
+    root = root or Path(__file__).resolve().parent.parent
+    origin = ""
+    if (root / ".git").exists():  # a folder in a clone, a file in a worktree
+        found = subprocess.run(["git", "remote", "get-url", "origin"], cwd=root, capture_output=True, text=True)
+        origin = found.stdout.strip()
+    if not origin:
+        raise SettingError(
+            f"No repository URL: {root} has no git remote `origin` to read it from (a Trovi artifact or a "
+            "download has no git history). Set SERVELAB_REPO_URL to the lab's https:// address: in notebook 2's "
+            "Settings cell (REPO_URL = ...), or in the environment of the Jupyter server."
+        )
+    return re.sub(r"^git@([^:]+):", r"https://\1/", origin)
+
+
 def variable_of(name: str) -> str:
     """The variable a Settings field is read from."""
     return next(f.metadata["variable"] for f in dataclasses.fields(Settings) if f.name == name)
@@ -310,7 +351,7 @@ def settings() -> Settings:
 
 
 def markdown_table() -> str:
-    """README's table of the variables, one row per field of Settings."""
+    """docs/settings.md's table of the variables, one row per field of Settings."""
     rows = ["| Variable | Default | Meaning | `settings()` field |", "|---|---|---|---|"]
     for setting in dataclasses.fields(Settings):
         default = setting.metadata["shown"] or ("unset" if setting.default is None else f"`{setting.default}`")
@@ -321,7 +362,7 @@ def markdown_table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m servelab.settings", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--markdown", action="store_true", help="print README's table of the variables")
+    parser.add_argument("--markdown", action="store_true", help="print docs/settings.md's table of the variables")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown_table(), end="")

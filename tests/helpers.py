@@ -2,7 +2,7 @@
 waiting on a state, never on a sleep a busy machine can outlast; a load judged only where its
 generator kept its schedule; test images; the bad requests
 every predict service must refuse; a prediction service in this process, with a model that answers
-at once; a toy service for the supervisor; synthetic runs for the lessons' checks."""
+at once; a toy service for the supervisor; synthetic runs for the lessons' checks; the lock's pins."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ import httpx
 import numpy as np
 import pytest
 import requests
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 from PIL import Image
 
 from servelab import paths, retries
@@ -303,3 +305,13 @@ def toy_service(folder: Path, port: int, script: str = SERVER_WITH_A_CHILD, time
         ready_url=f"http://127.0.0.1:{port}/",
         ready_timeout_s=timeout,
     )
+
+
+def lock_pins() -> dict[str, Version]:
+    """requirements.lock's pins: every package the lab installs, by its canonical name."""
+    pins = {}
+    for line in (paths.REPO_ROOT / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = Version(version)
+    return pins

@@ -22,10 +22,14 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import tomllib
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from servelab import node_build
 from servelab.settings import Settings
+from tests.helpers import lock_pins
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = REPO_ROOT / "compose.yaml"
@@ -35,6 +39,8 @@ REGISTRY_OVERRIDE = REPO_ROOT / "docker" / "compose.registry.yaml"
 # The compose-spec JSON schema, from the compose-spec repository (schema/compose-spec.json,
 # Apache License 2.0), which Compose v2 validates every file against.
 COMPOSE_SPEC_SCHEMA = REPO_ROOT / "tests" / "data" / "compose-spec.json"
+# What each part of the lab installs (tests/test_dependencies.py checks the lock against it).
+EXTRAS = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 
 SERVICES = {"fastapi_pt", "fastapi_onnx", "triton", "ray_serve", "image_host", "gourmetgram", "jupyter"}
 # Built, never run: the lab's PyTorch image, with the model files (docker/Dockerfile.torch).
@@ -263,7 +269,7 @@ def test_the_cpu_variant_installs_cpu_builds_and_asks_the_services_for_the_cpu()
         assert cpu[name]["build"]["args"]["TORCH_INDEX_URL"].endswith("/whl/cpu")
     assert variant(True, {"TORCH_INDEX_URL": ""})["services"]["torch"]["build"]["args"]["TORCH_INDEX_URL"] == ""
     for name in ("fastapi_onnx", "ray_serve", "jupyter"):
-        assert cpu[name]["build"]["args"]["ONNXRUNTIME"].startswith("onnxruntime>=")
+        assert cpu[name]["build"]["args"]["ONNXRUNTIME"] == "onnxruntime"  # at the lock's version
     for name in GPU_LIBRARY_IMAGES:
         assert not set(gpu[name]["build"].get("args", {})) & {"TORCH_INDEX_URL", "ONNXRUNTIME", "CUDNN", "CUDA_ARCH"}, (
             f"{name}: the GPU build takes its Dockerfile's defaults"
@@ -420,10 +426,12 @@ def test_the_fastapi_and_ray_images_serve_the_gpu_builds_by_default():
     for service in ("torch", "triton"):
         instructions = dockerfile_instructions(dockerfiles()[service])
         assert ("ARG", "TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126") in instructions
+        # The lock's torch and torchvision (2.14, the last release with cu126 wheels), from that index.
         assert any(
-            re.search(r'\$\{TORCH_INDEX_URL:\+--index-url "\$TORCH_INDEX_URL"\}\s+"torch<2\.15"', args)
+            re.search(r'\$\{TORCH_INDEX_URL:\+--index-url "\$TORCH_INDEX_URL"\}\s+-r /tmp/torch\.txt', args)
             for _, args in instructions
         ), service
+    assert re.search(r"^torch==2\.14\.\d+$", (REPO_ROOT / "requirements.lock").read_text(), re.M)
     for service in ("fastapi_onnx", "ray_serve", "jupyter"):
         instructions = dockerfile_instructions(dockerfiles()[service])
         assert ("ARG", 'ONNXRUNTIME="onnxruntime-gpu[cuda,cudnn]>=1.21,<1.26"') in instructions, service
@@ -442,7 +450,8 @@ def test_the_triton_image_stages_the_repository_for_its_server_and_pins_the_rele
     assert json.loads(dict(instructions)["CMD"]) == ["python3", "-m", "servelab.triton.container"]
     assert ("COPY", "docker/triton_log_copy.sh /usr/local/bin/triton_log_copy.sh") in instructions
     runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
-    assert '"tritonclient[grpc]==2.51.0"' in runs and '"numpy<2"' in runs
+    assert '"/src[triton]"' in runs  # its extra: the lab's one Triton client, numpy 1.x
+    assert {"tritonclient[grpc]==2.51.0", "numpy<2"} <= set(EXTRAS["triton"])
     # The model files of the torch image, staged by the start (servelab.triton.container).
     assert ("ENV", f"SERVELAB_ARTIFACTS_DIR={MODEL_FILES_IN_THE_TORCH_IMAGE}") in instructions
     # The whole package, not servelab/service alone: the models import servelab.triton.model_instance.
@@ -453,12 +462,19 @@ def test_the_jupyter_image_has_the_virtualenv_s_client_and_runs_as_the_clone_s_o
     instructions = dockerfile_instructions(dockerfiles()["jupyter"])
     assert instructions[0] == ("FROM", TORCH_CONTEXT)
     runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
-    # Debian 12's glibc runs the perf_analyzer of tritonclient 2.51, the virtualenv's release.
-    assert '"tritonclient[all]==2.51.0"' in runs and "libb64-0d" in runs and '"ray[serve]==2.60.0"' in runs
-    assert "tritonclient[all]==2.51.0" in (REPO_ROOT / "requirements.txt").read_text()
-    # `make test-docker` runs the notebooks here with `pytest --nbmake`, the release the virtualenv pins.
-    nbmake = re.search(r"^nbmake==\S+$", (REPO_ROOT / "requirements.txt").read_text(), re.M).group()
-    assert f'"{nbmake}"' in runs and '"pytest>=8"' in runs and '"pytest-timeout>=2.3"' in runs
+    # The virtualenv's notebook tools (its `lab` extra has this one): Debian 12's glibc runs the
+    # perf_analyzer of tritonclient 2.51; `make test-docker` runs the notebooks here with `pytest --nbmake`.
+    assert '"/src[notebooks]"' in runs and "libb64-0d" in runs
+    assert "servelab[notebooks,image-host,triton,model-files]" in EXTRAS["lab"]
+    notebooks = set(EXTRAS["notebooks"])
+    assert {
+        "tritonclient[all]==2.51.0",
+        "nbmake==1.5.5",
+        "pytest>=8",
+        "pytest-timeout>=2.3",
+        "ipywidgets>=8",
+    } <= notebooks
+    assert "servelab[service,ray-serve,gourmetgram]" in notebooks and "ray[serve]==2.60.0" in EXTRAS["ray-serve"]
     assert "pip install --no-deps -e ." in runs  # servelab, editable where the clone is mounted
     assert "useradd --create-home --uid 1000 --gid 100" in runs  # the group Triton's staged configs share
     assert [args for keyword, args in instructions if keyword == "USER"] == ["jovyan"]
@@ -510,3 +526,129 @@ def test_the_stand_ins_are_tagged_with_the_real_names_of_every_base_the_dockerfi
         pattern = base.split(":")[0] + ":" + ("*" if "/" in base else base.split(":")[1])
         assert f"    {pattern})" in script, f"no stand-in for {base}"
     assert "docker pull" in script  # the real base first, where its registry is reachable
+
+
+# ---- a machine without a GPU ------------------------------------------------------------------
+
+
+def test_one_line_of_env_example_runs_the_cpu_variant():
+    lines = [line for line in (REPO_ROOT / ".env.example").read_text().splitlines() if line and line[0] != "#"]
+    assert lines == [f"COMPOSE_FILE=compose.yaml:{CPU_OVERRIDE.relative_to(REPO_ROOT)}"]
+    assert variant(cpu=True)["services"]["torch"]["build"]["args"]["CUDA_ARCH"] == ""  # skips the GPU check
+
+
+def fake_sysfs(root: Path, devices: dict[str, tuple[str, str]]) -> Path:
+    for address, (vendor, device_class) in devices.items():
+        folder = root / "bus" / "pci" / "devices" / address
+        folder.mkdir(parents=True)
+        (folder / "vendor").write_text(vendor + "\n")
+        (folder / "class").write_text(device_class + "\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("devices", "env", "builds"),
+    [
+        ({"0000:00:01.0": ("0x8086", "0x060000"), "0000:00:02.0": ("0x10de", "0x040300")}, {}, False),
+        ({"0000:00:01.0": ("0x8086", "0x060000"), "0000:3b:00.0": ("0x10de", "0x030200")}, {}, True),
+        ({"0000:00:01.0": ("0x8086", "0x060000")}, {"GPU_BUILD_WITHOUT_GPU": "1"}, True),
+    ],
+    ids=["no-nvidia-gpu", "a-p100", "told-to-build-anyway"],
+)
+def test_the_gpu_build_stops_first_on_a_machine_without_a_gpu_naming_the_env_line(tmp_path, devices, env, builds):
+    first_run = next(args for keyword, args in dockerfile_instructions(dockerfiles()[TORCH_IMAGE]) if keyword == "RUN")
+    assert "docker/require_gpu.sh" in first_run and 'if [ -n "$CUDA_ARCH" ]' in first_run
+    sysfs = fake_sysfs(tmp_path, devices)
+    command = ["sh", str(REPO_ROOT / "docker" / "require_gpu.sh")]
+    done = subprocess.run(
+        command, env={"PATH": os.environ["PATH"], "SYSFS": str(sysfs), **env}, capture_output=True, text=True
+    )
+    assert (done.returncode == 0) == builds, done.stderr
+    env_line = next(
+        line for line in (REPO_ROOT / ".env.example").read_text().splitlines() if line.startswith("COMPOSE_FILE=")
+    )
+    assert (env_line in done.stderr) == (not builds)
+
+
+# ---- what each image installs: the lock's versions ------------------------------------------
+
+
+# Where an image installs outside the lock, and why (its Dockerfile says so too).
+GPU_ONLY = {
+    "onnxruntime-gpu": "ONNX Runtime's GPU build: the lock is made on a machine without a GPU",
+    "nvidia-cudnn-cu12": "cuDNN 9.10.2, the last with Pascal code, pinned by the Dockerfiles' CUDNN",
+}
+# The PyTorch step: the lock's torch and torchvision, from the variant's index (cu126, cpu), whose
+# builds and dependencies differ from the registry's; numpy 1.x until the image's locked step.
+TORCH_STEP = re.compile(r"grep -E '\^\(torch\|torchvision\)==' /src/requirements\.lock > /tmp/torch\.txt")
+TORCH_STEP_ARGS = {"${TORCH_INDEX_URL:+--index-url", "$TORCH_INDEX_URL}", "-r", "/tmp/torch.txt", "numpy<2"}
+VARIANT_ARGS = {"${ONNXRUNTIME}", "${CUDNN:+$CUDNN}"}  # as the shell sees them, quotes removed
+# The one line of the lock an image may leave out: a CUDA build of PyTorch pins its own CUDA runtime.
+LEFT_OUT = "grep -v '^nvidia-cuda-runtime-cu12==' /src/requirements.lock > /tmp/constraints.txt"
+
+
+def pip_installs(text: str) -> list[list[str]]:
+    """The arguments of each `pip install` in a RUN's shell text, up to the end of its command."""
+    commands = re.split(r"&&|;|\bthen\b|\belse\b", text)
+    return [
+        shlex.split(command.split(" install", 1)[1]) for command in commands if re.search(r"\bpip3? install\b", command)
+    ]
+
+
+def packages_named(arguments: list[str]) -> list[str]:
+    """What a pip install names to install: its arguments less the options and their values."""
+    named, skip = [], False
+    for arg in arguments:
+        if skip or arg.startswith("-"):
+            skip = arg in ("-c", "-r", "--index-url")
+            continue
+        named.append(arg)
+    return named
+
+
+@pytest.mark.parametrize("image", sorted(dockerfiles()))
+def test_every_pip_install_of_an_image_is_at_the_lock_s_versions_or_a_named_variant_build(image):
+    extras_seen = []
+    for keyword, args in dockerfile_instructions(dockerfiles()[image]):
+        if keyword != "RUN":
+            continue
+        for arguments in pip_installs(args):
+            if "--no-deps" in arguments:  # the lab's own package, after its dependencies
+                assert packages_named(arguments) in (["/src"], ["."]), arguments
+            elif "-r" in arguments:
+                assert TORCH_STEP.search(args), f"{image}: -r of anything but the lock's torch lines"
+                assert set(arguments) <= TORCH_STEP_ARGS | VARIANT_ARGS, arguments
+            else:
+                constraint = arguments[arguments.index("-c") + 1] if "-c" in arguments else None
+                assert constraint == "/src/requirements.lock" or (
+                    constraint == "/tmp/constraints.txt" and LEFT_OUT in args
+                ), f"{image}: `pip install {' '.join(arguments)}` is not constrained by the lock"
+                for package in packages_named(arguments):
+                    if package in VARIANT_ARGS:
+                        continue  # checked below, in each variant
+                    extras = re.fullmatch(r"/src\[([a-z,-]+)\]", package)
+                    assert extras, f"{image}: installs {package}, not an extra of pyproject.toml"
+                    assert set(extras.group(1).split(",")) <= set(EXTRAS), package
+                    extras_seen.append(package)
+    assert image == "torch" or extras_seen, f"{image}: installs nothing from pyproject.toml"
+
+
+@pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "cpu"])
+def test_the_runtimes_each_variant_picks_are_the_lock_s_or_a_gpu_build_named_with_why(cpu):
+    pins = lock_pins()
+    for name, service in variant(cpu)["services"].items():
+        defaults = dict(
+            value.split("=", 1)
+            for keyword, value in dockerfile_instructions(dockerfiles()[name])
+            if keyword == "ARG" and "=" in value
+        )
+        args = {**{key: value.strip('"') for key, value in defaults.items()}, **service["build"].get("args", {})}
+        for arg in ("ONNXRUNTIME", "CUDNN"):
+            if not args.get(arg):
+                continue
+            requirement = Requirement(args[arg])
+            package = canonicalize_name(requirement.name)
+            if cpu:
+                assert package in pins and not requirement.specifier, f"{name}: {arg}={args[arg]}: the lock pins it"
+            else:
+                assert package in GPU_ONLY or package in pins, f"{name}: {arg}={args[arg]}"

@@ -306,7 +306,8 @@ def _normalized(distribution: str) -> str:
 def carried_wheels() -> set[str]:
     """The distributions scripts/gpu_check_wheels.sh downloads for a bare GPU machine."""
     script = (paths.REPO_ROOT / "scripts" / "gpu_check_wheels.sh").read_text()
-    return {_normalized(name) for name in re.findall(r"^\s+([A-Za-z0-9_.-]+)==", script, re.M)}
+    listed = re.search(r"^WHEELS=\(\n(.*?)\n\)", script, re.M | re.S).group(1)  # names: the lock pins them
+    return {_normalized(name) for name in listed.split()}
 
 
 def lacking_on_a_bare_gpu_machine() -> set[str]:

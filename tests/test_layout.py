@@ -18,6 +18,7 @@ PACKAGE = paths.REPO_ROOT / "servelab"
 # Top to bottom, as servelab/__init__.py lists them: a folder may import any folder after it.
 LAYERS = ["lab", "lessons", "bench", "report", "loadgen", "measure", "ray", "stack", "triton", "service"]
 FOUNDATION = {
+    "progress",
     "paths",
     "settings",
     "environment",

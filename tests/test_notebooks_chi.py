@@ -400,8 +400,8 @@ def _all_uses() -> list[Use]:
 
 
 def test_the_installed_python_chi_is_the_pinned_release():
-    pin = re.search(r"^python-chi==(\S+)", (paths.REPO_ROOT / "requirements.txt").read_text(), re.M)
-    assert pin, "requirements.txt should pin python-chi: the notebooks are checked against one release"
+    pin = re.search(r'"python-chi==([^"]+)"', (paths.REPO_ROOT / "pyproject.toml").read_text())
+    assert pin, "pyproject.toml should pin python-chi: the notebooks are checked against one release"
     assert metadata.version("python-chi") == pin.group(1)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from servelab import paths
 from servelab.lab.notebook_runs import judging, order, sources
+from servelab.time_plan import markdown_cells, notebook_sources
 
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"
 SOURCES = sources(NOTEBOOKS)  # the numbered lessons (10 after 9, not after 1), then the appendices
@@ -93,3 +94,15 @@ def test_the_two_node_claim_about_ray_serve_must_hold():
     report = {"nodes": ["a", "b"], "node_addresses": ["127.0.0.1"], "statuses": {"200": 2},
               "requests_by_node": {"a": 1, "b": 1}, "replicas_by_node": {"a": ["r1"], "b": ["r2"]}}  # fmt: skip
     assert call and concurrency_target.spread_over_nodes(report, 2).must_hold
+
+
+def test_each_numbered_notebook_ends_by_naming_the_next():
+    """The path through the lab is read in the notebooks themselves (a Trovi artifact has no README
+    in view): the last Markdown cell of each numbered notebook names the next notebook's file."""
+    numbered = notebook_sources()
+    unnamed = [
+        f"{path.stem} does not name {after.stem}.ipynb in its last Markdown cell"
+        for path, after in zip(numbered, numbered[1:], strict=False)
+        if path.stem[0].isdigit() and f"`{after.stem}.ipynb`" not in markdown_cells(path.read_text())[-1]
+    ]
+    assert len(numbered) >= 12 and unnamed == []

@@ -35,3 +35,17 @@ def test_no_tracked_source_names_an_absolute_host_path():
         if re.search(r"/home/cc/|/work/main|/root/", text):
             offenders.append(name)
     assert offenders == []
+
+
+def test_make_help_lists_every_target_with_what_it_does_and_how_long_it_takes():
+    makefile = (paths.REPO_ROOT / "Makefile").read_text()
+    targets = re.search(r"^\.PHONY: (.+)$", makefile, re.M).group(1).split()
+    shown = subprocess.run(["make", "help"], cwd=paths.REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    lines = {line.split()[1]: line for line in shown.splitlines() if line.startswith("  make ")}
+    assert set(lines) == set(targets)
+    untimed = [
+        target
+        for target, line in lines.items()
+        if target != "help" and not re.search(r"\d+ (s|minutes?)\b|seconds|a minute|a few minutes", line)
+    ]
+    assert untimed == [], "each target's `## ...` says how long it takes"

@@ -1,5 +1,5 @@
 """The tooling's settings (servelab.settings): each variable read once, in one place, with a bad
-value refused by name, and README's table of the variables generated from the same class."""
+value refused by name, and docs/settings.md's table of the variables generated from the same class."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from servelab import paths
+from servelab import settings as settings_module
 from servelab.profiles import PROFILES
 from servelab.service import devices
-from servelab.settings import SettingError, Settings, markdown_table
+from servelab.settings import SettingError, Settings, markdown_table, repository_url
 from servelab.stack.supervision import Ports
 
 
@@ -67,6 +68,7 @@ def test_each_variable_sets_its_field_and_an_empty_one_means_the_default():
         ("FOOD11_CHECKPOINT_GIT_BLOB", "b550214", "40 hex digits"),
         ("INFERENCE_DEVICE", "gpu", "auto, cuda, cpu"),
         ("NAIVE_RUNTIME", "tensorflow", "pytorch, onnxruntime"),
+        ("LAB_PROGRESS", "maybe", "on, off"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_variable_and_what_it_takes(variable, value, takes):
@@ -203,19 +205,46 @@ def test_no_other_module_of_the_tooling_reads_a_variable_of_the_lab():
     ]
 
 
-def test_readme_lists_every_variable_as_the_settings_class_does():
-    readme = (paths.REPO_ROOT / "README.md").read_text()
-    start, end = "<!-- settings table: python scripts/build_readme_settings.py -->\n", "<!-- end of settings table -->"
-    assert start in readme and end in readme, "README has lost the markers of its settings table"
+def test_the_settings_page_lists_every_variable_as_the_settings_class_does():
+    readme = (paths.REPO_ROOT / "docs" / "settings.md").read_text()
+    start, end = "<!-- settings table: python scripts/build_settings_doc.py -->\n", "<!-- end of settings table -->"
+    assert start in readme and end in readme, "docs/settings.md has lost the markers of its settings table"
     table = readme.split(start, 1)[1].split(end, 1)[0]
-    assert table == markdown_table(), "README's settings table is stale: run `python scripts/build_readme_settings.py`"
+    assert table == markdown_table(), "the settings table is stale: run `python scripts/build_settings_doc.py`"
 
 
-def test_readme_lists_every_service_variable_as_the_services_settings_module_does():
-    build = runpy.run_path(str(paths.REPO_ROOT / "scripts" / "build_readme_settings.py"))
-    readme = (paths.REPO_ROOT / "README.md").read_text()
+def test_the_settings_page_lists_every_service_variable_as_the_services_settings_module_does():
+    build = runpy.run_path(str(paths.REPO_ROOT / "scripts" / "build_settings_doc.py"))
+    readme = (paths.REPO_ROOT / "docs" / "settings.md").read_text()
     start, end = build["SERVICES"]
-    assert start in readme and end in readme, "README has lost the markers of its service settings table"
+    assert start in readme and end in readme, "docs/settings.md has lost the markers of its service settings table"
     table = readme.split(start, 1)[1].split(end, 1)[0]
-    assert table == build["service_table"](), "README's service settings table is stale: run the script"
+    assert table == build["service_table"](), "docs/settings.md's service settings table is stale: run the script"
     assert "PREDICT_CONCURRENCY" in table and "ABANDON_ON_DISCONNECT" in table
+
+
+def test_progress_bars_are_on_unless_turned_off():
+    assert Settings.from_environ({}).progress and not Settings.from_environ({"LAB_PROGRESS": "OFF"}).progress
+
+
+def git(folder: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=folder, check=True, capture_output=True)
+
+
+def test_the_repository_url_is_the_setting_else_the_clone_s_origin_as_https(tmp_path, monkeypatch):
+    monkeypatch.setattr(settings_module, "settings", lambda: Settings.from_environ({}))
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "remote", "add", "origin", "git@github.com:someone/serve-system.git")
+    assert repository_url(tmp_path) == "https://github.com/someone/serve-system.git"
+    chosen = Settings.from_environ({"SERVELAB_REPO_URL": "https://example.org/fork.git"})
+    monkeypatch.setattr(settings_module, "settings", lambda: chosen)
+    assert repository_url(tmp_path) == "https://example.org/fork.git"
+
+
+@pytest.mark.parametrize("with_git", [False, True], ids=["a-copy-without-git", "a-clone-without-origin"])
+def test_without_a_repository_url_it_stops_saying_where_to_set_it(tmp_path, monkeypatch, with_git):
+    monkeypatch.setattr(settings_module, "settings", lambda: Settings.from_environ({}))
+    if with_git:
+        git(tmp_path, "init", "-q")
+    with pytest.raises(SettingError, match="Set SERVELAB_REPO_URL to the lab's https:// address: in notebook 2"):
+        repository_url(tmp_path)

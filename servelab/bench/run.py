@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from tqdm.contrib.logging import logging_redirect_tqdm
 
-from servelab import loadgen, paths
+from servelab import loadgen, paths, progress
 from servelab.bench import report as bench_report
 from servelab.bench.agreement import agreement_gaps, measure_agreement  # noqa: F401 (tests read agreement_gaps here)
 from servelab.bench.served import Endpoints, address, one_instance_per_core, runtime_versions, thread_plan_of
@@ -93,8 +94,9 @@ def _window(
     return result
 
 
-def _ceilings(profile: Profile) -> dict[str, inprocess.Ceiling]:
-    """Every ceiling's sweep. Half the load points' duration each: the sweep has many points."""
+def _ceilings(profile: Profile, steps: Any) -> dict[str, inprocess.Ceiling]:
+    """Every ceiling's sweep, a step of `steps` each. Half the load points' duration each: the sweep
+    has many points."""
     found: dict[str, inprocess.Ceiling] = {}
     try:
         for runtime, decode in CEILINGS:
@@ -103,6 +105,7 @@ def _ceilings(profile: Profile) -> dict[str, inprocess.Ceiling]:
                 found[ceiling_key(runtime, decode, in_flight)] = inprocess.sweep(
                     runtime, pipelined, profile.duration_s / 2, profile.warmup_s, decode
                 )
+                steps.update()
     except BaseException:
         for ceiling in found.values():
             ceiling.close()
@@ -168,7 +171,12 @@ def _load_point(
 
 
 def _naive(
-    profile: Profile, image: bytes, log_dir: Path, ceilings: dict[str, inprocess.Ceiling], windows_rps: dict
+    profile: Profile,
+    image: bytes,
+    log_dir: Path,
+    ceilings: dict[str, inprocess.Ceiling],
+    windows_rps: dict,
+    steps: Any,
 ) -> list[RunResult]:
     """The naive reference apps at the highest concurrency, each started for its run, each
     judged as the lab's services are (into `windows_rps`)."""
@@ -186,6 +194,7 @@ def _naive(
             url = f"http://127.0.0.1:{port}"
             pid = stack.pids()[spec.name]
             results.append(_load_point(ceilings, setup, url, "", concurrency, profile, image, windows_rps, pid))
+            steps.update()
     return results
 
 
@@ -210,14 +219,18 @@ def run_benchmark(
     built = artifacts.ensure_artifacts()
     image = paths.SAMPLE_IMAGE.read_bytes()
 
-    # The ceilings first, before any load: in-process work has the machine to itself. Each winner's
-    # process stays to measure it again beside every load point, and ends with the benchmark.
-    ceilings = _ceilings(profile)
-    try:
-        return _measure_and_report(profile, out_dir, endpoints, server_pids, built, image, ceilings)
-    finally:
-        for ceiling in ceilings.values():
-            ceiling.close()
+    # A bar over its steps where someone watches, the ETA from the steps done so far (the log's lines
+    # go above it): every ceiling's sweep, load point and naive app, and the agreement pairs.
+    total = 2 * len(CEILINGS) + len(SETUPS) * len(profile.concurrencies) + 1 + len(NAIVE)
+    with progress.bar("benchmark", total, "step", smoothing=0) as steps, logging_redirect_tqdm():
+        # The ceilings first, before any load: in-process work has the machine to itself. Each winner's
+        # process stays to measure it again beside every load point, and ends with the benchmark.
+        ceilings = _ceilings(profile, steps)
+        try:
+            return _measure_and_report(profile, out_dir, endpoints, server_pids, built, image, ceilings, steps)
+        finally:
+            for ceiling in ceilings.values():
+                ceiling.close()
 
 
 def _measure_and_report(
@@ -228,6 +241,7 @@ def _measure_and_report(
     built: artifacts.BuiltArtifacts,
     image: bytes,
     ceilings: dict[str, inprocess.Ceiling],
+    steps: Any,
 ) -> Path:
     with contextlib.ExitStack() as cleanup:
         stack = None
@@ -267,8 +281,10 @@ def _measure_and_report(
                     # A server the local stack restarted during the point: its figures are not a clean run's.
                     point.interrupted_by = [e.describe() for e in exits if e.between(started, time.time())]
                     results.append(point)
+                    steps.update()
         log.info("load generator vs perf_analyzer, %d alternating pairs", profile.agreement_pairs)
         agreement = measure_agreement(endpoints, profile, image)
+        steps.update()
         meta = {
             "profile": profile.name,
             "profile_settings": {
@@ -283,7 +299,7 @@ def _measure_and_report(
             "thread_plans": plans,
             "agreement": agreement,
         }
-    results += _naive(profile, image, out_dir / "logs", ceilings, windows_rps)
+    results += _naive(profile, image, out_dir / "logs", ceilings, windows_rps, steps)
     for key, ceiling in ceilings.items():
         for point in ceiling.points:
             if not any(note.startswith("ceiling: ") for note in point.notes):

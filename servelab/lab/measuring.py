@@ -27,6 +27,7 @@ from servelab.measure.resources import ResourceSampler
 from servelab.polling import settled
 from servelab.profiles import Profile
 from servelab.results import RunResult, SequenceRunResult, StepCounts
+from servelab.settings import settings
 from servelab.stack.catalogue import fastapi_service
 from servelab.stack.supervision import start_on_free_ports
 from servelab.triton.models import ModelRepository
@@ -142,7 +143,7 @@ class Measuring:
         accounts = [ServiceAccount(base), *([ResourcesAccount(resources)] if resources else [])]
         started = self.keeper.ready_to_measure()
         endpoint = self._endpoint("fastapi", base, image_url=image_url)
-        measure = functools.partial(loadgen.closed_loop, endpoint, load, progress=False)
+        measure = functools.partial(loadgen.closed_loop, endpoint, load, progress=settings().progress)
         return self.keeper.keep(counted(measure, accounts, after_warmup=True), name or f"fastapi_{flavor}", started)
 
     def _endpoint(
@@ -188,7 +189,7 @@ class Measuring:
             concurrency, duration_s=duration_s, backoff_s=backoff_s, impatient=impatient, patience_s=patience_s
         )
         started = self.keeper.ready_to_measure()
-        measure = functools.partial(loadgen.closed_loop, endpoint, load, progress=False)
+        measure = functools.partial(loadgen.closed_loop, endpoint, load, progress=settings().progress)
         return self.keeper.keep(counted(measure, accounts), name, started)
 
     def streams(
@@ -219,7 +220,7 @@ class Measuring:
         )
         started = self.keeper.ready_to_measure()
         before = server_steps()
-        result = loadgen.stream_loop(endpoint, load, steps, leave_after_steps, progress=False)
+        result = loadgen.stream_loop(endpoint, load, steps, leave_after_steps, progress=settings().progress)
         # Steps of streams whose client left may still be computed: with cancellation off, all of them.
         deadline = time.monotonic() + STREAMS_END_S
         while (after := server_steps()).running > before.running and time.monotonic() < deadline:
@@ -263,7 +264,7 @@ class Measuring:
         load = loadgen.SequenceLoad(concurrency, length, sequences, duration_s, frame_interval_s, warmup_sequences)
         accounts = [self.triton.account(model)] if triton_stats else []
         started = self.keeper.ready_to_measure()
-        measure = functools.partial(loadgen.sequence_loop, endpoint, load, progress=False)
+        measure = functools.partial(loadgen.sequence_loop, endpoint, load, progress=settings().progress)
         return self.keeper.keep(counted(measure, accounts, after_warmup=True), name, started)
 
     def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:

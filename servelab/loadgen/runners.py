@@ -21,18 +21,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from servelab.loadgen.lag import LoopWatch, schedule_lag
 from servelab.loadgen.load import Load, bounds_in_words
 from servelab.loadgen.targets import RequestError, Target
+from servelab.progress import bar as progress_bar
+from servelab.progress import watched as progress_watched
 from servelab.results import LatencySummary, RunResult
 
 log = logging.getLogger(__name__)
@@ -59,11 +59,10 @@ class Recorder:
         self.ended: float | None = None
         self.description = description
         self.unit = unit
-        # A bar on a terminal; elsewhere (CI, a log file) one line when the phase ends, instead of
-        # thousands of carriage-return updates.
-        self.line_at_end = progress and not sys.stderr.isatty()
-        on_terminal = progress and not self.line_at_end
-        self.bar = tqdm(total=total, desc=description, unit=unit, file=sys.stderr, disable=not on_terminal, leave=False)
+        # A bar where it is watched (a terminal, a notebook's kernel: servelab.progress); elsewhere (CI,
+        # a log file) one line when the phase ends, instead of thousands of carriage-return updates.
+        self.line_at_end = progress and progress_watched() is None
+        self.bar = progress_bar(description, total, unit, shown=progress, leave=False)
         self.watch = LoopWatch().start() if watch_loop else None
         self.schedule_lag: dict[str, Any] | None = None
 

@@ -7,15 +7,20 @@ and returns what it had measured so far. Each takes the run's `Endpoint` (where 
 and its load: a `Load` (closed loop, streams), a `SequenceLoad`, or an open loop's rate.
 `describe_result` says a result in words (not to be confused with `measure.resources.summarize`,
 the figures of a resource series).
+
+Where a run is watched (a terminal, a notebook) and bounded by time, its progress is a bar over
+its seconds, whose ETA is its end (`_clocked`); a run bounded by requests counts them on the
+runner's own bar, whose total gives the ETA.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from servelab.loadgen.endpoint import Endpoint
@@ -24,6 +29,7 @@ from servelab.loadgen.runners import run_closed, run_open
 from servelab.loadgen.sequences import make_sequence_target, run_sequences
 from servelab.loadgen.streams import make_stream_target, run_streams
 from servelab.loadgen.targets import make_target
+from servelab.progress import timed, watched
 from servelab.results import RunResult, SequenceRunResult
 
 log = logging.getLogger(__name__)
@@ -78,13 +84,42 @@ async def _wait_for(task: asyncio.Task[Result]) -> Result:
     return await task
 
 
+@contextlib.contextmanager
+def _clocked(
+    description: str,
+    duration_s: float | None,
+    progress: bool,
+    on_measuring: Callable[[], None] | None = None,
+    warms_up: bool = False,
+    warmup_s: float | None = None,
+) -> Iterator[tuple[bool, Callable[[], None] | None]]:
+    """A bar over a run's seconds while it runs, when `duration_s` alone bounds it and it is watched:
+    its warm-up first, over `warmup_s` (None: a warm-up bounded by requests, shown over the
+    measurement's seconds), then `duration_s` from when measurement starts. Yields the runner's own
+    `progress` (off while this bar shows) and the `on_measuring` to give the runner."""
+    if not (progress and duration_s and watched()):
+        yield progress, on_measuring
+        return
+    with timed(f"{description}, warm-up" if warms_up else description, warmup_s or duration_s) as clock:
+
+        def measuring() -> None:
+            clock.restart(description, duration_s)
+            if on_measuring:
+                on_measuring()
+
+        yield False, measuring
+
+
 def closed_loop(
     endpoint: Endpoint, load: Load, progress: bool = True, on_measuring: Callable[[], None] | None = None
 ) -> RunResult:
     """`run_closed` of `load` against `make_target(endpoint)`, from synchronous code (a script or a
     notebook cell); `on_measuring()` is called as measurement starts, after the warm-up. Ctrl-C
     returns the partial result."""
-    return _run_sync(run_closed(make_target(endpoint), load, progress, on_measuring))
+    duration_s = load.duration_s if load.requests is None else None
+    clock = _clocked(f"c={load.concurrency}", duration_s, progress, on_measuring, load.warms_up, load.warmup_s or None)
+    with clock as (runner_progress, measuring):
+        return _run_sync(run_closed(make_target(endpoint), load, runner_progress, measuring))
 
 
 def open_loop(
@@ -102,9 +137,11 @@ def open_loop(
     `make_target(endpoint)`, from synchronous code (a script or a notebook cell). Ctrl-C returns
     the partial result."""
     target = make_target(endpoint)
-    return _run_sync(
-        run_open(target, rate_rps, arrival, requests, duration_s, warmup_s, seed, max_outstanding, progress)
-    )
+    planned_s = warmup_s + duration_s if duration_s and requests is None else None  # the schedule's end
+    with _clocked(f"{rate_rps:g} req/s", planned_s, progress) as (runner_progress, _):
+        return _run_sync(
+            run_open(target, rate_rps, arrival, requests, duration_s, warmup_s, seed, max_outstanding, runner_progress)
+        )
 
 
 def sequence_loop(
@@ -113,7 +150,10 @@ def sequence_loop(
     """`run_sequences` of `load` against `make_sequence_target(endpoint)`, from synchronous code (a
     script or a notebook cell); `on_measuring()` is called as measurement starts, after the
     warm-up sequences. Ctrl-C returns the partial result."""
-    return _run_sync(run_sequences(make_sequence_target(endpoint), load, progress, on_measuring))
+    duration_s = load.duration_s if load.sequences is None else None
+    clock = _clocked(f"c={load.concurrency} sequences", duration_s, progress, on_measuring, load.warmup_sequences > 0)
+    with clock as (runner_progress, measuring):
+        return _run_sync(run_sequences(make_sequence_target(endpoint), load, runner_progress, measuring))
 
 
 def stream_loop(
@@ -122,7 +162,8 @@ def stream_loop(
     """`run_streams` of `load`, each stream `steps` steps long, the impatient senders leaving after
     `leave_after_steps` steps (or `load.patience_s`), against `make_stream_target(endpoint)`, from
     synchronous code. Ctrl-C returns the partial result."""
-    return _run_sync(run_streams(make_stream_target(endpoint), load, steps, leave_after_steps, progress))
+    with _clocked(f"c={load.concurrency}, {steps} steps", load.duration_s, progress) as (runner_progress, _):
+        return _run_sync(run_streams(make_stream_target(endpoint), load, steps, leave_after_steps, runner_progress))
 
 
 def describe_result(result: RunResult) -> str:

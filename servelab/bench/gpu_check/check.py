@@ -16,8 +16,11 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
-from servelab import paths
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from servelab import paths, progress
 from servelab.bench import gpu_check
 from servelab.bench.gpu_check.ceilings import CEILING_RUNTIME, measure_ceiling
 from servelab.bench.gpu_check.machine import (
@@ -109,15 +112,21 @@ def check(args: argparse.Namespace) -> int:
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     log_dir = paths.LOG_DIR / f"gpu-check-{stamp}"
-    checked = check_services(args, onnx_without_gpu, log_dir)
-    ceilings = {}
-    for runtime in sorted({CEILING_RUNTIME[name] for name in args.services}):
-        if runtime == "onnxruntime" and onnx_without_gpu is not None:
-            # fastapi_onnx runs on the CPU, so its ceiling is taken there: this machine's cores.
-            ceilings[runtime] = measure_ceiling(runtime, "cpu", args.seconds, args.warmup)
-            ceilings[runtime].note = ceilings[runtime].note or f"on the CPU: {onnx_without_gpu}"
-        else:
-            ceilings[runtime] = measure_ceiling(runtime, device, args.seconds, args.warmup)
+    runtimes = sorted({CEILING_RUNTIME[name] for name in args.services})
+    # A bar over the check's steps where someone watches, the ETA from the steps done so far (the
+    # log's lines go above it): each service's load points, then each runtime's ceiling.
+    total = len(args.services) * len(args.concurrency) + len(runtimes)
+    with progress.bar("GPU check", total, "step", smoothing=0) as steps, logging_redirect_tqdm():
+        checked = check_services(args, onnx_without_gpu, log_dir, steps)
+        ceilings = {}
+        for runtime in runtimes:
+            if runtime == "onnxruntime" and onnx_without_gpu is not None:
+                # fastapi_onnx runs on the CPU, so its ceiling is taken there: this machine's cores.
+                ceilings[runtime] = measure_ceiling(runtime, "cpu", args.seconds, args.warmup)
+                ceilings[runtime].note = ceilings[runtime].note or f"on the CPU: {onnx_without_gpu}"
+            else:
+                ceilings[runtime] = measure_ceiling(runtime, device, args.seconds, args.warmup)
+            steps.update()
 
     text = report(machine, args, checked, ceilings)
     print("\n" + text)
@@ -150,8 +159,9 @@ def check(args: argparse.Namespace) -> int:
     return EXIT_FAILED if any(service.verdict.status == FAIL for service in checked) else 0
 
 
-def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_dir: Path) -> list[Checked]:
-    """Start every service at once, wait until all have started, judge and load each in turn, read
+def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_dir: Path, steps: Any) -> list[Checked]:
+    """Start every service at once, wait until all have started, judge and load each in turn (a
+    step of `steps` a load point; those of a service that does not run leave the total), read
     their GPU memory while all are up, and stop them all (also on Ctrl-C or a failure). No load is
     sent while a service still starts: a start loads a model and runs a first inference, which
     would take the cores from the service measured."""
@@ -169,6 +179,7 @@ def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_d
             triton = triton_service(binary, found_in, device, image, triton_ports, work_dir) if binary else found_in
             if isinstance(triton, str):
                 checked.append(Checked("triton", Verdict(NOT_RUN, triton)))
+                steps.total -= len(args.concurrency)
             else:
                 services.append(triton)
         running = []
@@ -178,7 +189,7 @@ def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_d
             cleanup.callback(running[-1].stop)
         for process in running:
             process.wait_ready()  # what it says when it never is, checked_service says in its row
-        measured = [checked_service(process, args, onnx_without_gpu) for process in running]
+        measured = [checked_service(process, args, onnx_without_gpu, steps) for process in running]
         memory = gpu_memory_by_pid() if device == "cuda" else "a CPU run"
         log.info("GPU memory (MiB) by process: %s", memory)
         for result, process in zip(measured, running, strict=True):
@@ -187,8 +198,8 @@ def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_d
     return sorted(checked + measured, key=lambda service: SERVICES.index(service.name))
 
 
-def checked_service(process: Running, args: argparse.Namespace, onnx_without_gpu: str | None) -> Checked:
-    """Wait for the service, judge where it runs, then load it at each concurrency."""
+def checked_service(process: Running, args: argparse.Namespace, onnx_without_gpu: str | None, steps: Any) -> Checked:
+    """Wait for the service, judge where it runs, then load it at each concurrency (a step of `steps` each)."""
     device, seconds, warmup_s, concurrencies = args.device, args.seconds, args.warmup, args.concurrency
     service = process.service
     if (not_ready := process.wait_ready()) is not None:
@@ -226,6 +237,7 @@ def checked_service(process: Running, args: argparse.Namespace, onnx_without_gpu
                 return checked
         run.resources = series = sampler.series()
         checked.runs.append(run)
+        steps.update()
         log.info("%s at c=%d: %.1f req/s, %d errors", service.name, concurrency, run.throughput_rps, run.error_count)
     if device == "cuda":
         busy = [gpu["util_percent_mean"] for gpu in summarize(series)["gpus"]]

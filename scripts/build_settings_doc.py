@@ -1,10 +1,10 @@
-"""Write README.md's tables of environment variables: the tooling's from servelab.settings, the
+"""Write docs/settings.md's tables of environment variables: the tooling's from servelab.settings, the
 services' from servelab/service/settings.py's own table.
 
 Each class is the source of truth for its side (the tooling's fields name their variable, default
 and meaning; the services' module documents each variable it reads, and a test keeps that list
-complete): edit it, then run `.venv/bin/python scripts/build_readme_settings.py`.
-tests/test_settings.py fails when README's tables and their sources disagree.
+complete): edit it, then run `.venv/bin/python scripts/build_settings_doc.py`.
+tests/test_settings.py fails when the page's tables and their sources disagree.
 """
 
 from pathlib import Path
@@ -12,10 +12,10 @@ from pathlib import Path
 from servelab.service import settings as service_settings
 from servelab.settings import markdown_table
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-TOOLING = ("<!-- settings table: python scripts/build_readme_settings.py -->\n", "<!-- end of settings table -->")
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
+TOOLING = ("<!-- settings table: python scripts/build_settings_doc.py -->\n", "<!-- end of settings table -->")
 SERVICES = (
-    "<!-- service settings table: python scripts/build_readme_settings.py -->\n",
+    "<!-- service settings table: python scripts/build_settings_doc.py -->\n",
     "<!-- end of service settings table -->",
 )
 
@@ -30,15 +30,15 @@ def service_table() -> str:
 def replaced(text: str, markers: tuple[str, str], table: str) -> str:
     start, end = markers
     if start not in text or end not in text:
-        raise SystemExit(f"{README} has no table to replace between {start.strip()} and {end}")
+        raise SystemExit(f"{PAGE} has no table to replace between {start.strip()} and {end}")
     before, rest = text.split(start, 1)
     return before + start + table + end + rest.split(end, 1)[1]
 
 
 def main() -> int:
-    text = replaced(README.read_text(), TOOLING, markdown_table())
-    README.write_text(replaced(text, SERVICES, service_table()))
-    print(f"wrote the settings tables in {README}")
+    text = replaced(PAGE.read_text(), TOOLING, markdown_table())
+    PAGE.write_text(replaced(text, SERVICES, service_table()))
+    print(f"wrote the settings tables in {PAGE}")
     return 0
 
 
