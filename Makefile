@@ -60,6 +60,9 @@ setup:  ## virtualenv at requirements.lock's versions, and the system libraries 
 lock: setup  ## requirements.lock from pyproject.toml: every version the lab installs, pinned (seconds)
 	.venv/bin/uv pip compile pyproject.toml --all-extras --python-version 3.11.2 --system-certs --quiet \
 		--custom-compile-command "make lock" -o requirements.lock $(LOCK_ARGS)
+	# Triton's image runs Ubuntu 22.04's Python 3.10, for which some of the newest releases have no build.
+	.venv/bin/uv pip compile pyproject.toml --extra triton --python-version 3.10 --system-certs --quiet \
+		--custom-compile-command "make lock" -o docker/triton-py310.lock $(LOCK_ARGS)
 
 artifacts: setup  ## the model files (food11.pth, food11.onnx), placed where each service and Triton model loads them (about a minute; seconds once built)
 	$(PY) -m servelab artifacts

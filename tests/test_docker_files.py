@@ -26,6 +26,7 @@ import tomllib
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from servelab import node_build
 from servelab.settings import Settings
@@ -585,6 +586,15 @@ TORCH_STEP_ARGS = {"${TORCH_INDEX_URL:+--index-url", "$TORCH_INDEX_URL}", "-r", 
 VARIANT_ARGS = {"${ONNXRUNTIME}", "${CUDNN:+$CUDNN}"}  # as the shell sees them, quotes removed
 # The one line of the lock an image may leave out: a CUDA build of PyTorch pins its own CUDA runtime.
 LEFT_OUT = "grep -v '^nvidia-cuda-runtime-cu12==' /src/requirements.lock > /tmp/constraints.txt"
+# Triton's image runs Ubuntu 22.04's Python 3.10: its lock is the lock's versions but where the lock's
+# release has no build for 3.10, each named here with why (docker/Dockerfile.triton says so too).
+TRITON_LOCK = REPO_ROOT / "docker" / "triton-py310.lock"
+OLDER_FOR_PY310 = {
+    "pillow": "Pillow 13 needs Python 3.11: 12.3 is its last release for 3.10",
+    "onnxruntime": "ONNX Runtime 1.24 and later need Python 3.11: 1.23 is its last release for 3.10",
+    "coloredlogs": "onnxruntime 1.23's own dependency (later releases dropped it)",
+    "humanfriendly": "coloredlogs' own dependency",
+}
 
 
 def pip_installs(text: str) -> list[list[str]]:
@@ -620,8 +630,10 @@ def test_every_pip_install_of_an_image_is_at_the_lock_s_versions_or_a_named_vari
                 assert set(arguments) <= TORCH_STEP_ARGS | VARIANT_ARGS, arguments
             else:
                 constraint = arguments[arguments.index("-c") + 1] if "-c" in arguments else None
-                assert constraint == "/src/requirements.lock" or (
-                    constraint == "/tmp/constraints.txt" and LEFT_OUT in args
+                assert (
+                    constraint == "/src/requirements.lock"
+                    or (constraint == "/tmp/constraints.txt" and LEFT_OUT in args)
+                    or (image == "triton" and constraint == f"/src/{TRITON_LOCK.name}")
                 ), f"{image}: `pip install {' '.join(arguments)}` is not constrained by the lock"
                 for package in packages_named(arguments):
                     if package in VARIANT_ARGS:
@@ -652,3 +664,19 @@ def test_the_runtimes_each_variant_picks_are_the_lock_s_or_a_gpu_build_named_wit
                 assert package in pins and not requirement.specifier, f"{name}: {arg}={args[arg]}: the lock pins it"
             else:
                 assert package in GPU_ONLY or package in pins, f"{name}: {arg}={args[arg]}"
+
+
+def test_triton_s_lock_for_python_3_10_is_the_lock_but_for_the_releases_3_10_lacks():
+    """docker/triton-py310.lock (`make lock`) may differ from requirements.lock only where the
+    lock's release has no build for Python 3.10, and only to an older release."""
+    pins, differing = lock_pins(), {}
+    for line in TRITON_LOCK.read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            name, _, version = line.partition("==")
+            package = canonicalize_name(name)
+            if pins.get(package) != Version(version):
+                differing[package] = version
+                assert package not in pins or Version(version) < pins[package], f"{package}: newer than the lock's"
+    assert set(differing) == set(OLDER_FOR_PY310), f"differs from requirements.lock: {differing}; see OLDER_FOR_PY310"
+    extra = [canonicalize_name(Requirement(requirement).name) for requirement in EXTRAS["triton"]]
+    assert all(package in TRITON_LOCK.read_text() for package in extra), "the `triton` extra, whole: run `make lock`"

@@ -3,9 +3,11 @@ for the server the container has, shared with the notebooks, and a restart recor
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +112,81 @@ def test_an_image_without_its_model_files_stops_the_start_saying_so(shared, tmp_
     (built / "food11.onnx").unlink()
     with pytest.raises(StagingError, match="food11.onnx is missing: this image was built without its model files"):
         triton_container.prepare(shared, "container-a", backends(tmp_path, "python"), as_in_git(tmp_path), built)
+
+
+# ---- what runs in Triton's image runs on its Python --------------------------------------------
+
+# Triton's image (24.10, docker/Dockerfile.triton) has Ubuntu 22.04's Python 3.10, which runs the
+# container's start and, in the Python backend's stubs, every model.py, though the lab's package asks
+# for 3.11 (for its services and load generator, which never run there).
+IMAGE_PYTHON = (3, 10)
+# What Python 3.11 added that a module run there must not use: (module, name), modules, builtins,
+# and methods (Task.cancelling, BaseException.add_note).
+NEWER_NAMES = {
+    ("asyncio", "timeout"), ("asyncio", "TaskGroup"), ("asyncio", "Runner"), ("enum", "StrEnum"),
+    ("typing", "Self"), ("typing", "Never"), ("typing", "LiteralString"), ("typing", "assert_never"),
+    ("datetime", "UTC"), ("hashlib", "file_digest"),
+}  # fmt: skip
+NEWER_MODULES = {"tomllib", "wsgiref.types"}
+NEWER_BUILTINS = {"ExceptionGroup", "BaseExceptionGroup"}
+NEWER_METHODS = {"cancelling", "add_note"}
+
+
+def newer_than_the_image(source: str) -> list[str]:
+    """What `source` uses that the image's Python lacks, by line (its syntax is parsed as 3.10's)."""
+    tree = ast.parse(source, feature_version=IMAGE_PYTHON)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            used = (node.value.id, node.attr)
+            if used in NEWER_NAMES or node.attr in NEWER_METHODS:
+                found.append(f"line {node.lineno}: {'.'.join(used)}")
+        elif isinstance(node, ast.Attribute) and node.attr in NEWER_METHODS:
+            found.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found += [
+                f"line {node.lineno}: from {node.module} import {alias.name}"
+                for alias in node.names
+                if (node.module, alias.name) in NEWER_NAMES or node.module in NEWER_MODULES
+            ]
+        elif isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: import {a.name}" for a in node.names if a.name in NEWER_MODULES]
+        elif isinstance(node, ast.Name) and node.id in NEWER_BUILTINS:
+            found.append(f"line {node.lineno}: {node.id}")
+    return found
+
+
+def lab_modules_run_by(roots: list[Path]) -> dict[str, Path]:
+    """The lab's modules that importing `roots` runs: theirs, and each package's __init__ on the way."""
+    found: dict[str, Path] = {}
+    todo = list(roots)
+    while todo:
+        tree = ast.parse(todo.pop().read_text())
+        for node in ast.walk(tree):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            for name in (name for name in names if name.split(".")[0] == "servelab"):
+                parts = name.split(".")
+                for depth in range(1, len(parts) + 1):
+                    module = ".".join(parts[:depth])
+                    base = paths.REPO_ROOT.joinpath(*parts[:depth])
+                    for file in (base / "__init__.py", base.with_suffix(".py")):
+                        if module not in found and file.is_file():
+                            found[module] = file
+                            todo.append(file)
+    return found
+
+
+def test_what_triton_s_image_runs_uses_nothing_newer_than_its_python():
+    roots = [paths.REPO_ROOT / "servelab" / "triton" / "container.py", *paths.MODELS_STAGING_DIR.glob("*/1/model.py")]
+    modules = lab_modules_run_by(roots)
+    assert {"servelab.triton.model_instance", "servelab.service.food11", "servelab.settings"} <= set(modules)
+    files = [*roots, *modules.values()]
+    newer = {str(file): used for file in files if (used := newer_than_the_image(file.read_text()))}
+    assert newer == {}, f"Python 3.11 only, where Triton's image runs Python 3.10: {newer}"
+    # And the check sees what it looks for:
+    assert newer_than_the_image("import asyncio\nasync def f():\n    async with asyncio.timeout(1):\n        pass\n")
+    assert newer_than_the_image("from typing import Self\n") and newer_than_the_image("task.cancelling()\n")
+    with pytest.raises(SyntaxError):
+        newer_than_the_image("try:\n    pass\nexcept* ValueError:\n    pass\n")
