@@ -42,8 +42,21 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$wanted" ] && [ -x "$VENV/bin/pytho
   exit 0
 fi
 
-[ -x "$VENV/bin/python" ] || { say "creating virtualenv $VENV with $("$PYTHON" --version)"; "$PYTHON" -m venv "$VENV"; }
-say "installing Python packages into $VENV at requirements.lock's versions (the first time: a few minutes, several GB for PyTorch)"
-"$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar on -c requirements.lock -e ".[dev]"
+# A first install takes about 7 GB (PyTorch's CUDA build and its libraries, which run fine on a CPU).
+# Said before pip starts, as pip says it only minutes later, as "[Errno 28] No space left on device".
+if [ ! -x "$VENV/bin/python" ]; then
+  free_gb=$(df -Pk . | awk 'NR == 2 { printf "%.1f", $4 / 1048576 }')
+  if awk -v free="$free_gb" 'BEGIN { exit !(free < 8) }'; then
+    say "WARNING: $free_gb GB free on the disk of $(pwd); a first install takes about 7 GB. If it fails with"
+    say "'No space left on device', free space (docker system prune, old virtualenvs) and run make setup again."
+  fi
+  say "creating virtualenv $VENV with $("$PYTHON" --version)"
+  "$PYTHON" -m venv "$VENV"
+fi
+say "installing Python packages into $VENV at requirements.lock's versions (the first time: a few minutes, about 7 GB)"
+# --no-cache-dir: a copy of the downloaded CUDA libraries in pip's cache would take GBs more, for a
+# reinstall that only a changed requirements.lock makes.
+"$VENV/bin/python" -m pip install --disable-pip-version-check --no-cache-dir --progress-bar on \
+  -c requirements.lock -e ".[dev]"
 echo "$wanted" > "$STAMP"
 say "virtualenv $VENV is ready"
