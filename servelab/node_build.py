@@ -23,6 +23,7 @@ it with its system Python.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import platform
@@ -31,7 +32,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -126,11 +128,25 @@ def read_state(repo: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {"steps": {}}
 
 
+@contextmanager
+def state_lock(repo: Path) -> Iterator[None]:
+    """Held around every write of the state: `start` and the runner it started both write it."""
+    with open(folder(repo) / "state.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def write_state(repo: Path, state: dict) -> None:
+    with state_lock(repo):
+        replace_state(repo, state)
+
+
+def replace_state(repo: Path, state: dict) -> None:
+    """The state file replaced whole, so that a reader never sees half a file; under `state_lock`."""
     path = folder(repo) / "state.json"
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(state, indent=1))
-    partial.replace(path)  # a reader never sees half a file
+    partial.replace(path)
 
 
 def runner_alive(state: dict) -> bool:
@@ -190,6 +206,12 @@ def start(repo: Path, compose: list[str]) -> str:
     if state.get("mode") == ("pull" if image_prefix(repo) else "build") and Progress(status(repo)).current() is None:
         return "Every image is built and its services started."
     folder(repo).mkdir(parents=True, exist_ok=True)
+    # Each step not done is pending again before the runner exists, so that a status read before the
+    # runner's first write does not report the last run's failure (or its dead runner) as this run's.
+    for record in state["steps"].values():
+        if record["status"] != "done":
+            record["status"] = "pending"
+    write_state(repo, state)
     with open(folder(repo) / "runner.log", "ab") as output:
         runner = subprocess.Popen(
             [sys.executable, "-m", "servelab.node_build", "run", "--repo", str(repo), "--compose", shlex.join(compose)],
@@ -199,11 +221,13 @@ def start(repo: Path, compose: list[str]) -> str:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # setsid: no hang-up when the SSH connection goes
         )
-    # At once, so that a status read before the runner writes its own does not find the last runner gone.
-    state = read_state(repo)
-    if state.get("runner_pid") != runner.pid:
-        state["runner_pid"] = runner.pid
-        write_state(repo, state)
+    # At once, so that a status read before the runner writes its own does not find the last runner gone;
+    # under the lock, so that this write keeps whatever the runner wrote first.
+    with state_lock(repo):
+        state = read_state(repo)
+        if state.get("runner_pid") != runner.pid:
+            state["runner_pid"] = runner.pid
+            replace_state(repo, state)
     resumed = [name for name, r in state["steps"].items() if r["status"] == "done"]
     where = f", resuming after {', '.join(resumed)}" if resumed else ""
     return f"Started the build (process {runner.pid}){where}; its log: {STATE_FOLDER / 'build.log'}."

@@ -163,6 +163,8 @@ def test_a_failed_step_stops_the_build_saying_what_failed_and_runs_again_from_th
     assert "---- servelab: triton:build: " in log and "#7 [torch 2/5] RUN pip install torch" in log
 
     del node.env["STANDIN_FAIL"]
+    assert node.ask(f"cd {node.repo.name} && python3 -m servelab.node_build start").startswith("Started the build")
+    assert Progress(node_build.status(node.repo)).failed() is None, "the last run's failure is not this run's"
     node.follow(until="ray_serve")
     assert node.called() == [*CALLS_BUILDING[:3], *CALLS_BUILDING[2:]]
 
