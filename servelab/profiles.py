@@ -44,6 +44,9 @@ PROFILES = {
         perf_window_ms=1500,
         agreement_pairs=1,
         step_s=15.0,
+        # One request in flight and the most: c=8 runs the same code as c=16 (and the full profile
+        # measures it); two windows each, so that the pooling of windows is run too.
+        concurrencies=(1, 16),
         windows=2,
     ),
 }
