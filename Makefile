@@ -13,7 +13,7 @@ up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve a
 # (pytest's own summary above it gives its wall time and its five slowest items).
 MAKE_STARTED := $(shell date +%s)
 
-test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook (nbmake): about 25 minutes on 2 cores
+test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then every notebook (nbmake): 25 to 60 minutes on 2 cores, as busy as the machine is
 	@$(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
 	echo "make test: $$(( $$(date +%s) - $(MAKE_STARTED) )) s in all, set-up included (exit $$status)"; exit $$status
 
@@ -24,7 +24,7 @@ test-notebook: artifacts  ## one notebook against the lab, as `make test` runs i
 	@test -f "notebooks/$(NOTEBOOK).ipynb" || { echo "NOTEBOOK=$(NOTEBOOK) is not one of: $(basename $(notdir $(wildcard notebooks/[0-9]*.ipynb notebooks/appendix_*.ipynb)))" >&2; exit 2; }
 	$(PY) -m pytest "notebooks/$(NOTEBOOK).ipynb" $(PYTEST_ARGS)
 
-test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3, 5, 7, 9 and tests/test_compose.py in its Jupyter, tear down (about 14 minutes; a first build adds 5-20)
+test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3, 5, 7, 9 and tests/test_compose.py in its Jupyter, tear down (about 6 minutes with the images built; a first build adds 5-20)
 	bash scripts/test_docker.sh
 
 docker-build: setup  ## only the Docker engine and the Compose project's images (CPU variant), as test-docker builds them (5-20 minutes the first time, a minute after)
