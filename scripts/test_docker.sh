@@ -147,7 +147,9 @@ if [ "$(id -u)" -eq 0 ]; then
   # A crash: `docker kill` would count as stopping it by hand, which restart: unless-stopped obeys.
   say "killing fastapi_onnx's server process, as a crash would, and waiting for Docker to restart it"
   restarts_before=$(docker inspect -f '{{.RestartCount}}' "$container")
-  kill -9 "$(docker inspect -f '{{.State.Pid}}' "$container")"
+  # The container's PID 1 is Docker's init (compose.yaml: init: true); the server is its child.
+  server=$(pgrep -P "$(docker inspect -f '{{.State.Pid}}' "$container")")
+  kill -9 "$server"
 else
   say "restarting fastapi_onnx's container (only root can kill its process as a crash would)"
   restarts_before=-1
