@@ -31,15 +31,16 @@ PROJECT=servelab-check
 # What each notebook adds in the containers, beyond its run in `make test`:
 #  3: the FastAPI services and a GourmetGram of the notebook's reached by service name, not 127.0.0.1;
 #  5: Triton's own image: the repository staged at its start in the volume it shares with Jupyter,
-#     a config changed from another container, Triton's log read through that volume;
-#  7: FastAPI fetching photos from the image host across the project's network (its allowed hosts);
-#  9: cancellation as Triton's image (its release) and Docker's network deliver it, the steps a
-#     stream ran counted from Triton's log through the shared volume.
-# Not here: 4 (the same services, out of this container's sight), 6 and 8 (their container paths:
-# tests/test_compose.py), 10 (its paths there, a config applied and Triton's log read through the
-# volume, gRPC to Triton by name, are 5's and 9's), and the appendix (it probes Triton 2.51's crash,
-# the release `make test` runs too; here Docker's restart brings Triton back, which step 6 checks).
-NOTEBOOKS=(3_fastapi.ipynb 5_triton.ipynb 7_io_vs_compute.ipynb 9_cancellation.ipynb)
+#     a config changed from another container, Triton's log read through that volume.
+# Not here: 4 (the same services, out of this container's sight), 6 to 9 (what their lessons do
+# differently in the containers, checked in seconds by tests/test_compose.py: perf_analyzer and
+# instances (6), photos fetched from the image host by its service name (7), Ray Serve's container
+# (8), cancels delivered to Triton's container over gRPC and a stream's steps counted from its log
+# in the shared volume (9); each measured its lesson here again for minutes), 10 (its paths there,
+# a config applied and Triton's log read through the volume, gRPC to Triton by name, are 5's and
+# 9's), and the appendix (it probes Triton 2.51's crash, the release `make test` runs too; here
+# Docker's restart brings Triton back, which step 6 checks).
+NOTEBOOKS=(3_fastapi.ipynb 5_triton.ipynb)
 PY=.venv/bin/python
 DOCKERD_PID=.lab/docker/dockerd.pid
 build_only=0

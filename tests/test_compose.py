@@ -1,21 +1,26 @@
 """The Compose project's own paths, from its Jupyter container: `make test-docker` runs this file
-there, beside notebooks 3, 5, 7 and 9 (scripts/test_docker.sh says why those).
+there, beside notebooks 3 and 5 (scripts/test_docker.sh says why those).
 
-Notebooks 4, 6 and 8 run once, in `make test`, against the local stack; in the containers they
+Notebooks 4 and 6 to 10 run once, in `make test`, against the local stack; in the containers they
 would measure the same lessons again for many minutes. What they do differently there is checked
 here in seconds: the lab's client of Ray Serve's own container (its REST API, its token and
-hardware in the shared volume) deploying replicas and measuring them, perf_analyzer in the Jupyter
-image against Triton's container, and instances changed through the volume both containers share.
+hardware in the shared volume) deploying replicas and measuring them (8), perf_analyzer in the
+Jupyter image against Triton's container and instances changed through the volume both containers
+share (6), photos fetched from the image host across the project's network (7), and cancels
+delivered to Triton's container over gRPC, counted from its log in the shared volume (9).
 Elsewhere (LAB_SERVICES=local) there is no Compose project to reach, and the module says so.
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 
 import pytest
+import requests
 
 from servelab.lab import Lab
+from servelab.lessons import cancellation
 from servelab.settings import settings
 
 pytestmark = [
@@ -73,3 +78,43 @@ def test_instances_typed_for_the_gpu_node_run_on_the_hardware_triton_s_container
     finally:
         lab.triton.restore_config("food_classifier_onnx")
     assert lab.triton.served_instances("food_classifier_onnx") == shipped.instance_count()
+
+
+def test_photos_come_from_the_image_host_by_its_service_name_and_other_hosts_are_refused(lab):
+    service = lab.fastapi_url("onnx")
+    by_url = requests.post(f"{service}/predict", json={"url": lab.image_url("soup.jpg")}, timeout=30)
+    photo = base64.b64encode(lab.sample_image()).decode()
+    sent = requests.post(f"{service}/predict", json={"image": photo}, timeout=30)
+    assert by_url.status_code == 200 and by_url.json() == sent.json(), (by_url.text, sent.text)
+    for url, status in ((f"{service}/health", 403), ("file:///etc/passwd", 400)):
+        refused = requests.post(f"{service}/predict", json={"url": url}, timeout=30)
+        assert refused.status_code == status, (url, refused.text)
+    # A variant of notebook 7's, a process of this container, downloading across the network.
+    latency_ms = 50
+    with lab.fastapi_variant("onnx", slots=1, IMAGE_DOWNLOAD_PLACEMENT="outside_slot") as url:
+        run = lab.concurrent("onnx", 4, url=url, image_url=lab.image_url("soup.jpg", latency_ms=latency_ms),
+                             name="fastapi_onnx, 1 slot, download outside_slot")  # fmt: skip
+    assert run.errors == {} and run.latencies_ms, run.errors
+    assert run.service_stats["stage_mean_ms"]["download"] >= latency_ms, "each download waited out the host's latency"
+
+
+def test_cancels_reach_triton_s_container_over_grpc_and_its_log_counts_the_steps_of_streams(lab):
+    model = "food_classifier_onnx"
+    experiment = cancellation.Experiment(lab, patient=2, impatient=4, stream_patient=1, stream_impatient=2)
+    one_at_a_time = (
+        lab.triton.config(model)
+        .with_fields(max_batch_size=1)
+        .with_instance_groups(lab.triton.instance_groups(1))
+        .with_dynamic_batching()
+    )
+    with experiment.triton_config(model, one_at_a_time):
+        run = experiment.triton_requests("grpc", model)
+    stats = run.triton_stats
+    assert run.cancelled > 0, "the impatient clients gave up on requests"
+    # Dropped before the model, or answered CANCELLED by it (read from Triton's log in the shared volume).
+    never_computed = stats["fail_count"] + stats["cancelled_by_model"]
+    assert never_computed > 0, f"no cancel reached Triton: {stats}"
+    streams = experiment.stream("Triton", "on")
+    steps = streams.steps
+    assert streams.cancelled > 0 and steps["computed"] > 0, f"the steps were counted from Triton's log: {steps}"
+    assert steps["for_gone_clients"] <= 2 * streams.cancelled, steps

@@ -4,6 +4,7 @@ import base64
 import re
 
 import numpy as np
+import psutil
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
@@ -109,3 +110,16 @@ def test_each_model_logs_where_its_runtime_runs_it_and_its_thread_plan_from_its_
             "(set by 1 instance(s) in the config)"
         )
         assert re.search(rf"{model} instance .*{re.escape(where)}.*threads: {re.escape(plan)}", log)
+
+
+def test_pytorch_s_threads_wait_without_spinning_in_every_model_s_process(model_servers):
+    """Every Python-backend stub (an instance's process) has OpenMP's passive wait: a spinning team
+    holds the cores that the other instances, and the rest of the machine, need."""
+    (triton,) = [managed for managed in model_servers.processes if managed.spec.name == "triton"]
+    stubs = [
+        child
+        for child in psutil.Process(triton.started_process.pid).children(recursive=True)
+        if child.name().startswith("triton_python")
+    ]
+    assert stubs, "the models run in Python-backend stubs, children of tritonserver"
+    assert {stub.environ().get("OMP_WAIT_POLICY") for stub in stubs} == {"PASSIVE"}

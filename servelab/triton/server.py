@@ -214,6 +214,14 @@ def server_command(
     return command
 
 
+# PyTorch's OpenMP threads wait for each other by spinning, each on a core. Several stubs (an
+# instance each), or anything else on the machine, take a core a spinning team waits on: on 2
+# shared cores (2026-11-28) MobileNetV2 with 2 threads took 115 ms spinning against 44 ms waiting
+# passively; with one core busy elsewhere, food_sequence computed a frame in 1,962 ms against 64.
+SPIN_FREE = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def server_environment() -> dict[str, str]:
-    """The Python backend stub embeds the system libpython; model.py's imports come from this venv."""
-    return {"PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    """The Python backend stub embeds the system libpython; model.py's imports come from this venv.
+    Its OpenMP threads wait without spinning (SPIN_FREE)."""
+    return {"PYTHONPATH": sysconfig.get_paths()["purelib"], **SPIN_FREE}
