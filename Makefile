@@ -24,7 +24,7 @@ test-notebook: artifacts  ## one notebook against the lab, as `make test` runs i
 	@test -f "notebooks/$(NOTEBOOK).ipynb" || { echo "NOTEBOOK=$(NOTEBOOK) is not one of: $(basename $(notdir $(wildcard notebooks/[0-9]*.ipynb notebooks/appendix_*.ipynb)))" >&2; exit 2; }
 	$(PY) -m pytest "notebooks/$(NOTEBOOK).ipynb" $(PYTEST_ARGS)
 
-test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3 and 5 and tests/test_compose.py in its Jupyter, tear down (about 6 minutes with the images built; a first build adds 5-20)
+test-docker: setup  ## the Compose project for real, CPU variant: build, up, notebooks 3 and 5 and tests/test_compose.py in its Jupyter, tear down (about 4 minutes with the images built; a first build adds 5-20)
 	bash scripts/test_docker.sh
 
 docker-build: setup  ## only the Docker engine and the Compose project's images (CPU variant), as test-docker builds them (5-20 minutes the first time, a minute after)

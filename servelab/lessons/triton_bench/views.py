@@ -75,7 +75,7 @@ def device_use(runs: Mapping[str, RunResult | None], cores: int, sweep: bool = F
             "instance, not the device, and more instances can use what one leaves idle."
             if busiest < FULL
             else f"{grew} with the device {busiest:.0%} busy: full, so more instances help only as far as that "
-            "busy time is waiting (threads that spin count as busy); section 2 measures it."
+            "busy time is waiting (a thread spinning while it waits counts as busy); section 2 measures it."
         )
     return "\n".join(lines)
 
