@@ -456,7 +456,11 @@ def test_poisson_arrivals_seen_by_the_server_are_exponential(server):
     constant = _kept_to_schedule(server, rate / 2, requests=150)
     assert constant.mean() == pytest.approx(2 / rate, rel=0.05)
     assert np.median(constant) == pytest.approx(2 / rate, rel=0.1)
-    assert (np.abs(constant - 2 / rate) < 0.005).mean() >= 0.8  # most within 5 ms of 20 ms
+    # The middle half of the gaps within 5 ms of 20 ms, where an exponential's quartiles would be
+    # 0.29 and 1.39 of its mean (6 and 28 ms). A send made late by a busy machine moves two gaps; a
+    # fifth of the gaps more than 5 ms off (one core kept busy, 2026-11-28) leaves the quartiles inside.
+    quartiles = np.percentile(constant, [25, 75])
+    assert np.abs(quartiles - 2 / rate).max() < 0.005, f"quartiles {quartiles * 1000} ms of a constant 20 ms"
 
 
 def test_arrival_schedules():
