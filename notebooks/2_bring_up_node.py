@@ -38,10 +38,10 @@ from pathlib import Path
 
 from chi import context, lease, server
 
-# The repository root, so `servelab` imports where the lab is not pip-installed (Chameleon's
-# Jupyter server). servelab.environment needs nothing beyond the standard library.
-if (Path.cwd().parent / "servelab").is_dir():
-    sys.path.insert(0, str(Path.cwd().parent))
+# The repository root (above notebooks/, or notebooks/student/), so `servelab` imports where the lab
+# is not pip-installed (Chameleon's Jupyter server). servelab.environment needs only the standard library.
+REPO_ROOT = next((folder for folder in Path.cwd().parents if (folder / "servelab").is_dir()), Path.cwd().parent)
+sys.path.insert(0, str(REPO_ROOT))
 from servelab import node_build, node_setup
 from servelab.environment import chameleon_only, current_services
 from servelab.settings import repository_url
@@ -307,7 +307,7 @@ if chameleon_only("read the Jupyter token"):
         raise RuntimeError("The Jupyter container printed no token: check `docker compose logs jupyter` on the node.")
     print(f"On your own machine, open the tunnel: ssh -i ~/.ssh/id_rsa_chameleon -N -L 8888:127.0.0.1:8888 "
           f"-L 8300:127.0.0.1:8300 -L 8100:127.0.0.1:8100 -L 8101:127.0.0.1:8101 cc@{FLOATING_IP}")
-    print(f"Then open in your browser: http://127.0.0.1:8888/lab?token={token.group(1)}")
+    print(f"Then open in your browser: http://127.0.0.1:8888/lab/tree/notebooks/student?token={token.group(1)}")
 
 # %% [markdown]
 # ## Next
@@ -329,5 +329,5 @@ if chameleon_only("read the Jupyter token"):
 # %%
 if chameleon_only("copy the notebooks and results off the node"):
     with node.ssh_connection() as ssh:
-        copied = node_setup.copy_off(ssh, REPO_DIR, Path.cwd().parent / "from_node" / gpu_lease.name)
+        copied = node_setup.copy_off(ssh, REPO_DIR, REPO_ROOT / "from_node" / gpu_lease.name)
     print(f"{len(copied)} files copied to from_node/{gpu_lease.name}:", *sorted(copied), sep="\n  ")

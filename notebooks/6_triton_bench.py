@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 6. Benchmarking Triton: queueing, instances, backends and dynamic batching
 #
-# **Time:** about 33 minutes (6 reading, 9 running, 18 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 36 minutes (6 reading, 9 running, 21 hands-on; `python -m servelab.time_plan`)
 #
 # Where does a request's time go when Triton is loaded? Each experiment states an expectation,
 # measures, and checks it against this run's numbers. In Docker, cells run in the Jupyter
@@ -38,8 +38,10 @@ lab = Lab.connect("6_triton_bench")
 # Where Triton held under two requests at a time, nothing could queue: NOT CHECKED.
 
 # %%
-predicted_queueing_grows = None  # before you run: True if the queue grows with the clients, compute staying, else False
+predicted_queue_at_16_ms = None  # before you run: the time a request waits in Triton's queue at 16 clients, in ms
 predicted_clients_ahead = None  # and True if at c clients the queue is about (c - 1) compute times, else False
+
+# %%
 python_backend = {f"c={c}": lab.triton.perf("food_classifier", concurrency=c) for c in (1, 8, 16)}
 lab.breakdown(python_backend);
 
@@ -49,7 +51,7 @@ lab.breakdown(python_backend);
 
 # %%
 sweep = {c: python_backend[f"c={c}"] for c in (1, 8, 16)}
-lab.record(triton_bench.queueing_grows(sweep, lab.hardware(), lab.cores), predicted=predicted_queueing_grows)
+lab.record(triton_bench.queueing_grows(sweep, lab.hardware(), lab.cores), predicted=predicted_queue_at_16_ms)
 lab.record(triton_bench.queue_is_the_clients_ahead(sweep, lab.hardware()), predicted=predicted_clients_ahead)
 print(triton_bench.device_use(python_backend, lab.cores, sweep=True))
 
@@ -58,7 +60,11 @@ print(triton_bench.device_use(python_backend, lab.cores, sweep=True))
 # The lab adds its Triton (`-u`) and a report file (`-f`); a line it won't run says what to change.
 
 # %%
-my_command = "perf_analyzer -m food_classifier --concurrency-range 4 --measurement-request-count 20"  # edit me
+# Your turn: my_command = "perf_analyzer ...", a line for the model food_classifier at a concurrency
+#   of your choice (flags: -m, --concurrency-range, --measurement-request-count: Triton's perf_analyzer CLI guide).
+### BEGIN SOLUTION
+my_command = "perf_analyzer -m food_classifier --concurrency-range 4 --measurement-request-count 20"
+### END SOLUTION
 typed_runs = lab.triton.perf_typed(my_command)
 if typed_runs:
     lab.table(typed_runs)
@@ -75,12 +81,14 @@ if typed_runs:
 # 2. so the client gets at least 4 times the images per second.
 
 # %%
-predicted_client_batching = None  # before you run: True if 16 images compute in under twice the time of 1
-# (so at least 4 times the images per second), else False
+predicted_batch_gain = None  # before you run: how many times the images per second of 1 image per request
+# one client gets with 16 per request (a number)
+
+# %%
 batch_of_16 = lab.triton.perf("food_classifier", concurrency=1, batch_size=16)
 lab.breakdown({"1 image per request": python_backend["c=1"], "16 images per request": batch_of_16})
 lab.record(triton_bench.client_batching(python_backend["c=1"], batch_of_16, lab.hardware(), lab.cores),
-           predicted=predicted_client_batching);
+           predicted=predicted_batch_gain);
 
 # %% [markdown]
 # That helps only a client with 16 images. For one photo per user: more instances, or server batches.
@@ -99,23 +107,36 @@ print(shipped)
 # the lab runs as many CPU instances (the printout shows it).
 
 # %%
-predicted_instances = None  # before you run: True if 4 instances serve more than 1, and 8 no more than 4, else False
+predicted_speedup = None  # before you run: how many times the requests per second of 1 instance 4 serve (a number)
+
+# %%
+# Your turn: two_per_gpu = """instance_group [ ... ]""", two instances on GPU 0 and two on GPU 1
+#   (a group's fields: count, kind (KIND_GPU or KIND_CPU), gpus; how: `config.pbtxt` as printed above,
+#   and Triton's model configuration guide, "Instance Groups").
+### BEGIN SOLUTION
 two_per_gpu = """
 instance_group [
   { count: 2, kind: KIND_GPU, gpus: [ 0 ] },
   { count: 2, kind: KIND_GPU, gpus: [ 1 ] }
 ]
 """
+### END SOLUTION
 lab.triton.apply_config("food_classifier", shipped.with_text(two_per_gpu))
-four_instances = lab.triton.perf("food_classifier", concurrency=8)
+more_instances = lab.triton.served_instances("food_classifier")
+by_instances = {1: python_backend["c=8"], more_instances: lab.triton.perf("food_classifier", concurrency=8)}
 
 # %% [markdown]
 # Now four instances on each GPU, eight in all:
 
 # %%
+# Your turn: four_per_gpu = "instance_group [ ... ]", four instances on each of GPUs 0 and 1 (the
+#   fields as above).
+### BEGIN SOLUTION
 four_per_gpu = "instance_group [ { count: 4, kind: KIND_GPU, gpus: [ 0 ] }, { count: 4, kind: KIND_GPU, gpus: [ 1 ] } ]"
+### END SOLUTION
 lab.triton.apply_config("food_classifier", shipped.with_text(four_per_gpu))
-eight_instances = lab.triton.perf("food_classifier", concurrency=8)
+most_instances = lab.triton.served_instances("food_classifier")
+by_instances[most_instances] = lab.triton.perf("food_classifier", concurrency=8)
 
 # %% [markdown]
 # **Expectation.** More instances help while the hardware has idle capacity; once it is busy,
@@ -128,11 +149,10 @@ eight_instances = lab.triton.perf("food_classifier", concurrency=8)
 # Locally, the plot stacks each instance's CPU against every core busy (dashed).
 
 # %%
-scaling = {"1 instance": python_backend["c=8"], "4 instances": four_instances, "8 instances": eight_instances}
+scaling = {f"{count} instance{'s' * (count > 1)}": run for count, run in sorted(by_instances.items())}
 lab.breakdown(scaling)
 print(triton_bench.device_use(scaling, lab.cores))
-lab.record(triton_bench.instances_stop_helping({1: scaling["1 instance"], 4: four_instances, 8: eight_instances},
-                                              lab.hardware(), lab.cores), predicted=predicted_instances)
+lab.record(triton_bench.instances_stop_helping(by_instances, lab.hardware(), lab.cores), predicted=predicted_speedup)
 if not lab.on_compose:
     plots.plot_process_cpu(scaling, lab.cores, title="food_classifier at 8 clients: CPU of each instance")
     plt.show()
@@ -259,12 +279,17 @@ lab.breakdown(without_batching);
 # at most 100 microseconds of delay. Then the same runs.
 
 # %%
+# Your turn: batching = """dynamic_batching { ... }""" with preferred batch sizes 4, 6 and 8 and a
+#   delay of at most 100 microseconds (fields: preferred_batch_size, max_queue_delay_microseconds;
+#   how: Triton's model configuration guide, "Dynamic Batcher").
+### BEGIN SOLUTION
 batching = """
 dynamic_batching {
   preferred_batch_size: [ 4, 6, 8 ]
   max_queue_delay_microseconds: 100
 }
 """
+### END SOLUTION
 lab.triton.apply_config("food_classifier_onnx", onnx_shipped.with_text(batching))
 with_batching = triton_bench.poisson_sweep(lab.triton.perf, rates)
 lab.breakdown(with_batching);

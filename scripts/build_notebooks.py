@@ -1,4 +1,6 @@
-"""Generate notebooks/*.ipynb from their jupytext sources (notebooks/*.py, percent format).
+"""Generate the notebooks from their jupytext sources (notebooks/*.py, percent format): the
+instructor's, notebooks/*.ipynb, with the answers (what nbmake runs), and the student's,
+notebooks/student/*.ipynb, with each answer cleared by nbgrader (servelab.lab.your_turn says how).
 
 The .py files are the source of truth: edit them, then run `make notebooks`. The generated
 notebooks carry no outputs; tests/test_notebooks_sources.py fails when they drift.
@@ -16,7 +18,10 @@ from pathlib import Path
 
 import jupytext
 
+from servelab.lab import your_turn
+
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+STUDENT = NOTEBOOKS / "student"
 # Per cell: the longest cells (notebook 6's and 8's sweeps, several runs in one cell) take a few
 # minutes in the full profile on a 2-core machine, more on one shared with other work; 1200 s leaves
 # them that room while a hung cell still fails with its source and traceback (nbmake's report).
@@ -41,13 +46,15 @@ def build(source: Path) -> Path:
             cell_id = hashlib.sha1(cell_id.encode()).hexdigest()[:8]
         seen.add(cell_id)
         cell.id = cell_id
+    your_turn.mark_solution_cells(notebook, source.stem)
     target = source.with_suffix(".ipynb")
     jupytext.write(notebook, target, fmt="ipynb")
+    STUDENT.mkdir(exist_ok=True)
+    jupytext.write(your_turn.student_notebook(notebook), STUDENT / target.name, fmt="ipynb")
     return target
 
 
 if __name__ == "__main__":
-    # The numbered lessons and the appendices (servelab.lab.notebook_runs.sources, which this script,
-    # run before the package may be installed, does not import).
+    # The numbered lessons and the appendices (as servelab.lab.notebook_runs.sources finds them).
     for source in sorted([*NOTEBOOKS.glob("[0-9]*.py"), *NOTEBOOKS.glob("appendix_*.py")]):
-        print(f"{source.name} -> {build(source).name}", file=sys.stderr)
+        print(f"{source.name} -> {build(source).name} and student/{source.stem}.ipynb", file=sys.stderr)

@@ -31,7 +31,7 @@ log = logging.getLogger("servelab")
 
 def _print_urls(ports: Ports, ui_backend: str, weights_info: dict, jupyter_token: str) -> None:
     rows = [
-        ("JupyterLab (the notebooks)", f"http://127.0.0.1:{ports.jupyter}/lab?token={jupyter_token}", ""),
+        ("JupyterLab (the notebooks)", f"http://127.0.0.1:{ports.jupyter}/lab/tree/student?token={jupyter_token}", ""),
         ("GourmetGram web UI", f"http://127.0.0.1:{ports.gourmetgram}/", f"backend: {ui_backend}"),
         ("FastAPI (PyTorch)", f"http://127.0.0.1:{ports.fastapi_pt}/docs", "POST /predict, GET /health, /metrics"),
         (

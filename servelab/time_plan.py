@@ -6,7 +6,8 @@ A notebook's minutes are the sum of:
 - running: its run time in the full profile, as measured (`notebooks/run_times.json`, written by
   `python -m servelab.lab.notebook_runs --record-times`), or for notebook 2 the node's set-up
   (servelab.node_plan), which is what its cells wait for on the GPU node;
-- hands-on: HANDS_ON_MINUTES for each step the student does (a Markdown cell with "**Your turn")
+- hands-on: HANDS_ON_MINUTES for each step the student types (an answer region, `### BEGIN
+  SOLUTION`, which the student's copy clears: servelab.lab.your_turn)
   and PREDICTION_MINUTES for each prediction the student writes down (a code line that sets a
   `predicted_...` variable, which the verdict shows beside the outcome).
 
@@ -51,6 +52,8 @@ TOLERANCE = 0.10
 _CELL = re.compile(r"^# %%(.*)$", re.M)
 _WORD = re.compile(r"[A-Za-z0-9][\w'.-]*")
 _PREDICTION = re.compile(r"^predicted_\w+ = ", re.M)
+# nbgrader's marker of an answer region (servelab.lab.your_turn.BEGIN; this module imports only the standard library).
+ANSWER = "### BEGIN SOLUTION"
 _STATED = re.compile(r"\*\*Time:\*\* about (\d+) minutes[^\n]*")
 
 
@@ -94,6 +97,11 @@ def cells(source: str) -> list[tuple[bool, str]]:
     return [("[markdown]" in header, body) for header, body in zip(parts[1::2], parts[2::2], strict=True)]
 
 
+def code_cells(source: str) -> list[str]:
+    """The text of a jupytext (percent format) source's code cells."""
+    return [body for markdown, body in cells(source) if not markdown]
+
+
 def markdown_cells(source: str) -> list[str]:
     """The text of a jupytext (percent format) source's Markdown cells, without the comment marks."""
     return [
@@ -109,9 +117,9 @@ def prose_words(source: str) -> int:
 
 
 def count_steps(source: str) -> tuple[int, int]:
-    """(hands-on steps, predictions): Markdown cells that ask the student to do something, and the
-    `predicted_...` variables the student sets before a run."""
-    steps = sum("**Your turn" in cell for cell in markdown_cells(source))
+    """(hands-on steps, predictions): the answers the student types (regions the student's copy
+    clears), and the `predicted_...` variables the student sets before a run."""
+    steps = sum(cell.count(ANSWER) for cell in code_cells(source))
     return steps, len(_PREDICTION.findall(source))
 
 

@@ -4,6 +4,7 @@ reading GourmetGram's result page. Servers are real; only the retry test replace
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 
@@ -14,6 +15,7 @@ from servelab.lab import Lab, triton_configs, ui
 from servelab.lab.triton_side import TOP_LOAD, Capacity, rates_at_capacity
 from servelab.lessons.expectations import (
     Condition,
+    Estimate,
     Expectation,
     ExpectationLog,
     LabFault,
@@ -163,6 +165,25 @@ def test_the_student_s_prediction_is_shown_beside_the_verdict_and_judged_right_o
     printed = capsys.readouterr().out
     assert "  You predicted it would hold: wrong" in printed and "Your prediction: it doubles" in printed
     assert "    You predicted it would not hold: right" in log.summary()
+
+
+def test_a_number_predicted_is_shown_with_the_number_measured_and_the_error_and_an_empty_one_is_said():
+    held = condition("rises", True, measured("rate", 2.0))
+    speedup = Estimate("the speedup of 4 instances over 1", 1.84, "x")
+    log = ExpectationLog()
+    said = log.record("instances help", (held,), predicted=3, estimate=speedup).prediction_said()
+    assert said == "You predicted the speedup of 4 instances over 1: x3; measured x1.84: off by +63%"
+    latency = Estimate("the mean latency at c=16", 250.0, "ms")
+    said = log.record("queue grows", (held,), predicted=200.0, estimate=latency).prediction_said()
+    assert said == "You predicted the mean latency at c=16: 200 ms; measured 250 ms: off by -20%"
+    missing = Estimate("the speedup", math.nan, "x")
+    assert "not measured here" in log.record("x", (held,), predicted=2.0, estimate=missing).prediction_said()
+    assert log.record("instances help", (held,), predicted=None, estimate=speedup).prediction_said() == (
+        "No prediction made."
+    )
+    assert "No prediction made." in log.summary()
+    with pytest.raises(LabFault, match="measures none"):
+        log.record("queue grows", (held,), predicted=2.0).prediction_said()
 
 
 def test_a_verdict_not_checked_without_a_reason_is_a_problem_of_the_lab():

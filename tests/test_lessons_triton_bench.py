@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from servelab.lessons import triton_bench
 from servelab.lessons.expectations import Outcome
 from tests.helpers import synthetic_run
@@ -69,6 +71,17 @@ def test_eight_instances_do_no_better_than_four_as_the_original_lab_says():
     assert judged(10, 10.5, 10) == [Outcome.NOT_HELD, Outcome.HELD]  # 4 gained only noise over 1
     missing = triton_bench.instances_stop_helping({1: perf_run(10), 4: perf_run(20), 8: None}, "cpu", 2)
     assert outcomes(missing) == [Outcome.HELD, Outcome.NOT_CHECKED]
+
+
+def test_the_instance_counts_judged_are_those_the_student_typed():
+    typed = triton_bench.instances_stop_helping({6: perf_run(21), 1: perf_run(10), 2: perf_run(20)}, "2 CPU cores", 2)
+    assert outcomes(typed) == [Outcome.HELD, Outcome.HELD]
+    assert [condition.text for condition in typed.conditions] == [
+        "from 1 instance to 2, throughput rises by more than 10%",
+        "6 instances do no better than 2: at most 10% more requests per second (within the noise), or fewer",
+    ]
+    with pytest.raises(ValueError, match="typed twice"):
+        triton_bench.instances_stop_helping({1: perf_run(10), 4: perf_run(20)}, "cpu", 2)
 
 
 def test_onnx_against_python_at_one_client_is_judged_once_on_the_mean():

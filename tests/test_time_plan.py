@@ -24,13 +24,17 @@ print("code is not prose")
 
 # %%
 predicted_growth = None  # True or False
+# Your turn: x = ..., a number.
+### BEGIN SOLUTION
+x = 1
+### END SOLUTION
 """
 
 
-def test_prose_is_the_markdown_cells_words_and_steps_are_counted_there():
+def test_prose_is_the_markdown_cells_words_and_a_step_is_an_answer_the_student_types():
     assert time_plan.prose_words(SOURCE) == 3 + 4 + 7  # "9. A title", "Four words...", the last cell
     assert time_plan.count_steps(SOURCE) == (1, 1)
-    assert time_plan.count_steps('# %%\nprint("**Your turn**")\n') == (0, 0), "only Markdown asks the student"
+    assert time_plan.count_steps("# %% [markdown]\n# **Your turn**: type it.\n") == (0, 0), "only a typed answer counts"
     assert time_plan.count_steps("# %%\nx = predicted_growth\n") == (0, 0), "a prediction is set, not read"
 
 

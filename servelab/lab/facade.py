@@ -41,6 +41,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from servelab import node_build, paths, service_exits
 from servelab.environment import (  # noqa: F401 (notebooks use chameleon_only and machine_info)
@@ -50,11 +51,20 @@ from servelab.environment import (  # noqa: F401 (notebooks use chameleon_only a
 )
 from servelab.lab import ray_side as lab_ray
 from servelab.lab import ui
+from servelab.lab import your_turn as student_steps
 from servelab.lab.measuring import Measuring
 from servelab.lab.run_keeper import RunKeeper, saved_runs_file, wait_until_answering
 from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, TritonSide
 from servelab.lab.ui import PageAnswer
-from servelab.lessons.expectations import Condition, Expectation, ExpectationLog, LabFault, verdict_problems
+from servelab.lessons.expectations import (
+    NOT_ASKED,
+    Condition,
+    Expectation,
+    ExpectationLog,
+    LabFault,
+    Prediction,
+    verdict_problems,
+)
 from servelab.profiles import Profile, profile
 from servelab.report import tables
 from servelab.report.summaries import shown_path
@@ -239,6 +249,11 @@ class Lab(Measuring):
             return f"{len(self.gpus)} GPU(s) ({', '.join(sorted(set(self.gpus)))}) and {self.cores} CPU cores"
         return f"{self.cores} CPU core(s) and no GPU"
 
+    @staticmethod
+    def your_turn() -> NoReturn:
+        """Where the student's copy of a notebook waits for an answer: stop, saying what to type."""
+        student_steps.stop(student_steps.running_cell())
+
     def stop(self) -> None:
         """Stop what this notebook started (nothing else: not `make up`'s services, nor the Compose project's)."""
         for stack in self.keeper.stacks:
@@ -299,20 +314,26 @@ class Lab(Measuring):
         *conditions: Condition,
         reason: str = "",
         must_hold: bool = False,
-        predicted: bool | str | None = None,
+        predicted: Prediction = NOT_ASKED,
     ) -> Expectation:
         """Record what the lesson expected, as the conditions it states, each judged on this run's
         figures (servelab.lessons.expectations.condition); `reason` says why it may not hold here.
         `must_hold`: a claim about what the lab's software does, not about speed, which `verdicts`
         reports as a fault of the lab where it did not hold. `predicted`: the student's prediction,
-        written before the run (True/False: it holds; or words), shown beside the verdict."""
+        written before the run (True/False: it holds; or words; None: left empty), shown beside the verdict."""
         return self.expectations.record(claim, conditions, reason, must_hold, predicted)
 
-    def record(self, expectation: Expectation, predicted: bool | str | None = None) -> Expectation:
+    def record(self, expectation: Expectation, predicted: Prediction = NOT_ASKED) -> Expectation:
         """Record an expectation a lesson's check built and judged (servelab.lessons), as `expect`
-        does, with the student's prediction beside it."""
+        does, with the student's prediction beside it: a number where the check measures one (its
+        `estimate`), shown with the measured number and the error; None where it was left empty."""
         return self.expectations.record(
-            expectation.claim, expectation.conditions, expectation.reason, expectation.must_hold, predicted
+            expectation.claim,
+            expectation.conditions,
+            expectation.reason,
+            expectation.must_hold,
+            predicted,
+            expectation.estimate,
         )
 
     def verdicts(self) -> str:

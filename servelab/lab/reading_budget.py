@@ -17,7 +17,7 @@ import ast
 import sys
 from pathlib import Path
 
-from servelab.time_plan import NOTEBOOKS, cells, notebook_sources, prose_words
+from servelab.time_plan import NOTEBOOKS, code_cells, notebook_sources, prose_words
 
 WORD_BUDGET = 1200
 # Notebook 0 says what the whole lab is, where it runs and how a student arrives.
@@ -28,10 +28,10 @@ LAB_NAME_BUDGET = 15
 _NESTED = {("lab", "triton"), ("lab", "profile"), ("lab", "models")}
 
 
-def code_cells(source: str) -> str:
+def python_code(source: str) -> str:
     """The code of a jupytext source's code cells, IPython's magics and shell lines left out."""
-    code = [body for markdown, body in cells(source) if not markdown]
-    return "\n".join(line for cell in code for line in cell.splitlines() if not line.lstrip().startswith(("%", "!")))
+    lines = (line for cell in code_cells(source) for line in cell.splitlines())
+    return "\n".join(line for line in lines if not line.lstrip().startswith(("%", "!")))
 
 
 def _chain(node: ast.expr) -> list[str]:
@@ -47,7 +47,7 @@ def _chain(node: ast.expr) -> list[str]:
 
 def lab_names(source: str) -> set[str]:
     """The lab names a notebook's cells use (see the module's docstring)."""
-    tree = ast.parse(code_cells(source))
+    tree = ast.parse(python_code(source))
     imported: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("servelab"):

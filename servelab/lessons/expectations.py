@@ -152,15 +152,39 @@ def unless(premise: bool, why: str, judged: Condition) -> Condition:
     return judged if premise else not_checked(judged.text, why, *judged.figures)
 
 
+class NotAsked(Enum):
+    """`predicted` where the lesson asked for no prediction (None: asked, and left empty)."""
+
+    NOT_ASKED = "not asked"
+
+
+NOT_ASKED = NotAsked.NOT_ASKED
+Prediction = bool | float | str | None | NotAsked
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The number a check lets the student predict (the speedup of 4 instances over 1), as this run
+    measured it: computed from the check's own figures (NaN where they are missing)."""
+
+    what: str
+    value: float
+    unit: str = ""  # "x" for a ratio, else a unit: "ms", "req/s"
+
+    def shown(self, value: float) -> str:
+        return f"x{value:.3g}" if self.unit == "x" else f"{value:.3g} {self.unit}".rstrip()
+
+
 @dataclass(frozen=True)
 class Expectation:
     claim: str
     conditions: tuple[Condition, ...]
     reason: str = ""  # why it may not hold here; shown only when a condition did not hold
     must_hold: bool = False  # a claim about what the lab's software does: not holding is a fault of the lab
-    # The student's prediction, written before the run: whether the claim holds (True/False), or in
-    # their own words; shown beside the verdict.
-    predicted: bool | str | None = None
+    # The student's prediction, written before the run: a number (of `estimate`), whether the claim
+    # holds (True/False) where it has no number, or in their own words; None: asked, left empty.
+    predicted: Prediction = NOT_ASKED
+    estimate: Estimate | None = None  # the number a prediction is compared with, where the claim has one
 
     @property
     def outcome(self) -> Outcome:
@@ -181,8 +205,12 @@ class Expectation:
 
     def prediction_said(self) -> str:
         """The student's prediction beside the outcome (empty where the lesson asked for none)."""
-        if self.predicted is None:
+        if self.predicted is NOT_ASKED:
             return ""
+        if self.predicted is None:
+            return "No prediction made."
+        if isinstance(self.predicted, int | float) and not isinstance(self.predicted, bool):
+            return self._number_said(float(self.predicted))
         if isinstance(self.predicted, str):
             return f"Your prediction: {self.predicted}" if self.predicted.strip() else "Your prediction: (none written)"
         guess = "it would hold" if self.predicted else "it would not hold"
@@ -190,6 +218,16 @@ class Expectation:
             return f"You predicted {guess}: not checked here, so neither right nor wrong"
         right = self.predicted == (self.outcome is Outcome.HELD)
         return f"You predicted {guess}: {'right' if right else 'wrong'}"
+
+    def _number_said(self, predicted: float) -> str:
+        if self.estimate is None:
+            raise LabFault(f"a number was predicted for {self.claim!r}, whose check measures none to compare it with")
+        said = f"You predicted {self.estimate.what}: {self.estimate.shown(predicted)}"
+        measured = self.estimate.value
+        if not math.isfinite(measured):
+            return f"{said}; not measured here, so neither right nor wrong"
+        off = f"off by {predicted / measured - 1:+.0%}" if measured else f"off by {predicted - measured:+.3g}"
+        return f"{said}; measured {self.estimate.shown(measured)}: {off}"
 
 
 class ExpectationLog(list):
@@ -201,9 +239,10 @@ class ExpectationLog(list):
         conditions: tuple[Condition, ...],
         reason: str = "",
         must_hold: bool = False,
-        predicted: bool | str | None = None,
+        predicted: Prediction = NOT_ASKED,
+        estimate: Estimate | None = None,
     ) -> Expectation:
-        expectation = Expectation(claim, tuple(conditions), reason, must_hold, predicted)
+        expectation = Expectation(claim, tuple(conditions), reason, must_hold, predicted, estimate)
         self.append(expectation)
         print(expectation)
         return expectation

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from servelab.lessons.expectations import (
+    Estimate,
     Expectation,
     condition,
     figure,
@@ -74,6 +75,11 @@ def client_batching(single: RunResult | None, batched: RunResult | None, hardwar
         f"against {compute_single.value:.1f} ms alone (compute infer here includes model.py decoding each image); "
         f"{_cpu_said('with 1 image per request', single, cores)}. A batch pays where one image leaves the "
         "hardware idle: what the single-image run left unused is the most a batch could use",
+        estimate=Estimate(
+            f"the images per second with {size} images per request, over 1 per request",
+            rate_batched.value / rate_single.value,
+            "x",
+        ),
     )
 
 
@@ -104,34 +110,39 @@ def instance_scaling(one: RunResult | None, more: RunResult | None, instances: i
 
 def instances_stop_helping(runs: dict[int, RunResult | None], hardware: str, cores: int) -> Expectation:
     """The original lab's claim, on the Python-backend model at 8 clients, by instance count
-    (`runs`: 1, 4 and 8 instances): more instances help while the hardware has idle capacity
-    (4 serve more than 1, by more than MARGIN), and once it has none they only fight over it:
-    8 do no better than 4 (at most MARGIN more, or fewer)."""
-    rate = {count: figure(run, "throughput_rps", f"{count} instance{'s' * (count > 1)}") for count, run in runs.items()}
-    one, four, eight = rate[1], rate[4], rate[8]
-    rise, further = four.value / one.value, eight.value / four.value
+    (`runs`: three counts, as the student typed them; the original lab's are 1, 4 and 8): more
+    instances help while the hardware has idle capacity (the middle count serves more than the
+    fewest, by more than MARGIN), and once it has none they only fight over it: the most do no
+    better than the middle count (at most MARGIN more, or fewer)."""
+    if len(runs) != 3:
+        raise ValueError(f"three instance counts to compare, not {sorted(runs)}: was a count typed twice?")
+    fewest, middle, most = sorted(runs)
+    name = lambda count: f"{count} instance{'s' * (count > 1)}"  # noqa: E731
+    rate = {count: figure(run, "throughput_rps", name(count)) for count, run in runs.items()}
+    rise, further = rate[middle].value / rate[fewest].value, rate[most].value / rate[middle].value
     used = "; ".join(_cpu_said(f"with {count}", run, cores) for count, run in runs.items())
     return Expectation(
         "more Python-backend instances help while the hardware has idle capacity, and stop helping when it has none",
         (
             condition(
-                f"from 1 instance to 4, throughput rises by more than {MARGIN:.0%}",
+                f"from {name(fewest)} to {middle}, throughput rises by more than {MARGIN:.0%}",
                 rise > 1 + MARGIN,
-                one,
-                four,
+                rate[fewest],
+                rate[middle],
                 detail=f"x{rise:.2f}",
             ),
             condition(
-                f"8 instances do no better than 4: at most {MARGIN:.0%} more requests per second (within the "
-                "noise), or fewer",
+                f"{name(most)} do no better than {middle}: at most {MARGIN:.0%} more requests per second (within "
+                "the noise), or fewer",
                 further <= 1 + MARGIN,
-                four,
-                eight,
+                rate[middle],
+                rate[most],
                 detail=f"x{further:.2f}",
             ),
         ),
-        reason=f"on {hardware}: {used}. Where 4 instances left the cores idle, 8 use them; where 1 kept them busy, "
-        "4 only take turns",
+        reason=f"on {hardware}: {used}. Where {middle} instances left the cores idle, {most} use them; where "
+        f"{fewest} kept them busy, {middle} only take turns",
+        estimate=Estimate(f"the speedup of {name(middle)} over {fewest}", rise, "x"),
     )
 
 

@@ -9,6 +9,7 @@ import math
 
 from servelab.lessons.expectations import (
     Condition,
+    Estimate,
     Expectation,
     condition,
     figure,
@@ -92,6 +93,7 @@ def queueing_grows(runs: dict[int, RunResult | None], hardware: str, cores: int)
         "here: perf_analyzer's own work, and the model's decoding of the images, compete with the model for the "
         f"cores); at c={most}, Triton held {held:.1f} requests at a time on average, {waiting:.1f} of them in its "
         "queue",
+        estimate=Estimate(f"the time in Triton's queue at c={most}", queue[most].value, "ms"),
     )
 
 
