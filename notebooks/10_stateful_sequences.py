@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 10. Stateful inference: sequences and the sequence batcher
 #
-# **Time:** about 15 minutes (6 reading, 3 running, 6 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 18 minutes (6 reading, 3 running, 9 hands-on; `python -m servelab.time_plan`)
 #
 # Some answers depend on what came before. A meal filmed as a stream of frames is one dish: a
 # classifier that sees one frame at a time should answer with what the frames **so far** say. The
@@ -140,7 +140,12 @@ N = served.max_batch_size
 LENGTH = 10
 alone = stateful.run(f"{MODEL}, {strategy}, 1 sequence at a time", 1, LENGTH)
 oldest = stateful.run(f"{MODEL}, {strategy}, {N} sequences", N, LENGTH)
+# Your turn: direct_strategy = lab.triton.config(MODEL).with_sequence_strategy(...), the direct
+#   strategy with a queue delay of 2,000 microseconds (its field: max_queue_delay_microseconds; Triton's
+#   model configuration guide, "Sequence Batcher", "Direct").
+### BEGIN SOLUTION
 direct_strategy = lab.triton.config(MODEL).with_sequence_strategy("direct", max_queue_delay_microseconds=2000)
+### END SOLUTION
 with stateful.configured(direct_strategy):
     direct = stateful.run(f"{MODEL}, direct, {N} sequences", N, LENGTH)
 runs = {run.name: run for run in (alone, oldest, direct)}

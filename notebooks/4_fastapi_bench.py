@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 4. Benchmarking the FastAPI service
 #
-# **Time:** about 16 minutes (6 reading, 4 running, 7 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 19 minutes (6 reading, 4 running, 10 hands-on; `python -m servelab.time_plan`)
 #
 # You send the FastAPI service of notebook 3 a real request, follow one photo through GourmetGram,
 # then measure: **one** user (PyTorch, then ONNX Runtime), **sixteen** users at once (where does the
@@ -258,14 +258,20 @@ lab.record(elastic, predicted=predicted_elastic_near_best);
 # server that runs the app, sharing one port), each on a share of the cores: `SERVICE_PROCESSES`,
 # planned from the cores and the device.
 #
-# **Predict:** set `predicted_processes` to what `processes_to_try` processes serve against one
-# (say `"2x"`, or `"the same"`).
+# **Predict:** set `predicted_processes` to how many times one process's requests per second
+# `processes_to_try` processes serve (`2.0`, or `1.0` for the same).
+
+# %%
+predicted_processes = None  # before you run: a number
 
 # %%
 from servelab.service.cores import service_plan
 
-processes_to_try = 2  # edit me: 2, 4...
-predicted_processes = ""  # your words
+# Your turn: processes_to_try = ..., the processes (uvicorn's workers, SERVICE_PROCESSES) to compare
+#   with one: 2, 4... (the setting: docs/settings.md, SERVICE_PROCESSES).
+### BEGIN SOLUTION
+processes_to_try = 2
+### END SOLUTION
 plan = service_plan(cores, on_gpu=device.startswith("cuda"))
 print(f"This machine: {cores} core(s); the plan: {plan.describe()}")
 by_processes = {}

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 5. Serving the model with Triton Inference Server
 #
-# **Time:** about 6 minutes (6 reading, 0 running, 0 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 9 minutes (6 reading, 0 running, 3 hands-on; `python -m servelab.time_plan`)
 #
 # In FastAPI, requests beyond its fixed number of inference slots wait in line: that *queueing
 # delay* made its latencies grow with concurrency, while the model itself got no slower.
@@ -189,6 +189,24 @@ print(f"food_classifier says: {label} (probability {probability:.3f}); weights: 
 # %% [markdown]
 # If the weights are `untrained`, the label is arbitrary: only the timing means anything.
 #
+# ## Many requests: perf_analyzer
+#
+# **perf_analyzer**, Triton's load generator, sends a model requests for a few seconds and reports
+# its throughput and latency, with Triton's own account of where the time went. Notebook 6 measures
+# with it throughout.
+#
+# **Your turn.** Type a perf_analyzer line, as in a terminal, that sends `food_classifier` one
+# request at a time. The lab adds its Triton (`-u`) and the photo as input.
+
+# %%
+# Your turn: first_command = "perf_analyzer ...", the model food_classifier, one request at a time
+#   (flags: -m, --concurrency-range: Triton's perf_analyzer CLI guide).
+### BEGIN SOLUTION
+first_command = "perf_analyzer -m food_classifier --concurrency-range 1"
+### END SOLUTION
+lab.triton.perf_typed(first_command);  # perf_analyzer's own report, then the run kept
+
+# %% [markdown]
 # ## The web UI, now in front of Triton
 #
 # The next cell starts a GourmetGram that forwards photos to `food_classifier`, uploads one as your

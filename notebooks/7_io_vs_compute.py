@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 7. I/O outside the predict slot: fetching the photo by URL
 #
-# **Time:** about 14 minutes (6 reading, 6 running, 3 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 17 minutes (6 reading, 6 running, 6 hands-on; `python -m servelab.time_plan`)
 #
 # So far every request carried its photo. Real services often receive a *reference* instead: the
 # photo sits in an object store (S3, Swift, a CDN), and the request says where. The server downloads
@@ -108,7 +108,11 @@ predicted_slot_at_50ms = None  # before you run: True if all four of the predict
 predicted_slot_at_200ms = None  # and True if all four hold at 200 ms, else False (both recorded two cells below)
 LATENCIES_MS = (50, 200)
 CONCURRENCIES = (1, 4, 16)
+# Your turn: PLACEMENTS = (..., ...), the two values of the service's setting IMAGE_DOWNLOAD_PLACEMENT,
+#   the download outside the predict slot first (docs/settings.md, IMAGE_DOWNLOAD_PLACEMENT).
+### BEGIN SOLUTION
 PLACEMENTS = ("outside_slot", "inside_slot")
+### END SOLUTION
 runs = {}  # (latency, placement) -> concurrency -> run
 enough = {}  # latency -> the senders that keep the slot busy with the download outside it
 for placement in PLACEMENTS:

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 8. The concurrency target, and replicas that come and go: Ray Serve
 #
-# **Time:** about 25 minutes (6 reading, 11 running, 8 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 28 minutes (6 reading, 11 running, 11 hands-on; `python -m servelab.time_plan`)
 #
 # Notebook 7 limited the work *inside* one server: its **predict slots** (`PREDICT_CONCURRENCY`), the
 # inferences it runs at once. A platform running **replicas** (copies of the model's service, each with
@@ -86,6 +86,11 @@ predicted_scales_on_target = None  # before you run: True if 3 clients bring a 2
 # is not full, and it goes once the load drops, else False
 predicted_queue_in_front = None  # and True if with 12 clients requests wait in front of the replicas, else False
 MAX_ONGOING, TARGET, BETWEEN = 4, 1.5, 3  # BETWEEN: clients above the target, below the cap
+# Your turn: autoscaling = {...}, Serve's autoscaling_config: the target TARGET, 1 to 2 replicas, a
+#   replica added after 2 s above it and removed after 5 s below, load averaged over 4 s and sampled
+#   every second (fields: target_ongoing_requests, min_replicas, max_replicas, upscale_delay_s,
+#   downscale_delay_s, look_back_period_s, metrics_interval_s: Ray Serve's "Autoscaling config parameters").
+### BEGIN SOLUTION
 autoscaling = {
     "target_ongoing_requests": TARGET,
     "min_replicas": 1,
@@ -95,6 +100,7 @@ autoscaling = {
     "look_back_period_s": 4,
     "metrics_interval_s": 1,
 }
+### END SOLUTION
 step_config = serve.shipped_config()
 food11 = serve.deployment_options(step_config)
 food11["max_ongoing_requests"] = MAX_ONGOING

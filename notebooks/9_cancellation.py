@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 9. Cancellation: stop working for clients who left
 #
-# **Time:** about 19 minutes (6 reading, 6 running, 7 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 22 minutes (6 reading, 6 running, 10 hands-on; `python -m servelab.time_plan`)
 #
 # A client that gives up (a closed tab, an app's timeout, a retry) leaves its request on the
 # server. A server that computes it anyway spends a predict slot on an answer nobody reads, while
@@ -69,7 +69,12 @@ experiment = cancellation.Experiment(
 predicted_waste_without = None  # before you run: True if, abandoning off, the server computes answers nobody
 # reads and the patient clients pay (expectation 1), else False
 predicted_abandoning_cuts = None  # and True if, on, the waste falls under a quarter of that (expectation 2), else False
-for setting in ("off", "on"):
+# Your turn: SETTINGS = (..., ...), the two values of the service's setting ABANDON_ON_DISCONNECT,
+#   off first (docs/settings.md, ABANDON_ON_DISCONNECT).
+### BEGIN SOLUTION
+SETTINGS = ("off", "on")
+### END SOLUTION
+for setting in SETTINGS:
     with lab.fastapi_variant("onnx", slots=1, ABANDON_ON_DISCONNECT=setting) as url:
         experiment.requests(f"fastapi_onnx, 1 slot, abandon {setting}", url)
 
@@ -150,7 +155,7 @@ experiment.requests("ray_serve, 1 replica", serve.url)
 
 # %%
 predicted_fastapi_stream_stops = None  # before you run: True if FastAPI's streams hold expectations 1 to 3, else False
-for setting in ("off", "on"):
+for setting in SETTINGS:
     with lab.fastapi_variant("onnx", slots=1, ABANDON_ON_DISCONNECT=setting) as url:
         experiment.stream("FastAPI", setting, url)
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from servelab.lessons.expectations import (
     Condition,
+    Estimate,
     Expectation,
     Outcome,
     condition,
@@ -225,4 +226,5 @@ def processes_follow_the_plan(
         + ("one interpreter caps a process" if planned > 1 else "the cores, not the interpreter, are the limit"),
         (unless(processes > 1, f"{processes} process(es) tried: the same setting as one, nothing to compare", part),),
         reason=f"on {cores} core(s), {processes} processes served x{gain:.2f} of one process's throughput",
+        estimate=Estimate(f"the requests per second of {processes} processes over 1", gain, "x"),
     )
