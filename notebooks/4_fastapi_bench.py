@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 4. Benchmarking the FastAPI service
 #
-# **Time:** about 19 minutes (6 reading, 4 running, 10 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 20 minutes (6 reading, 4 running, 10 hands-on; `python -m servelab.time_plan`)
 #
 # You send the FastAPI service of notebook 3 a real request, follow one photo through GourmetGram,
 # then measure: **one** user (PyTorch, then ONNX Runtime), **sixteen** users at once (where does the
@@ -9,6 +9,9 @@
 #
 # **Where the cells run:** as in notebook 3 (in Docker, the Compose project's Jupyter container).
 # Numbers differ between a GPU node and a laptop: the *trends* are the lesson.
+#
+# **Watch the GPU** on the node: in a terminal, `ssh cc@<the node's floating IP>` (notebook 2 printed
+# it), then `nvtop`. Keep it beside this notebook: each run shows there as GPU use and memory.
 
 # %%
 import base64
@@ -188,9 +191,9 @@ lab.record(fastapi_bench.health_stays_out_of_the_queue(watch.idle_ms, watch.load
 # ### What the machine was doing
 #
 # Locally: CPU only, and the server's share of it (the rest is the load generator). On the GPU
-# node, if the title says no GPU was found, watch `nvtop` on the node while you re-run the
-# 16-sender cell. With one slot and one image per model call, is the GPU busy, or idle between
-# images while sixteen requests wait?
+# node, if the title says no GPU was found, watch `nvtop` while you re-run the 16-sender cell. With
+# the slots printed above (each process has its own) and one image per model call, is the GPU busy,
+# or idle between images while sixteen requests wait?
 
 # %%
 print(fastapi_bench.usage_text(concurrent_onnx.resources, lab.cores))
@@ -213,13 +216,14 @@ plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concur
 # 2. a request alone is served faster with every core than with one;
 # 3. the elastic default is within 15% of the best plan, alone and under load.
 #
-# On a GPU these plans only share the CPU's other work, and the three read NOT CHECKED.
+# On a GPU these plans only share the CPU's other work: there the cells skip them, saying so.
 
 # %%
 predicted_crowded_slower = None  # before you run: True if more busy threads than cores is slower, else False
 predicted_elastic_near_best = None  # and True if the default plan is within 15% of the best, else False
 cores = lab.cores
-plans = fastapi_bench.thread_plans(cores)  # name -> (slots, threads per inference); None: the default
+device = requests.get(f"{fastapi_url}/health", timeout=10).json()["device"]
+plans = fastapi_bench.thread_plans(cores) if device == "cpu" else {}  # name -> (slots, threads); None: default
 senders = 4 * cores
 alone, loaded = {}, {}
 for name, (slots, threads) in plans.items():
@@ -228,26 +232,24 @@ for name, (slots, threads) in plans.items():
         print(f"{name}: {plan_health['threads']}")
         alone[name] = lab.sequential("pt", url=variant_url, name=f"fastapi_pt, {name}")
         loaded[name] = lab.concurrent("pt", senders, url=variant_url, name=f"fastapi_pt, {name}")
-device = plan_health["device"]
-print(f"\nThe model ran on {device}; this process may use {cores} core(s).")
+print(fastapi_bench.thread_plans_said(device, cores))
 
 # %%
-fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.5), sharey=True)
-left.barh(list(plans), [alone[name].latency.p50_ms for name in plans], color="tab:blue")
-left.set_xlabel("p50 latency, one request at a time (ms)")
-right.barh(list(plans), [loaded[name].throughput_rps for name in plans], color="tab:orange")
-right.set_xlabel(f"throughput with {senders} senders (req/s)")
-left.invert_yaxis()
-fig.suptitle(f"fastapi_pt on {device}, {cores} core(s): inference slots x threads per inference")
-fig.tight_layout()
-plt.show()
-
-# %%
-crowded, every_core, elastic = fastapi_bench.thread_plan_checks(alone, loaded, cores, device, lab.hardware(),
-                                                                 sequential_pt.latency.p50_ms)
-lab.record(crowded, predicted=predicted_crowded_slower)
-lab.record(every_core)
-lab.record(elastic, predicted=predicted_elastic_near_best);
+if plans:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.5), sharey=True)
+    left.barh(list(plans), [alone[name].latency.p50_ms for name in plans], color="tab:blue")
+    left.set_xlabel("p50 latency, one request at a time (ms)")
+    right.barh(list(plans), [loaded[name].throughput_rps for name in plans], color="tab:orange")
+    right.set_xlabel(f"throughput with {senders} senders (req/s)")
+    left.invert_yaxis()
+    fig.suptitle(f"fastapi_pt on {device}, {cores} core(s): inference slots x threads per inference")
+    fig.tight_layout()
+    plt.show()
+    crowded, every_core, elastic = fastapi_bench.thread_plan_checks(alone, loaded, cores, device, lab.hardware(),
+                                                                     sequential_pt.latency.p50_ms)
+    lab.record(crowded, predicted=predicted_crowded_slower)
+    lab.record(every_core)
+    lab.record(elastic, predicted=predicted_elastic_near_best);
 
 # %% [markdown]
 # ## Processes: one interpreter, one lock

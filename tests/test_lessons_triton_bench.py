@@ -31,7 +31,7 @@ def test_client_batching_is_judged_on_triton_s_compute_time_not_the_client_s_lat
     failed = triton_bench.client_batching(single, costly, "2 CPU cores", cores=2)
     assert outcomes(failed) == [Outcome.NOT_HELD, Outcome.NOT_HELD]
     assert failed.conditions[0].detail == "14.0x"
-    assert "ran out of this notebook's sight" in failed.reason  # no instance CPU sampled
+    assert "the instances' CPU is not known here" in failed.reason  # no instance CPU sampled
 
 
 def test_client_batching_with_no_batched_measurement_is_not_checked():

@@ -5,8 +5,8 @@
   `health_stays_out_of_the_queue`), and processes (`processes_follow_the_plan`);
 - `checks_threads`: the thread plans, alone and under load (`thread_plan_checks`: crowded threads,
   every core for one request, the elastic default);
-- `experiment`: the plans the notebook serves (`thread_plans`) and the watch kept beside the
-  16-sender run (`LoadWatch`);
+- `experiment`: the plans the notebook serves (`thread_plans`; on a GPU none, `thread_plans_said`
+  says why) and the watch kept beside the 16-sender run (`LoadWatch`);
 - `views`: what /openapi.json says about /predict (`describe_predict`) and a run's resources in
   words (`usage_text`).
 
@@ -28,7 +28,13 @@ from servelab.lessons.fastapi_bench.checks_threads import (
     every_core_serves_one_faster,
     thread_plan_checks,
 )
-from servelab.lessons.fastapi_bench.experiment import LoadWatch, health_check_ms, listening_pids, thread_plans
+from servelab.lessons.fastapi_bench.experiment import (
+    LoadWatch,
+    health_check_ms,
+    listening_pids,
+    thread_plans,
+    thread_plans_said,
+)
 from servelab.lessons.fastapi_bench.views import describe_predict, usage_text
 
 __all__ = [
@@ -47,5 +53,6 @@ __all__ = [
     "samples_get_their_labels",
     "thread_plan_checks",
     "thread_plans",
+    "thread_plans_said",
     "usage_text",
 ]

@@ -26,6 +26,19 @@ def thread_plans(cores: int) -> dict[str, tuple[int | None, int | None]]:
     return {every_core: (1, cores), one_core: (cores, 1), crowded: (max(2, cores), cores), default: (None, None)}
 
 
+def thread_plans_said(device: str, cores: int) -> str:
+    """Where notebook 4 served its thread plans, or why it did not: on a GPU the plans only change
+    how the CPU shares its other work, so their runs would spend the lease's minutes on three
+    verdicts NOT CHECKED."""
+    if device == "cpu":
+        return f"\nThe model ran on the CPU; this process may use {cores} core(s)."
+    return (
+        f"The model runs on {device}: PyTorch's threads per inference only share the CPU's other work (HTTP, "
+        f"JSON, decoding) there, too little to judge, so the {len(thread_plans(cores))} plans were not run (their "
+        "checks would read NOT CHECKED). Run this notebook on a CPU-only machine to see them."
+    )
+
+
 def listening_pids(url: str) -> list[int]:
     """The processes of this machine that listen on `url`'s port (a local server's), as psutil sees
     them; none where it sees no such process."""

@@ -37,7 +37,10 @@ def instances_cpu(run: RunResult | None) -> float:
 def _cpu_said(name: str, run: RunResult | None, cores: int) -> str:
     used = instances_cpu(run)
     if math.isnan(used):
-        return f"{name}: the instances ran out of this notebook's sight (their CPU is not known)"
+        return (
+            f"{name}: the instances' CPU is not known here (processes of another container, or threads of "
+            "Triton's own process)"
+        )
     return f"{name}: the instances used {used:.0f}% of a core, of the {100 * cores}% this machine has"
 
 
