@@ -3,6 +3,7 @@ full clean-up."""
 
 import dataclasses
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import time
 
 import psutil
 import pytest
+import requests
 
 from servelab import paths, service_exits
 from servelab.stack import supervision
@@ -228,6 +230,16 @@ def test_up_restarts_a_crashed_service_and_stops_everything_on_ctrl_c(tmp_path):
                 break
         assert any("The lab is up" in line for line in output), "".join(output[-30:])
         assert any("UNTRAINED" in line or "trained" in line for line in output)
+        # The URL printed opens the student's copies (notebooks/student/), answers cleared.
+        (printed,) = {
+            found.group(0) for line in output if (found := re.search(r"http://\S+/lab/tree/student\?\S+", line))
+        }
+        assert requests.get(printed, timeout=30).status_code == 200
+        token = printed.partition("token=")[2]
+        listing = requests.get(
+            f"http://127.0.0.1:{ports.jupyter}/api/contents/student", params={"token": token}, timeout=30
+        )
+        assert "6_triton_bench.ipynb" in {item["name"] for item in listing.json()["content"]}, listing.text[:300]
         started = psutil.Process(up.pid).children(recursive=True)
         assert any("raylet" in " ".join(child.cmdline()) for child in started), "Ray runs under `up`"
         image_host = next(child for child in started if "server.py" in child.cmdline())
