@@ -199,10 +199,11 @@ print(f"food_classifier says: {label} (probability {probability:.3f}); weights: 
 # request at a time. The lab adds its Triton (`-u`) and the photo as input.
 
 # %%
-# Your turn: first_command = "perf_analyzer ...", the model food_classifier, one request at a time
-#   (flags: -m, --concurrency-range: Triton's perf_analyzer CLI guide).
+# Your turn: first_command = "perf_analyzer ...", the model food_classifier, one request at a time,
+#   in windows of 2 s (flags: -m, --concurrency-range, --measurement-interval in ms: Triton's
+#   perf_analyzer CLI guide).
 ### BEGIN SOLUTION
-first_command = "perf_analyzer -m food_classifier --concurrency-range 1"
+first_command = "perf_analyzer -m food_classifier --concurrency-range 1 --measurement-interval 2000"
 ### END SOLUTION
 lab.triton.perf_typed(first_command);  # perf_analyzer's own report, then the run kept
 
