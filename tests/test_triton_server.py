@@ -1,6 +1,7 @@
 """The real Triton 2.51 server serving both models, read through its own APIs, and perf_analyzer."""
 
 import base64
+import contextlib
 import re
 
 import numpy as np
@@ -121,5 +122,11 @@ def test_pytorch_s_threads_wait_without_spinning_in_every_model_s_process(model_
         for child in psutil.Process(triton.started_process.pid).children(recursive=True)
         if child.name().startswith("triton_python")
     ]
-    assert stubs, "the models run in Python-backend stubs, children of tritonserver"
-    assert {stub.environ().get("OMP_WAIT_POLICY") for stub in stubs} == {"PASSIVE"}
+    waits = {}
+    for stub in stubs:
+        # An instance of a model that an earlier test reloaded may exit between the listing and this
+        # read (seen on a busy machine, 2026-11-28): it has no environment left to check.
+        with contextlib.suppress(psutil.NoSuchProcess):
+            waits[stub.pid] = stub.environ().get("OMP_WAIT_POLICY")
+    assert waits, "the models run in Python-backend stubs, children of tritonserver"
+    assert set(waits.values()) == {"PASSIVE"}, waits
