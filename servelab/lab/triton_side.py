@@ -262,10 +262,9 @@ class TritonSide(ServedConfigs):
         """The processes of `model`'s instances (name -> pid), where this notebook can see them: on
         this machine locally; in the Compose project they run in the Triton container, out of sight.
         Only a Python-backend model's instances are processes (locally, the ONNX models run in the
-        Python backend too); another backend's are threads of Triton's own process: none."""
+        Python backend too), which are what this finds; another backend's are threads of Triton's
+        own process: none."""
         if self.keeper.on_compose or self.repository is None:
-            return {}
-        if self.served_config(model).get("backend") != "python":
             return {}
         return triton_instance_processes(self.repository, model)
 
