@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 8. The concurrency target, and replicas that come and go: Ray Serve
 #
-# **Time:** about 28 minutes (6 reading, 11 running, 11 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 29 minutes (6 reading, 12 running, 11 hands-on; `python -m servelab.time_plan`)
 #
 # Notebook 7 limited the work *inside* one server: its **predict slots** (`PREDICT_CONCURRENCY`), the
 # inferences it runs at once. A platform running **replicas** (copies of the model's service, each with
