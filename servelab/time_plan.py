@@ -52,7 +52,7 @@ TOLERANCE = 0.10
 _CELL = re.compile(r"^# %%(.*)$", re.M)
 _WORD = re.compile(r"[A-Za-z0-9][\w'.-]*")
 _PREDICTION = re.compile(r"^predicted_\w+ = ", re.M)
-# nbgrader's marker of an answer region (servelab.lab.your_turn.BEGIN; this module imports only the standard library).
+# nbgrader's marker of an answer region, which the student's copy clears (servelab.lab.your_turn).
 ANSWER = "### BEGIN SOLUTION"
 _STATED = re.compile(r"\*\*Time:\*\* about (\d+) minutes[^\n]*")
 

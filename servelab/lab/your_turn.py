@@ -3,10 +3,10 @@
 In a notebook's source (notebooks/*.py), an answer sits between nbgrader's markers,
 `### BEGIN SOLUTION` and `### END SOLUTION`, right under a comment that asks for it:
 
-    # Your turn: an instance_group of 4 instances on the CPU (fields: count, kind; how:
-    #   docs/triton.md, "Instance groups").
+    # Your turn: batching = "dynamic_batching { ... }", preferred sizes 4 and 8 (fields:
+    #   preferred_batch_size; Triton's model configuration guide, "Dynamic Batcher").
     ### BEGIN SOLUTION
-    instances = "instance_group [ { count: 4, kind: KIND_CPU } ]"
+    batching = "dynamic_batching { preferred_batch_size: [ 4, 8 ] }"
     ### END SOLUTION
 
 `make notebooks` writes two notebooks from each source (scripts/build_notebooks.py): the
@@ -21,7 +21,9 @@ from __future__ import annotations
 import copy
 from typing import Any, NoReturn
 
-BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+from servelab.time_plan import ANSWER
+
+BEGIN, END = ANSWER, "### END SOLUTION"
 ASKS = "# Your turn:"
 STUB = "lab.your_turn()  # type your answer in place of this line, then run the cell again"
 # nbgrader's metadata version (nbgrader.utils: the schema its `generate_assignment` reads).
@@ -125,7 +127,7 @@ def mark_solution_cells(notebook: Any, name: str) -> None:
 
 def student_notebook(instructor: Any) -> Any:
     """The student's copy: nbgrader's ClearSolutions, which puts STUB where each answer was."""
-    from nbgrader.preprocessors import ClearSolutions  # the dev extra's: `make notebooks` runs in the lab's virtualenv
+    from nbgrader.preprocessors import ClearSolutions  # the lab extra's: `make notebooks` runs in the lab's virtualenv
 
     student = copy.deepcopy(instructor)
     clear = ClearSolutions(code_stub={"python": STUB}, begin_solution_delimeter=BEGIN, end_solution_delimeter=END)
