@@ -277,6 +277,9 @@ class Settings:
     fastapi_onnx_url: str | None = _compose_setting("FASTAPI_ONNX_URL", "FastAPI (ONNX Runtime), http://host:port")
     triton_http: str | None = _compose_setting("TRITON_HTTP", "Triton's HTTP, host:port")
     triton_grpc: str | None = _compose_setting("TRITON_GRPC", "Triton's gRPC, host:port")
+    triton_metrics_url: str | None = _compose_setting(
+        "TRITON_METRICS_URL", "Triton's metrics, http://host:port/metrics"
+    )
     image_host_url: str | None = _compose_setting("IMAGE_HOST_URL", "the image host, http://host:port")
     ray_serve_url: str | None = _compose_setting("RAY_SERVE_URL", "Ray Serve, http://host:port")
     ray_dashboard_url: str | None = _compose_setting("RAY_DASHBOARD_URL", "Ray's dashboard, http://host:port")

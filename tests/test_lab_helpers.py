@@ -246,7 +246,7 @@ def test_in_the_compose_project_a_notebook_without_triton_neither_waits_for_it_n
     compose = {
         "LAB_SERVICES": "compose", "FASTAPI_PT_URL": "http://fastapi_pt:8000", "FASTAPI_ONNX_URL": "http://fastapi_onnx:8000",
         "IMAGE_HOST_URL": "http://image_host:8000", "TRITON_HTTP": "triton:8000", "TRITON_GRPC": "triton:8001",
-        "TRITON_SHARED_DIR": str(tmp_path),
+        "TRITON_METRICS_URL": "http://triton:8002/metrics", "TRITON_SHARED_DIR": str(tmp_path),
     }  # fmt: skip
     monkeypatch.setattr("servelab.lab.facade.settings", lambda: Settings.from_environ(compose))
     waited: list[str] = []

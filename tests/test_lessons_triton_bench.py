@@ -19,19 +19,33 @@ def perf_run(throughput_rps=30.0, mean_ms=30.0, queue_ms=0.0, compute_ms=25.0, b
                          batch_size=batch_size, server_breakdown=breakdown, **fields)  # fmt: skip
 
 
-def test_client_batching_is_judged_on_triton_s_compute_time_not_the_client_s_latency():
-    single = perf_run(throughput_rps=34, mean_ms=29, compute_ms=25)
-    # The client waited 10x as long for its 16 images (uploads), but Triton computed them in 1.5x.
-    cheap = perf_run(throughput_rps=10, mean_ms=290, compute_ms=37.5, batch_size=16)
-    held = triton_bench.client_batching(single, cheap, "1 GPU", cores=8)
-    assert outcomes(held) == [Outcome.HELD, Outcome.HELD]  # 160 images/s against 34
-    assert "2.3 ms of compute infer in a batch of 16 against 25.0 ms alone" in held.reason
-    # Triton computed the 16 in 14x the time of one: the claim fails on Triton's own figure.
-    costly = perf_run(throughput_rps=2.3, mean_ms=400, compute_ms=350, batch_size=16)
+def timed(decode_ms, forward_ms):
+    """Triton's statistics of a run whose model timed its own stages (model.py's StageClock)."""
+    return {"stage_mean_ms": {"decode": decode_ms, "forward": forward_ms}}
+
+
+def test_client_batching_is_judged_on_the_model_s_forward_pass_not_on_its_decoding():
+    """A GPU: the forward pass of 16 images costs 1.5x that of 1, but decoding them one after another
+    costs 16x: Triton's compute infer (both) grows 5.5x, and only the forward pass is the lesson's."""
+    single = perf_run(throughput_rps=80, mean_ms=12.5, compute_ms=11, triton_stats=timed(3, 8))
+    batched = perf_run(throughput_rps=12.5, mean_ms=80, compute_ms=60, batch_size=16, triton_stats=timed(48, 12))
+    held = triton_bench.client_batching(single, batched, "1 GPU", cores=8)
+    assert outcomes(held) == [Outcome.HELD, Outcome.HELD]  # 200 images/s against 80
+    assert held.conditions[0].detail == "1.5x" and held.conditions[1].detail == "x2.50"
+    assert "model.py decoded 16 images in 48.0 ms, one after another, against 3.0 ms for 1" in held.reason
+    # The forward pass of 16 costs 14x that of 1 (a CPU): the claim fails on the model's own clock.
+    costly = perf_run(throughput_rps=2.3, mean_ms=400, compute_ms=350, batch_size=16, triton_stats=timed(30, 112))
     failed = triton_bench.client_batching(single, costly, "2 CPU cores", cores=2)
     assert outcomes(failed) == [Outcome.NOT_HELD, Outcome.NOT_HELD]
     assert failed.conditions[0].detail == "14.0x"
     assert "the instances' CPU is not known here" in failed.reason  # no instance CPU sampled
+
+
+def test_client_batching_without_the_model_s_own_clock_is_not_judged_on_compute_infer():
+    single, batched = perf_run(throughput_rps=34), perf_run(throughput_rps=10, batch_size=16)
+    unclocked = triton_bench.client_batching(single, batched, "1 GPU", cores=8)
+    assert outcomes(unclocked) == [Outcome.NOT_CHECKED, Outcome.HELD]  # 160 images/s against 34
+    assert "reported no time of its own stages" in unclocked.conditions[0].detail
 
 
 def test_client_batching_with_no_batched_measurement_is_not_checked():

@@ -12,6 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from servelab.lab.run_accounts import TritonAccount
 from servelab.service import food11
 from servelab.service.cores import available_cores
 
@@ -59,6 +60,32 @@ def test_food_classifier_batches_a_multi_image_request_and_agrees_with_fastapi(
         answer = requests.post(f"{fastapi_urls['pt']}/predict", json={"image": image}, timeout=30).json()
         assert answer["prediction"] == label
         assert answer["probability"] == pytest.approx(float(probability), abs=1e-4)
+
+
+def test_the_model_times_its_decoding_apart_from_its_forward_pass_and_the_lab_reads_both(
+    triton_http_url, ports, test_images
+):
+    """model.py's own clock (Triton's custom metric) read around two requests, as the lab's account of
+    a run reads it: a request of 4 images decodes 4 images, one after another, where one decodes one."""
+    metrics = f"http://127.0.0.1:{ports.triton_metrics}/metrics"
+    client = httpclient.InferenceServerClient(triton_http_url)
+    per_request = {}
+    for count in (1, 4):
+        account = TritonAccount(triton_http_url, "food_classifier", None, metrics)
+        account.start()
+        encoded = [base64.b64encode(raw).decode() for raw in test_images[:count]]
+        client.infer("food_classifier", _image_inputs(encoded))
+        per_request[count] = account.read()["stage_mean_ms"]
+    assert set(per_request[1]) == {"decode", "forward"} and all(ms > 0 for ms in per_request[1].values())
+    # Decoding goes image by image: 4 cost more than 2 of one (a loose bound on a busy machine).
+    assert per_request[4]["decode"] > 2 * per_request[1]["decode"], per_request
+    unclocked = TritonAccount(triton_http_url, "food_classifier_onnx", None, metrics)
+    unclocked.start()
+    tensor = httpclient.InferInput("input", [1, 3, 224, 224], "FP32")
+    tensor.set_data_from_numpy(food11.preprocess(food11.decode_image_bytes(test_images[0]))[None])
+    client.infer("food_classifier_onnx", [tensor])
+    read = unclocked.read()
+    assert read["execution_count"] == 1 and read["stage_mean_ms"] == {}  # a model that times no stages
 
 
 def test_a_bad_image_fails_only_its_own_request(triton_http_url, image_b64):

@@ -92,6 +92,7 @@ class Lab(Measuring):
     repository: Path | None  # the model repository the running Triton loads
     source: Path = paths.MODELS_STAGING_DIR  # the models as shipped
     image_host_url: str | None = None  # the image host (object store stand-in), http://host:port
+    triton_metrics_url: str | None = None  # Triton's Prometheus metrics, http://host:port/metrics
     triton_server: Hardware = LOCAL_TRITON  # what the Triton server has: configs are adapted to it
     expectations: ExpectationLog = field(default_factory=ExpectationLog)
     # What the run keeper is given: whose runs these are (the file they are saved to), the stacks
@@ -110,7 +111,7 @@ class Lab(Measuring):
         )
         self.triton = TritonSide(
             self.keeper, self.triton_http, self.repository, self.triton_server, self.profile, self.models,
-            self.triton_grpc,
+            self.triton_grpc, self.triton_metrics_url,
         )  # fmt: skip
 
     # ---- connecting ------------------------------------------------------------------------
@@ -154,6 +155,7 @@ class Lab(Measuring):
             triton_grpc=given.compose("triton_grpc") if triton else None,
             repository=shared / "models" if triton else None,
             image_host_url=image_host_url,
+            triton_metrics_url=given.compose("triton_metrics_url") if triton else None,
             triton_server=Hardware.read(shared / "hardware.json") if triton else LOCAL_TRITON,
             notebook=notebook,
             # Triton's restarts, which a notebook without Triton neither waits for nor marks its runs with.
@@ -203,6 +205,7 @@ class Lab(Measuring):
             triton_grpc=f"127.0.0.1:{ports.triton_grpc}" if with_triton else None,
             repository=repository,
             image_host_url=f"http://127.0.0.1:{ports.image_host}",
+            triton_metrics_url=f"http://127.0.0.1:{ports.triton_metrics}/metrics" if with_triton else None,
             notebook=notebook,
             stacks=stacks,
             shared_exits_file=shared_exits,

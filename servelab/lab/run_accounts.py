@@ -7,7 +7,8 @@ shows is the run it saved, every field (`lab.verdicts()` checks it).
 - `TritonAccount`: Triton's statistics of one model over the run (`result.triton_stats`,
   servelab.triton.stats), and `cancelled_by_model`: the requests the model answered CANCELLED
   instead of computing them, which Triton counts as successes, read from the model's log (NaN
-  where the lab cannot read Triton's log);
+  where the lab cannot read Triton's log), and `stage_mean_ms`: the model's own time per execution
+  in each of its stages, from Triton's metrics (empty for a model that reports none);
 - `ResourcesAccount`: the machine, sampled during the run (`result.resources`,
   servelab.measure.resources.ResourceSampler).
 
@@ -22,6 +23,8 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+import requests
 
 from servelab.measure import service_stats
 from servelab.measure.resources import ResourceSampler
@@ -66,21 +69,29 @@ class ServiceAccount(Account):
 class TritonAccount(Account):
     field = "triton_stats"
 
-    def __init__(self, address: str, model: str, log: Path | None) -> None:
-        self.address, self.model, self.log = address, model, log
+    def __init__(self, address: str, model: str, log: Path | None, metrics_url: str | None = None) -> None:
+        self.address, self.model, self.log, self.metrics_url = address, model, log, metrics_url
+
+    def _stages(self) -> dict[tuple[str, str], float]:
+        if self.metrics_url is None:
+            return {}
+        return triton_stats.stage_times_us(requests.get(self.metrics_url, timeout=10).text, self.model)
 
     def start(self) -> None:
         self.before = triton_stats.fetch_settled(self.address, self.model)  # as ServiceAccount's
+        self.stages_before = self._stages()
         self.log_offset = self.log.stat().st_size if self.log is not None and self.log.is_file() else None
 
     def read(self) -> dict[str, Any]:
         delta = triton_stats.diff(self.before, triton_stats.fetch_settled(self.address, self.model))
+        # Read after the statistics have settled: the model counts a stage as its execution ends.
+        stages = triton_stats.stage_mean_ms(self.stages_before, self._stages(), delta.execution_count)
         cancelled = (
             math.nan
             if self.log is None or self.log_offset is None
             else triton_stats.cancelled_by_model(triton_stats.log_since(self.log, self.log_offset), self.model)
         )
-        return {**delta.to_dict(), "cancelled_by_model": cancelled}
+        return {**delta.to_dict(), "cancelled_by_model": cancelled, "stage_mean_ms": stages}
 
 
 class ResourcesAccount(Account):

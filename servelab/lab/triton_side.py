@@ -129,11 +129,13 @@ class TritonSide(ServedConfigs):
     profile: Profile  # its perf_analyzer measurement window
     models: ModelRepository  # the models as shipped
     grpc: str | None = None  # the lab's Triton over gRPC, host:port
+    metrics_url: str | None = None  # its Prometheus metrics, http://host:port/metrics
     _capacities: dict[tuple[str, str], Capacity] = field(default_factory=dict, repr=False)
 
     def account(self, model: str) -> TritonAccount:
-        """What counts Triton's statistics of `model` over a run, and the requests it answered CANCELLED."""
-        return TritonAccount(self.address, model, self.log())
+        """What counts Triton's statistics of `model` over a run, the requests it answered CANCELLED, and
+        the time the model spent in each of its own stages (where it reports them)."""
+        return TritonAccount(self.address, model, self.log(), self.metrics_url)
 
     def run_perf_analyzer(
         self,

@@ -14,7 +14,8 @@ The model keeps what is its own (its sessions, its state), and logs where it run
 (`ModelInstance.log_started`). A model that answers a request its client cancelled (a gRPC cancel)
 with CANCELLED instead of computing it asks `ModelInstance.cancelled`, which logs how many as the
 lab's log readers count them (servelab.triton.stats.cancelled_by_model), and answers each with
-`cancelled_response`.
+`cancelled_response`. A model whose compute holds stages of its own (decoding, then the forward
+pass) times each with a `StageClock`, which Triton reports at its /metrics.
 
 The models import this module from the servelab installed in the server's Python: the Triton
 image installs the whole package (docker/Dockerfile.triton); locally, each staged model.py starts
@@ -26,8 +27,10 @@ that module itself where an answer is built from it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -88,6 +91,46 @@ class ModelInstance:
         """Leave the instances at work (the model's `finalize`)."""
         if self.running is not None:
             self.running.close()
+
+
+# Triton's custom metric (its /metrics) of the time a model spent in each stage of its own, in
+# microseconds since the instance started: what Triton's "compute infer" holds, told apart (a
+# Python-backend model decodes every image before the forward pass, one after another).
+STAGE_METRIC = "lab_model_stage_us"
+
+
+class StageClock:
+    """A Python-backend model's own time in each of its stages ("decode", "forward"), counted in
+    Triton's custom metric STAGE_METRIC, labelled by model, stage and process. The process label keeps
+    each instance's series its own: Triton removes a series when the last object holding it in one
+    process is deleted, and an instance reloaded starts its new process before the old one ends.
+    `backend` is triton_python_backend_utils, which only the model can import."""
+
+    def __init__(self, backend: Any, model_name: str, stages: Sequence[str]) -> None:
+        self.family = backend.MetricFamily(
+            name=STAGE_METRIC,
+            description="time a lab model spent in each of its stages, microseconds",
+            kind=backend.MetricFamily.COUNTER,
+        )
+        process = str(os.getpid())
+        self.metrics = {
+            stage: self.family.Metric(labels={"model": model_name, "stage": stage, "process": process})
+            for stage in stages
+        }
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        """Count the block's time to `stage`."""
+        started = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            self.metrics[stage].increment((time.perf_counter_ns() - started) / 1000)
+
+    def close(self) -> None:
+        """The metrics before their family, as the Python backend asks (the model's `finalize`)."""
+        self.metrics.clear()
+        del self.family
 
 
 def cancelled_response(backend: Any) -> Any:

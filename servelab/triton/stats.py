@@ -274,6 +274,34 @@ def sequence_events(log_text: str, model: str) -> dict[str, int]:
     return counts
 
 
+_STAGE_SAMPLE = re.compile(r"^lab_model_stage_us\{([^}]*)\} (\S+)$", re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def stage_times_us(metrics_text: str, model: str) -> dict[tuple[str, str], float]:
+    """The time `model` spent in each of its own stages, by (stage, process), in microseconds since
+    each instance's process started: Triton's custom metric lab_model_stage_us, which a model that
+    times its stages reports (servelab.triton.model_instance.StageClock). Empty for a model that does not."""
+    found = {}
+    for labels_text, value in _STAGE_SAMPLE.findall(metrics_text):
+        labels = dict(_LABEL.findall(labels_text))
+        if labels.get("model") == model:
+            found[labels["stage"], labels["process"]] = float(value)
+    return found
+
+
+def stage_mean_ms(
+    before: dict[tuple[str, str], float], after: dict[tuple[str, str], float], executions: int
+) -> dict[str, float]:
+    """Each stage's time per execution between two readings of `stage_times_us`: an instance that
+    started in between counts from zero, one that ended in between is left out (its time is gone
+    with its process)."""
+    totals: dict[str, float] = {}
+    for (stage, process), value in after.items():
+        totals[stage] = totals.get(stage, 0.0) + value - before.get((stage, process), 0.0)
+    return {stage: total / 1000 / executions for stage, total in totals.items()} if executions else {}
+
+
 def pending_requests(metrics_url: str, model: str) -> int:
     """How many requests of `model` wait in Triton's queue right now (its scheduler's or its
     sequence batcher's), not yet in an execution: the gauge nv_inference_pending_request_count of

@@ -4,6 +4,10 @@ Triton hands `execute` every request its scheduler has gathered (one, or several
 batching is on, each with up to max_batch_size images). All their images go through MobileNetV2
 in one forward pass. An image that cannot be decoded fails only its own request.
 
+Its own time in each stage, decoding and the forward pass, goes to Triton's /metrics
+(`lab_model_stage_us`, servelab.triton.model_instance.StageClock): Triton's "compute infer"
+holds both, and decoding 16 images one after another can outweigh their one forward pass.
+
 A request whose client cancelled it (a gRPC cancel) before its forward pass is answered with
 CANCELLED instead of being computed: `request.is_cancelled()` is asked once per request, after
 decoding (each call is a round trip to the server, so not in a loop), and the model logs how many.
@@ -20,7 +24,7 @@ import triton_python_backend_utils as pb_utils
 # Python-backend models does: the lab's package (servelab), installed in the server's Python.
 from servelab.service.devices import torch_model
 from servelab.service.food11 import InvalidImageError, decode_base64_image, preprocess, top_prediction
-from servelab.triton.model_instance import cancelled_response, set_up_instance
+from servelab.triton.model_instance import StageClock, cancelled_response, set_up_instance
 
 
 class TritonPythonModel:
@@ -35,6 +39,7 @@ class TritonPythonModel:
         weights_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
         self.instance = set_up_instance(args, config, pb_utils.Logger, lambda device: torch_model(weights_file, device))
         self.model = self.instance.model
+        self.stages = StageClock(pb_utils, config["name"], ("decode", "forward"))
         # Triton calls initialize and execute on the same thread, so one team serves this instance
         # (the first inference's thread has ended).
         torch.set_num_threads(self.instance.plan.threads)
@@ -53,11 +58,12 @@ class TritonPythonModel:
     def _answer(self, requests):
         responses = [None] * len(requests)
         decoded = []  # (index of the request, its images)
-        for index, request in enumerate(requests):
-            try:
-                decoded.append((index, self._images_of(request)))
-            except InvalidImageError as exc:
-                responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+        with self.stages.timed("decode"):
+            for index, request in enumerate(requests):
+                try:
+                    decoded.append((index, self._images_of(request)))
+                except InvalidImageError as exc:
+                    responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
         gone = self.instance.cancelled([requests[index] for index, _ in decoded])  # logged
         cancelled = [index for (index, _), is_gone in zip(decoded, gone, strict=True) if is_gone]
         for index in cancelled:
@@ -65,7 +71,8 @@ class TritonPythonModel:
         decoded = [(index, images) for index, images in decoded if index not in cancelled]
 
         if decoded:
-            logits = self.model(np.concatenate([images for _, images in decoded]))
+            with self.stages.timed("forward"):
+                logits = self.model(np.concatenate([images for _, images in decoded]))
             start = 0
             for index, batch in decoded:
                 predictions = top_prediction(logits[start : start + len(batch)])
@@ -81,4 +88,5 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
+        self.stages.close()
         self.instance.close()

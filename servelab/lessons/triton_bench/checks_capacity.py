@@ -12,8 +12,10 @@ import math
 from servelab.lessons.expectations import (
     Estimate,
     Expectation,
+    Figure,
     condition,
     figure,
+    unless,
 )
 from servelab.measure.resources import summarize
 from servelab.results import RunResult
@@ -44,45 +46,58 @@ def _cpu_said(name: str, run: RunResult | None, cores: int) -> str:
     return f"{name}: the instances used {used:.0f}% of a core, of the {100 * cores}% this machine has"
 
 
+def _stage(run: RunResult | None, stage: str, name: str) -> Figure:
+    """The model's own time per execution in `stage` over `run` (model.py's clock, Triton's metrics);
+    NaN where the run has none (a model that reports no stages, or Triton's metrics out of reach)."""
+    timed = run is not None and stage in ((run.triton_stats or {}).get("stage_mean_ms") or {})
+    return figure(run if timed else None, f"triton_stats.stage_mean_ms.{stage}", name)
+
+
 def client_batching(single: RunResult | None, batched: RunResult | None, hardware: str, cores: int) -> Expectation:
-    """One client, a request of 16 images against one of 1: Triton computes the 16 in less than
-    twice the time of 1 (its compute infer, per request), and the client gets at least 4 times the
-    images per second."""
+    """One client, a request of 16 images against one of 1: the model's own forward pass on the 16
+    takes less than twice its time on 1, and the client gets more images per second, by more than
+    MARGIN. Judged on the forward pass that model.py times apart: Triton's compute infer also holds
+    model.py decoding the images one after another, which a batch does not share (on a GPU the
+    decoding of 16 can outweigh their forward pass); the decoding is said in the reason. NOT
+    CHECKED where the model reported no stage times."""
     size = batched.batch_size if batched is not None else 16
-    compute_batched = figure(batched, "server_ms(compute_infer)", f"compute infer, {size} images")
-    compute_single = figure(single, "server_ms(compute_infer)", "compute infer, 1 image")
+    forward_batched = _stage(batched, "forward", f"forward pass, {size} images")
+    forward_single = _stage(single, "forward", "forward pass, 1 image")
+    decode_batched, decode_single = _stage(batched, "decode", "decoding"), _stage(single, "decode", "decoding")
     rate_batched, rate_single = (
         figure(batched, "images_per_s", "batched"),
         figure(single, "images_per_s", "one at a time"),
     )
-    ratio = compute_batched.value / compute_single.value
-    per_image_batched = compute_batched.value / size
+    ratio = forward_batched.value / forward_single.value
+    timed = not math.isnan(ratio)
+    gain = rate_batched.value / rate_single.value
     return Expectation(
         f"a batch of {size} costs little more than a batch of 1",
         (
-            condition(
-                f"Triton computes a request of {size} images in less than twice the time of 1 image",
-                ratio < 2,
-                compute_batched,
-                compute_single,
-                detail=f"{ratio:.1f}x",
+            unless(
+                timed,
+                "the model reported no time of its own stages (model.py's clock, read at Triton's /metrics)",
+                condition(
+                    f"the model's forward pass on {size} images takes less than twice its time on 1 image",
+                    ratio < 2,
+                    forward_batched,
+                    forward_single,
+                    detail=f"{ratio:.1f}x",
+                ),
             ),
             condition(
-                "so the client gets at least 4 times the images per second",
-                rate_batched.value >= 4 * rate_single.value,
+                f"so the client gets more images per second, by more than {MARGIN:.0%}",
+                gain > 1 + MARGIN,
                 rate_batched,
                 rate_single,
+                detail=f"x{gain:.2f}",
             ),
         ),
-        reason=f"on {hardware}, an image cost {per_image_batched:.1f} ms of compute infer in a batch of {size} "
-        f"against {compute_single.value:.1f} ms alone (compute infer here includes model.py decoding each image); "
-        f"{_cpu_said('with 1 image per request', single, cores)}. A batch pays where one image leaves the "
-        "hardware idle: what the single-image run left unused is the most a batch could use",
-        estimate=Estimate(
-            f"the images per second with {size} images per request, over 1 per request",
-            rate_batched.value / rate_single.value,
-            "x",
-        ),
+        reason=f"on {hardware}, model.py decoded {size} images in {decode_batched.value:.1f} ms, one after another, "
+        f"against {decode_single.value:.1f} ms for 1, beside a forward pass of {forward_batched.value:.1f} against "
+        f"{forward_single.value:.1f} ms; {_cpu_said('with 1 image per request', single, cores)}. A batch pays where "
+        "one image leaves the hardware idle: what the single-image run left unused is the most a batch could use",
+        estimate=Estimate(f"the images per second with {size} images per request, over 1 per request", gain, "x"),
     )
 
 
