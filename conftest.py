@@ -33,6 +33,8 @@ import pytest
 os.environ.setdefault("LAB_PROFILE", "quick")
 os.environ.setdefault("LAB_SERVICES", "local")
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+# The notebooks' answers are the instructor's: one that gives no run fails its notebook.
+os.environ.setdefault("LAB_ANSWERS_MUST_RUN", "on")
 for variable, prefix in (
     ("SERVELAB_RESULTS_DIR", "servelab-test-results-"),
     ("SERVELAB_STACK_DIR", "servelab-test-stack-"),

@@ -202,6 +202,14 @@ class Settings:
         _path,
         shown="none",
     )
+    answers_must_run: bool = _setting(
+        "LAB_ANSWERS_MUST_RUN",
+        False,
+        "`on`: a perf_analyzer line typed in a notebook that gives no run stops the notebook with an error "
+        "(the tests set it: the answers they run must work); `off`: it prints what to change and the cell ends",
+        _switch,
+        shown="`off`",
+    )
     port_fastapi_pt: int = _port_setting("fastapi_pt", 8100, "FastAPI (PyTorch)")
     port_fastapi_onnx: int = _port_setting("fastapi_onnx", 8101, "FastAPI (ONNX Runtime)")
     port_triton_http: int = _port_setting("triton_http", 8200, "Triton's HTTP")

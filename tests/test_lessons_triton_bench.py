@@ -5,7 +5,7 @@ import math
 import pytest
 
 from servelab.lessons import triton_bench
-from servelab.lessons.expectations import Outcome
+from servelab.lessons.expectations import AnswerError, Outcome
 from tests.helpers import synthetic_run
 
 
@@ -94,8 +94,10 @@ def test_the_instance_counts_judged_are_those_the_student_typed():
         "from 1 instance to 2, throughput rises by more than 10%",
         "6 instances do no better than 2: at most 10% more requests per second (within the noise), or fewer",
     ]
-    with pytest.raises(ValueError, match="typed twice"):
+    with pytest.raises(AnswerError, match=r"Triton ran 2 different ones \(1, 4\): a count was typed twice") as twice:
         triton_bench.instances_stop_helping({1: perf_run(10), 4: perf_run(20)}, "cpu", 2)
+    # In a notebook, IPython shows what to change, not a traceback.
+    assert twice.value._render_traceback_()[-1].startswith("Type another count in one instance_group above")
 
 
 def test_onnx_against_python_at_one_client_is_judged_once_on_the_mean():

@@ -42,10 +42,16 @@ def test_lab_names_are_what_a_cell_uses_of_the_lab_each_once():
         "lab.fastapi_urls",  # what follows (.items) is Python's
         "plots.plot_queueing",  # a module imported counts by what is used of it, not itself
         "lab.record",
-        "triton_bench.queueing_grows",
         "paths.REPO_ROOT",
         "PerfAnalyzerError",  # used on its own: caught
     }
+
+
+def test_a_check_recorded_is_counted_apart_unless_the_notebook_uses_it_otherwise():
+    assert reading_budget.lesson_checks(TOY) == {"triton_bench.queueing_grows"}
+    assert "triton_bench.queueing_grows" not in reading_budget.lab_names(TOY)
+    shown = TOY + "print(triton_bench.queueing_grows)\n"
+    assert "triton_bench.queueing_grows" in reading_budget.lab_names(shown)
 
 
 def test_a_source_over_a_budget_is_named_with_what_to_cut(tmp_path):
@@ -57,10 +63,24 @@ def test_a_source_over_a_budget_is_named_with_what_to_cut(tmp_path):
     many = TOY + "".join(f"lab.method_{n}()\n" for n in range(reading_budget.LAB_NAME_BUDGET))
     (tmp_path / "9_toy.py").write_text(many)
     (names,) = reading_budget.over_budget(tmp_path)
-    assert names.startswith("9_toy.py: 24 lab names, over the budget of 15: Lab.connect, PerfAnalyzerError")
+    assert names.startswith("9_toy.py: 23 lab names, over the budget of 15: Lab.connect, PerfAnalyzerError")
 
 
 @pytest.mark.parametrize("source", time_plan.notebook_sources(), ids=lambda path: path.stem)
 def test_each_notebook_keeps_to_its_word_budget(source):
     words = time_plan.prose_words(source.read_text())
     assert words <= reading_budget.word_budget(source.stem), f"{source.name}: {words} words of prose"
+
+
+# Notebooks still over the lab-name budget, each at most at its count today: one that grows fails, and
+# one back within the budget must leave this list (issue 50 splits or trims the rest).
+OVER_THE_NAME_BUDGET = {"4_fastapi_bench": 25, "6_triton_bench": 30, "8_concurrency_target": 23}
+
+
+@pytest.mark.parametrize("source", time_plan.notebook_sources(), ids=lambda path: path.stem)
+def test_each_notebook_keeps_to_its_lab_name_budget_or_shrinks_towards_it(source):
+    names = reading_budget.lab_names(source.read_text())
+    allowed = OVER_THE_NAME_BUDGET.get(source.stem, reading_budget.LAB_NAME_BUDGET)
+    assert len(names) <= allowed, f"{source.name}: {len(names)} lab names: {', '.join(sorted(names))}"
+    if source.stem in OVER_THE_NAME_BUDGET:
+        assert len(names) > reading_budget.LAB_NAME_BUDGET, f"{source.stem} is within the budget: take it off the list"

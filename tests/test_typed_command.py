@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.lab import Lab, run_keeper
+from servelab.lab import Lab, run_keeper, triton_side
 from servelab.profiles import profile
+from servelab.settings import Settings
 from servelab.triton import perf_analyzer, typed_command
 from servelab.triton.typed_command import TypedCommandError
 
@@ -75,12 +76,19 @@ def test_a_typed_line_runs_against_the_lab_s_triton_and_each_load_level_is_kept(
     assert "Request concurrency: 2" in capsys.readouterr().out, "perf_analyzer's own output, as it printed it"
     assert lab.results == runs
     # The Python-backend model takes the photo's bytes: the lab adds the sample as its input data.
-    (photo,) = settled(lab, "perf_analyzer -m food_classifier --measurement-request-count 10 --stability-percentage 80")
+    (photo,) = settled(lab, "perf_analyzer -m food_classifier --measurement-request-count 10")
     assert "--input-data" in photo.command and photo.throughput_rps > 0
-    # In a notebook's cell, a wrong line or perf_analyzer's own failure is printed, and gives no run.
+    # A line that sets no stability gets the lab's own, and says so.
+    assert photo.command[-4:-2] == ["--stability-percentage", f"{triton_side.STABILITY:g}"]
+    assert "The lab added --stability-percentage 50" in capsys.readouterr().out
+    # Where the answers must run (the tests' setting, conftest.py), a line that gives no run fails the cell.
+    with pytest.raises(RuntimeError, match="LAB_ANSWERS_MUST_RUN is on.*Not run: -m food_clasifier"):
+        lab.triton.perf_typed("perf_analyzer -m food_clasifier")
+    # In a student's cell, a wrong line or perf_analyzer's own failure is printed, and gives no run.
+    monkeypatch.setattr(triton_side, "settings", lambda: Settings.from_environ({}))
     capsys.readouterr()
     assert lab.triton.perf_typed("perf_analyzer -m food_clasifier") == []
     assert "Not run: -m food_clasifier: the lab's Triton serves no such model" in capsys.readouterr().out
     assert lab.triton.perf_typed("perf_analyzer -m food_classifier --no-such-option") == []
     assert "perf_analyzer gave no number; change the line" in capsys.readouterr().out
-    assert len(lab.results) == 3, "neither kept a run"
+    assert len(lab.results) == 3, "none kept a run"

@@ -6,6 +6,10 @@ A lab name is a name the student meets in a cell and would look up in the lab's 
 - an attribute of the connected lab (`lab.table`), or of its Triton side (`lab.triton.perf`), or of
   its profile (`lab.profile.step_s`); what follows that (`lab.fastapi_urls.items`) is Python's.
 
+A lesson's checks are counted apart: the function called in `lab.record(check(...))`, the one pattern
+that judges a claim and carries the student's prediction, is a check, not a lab name (unless the
+notebook also uses it otherwise); its arguments are read as any code.
+
     python -m servelab.lab.reading_budget           # each notebook's words and lab names, and the budgets
     python -m servelab.lab.reading_budget --names   # the lab names too
 """
@@ -45,9 +49,27 @@ def _chain(node: ast.expr) -> list[str]:
     return [node.id, *reversed(names)]
 
 
+def _recorded_checks(tree: ast.AST) -> list[ast.expr]:
+    """The callee of each `lab.record(check(...))`: the check's name as the cell writes it."""
+    return [
+        node.args[0].func
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and _chain(node.func) == ["lab", "record"]
+        and node.args
+        and isinstance(node.args[0], ast.Call)
+    ]
+
+
+def lesson_checks(source: str) -> set[str]:
+    """The checks a notebook records (`lab.record(check(...))`), as the cells name them."""
+    return {".".join(_chain(callee)) for callee in _recorded_checks(ast.parse(python_code(source)))} - {""}
+
+
 def lab_names(source: str) -> set[str]:
-    """The lab names a notebook's cells use (see the module's docstring)."""
+    """The lab names a notebook's cells use, its checks apart (see the module's docstring)."""
     tree = ast.parse(python_code(source))
+    checks = {id(node) for callee in _recorded_checks(tree) for node in ast.walk(callee)}
     imported: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("servelab"):
@@ -56,9 +78,15 @@ def lab_names(source: str) -> set[str]:
             imported |= {alias.asname or alias.name for alias in node.names if alias.name.startswith("servelab")}
     roots = imported | {"lab"}
     used: set[str] = set()
-    bare = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in imported}
+    bare = {
+        node.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and node.id in imported and id(node) not in checks
+    }
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     for node in ast.walk(tree):
+        if id(node) in checks:
+            continue
         outermost = isinstance(node, ast.Attribute) and not isinstance(parents.get(node), ast.Attribute)
         chain = _chain(node) if outermost and isinstance(node, ast.expr) else []
         if len(chain) < 2 or chain[0] not in roots:
@@ -72,7 +100,10 @@ def lab_names(source: str) -> set[str]:
         for name in bare
         if name not in used_as_root
         or any(
-            isinstance(node, ast.Name) and node.id == name and not isinstance(parents.get(node), ast.Attribute)
+            isinstance(node, ast.Name)
+            and node.id == name
+            and not isinstance(parents.get(node), ast.Attribute)
+            and id(node) not in checks
             for node in ast.walk(tree)
         )
     }
@@ -103,13 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--names", action="store_true", help="list each notebook's lab names")
     parser.add_argument("--folder", type=Path, default=NOTEBOOKS)
     args = parser.parse_args(argv)
-    print(f"| notebook | words (budget) | lab names (budget {LAB_NAME_BUDGET}) |\n| --- | ---: | ---: |")
+    print(
+        f"| notebook | words (budget) | lab names (budget {LAB_NAME_BUDGET}) | checks |\n| --- | ---: | ---: | ---: |"
+    )
     for path in notebook_sources(args.folder):
         source = path.read_text()
-        names = lab_names(source)
-        print(f"| {path.stem} | {prose_words(source)} ({word_budget(path.stem)}) | {len(names)} |")
+        names, checks = lab_names(source), lesson_checks(source)
+        print(f"| {path.stem} | {prose_words(source)} ({word_budget(path.stem)}) | {len(names)} | {len(checks)} |")
         if args.names:
-            print(f"|   | {', '.join(sorted(names))} | |")
+            print(f"|   | {', '.join(sorted(names))} | | {', '.join(sorted(checks))} |")
     return 0
 
 

@@ -268,6 +268,14 @@ class ExpectationLog(list):
         return [item for expectation in self for part in expectation.conditions for item in part.figures]
 
 
+class AnswerError(ValueError):
+    """Answers typed that a check cannot judge (a count typed twice): the message says what to change,
+    and IPython shows it instead of a traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return str(self).splitlines()
+
+
 class LabFault(RuntimeError):
     """The lab's own software is wrong, not the measurement: a verdict that says something its
     table does not, or a claim about what the lab's software does that did not hold."""

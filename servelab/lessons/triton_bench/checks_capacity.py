@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from servelab.lessons.expectations import (
+    AnswerError,
     Estimate,
     Expectation,
     Figure,
@@ -133,7 +134,11 @@ def instances_stop_helping(runs: dict[int, RunResult | None], hardware: str, cor
     fewest, by more than MARGIN), and once it has none they only fight over it: the most do no
     better than the middle count (at most MARGIN more, or fewer)."""
     if len(runs) != 3:
-        raise ValueError(f"three instance counts to compare, not {sorted(runs)}: was a count typed twice?")
+        counts = ", ".join(map(str, sorted(runs)))
+        raise AnswerError(
+            f"This check compares three instance counts; Triton ran {len(runs)} different ones ({counts}): a count was "
+            "typed twice.\nType another count in one instance_group above, run that cell again, then this one."
+        )
     fewest, middle, most = sorted(runs)
     name = lambda count: f"{count} instance{'s' * (count > 1)}"  # noqa: E731
     rate = {count: figure(run, "throughput_rps", name(count)) for count, run in runs.items()}
