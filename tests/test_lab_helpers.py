@@ -382,6 +382,31 @@ def test_profiles_are_defined_once_and_an_unknown_one_is_refused():
         Settings.from_environ({"LAB_PROFILE": "fast"})
 
 
+def sampled_gpus(*busy: list[float]) -> dict:
+    """A sampler's series (servelab.measure.resources) with one GPU per list of busy percentages."""
+    gpus = [
+        {"index": i, "name": "Tesla P100", "util_percent": list(u), "memory_used_mib": [900.0] * len(u),
+         "memory_total_mib": 16384.0}
+        for i, u in enumerate(busy)
+    ]  # fmt: skip
+    return {"t_s": [0.5, 1.0, 1.5], "cpu_percent": [50.0] * 3, "memory_percent": [10.0] * 3, "gpus": gpus,
+            "gpu_source": "nvml"}  # fmt: skip
+
+
+def test_each_run_s_table_shows_how_busy_each_gpu_was_where_the_run_sampled_one():
+    one, two = perf_result(), perf_result()
+    one.resources = sampled_gpus([40.0, 50.0, 60.0], [10.0, 20.0, 30.0])
+    breakdown = tables.breakdown_table({"2 GPUs": one, "not sampled": two, "c=16": None}).splitlines()
+    assert breakdown[0].endswith("| GPU busy (%)")
+    assert re.search(r"\|\s+50, 20$", breakdown[1]) and re.search(r"\|\s+-$", breakdown[2])
+    results = tables.results_table([one, two]).splitlines()
+    assert results[0].endswith("| GPU busy (%) |")
+    assert results[2].endswith("| 50, 20 |") and results[3].endswith("| - |")
+    # A CPU machine samples no GPU: no column at all.
+    two.resources = sampled_gpus()
+    assert "GPU busy" not in tables.breakdown_table({"cpu": two}) + tables.results_table([two])
+
+
 def test_the_breakdown_table_shows_each_stage_in_ms_and_says_when_a_run_gave_no_number():
     table = tables.breakdown_table({"c=1": perf_result(2000, 5000), "c=16": None})
     header, first, missing = table.splitlines()

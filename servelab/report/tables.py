@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from servelab.measure.resources import summarize
 from servelab.results import RunResult
 
 
@@ -27,6 +28,18 @@ def _load(result: RunResult) -> str:
     else:
         load = "n/a"
     return load + (f", batch {result.batch_size}" if result.batch_size != 1 else "")
+
+
+def gpu_busy(result: RunResult | None) -> str | None:
+    """How busy each GPU was during the run, in percent of the time (the sampler's mean, as nvtop
+    shows it), one figure per GPU ("41, 38"); None where the run sampled no GPU."""
+    if result is None or not result.resources or not result.resources.get("gpus"):
+        return None
+    means = [gpu["util_percent_mean"] for gpu in summarize(result.resources)["gpus"]]
+    return ", ".join(_number(mean, 0) for mean in means)
+
+
+GPU_BUSY = "GPU busy (%)"
 
 
 def _errors(result: RunResult) -> str:
@@ -67,6 +80,10 @@ def results_table(
         if any((value := baseline_of(result)) is not None and value <= 0 for result in results):
             raise ValueError("baseline_rps must be positive")
         columns.append((baseline_heading, "---:"))
+    # Where the runs sampled a GPU, how busy it was: what a student would watch nvtop for.
+    sampled_gpus = any(gpu_busy(result) is not None for result in results)
+    if sampled_gpus:
+        columns.append((GPU_BUSY, "---:"))
     lines = [
         "| " + " | ".join(heading for heading, _ in columns) + " |",
         "|" + "|".join(alignment for _, alignment in columns) + "|",
@@ -87,6 +104,8 @@ def results_table(
             baseline = baseline_of(result)
             # One decimal: a ratio judged against a target (80%) must not round onto it.
             cells.append(f"{100 * result.throughput_rps / baseline:.1f}%" if baseline else "n/a")
+        if sampled_gpus:
+            cells.append(gpu_busy(result) or "-")
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -94,17 +113,20 @@ def results_table(
 def breakdown_table(results: Mapping[str, RunResult | None]) -> str:
     """Where each named perf_analyzer run spent its time: throughput, latency, and Triton's queue
     and compute-infer per request. A None result is a run that gave no stable measurement; p95 is
-    n/a for a run of fewer than 20 requests."""
-    lines = [
-        f"{'run':>18} | {'req/s':>7} | {'mean ms':>8} | {'p95 ms':>7} | {'queue ms':>8} | {'compute infer ms':>16}"
-    ]
+    n/a for a run of fewer than 20 requests. Where the runs sampled a GPU, a last column says how
+    busy it was."""
+    sampled_gpus = any(gpu_busy(result) is not None for result in results.values())
+    heading = f"{'run':>18} | {'req/s':>7} | {'mean ms':>8} | {'p95 ms':>7} | {'queue ms':>8} | "
+    heading += f"{'compute infer ms':>16}"
+    lines = [heading + (f" | {GPU_BUSY}" if sampled_gpus else "")]
     for name, result in results.items():
         if result is None:
             lines.append(f"{name:>18} | no stable measurement")
             continue
         queue, infer = result.server_ms("queue"), result.server_ms("compute_infer")
-        lines.append(
+        line = (
             f"{name:>18} | {result.throughput_rps:7.1f} | {result.latency.mean_ms:8.1f} | "
             f"{_number(result.latency_ms(95)):>7} | {queue:8.1f} | {infer:16.1f}"
         )
+        lines.append(line + (f" | {gpu_busy(result) or '-':>{len(GPU_BUSY)}}" if sampled_gpus else ""))
     return "\n".join(lines)
