@@ -171,12 +171,14 @@ lab.triton.restore_config("food_classifier")  # back to one instance, as shipped
 # mean at one client, is not judged twice.
 
 # %%
-predicted_onnx_faster = None  # before you run this cell: True if ONNX answers one client faster than Python, else False
+predicted_onnx_speedup = None  # before you run: the Python model's mean latency over the ONNX one's, one client (x)
+
+# %%
 onnx_single = lab.triton.perf("food_classifier_onnx", concurrency=1)
 python_single = python_backend["c=1"]
 lab.record(triton_bench.onnx_beats_python(onnx_single, python_single,
                                           lab.triton.served_config("food_classifier_onnx").get("backend") == "python",
-                                          lab.hardware()), predicted=predicted_onnx_faster);
+                                          lab.hardware()), predicted=predicted_onnx_speedup);
 
 # %% [markdown]
 # ### Scaling the ONNX model
@@ -192,7 +194,9 @@ onnx_shipped = lab.triton.config("food_classifier_onnx")
 print(onnx_shipped)
 
 # %%
-predicted_onnx_instances = None  # before you run: True if the larger group serves more requests/s than 1, else False
+predicted_onnx_instances = None  # before you run: how many times the requests/s of 1 the larger group serves (x)
+
+# %%
 onnx_one_busy = lab.triton.perf("food_classifier_onnx", concurrency=8)
 two_on_each_gpu = "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0, 1 ] } ]"
 lab.triton.apply_config("food_classifier_onnx", onnx_shipped.with_text(two_on_each_gpu))
@@ -244,7 +248,9 @@ print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()[
 # Where neither run queued: NOT CHECKED.
 
 # %%
-predicted_poisson_queues_more = None  # before you run: True if Poisson arrivals queue longer than even ones, else False
+predicted_poisson_queue_ms = None  # before you run: a request's wait in Triton's queue, Poisson arrivals (ms)
+
+# %%
 lab.triton.restore_config("food_classifier_onnx")
 onnx_capacity = lab.triton.capacity("food_classifier_onnx")
 rates = lab.triton.scale_rates([120, 180, 240, 300], onnx_capacity)
@@ -255,7 +261,7 @@ arrivals = {
 }
 lab.breakdown(arrivals)
 lab.record(triton_bench.poisson_queues_more(arrivals["constant"], arrivals["poisson"], rates[0], onnx_capacity.rps,
-                                            lab.hardware(), lab.cores), predicted=predicted_poisson_queues_more);
+                                            lab.hardware(), lab.cores), predicted=predicted_poisson_queue_ms);
 
 # %% [markdown]
 # ## 6. Dynamic batching
@@ -268,9 +274,10 @@ lab.record(triton_bench.poisson_queues_more(arrivals["constant"], arrivals["pois
 # First the baseline, without batching, with Triton's executions by batch size.
 
 # %%
-predicted_batching_shortens_queue = None  # before you run: True if batching shortens the queue wait, else False
-predicted_batching_flat = None  # and True if with batching the mean latency stays roughly flat as the rate grows
-# (and grows less than without), else False; both recorded after the runs with batching below
+predicted_queue_share = None  # before you run: the queue wait at the highest rate with batching, over without (x)
+predicted_latency_growth = None  # and the growth of the mean latency with batching, lowest rate to highest (x)
+
+# %%
 without_batching = triton_bench.poisson_sweep(lab.triton.perf, rates)
 lab.breakdown(without_batching);
 
@@ -317,9 +324,9 @@ print(costs)
 
 # %%
 lab.record(triton_bench.batching_shortens_the_queue(without_batching, with_batching),
-           predicted=predicted_batching_shortens_queue)
+           predicted=predicted_queue_share)
 lab.record(triton_bench.batching_keeps_latency_flat(without_batching, with_batching, lab.hardware()),
-           predicted=predicted_batching_flat);
+           predicted=predicted_latency_growth);
 
 # %% [markdown]
 # ### The queueing view

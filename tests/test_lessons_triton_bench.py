@@ -69,7 +69,8 @@ def test_instance_scaling_reason_reads_the_instances_cpu():
 def test_instance_scaling_takes_a_gain_within_the_noise_for_none():
     """The wrong outcome it must fail: two runs of the same capacity, the second 3% faster by chance."""
     assert triton_bench.instance_scaling(perf_run(100), perf_run(103), 2, "cpu", 2).outcome is Outcome.NOT_HELD
-    assert triton_bench.instance_scaling(perf_run(100), perf_run(125), 2, "cpu", 2).outcome is Outcome.HELD
+    gained = triton_bench.instance_scaling(perf_run(100), perf_run(125), 2, "cpu", 2)
+    assert gained.outcome is Outcome.HELD and gained.estimate is not None and gained.estimate.value == 1.25
     assert triton_bench.instance_scaling(None, perf_run(125), 2, "cpu", 2).outcome is Outcome.NOT_CHECKED
 
 
@@ -105,6 +106,7 @@ def test_onnx_against_python_at_one_client_is_judged_once_on_the_mean():
     faster = triton_bench.onnx_beats_python(perf_run(50, 20), perf_run(33, 30), True, "cpu")
     assert outcomes(faster) == [Outcome.HELD]
     assert "600 KB of float32" in faster.reason
+    assert faster.estimate is not None and faster.estimate.value == 1.5  # 30 ms against 20: a number to predict
     slower = triton_bench.onnx_beats_python(perf_run(25, 40), perf_run(33, 30), False, "1 GPU")
     assert outcomes(slower) == [Outcome.NOT_HELD] and "on 1 GPU" in slower.reason  # the JPEG upload was cheaper
     assert triton_bench.onnx_beats_python(None, perf_run(33, 30), False, "cpu").outcome is Outcome.NOT_CHECKED
@@ -133,6 +135,7 @@ def test_the_queue_is_judged_only_where_requests_queued_without_batching():
     # idle, too little to judge (75's longer queue with batching is noise), and said so.
     assert [part.text for part in held.conditions] == ["at 100 req/s, batching lowers the time in the queue"]
     assert held.outcome is Outcome.HELD and "50 req/s" in held.reason and "75 req/s" in held.reason
+    assert held.estimate is not None and held.estimate.value == 0.3  # at the highest rate: 3 ms against 10
     longer = {**with_on, "100 req/s": poisson(100, 25, 12, 6)}
     assert triton_bench.batching_shortens_the_queue(without, longer).outcome is Outcome.NOT_HELD
 
@@ -153,6 +156,7 @@ def test_flat_latency_holds_on_cheap_batches_and_fails_with_its_reason_read_from
              "150 req/s": poisson(150, 10, 2, 3, batches={1: 10, 4: 30}, per_image={1: 6, 4: 2})}  # fmt: skip
     held = triton_bench.batching_keeps_latency_flat(without, cheap, "1 GPU")
     assert held.outcome is Outcome.HELD
+    assert held.estimate is not None and held.estimate.value == 10 / 8  # the mean with batching, 8 ms to 10
     assert "2.00 ms of compute in the batches of 4" in held.reason and "+67% saved" in held.reason
     costly = {"50 req/s": poisson(50, 8, 1, 6),
               "150 req/s": poisson(150, 45, 5, 12, batches={1: 10, 4: 30}, per_image={1: 6, 4: 6})}  # fmt: skip
@@ -224,6 +228,7 @@ def test_poisson_arrivals_queue_more_than_constant_ones():
     constant, poisson = arrival_run("constant", 0.2, 15), arrival_run("poisson", 2.8, 24)
     held = triton_bench.poisson_queues_more(constant, poisson, 36, 100, "2 CPU cores", 2)
     assert outcomes(held) == [Outcome.HELD, Outcome.HELD]
+    assert held.estimate is not None and held.estimate.unit == "ms" and held.estimate.value == 2.8
     assert "at 36% of capacity (the instance computing 36% of the time)" in held.reason
     assert "2 CPU cores (2 cores)" in held.reason
 

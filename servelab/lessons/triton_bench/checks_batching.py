@@ -6,6 +6,7 @@ read from the model's /stats around each run (compute times by batch size).
 from __future__ import annotations
 
 from servelab.lessons.expectations import (
+    Estimate,
     Expectation,
     Figure,
     condition,
@@ -51,10 +52,17 @@ def batching_shortens_the_queue(without: dict[str, RunResult | None], with_batch
                 "without batching, no rate queued enough to judge: " + ", ".join(skipped),
             )
         )
+    highest = list(without)[-1]
+    wait_off, wait_on = (figure(runs.get(highest), "server_ms(queue)", "") for runs in (without, with_batching))
     return Expectation(
         "where requests queue, dynamic batching shortens the time they wait",
         tuple(conditions),
         reason="not judged, too little queueing without batching: " + ", ".join(skipped) if skipped else "",
+        estimate=Estimate(
+            f"the time in the queue at {highest} with batching, as a share of it without",
+            wait_on.value / wait_off.value if wait_off.value else NOT_MEASURED,
+            "x",
+        ),
     )
 
 
@@ -133,4 +141,5 @@ def batching_keeps_latency_flat(
             else "a batch does save compute per image, so what remains is the time a request waits for its batch "
             "and the spread of the arrivals"
         ),
+        estimate=Estimate(f"how many times the mean latency with batching grows from {low} to {high}", growth_on, "x"),
     )

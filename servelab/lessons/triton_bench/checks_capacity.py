@@ -124,6 +124,7 @@ def instance_scaling(one: RunResult | None, more: RunResult | None, instances: i
         ),
         reason=f"on {hardware}: {_cpu_said('1 instance', one, cores)}; "
         f"{_cpu_said(f'{instances} instances', more, cores)}. More instances can only use what one left idle",
+        estimate=Estimate(f"the requests per second of {instances} ONNX instances over 1", gain, "x"),
     )
 
 
@@ -189,4 +190,9 @@ def onnx_beats_python(onnx: RunResult | None, python: RunResult | None, onnx_beh
         "each of its requests carries 600 KB of float32 pixels instead of a compressed JPEG"
         if onnx_behind_python
         else f"on {hardware}, both models spend most of a request outside the network",
+        estimate=Estimate(
+            "the ONNX model's speedup at one client (the Python mean over the ONNX mean)",
+            python_ms.value / onnx_ms.value,
+            "x",
+        ),
     )

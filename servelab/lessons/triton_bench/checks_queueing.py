@@ -216,4 +216,9 @@ def poisson_queues_more(
         reason=f"at {rate / capacity_rps:.0%} of capacity (the instance computing {busy:.0%} of the time) clumps "
         f"that find it busy are rare, and the load generator shares {hardware} ({cores} cores) with the server, so "
         "it cannot keep a constant schedule exactly either",
+        estimate=Estimate(
+            f"the time a request waits in Triton's queue with Poisson arrivals at {rate:g} req/s",
+            waits["poisson"].value,
+            "ms",
+        ),
     )
