@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 4. Benchmarking the FastAPI service
 #
-# **Time:** about 20 minutes (6 reading, 4 running, 10 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 21 minutes (6 reading, 4 running, 11 hands-on; `python -m servelab.time_plan`)
 #
 # You send the FastAPI service of notebook 3 a real request, follow one photo through GourmetGram,
 # then measure: **one** user (PyTorch, then ONNX Runtime), **sixteen** users at once (where does the
@@ -122,7 +122,9 @@ print(f"1000 / mean latency = {1000 / sequential_pt.latency.mean_ms:.1f} req/s")
 # the model call was.
 
 # %%
-predicted_onnx_faster = None  # before you run this cell: True if ONNX Runtime answers faster, else False
+predicted_onnx_speedup = None  # before you run: PyTorch's median latency over ONNX Runtime's, one at a time (x)
+
+# %%
 onnx_url = lab.fastapi_url("onnx")
 onnx_runtime = requests.get(f"{onnx_url}/health", timeout=10).json()["runtime"]
 print(f"ONNX Runtime service: {onnx_url} ({onnx_runtime})")
@@ -131,7 +133,7 @@ lab.table([sequential_pt, sequential_onnx]);
 
 # %%
 lab.record(fastapi_bench.runtime_comparison(sequential_pt, sequential_onnx, lab.hardware()),
-           predicted=predicted_onnx_faster);
+           predicted=predicted_onnx_speedup);
 
 # %% [markdown]
 # ## Sixteen users at once
@@ -157,8 +159,10 @@ lab.record(fastapi_bench.runtime_comparison(sequential_pt, sequential_onnx, lab.
 # model work and the event loop (notebook 3) only *awaits* a slot, so it should not wait behind the predictions.
 
 # %%
-predicted_queueing = None  # before you run: True if all three of the expectation hold here, else False
-predicted_health_free = None  # and True if /health answers without waiting behind the predictions, else False
+predicted_load_gain = None  # before you run: the requests/s of 16 senders over one at a time (x)
+predicted_health_ms = None  # and /health's median while the 16 senders run (ms)
+
+# %%
 with fastapi_bench.LoadWatch(onnx_url, lab.on_compose) as watch:  # /health timed idle, then during the run
     concurrent_onnx = lab.concurrent("onnx", 16, resources=watch.sampler)
 lab.table([concurrent_onnx]);
@@ -177,7 +181,7 @@ print(f"Little's law, the whole system: {senders} / {concurrent_onnx.throughput_
 print(f"The service's own mean per request: waiting for a slot {stages['slot_wait']:.1f} ms, decoding "
       f"{stages['preprocess']:.1f} ms, inference {stages['inference']:.1f} ms; {slots} slot(s)")
 lab.record(fastapi_bench.queueing_under_load(sequential_onnx, concurrent_onnx, slots, lab.hardware()),
-           predicted=predicted_queueing);
+           predicted=predicted_load_gain);
 # %% [markdown]
 # A handler that blocked the event loop would hold `/health` for the rest of the running inference,
 # half of one on average. So under load it should answer within half an inference of its idle
@@ -186,7 +190,7 @@ lab.record(fastapi_bench.queueing_under_load(sequential_onnx, concurrent_onnx, s
 # %%
 print(f"/health: {len(watch.idle_ms)} checks idle, {len(watch.loaded_ms)} during the c={senders} run")
 lab.record(fastapi_bench.health_stays_out_of_the_queue(watch.idle_ms, watch.loaded_ms, concurrent_onnx, slots,
-                                                       lab.hardware()), predicted=predicted_health_free);
+                                                       lab.hardware()), predicted=predicted_health_ms);
 # %% [markdown]
 # ### What the machine was doing
 #
@@ -219,8 +223,11 @@ plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concur
 # On a GPU these plans only share the CPU's other work: there the cells skip them, saying so.
 
 # %%
-predicted_crowded_slower = None  # before you run: True if more busy threads than cores is slower, else False
-predicted_elastic_near_best = None  # and True if the default plan is within 15% of the best, else False
+predicted_crowded_rate = None  # before you run: the crowded plan's requests/s under load over 1 thread each's (x)
+predicted_every_core = None  # and one request's median with every core over one thread's (x)
+predicted_default_share = None  # and the default plan's requests/s under load over the best plan's (x)
+
+# %%
 cores = lab.cores
 device = requests.get(f"{fastapi_url}/health", timeout=10).json()["device"]
 plans = fastapi_bench.thread_plans(cores) if device == "cpu" else {}  # name -> (slots, threads); None: default
@@ -247,9 +254,9 @@ if plans:
     plt.show()
     crowded, every_core, elastic = fastapi_bench.thread_plan_checks(alone, loaded, cores, device, lab.hardware(),
                                                                      sequential_pt.latency.p50_ms)
-    lab.record(crowded, predicted=predicted_crowded_slower)
-    lab.record(every_core)
-    lab.record(elastic, predicted=predicted_elastic_near_best);
+    lab.record(crowded, predicted=predicted_crowded_rate)
+    lab.record(every_core, predicted=predicted_every_core)
+    lab.record(elastic, predicted=predicted_default_share);
 
 # %% [markdown]
 # ## Processes: one interpreter, one lock

@@ -21,6 +21,7 @@ def test_onnx_faster_than_pytorch_holds_and_fails_on_its_two_figures_and_its_rea
     held = fastapi_bench.runtime_comparison(pytorch, onnx, "2 CPU cores")
     assert outcomes(held) == [Outcome.HELD]  # one condition: at c=1 the throughput is 1 / the mean, not judged again
     assert "25.0 ms in PyTorch and 6.0 ms in ONNX" in held.reason
+    assert held.estimate is not None and held.estimate.value == pytorch.latency.p50_ms / onnx.latency.p50_ms
     # A slower ONNX service.
     slower = synthetic_run("fastapi_onnx", throughput_rps=25, mean_ms=40, service_stats=service_stages(inference=30))
     failed = fastapi_bench.runtime_comparison(pytorch, slower, "2 CPU cores")
@@ -40,6 +41,7 @@ def test_queueing_holds_when_the_slots_are_full_and_most_of_the_time_is_the_wait
     held = fastapi_bench.queueing_under_load(ALONE, loaded_run(160, 100, inference=12, slot_wait=80), 2, "cpu")
     assert held.outcome is Outcome.HELD, held
     assert "1.92 of 2 slot(s)" in held.conditions[1].detail
+    assert held.estimate is not None and held.estimate.value == 2.0  # 160 req/s against 80 alone: the number asked
 
 
 def test_queueing_fails_on_idle_slots_and_on_a_latency_that_is_stretched_service_not_waiting():
@@ -95,6 +97,7 @@ def test_health_under_load_is_judged_against_health_at_idle_not_against_a_predic
     loaded = loaded_run(160, 100, inference=12, slot_wait=80)
     held = fastapi_bench.health_stays_out_of_the_queue([2.0] * 10, [5.0] * 50, loaded, 2, "cpu")
     assert outcomes(held) == [Outcome.HELD] and held.conditions[0].detail == "under 8.0 ms"
+    assert held.estimate is not None and (held.estimate.value, held.estimate.unit) == (5.0, "ms")
 
 
 def test_health_fails_when_it_waits_behind_the_running_inference():
@@ -140,6 +143,8 @@ def test_crowded_threads_hold_when_slower_and_fail_when_the_extra_threads_found_
     same = {CROWDED: plan_run(CROWDED, 140, 42), FITTING: plan_run(FITTING, 150, 40)}
     assert outcomes(fastapi_bench.crowded_threads_are_slower(same, CROWDED, FITTING, 4, 4, "cpu", "4 cores")) == [
         Outcome.NOT_HELD, Outcome.NOT_HELD]  # fmt: skip
+    crowded = fastapi_bench.crowded_threads_are_slower(slower, CROWDED, FITTING, 4, 4, "cpu", "4 cores")
+    assert crowded.estimate is not None and crowded.estimate.value == 0.5  # 20 req/s against 40
     on_gpu = fastapi_bench.crowded_threads_are_slower(same, CROWDED, FITTING, 4, 4, "cuda:0", "1 GPU")
     assert outcomes(on_gpu) == [Outcome.NOT_CHECKED] * 2 and "cuda:0" in on_gpu.conditions[0].detail
 
@@ -149,6 +154,10 @@ def test_every_core_alone_is_judged_once_on_the_median():
     faster = {EVERY: plan_run(EVERY, 20, 50, inference=12), FITTING: plan_run(FITTING, 40, 25, inference=32)}
     held = fastapi_bench.every_core_serves_one_faster(faster, EVERY, FITTING, 4, "cpu", "4 cores")
     assert outcomes(held) == [Outcome.HELD] and "12.0 ms with 4 threads and 32.0 ms with 1" in held.reason
+    assert (
+        held.estimate is not None
+        and held.estimate.value == faster[EVERY].latency.p50_ms / faster[FITTING].latency.p50_ms
+    )
     # The wrong outcome: threads that wait for each other at every layer gain nothing on one image.
     slower = {EVERY: plan_run(EVERY, 42, 24), FITTING: plan_run(FITTING, 40, 25)}
     assert outcomes(fastapi_bench.every_core_serves_one_faster(slower, EVERY, FITTING, 4, "cpu", "4 cores")) == [
@@ -165,6 +174,7 @@ def test_the_elastic_default_holds_near_the_best_plan_and_fails_far_from_it():
               DEFAULT: plan_run(DEFAULT, 155, 38)}  # fmt: skip
     held = fastapi_bench.elastic_default_near_the_best(alone, loaded, DEFAULT, "cpu", "4 cores", 22.0)
     assert outcomes(held) == [Outcome.HELD, Outcome.HELD]
+    assert held.estimate is not None and held.estimate.value == 38 / 40  # the default's rate over the best's
     # The wrong outcome: a default that behaves like one of the extreme plans (every core for one slot).
     stuck = {**loaded, DEFAULT: plan_run(DEFAULT, 290, 21)}
     failed = fastapi_bench.elastic_default_near_the_best(alone, stuck, DEFAULT, "cpu", "4 cores", 22.0)
