@@ -131,11 +131,11 @@ stateful.show("a sequence never started", stateful.frame(next_id + 1, photos[0].
 #    waits longer depends on how long an execution takes here: guess before you run.
 
 # %%
-predicted_batcher_merges = None  # before you run: True if with N sequences the average batch is >= 2, else False
-predicted_batching_pays = None  # and True if a frame in a batch costs < 0.8x one alone and oldest serves >= 1.2x
-# the frames per second of one sequence at a time, else False
-predicted_frame_waits = None  # and True if a frame alone waits out the queue delay (0.8x to 1.5x), and with N
-# sequences at most one execution plus the delay, else False
+predicted_average_batch = None  # before you run: the average batch (frames) of the oldest strategy, N sequences
+predicted_frames_gain = None  # and the frames per second of N sequences over one at a time (x)
+predicted_frame_wait_ms = None  # and a frame's wait in Triton's queue with N sequences (ms)
+
+# %%
 N = served.max_batch_size
 LENGTH = 10
 alone = stateful.run(f"{MODEL}, {strategy}, 1 sequence at a time", 1, LENGTH)
@@ -169,10 +169,10 @@ plt.show()
 # %%
 print(f"One sequence at a time: average batch {alone.triton_stats['avg_batch_size']:.2f} (one frame in flight, "
       "so one frame per execution by construction: the baseline, not a claim)")
-lab.record(sequences.batcher_merges_sequences(oldest, direct, N), predicted=predicted_batcher_merges)
-lab.record(sequences.batching_pays(alone, oldest, N, lab.hardware()), predicted=predicted_batching_pays)
+lab.record(sequences.batcher_merges_sequences(oldest, direct, N), predicted=predicted_average_batch)
+lab.record(sequences.batching_pays(alone, oldest, N, lab.hardware()), predicted=predicted_frames_gain)
 queue_delay_us = getattr(batcher, strategy).max_queue_delay_microseconds
-lab.record(sequences.where_a_frame_waits(alone, oldest, N, queue_delay_us), predicted=predicted_frame_waits);
+lab.record(sequences.where_a_frame_waits(alone, oldest, N, queue_delay_us), predicted=predicted_frame_wait_ms);
 
 # %% [markdown]
 # A second opinion: perf_analyzer sends sequences too (`sequence_length=` becomes
@@ -202,9 +202,10 @@ if checked is not None:
 # clients saw.
 
 # %%
-predicted_evictions = None  # before you run: True if none is broken off at the capacity, and at twice it
-# at least CAPACITY are, each by an `evicted` error the model's log counts too, else False
-CAPACITY = 4
+CAPACITY = 4  # sequences the model's state cache holds
+predicted_evicted = None  # before you run: how many of 2 x CAPACITY live sequences `evicted` breaks off
+
+# %%
 evicted, broken = {}, {}
 with stateful.configured(lab.triton.config(MODEL).with_parameters(state_capacity=str(CAPACITY))):
     for live in (CAPACITY, 2 * CAPACITY):
@@ -216,7 +217,7 @@ with stateful.configured(lab.triton.config(MODEL).with_parameters(state_capacity
               f"{broken[live].sequences_failed or 'none'}")  # fmt: skip
 at_capacity, above = broken[CAPACITY], broken[2 * CAPACITY]
 lab.record(sequences.evictions_break_the_oldest(at_capacity, above, CAPACITY, evicted[2 * CAPACITY]),
-           predicted=predicted_evictions);
+           predicted=predicted_evicted);
 
 # %% [markdown]
 # ## An idle sequence expires; a cancelled one is gone

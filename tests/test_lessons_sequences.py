@@ -22,7 +22,8 @@ def frames(avg_batch: float, queue_us: float):
 
 
 def test_the_batcher_check_holds_on_batches_and_fails_on_a_strategy_that_ran_frames_alone():
-    assert sequences.batcher_merges_sequences(frames(5.5, 900), frames(7.9, 1500), 8).outcome is Outcome.HELD
+    merged = sequences.batcher_merges_sequences(frames(5.5, 900), frames(7.9, 1500), 8)
+    assert merged.outcome is Outcome.HELD and merged.estimate is not None and merged.estimate.value == 5.5  # oldest's
     failed = sequences.batcher_merges_sequences(frames(5.5, 900), frames(1.1, 0), 8)
     assert [part.outcome for part in failed.conditions] == [Outcome.HELD, Outcome.NOT_HELD]
     alone = sequences.batcher_merges_sequences(frames(1.0, 900), frames(1.0, 0), 1)
@@ -48,6 +49,7 @@ def test_a_frame_waits_out_the_delay_alone_and_at_most_one_execution_plus_it_wit
     # Wrong: frames held behind a backlog of three executions.
     backlog = sequences.where_a_frame_waits(queued(2_180), queued(270_000, 90_000), 8, 2_000)
     assert [part.outcome for part in backlog.conditions] == [Outcome.HELD, Outcome.NOT_HELD]
+    assert backlog.estimate is not None and (backlog.estimate.value, backlog.estimate.unit) == (270.0, "ms")
     assert [item.name for item in backlog.conditions[1].figures] == [
         "queue per frame, 8 sequences", "one execution, 8 sequences (input to output)",
         "max_queue_delay_microseconds (config)"]  # fmt: skip
@@ -122,7 +124,8 @@ def compute(avg_batch: float, ms_per_frame: float, frames_per_s: float):
 
 def test_batching_pays_on_cheaper_frames_and_is_not_checked_where_no_batch_formed():
     alone = compute(1.0, 40.0, 22.0)
-    assert sequences.batching_pays(alone, compute(4.1, 26.5, 36.8), 8, "cpu").outcome is Outcome.HELD
+    pays = sequences.batching_pays(alone, compute(4.1, 26.5, 36.8), 8, "cpu")
+    assert pays.outcome is Outcome.HELD and pays.estimate is not None and pays.estimate.value == 36.8 / 22.0
     # Wrong: no parallel work to spare, a batch costs its frames' sum, and throughput barely moves.
     flat = sequences.batching_pays(alone, compute(4.1, 39.0, 23.0), 8, "cpu")
     assert [part.outcome for part in flat.conditions] == [Outcome.NOT_HELD, Outcome.NOT_HELD]
@@ -146,6 +149,7 @@ def live(started: int, completed: int, **failed: int) -> SequenceRunResult:
 def test_evictions_break_the_oldest_and_the_log_counts_them():
     held = sequences.evictions_break_the_oldest(live(4, 4), live(8, 4, evicted=4), 4, 4.0)
     assert held.outcome is Outcome.HELD, held
+    assert held.estimate is not None and held.estimate.value == 4  # of 8 sequences, 4 evicted: the number asked
     # Wrong: an unbounded cache breaks nothing at twice the capacity.
     unbounded = sequences.evictions_break_the_oldest(live(4, 4), live(8, 8), 4, 0.0)
     assert [part.outcome for part in unbounded.conditions] == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_CHECKED]

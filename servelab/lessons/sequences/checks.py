@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from servelab.lessons.expectations import Expectation, condition, figure, measured, unless
+from servelab.lessons.expectations import Estimate, Expectation, condition, figure, measured, unless
 from servelab.results import RunResult, SequenceRunResult
 
 if TYPE_CHECKING:
@@ -31,6 +31,11 @@ def batcher_merges_sequences(oldest: RunResult | None, direct: RunResult | None,
             )
             for name, run in (("oldest", oldest), ("direct", direct))
             for average in [figure(run, "triton_stats.avg_batch_size", f"average batch, {name}, {sequences} sequences")]
+        ),
+        estimate=Estimate(
+            f"the average batch of the oldest strategy with {sequences} sequences",
+            figure(oldest, "triton_stats.avg_batch_size", "").value,
+            "frames",
         ),
     )
 
@@ -86,6 +91,7 @@ def batching_pays(alone: RunResult | None, batched: RunResult | None, sequences:
             if gain >= 1.2 and not cheaper
             else ""
         ),
+        estimate=Estimate(f"the frames per second of {sequences} sequences, over one at a time", gain, "x"),
     )
 
 
@@ -138,6 +144,7 @@ def evictions_break_the_oldest(
                 ),
             ),
         ),
+        estimate=Estimate(f"the sequences broken off by 'evicted' of {2 * capacity}", by_eviction.value, "sequences"),
     )
 
 
@@ -181,6 +188,9 @@ def where_a_frame_waits(
                 execution,
                 delay,
             ),
+        ),
+        estimate=Estimate(
+            f"a frame's wait in Triton's queue with {sequences} sequences", queue_batched.value / 1000, "ms"
         ),
     )
 
