@@ -104,8 +104,10 @@ for url in (lab.image_url("soup.jpg"), f"{service}/health", "file:///etc/passwd"
 #    download is inside it (behind other requests' downloads as well as their inferences).
 
 # %%
-predicted_slot_at_50ms = None  # before you run: True if all four of the prediction hold at 50 ms, else False
-predicted_slot_at_200ms = None  # and True if all four hold at 200 ms, else False (both recorded two cells below)
+predicted_gain_at_50ms = None  # before you run: 16 senders' requests/s, download outside the slot over inside (x),
+predicted_gain_at_200ms = None  # at 50 ms and at 200 ms of download (both recorded two cells below)
+
+# %%
 LATENCIES_MS = (50, 200)
 CONCURRENCIES = (1, 4, 16)
 # Your turn: PLACEMENTS = (..., ...), the two values of the service's setting IMAGE_DOWNLOAD_PLACEMENT,
@@ -159,7 +161,7 @@ for latency_ms in LATENCIES_MS:
         "1 / S": 1000 / outside[enough[latency_ms]].service_stats["stage_mean_ms"]["inference"],
     }
     lab.record(io_vs_compute.slot_holds_only_inference(inside, outside, enough[latency_ms], latency_ms, lab.hardware()),
-               predicted={50: predicted_slot_at_50ms, 200: predicted_slot_at_200ms}[latency_ms])
+               predicted={50: predicted_gain_at_50ms, 200: predicted_gain_at_200ms}[latency_ms])
 
 # %% [markdown]
 # Throughput against senders, both designs, one panel per download latency. Dotted: 1 / (D + S),
@@ -197,8 +199,9 @@ plt.show()
 # cannot show how many inferred at once: the pool of 5 slot threads bounds that.
 
 # %%
-predicted_burst = None  # before you run: True if all 10 are served and the mean slot wait is at least about S / 2
-# but well below (D + S) / 2, else False
+predicted_slot_wait_ms = None  # before you run: the mean slot wait W of the 10 requests (ms)
+
+# %%
 SENT, SLOTS, BURST_LATENCY_MS = 10, 5, 1000
 decoding = {"PREPROCESS_WORKERS": str(SENT), "DECODE_AHEAD": str(SENT)}
 with lab.fastapi_variant("onnx", slots=SLOTS, **decoding) as url:
@@ -213,7 +216,7 @@ stages = burst.service_stats
 print("requests per stage:", stages["stage_counts"])
 print("mean ms per stage: ", {name: round(ms, 1) for name, ms in stages["stage_mean_ms"].items()})
 lab.record(io_vs_compute.burst_waits_only_for_slots(burst, SENT, health["slots"]),
-           predicted=predicted_burst);
+           predicted=predicted_slot_wait_ms);
 
 # %% [markdown]
 # ## All the runs, and the verdicts

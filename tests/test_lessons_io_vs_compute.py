@@ -25,6 +25,7 @@ def test_the_designs_as_predicted_hold_every_condition():
     held = io_vs_compute.slot_holds_only_inference(INSIDE, OUTSIDE, 18, 50, "2 CPU cores")
     assert outcomes(held) == [Outcome.HELD] * 4, held
     assert held.conditions[1].detail == "1 / (D + S) = 17.2 req/s"
+    assert held.estimate is not None and held.estimate.value == 110 / 16  # outside over inside, 16 senders
 
 
 def test_a_service_that_ignores_the_inside_placement_fails_the_first_condition():
@@ -68,6 +69,7 @@ def test_a_burst_on_five_slots_as_predicted_holds_every_condition():
     held = io_vs_compute.burst_waits_only_for_slots(burst(28), 10, FIVE)
     assert outcomes(held) == [Outcome.HELD] * 3, held
     assert held.conditions[1].detail == "S x 0.50 = 30.0 ms"
+    assert held.estimate is not None and (held.estimate.value, held.estimate.unit) == (28.0, "ms")
 
 
 def test_downloads_held_behind_the_slots_fail_the_third_condition():

@@ -7,7 +7,7 @@ D and S are the service's own mean download and inference times (its /metrics ar
 
 from __future__ import annotations
 
-from servelab.lessons.expectations import Expectation, Figure, condition, figure, measured, unless
+from servelab.lessons.expectations import Estimate, Expectation, Figure, condition, figure, measured, unless
 from servelab.results import RunResult
 
 
@@ -105,6 +105,11 @@ def slot_holds_only_inference(
             else f"; on {hardware}, the downloads, the decoding and the load generator share the cores with the "
             "inference (a hypothesis: this run does not measure their share)"
         ),
+        estimate=Estimate(
+            f"the requests per second of {top} senders with the download outside the slot, over inside it",
+            rate_out.value / rate_top.value,
+            "x",
+        ),
     )
 
 
@@ -181,6 +186,7 @@ def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure | floa
         "room ahead of the slots, for the event loop to hand a request to a slot, for a slot): a burst "
         "decoded by fewer threads than requests, or a busy machine, stretches it; condition 3 tells the "
         "designs apart only with a download D long beside S",
+        estimate=Estimate(f"the mean slot wait W of the {sent} requests", wait.value, "ms"),
     )
 
 
