@@ -66,9 +66,10 @@ experiment = cancellation.Experiment(
 # ## FastAPI, with and without abandoning
 
 # %%
-predicted_waste_without = None  # before you run: True if, abandoning off, the server computes answers nobody
-# reads and the patient clients pay (expectation 1), else False
-predicted_abandoning_cuts = None  # and True if, on, the waste falls under a quarter of that (expectation 2), else False
+predicted_waste_off = None  # before you run: abandoning off, the wasted inferences as a share of the cancelled (%)
+predicted_waste_on_share = None  # and the waste with abandoning on, as a share of the waste with it off (%)
+
+# %%
 # Your turn: SETTINGS = (..., ...), the two values of the service's setting ABANDON_ON_DISCONNECT,
 #   off first (docs/settings.md, ABANDON_ON_DISCONNECT).
 ### BEGIN SOLUTION
@@ -87,8 +88,9 @@ for setting in SETTINGS:
 # model's lines in Triton's log).
 
 # %%
-predicted_triton_grpc = None  # before you run: True if Triton computes for gone clients over HTTP,
-# and over gRPC the cancels reach it (expectation 3), else False
+predicted_triton_grpc = None  # before you run: over gRPC, the wasted inferences as a share of the cancelled (%)
+
+# %%
 one_at_a_time = (
     lab.triton.config(TRITON_MODEL)
     .with_fields(max_batch_size=1)
@@ -107,7 +109,9 @@ with experiment.triton_config(TRITON_MODEL, one_at_a_time):
 # deployment stays for the streams below.
 
 # %%
-predicted_ray_drops = None  # before you run: True if Ray Serve's waste is under a quarter of the cancelled, else False
+predicted_ray_drops = None  # before you run: Ray Serve's wasted inferences as a share of the cancelled (%)
+
+# %%
 config = serve.shipped_config()
 food11 = serve.deployment_options(config)
 food11.pop("autoscaling_config")
@@ -154,7 +158,9 @@ experiment.requests("ray_serve, 1 replica", serve.url)
 # 3. The patient clients get their last step sooner with it on (median).
 
 # %%
-predicted_fastapi_stream_stops = None  # before you run: True if FastAPI's streams hold expectations 1 to 3, else False
+predicted_fastapi_stream_stops = None  # before you run: FastAPI's steps computed per client who left, cancellation off
+
+# %%
 for setting in SETTINGS:
     with lab.fastapi_variant("onnx", slots=1, ABANDON_ON_DISCONNECT=setting) as url:
         experiment.stream("FastAPI", setting, url)
@@ -166,7 +172,9 @@ for setting in SETTINGS:
 # restarts Triton) and its verdict is NOT CHECKED.
 
 # %%
-predicted_triton_stream_stops = None  # before you run: True if Triton's streams hold expectations 1 to 3, else False
+predicted_triton_stream_stops = None  # before you run: Triton's steps computed per client who left, cancellation off
+
+# %%
 with experiment.triton_config(REFINE_MODEL, lab.triton.config(REFINE_MODEL).with_parameters(abandon_on_cancel="off")):
     experiment.stream("Triton", "off")
 experiment.stream("Triton", "on")
@@ -175,7 +183,9 @@ experiment.stream("Triton", "on")
 # Ray Serve's replica as deployed above (on), then with `ABANDON_ON_DISCONNECT=off`.
 
 # %%
-predicted_ray_stream_stops = None  # before you run: True if Ray Serve's streams hold expectations 1 to 3, else False
+predicted_ray_stream_stops = None  # before you run: Ray Serve's steps per client who left, cancellation off
+
+# %%
 experiment.stream("Ray Serve", "on", serve.url)
 food11["ray_actor_options"]["runtime_env"]["env_vars"]["ABANDON_ON_DISCONNECT"] = "off"
 serve.apply(config)
@@ -215,9 +225,9 @@ off, on = "fastapi_onnx, 1 slot, abandon off", "fastapi_onnx, 1 slot, abandon on
 http, grpc = f"triton/{TRITON_MODEL}, http", f"triton/{TRITON_MODEL}, grpc"
 ray = "ray_serve, 1 replica"
 lab.record(cancellation.waste_without_cancellation(runs[off], runs[on], wasted[off]),
-           predicted=predicted_waste_without)
+           predicted=predicted_waste_off)
 lab.record(cancellation.abandoning_cuts_the_waste(runs[off], runs[on], wasted[off], wasted[on]),
-           predicted=predicted_abandoning_cuts)
+           predicted=predicted_waste_on_share)
 lab.record(cancellation.triton_cancels_over_grpc(runs[http], runs[grpc], wasted[http], wasted[grpc]),
            predicted=predicted_triton_grpc)
 lab.record(cancellation.ray_drops_gone_requests(runs[ray], wasted[ray]), predicted=predicted_ray_drops);

@@ -35,6 +35,7 @@ def test_streams_that_stop_at_the_next_step_hold_and_the_figures_are_the_runs():
     wasted, left, asked, read = held.conditions[0].figures
     assert (wasted.value, left.value, asked.value, read.value) == (190, 20, ASKED, READ)
     assert held.conditions[0].detail == "9.5 per client who left"
+    assert held.estimate is not None and (held.estimate.value, held.estimate.unit) == (9.5, "steps")
     assert [item.value for item in held.conditions[2].figures] == [500.0, 900.0]
 
 
@@ -79,17 +80,22 @@ def request_run(cancelled: int, p95_ms: float, goodput: float, abandoned: int | 
 
 def test_fastapi_without_cancellation_wastes_and_its_patient_clients_pay():
     off, on = request_run(40, 900, 8), request_run(40, 400, 12, abandoned=35)
-    assert outcomes(cancellation.waste_without_cancellation(off, on, 38)) == [Outcome.HELD] * 3
+    wasteful = cancellation.waste_without_cancellation(off, on, 38)
+    assert outcomes(wasteful) == [Outcome.HELD] * 3
+    assert wasteful.estimate is not None and (wasteful.estimate.value, wasteful.estimate.unit) == (95.0, "%")
     # The wrong outcome: a server that noticed the disconnects on its own (little waste with it off).
     assert outcomes(cancellation.waste_without_cancellation(off, on, 5))[0] is Outcome.NOT_HELD
     # Nobody left: the two runs are the same setting, and their difference is noise.
     quiet = cancellation.waste_without_cancellation(request_run(0, 400, 12), request_run(0, 410, 11.8), 0)
     assert outcomes(quiet) == [Outcome.NOT_CHECKED] * 3
+    assert quiet.estimate is not None and math.isnan(quiet.estimate.value)  # no share of nothing cancelled
 
 
 def test_abandoning_cuts_the_waste_and_abandons_before_the_model():
     off, on = request_run(40, 900, 8), request_run(40, 400, 12, abandoned=35)
-    assert outcomes(cancellation.abandoning_cuts_the_waste(off, on, 38, 3)) == [Outcome.HELD, Outcome.HELD]
+    cut = cancellation.abandoning_cuts_the_waste(off, on, 38, 3)
+    assert outcomes(cut) == [Outcome.HELD, Outcome.HELD]
+    assert cut.estimate is not None and cut.estimate.value == 100 * 3 / 38
     # The wrong outcome: abandoning on, yet the server ran the model for those who left.
     late = request_run(40, 800, 8.5, abandoned=4)
     assert outcomes(cancellation.abandoning_cuts_the_waste(off, late, 38, 30)) == [Outcome.NOT_HELD] * 2
@@ -103,7 +109,8 @@ def test_abandoning_cuts_the_waste_and_abandons_before_the_model():
 def test_triton_cancels_over_grpc_not_over_http():
     http = request_run(40, 900, 8)
     grpc = request_run(40, 400, 12, triton_stats={"fail_count": 20, "cancelled_by_model": 15})
-    assert outcomes(cancellation.triton_cancels_over_grpc(http, grpc, 36, 4)) == [Outcome.HELD] * 3
+    heard = cancellation.triton_cancels_over_grpc(http, grpc, 36, 4)
+    assert outcomes(heard) == [Outcome.HELD] * 3 and heard.estimate is not None and heard.estimate.value == 10.0
     # The wrong outcome: the cancels never reached Triton over gRPC either.
     deaf = request_run(40, 900, 8, triton_stats={"fail_count": 0, "cancelled_by_model": 0})
     assert outcomes(cancellation.triton_cancels_over_grpc(http, deaf, 36, 38)) == [
@@ -114,7 +121,8 @@ def test_triton_cancels_over_grpc_not_over_http():
 
 
 def test_ray_serve_drops_what_it_can():
-    assert cancellation.ray_drops_gone_requests(request_run(40, 400, 12), 3).outcome is Outcome.HELD
+    dropped = cancellation.ray_drops_gone_requests(request_run(40, 400, 12), 3)
+    assert dropped.outcome is Outcome.HELD and dropped.estimate is not None and dropped.estimate.value == 7.5
     assert cancellation.ray_drops_gone_requests(request_run(40, 900, 8), 30).outcome is Outcome.NOT_HELD
     assert cancellation.ray_drops_gone_requests(request_run(0, 400, 12), 0).outcome is Outcome.NOT_CHECKED
 

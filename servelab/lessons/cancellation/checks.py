@@ -19,7 +19,16 @@ from __future__ import annotations
 
 import math
 
-from servelab.lessons.expectations import Condition, Expectation, Figure, condition, figure, measured, unless
+from servelab.lessons.expectations import (
+    Condition,
+    Estimate,
+    Expectation,
+    Figure,
+    condition,
+    figure,
+    measured,
+    unless,
+)
 from servelab.results import RunResult
 
 # With cancellation on, what a client who left may still cost: the step running when it left, and
@@ -36,6 +45,12 @@ def _if_some_left(left: Figure, case: str, judged: Condition) -> Condition:
     return unless(
         not left.value == 0, f"no client left {case}: there was nothing to cancel, so nothing to judge", judged
     )
+
+
+def _wasted_share(wasted: float, left: Figure, case: str) -> Estimate:
+    """The wasted inferences as a percentage of the cancelled requests: the number a student predicts."""
+    share = 100 * wasted / left.value if left.value else math.nan
+    return Estimate(f"the wasted inferences {case}, as a share of the cancelled requests", share, "%")
 
 
 def _computed_for_nobody(run: RunResult | None, wasted: float, case: str) -> Condition:
@@ -83,6 +98,7 @@ def waste_without_cancellation(off: RunResult, on: RunResult, wasted_off: float)
                 ),
             ),
         ),  # fmt: skip
+        estimate=_wasted_share(wasted_off, left_off, "with abandoning off"),
     )
 
 
@@ -118,6 +134,11 @@ def abandoning_cuts_the_waste(off: RunResult, on: RunResult, wasted_off: float, 
                 ),
             ),
         ),  # fmt: skip
+        estimate=Estimate(
+            "the waste with abandoning on, as a share of the waste with it off",
+            100 * wasted_on / wasted_off if wasted_off else math.nan,
+            "%",
+        ),
     )
 
 
@@ -154,6 +175,7 @@ def triton_cancels_over_grpc(http: RunResult, grpc: RunResult, wasted_http: floa
                 ),
             ),
         ),  # fmt: skip
+        estimate=_wasted_share(wasted_grpc, left, "over gRPC"),
     )
 
 
@@ -175,6 +197,7 @@ def ray_drops_gone_requests(ray: RunResult, wasted: float) -> Expectation:
                 ),
             ),
         ),  # fmt: skip
+        estimate=_wasted_share(wasted, left, "by Ray Serve"),
     )
 
 
@@ -242,5 +265,10 @@ def stream_stops_at_the_next_step(engine: str, off: RunResult | None, on: RunRes
             f"the patient clients completed {answers['off']} streams with cancellation off and {answers['on']} with "
             "it on: on a busy machine, the median of so few moves by more than the steps saved; and a server "
             "that reads a disconnect late (a busy event loop) computes more steps after it than it would alone"
+        ),
+        estimate=Estimate(
+            f"the steps {engine} computed per client who left, cancellation off",
+            wasted_off.value / left_off.value if left_off.value else math.nan,
+            "steps",
         ),
     )
