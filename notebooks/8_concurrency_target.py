@@ -208,7 +208,9 @@ lab.record(concurrency_target.slots_need_room(slot_runs, slot_samples, PREDICT_S
 # nobody is refused.
 
 # %%
-predicted_serve_queue_refuses = None  # before you run: True if the small queue refuses fast and bounds p95, else False
+predicted_serve_p95_share = None  # before you run: the answered p95 with the small queue over the unbounded one's (x)
+
+# %%
 QUEUE_CLIENTS, BACKOFF_S = 16, 0.1
 runs_by_queue = {}
 for queued in (2, -1):
@@ -228,7 +230,7 @@ lab.record(concurrency_target.bounded_queue_refuses(
     "Ray Serve", small, unbounded, 2, "http_503",
     f"on {lab.hardware()}, Serve's proxy, the refusals and the load generator share the cores with the replica, "
     "which slows the answered requests too",
-), predicted=predicted_serve_queue_refuses);
+), predicted=predicted_serve_p95_share);
 
 # %% [markdown]
 # ## Do more replicas add capacity here?
@@ -242,8 +244,10 @@ lab.record(concurrency_target.bounded_queue_refuses(
 # (One GPU shared by two replicas: NOT CHECKED.)
 
 # %%
-predicted_replicas_capacity = None  # before you run: True if replicas add capacity only while the machine
-# has room (GPU node: 2nd replica >= 1.3x; CPU only: a 3rd adds at most what the cores have left), else False
+predicted_replica_gain = None  # before you run: the requests/s of the last replica count over the one before
+# (GPU node: 2 replicas over 1; CPU only: 3 over 2), a number (x)
+
+# %%
 replica_counts = (1, 2) if serve.hardware.gpus else (1, 2, 3)
 by_replicas, cpu_by_replicas = {}, {}
 for replicas in replica_counts:
@@ -265,7 +269,7 @@ for replicas, run in by_replicas.items():
           f" ({run.throughput_rps / by_replicas[1].throughput_rps:.2f}x one replica's throughput)")  # fmt: skip
 lab.record(concurrency_target.replicas_add_capacity(by_replicas, cpu_by_replicas, serve.hardware.gpus,
                                                     serve.hardware.cores),
-           predicted=predicted_replicas_capacity);
+           predicted=predicted_replica_gain);
 
 # %% [markdown]
 # ## Past one machine: a two-node Ray cluster
@@ -292,12 +296,13 @@ lab.record(concurrency_target.spread_over_nodes(report, TWO_NODE_REQUESTS));
 # the slot wait grows more than the inference, by at least one inference time.
 
 # %%
-predicted_fastapi_queues_inside = None  # before you run: True if 16 clients wait inside FastAPI, none refused,
-# p50 >= 2.5x that of 4, and the slot wait grows more than inference, else False
+predicted_fastapi_p50_growth = None  # before you run: FastAPI's median latency with 16 clients over 4 (x)
+
+# %%
 with lab.fastapi_variant("onnx", slots=1) as url:
     fastapi_runs = {c: lab.concurrent("onnx", c, url=url, name="fastapi_onnx, 1 slot") for c in (4, 16)}
 lab.record(concurrency_target.fastapi_queues_inside(fastapi_runs[4], fastapi_runs[16], slots=1),
-           predicted=predicted_fastapi_queues_inside);
+           predicted=predicted_fastapi_p50_growth);
 
 # %% [markdown]
 # **Triton** bounds its queue, without autoscaling: with dynamic batching on,
@@ -309,8 +314,9 @@ lab.record(concurrency_target.fastapi_queues_inside(fastapi_runs[4], fastapi_run
 # answered p95 under half that with no bound, where none is refused.
 
 # %%
-predicted_triton_queue_refuses = None  # before you run: True if Triton's queue of 2 refuses fast
-# and bounds the answered p95, else False
+predicted_triton_p95_share = None  # before you run: the answered p95 with Triton's queue of 2 over unbounded (x)
+
+# %%
 MODEL = "food_classifier_onnx"
 triton_runs = {}
 for max_queue in (2, 0):
@@ -339,7 +345,7 @@ lab.record(concurrency_target.bounded_queue_refuses(
     f"on {lab.hardware()}, the 16 clients, their refusals and both instances share the cores; with the "
     f"queue of 2 an answered request waited {bounded.triton_stats['avg_queue_us'] / 1000:.1f} ms in Triton's queue "
     f"on average for {bounded.triton_stats['avg_compute_infer_us'] / 1000:.1f} ms of computing",
-), predicted=predicted_triton_queue_refuses);
+), predicted=predicted_triton_p95_share);
 
 # %% [markdown]
 # Three engines, two limits: on work running (cap and slots, FastAPI's slot, Triton's instances) and

@@ -304,6 +304,10 @@ def test_a_bounded_queue_holds_one_rule_for_every_engine():
         held = concurrency_target.bounded_queue_refuses(engine, queue_run(40, 30), queue_run(200), 2, refusal, "r")
         assert outcomes(held) == [Outcome.HELD] * 4, held
         assert held.conditions[3].detail == "x0.20"
+        assert (
+            held.estimate is not None
+            and held.estimate.value == held.conditions[3].figures[0].value / held.conditions[3].figures[1].value
+        )
 
 
 def test_a_bounded_queue_whose_answers_wait_nearly_as_long_fails_the_p95():
@@ -337,6 +341,7 @@ def test_a_second_gpu_replica_that_adds_capacity_holds():
     held = concurrency_target.gpu_replicas_add_capacity(replicas_runs(30, 55), gpus=2, cores=16)
     assert outcomes(held) == [Outcome.HELD], held
     assert held.conditions[0].detail == "1.83x"
+    assert held.estimate is not None and held.estimate.value == 55 / 30
 
 
 def test_a_second_gpu_replica_that_adds_little_fails():
@@ -356,6 +361,7 @@ def test_replicas_that_stop_adding_once_the_cores_are_full_hold():
     held = concurrency_target.replicas_stop_at_full_cores(replicas_runs(20, 30, 31), {1: 60, 2: 97, 3: 99}, cores=2)
     assert outcomes(held) == [Outcome.HELD] * 2, held
     assert held.conditions[1].detail == "gain 1.03x, room for 1.03x"
+    assert held.estimate is not None and held.estimate.value == 31 / 30  # the third replica's gain over two
 
 
 def test_a_third_replica_that_adds_capacity_past_full_cores_fails():
@@ -426,6 +432,10 @@ def test_requests_waiting_for_fastapis_slot_hold_every_condition():
     held = concurrency_target.fastapi_queues_inside(fastapi_run(4, 40, 28, 9), fastapi_run(16, 150, 135, 9.5), 1)
     assert outcomes(held) == [Outcome.HELD] * 3, held
     assert held.conditions[2].detail == "slot wait +107.0 ms, inference +0.5 ms"
+    assert (
+        held.estimate is not None
+        and held.estimate.value == held.conditions[1].figures[1].value / held.conditions[1].figures[0].value
+    )
 
 
 def test_requests_refused_or_waiting_outside_the_slot_fail():

@@ -11,7 +11,7 @@ import statistics
 from itertools import pairwise
 
 from servelab.lessons.concurrency_target.runs import busy_slots, mean_of
-from servelab.lessons.expectations import Expectation, Figure, condition, figure, measured, unless
+from servelab.lessons.expectations import Estimate, Expectation, Figure, condition, figure, measured, unless
 from servelab.ray.watch import ServeSample
 from servelab.results import RunResult
 
@@ -170,6 +170,11 @@ def bounded_queue_refuses(
             ),
         ),  # fmt: skip
         reason=reason,
+        estimate=Estimate(
+            f"the answered p95 with the queue of {queue_size}, over the unbounded one's",
+            p95s[0].value / p95s[1].value if p95s[1].value else math.nan,
+            "x",
+        ),
     )
 
 
@@ -228,4 +233,9 @@ def fastapi_queues_inside(few: RunResult, many: RunResult, slots: int) -> Expect
         reason=f"the {many.concurrency} clients, the load generator and the service share the cores: "
         f"with {many.concurrency} clients an inference took {infers[1].value:.1f} ms against "
         f"{infers[0].value:.1f} ms with {few.concurrency}",
+        estimate=Estimate(
+            f"the median latency of {many.concurrency} clients over {few.concurrency}",
+            p50s[1].value / p50s[0].value if p50s[0].value else math.nan,
+            "x",
+        ),
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from servelab.lessons.expectations import Expectation, condition, figure, measured, unless
+from servelab.lessons.expectations import Estimate, Expectation, condition, figure, measured, unless
 from servelab.results import RunResult
 
 
@@ -32,6 +32,7 @@ def gpu_replicas_add_capacity(by_replicas: dict[int, RunResult], gpus: int, core
         ),
         reason="the replicas' GPUs may not be the limit: the CPU work around them (decoding, Serve's proxy, "
         f"the load generator) shares {cores} cores",
+        estimate=Estimate("the requests per second of 2 replicas over 1", gain, "x"),
     )
 
 
@@ -79,6 +80,7 @@ def replicas_stop_at_full_cores(
         ),
         reason=f"the CPU samples are the whole machine's ({cores} cores): if Serve's proxy or the load generator "
         "spends less CPU per request when fewer requests wait in front, that shows up as capacity",
+        estimate=Estimate("the requests per second of 3 replicas over 2", gain, "x"),
     )
 
 
