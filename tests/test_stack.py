@@ -240,6 +240,11 @@ def test_up_restarts_a_crashed_service_and_stops_everything_on_ctrl_c(tmp_path):
             f"http://127.0.0.1:{ports.jupyter}/api/contents/student", params={"token": token}, timeout=30
         )
         assert "6_triton_bench.ipynb" in {item["name"] for item in listing.json()["content"]}, listing.text[:300]
+        # nbgrader, installed for `make notebooks`, shows students none of its instructor's pages or menus.
+        lab_page = requests.get(printed, timeout=30).text
+        assert re.search(r'"disabledExtensions": \[[^]]*"@jupyter/nbgrader"', lab_page), "nbgrader's menus are off"
+        formgrader = requests.get(f"http://127.0.0.1:{ports.jupyter}/formgrader", params={"token": token}, timeout=30)
+        assert formgrader.status_code == 404, "nbgrader's Formgrader is not served to students"
         started = psutil.Process(up.pid).children(recursive=True)
         assert any("raylet" in " ".join(child.cmdline()) for child in started), "Ray runs under `up`"
         image_host = next(child for child in started if "server.py" in child.cmdline())

@@ -200,8 +200,19 @@ def jupyter_service(port: int, token: str) -> ServiceSpec:
         cwd=paths.REPO_ROOT / "notebooks",
         ports=[port],
         ready_url=f"http://127.0.0.1:{port}/api",
-        env={"LAB_SERVICES": "local"},
+        env={"LAB_SERVICES": "local", "JUPYTER_CONFIG_PATH": jupyter_config_path()},
     )
+
+
+# nbgrader is installed beside the lab for `make notebooks` (the students' copies), and would add its
+# instructor's menus and pages (Formgrader, Assignment List...) to the students' JupyterLab: this
+# folder's config, read before the virtualenv's, turns its server and JupyterLab extensions off.
+JUPYTER_CONFIG = Path(__file__).parent / "jupyter_config"
+
+
+def jupyter_config_path() -> str:
+    """JUPYTER_CONFIG_PATH for the lab's JupyterLab: JUPYTER_CONFIG first, then any the user set."""
+    return os.pathsep.join(filter(None, [str(JUPYTER_CONFIG), os.environ.get("JUPYTER_CONFIG_PATH")]))
 
 
 def lab_services(ports: Ports, jupyter_token: str, ui_backend: str = "fastapi_pt") -> list[ServiceSpec]:
