@@ -160,7 +160,15 @@ def test_a_bad_value_stops_the_command_line_with_the_message_only():
 
 
 # Variables the lab does not own, which the tooling reads where it needs them.
-SYSTEM_VARIABLES = {"PATH", "LD_LIBRARY_PATH", "DISPLAY", "WAYLAND_DISPLAY", "MPLBACKEND", "PYTHONPATH"}
+SYSTEM_VARIABLES = {
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "DISPLAY",
+    "WAYLAND_DISPLAY",
+    "MPLBACKEND",
+    "PYTHONPATH",
+    "JUPYTER_CONFIG_PATH",
+}
 
 
 def environment_reads(tree: ast.AST) -> list[tuple[int, str]]:
