@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 8. The concurrency target, and replicas that come and go: Ray Serve
 #
-# **Time:** about 29 minutes (6 reading, 12 running, 11 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 27 minutes (6 reading, 10 running, 11 hands-on; `python -m servelab.time_plan`)
 #
 # Notebook 7 limited the work *inside* one server: its **predict slots** (`PREDICT_CONCURRENCY`), the
 # inferences it runs at once. A platform running **replicas** (copies of the model's service, each with
@@ -32,7 +32,6 @@ import json
 import statistics
 
 import requests
-import yaml
 
 from servelab import paths
 from servelab.lab import Lab
@@ -368,10 +367,8 @@ lab.verdicts()
 # verdicts, with your predictions beside them.
 
 # %% [markdown]
-# The next cell redeploys the shipped config and, locally, stops what this notebook started.
-# Next: `9_cancellation.ipynb`.
+# Last, stop what this notebook started (a shared Serve goes back as shipped). Next:
+# `9_cancellation.ipynb`.
 
 # %%
-serve.restore()
-print(yaml.safe_dump(serve.served(serve.shipped_config())["applications"][0]["deployments"][0], sort_keys=False))
 lab.stop()

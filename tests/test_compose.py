@@ -55,7 +55,7 @@ def test_ray_serve_s_container_runs_the_replicas_a_config_asks_for_and_both_answ
         assert run.errors == {} and run.throughput_rps > 0
         assert watcher.samples, "Serve's own figures were read from its container while the run went on"
     finally:
-        serve.restore()
+        lab.stop()  # a notebook's last cell: the Compose project's Serve, which outlives it, goes back as shipped
     assert serve.deployed_app() == serve.served(serve.shipped_config())["applications"][0]
 
 

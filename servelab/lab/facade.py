@@ -258,7 +258,11 @@ class Lab(Measuring):
         student_steps.stop(student_steps.running_cell())
 
     def stop(self) -> None:
-        """Stop what this notebook started (nothing else: not `make up`'s services, nor the Compose project's)."""
+        """Stop what this notebook started (nothing else: not `make up`'s services, nor the Compose
+        project's). The Compose project's Ray Serve outlives the notebook: the shipped config goes
+        back for the next one (`make up`'s gets it back at exit; one started here stops with it)."""
+        if self._ray_serve is not None and self._ray_serve.local_port is None:
+            self._ray_serve.restore()
         for stack in self.keeper.stacks:
             stack.stop()
         self.keeper.stacks.clear()
