@@ -134,10 +134,9 @@ class Lab(Measuring):
 
     @classmethod
     def _compose(cls, chosen: Profile, notebook: str, triton: bool) -> Lab:
-        """The Compose project's services, at the addresses compose.yaml gives the Jupyter container,
-        once each answers (Triton only where `triton`: on the node its image may still be building,
-        servelab.node_build, whose progress is shown meanwhile); Triton's repository and hardware are
-        in the volume both containers share."""
+        """The Compose project's services, at the addresses compose.yaml gives the Jupyter container, once
+        each answers (Triton only where `triton`: on the node its image may still be building, whose
+        progress servelab.node_build shows); Triton's repository and hardware are in the shared volume."""
         given = settings()
         shared = given.triton_shared_dir
         fastapi_urls = {"pt": given.compose("fastapi_pt_url"), "onnx": given.compose("fastapi_onnx_url")}
@@ -258,11 +257,9 @@ class Lab(Measuring):
         student_steps.stop(student_steps.running_cell())
 
     def stop(self) -> None:
-        """Stop what this notebook started (nothing else: not `make up`'s services, nor the Compose
-        project's). The Compose project's Ray Serve outlives the notebook: the shipped config goes
-        back for the next one (`make up`'s gets it back at exit; one started here stops with it)."""
-        if self._ray_serve is not None and self._ray_serve.local_port is None:
-            self._ray_serve.restore()
+        """Stop what this notebook started (nothing else: not `make up`'s services, nor the Compose project's)."""
+        if self._ray_serve is not None:
+            self._ray_serve.release()
         for stack in self.keeper.stacks:
             stack.stop()
         self.keeper.stacks.clear()
@@ -362,9 +359,8 @@ class Lab(Measuring):
     # ---- the web UI -----------------------------------------------------------------------
 
     def ui(self, backend: str) -> str:
-        """The URL of a GourmetGram in front of `backend`, started for this notebook where it runs
-        (locally, or in the Compose project's Jupyter container, where a browser reaches the
-        project's own `gourmetgram` service instead)."""
+        """The URL of a GourmetGram in front of `backend`, started for this notebook (locally, or in the
+        Compose project's Jupyter container, where a browser reaches its own `gourmetgram` instead)."""
         urls = {"fastapi_pt": self.fastapi_urls["pt"], "fastapi_onnx": self.fastapi_urls["onnx"]}
         if self.triton_http:
             urls["triton"] = self.triton_http

@@ -127,6 +127,12 @@ class RayServe:
         """Back to the config as shipped."""
         self.apply(self.shipped_config(), quiet=True)
 
+    def release(self) -> None:
+        """The notebook is done with Serve: the Compose project's, which outlives it, goes back as
+        shipped (`make up`'s does at the kernel's exit, `local`; one started here is stopped)."""
+        if self.local_port is None:
+            self.restore()
+
     def deployed_app(self) -> dict[str, Any] | None:
         """The Food-11 app's config as Serve deployed it, by its own account (None: not deployed)."""
         return ray_rest.applications(self.dashboard, self.token_file).get(APPLICATION, {}).get("deployed_app_config")
