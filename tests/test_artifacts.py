@@ -1,6 +1,7 @@
 """Model artifacts: ONNX/PyTorch agreement, placement and staleness (trained checkpoints: test_weights.py)."""
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -133,3 +134,23 @@ def test_the_build_only_step_of_the_torch_image_needs_no_triton_client_and_place
         model_file = tmp_path / "models" / name
         assert food11.read_weights_info(model_file)["model_file_sha256"] == artifacts.sha256_of(model_file)
     assert {path: path.stat().st_mtime_ns for path in before} == before, "it placed files in the clone"
+
+
+def test_a_machine_brought_only_some_artifacts_places_those_and_says_which_it_lacks(
+    built_artifacts, tmp_path, monkeypatch, caplog
+):
+    """`--place-only` (a bare GPU machine: scripts/gpu_check_there.sh) places what was brought, as built
+    elsewhere, and builds nothing; its manifest is what it reads the weights from."""
+    brought = tmp_path / "artifacts"
+    brought.mkdir()
+    (brought / "food11.pth").write_bytes(built_artifacts.pth.read_bytes())
+    monkeypatch.setattr(paths, "ARTIFACTS_DIR", brought)
+    assert artifacts.main(["--place-only"]) == 2, "no manifest: nothing to say what the weights are"
+    (brought / "manifest.json").write_text(json.dumps({"weights_info": built_artifacts.weights_info}))
+    with caplog.at_level("WARNING"):
+        assert artifacts.main(["--place-only"]) == 0
+    assert "food11.onnx is not here: fastapi_onnx/food11.onnx is not placed" in caplog.text
+    assert not list(brought.glob("*.onnx")), "nothing was built"
+    onnx_less = artifacts.BuiltArtifacts(brought / "food11.pth", brought / "food11.onnx", built_artifacts.weights_info)
+    with pytest.raises(FileNotFoundError):
+        artifacts.place_artifacts(onnx_less)  # in a set-up lab, a missing artifact is an error

@@ -199,10 +199,14 @@ def _copy_if_changed(source: Path, destination: Path) -> bool:
     return True
 
 
-def place_artifacts(built: BuiltArtifacts) -> list[Path]:
-    """Copy every generated file where it belongs; returns the destinations that changed."""
+def place_artifacts(built: BuiltArtifacts, missing_ok: bool = False) -> list[Path]:
+    """Copy every generated file where it belongs (with `missing_ok`, those that are there: a machine
+    that was brought only some); returns the destinations that changed."""
     changed = []
     for source, destination in placements(built):
+        if missing_ok and not source.is_file():
+            log.warning("%s is not here: %s is not placed", source.name, destination.relative_to(paths.REPO_ROOT))
+            continue
         if _copy_if_changed(source, destination):
             changed.append(destination)
         if source in (built.pth, built.onnx) and write_weights_record(destination, built.weights_info):
@@ -222,6 +226,20 @@ def ensure_artifacts(source: WeightsSource | None = None, force: bool = False, p
     return built
 
 
+def place_built() -> int:
+    """Place what the artifacts folder holds (all or some of it), as its manifest describes it, whatever built it."""
+    folder = paths.ARTIFACTS_DIR
+    try:
+        weights_info = json.loads((folder / "manifest.json").read_text())["weights_info"]
+    except (OSError, ValueError, KeyError) as exc:
+        log.error("%s has no readable manifest.json (%s): run `make artifacts` where the lab is set up", folder, exc)
+        return 2
+    built = BuiltArtifacts(folder / "food11.pth", folder / "food11.onnx", weights_info)
+    for destination in place_artifacts(built, missing_ok=True):
+        log.info("placed %s", destination.relative_to(paths.REPO_ROOT))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m servelab artifacts", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -235,7 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--build-only", action="store_true", help="build in the artifacts folder, place nothing (the Docker build)"
     )
+    parser.add_argument(
+        "--place-only",
+        action="store_true",
+        help="place the artifacts folder's files as built elsewhere, build nothing (a bare GPU machine: make test-gpu)",
+    )
     args = parser.parse_args(argv)
+    if args.place_only:
+        return place_built()
     try:
         # Given together, so that a digest from the environment never checks a file named here.
         named_here = args.checkpoint or args.sha256 or args.git_blob

@@ -22,6 +22,7 @@ with its Python backend, but no other backend. This module
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import logging
 import shutil
 import sys
@@ -48,13 +49,12 @@ class StagingError(RuntimeError):
 
 
 def pytriton_server_dir() -> Path:
-    try:
-        import pytriton
-    except ImportError as exc:
-        raise RuntimeError(
-            "nvidia-pytriton is not installed in this Python environment; run `make setup` first."
-        ) from exc
-    return Path(pytriton.__file__).resolve().parent / "tritonserver"
+    """The nvidia-pytriton wheel's tritonserver folder, found without importing pytriton: its server
+    is all the lab uses of it, and a GPU machine may carry that folder alone (`make test-gpu`)."""
+    wheel = importlib.util.find_spec("pytriton")
+    if wheel is None or not wheel.submodule_search_locations:
+        raise RuntimeError("nvidia-pytriton is not installed in this Python environment; run `make setup` first.")
+    return Path(next(iter(wheel.submodule_search_locations))).resolve() / "tritonserver"
 
 
 def build_backend_dir(destination: Path) -> Path:

@@ -2,6 +2,7 @@
 
     python -m servelab.bench.gpu_check [--device cuda|cpu] [--seconds 10] [--warmup 2] [--concurrency 1 16 64]
                                        [--services fastapi_pt fastapi_onnx triton] [--tritonserver PATH] [--out DIR]
+                                       [--triton-model-path DIR...]
 
 1. Without an NVIDIA GPU it stops at once, with exit code 2, saying what nvidia-smi, NVML (nvidia-ml-py)
    and PyTorch each saw. `--device cpu` runs the same steps on the CPU instead (CI, a laptop), and its
@@ -17,8 +18,11 @@
    has none it runs on the CPU, reported as such ("CPU"), neither a pass on the GPU nor a failure;
    Triton's instances must say in its log that they run on the GPU. A service that answers any request
    of its load with an error fails.
-4. Loads each at concurrency 1, 16 and 64 (a closed loop of the 32 KB soup photo, in a process of its
-   own: servelab.bench.gpu_check.closed_loop), a warm-up then a window each, sampling the GPU's use.
+4. Loads each at concurrency 1, 16 and 64 (a closed loop of the 32 KB soup photo, in client processes
+   of their own, one for every 8 senders and at most a quarter of the cores: servelab.bench.gpu_check.load),
+   a warm-up then a window each, sampling the GPU's use, each client's CPU, and how the load's
+   connections spread over the service's processes (each one's own sockets, mid-window). A service
+   that answers no request of a point is not loaded at the others.
 5. Reads each service's GPU memory (its processes, as nvidia-smi lists them) while all of them are up,
    then stops them and measures the in-process ceiling (servelab.measure.inprocess) of PyTorch on the
    GPU, and of ONNX Runtime on the GPU where it has a CUDA provider (else on the CPU, where its service
@@ -26,28 +30,30 @@
    services plan (the machine's ceiling).
 6. Prints one table (the machine first) and writes it to results/gpu-check-<time>.md, with every run in
    results/gpu-check-<time>.json, and the speed goals, met or not: each FastAPI service at least 0.8x
-   the machine's ceiling above c=1, and never slower than naive/pytorch at the highest concurrency.
-   Speed is reported, never failing the check.
+   the machine's ceiling at c=64 (c=16 reported beside it, never judged: workers that share one
+   listening socket balance connections, not requests; nor is a point whose client was saturated),
+   and never slower than naive/pytorch at the highest concurrency. Speed is reported, never failing
+   the check.
 Every process it started is stopped at the end, on Ctrl-C and on a failure too. About 4-6 minutes with
 the defaults. Exit code 0: every verdict passed (or is the "CPU" case above); 1: one failed; 2: it
 cannot run here (no GPU, a model file or a package missing: the message says which).
 
 On a bare GPU machine (Python 3.12 with torch, ONNX Runtime, numpy 2, Pillow, httpx, aiohttp, psutil,
-prometheus-client, pyyaml, but none of the lab's virtualenv and no internet), nothing is installed
-for it but a few wheels. On a machine with the lab's virtualenv and internet:
+prometheus-client, grpcio, pyyaml, but none of the lab's virtualenv and no internet), nothing is
+installed for it but what travels with the working tree. On a machine with the lab's virtualenv and
+internet:
 
-    make artifacts                  # the model files
-    scripts/gpu_check_wheels.sh     # FastAPI, uvicorn and what they need, for Python 3.12, into .lab/wheels
+    make artifacts                  # the model files, in .lab/artifacts
+    scripts/gpu_check_wheels.sh     # FastAPI, uvicorn, Triton's server and client, for Python 3.12
 
-then copy the working tree there with these ignored paths (about 40 MB): .lab/wheels, .lab/artifacts,
-fastapi_pt/food11.pth, fastapi_pt/food11.pth.weights.json, fastapi_onnx/food11.onnx and
-fastapi_onnx/food11.onnx.weights.json; and there, in the repository root:
-
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .lab/wheels/*.whl
-    PYTHONPATH=/tmp/site make test-gpu
-
-Triton runs where the lab's Triton tooling imports (tritonclient, with the nvidia-pytriton wheel's
-server): in the lab's virtualenv, not on a bare machine, where its row says why it did not run.
+then copy the working tree there with .lab/wheels and .lab/artifacts (about 52 MB), and there, in the
+repository root, `bash scripts/gpu_check_there.sh` (it installs them into /tmp/site, puts the model
+files in place, and runs `make test-gpu`; its arguments are the check's). Triton's row needs one more
+thing there: the wheel's Python backend misreads its inputs under numpy 2 (every request an HTTP 500,
+seen on an H200 machine), so its model takes numpy 1.x from .lab/triton-numpy (18 MB). All of it
+exceeds the 64 MiB such a copy may take on this project's GPU machines, so Triton's row ran there
+on its own, with .lab/wheels, .lab/triton-numpy and .lab/artifacts' food11.pth and manifest.json:
+`bash scripts/gpu_check_there.sh --services triton`. Without that folder the row says why it did not run.
 
 Its modules, each importing only those listed after it:
 - `check`: the check itself (the steps above) and its command line, `main`, which `__main__` runs;
@@ -55,9 +61,10 @@ Its modules, each importing only those listed after it:
 - `ceilings`: the in-process ceiling of each runtime: the plans measured, and their runs;
 - `verdicts`: where a service runs, judged from its own report (its /health, Triton's log), and its
   load's failures;
+- `load`: one load point, its client processes together, their CPU, the connections' spread;
 - `processes`: the services as processes: their commands (FastAPI's, Triton's), start, readiness,
-  stop, /health, and one load point against them;
-- `closed_loop`: that load, a closed loop of one prepared POST in a process of its own;
+  stop, /health;
+- `closed_loop`: one client of that load, a closed loop of one prepared POST in a process of its own;
 - `machine`: is there a GPU (what nvidia-smi, NVML and PyTorch see), GPU memory by process, the
   machine's line.
 """

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +24,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from servelab import paths, progress
 from servelab.bench import gpu_check
 from servelab.bench.gpu_check.ceilings import CEILING_RUNTIME, measure_ceiling
+from servelab.bench.gpu_check.load import load_point
 from servelab.bench.gpu_check.machine import (
     gpu_memory_by_pid,
     look_for_gpus,
@@ -37,7 +39,6 @@ from servelab.bench.gpu_check.processes import (
     find_tritonserver,
     free_ports,
     health_of,
-    load_point,
     naive_service,
     triton_service,
 )
@@ -55,6 +56,7 @@ from servelab.bench.gpu_check.verdicts import (
 )
 from servelab.measure.resources import ResourceSampler, summarize
 from servelab.results import save_results
+from servelab.service.cores import available_cores
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +178,11 @@ def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_d
         if "triton" in args.services:
             binary, found_in = find_tritonserver(args.tritonserver)
             triton_ports = [next(ports) for _ in range(3)]
-            triton = triton_service(binary, found_in, device, image, triton_ports, work_dir) if binary else found_in
+            triton = (
+                triton_service(binary, found_in, device, image, triton_ports, work_dir, args.triton_model_path)
+                if binary
+                else found_in
+            )
             if isinstance(triton, str):
                 checked.append(Checked("triton", Verdict(NOT_RUN, triton)))
                 steps.total -= len(args.concurrency)
@@ -231,14 +237,25 @@ def checked_service(process: Running, args: argparse.Namespace, onnx_without_gpu
         log.info("%s at c=%d: %g s warm-up, %g s measured", service.name, concurrency, warmup_s, seconds)
         with ResourceSampler(pids=process.pids()) as sampler:
             try:
-                run = load_point(service, target, concurrency, seconds, warmup_s)
+                run = load_point(
+                    service.load_url, service.body, service.headers, target, concurrency, seconds, warmup_s,
+                    process.pids(), urllib.parse.urlsplit(service.load_url).port or 80, available_cores(),
+                )  # fmt: skip
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 checked.verdict = Verdict(FAIL, f"its load at c={concurrency} failed: {exc}")
                 return checked
         run.resources = series = sampler.series()
         checked.runs.append(run)
         steps.update()
-        log.info("%s at c=%d: %.1f req/s, %d errors", service.name, concurrency, run.throughput_rps, run.error_count)
+        if run.requests and not run.latencies_ms:  # nothing answered: more load would only wait on time-outs
+            log.error("%s answered none of its %d requests at c=%d: its other points are not run; its log: %s",
+                      service.name, run.requests, concurrency, process.log_path)  # fmt: skip
+            steps.update(len(concurrencies) - len(checked.runs))
+            break
+        log.info(
+            "%s at c=%d: %.1f req/s, %d errors; %s", service.name, concurrency, run.throughput_rps, run.error_count,
+            run.notes[-1],
+        )  # fmt: skip
     if device == "cuda":
         busy = [gpu["util_percent_mean"] for gpu in summarize(series)["gpus"]]
         checked.gpu_busy_percent = max(busy) if busy else None
@@ -265,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", nargs="+", type=int, default=list(CONCURRENCIES), help="closed-loop users")
     parser.add_argument("--services", nargs="+", choices=SERVICES, default=list(SERVICES))
     parser.add_argument("--tritonserver", type=Path, help="the tritonserver to run (default: the wheel's, or PATH's)")
+    parser.add_argument(
+        "--triton-model-path", nargs="*", default=[], metavar="DIR",
+        help="folders Triton's model.py puts first on its path (numpy 1.x for the nvidia-pytriton wheel's backend)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="where the table goes (default: results/)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)

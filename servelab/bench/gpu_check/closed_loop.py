@@ -1,12 +1,14 @@
 """A closed loop of one prepared POST, in a process of its own: the GPU check's load (servelab.bench.gpu_check).
 
     python -m servelab.bench.gpu_check.closed_loop --url URL --body FILE [--header "Name: value"] --name NAME \
-        --concurrency 16 --seconds 10 --warmup 2
+        --concurrency 16 --seconds 10 --warmup 2 [--start-at EPOCH]
 
 `concurrency` senders, each posting the same body again as soon as its answer is in: first for the
 warm-up, then for the measured window; requests sent before a phase's end are waited for and counted,
 as in the lab's load generator (servelab.loadgen.runners). It prints one line, RESULT_MARK and the
-run's RunResult as JSON.
+run's RunResult as JSON, with the process's own CPU time over the window as a share of one core
+(`client["cpu_percent"]`): one asyncio loop near a full core sets the pace itself. Several such
+processes share one load point (servelab.bench.gpu_check.load), each starting at `--start-at`.
 
 Why not servelab.loadgen: importing it imports tritonclient (its package and its targets do, at
 import), which a bare GPU machine lacks; aiohttp is there. Run in a process of its own, the client
@@ -68,7 +70,9 @@ async def closed_loop(
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         if warmup_s > 0:
             await _phase(session, url, body, headers, concurrency, warmup_s)
+        cpu_started = time.process_time()
         latencies_ms, errors, wall_s = await _phase(session, url, body, headers, concurrency, seconds)
+        cpu_percent = 100 * (time.process_time() - cpu_started) / wall_s
     return RunResult(
         name=name,
         tool=TOOL,
@@ -81,6 +85,7 @@ async def closed_loop(
         errors=dict(errors),
         latencies_ms=latencies_ms,
         notes=[f"{warmup_s:g} s warm-up at the same concurrency, not counted; {len(body)} bytes a request"],
+        client={"processes": 1, "cpu_percent": [round(cpu_percent, 1)]},
     )
 
 
@@ -95,8 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--warmup", type=float, default=0.0)
+    parser.add_argument("--start-at", type=float, help="when to begin, in seconds since the epoch (default: now)")
     args = parser.parse_args(argv)
     headers = dict(header.split(": ", 1) for header in args.header)
+    if args.start_at is not None:  # several clients of one load point begin together
+        time.sleep(max(0.0, args.start_at - time.time()))
     result = asyncio.run(
         closed_loop(args.name, args.url, args.body.read_bytes(), headers, args.concurrency, args.seconds, args.warmup)
     )

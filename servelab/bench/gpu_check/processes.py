@@ -1,7 +1,6 @@
 """The services the GPU check starts, as processes: their commands (fastapi_pt and fastapi_onnx as the
 local stack runs them, Triton's food_classifier alone, staged for this machine), free ports, start,
-readiness, stop (children included), /health, and one load point against a service
-(servelab.bench.gpu_check.closed_loop, in a process of its own)."""
+readiness, stop (children included) and /health."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -28,8 +26,6 @@ from typing import Any
 import psutil
 
 from servelab import paths
-from servelab.bench.gpu_check import closed_loop
-from servelab.results import RunResult
 from servelab.service.cores import available_cores
 
 log = logging.getLogger(__name__)
@@ -207,11 +203,28 @@ def find_tritonserver(given: Path | None) -> tuple[Path | None, str]:
     return None, "no tritonserver binary here"
 
 
+def numpy_2_here() -> str | None:
+    """Why the nvidia-pytriton wheel's Python backend cannot serve here, where this Python's numpy is 2.x
+    (the wheel pins numpy<2; its stub, built for numpy 1.x, misreads every BYTES input under numpy 2:
+    seen on an H200 machine on 2026-11-28, every request an HTTP 500); None where it is 1.x."""
+    import numpy
+
+    if int(numpy.__version__.split(".")[0]) < 2:
+        return None
+    return (
+        f"its Python backend needs numpy 1.x (the nvidia-pytriton wheel pins numpy<2) and this Python has numpy "
+        f"{numpy.__version__}, under which it misreads every image sent: name a folder holding numpy 1.x with "
+        "--triton-model-path (scripts/gpu_check_there.sh installs .lab/triton-numpy's wheel in one and names it)"
+    )
+
+
 def triton_service(
-    binary: Path, found_in: str, device: str, image: bytes, ports: Sequence[int], work_dir: Path
-) -> Service | str:
+    binary: Path, found_in: str, device: str, image: bytes, ports: Sequence[int], work_dir: Path,
+    model_path: Sequence[str] = (),
+) -> Service | str:  # fmt: skip
     """Triton serving food_classifier alone on `ports` (HTTP, gRPC, metrics), staged for this machine
-    by the lab's Triton tooling (KIND_GPU on a GPU, KIND_CPU on the CPU); or why it cannot run here."""
+    by the lab's Triton tooling (KIND_GPU on a GPU, KIND_CPU on the CPU), its model.py taking the
+    folders of `model_path` first; or why it cannot run here."""
     try:  # the lab's Triton tooling reads model configs with tritonclient, which a bare GPU machine lacks
         from servelab.loadgen.targets import TritonHttpTarget
         from servelab.service.hardware import Hardware
@@ -228,10 +241,14 @@ def triton_service(
             backends = binary.resolve().parent.parent / "backends"
             if not (backends / "python" / "libtriton_python.so").is_file():
                 return f"{binary} ({found_in}) has no Python backend in {backends}"
+        if found_in == WHEEL and not model_path and (numpy_2 := numpy_2_here()):
+            return f"{binary} ({found_in}) is here, but {numpy_2}"
         server = Hardware(gpus=1 if device == "cuda" else 0, cores=available_cores(), backends=(PYTHON_BACKEND,))
         # The staged model.py runs in the backend's own interpreter, which ignores PYTHONPATH: it is
-        # given this Python's packages (torch), and servelab from this working tree (not installed on a bare machine).
+        # given this Python's packages (torch), servelab from this working tree (not installed on a bare
+        # machine), and first of all the folders of `model_path` (a numpy 1.x for the wheel's stub).
         prelude = triton_server.site_packages_prelude() + f"sys.path.insert(0, {str(paths.REPO_ROOT)!r})\n"
+        prelude += "".join(f"sys.path.insert(0, {entry!r})\n" for entry in reversed(model_path))
         repository = work_dir / "models"
         staged = triton_server.stage_model(
             ModelRepository().get(TRITON_MODEL), repository / TRITON_MODEL, server, prelude
@@ -259,25 +276,6 @@ def health_of(service: Service) -> dict[str, Any]:
     if not isinstance(health, dict):
         raise ValueError(f"{service.ready_url} answered {health!r}, not an object")
     return health
-
-
-def load_point(service: Service, name: str, concurrency: int, seconds: float, warmup_s: float) -> RunResult:
-    """One closed-loop run against `service`, from a process of its own (servelab.bench.gpu_check.closed_loop)."""
-    with tempfile.NamedTemporaryFile(prefix="gpu-check-body-") as body:
-        body.write(service.body)
-        body.flush()
-        command = [sys.executable, "-m", closed_loop.__name__, "--url", service.load_url, "--body", body.name]
-        command += [arg for name, value in service.headers.items() for arg in ("--header", f"{name}: {value}")]
-        command += ["--name", name, "--concurrency", str(concurrency)]
-        command += ["--seconds", f"{seconds:g}", "--warmup", f"{warmup_s:g}"]
-        ran = subprocess.run(
-            command, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=warmup_s + seconds + 180
-        )
-    for line in ran.stdout.splitlines():
-        if line.startswith(closed_loop.RESULT_MARK):
-            return RunResult.from_dict(json.loads(line.removeprefix(closed_loop.RESULT_MARK)))
-    log.error("the load generator against %s failed:\n%s", name, ran.stderr[-2000:])
-    raise RuntimeError(f"the load generator failed (exit code {ran.returncode}): {last_line(ran.stderr)}")
 
 
 def last_line(text: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from servelab import paths
 from servelab.bench.gpu_check.ceilings import CEILING_RUNTIME, Ceiling
+from servelab.bench.gpu_check.load import SATURATED_PERCENT, SENDERS_PER_CLIENT
 from servelab.bench.gpu_check.processes import TRITON_MODEL
 from servelab.bench.gpu_check.verdicts import Verdict
 from servelab.measure.resources import summarize
@@ -106,13 +107,18 @@ def table_rows(
 
 SHOWN_AS = {"triton": "triton/" + TRITON_MODEL, "naive_pt": "naive/pytorch"}
 GOAL_OF_CEILING = 0.8  # each FastAPI service, under load, against the machine's in-process ceiling
+# Judged where clients outnumber the service's processes: workers that share one listening socket
+# balance connections, not requests, so at c=16 over 4 processes some serve more connections than
+# others, as they would for 16 real clients (issue 51). c=16 is reported with that spread.
+GOAL_CONCURRENCY = 64
 FASTAPI_SERVICES = ("fastapi_pt", "fastapi_onnx")
 
 
 def goals(checked: Sequence[Checked], ceilings: Mapping[str, Ceiling], concurrencies: Sequence[int]) -> list[str]:
-    """The speed goals, each met or not with its numbers (reported, never failing the check):
-    each FastAPI service at least GOAL_OF_CEILING of the machine's ceiling at every concurrency
-    above 1, and never slower than the original lab's kind of app at the highest."""
+    """The speed goals, each met or not with its numbers (reported, never failing the check): each
+    FastAPI service at least GOAL_OF_CEILING of the machine's ceiling at GOAL_CONCURRENCY (the other
+    concurrencies above 1 reported beside it, never judged; nor is a point whose client processes
+    were saturated), and never slower than the original lab's kind of app at the highest."""
     lines = []
     by_name = {service.name: {run.concurrency: run for run in service.runs} for service in checked}
     for name in FASTAPI_SERVICES:
@@ -127,11 +133,18 @@ def goals(checked: Sequence[Checked], ceilings: Mapping[str, Ceiling], concurren
             ratio = run.throughput_rps / ceiling.pipelined.throughput_rps
             # Rounded down: a ratio just under its goal never reads as the goal itself.
             shown = math.floor(round(ratio * 100, 6)) / 100
-            lines.append(
-                f"{'met' if ratio >= GOAL_OF_CEILING else 'NOT MET'}: {name} at c={concurrency} is "
-                f"{shown:.2f}x the machine's ceiling (goal {GOAL_OF_CEILING:.1f}x): {_rate(run.throughput_rps)} "
-                f"of {_rate(ceiling.pipelined.throughput_rps)} req/s ({ceiling.pipelined.notes[0].split(' (on ')[0]})"
+            figures = (
+                f"{name} at c={concurrency} is {shown:.2f}x the machine's ceiling (goal {GOAL_OF_CEILING:.1f}x at "
+                f"c={GOAL_CONCURRENCY}): {_rate(run.throughput_rps)} of {_rate(ceiling.pipelined.throughput_rps)} "
+                f"req/s ({ceiling.pipelined.notes[0].split(' (on ')[0]}); {client_text(run)}"
             )
+            if concurrency != GOAL_CONCURRENCY:
+                lines.append(f"reported, not judged: {figures}")
+            elif (run.client or {}).get("saturated"):
+                lines.append(f"NOT JUDGED (a client process was saturated, so the load set the pace): {figures}")
+            else:
+                lines.append(f"{'met' if ratio >= GOAL_OF_CEILING else 'NOT MET'}: {figures}")
+
     busiest = concurrencies[-1]
     naive = by_name.get("naive_pt", {}).get(busiest)
     for name in FASTAPI_SERVICES:
@@ -143,6 +156,31 @@ def goals(checked: Sequence[Checked], ceilings: Mapping[str, Ceiling], concurren
             f"least as fast as naive/pytorch, the original lab's kind of app: {_rate(ours.throughput_rps)} vs "
             f"{_rate(naive.throughput_rps)} req/s"
         )
+    return lines
+
+
+def client_text(run: RunResult) -> str:
+    """The load's client processes and how busy each was, as a goal's line says them."""
+    client = run.client or {}
+    cpu = ", ".join(f"{percent:.0f}%" for percent in client.get("cpu_percent", []))
+    return f"{client.get('processes', '?')} client process(es) at {cpu or '?'} of a core"
+
+
+def spread_lines(checked: Sequence[Checked]) -> list[str]:
+    """How each load's connections spread over a service's processes (each process's own count,
+    read mid-window), where it has more than one."""
+    lines = []
+    for service in checked:
+        for run in service.runs:
+            spread = (run.client or {}).get("connections_by_worker") or {}
+            if len(spread) > 1:
+                counts = sorted(spread.values(), reverse=True)
+                lines.append(
+                    f"{SHOWN_AS.get(service.name, service.name)} at c={run.concurrency}: {sum(counts)} connections "
+                    f"over {len(counts)} processes, {', '.join(map(str, counts))} (each process's own count, "
+                    "read mid-window: one listening socket hands each new connection to one process, and a "
+                    "kept-alive connection stays there)"
+                )
     return lines
 
 
@@ -173,10 +211,13 @@ def report(machine: str, args: argparse.Namespace, checked: Sequence[Checked], c
     )
     notes = [
         f"Load: closed loop of the {paths.SAMPLE_IMAGE.name} sample ({paths.SAMPLE_IMAGE.stat().st_size // 1024} KB) "
-        f"from a process of its own (servelab.bench.gpu_check.closed_loop), {seconds:g} s a point after its warm-up. "
+        "from client processes of their own (servelab.bench.gpu_check.load), one for every "
+        f"{SENDERS_PER_CLIENT} senders and at most a quarter of the cores, {seconds:g} s a point after its warm-up; "
+        f"a client at {SATURATED_PERCENT:.0f}% of a core or more is saturated. "
         "A ratio compares a service with the in-process ceiling of its runtime on the same device (c=1 with one "
         "request in flight, above with the best pipeline, in as many processes as a service plans: the machine's).",
     ]
+    notes += spread_lines(checked)
     if device == "cuda":
         notes.append(gpu_memory_in_use(checked))
     for ceiling in ceilings.values():

@@ -1,0 +1,134 @@
+"""One load point of the GPU check: a closed loop of `concurrency` senders, split over as many client
+processes as it needs (servelab.bench.gpu_check.closed_loop, each a process of its own that begins
+at the same moment), their figures added up; how busy each client was; and how the load's
+connections spread over the service's processes, read from each process's own sockets mid-window.
+
+Why several clients: one asyncio loop of Python sends and reads every request of its share; near a
+full core it, not the server, sets the pace. A point where a client was that busy is marked
+saturated, and the check never judges a goal on it (servelab.bench.gpu_check.report.goals).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+from servelab import paths
+from servelab.bench.gpu_check import closed_loop
+from servelab.bench.gpu_check.processes import last_line
+from servelab.results import LatencySummary, RunResult
+
+log = logging.getLogger(__name__)
+
+SENDERS_PER_CLIENT = 8  # one client process for every 8 senders...
+CLIENT_SHARE_OF_CORES = 4  # ...and at most a quarter of the cores: the service needs the rest
+SATURATED_PERCENT = 90.0  # a client at 90% of a core or more may have set the pace itself
+START_DELAY_S = 1.5  # time for every client process to start before the load begins
+
+
+def client_processes(concurrency: int, cores: int) -> int:
+    """How many client processes carry `concurrency` senders on a machine of `cores` cores."""
+    wanted = math.ceil(concurrency / SENDERS_PER_CLIENT)
+    return max(1, min(wanted, concurrency, cores // CLIENT_SHARE_OF_CORES))
+
+
+def shares(concurrency: int, processes: int) -> list[int]:
+    """`concurrency` senders over `processes` clients, as evenly as they go (the first get one more)."""
+    base, extra = divmod(concurrency, processes)
+    return [base + (index < extra) for index in range(processes)]
+
+
+def connections_by_worker(pids: Sequence[int], port: int) -> dict[str, int]:
+    """Each of `pids`' own count of established connections on `port` (its accepted clients). Left
+    out: a process with no socket on that port (Triton's stubs), and the first of `pids`, the
+    service's leader, where it accepts none and others hold sockets on the port (a supervisor)."""
+    counts = {}
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            sockets = process.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        mine = [conn for conn in sockets if conn.laddr and conn.laddr.port == port]
+        if mine:
+            counts[str(pid)] = sum(conn.status == psutil.CONN_ESTABLISHED for conn in mine)
+    if len(counts) > 1 and counts.get(leader := str(pids[0])) == 0:
+        del counts[leader]
+    return counts
+
+
+def combined(name: str, parts: Sequence[RunResult], connections: dict[str, int]) -> RunResult:
+    """One run of the clients' runs together: their requests and rates added up, their latencies pooled."""
+    latencies = [latency for part in parts for latency in part.latencies_ms]
+    errors: Counter[str] = Counter()
+    for part in parts:
+        errors.update(part.errors)
+    cpu = [percent for part in parts for percent in (part.client or {}).get("cpu_percent", [])]
+    return RunResult(
+        name=name,
+        tool=closed_loop.TOOL,
+        mode="closed",
+        requests=sum(part.requests for part in parts),
+        throughput_rps=sum(part.throughput_rps for part in parts),
+        latency=LatencySummary.of(latencies),
+        wall_s=max(part.wall_s for part in parts),
+        concurrency=sum(part.concurrency or 0 for part in parts),
+        errors=dict(errors),
+        latencies_ms=latencies,
+        notes=[*parts[0].notes, f"{len(parts)} client process(es), {', '.join(f'{c:.0f}%' for c in cpu)} of a core"],
+        client={
+            "processes": len(parts),
+            "cpu_percent": cpu,
+            "saturated": any(percent >= SATURATED_PERCENT for percent in cpu),
+            "connections_by_worker": connections,
+        },
+    )
+
+
+def load_point(
+    url: str, body: bytes, headers: dict[str, str], name: str, concurrency: int, seconds: float, warmup_s: float,
+    server_pids: Sequence[int], port: int, cores: int,
+) -> RunResult:  # fmt: skip
+    """One closed-loop point against `url`, from client processes of their own that begin together."""
+    count = client_processes(concurrency, cores)
+    start_at = time.time() + START_DELAY_S
+    with tempfile.TemporaryDirectory(prefix="gpu-check-load-") as folder:
+        body_file = Path(folder) / "body"
+        body_file.write_bytes(body)
+        clients = []
+        for index, senders in enumerate(shares(concurrency, count)):
+            command = [sys.executable, "-m", closed_loop.__name__, "--url", url, "--body", str(body_file)]
+            command += [arg for key, value in headers.items() for arg in ("--header", f"{key}: {value}")]
+            command += ["--name", name, "--concurrency", str(senders), "--seconds", f"{seconds:g}"]
+            command += ["--warmup", f"{warmup_s:g}", "--start-at", f"{start_at:.3f}"]
+            with (Path(folder) / f"client-{index}.err").open("wb") as stderr:
+                clients.append(
+                    subprocess.Popen(command, cwd=paths.REPO_ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
+                )
+        time.sleep(max(0.0, start_at + warmup_s + seconds / 2 - time.time()))
+        connections = connections_by_worker(server_pids, port)
+        parts = []
+        for index, client in enumerate(clients):
+            try:
+                out, _ = client.communicate(timeout=START_DELAY_S + warmup_s + seconds + 180)
+            except subprocess.TimeoutExpired:
+                for other in clients:
+                    other.kill()
+                raise
+            said = (Path(folder) / f"client-{index}.err").read_text(errors="replace")
+            marked = [line for line in out.splitlines() if line.startswith(closed_loop.RESULT_MARK)]
+            if not marked:
+                log.error("the load generator against %s failed:\n%s", name, said[-2000:])
+                raise RuntimeError(f"the load generator failed (exit code {client.returncode}): {last_line(said)}")
+            parts.append(RunResult.from_dict(json.loads(marked[0].removeprefix(closed_loop.RESULT_MARK))))
+    return combined(name, parts, connections)
