@@ -117,9 +117,8 @@ print(f"1000 / mean latency = {1000 / sequential_pt.latency.mean_ms:.1f} req/s")
 #
 # PyTorch's *eager* mode runs one operator at a time as Python calls it; ONNX Runtime optimises
 # the whole graph ahead of time (fusing layers, folding constants), so an inference usually takes
-# less time. The service code around the model is the same. The verdict compares the medians;
-# each service times its own model calls (`/metrics`), so the verdict says how much of a request
-# the model call was.
+# less time. The code around the model is the same. The verdict compares medians and, from each
+# service's own timing (`/metrics`), how much of a request the model call was.
 
 # %%
 predicted_onnx_speedup = None  # before you run: PyTorch's median latency over ONNX Runtime's, one at a time (x)
@@ -155,8 +154,8 @@ lab.record(fastapi_bench.runtime_comparison(sequential_pt, sequential_onnx, lab.
 # 2. the slots are busy at least 90% of the time (throughput × mean inference time ≥ 0.9 × slots);
 # 3. the mean wait for a slot is more than half the mean latency.
 #
-# Meanwhile a sampler records CPU (and GPU), and a background thread times `/health`. It does no
-# model work and the event loop (notebook 3) only *awaits* a slot, so it should not wait behind the predictions.
+# Meanwhile a sampler records CPU (and GPU) and a thread times `/health`, which does no model work:
+# the event loop only *awaits* slots (notebook 3), so it should not wait behind predictions.
 
 # %%
 predicted_load_gain = None  # before you run: the requests/s of 16 senders over one at a time (x)
@@ -290,17 +289,29 @@ for count in (1, processes_to_try):
         print(f"{count} process(es) asked for: /health says {serving}")
         by_processes[count] = lab.concurrent("onnx", senders, url=variant_url,
                                              name=f"fastapi_onnx, {count} process(es)")
+        if count == processes_to_try:  # how a load spreads over them: 16 clients, then 64
+            spread = [lab.concurrent("onnx", clients, url=variant_url,
+                                     name=f"fastapi_onnx, {count} process(es), {clients} senders")
+                      for clients in (16, 64)]
 print(f"Measured: {by_processes[processes_to_try].throughput_rps:.1f} against {by_processes[1].throughput_rps:.1f} "
       "req/s")
 lab.record(fastapi_bench.processes_follow_the_plan(by_processes[1], by_processes[processes_to_try], processes_to_try,
                                                    plan.processes, cores), predicted=predicted_processes);
 
 # %% [markdown]
+# **How the load spread.** The last column is each process's own count: connections, then requests
+# answered. The processes share one listening socket: a connection goes to whichever accepts first
+# and stays. So 16 clients can leave a process idle; 64 spread wider: `make test-gpu` judges at 64.
+
+# %%
+lab.table(spread);
+
+# %% [markdown]
 # ## Results
 #
 # Every run and verdict; then each run's *CDF*: for each latency on the x-axis, the fraction of
-# requests at least that fast (dotted lines: p50, p95, p99). The gap between the 16-sender curve
-# and the sequential ones is queueing delay; Triton, next, tries to close it.
+# requests at least that fast (dotted: p50, p95, p99). The gap between the 16-sender curve and
+# the sequential ones is queueing delay, which Triton, next, tries to close.
 
 # %%
 lab.table()

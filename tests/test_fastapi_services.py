@@ -10,6 +10,7 @@ import base64
 import pytest
 import requests
 
+from servelab.measure import service_stats
 from servelab.service.cores import available_cores, service_plan, thread_plan
 from servelab.service.food11 import LABELS
 from servelab.stack.catalogue import fastapi_service
@@ -124,21 +125,37 @@ def test_a_service_of_two_processes_answers_from_both_and_its_metrics_add_up(tmp
     """SERVICE_PROCESSES=2: two uvicorn workers share the port, each on its share of the cores, and
     /metrics, whichever answers it, counts every prediction of both. Each request opens a new
     connection, so the kernel hands them to both workers; metrics kept per process would give
-    different totals from the two."""
+    different totals from the two. Each process also counts its own share: the requests it
+    answered and the connections they came on (a kept-alive one counted once)."""
     port = Ports.found_free().fastapi_onnx
-    sent = 16
+    sent, kept_alive = 16, 5
     with LocalStack([fastapi_service("onnx", port, env={"SERVICE_PROCESSES": "2"})], log_dir=tmp_path) as stack:
         url = f"http://127.0.0.1:{port}"
         healths = [requests.get(f"{url}/health", timeout=5).json() for _ in range(24)]
+        before = service_stats.scrape(url)
         for _ in range(sent):
             assert requests.post(f"{url}/predict", json={"image": image_b64}, timeout=30).status_code == 200
+        middle = service_stats.scrape(url)
+        with requests.Session() as one_connection:
+            for _ in range(kept_alive):
+                answer = one_connection.post(f"{url}/predict", json={"image": image_b64}, timeout=30)
+                assert answer.status_code == 200
+        after = service_stats.scrape(url)
         totals = {predictions_counted(requests.get(f"{url}/metrics", timeout=5).text) for _ in range(12)}
         log = stack.processes[0].log_path.read_text()
-    assert len({health["process_id"] for health in healths}) == 2, "both workers answer"
+    workers = {str(health["process_id"]) for health in healths}
+    assert len(workers) == 2, "both workers answer"
     assert {health["processes"] for health in healths} == {2}
     assert {health["cores"] for health in healths} == {max(1, available_cores() // 2)}
-    assert totals == {sent}
+    assert totals == {sent + kept_alive}
     assert "2 process(es)" in log and "(set by SERVICE_PROCESSES=2)" in log
+    new_connections = service_stats.diff(url, before, middle).by_process
+    assert set(new_connections) == workers, "each live worker shows, an idle one with 0"
+    assert sum(counts["requests"] for counts in new_connections.values()) == sent
+    assert sum(counts["connections"] for counts in new_connections.values()) == sent, "a connection a request"
+    one = service_stats.diff(url, middle, after).by_process
+    (serving,) = [counts for counts in one.values() if counts["requests"]]
+    assert serving == {"requests": kept_alive, "connections": 1}, "a kept-alive connection stays with its worker"
 
 
 def predictions_counted(exposition: str) -> float:

@@ -36,7 +36,7 @@ from servelab.settings import Settings
 from servelab.triton import perf_analyzer
 from servelab.triton.adaptation import adapt_to_server, gpus_missing
 from servelab.triton.config import TritonConfig
-from tests.helpers import make_image_bytes
+from tests.helpers import make_image_bytes, synthetic_run
 
 
 def perf_result(queue_us: float = 2000.0, infer_us: float = 5000.0, requests: int = 40) -> RunResult:
@@ -473,3 +473,37 @@ def test_a_result_page_is_read_as_a_browser_shows_it(gourmetgram):
     assert "JPEG or PNG" in refused.error
     with pytest.raises(RuntimeError, match="answered HTTP 400"):
         Lab.upload_to_ui(url, "notes.jpg", b"not an image")
+
+
+def test_an_account_reads_what_a_warm_up_changes_before_it_and_the_run_after_it():
+    """`counted` with `after_warmup`: each account prepares before the warm-up (a closed loop opens its
+    connections there), starts where the measurement starts, and is read once the run has ended."""
+    from servelab.lab.run_accounts import Account, counted
+
+    calls = []
+
+    class Recording(Account):
+        field = "service_stats"
+
+        def prepare(self) -> None:
+            calls.append("prepare")
+
+        def start(self) -> None:
+            calls.append("start")
+
+        def stop(self) -> None:
+            calls.append("stop")
+
+        def read(self) -> dict:
+            calls.append("read")
+            return {"read": True}
+
+    def measure(on_measuring):
+        calls.append("warm-up")
+        on_measuring()
+        calls.append("measured")
+        return synthetic_run()
+
+    result = counted(measure, [Recording()], after_warmup=True)
+    assert calls == ["prepare", "warm-up", "start", "measured", "stop", "read"]
+    assert result.service_stats == {"read": True}

@@ -500,6 +500,64 @@ def test_results_table_has_one_row_per_result_with_formatted_numbers():
     assert "vs in-process" not in tables.results_table(results)
 
 
+def test_results_table_shows_how_a_run_spread_over_a_service_s_processes_where_it_had_several():
+    spread = _result("fastapi_onnx, 2 process(es)", concurrency=16, throughput=100.0)
+    spread.service_stats = {
+        "by_process": {"11": {"requests": 90, "connections": 5}, "12": {"requests": 300, "connections": 11}}
+    }
+    alone = _result("fastapi_onnx, 1 process(es)", concurrency=16, throughput=80.0)
+    alone.service_stats = {"by_process": {"13": {"requests": 390, "connections": 16}}}
+    lines = tables.results_table([spread, alone]).strip().splitlines()
+    assert lines[0].endswith(f"| {tables.BY_PROCESS} |")
+    assert lines[2].endswith("| 11/300, 5/90 |"), "the busiest first"
+    assert lines[3].endswith("| - |"), "one process: nothing spread"
+    assert tables.BY_PROCESS not in tables.results_table([alone])
+
+
+def test_a_service_s_own_counts_by_process_are_told_apart_from_its_other_metrics():
+    from servelab.measure import service_stats
+
+    def scrape(requests_11: float, connections_12: float) -> dict:
+        return {
+            ("predict_requests_by_process", (("process", "11"),)): requests_11,
+            ("predict_connections_by_process", (("process", "11"),)): 2.0,
+            ("predict_requests_by_process", (("process", "12"),)): 0.0,
+            ("predict_connections_by_process", (("process", "12"),)): connections_12,
+            ("predict_requests_total", (("outcome", "predicted"), ("status", "200"))): requests_11,
+        }
+
+    delta = service_stats.diff("http://x", scrape(10.0, 0.0), scrape(25.0, 0.0))
+    assert delta.by_process == {"11": {"requests": 15, "connections": 0}, "12": {"requests": 0, "connections": 0}}
+    assert delta.requests == 15
+    # A closed loop's warm-up opens its connections: counted from a scrape before it, the requests after it.
+    warmed = service_stats.diff("http://x", scrape(10.0, 3.0), scrape(25.0, 3.0), connections_since=scrape(4.0, 0.0))
+    assert warmed.by_process["11"] == {"requests": 15, "connections": 0}
+    assert warmed.by_process["12"] == {"requests": 0, "connections": 3}
+
+
+def test_a_process_counts_a_connection_once_however_many_requests_it_carries(monkeypatch):
+    from servelab.service import predict_metrics
+
+    monkeypatch.setattr(predict_metrics, "CLIENTS_REMEMBERED", 2)
+    metrics = predict_metrics.PredictMetrics()
+    metrics.process_started()
+    pid = str(os.getpid())
+
+    def counts() -> tuple[float, float]:
+        return tuple(
+            metrics.registry.get_sample_value(name, {"process": pid})
+            for name in ("predict_requests_by_process", "predict_connections_by_process")
+        )
+
+    assert counts() == (0.0, 0.0), "a process that served nothing shows, with 0"
+    for client in [("127.0.0.1", 5000), ("127.0.0.1", 5000), ("127.0.0.1", 5001), None, ("127.0.0.1", 5000)]:
+        metrics.counted(client)
+    assert counts() == (5.0, 2.0)
+    metrics.counted(("127.0.0.1", 5002))  # remembered: 5000 and 5002; 5001 is forgotten
+    metrics.counted(("127.0.0.1", 5001))
+    assert counts() == (7.0, 4.0)
+
+
 def test_results_table_compares_each_target_with_its_own_baseline():
     from servelab.report.tables import results_table
     from servelab.results import LatencySummary, RunResult

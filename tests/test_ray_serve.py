@@ -6,6 +6,7 @@ Tested elsewhere: that stopping the lab leaves no Ray process behind (tests/test
 `up` test), and a two-node cluster on loopback (notebook 8, whose claim must hold:
 `lab.expect(..., must_hold=True)`, which its `lab.verdicts()` enforces)."""
 
+import atexit
 import base64
 import concurrent.futures
 import copy
@@ -311,6 +312,34 @@ def test_an_edited_config_is_deployed_and_awaited_through_serve_s_rest_api(ray_s
     serve.apply(as_tested, quiet=True)  # the other tests count on the module's queue
     deployed = ray_rest.applications(ray_service.dashboard, ray_service.token_file)["food11"]["deployed_app_config"]
     assert deployed["deployments"][0]["max_queued_requests"] == MAX_QUEUED
+
+
+@pytest.mark.integration
+def test_a_notebook_done_with_serve_puts_back_one_that_outlives_it_once_and_leaves_its_own(ray_service, monkeypatch):
+    """`Lab.stop()` releases Serve: `make up`'s (or the Compose project's) goes back as shipped then,
+    and not again at the kernel's exit; one the notebook started is stopped with it, not redeployed."""
+    port = int(ray_service.url.rsplit(":", 1)[1])
+    where = (ray_service.url, ray_service.dashboard, ray_service.metrics, ray_service.token_file, port)
+    taken_off_atexit = []
+    monkeypatch.setattr(atexit, "unregister", taken_off_atexit.append)  # what would run at the kernel's exit
+
+    def queue_limit() -> int:
+        deployed = ray_rest.applications(ray_service.dashboard, ray_service.token_file)["food11"]
+        return deployed["deployed_app_config"]["deployments"][0]["max_queued_requests"]
+
+    started_here = RayServe(*where, outlives_the_notebook=False)
+    started_here.release()
+    assert queue_limit() == MAX_QUEUED, "the module's config stays: a Serve started by the notebook stops with it"
+    assert taken_off_atexit == []
+    make_ups = RayServe(*where)
+    shipped_limit = make_ups.deployment_options(make_ups.served(make_ups.shipped_config()))["max_queued_requests"]
+    assert shipped_limit != MAX_QUEUED, "the module's config differs from the shipped one where this test looks"
+    try:
+        make_ups.release()
+        assert queue_limit() == shipped_limit
+        assert taken_off_atexit == [make_ups.restore], "put back once: not again at the kernel's exit"
+    finally:
+        make_ups.apply(ray_local.read_config(ray_service.config), quiet=True)  # the module's config again
 
 
 @pytest.mark.integration

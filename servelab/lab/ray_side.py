@@ -59,6 +59,9 @@ class RayServe:
     metrics_url: str  # Ray's Prometheus metrics, Serve's among them
     token_file: Path
     local_port: int | None  # the proxy's port on this machine; None in the Compose project
+    # Whether this Serve outlives the notebook (the Compose project's, `make up`'s): then it gets
+    # its shipped config back when the notebook is done with it; one started here stops with it.
+    outlives_the_notebook: bool = True
     # What the Ray that serves the replicas has: locally this machine's cores, no GPU.
     hardware: Hardware = field(default_factory=lambda: Hardware(gpus=0, cores=available_cores()))
 
@@ -128,10 +131,11 @@ class RayServe:
         self.apply(self.shipped_config(), quiet=True)
 
     def release(self) -> None:
-        """The notebook is done with Serve: the Compose project's, which outlives it, goes back as
-        shipped (`make up`'s does at the kernel's exit, `local`; one started here is stopped)."""
-        if self.local_port is None:
+        """The notebook is done with Serve: one that outlives it (the Compose project's, `make up`'s)
+        goes back as shipped, once (not again at the kernel's exit); one started here stops with it."""
+        if self.outlives_the_notebook:
             self.restore()
+            atexit.unregister(self.restore)
 
     def deployed_app(self) -> dict[str, Any] | None:
         """The Food-11 app's config as Serve deployed it, by its own account (None: not deployed)."""
@@ -164,7 +168,10 @@ def local(stacks: list[LocalStack], work: Path) -> RayServe:
     default = Ports.configured()
     if answers(f"http://127.0.0.1:{default.ray_serve}/health") and ray_rest.TOKEN_FILE.exists():
         serve = serve_at(default, ray_rest.TOKEN_FILE)
-        print("Using the Ray Serve already running on this machine (`make up`); its shipped config returns at exit.")
+        print(
+            "Using the Ray Serve already running on this machine (`make up`); its shipped config returns when the "
+            "notebook stops (lab.stop(), or the kernel's exit)."
+        )
         atexit.register(serve.restore)
         return serve
     token_file = work / "ray_auth_token"
@@ -174,10 +181,10 @@ def local(stacks: list[LocalStack], work: Path) -> RayServe:
     )
     stacks.append(stack)
     atexit.register(stack.stop)
-    return serve_at(ports, token_file)
+    return serve_at(ports, token_file, outlives_the_notebook=False)
 
 
-def serve_at(ports: Ports, token_file: Path) -> RayServe:
+def serve_at(ports: Ports, token_file: Path, outlives_the_notebook: bool = True) -> RayServe:
     """The lab's client of a Ray Serve running on this machine on `ports`, behind `token_file`'s token."""
     return RayServe(
         url=f"http://127.0.0.1:{ports.ray_serve}",
@@ -185,6 +192,7 @@ def serve_at(ports: Ports, token_file: Path) -> RayServe:
         metrics_url=f"http://127.0.0.1:{ports.ray_metrics}/metrics",
         token_file=token_file,
         local_port=ports.ray_serve,
+        outlives_the_notebook=outlives_the_notebook,
     )
 
 

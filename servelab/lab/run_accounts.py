@@ -40,6 +40,9 @@ class Account:
 
     field: str  # the RunResult field it sets
 
+    def prepare(self) -> None:
+        """Read what a run's warm-up already changes (the connections it opens), before it."""
+
     def start(self) -> None:
         """Read the counters before the run (or start sampling)."""
 
@@ -57,13 +60,18 @@ class ServiceAccount(Account):
     def __init__(self, url: str) -> None:
         self.url = url
 
+    def prepare(self) -> None:
+        # A closed loop opens its connections in its warm-up and keeps them: counted from here.
+        self.before_warmup: service_stats.Scrape | None = service_stats.scrape(self.url)
+
     def start(self) -> None:
         # Settled: the answers of a warm-up that just ended are counted before it, not in the run.
         self.before = settled(lambda: service_stats.scrape(self.url))
 
     def read(self) -> dict[str, Any]:
         after = settled(lambda: service_stats.scrape(self.url))  # a service counts just after answering
-        return service_stats.diff(self.url, self.before, after).to_dict()
+        opened_since = getattr(self, "before_warmup", None)
+        return service_stats.diff(self.url, self.before, after, connections_since=opened_since).to_dict()
 
 
 class TritonAccount(Account):
@@ -125,6 +133,8 @@ def counted(measure: Callable[..., Run], accounts: Sequence[Account], after_warm
                 running.callback(account.stop)
                 started.append(account)
 
+        for account in accounts:
+            account.prepare()
         if after_warmup:
             result = measure(on_measuring=start)
         else:

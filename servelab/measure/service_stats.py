@@ -3,9 +3,10 @@ a run, as servelab.triton.stats does for Triton.
 
 A service's /metrics counters are cumulative since it started. Two scrapes and their difference
 give, for the requests of one run: how many there were by HTTP status, the mean time of each
-stage the service measures (download, waiting for a predict slot, preprocessing, inference), and
-the requests abandoned, and inferences run, for clients who had gone; and the /refine streams'
-steps, those computed after their client had gone among them.
+stage the service measures (download, waiting for a predict slot, preprocessing, inference), the
+requests abandoned, and inferences run, for clients who had gone; what each of its processes
+answered, and on how many connections; and the /refine streams' steps, those computed after their
+client had gone among them.
 The counters cover every client, so a run measures only its own requests when nothing else is
 sending to that service at the same time.
 """
@@ -31,6 +32,9 @@ STAGES = {
     "preprocess": "predict_preprocess_seconds",
     "inference": "predict_inference_seconds",
 }
+
+# Each process's own counts (predict_metrics.py), by their gauge's name.
+PER_PROCESS = {"predict_requests_by_process": "requests", "predict_connections_by_process": "connections"}
 
 
 class ServiceStatsError(RuntimeError):
@@ -67,6 +71,10 @@ class ServiceDelta:
     refine_steps: int = 0  # steps of /refine streams computed
     refine_steps_for_gone_clients: int = 0  # of them, those that finished after their client had gone
     refine_streams_by_outcome: dict[str, int] = field(default_factory=dict)  # completed, stopped, failed -> streams
+    # Each live process of the service (by pid): the /predict requests it answered and the connections
+    # they came on (opened since `connections_since`, before a warm-up that opens them), as the
+    # process counted them itself (an idle process among them, with 0).
+    by_process: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def inferences(self) -> int:
@@ -85,9 +93,12 @@ class ServiceDelta:
         return asdict(self)
 
 
-def diff(url: str, before: Scrape, after: Scrape) -> ServiceDelta:
-    def moved(name: str, labels: tuple = ()) -> float:
-        return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+def diff(url: str, before: Scrape, after: Scrape, connections_since: Scrape | None = None) -> ServiceDelta:
+    """What happened between `before` and `after`; each process's connections counted from
+    `connections_since` where given (a scrape before a run's warm-up, which opens them)."""
+
+    def moved(name: str, labels: tuple = (), since: Scrape = before) -> float:
+        return after.get((name, labels), 0.0) - since.get((name, labels), 0.0)
 
     delta = ServiceDelta(url)
     for (name, labels), _ in after.items():
@@ -97,6 +108,12 @@ def diff(url: str, before: Scrape, after: Scrape) -> ServiceDelta:
             delta.abandoned_by_stage[dict(labels)["stage"]] = count
         if name == "refine_streams_total" and (count := round(moved(name, labels))):
             delta.refine_streams_by_outcome[dict(labels)["outcome"]] = count
+        if name in PER_PROCESS:
+            counts = delta.by_process.setdefault(dict(labels)["process"], {"requests": 0, "connections": 0})
+            since = (
+                connections_since if connections_since is not None and PER_PROCESS[name] == "connections" else before
+            )
+            counts[PER_PROCESS[name]] = round(moved(name, labels, since))
     delta.inferences_for_gone_clients = round(moved("predict_inferences_for_gone_clients_total"))
     delta.refine_steps = round(moved("refine_steps_total"))
     delta.refine_steps_for_gone_clients = round(moved("refine_steps_for_gone_clients_total"))

@@ -50,6 +50,19 @@ def _errors(result: RunResult) -> str:
     return f"{result.error_count} ({kinds}){crashed}"
 
 
+BY_PROCESS = "by process: connections/requests"
+
+
+def process_spread(result: RunResult) -> str | None:
+    """How a run spread over the service's processes, by each one's own count (servelab.service.
+    predict_metrics): "connections/requests" of each, busiest first; None where one process served."""
+    by_process = ((result.service_stats or {}).get("by_process") or {}).values()
+    if len(by_process) < 2:
+        return None
+    ordered = sorted(by_process, key=lambda counts: (counts["requests"], counts["connections"]), reverse=True)
+    return ", ".join(f"{counts['connections']}/{counts['requests']}" for counts in ordered)
+
+
 def results_table(
     results: Sequence[RunResult],
     baseline_rps: float | Mapping[str, float] | Callable[[RunResult], float | None] | None = None,
@@ -84,6 +97,10 @@ def results_table(
     sampled_gpus = any(gpu_busy(result) is not None for result in results)
     if sampled_gpus:
         columns.append((GPU_BUSY, "---:"))
+    # Where a service of several processes counted its own share: how the load spread over them.
+    spread = any(process_spread(result) is not None for result in results)
+    if spread:
+        columns.append((BY_PROCESS, "---"))
     lines = [
         "| " + " | ".join(heading for heading, _ in columns) + " |",
         "|" + "|".join(alignment for _, alignment in columns) + "|",
@@ -106,6 +123,8 @@ def results_table(
             cells.append(f"{100 * result.throughput_rps / baseline:.1f}%" if baseline else "n/a")
         if sampled_gpus:
             cells.append(gpu_busy(result) or "-")
+        if spread:
+            cells.append(process_spread(result) or "-")
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -274,7 +274,7 @@ def create_app(model: ServedModel, title: str, description: str, settings: Servi
             settings.allowed_hosts.text,
             settings.abandon_on_disconnect,
         )
-        metrics.ready.set(1)
+        metrics.process_started()
         yield
         await downloads.aclose()
         scheduler.shutdown()

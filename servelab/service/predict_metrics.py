@@ -17,6 +17,7 @@ process that died included; the gauges count the live processes only.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -29,6 +30,9 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+# Client addresses a process remembers, to tell a new connection from a kept-alive one: more than
+# a load's connections, few enough to stay small.
+CLIENTS_REMEMBERED = 4096
 # From 1 ms to 30 s: an inference on a GPU to a download that hits the time limit.
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -97,6 +101,38 @@ class PredictMetrics:
             "service_processes_ready", "Processes of the service that have started and serve", registry=self.registry,
             multiprocess_mode="livesum",
         )  # fmt: skip
+        # Each process's own share (labelled with its pid; a live process's alone): the /predict
+        # requests it answered, and the connections they came on (a client address it had not seen
+        # lately). Processes that share one listening socket balance connections, not requests.
+        self.requests_by_process = Gauge(
+            "predict_requests_by_process", "/predict requests this process answered", ["process"],
+            registry=self.registry, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.connections_by_process = Gauge(
+            "predict_connections_by_process", "Connections this process took /predict requests on", ["process"],
+            registry=self.registry, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self._clients_seen: OrderedDict[tuple, None] = OrderedDict()  # the latest CLIENTS_REMEMBERED addresses
+
+    def process_started(self) -> None:
+        """This process serves: it is counted ready, and its own counts start at 0 (an idle process shows)."""
+        self.ready.set(1)
+        for gauge in (self.requests_by_process, self.connections_by_process):
+            gauge.labels(str(os.getpid())).inc(0)
+
+    def counted(self, client: tuple | None) -> None:
+        """One /predict request answered by this process, from `client` (ASGI's (host, port))."""
+        process = str(os.getpid())
+        self.requests_by_process.labels(process).inc()
+        if client is None:
+            return
+        if client in self._clients_seen:
+            self._clients_seen.move_to_end(client)
+            return
+        self._clients_seen[client] = None
+        if len(self._clients_seen) > CLIENTS_REMEMBERED:
+            self._clients_seen.popitem(last=False)
+        self.connections_by_process.labels(process).inc()
 
     def _read(self) -> CollectorRegistry:
         """What /metrics reads: this process's registry, or every process's figures of the service."""
@@ -146,3 +182,5 @@ class CountPredictRequests:
         finally:
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(outcome_of(answered), str(answered)).inc()
+            client = scope.get("client")
+            self.metrics.counted(tuple(client) if client else None)
