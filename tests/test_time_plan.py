@@ -106,6 +106,29 @@ def test_part_1_fits_the_lease_with_half_an_hour_to_spare():
     assert time_plan.part_1_minutes(slower, 5) > time_plan.part_1_minutes(times)
 
 
+def test_the_readme_and_the_chameleon_guide_state_the_plan_s_current_totals():
+    """Their figures of the lease come from the plan; a notebook's new run time that moves them
+    must move the prose too (`python -m servelab.time_plan` prints them)."""
+    import re
+
+    from servelab import paths
+
+    times = time_plan.plan()
+    part_1 = time_plan.part_1_minutes(times)
+    part_2 = time_plan.part_minutes(times, time_plan.PART_2)
+    left = node_plan.LEASE_MINUTES - part_1
+    readme = " ".join((paths.REPO_ROOT / "README.md").read_text().split())
+    said = re.search(
+        r"Part 1 \(notebooks 0-6\) takes (\d+) of the lease's 180 minutes, part 2 \(7-10\) another (\d+)", readme
+    )
+    assert said, "README.md no longer says how long parts 1 and 2 take"
+    assert (int(said[1]), int(said[2])) == (round(part_1), round(part_2)), time_plan.lease_table(times)
+    guide = " ".join((paths.REPO_ROOT / "docs" / "chameleon.md").read_text().split())
+    said = re.search(r"part 1 takes (\d+) of the lease's 180 minutes, leaving (\d+)", guide)
+    assert said, "docs/chameleon.md no longer says how long part 1 takes"
+    assert (int(said[1]), int(said[2])) == (round(part_1), round(left)), time_plan.lease_table(times)
+
+
 def test_notebook_5_waits_for_what_triton_s_build_takes_beyond_notebooks_3_and_4():
     times = time_plan.plan()
     fastapi = sum(time.minutes for time in times if time.number in (3, 4))
