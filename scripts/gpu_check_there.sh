@@ -9,6 +9,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SITE=${SITE:-/tmp/site}
+if ! compgen -G ".lab/wheels/*.whl" >/dev/null || [ ! -f .lab/wheels/triton-server.tar.xz ]; then
+  echo "No .lab/wheels here: run scripts/gpu_check_wheels.sh on a machine with internet, and bring .lab/wheels along." >&2
+  exit 2
+fi
+if [ ! -f .lab/artifacts/manifest.json ]; then
+  echo "No .lab/artifacts/manifest.json here: run \`make artifacts\` where the lab is set up, and bring .lab/artifacts along." >&2
+  exit 2
+fi
 python3 -m pip install -q --no-index --no-deps --target "$SITE" .lab/wheels/*.whl
 # Python's tarfile, not tar: a bare machine may lack xz. 'data' keeps every member inside SITE.
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" \

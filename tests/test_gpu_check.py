@@ -559,7 +559,7 @@ def test_the_report_shows_how_the_connections_spread_over_a_services_processes()
         [Checked("fastapi_pt", Verdict(PASS, ""), runs=[run]), Checked("naive_pt", Verdict(PASS, ""), runs=[alone])]
     )
     assert lines == [
-        "fastapi_pt at c=16: 16 connections over 4 processes, 7, 7, 2, 0 (each process's own count, read "
-        "mid-window: one listening socket hands each new connection to one process, and a kept-alive connection "
-        "stays there)"
+        "fastapi_pt at c=16: 16 connections over 4 processes, 7, 7, 2, 0 (each process's own count, the most "
+        "seen while the load ran: one listening socket hands each new connection to one process, and a kept-alive "
+        "connection stays there)"
     ]

@@ -4,6 +4,7 @@ against real sockets and a real HTTP server in this process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -73,13 +74,13 @@ def test_each_process_counts_the_connections_it_accepted_and_an_idle_supervisor_
     clients, accepted = [], []
     try:
         assert supervisor.stdout.readline().strip() == "up"
-        server.settimeout(0.2)
-        for _ in range(12):  # the kernel shares them between the two listeners: keep those that come here
+        server.settimeout(0.05)
+        # The kernel shares connections between the two listeners: connect until some came here.
+        while len(accepted) < 2 and len(clients) < 64:
             clients.append(socket.create_connection(("127.0.0.1", port)))
-        with pytest.raises(TimeoutError):
-            while True:
+            with contextlib.suppress(TimeoutError):
                 accepted.append(server.accept()[0])
-        assert accepted, "at least one of 12 connections came to this process"
+        assert len(accepted) == 2, f"2 of {len(clients)} connections came to this process"
         mine = str(os.getpid())
         assert load.connections_by_worker([supervisor.pid, os.getpid()], port) == {mine: len(accepted)}
         # Where the leader accepts connections itself, every process with a socket on the port counts.
@@ -144,7 +145,7 @@ def test_a_point_of_16_senders_runs_in_two_client_processes_that_each_report_the
     assert run.client["processes"] == 2 and len(run.client["cpu_percent"]) == 2
     assert all(0 < percent < 200 for percent in run.client["cpu_percent"])
     assert run.requests == len(run.latencies_ms) > 0
-    # Every sender's kept-alive connection, as this process (the only server) holds it mid-window.
+    # Every sender's kept-alive connection, as this process (the only server) held them while the load ran.
     assert run.client["connections_by_worker"] == {str(os.getpid()): 16}
     assert "2 client process(es)" in run.notes[-1]
 
@@ -162,7 +163,6 @@ def test_a_service_that_answers_no_request_of_a_point_is_not_loaded_at_the_other
     steps = SimpleNamespace(total=3, done=0)
     steps.update = lambda count=1: setattr(steps, "done", steps.done + count)
     args = SimpleNamespace(device="cpu", seconds=0.5, warmup=0.1, concurrency=[1, 16, 64])
-    started = time.monotonic()
     try:
         until(lambda: running.pids(), 10, "the toy's process")
         checked = check.checked_service(running, args, None, steps)
@@ -172,4 +172,4 @@ def test_a_service_that_answers_no_request_of_a_point_is_not_loaded_at_the_other
     assert [run.concurrency for run in checked.runs] == [1]
     assert checked.verdict.status == FAIL and "requests failed under load (http_500 x" in checked.verdict.reason
     assert steps.done == 3, "the points not run leave the bar's total"
-    assert time.monotonic() - started < 30
+    assert checked.verdict.reason.startswith(f"{checked.runs[0].requests} of {checked.runs[0].requests} requests")

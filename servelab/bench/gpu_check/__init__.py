@@ -21,8 +21,8 @@
 4. Loads each at concurrency 1, 16 and 64 (a closed loop of the 32 KB soup photo, in client processes
    of their own, one for every 8 senders and at most a quarter of the cores: servelab.bench.gpu_check.load),
    a warm-up then a window each, sampling the GPU's use, each client's CPU, and how the load's
-   connections spread over the service's processes (each one's own sockets, mid-window). A service
-   that answers no request of a point is not loaded at the others.
+   connections spread over the service's processes (each one's own sockets, the most seen while it
+   ran). A service that answers no request of a point is not loaded at the others.
 5. Reads each service's GPU memory (its processes, as nvidia-smi lists them) while all of them are up,
    then stops them and measures the in-process ceiling (servelab.measure.inprocess) of PyTorch on the
    GPU, and of ONNX Runtime on the GPU where it has a CUDA provider (else on the CPU, where its service

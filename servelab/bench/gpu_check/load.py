@@ -1,7 +1,8 @@
 """One load point of the GPU check: a closed loop of `concurrency` senders, split over as many client
 processes as it needs (servelab.bench.gpu_check.closed_loop, each a process of its own that begins
 at the same moment), their figures added up; how busy each client was; and how the load's
-connections spread over the service's processes, read from each process's own sockets mid-window.
+connections spread over the service's processes, read from each process's own sockets while the
+load runs (the reading that saw the most of them).
 
 Why several clients: one asyncio loop of Python sends and reads every request of its share; near a
 full core it, not the server, sets the pace. A point where a client was that busy is marked
@@ -34,6 +35,7 @@ SENDERS_PER_CLIENT = 8  # one client process for every 8 senders...
 CLIENT_SHARE_OF_CORES = 4  # ...and at most a quarter of the cores: the service needs the rest
 SATURATED_PERCENT = 90.0  # a client at 90% of a core or more may have set the pace itself
 START_DELAY_S = 1.5  # time for every client process to start before the load begins
+SPREAD_EVERY_S = 0.25  # how often the connections' spread is read while the clients run
 
 
 def client_processes(concurrency: int, cores: int) -> int:
@@ -99,7 +101,9 @@ def load_point(
     url: str, body: bytes, headers: dict[str, str], name: str, concurrency: int, seconds: float, warmup_s: float,
     server_pids: Sequence[int], port: int, cores: int,
 ) -> RunResult:  # fmt: skip
-    """One closed-loop point against `url`, from client processes of their own that begin together."""
+    """One closed-loop point against `url`, from client processes of their own that begin together.
+    The connections' spread is read every SPREAD_EVERY_S while the clients run, and the reading
+    that saw the most is kept: on a busy machine a client may begin later than asked."""
     count = client_processes(concurrency, cores)
     start_at = time.time() + START_DELAY_S
     with tempfile.TemporaryDirectory(prefix="gpu-check-load-") as folder:
@@ -111,22 +115,28 @@ def load_point(
             command += [arg for key, value in headers.items() for arg in ("--header", f"{key}: {value}")]
             command += ["--name", name, "--concurrency", str(senders), "--seconds", f"{seconds:g}"]
             command += ["--warmup", f"{warmup_s:g}", "--start-at", f"{start_at:.3f}"]
-            with (Path(folder) / f"client-{index}.err").open("wb") as stderr:
-                clients.append(
-                    subprocess.Popen(command, cwd=paths.REPO_ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
-                )
-        time.sleep(max(0.0, start_at + warmup_s + seconds / 2 - time.time()))
-        connections = connections_by_worker(server_pids, port)
+            # Files, not pipes: a client's result (every latency) may exceed a pipe's buffer while it is not read.
+            with (
+                (Path(folder) / f"client-{index}.out").open("wb") as out,
+                (Path(folder) / f"client-{index}.err").open("wb") as err,
+            ):
+                clients.append(subprocess.Popen(command, cwd=paths.REPO_ROOT, stdout=out, stderr=err))
+        deadline = time.monotonic() + START_DELAY_S + warmup_s + seconds + 180
+        connections: dict[str, int] = {}
+        while any(client.poll() is None for client in clients):
+            if time.monotonic() > deadline:
+                for client in clients:
+                    client.kill()
+                raise subprocess.TimeoutExpired(command, deadline)
+            reading = connections_by_worker(server_pids, port)
+            if sum(reading.values()) > sum(connections.values()):
+                connections = reading
+            time.sleep(SPREAD_EVERY_S)
         parts = []
         for index, client in enumerate(clients):
-            try:
-                out, _ = client.communicate(timeout=START_DELAY_S + warmup_s + seconds + 180)
-            except subprocess.TimeoutExpired:
-                for other in clients:
-                    other.kill()
-                raise
+            out_text = (Path(folder) / f"client-{index}.out").read_text(errors="replace")
             said = (Path(folder) / f"client-{index}.err").read_text(errors="replace")
-            marked = [line for line in out.splitlines() if line.startswith(closed_loop.RESULT_MARK)]
+            marked = [line for line in out_text.splitlines() if line.startswith(closed_loop.RESULT_MARK)]
             if not marked:
                 log.error("the load generator against %s failed:\n%s", name, said[-2000:])
                 raise RuntimeError(f"the load generator failed (exit code {client.returncode}): {last_line(said)}")

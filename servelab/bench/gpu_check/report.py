@@ -168,7 +168,7 @@ def client_text(run: RunResult) -> str:
 
 def spread_lines(checked: Sequence[Checked]) -> list[str]:
     """How each load's connections spread over a service's processes (each process's own count,
-    read mid-window), where it has more than one."""
+    the most seen while the load ran), where it has more than one."""
     lines = []
     for service in checked:
         for run in service.runs:
@@ -177,9 +177,9 @@ def spread_lines(checked: Sequence[Checked]) -> list[str]:
                 counts = sorted(spread.values(), reverse=True)
                 lines.append(
                     f"{SHOWN_AS.get(service.name, service.name)} at c={run.concurrency}: {sum(counts)} connections "
-                    f"over {len(counts)} processes, {', '.join(map(str, counts))} (each process's own count, "
-                    "read mid-window: one listening socket hands each new connection to one process, and a "
-                    "kept-alive connection stays there)"
+                    f"over {len(counts)} processes, {', '.join(map(str, counts))} (each process's own count, the "
+                    "most seen while the load ran: one listening socket hands each new connection to one process, "
+                    "and a kept-alive connection stays there)"
                 )
     return lines
 
