@@ -76,10 +76,9 @@ print(f"FastAPI (PyTorch) answered: {api_answer}")
 # has the project's own GourmetGram).
 
 # %%
-ui_url = lab.ui("fastapi_pt")
-print(f"GourmetGram: {ui_url}" + ("  (in your browser: http://127.0.0.1:8300/)" if lab.on_compose else ""))
+ui = lab.ui("fastapi_pt")
 
-ui_answer = lab.upload_to_ui(ui_url, paths.SAMPLE_IMAGE.name, image_bytes)
+ui_answer = ui.upload("soup.jpg")
 print(f"Same label as the direct API call: {ui_answer.label == api_answer['prediction']}")
 
 # %% [markdown]
@@ -93,7 +92,7 @@ served_weights = requests.get(f"{lab.fastapi_url('pt')}/health", timeout=10).jso
 print(f"FastAPI (PyTorch) /health: {served_weights} weights")
 sample_pages = {}
 for photo in sorted(paths.SAMPLE_IMAGE.parent.glob("*.jpg")):
-    page = lab.upload_to_ui(ui_url, photo.name, photo.read_bytes())
+    page = ui.upload(photo.name, photo.read_bytes())
     sample_pages[photo.name] = (page.label, page.probability)
 lab.record(fastapi_bench.samples_get_their_labels(sample_pages, served_weights), predicted=predicted_labels);
 

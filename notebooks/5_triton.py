@@ -217,10 +217,9 @@ lab.triton.perf_typed(first_command);  # perf_analyzer's own report, then the ru
 # `GOURMETGRAM_TRITON_URL=triton:8000 FOOD11_MODEL_NAME=food_classifier docker compose up -d gourmetgram`.
 
 # %%
-ui_url = lab.ui("food_classifier")
-print(f"GourmetGram: {ui_url}")
-print("It reports:", json.dumps(requests.get(f"{ui_url}/healthz", timeout=10).json(), indent=1))
-lab.upload_to_ui(ui_url, "soup.jpg", lab.sample_image())
+ui = lab.ui("food_classifier")
+print("It reports:", json.dumps(requests.get(f"{ui}/healthz", timeout=10).json(), indent=1))
+ui.upload("soup.jpg")
 
 # %% [markdown]
 # The page names the backend and model (`triton`, `food_classifier`): GourmetGram sent the file's

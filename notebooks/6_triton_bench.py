@@ -230,7 +230,7 @@ health = requests.get(f"{onnx_ui}/healthz", timeout=10).json()
 print(
     f"GourmetGram at {onnx_ui}: backend {health['backend']!r}, model {health['model']!r}, weights {health['weights']}"
 )
-lab.upload_to_ui(onnx_ui, "soup.jpg", lab.sample_image())
+onnx_ui.upload("soup.jpg")
 print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()["model_input"])
 
 # %% [markdown]

@@ -472,7 +472,9 @@ def test_a_result_page_is_read_as_a_browser_shows_it(gourmetgram):
     assert (refused.status, refused.label, refused.heading) == (400, None, "That is not an image we can read")
     assert "JPEG or PNG" in refused.error
     with pytest.raises(RuntimeError, match="answered HTTP 400"):
-        Lab.upload_to_ui(url, "notes.jpg", b"not an image")
+        ui.GourmetGram(url).upload("notes.jpg", b"not an image")
+    sample = ui.GourmetGram(url).upload("soup.jpg")  # a sample photo, read by its name
+    assert sample.status == 200 and sample.label in LABELS
 
 
 def test_an_account_reads_what_a_warm_up_changes_before_it_and_the_run_after_it():

@@ -33,7 +33,6 @@ Lab itself finds or starts the services, describes them, and records the verdict
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import os
 import shutil
@@ -55,7 +54,6 @@ from servelab.lab import your_turn as student_steps
 from servelab.lab.measuring import Measuring
 from servelab.lab.run_keeper import RunKeeper, saved_runs_file, wait_until_answering
 from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, TritonSide
-from servelab.lab.ui import PageAnswer
 from servelab.lessons.expectations import (
     NOT_ASKED,
     Condition,
@@ -63,13 +61,14 @@ from servelab.lessons.expectations import (
     ExpectationLog,
     LabFault,
     Prediction,
+    machine_cores,
+    machine_hardware,
     verdict_problems,
 )
 from servelab.profiles import Profile, profile
 from servelab.report import tables
 from servelab.report.summaries import shown_path
 from servelab.results import RunResult
-from servelab.service.cores import available_cores
 from servelab.service.hardware import Hardware
 from servelab.settings import settings
 from servelab.stack.catalogue import fastapi_service, gourmetgram_service, image_host_service, triton_service
@@ -238,18 +237,12 @@ class Lab(Measuring):
     @property
     def cores(self) -> int:
         """The CPU cores this notebook's process may use (in the Compose project: the Jupyter container's)."""
-        return available_cores()
+        return machine_cores()
 
-    @functools.cached_property
-    def gpus(self) -> list[str]:
-        """The GPUs this notebook's machine has (nvidia-smi's names), none on a CPU-only machine."""
-        return [gpu for gpu in machine_info()["gpus"] if gpu != "none"]
-
-    def hardware(self) -> str:
+    @staticmethod
+    def hardware() -> str:
         """What the models run on, in words, for the reasons the notebooks give: read, not assumed."""
-        if self.gpus:
-            return f"{len(self.gpus)} GPU(s) ({', '.join(sorted(set(self.gpus)))}) and {self.cores} CPU cores"
-        return f"{self.cores} CPU core(s) and no GPU"
+        return machine_hardware()
 
     @staticmethod
     def your_turn() -> NoReturn:
@@ -358,9 +351,10 @@ class Lab(Measuring):
 
     # ---- the web UI -----------------------------------------------------------------------
 
-    def ui(self, backend: str) -> str:
-        """The URL of a GourmetGram in front of `backend`, started for this notebook (locally, or in the
-        Compose project's Jupyter container, where a browser reaches its own `gourmetgram` instead)."""
+    def ui(self, backend: str) -> ui.GourmetGram:
+        """A GourmetGram in front of `backend`, started for this notebook (locally, or in the Compose
+        project's Jupyter container, where a browser reaches the project's own `gourmetgram`
+        instead): its URL, printed, with its `upload`."""
         urls = {"fastapi_pt": self.fastapi_urls["pt"], "fastapi_onnx": self.fastapi_urls["onnx"]}
         if self.triton_http:
             urls["triton"] = self.triton_http
@@ -372,17 +366,15 @@ class Lab(Measuring):
         )
         self.keeper.stacks.append(stack)
         atexit.register(stack.stop)
-        return f"http://127.0.0.1:{ports.gourmetgram}"
-
-    @staticmethod
-    def upload_to_ui(ui_url: str, image_name: str, image: bytes) -> PageAnswer:
-        """Upload a photo as GourmetGram's form does, and print what the result page says; a page
-        that is not a prediction (the backend down, say) is an error that quotes the page."""
-        answer = ui.upload(ui_url, image_name, image)
-        print(answer)
-        if answer.status != 200:
-            raise RuntimeError(f"GourmetGram at {ui_url} answered HTTP {answer.status}: {answer.error}")
-        return answer
+        started = ui.GourmetGram(f"http://127.0.0.1:{ports.gourmetgram}")
+        browser = (
+            f" (inside the Jupyter container; in your browser, the Compose project's own, in front of fastapi_pt: "
+            f"http://127.0.0.1:{settings().port_gourmetgram}/)"
+            if self.on_compose
+            else ""
+        )
+        print(f"GourmetGram in front of {backend}: {started}{browser}")
+        return started
 
 
 def health_urls(fastapi_urls: dict[str, str], image_host_url: str | None, triton_http: str | None) -> dict[str, str]:

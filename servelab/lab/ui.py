@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import requests
 
+from servelab import paths
+
 
 @dataclass(frozen=True)
 class PageAnswer:
@@ -60,3 +62,20 @@ def upload(ui_url: str, image_name: str, image: bytes, timeout_s: float = 60) ->
         f"{ui_url.rstrip('/')}/predict", files={"file": (image_name, image, "image/jpeg")}, timeout=timeout_s
     )
     return read_result_page(page.status_code, page.text)
+
+
+class GourmetGram(str):
+    """The URL of a GourmetGram the lab started (a str, for f-strings and requests), and the upload
+    its form makes, as `ui.upload("soup.jpg")`."""
+
+    def upload(self, image_name: str, image: bytes | None = None) -> PageAnswer:
+        """Upload a photo as GourmetGram's form does, and print what the result page says; without
+        `image`, the sample photo of that name (gourmetgram/static/samples/). A page that is not a
+        prediction (the backend down, say) is an error that quotes the page."""
+        if image is None:
+            image = (paths.SAMPLE_IMAGE.parent / image_name).read_bytes()
+        answer = upload(self, image_name, image)
+        print(answer)
+        if answer.status != 200:
+            raise RuntimeError(f"GourmetGram at {self} answered HTTP {answer.status}: {answer.error}")
+        return answer

@@ -27,6 +27,7 @@ spreads replicas over two nodes), not about speed: where it does not hold, the l
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -34,8 +35,31 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from servelab.environment import machine_info
 from servelab.measure.resources import summarize
 from servelab.results import RunResult, saved_fields
+from servelab.service.cores import available_cores
+
+
+def machine_cores() -> int:
+    """The CPU cores the checks' reasons count: what this process may use (the notebook's: in the
+    Compose project, the Jupyter container's), read where the check runs, never assumed."""
+    return available_cores()
+
+
+@functools.cache
+def machine_gpus() -> tuple[str, ...]:
+    """The GPUs of the notebook's machine (nvidia-smi's names), none on a CPU-only machine."""
+    return tuple(gpu for gpu in machine_info()["gpus"] if gpu != "none")
+
+
+def machine_hardware() -> str:
+    """What the models run on, in words, for the reasons the checks give: a check takes it as its
+    `hardware` argument where a test sets it, and reads it here where a notebook leaves it out."""
+    cores, gpus = machine_cores(), machine_gpus()
+    if gpus:
+        return f"{len(gpus)} GPU(s) ({', '.join(sorted(set(gpus)))}) and {cores} CPU cores"
+    return f"{cores} CPU core(s) and no GPU"
 
 
 class Outcome(Enum):
