@@ -20,7 +20,7 @@ test: artifacts  ## unit and integration tests (real servers on 127.0.0.1), then
 test-fast: artifacts  ## the day-to-day lane: unit tests and lint, no server started (under 2 minutes)
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-test-notebook: artifacts  ## one notebook against the lab, as `make test` runs it (nbmake; 10 s to about 4 minutes): make test-notebook NOTEBOOK=8_concurrency_target
+test-notebook: artifacts  ## one notebook against the lab, as `make test` runs it (nbmake; 10 s to about 4 minutes): make test-notebook NOTEBOOK=9_concurrency_target
 	@test -f "notebooks/$(NOTEBOOK).ipynb" || { echo "NOTEBOOK=$(NOTEBOOK) is not one of: $(basename $(notdir $(wildcard notebooks/[0-9]*.ipynb notebooks/appendix_*.ipynb)))" >&2; exit 2; }
 	$(PY) -m pytest "notebooks/$(NOTEBOOK).ipynb" $(PYTEST_ARGS)
 

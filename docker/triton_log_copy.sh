@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs the command it is given (Triton) with its output going both to the container's log, as
 # before (`docker logs triton_server`), and to $TRITON_LOG_FILE, a file in a volume the Jupyter
-# container mounts: the models log there what the server's statistics do not count (notebook 9
+# container mounts: the models log there what the server's statistics do not count (notebook 10
 # reads how many requests a model answered CANCELLED instead of computing them).
 set -euo pipefail
 if [[ -n "${TRITON_LOG_FILE:-}" ]]; then

@@ -52,10 +52,10 @@
 #
 # ## Two parts
 #
-# - **Part 1, the original lab (notebooks 0-6)**, on the GPU node, in one 3-hour lease. Notebook 1
+# - **Part 1, the original lab (notebooks 0-7)**, on the GPU node, in one 3-hour lease. Notebook 1
 #   prints the plan of the lease: each notebook's time, from its reading, its measured run time and
 #   the steps you do, leaves at least half an hour to spare.
-# - **Part 2, four more lessons (notebooks 7-10)**, anywhere and without a lease: local JupyterLab
+# - **Part 2, four more lessons (notebooks 8-11)**, anywhere and without a lease: local JupyterLab
 #   (`make up`) or the lab's Compose project, with or without a GPU. On the node too, if your lease
 #   has time left.
 #
@@ -70,10 +70,10 @@
 # | `4_fastapi_bench` | 1 | benchmarks the FastAPI service | node's Jupyter container, or laptop |
 # | `5_triton` | 1 | the same model in Triton | node's Jupyter container, or laptop |
 # | `6_triton_bench` | 1 | Triton benchmarks: instances, batching | node's Jupyter container, or laptop |
-# | `7_io_vs_compute` | 2 | images by URL: I/O outside the slot | anywhere the lab runs |
-# | `8_concurrency_target` | 2 | Ray Serve: the concurrency target, autoscaling | anywhere the lab runs |
-# | `9_cancellation` | 2 | clients who leave: cancelled or computed anyway | anywhere the lab runs |
-# | `10_stateful_sequences` | 2 | stateful models, Triton's sequence batcher | anywhere the lab runs |
+# | `8_io_vs_compute` | 2 | images by URL: I/O outside the slot | anywhere the lab runs |
+# | `9_concurrency_target` | 2 | Ray Serve: the concurrency target, autoscaling | anywhere the lab runs |
+# | `10_cancellation` | 2 | clients who leave: cancelled or computed anyway | anywhere the lab runs |
+# | `11_stateful_sequences` | 2 | stateful models, Triton's sequence batcher | anywhere the lab runs |
 # | `appendix_triton_crash` | optional | probing a Triton 2.51 crash under gRPC cancellation | local services |
 #
 # Every number a notebook shows is measured in the run you are looking at; the text never quotes

@@ -10,12 +10,12 @@
 # is active, the node is yours alone. When it ends, the node is wiped and handed to the next user.
 #
 # For this lab you need one node of type **`gpu_p100`** (two NVIDIA P100 GPUs) at the **CHI@TACC**
-# site, for about **3 hours**. Plan to use all of it: read notebooks 2 to 10 before your lease
+# site, for about **3 hours**. Plan to use all of it: read notebooks 2 to 11 before your lease
 # starts, so that the hours go to running them. The cell after the next one prints a plan for one
 # lease: how long bringing the node up takes, computed from figures it names, and budgets for the
 # notebooks after it (your notebooks time their own runs).
 #
-# If the lease runs short, notebooks 7 to 10 each stand alone: skip to any of them once 3 to 6 are
+# If the lease runs short, notebooks 8 to 11 each stand alone: skip to any of them once 3 to 7 are
 # done.
 #
 # There are two ways to make the reservation. Use one of them, not both:
@@ -53,7 +53,7 @@ if os.environ.get("JUPYTERHUB_API_URL"):
 print(f"LAB_SERVICES: {current_services()}")
 
 # %% [markdown]
-# The plan of the lease: part 1 (notebooks 0-6) in it; part 2 (notebooks 7-10) runs anywhere,
+# The plan of the lease: part 1 (notebooks 0-7) in it; part 2 (notebooks 8-11) runs anywhere,
 # later. Each notebook's time is its reading (200 words a minute), its measured run time and an
 # allowance for each step you do (`python -m servelab.time_plan`). Bringing the node up
 # (notebook 2) is mostly waiting: for the server to boot, and for the lab's images to download and

@@ -288,7 +288,7 @@ if chameleon_only("print the SSH command for this node"):
 # %% [markdown]
 # ## Open the Jupyter container
 #
-# Notebooks 3 to 10 run in a Jupyter container *on the node*, next to the services they measure,
+# Notebooks 3 to 11 run in a Jupyter container *on the node*, next to the services they measure,
 # in the Compose project (`compose.yaml`) the build started. Ports are published on the node's
 # 127.0.0.1 only: your browser reaches them through an SSH tunnel. The next cell reads Jupyter's
 # token and prints the tunnel and the address to open. There, `LAB_SERVICES=compose` makes the
@@ -321,7 +321,7 @@ if chameleon_only("read the Jupyter token"):
 #
 # ## Before the lease ends: copy your work off the node
 #
-# When the lease ends, the node is wiped. At the end of part 1 (notebook 6), run this cell: it
+# When the lease ends, the node is wiped. At the end of part 1 (notebook 7), run this cell: it
 # copies your saved notebooks, with their outputs, and every run they kept (`results/`) into
 # `from_node/` in this clone, on Chameleon's Jupyter server. In a fresh kernel, run the cells up to
 # "Give it a public address" first.

@@ -43,7 +43,7 @@ print(excerpt(predict_api, "PredictRequest", "PredictResponse", "create_app.pred
 # ### What to take from it
 #
 # **Request and response.** `POST /predict` takes `{"image": "<JPEG or PNG file, base64-encoded>"}`
-# (or `{"url": ...}`, where to fetch the photo: notebook 7) and answers
+# (or `{"url": ...}`, where to fetch the photo: notebook 8) and answers
 # `{"prediction": "<one of the 11 Food-11 classes>", "probability": <its softmax probability>}`.
 # *Base64* writes a binary file as text, so it fits in JSON, in a body about a third larger. Both
 # shapes are *Pydantic* models (typed classes): FastAPI validates every request against them and
@@ -108,7 +108,7 @@ print(excerpt(paths.GOURMETGRAM_DIR / "backends.py", "FastAPIBackend.predict"))
 # # docker compose -f compose.yaml -f docker/compose.cpu.yaml up -d --build
 # ```
 #
-# `compose.yaml` holds every service of notebooks 3 to 10, `jupyter` (where these cells run)
+# `compose.yaml` holds every service of notebooks 3 to 11, `jupyter` (where these cells run)
 # included; `docker compose ps` shows each `healthy` once its model is loaded. Ports are published
 # on the node's 127.0.0.1 only: `docker compose exec jupyter jupyter server list` prints Jupyter's
 # address, which your browser reaches through an SSH tunnel (notebook 2 prints it). A notebook

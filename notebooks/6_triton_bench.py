@@ -373,7 +373,7 @@ plt.show()
 # %% [markdown]
 # Part 1 ends here. On the node, save this notebook, then run notebook 2's last cell (Chameleon's
 # Jupyter): it copies your work off. Locally, the next cell stops the services. Next:
-# `7_io_vs_compute.ipynb`.
+# `8_io_vs_compute.ipynb`.
 
 # %%
 lab.stop()

@@ -3,9 +3,9 @@
 #
 # **Time:** about 5 minutes (3 reading, 1 running, 1 hands-on; `python -m servelab.time_plan`)
 #
-# An optional debugging exercise on the lab's own stack, part of neither part of the lab. Notebook 9
+# An optional debugging exercise on the lab's own stack, part of neither part of the lab. Notebook 10
 # cancels gRPC requests to Triton; Triton 2.51, the lab's release (locally and on the node), can
-# crash under them (`Signal (11) received`). Here you measure when, and why notebook 9's deadline mostly
+# crash under them (`Signal (11) received`). Here you measure when, and why notebook 10's deadline mostly
 # avoids it.
 #
 # The bug: upstream issues triton-inference-server/server#7368 and #8034, fixed by pull request
@@ -22,12 +22,12 @@ from servelab.lab import Lab
 from servelab.lessons import cancellation
 
 lab = Lab.connect("appendix_triton_crash")
-PATIENT, IMPATIENT = 4, 4  # notebook 9's clients
+PATIENT, IMPATIENT = 4, 4  # notebook 10's clients
 PROBE_S = max(lab.profile.duration_s, 8)  # seconds of probing per deadline, at most
 ALONE_S = 3  # seconds of one client at a time, to measure a request alone
 RACE_FIXED_IN = (2, 53)
 TRITON_MODEL = "food_classifier_onnx"
-one_at_a_time = (  # notebook 9's config: one instance, one request per execution, dynamic batching
+one_at_a_time = (  # notebook 10's config: one instance, one request per execution, dynamic batching
     lab.triton.config(TRITON_MODEL)
     .with_fields(max_batch_size=1)
     .with_instance_groups(lab.triton.instance_groups(1))
@@ -44,7 +44,7 @@ one_at_a_time = (  # notebook 9's config: one instance, one request per executio
 # answer sent). The probe compares two deadlines, each for up to `PROBE_S` seconds, stopping at a
 # crash:
 #
-# - **the lesson's**: notebook 9's clients, giving up after `s` (the latency of a request alone)
+# - **the lesson's**: notebook 10's clients, giving up after `s` (the latency of a request alone)
 #   while patient clients are queued ahead of them;
 # - **at the service time**: two clients alone, each giving up after `s`, so that an answer is
 #   often being completed just as its client gives up.
@@ -89,11 +89,11 @@ lab.record(cancellation.triton_cancellation_race(alone, probes["the lesson's dea
            predicted=predicted_triton_race);
 
 # %% [markdown]
-# What this means for notebook 9: its deadline makes clients give up while their request still
+# What this means for notebook 10: its deadline makes clients give up while their request still
 # waits, which the table shows at the step where the server handled each cancellation. On 2.51
 # that makes the race rarer, not impossible. So the local stack (and Docker, in the Compose
 # project) restarts a Triton that crashes,
-# the lab marks a run the crash interrupted (NOT A CLEAN RUN), notebook 9 measures such a Triton
+# the lab marks a run the crash interrupted (NOT A CLEAN RUN), notebook 10 measures such a Triton
 # run once more, and a marked run never feeds a verdict (it is NOT CHECKED).
 #
 # ## All the runs, and the verdict

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The ray_serve container's command: a one-node Ray with serve_config.yaml deployed, as
 # `serve run serve_config.yaml` would start it, except that Ray's dashboard (Serve's REST API,
-# where notebook 8 deploys its edited configs) and Ray's metrics answer on the Compose network.
+# where notebook 9 deploys its edited configs) and Ray's metrics answer on the Compose network.
 # Neither port is published on the host, and both want Ray's token, which this script writes to
 # the volume the Jupyter container shares (read-only there), with the container's hardware: the
 # config is deployed as written with a GPU, and with a share of the cores per replica without one

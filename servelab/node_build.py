@@ -64,7 +64,7 @@ STAGES = (
         ("fastapi_pt", "fastapi_onnx", "image_host", "gourmetgram", "jupyter"),
     ),
     Stage("triton", "Triton (notebooks 5 and 6)", ("triton",), ("triton",)),
-    Stage("ray_serve", "Ray Serve (notebooks 8 and 9)", ("ray_serve",), ("ray_serve",)),
+    Stage("ray_serve", "Ray Serve (notebooks 9 and 10)", ("ray_serve",), ("ray_serve",)),
 )
 
 

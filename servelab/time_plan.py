@@ -38,8 +38,8 @@ READING_WORDS_PER_MINUTE = 200
 HANDS_ON_MINUTES = 3.0
 PREDICTION_MINUTES = 1.0
 # Part 1 (the original lab) runs on the GPU node, in a lease; part 2 anywhere, without one.
-PART_1 = range(0, 7)
-PART_2 = range(7, 11)
+PART_1 = range(0, 8)
+PART_2 = range(8, 12)
 # Triton's image builds while the student works through these (servelab.node_build).
 FASTAPI_NOTEBOOKS = (3, 4)
 # An appendix (`appendix_<name>.py`) is optional and in neither part.
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     times = plan()
     print(lease_table(times))
-    print(f"\nPart 2 (notebooks 7-10, anywhere): {part_minutes(times, PART_2):.0f} minutes")
+    print(f"\nPart 2 (notebooks 8-11, anywhere): {part_minutes(times, PART_2):.0f} minutes")
     for time in times:
         if time.number in PART_2:
             print(f"- {time.name}: {time.minutes:.0f} min ({time.run_source})")

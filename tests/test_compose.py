@@ -1,7 +1,7 @@
 """The Compose project's own paths, from its Jupyter container: `make test-docker` runs this file
 there, beside notebooks 3 and 5 (scripts/test_docker.sh says why those).
 
-Notebooks 4 and 6 to 10 run once, in `make test`, against the local stack; in the containers they
+Notebooks 4 and 6 to 11 run once, in `make test`, against the local stack; in the containers they
 would measure the same lessons again for many minutes. What they do differently there is checked
 here in seconds: the lab's client of Ray Serve's own container (its REST API, its token and
 hardware in the shared volume) deploying replicas and measuring them (8), perf_analyzer in the
@@ -45,7 +45,7 @@ def test_ray_serve_s_container_runs_the_replicas_a_config_asks_for_and_both_answ
     food11 = serve.deployment_options(config)
     food11.pop("autoscaling_config")
     food11["num_replicas"] = 2
-    if not serve.hardware.gpus:  # the two share the container's cores, as notebook 8's runs do
+    if not serve.hardware.gpus:  # the two share the container's cores, as notebook 9's runs do
         food11["ray_actor_options"]["num_cpus"] = int(serve.hardware.cores / 2 * 1000) / 1000
     try:
         serve.apply(config)
@@ -89,7 +89,7 @@ def test_photos_come_from_the_image_host_by_its_service_name_and_other_hosts_are
     for url, status in ((f"{service}/health", 403), ("file:///etc/passwd", 400)):
         refused = requests.post(f"{service}/predict", json={"url": url}, timeout=30)
         assert refused.status_code == status, (url, refused.text)
-    # A variant of notebook 7's, a process of this container, downloading across the network.
+    # A variant of notebook 8's, a process of this container, downloading across the network.
     latency_ms = 50
     with lab.fastapi_variant("onnx", slots=1, IMAGE_DOWNLOAD_PLACEMENT="outside_slot") as url:
         run = lab.concurrent("onnx", 4, url=url, image_url=lab.image_url("soup.jpg", latency_ms=latency_ms),

@@ -1,4 +1,4 @@
-"""Notebook 9's checks, each fed a case it must pass and cases it must fail, the appendix's race
+"""Notebook 10's checks, each fed a case it must pass and cases it must fail, the appendix's race
 check, and the notebooks' machinery that runs without a server (a stand-in lab)."""
 
 import math

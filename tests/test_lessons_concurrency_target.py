@@ -1,4 +1,4 @@
-"""Notebook 8's checks, each fed the case it must pass and the cases it must fail."""
+"""Notebook 9's checks, each fed the case it must pass and the cases it must fail."""
 
 import math
 import statistics

@@ -1,4 +1,4 @@
-"""Notebook 7's check, fed a case it must pass and ones it must fail."""
+"""Notebook 8's check, fed a case it must pass and ones it must fail."""
 
 from servelab.lessons import io_vs_compute
 from servelab.lessons.expectations import Outcome, measured

@@ -1,4 +1,4 @@
-"""Notebook 10's checks, each fed a case it must pass and one it must fail."""
+"""Notebook 11's checks, each fed a case it must pass and one it must fail."""
 
 import math
 from pathlib import Path

@@ -141,10 +141,10 @@ def test_the_notebooks_that_judge_expectations_are_found_and_each_is_generated()
     assert {
         "4_fastapi_bench",
         "6_triton_bench",
-        "7_io_vs_compute",
-        "8_concurrency_target",
-        "9_cancellation",
-        "10_stateful_sequences",
+        "8_io_vs_compute",
+        "9_concurrency_target",
+        "10_cancellation",
+        "11_stateful_sequences",
         "appendix_triton_crash",
     } <= {name.removesuffix(".ipynb") for name in judging()}
     for name in judging():

@@ -83,12 +83,12 @@ def test_a_judging_notebook_checks_its_verdicts_after_its_last_one(name):
 
 def test_the_two_node_claim_about_ray_serve_must_hold():
     """A claim about what the lab's software does, not about speed: the test that checked it before
-    notebook 8 did is gone, and the notebook's check took its place (its lesson marks it must_hold)."""
+    notebook 9 did is gone, and the notebook's check took its place (its lesson marks it must_hold)."""
     from servelab.lessons import concurrency_target
 
     (call,) = [
         call
-        for call in lab_calls(NOTEBOOKS / "8_concurrency_target.py", "record")
+        for call in lab_calls(NOTEBOOKS / "9_concurrency_target.py", "record")
         if "concurrency_target.spread_over_nodes" in ast.unparse(call.args[0])
     ]
     report = {"nodes": ["a", "b"], "node_addresses": ["127.0.0.1"], "statuses": {"200": 2},

@@ -3,7 +3,7 @@ concurrency target with its queue and its 503, autoscaling read from Serve's own
 only. The session's Ray serves them all (tests/lab_servers.py).
 
 Tested elsewhere: that stopping the lab leaves no Ray process behind (tests/test_stack.py, the
-`up` test), and a two-node cluster on loopback (notebook 8, whose claim must hold:
+`up` test), and a two-node cluster on loopback (notebook 9, whose claim must hold:
 `lab.expect(..., must_hold=True)`, which its `lab.verdicts()` enforces)."""
 
 import atexit
@@ -60,7 +60,7 @@ def _test_config(path) -> None:
 
 @pytest.fixture(scope="module")
 def ray_service(ray_serve, tmp_path_factory) -> Iterator["RayService"]:
-    """The session's Ray Serve, serving this module's config (through Serve's REST API, as notebook 8
+    """The session's Ray Serve, serving this module's config (through Serve's REST API, as notebook 9
     edits it) for the module's tests, then the shipped config again."""
     work = tmp_path_factory.mktemp("ray")
     _test_config(work / "serve_config.yaml")
@@ -294,7 +294,7 @@ def test_time_in_the_replica_is_read_between_the_first_and_last_sample_of_an_int
 
 @pytest.mark.integration
 def test_an_edited_config_is_deployed_and_awaited_through_serve_s_rest_api(ray_service, image_b64):
-    """What notebook 8 does to edit the concurrency target: the edit reaches Serve (its own
+    """What notebook 9 does to edit the concurrency target: the edit reaches Serve (its own
     account of the deployed config says so) before `apply` returns, and the app keeps serving."""
     port = int(ray_service.url.rsplit(":", 1)[1])
     serve = RayServe(ray_service.url, ray_service.dashboard, ray_service.metrics, ray_service.token_file, port)

@@ -99,7 +99,7 @@ def test_a_grpc_cancel_of_a_waiting_request_means_it_is_never_computed(
 def test_the_verbose_log_names_the_step_at_which_each_cancellation_was_handled(
     batched_model, model_servers, metrics_url, triton_grpc_url, image_b64
 ):
-    """What notebook 9's probe of Triton 2.51's cancellation race reads: the real server's verbose
+    """What notebook 10's probe of Triton 2.51's cancellation race reads: the real server's verbose
     log, turned on and off through its logging API, says where each cancelled request was."""
     (triton,) = [managed for managed in model_servers.processes if managed.spec.name == "triton"]
     start = triton.log_path.stat().st_size

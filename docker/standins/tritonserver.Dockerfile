@@ -4,7 +4,7 @@
 # /opt/tritonserver/backends/python, and `python3`/`pip3` installing system-wide, where the Python
 # backend's stub finds the packages. The server is the same release, Triton 2.51.0, from PyPI's
 # nvidia-pytriton wheel: the version it reports is the image's, and so is its cancellation race
-# (notebook 9 and the appendix read the version). What differs, and what the lab does about it:
+# (notebook 10 and the appendix read the version). What differs, and what the lab does about it:
 # - it has the Python backend only: the start of the Triton container serves an ONNX Runtime model
 #   with the Python backend running the same graph, as the local stack does, and says so;
 # - no /opt/tritonserver/lib and no CUDA: Dockerfile.triton's guard of the server's libraries runs

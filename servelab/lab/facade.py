@@ -16,7 +16,7 @@ LAB_PROFILE chooses how long each measurement runs (servelab.profiles): `full` (
 Lab is made of parts, each with its own public interface, and calls them:
 - `lab.keeper` (servelab.lab.run_keeper.RunKeeper) keeps every run: it appends each to
   `results/notebooks/<notebook>.jsonl` as it ends, so a crash, a kernel restart or a closed tab
-  loses nothing measured (`Lab.saved_runs("9_cancellation")` loads them back); it says in the
+  loses nothing measured (`Lab.saved_runs("10_cancellation")` loads them back); it says in the
   notebook when a service crashed, waits for it to come back before the next run, and marks a run
   that a crash interrupted (`result.interrupted_by`): its row says so, and a verdict that reads it
   is NOT CHECKED. A run is complete when it is kept: what a notebook asks the lab to count over it

@@ -1,7 +1,7 @@
 """Run the lab's notebooks as a student runs them, and keep them with their outputs: how an
 instructor runs the full profile and reads what each cell printed.
 
-    python -m servelab.lab.notebook_runs 6_triton_bench.ipynb 8_concurrency_target.ipynb --executed-to DIR
+    python -m servelab.lab.notebook_runs 6_triton_bench.ipynb 9_concurrency_target.ipynb --executed-to DIR
     python -m servelab.lab.notebook_runs appendix_triton_crash.ipynb    # an appendix runs the same way
 
 With `--record-times` (full profile only), each notebook that passes has its run time written to
@@ -32,7 +32,7 @@ from servelab.settings import settings
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"
 
 
-# The lab's notebooks: the numbered lessons ("9_cancellation"), then the appendices
+# The lab's notebooks: the numbered lessons ("10_cancellation"), then the appendices
 # ("appendix_triton_crash": optional exercises, part of neither part of the lab), each built,
 # checked and run as the lessons are.
 def order(name: str) -> tuple[int, int, str]:

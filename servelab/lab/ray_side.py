@@ -1,4 +1,4 @@
-"""The Ray Serve half of the notebooks' Lab (notebook 8): one Ray Serve to edit, redeploy and watch.
+"""The Ray Serve half of the notebooks' Lab (notebook 9): one Ray Serve to edit, redeploy and watch.
 
     serve = lab.ray_serve()
     config = serve.shipped_config()            # ray_serve/serve_config.yaml, as a dict

@@ -2,7 +2,7 @@
 runs back, and watches the lab's services for crashes between and during runs.
 
 Every run is appended to `results/notebooks/<notebook>.jsonl` as it ends, so a crash, a kernel
-restart or a closed tab loses nothing measured: `RunKeeper.saved_runs("9_cancellation")` (also
+restart or a closed tab loses nothing measured: `RunKeeper.saved_runs("10_cancellation")` (also
 `Lab.saved_runs`) loads them back. A run is complete when it is kept: what a notebook asks the lab
 to count over it (servelab.lab.run_accounts) is set on it first, and nothing is added after.
 

@@ -10,7 +10,7 @@ head node), and each answer's X-Ray-Node header says which node served it. The r
 nodes, the replicas that answered, and the requests each node served. Everything stops before
 the command returns.
 
-It runs in a process of its own (the tests and notebook 8 start it as a subprocess): a process
+It runs in a process of its own (the tests and notebook 9 start it as a subprocess): a process
 that has joined a Ray cluster stays a Ray driver until it exits.
 """
 

@@ -20,7 +20,7 @@ Before each step the producer checks whether the client has gone, and stops ther
 running in a slot runs to its end (a model call cannot be interrupted), a step still waiting for a
 slot leaves the queue. A client gone while its photo waits to be decoded is abandoned there (a
 499, the stream counted as stopped). With ABANDON_ON_DISCONNECT=off the producer computes every
-step anyway, for nobody: the lab's experiment (notebook 9).
+step anyway, for nobody: the lab's experiment (notebook 10).
 
 /metrics counts the steps computed, those that finished after their client had gone, the streams
 by how they ended, and the streams running now (predict_metrics.py); and, as for /predict, the

@@ -22,9 +22,9 @@ IMAGE_URL_ALLOWED_HOSTS   127.0.0.1:8400           hosts images are fetched from
                                                    `host:port`, comma-separated (image_fetch.py)
 IMAGE_DOWNLOAD_TIMEOUT_S  10                       seconds a download by URL may take, redirects included
 IMAGE_DOWNLOAD_PLACEMENT  outside_slot             or inside_slot: the download holds the predict slot (the naive
-                                                   design, notebook 7)
+                                                   design, notebook 8)
 ABANDON_ON_DISCONNECT     on                       a request whose client left stops at its next stage, a /refine
-                                                   stream at its next step; off: computed anyway (notebook 9)
+                                                   stream at its next step; off: computed anyway (notebook 10)
 FOOD11_MODEL_PATH         the model beside app.py  the model file: food11.pth (fastapi_pt), food11.onnx
                                                    (fastapi_onnx, ray_serve)
 SERVELAB_LOOPBACK_ONLY    off                      Ray Serve: on keeps each replica's gRPC server on 127.0.0.1

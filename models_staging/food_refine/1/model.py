@@ -11,7 +11,7 @@ Cancellation between responses: after each step, before sending it, the model as
 once the client has cancelled its stream (a gRPC cancel). From then on the steps are for nobody:
 the model sends nothing more and stops there; the step running when the cancel arrived was
 finished (a model call cannot be interrupted), and is counted as computed for nobody. With the
-config parameter abandon_on_cancel "off" the model goes on to the last step anyway (notebook 9's
+config parameter abandon_on_cancel "off" the model goes on to the last step anyway (notebook 10's
 experiment).
 
 The model logs each stream as it starts and as it ends, with the steps computed and how many of

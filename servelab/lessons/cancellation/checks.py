@@ -1,4 +1,4 @@
-"""Notebook 9's checks: requests and streams whose client has left, each a function of the runs.
+"""Notebook 10's checks: requests and streams whose client has left, each a function of the runs.
 
 Every condition about what the server did for clients who left needs some to have left: where
 none did in a run (nothing cancelled), it is NOT CHECKED, with that reason, rather than held on

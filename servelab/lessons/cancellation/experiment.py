@@ -1,4 +1,4 @@
-"""What notebook 9 and its appendix run: notebook 9's loads, one engine at a time, and what each
+"""What notebook 10 and its appendix run: notebook 10's loads, one engine at a time, and what each
 server did under them (`Experiment`); the appendix's race probe (`probe_server`,
 `cancellation_probe`). Both take the notebook's Lab as an argument (`LabLike`).
 """
@@ -94,7 +94,7 @@ def inferences_computed(triton_stats: dict) -> float:
 
 @dataclass
 class Experiment:
-    """Notebook 9's loads, one engine at a time, and what each server did under them.
+    """Notebook 10's loads, one engine at a time, and what each server did under them.
 
     Requests: `patient` clients wait for every answer; `impatient` ones give up after the engine's
     latency for a request alone (measured first, for `alone_s`) and come back after a back-off

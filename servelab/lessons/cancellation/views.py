@@ -1,4 +1,4 @@
-"""What notebook 9 and its appendix show: the streams' table and the race probe's, and notebook 9's
+"""What notebook 10 and its appendix show: the streams' table and the race probe's, and notebook 10's
 two plots (the streams by engine, the request runs' goodput beside their waste).
 """
 

@@ -1,4 +1,4 @@
-"""Notebook 8 (notebooks/8_concurrency_target.py): Ray Serve's concurrency target
+"""Notebook 9 (notebooks/9_concurrency_target.py): Ray Serve's concurrency target
 (`max_ongoing_requests`), its autoscaler (`target_ongoing_requests`), its queue in front of the
 replicas, and the same limits in FastAPI and Triton.
 

@@ -1,4 +1,4 @@
-"""Notebook 8's checks of the two limits in front of a model: the concurrency target against the
+"""Notebook 9's checks of the two limits in front of a model: the concurrency target against the
 predict slots (`slots_need_room`, judged on the replica's own /metrics around each run:
 `RunResult.service_stats`), a bounded queue that refuses (`bounded_queue_refuses`, every engine),
 and FastAPI's slots that queue inside the process (`fastapi_queues_inside`).

@@ -1,4 +1,4 @@
-"""Notebook 8's checks of replicas: whether another adds capacity on this machine (a GPU of its
+"""Notebook 9's checks of replicas: whether another adds capacity on this machine (a GPU of its
 own, or cores left), and a two-node Ray cluster that spreads them (a claim that must hold).
 """
 

@@ -1,4 +1,4 @@
-"""Notebook 8's checks of its step loads: Serve's autoscaler (`target_ongoing_requests`), the
+"""Notebook 9's checks of its step loads: Serve's autoscaler (`target_ongoing_requests`), the
 rule for when it adds a replica (below the cap, or at it: Baseten's rule), and the queue in front
 of the replicas. Judged on Serve's own accounts of itself, sampled every second by
 servelab.ray.watch (replicas by state, requests inside the replicas and queued in front, time

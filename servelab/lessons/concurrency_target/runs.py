@@ -1,4 +1,4 @@
-"""The runs notebook 8's checks read, and what is read from them: a step load (`StepLoad`, the
+"""The runs notebook 9's checks read, and what is read from them: a step load (`StepLoad`, the
 steps with Serve's samples, as servelab.lab.ray_side measures it), the means and maxima of those
 samples, and a run's busy predict slots (`busy_slots`).
 """

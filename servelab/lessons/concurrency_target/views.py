@@ -1,4 +1,4 @@
-"""Notebook 8's tables: a step load seen from both sides (`step_view`, `step_table`), and the runs
+"""Notebook 9's tables: a step load seen from both sides (`step_view`, `step_table`), and the runs
 of `slots_need_room` (`slot_table`).
 """
 

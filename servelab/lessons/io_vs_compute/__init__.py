@@ -1,4 +1,4 @@
-"""Notebook 7 (notebooks/7_io_vs_compute.py): I/O against compute, the download inside the predict
+"""Notebook 8 (notebooks/8_io_vs_compute.py): I/O against compute, the download inside the predict
 slot or outside it, and a burst of requests on N slots.
 
 - `checks`: `slot_holds_only_inference` (the two designs, by number of senders) and

@@ -1,4 +1,4 @@
-"""Notebook 7's checks: where the download runs, inside the predict slot or outside it; and a burst
+"""Notebook 8's checks: where the download runs, inside the predict slot or outside it; and a burst
 of requests on N slots (Truss's case: 10 requests, 5 slots, the 6th waits).
 
 D and S are the service's own mean download and inference times (its /metrics around a run, in

@@ -1,4 +1,4 @@
-"""How many senders notebook 7's runs use: enough to keep one slot busy with the download
+"""How many senders notebook 8's runs use: enough to keep one slot busy with the download
 outside it (`enough_senders`), from the service's own means in a run with one sender.
 """
 

@@ -1,4 +1,4 @@
-"""Notebook 10 (notebooks/10_stateful_sequences.py): stateful models and Triton's sequence batcher.
+"""Notebook 11 (notebooks/11_stateful_sequences.py): stateful models and Triton's sequence batcher.
 
 - `checks`: the batcher's strategies and their cost (`batcher_merges_sequences`, `batching_pays`,
   `where_a_frame_waits`, `evictions_break_the_oldest`), and the sequences that end idle,

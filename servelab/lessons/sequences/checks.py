@@ -1,4 +1,4 @@
-"""Notebook 10's checks: the sequence batcher, judged on Triton's statistics of each run
+"""Notebook 11's checks: the sequence batcher, judged on Triton's statistics of each run
 (`RunResult.triton_stats`: executions by batch size, the time a frame waited in Triton's queue),
 and the sequences Triton or the model ends, judged on the specific refusal of a frame (`refusal`).
 """

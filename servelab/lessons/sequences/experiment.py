@@ -1,4 +1,4 @@
-"""How notebook 10 talks to the stateful model (`StatefulModel`): frames by hand, runs of live
+"""How notebook 11 talks to the stateful model (`StatefulModel`): frames by hand, runs of live
 sequences, the model's log, a config tried for a while; through the notebook's Lab (`SequenceLab`).
 """
 
@@ -37,7 +37,7 @@ FRAME_OUTPUTS = ("SEQUENCE_LABEL", "SEQUENCE_PROBABILITY", "FRAME_LABEL", "FRAME
 
 
 class StatefulModel:
-    """A stateful Triton model (food_sequence) as notebook 10 talks to it: frames sent by hand over
+    """A stateful Triton model (food_sequence) as notebook 11 talks to it: frames sent by hand over
     gRPC, each with its sequence ID and START/END flags; runs of live sequences from the lab's load
     generator; the model's log of evictions; a config tried for a while, then restored."""
 

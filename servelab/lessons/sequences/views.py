@@ -1,4 +1,4 @@
-"""What notebook 10 prints of a frame's answer (`describe`)."""
+"""What notebook 11 prints of a frame's answer (`describe`)."""
 
 from __future__ import annotations
 

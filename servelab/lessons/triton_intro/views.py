@@ -50,7 +50,7 @@ def describe_served(asked: TritonConfig, served: Mapping[str, Any]) -> str:
         gpus = f" on GPUs {group['gpus']}" if group.get("gpus") else ""
         lines.append(f"  instance group: {group['count']} x {group['kind']}{gpus}")
     lines.append(f"  dynamic batching: {'on' if 'dynamic_batching' in served else 'off'}")
-    if "sequence_batching" in served:  # a stateful model (notebook 10): each request is a frame of a sequence
+    if "sequence_batching" in served:  # a stateful model (notebook 11): each request is a frame of a sequence
         strategy = "direct" if "direct" in served["sequence_batching"] else "oldest"
         lines.append(f"  sequence batching: on, strategy {strategy}")
     for key, value in served.get("parameters", {}).items():

@@ -35,7 +35,7 @@
 #
 # The other half of continuous batching, a sequence's next request served while the previous one
 # still streams its answer (Triton's `iterative_sequence`, for decoupled models: many responses per
-# request, notebook 9), is not used here.
+# request, notebook 10), is not used here.
 
 # %%
 # runs in the Jupyter container (Docker) or on your machine (local)
@@ -47,7 +47,7 @@ from IPython.display import Markdown, display
 from servelab.lab import Lab
 from servelab.lessons import sequences
 
-lab = Lab.connect("10_stateful_sequences")
+lab = Lab.connect("11_stateful_sequences")
 MODEL = "food_sequence"
 stateful = sequences.StatefulModel(lab, MODEL)  # frames by hand, runs of sequences, the model's log
 print(f"The models run on {lab.hardware()}.")

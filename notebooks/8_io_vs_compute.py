@@ -43,7 +43,7 @@ from servelab.lab import Lab
 from servelab.lessons import io_vs_compute
 from servelab.report import plots
 
-lab = Lab.connect("7_io_vs_compute", triton=False)
+lab = Lab.connect("8_io_vs_compute", triton=False)
 print(f"The models run on {lab.hardware()}.")
 
 # %% [markdown]
@@ -239,7 +239,7 @@ lab.verdicts();
 
 # %% [markdown]
 # Locally, the next cell stops the services this notebook started (in Docker it does nothing: the
-# containers keep running until you bring them down). Next: `8_concurrency_target.ipynb`.
+# containers keep running until you bring them down). Next: `9_concurrency_target.ipynb`.
 
 # %%
 lab.stop()

@@ -3,7 +3,7 @@
 #
 # **Time:** about 27 minutes (6 reading, 10 running, 11 hands-on; `python -m servelab.time_plan`)
 #
-# Notebook 7 limited the work *inside* one server: its **predict slots** (`PREDICT_CONCURRENCY`), the
+# Notebook 8 limited the work *inside* one server: its **predict slots** (`PREDICT_CONCURRENCY`), the
 # inferences it runs at once. A platform running **replicas** (copies of the model's service, each with
 # a share of the machine) adds limits *in front* of them:
 #
@@ -38,7 +38,7 @@ from servelab.lab import Lab
 from servelab.lab import ray_side as lab_ray
 from servelab.lessons import concurrency_target
 
-lab = Lab.connect("8_concurrency_target")
+lab = Lab.connect("9_concurrency_target")
 serve = lab.ray_serve()
 print(f"The models run on {lab.hardware()}; Ray Serve at {serve.url}.")
 
@@ -368,7 +368,7 @@ lab.verdicts()
 
 # %% [markdown]
 # Last, stop what this notebook started (a shared Serve goes back as shipped). Next:
-# `9_cancellation.ipynb`.
+# `10_cancellation.ipynb`.
 
 # %%
 lab.stop()

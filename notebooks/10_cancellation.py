@@ -29,7 +29,7 @@
 from servelab.lab import Lab
 from servelab.lessons import cancellation
 
-lab = Lab.connect("9_cancellation")
+lab = Lab.connect("10_cancellation")
 serve = lab.ray_serve()
 TRITON_MODEL, REFINE_MODEL = "food_classifier_onnx", "food_refine"
 experiment = cancellation.Experiment(
@@ -251,4 +251,4 @@ lab.verdicts()
 # 3. Why does a stream stopped midway still cost a step or so, and what would finer steps change?
 #
 # **Hand in:** the streams table and plot, the goodput and waste plot, the results table and the
-# verdicts, with your predictions beside them. Next: `10_stateful_sequences.ipynb`.
+# verdicts, with your predictions beside them. Next: `11_stateful_sequences.ipynb`.
