@@ -20,7 +20,6 @@ import json
 import matplotlib.pyplot as plt
 import requests
 
-from servelab import paths
 from servelab.lab import Lab
 from servelab.lessons import fastapi_bench
 from servelab.report import plots
@@ -34,10 +33,8 @@ lab = Lab.connect("4_fastapi_bench", triton=False)  # these notebooks use FastAP
 # models. Open it (the cell prints where), click **POST /predict**, then **Try it out**.
 
 # %%
-for flavor, port in (("pt", 8100), ("onnx", 8101)):
-    url = lab.fastapi_url(flavor)
-    browser = f"  (in your browser: http://127.0.0.1:{port}/docs)" if lab.on_compose else ""
-    print(f"FastAPI ({flavor}): {url}/docs{browser}")
+for flavor in ("pt", "onnx"):
+    print(f"FastAPI ({flavor}), in your browser: {lab.fastapi_url(flavor).browser}/docs")
 
 # %% [markdown]
 # The page is drawn from `/openapi.json`, a machine-readable description of the API (the *OpenAPI*
@@ -55,11 +52,11 @@ print(fastapi_bench.describe_predict(openapi))
 # `print(image_b64)` in a new cell and paste the output in place of `"string"`.
 
 # %%
-image_bytes = paths.SAMPLE_IMAGE.read_bytes()
+image_bytes = lab.sample_image()  # GourmetGram's soup.jpg
 image_b64 = base64.b64encode(image_bytes).decode()
 body = json.dumps({"image": image_b64})
 print(
-    f"{paths.SAMPLE_IMAGE.name}: {len(image_bytes)} bytes as a file, {len(image_b64)} characters in base64 "
+    f"The photo: {len(image_bytes)} bytes as a file, {len(image_b64)} characters in base64 "
     f"({len(image_b64) / len(image_bytes):.2f}x the file)"
 )
 print(f"JSON body, {len(body)} characters: {body[:60]}...{body[-12:]}")
@@ -72,8 +69,7 @@ print(f"FastAPI (PyTorch) answered: {api_answer}")
 # ## The whole path: GourmetGram in front
 #
 # GourmetGram forwards an uploaded photo to FastAPI and renders the answer as HTML. The cell
-# uploads the photo as a browser would and reads the label from the page (in Docker, your browser
-# has the project's own GourmetGram).
+# uploads the photo as a browser would and reads the label from the page.
 
 # %%
 ui = lab.ui("fastapi_pt")
@@ -91,9 +87,9 @@ predicted_labels = None  # before you run this cell: True if every sample gets i
 served_weights = requests.get(f"{lab.fastapi_url('pt')}/health", timeout=10).json()["weights"]
 print(f"FastAPI (PyTorch) /health: {served_weights} weights")
 sample_pages = {}
-for photo in sorted(paths.SAMPLE_IMAGE.parent.glob("*.jpg")):
-    page = ui.upload(photo.name, photo.read_bytes())
-    sample_pages[photo.name] = (page.label, page.probability)
+for photo in ui.samples():
+    page = ui.upload(photo)
+    sample_pages[photo] = (page.label, page.probability)
 lab.record(fastapi_bench.samples_get_their_labels(sample_pages, served_weights), predicted=predicted_labels);
 
 # %% [markdown]
@@ -130,8 +126,7 @@ sequential_onnx = lab.sequential("onnx")
 lab.table([sequential_pt, sequential_onnx]);
 
 # %%
-lab.record(fastapi_bench.runtime_comparison(sequential_pt, sequential_onnx, lab.hardware()),
-           predicted=predicted_onnx_speedup);
+lab.record(fastapi_bench.runtime_comparison(sequential_pt, sequential_onnx), predicted=predicted_onnx_speedup);
 
 # %% [markdown]
 # ## Sixteen users at once
@@ -161,7 +156,7 @@ predicted_load_gain = None  # before you run: the requests/s of 16 senders over 
 predicted_health_ms = None  # and /health's median while the 16 senders run (ms)
 
 # %%
-with fastapi_bench.LoadWatch(onnx_url, lab.on_compose) as watch:  # /health timed idle, then during the run
+with fastapi_bench.LoadWatch(onnx_url) as watch:  # /health timed idle, then during the run
     concurrent_onnx = lab.concurrent("onnx", 16, resources=watch.sampler)
 lab.table([concurrent_onnx]);
 
@@ -178,8 +173,7 @@ print(f"Little's law, the whole system: {senders} / {concurrent_onnx.throughput_
       f"{concurrent_onnx.latency.mean_ms:.1f} ms (a closed loop: the same thing, computed twice)")
 print(f"The service's own mean per request: waiting for a slot {stages['slot_wait']:.1f} ms, decoding "
       f"{stages['preprocess']:.1f} ms, inference {stages['inference']:.1f} ms; {slots} slot(s)")
-lab.record(fastapi_bench.queueing_under_load(sequential_onnx, concurrent_onnx, slots, lab.hardware()),
-           predicted=predicted_load_gain);
+lab.record(fastapi_bench.queueing_under_load(sequential_onnx, concurrent_onnx, slots), predicted=predicted_load_gain);
 # %% [markdown]
 # A handler that blocked the event loop would hold `/health` for the rest of the running inference,
 # half of one on average. So under load it should answer within half an inference of its idle
@@ -187,8 +181,8 @@ lab.record(fastapi_bench.queueing_under_load(sequential_onnx, concurrent_onnx, s
 
 # %%
 print(f"/health: {len(watch.idle_ms)} checks idle, {len(watch.loaded_ms)} during the c={senders} run")
-lab.record(fastapi_bench.health_stays_out_of_the_queue(watch.idle_ms, watch.loaded_ms, concurrent_onnx, slots,
-                                                       lab.hardware()), predicted=predicted_health_ms);
+lab.record(fastapi_bench.health_stays_out_of_the_queue(watch.idle_ms, watch.loaded_ms, concurrent_onnx, slots),
+           predicted=predicted_health_ms);
 # %% [markdown]
 # ### What the machine was doing
 #
@@ -198,8 +192,7 @@ lab.record(fastapi_bench.health_stays_out_of_the_queue(watch.idle_ms, watch.load
 # or idle between images while sixteen requests wait?
 
 # %%
-print(fastapi_bench.usage_text(concurrent_onnx.resources, lab.cores))
-plots.plot_resources(concurrent_onnx.resources, title=f"Resources during {concurrent_onnx.label}");
+watch.show_resources(concurrent_onnx.label)  # what its sampler saw: in words, then over time
 # %% [markdown]
 # ## Threads are a resource: inference slots × threads per inference
 #
@@ -226,35 +219,33 @@ predicted_every_core = None  # and one request's median with every core over one
 predicted_default_share = None  # and the default plan's requests/s under load over the best plan's (x)
 
 # %%
-cores = lab.cores
 device = requests.get(f"{fastapi_url}/health", timeout=10).json()["device"]
-plans = fastapi_bench.thread_plans(cores) if device == "cpu" else {}  # name -> (slots, threads); None: default
-senders = 4 * cores
+plans = fastapi_bench.CorePlans(device)  # the cores this process may use, shared by threads and by processes
+cores, senders = plans.cores, 4 * plans.cores
+print(plans.describe())
 alone, loaded = {}, {}
-for name, (slots, threads) in plans.items():
+for name, (slots, threads) in plans.threads.items():  # name -> (slots, threads); None: the default
     with lab.fastapi_variant("pt", slots, threads) as variant_url:
         plan_health = requests.get(f"{variant_url}/health", timeout=10).json()
         print(f"{name}: {plan_health['threads']}")
         alone[name] = lab.sequential("pt", url=variant_url, name=f"fastapi_pt, {name}")
         loaded[name] = lab.concurrent("pt", senders, url=variant_url, name=f"fastapi_pt, {name}")
-print(fastapi_bench.thread_plans_said(device, cores))
 
 # %%
-if plans:
+if plans.threads:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.5), sharey=True)
-    left.barh(list(plans), [alone[name].latency.p50_ms for name in plans], color="tab:blue")
+    left.barh(list(alone), [run.latency.p50_ms for run in alone.values()], color="tab:blue")
     left.set_xlabel("p50 latency, one request at a time (ms)")
-    right.barh(list(plans), [loaded[name].throughput_rps for name in plans], color="tab:orange")
+    right.barh(list(loaded), [run.throughput_rps for run in loaded.values()], color="tab:orange")
     right.set_xlabel(f"throughput with {senders} senders (req/s)")
     left.invert_yaxis()
     fig.suptitle(f"fastapi_pt on {device}, {cores} core(s): inference slots x threads per inference")
     fig.tight_layout()
     plt.show()
-    crowded, every_core, elastic = fastapi_bench.thread_plan_checks(alone, loaded, cores, device, lab.hardware(),
-                                                                     sequential_pt.latency.p50_ms)
-    lab.record(crowded, predicted=predicted_crowded_rate)
-    lab.record(every_core, predicted=predicted_every_core)
-    lab.record(elastic, predicted=predicted_default_share);
+    lab.record(fastapi_bench.crowded_threads_are_slower(loaded, plans), predicted=predicted_crowded_rate)
+    lab.record(fastapi_bench.every_core_serves_one_faster(alone, plans), predicted=predicted_every_core)
+    lab.record(fastapi_bench.elastic_default_near_the_best(alone, loaded, plans, sequential_pt.latency.p50_ms),
+               predicted=predicted_default_share);
 
 # %% [markdown]
 # ## Processes: one interpreter, one lock
@@ -272,15 +263,12 @@ if plans:
 predicted_processes = None  # before you run: a number
 
 # %%
-from servelab.service.cores import service_plan
-
 # Your turn: processes_to_try = ..., the processes (uvicorn's workers, SERVICE_PROCESSES) to compare
 #   with one: 2, 4... (the setting: docs/settings.md, SERVICE_PROCESSES).
 ### BEGIN SOLUTION
 processes_to_try = 2
 ### END SOLUTION
-plan = service_plan(cores, on_gpu=device.startswith("cuda"))
-print(f"This machine: {cores} core(s); the plan: {plan.describe()}")
+print(f"This machine: {cores} core(s); the plan: {plans.service.describe()}")
 by_processes = {}
 for count in (1, processes_to_try):
     with lab.fastapi_variant("onnx", SERVICE_PROCESSES=str(count)) as variant_url:
@@ -294,8 +282,8 @@ for count in (1, processes_to_try):
                       for clients in (16, 64)]
 print(f"Measured: {by_processes[processes_to_try].throughput_rps:.1f} against {by_processes[1].throughput_rps:.1f} "
       "req/s")
-lab.record(fastapi_bench.processes_follow_the_plan(by_processes[1], by_processes[processes_to_try], processes_to_try,
-                                                   plan.processes, cores), predicted=predicted_processes);
+lab.record(fastapi_bench.processes_follow_the_plan(by_processes[1], by_processes[processes_to_try],
+                                                   processes_to_try, plans), predicted=predicted_processes);
 
 # %% [markdown]
 # **How the load spread.** The last column is each process's own count: connections, then requests
@@ -308,15 +296,16 @@ lab.table(spread);
 # %% [markdown]
 # ## Results
 #
-# Every run and verdict; then each run's *CDF*: for each latency on the x-axis, the fraction of
-# requests at least that fast (dotted: p50, p95, p99). The gap between the 16-sender curve and
-# the sequential ones is queueing delay, which Triton, next, tries to close.
+# Every run and verdict; then the *CDF* of the one-user and 16-sender runs: for each latency on the
+# x-axis, the fraction of requests at least that fast (dotted: p50, p95, p99). The gap between the
+# 16-sender curve and the sequential ones is queueing delay, which Triton, next, tries to close.
 
 # %%
 lab.table()
 lab.verdicts();
 # %%
-plots.plot_latency_cdf(lab.results, log_x=True, title="FastAPI: latency per request, every run of this notebook");
+plots.plot_latency_cdf([sequential_pt, sequential_onnx, concurrent_onnx], log_x=True,
+                       title="FastAPI: latency per request, one user and sixteen");
 # %% [markdown]
 # ## Questions
 #

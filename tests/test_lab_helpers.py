@@ -32,7 +32,7 @@ from servelab.report import tables
 from servelab.results import LatencySummary, RunResult
 from servelab.service.food11 import LABELS
 from servelab.service.hardware import Hardware
-from servelab.settings import Settings
+from servelab.settings import Settings, settings
 from servelab.triton import perf_analyzer
 from servelab.triton.adaptation import adapt_to_server, gpus_missing
 from servelab.triton.config import TritonConfig
@@ -236,6 +236,14 @@ def test_in_the_compose_project_a_service_crashed_before_its_restart_is_recorded
     monkeypatch.setattr("servelab.lab.run_keeper.time.sleep", lambda seconds: None)  # a fake clock's wait
     lab.wait_for_services()
     assert time.monotonic() >= back_at, "it returned while Triton was silent"
+
+
+def test_a_fastapi_url_says_where_a_browser_reaches_the_service_locally_and_in_the_compose_project():
+    compose = Lab("compose", profile("quick"), {"onnx": "http://fastapi_onnx:8000"}, None, None, None)
+    assert compose.fastapi_url("onnx") == "http://fastapi_onnx:8000"  # as the notebook reaches it, by its name
+    assert compose.fastapi_url("onnx").browser == f"http://127.0.0.1:{settings().port_fastapi_onnx}"  # published
+    local = Lab("local", profile("quick"), {"pt": "http://127.0.0.1:8100"}, None, None, None)
+    assert local.fastapi_url("pt").browser == "http://127.0.0.1:8100"
 
 
 @pytest.mark.parametrize("triton", [False, True], ids=["fastapi-only", "with-triton"])

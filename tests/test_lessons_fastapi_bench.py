@@ -4,9 +4,11 @@ import os
 import socket
 import time
 
+import matplotlib.pyplot as plt
+
 from servelab import paths
 from servelab.lessons import fastapi_bench
-from servelab.lessons.expectations import Outcome
+from servelab.lessons.expectations import Outcome, machine_cores
 from servelab.service import food11
 from tests.helpers import service_stages, synthetic_run
 
@@ -132,27 +134,28 @@ def plan_run(name, p50_ms, throughput_rps, inference=10.0):
     return synthetic_run(name, 1, throughput_rps, p50_ms, service_stats=service_stages(inference=inference))
 
 
-CROWDED, FITTING, EVERY, DEFAULT = "4 slots x 4 threads", "4 slots x 1 thread", "1 slot x 4 threads", "default"
+PLANS = fastapi_bench.CorePlans("cpu", cores=4)
+ON_A_GPU = fastapi_bench.CorePlans("cuda:0", cores=4)  # the same plans' names, the model on a GPU
+CROWDED, FITTING, EVERY, DEFAULT = PLANS.crowded, PLANS.one_core, PLANS.every_core, PLANS.default
 
 
 def test_crowded_threads_hold_when_slower_and_fail_when_the_extra_threads_found_cores():
     slower = {CROWDED: plan_run(CROWDED, 300, 20), FITTING: plan_run(FITTING, 150, 40)}
-    assert outcomes(fastapi_bench.crowded_threads_are_slower(slower, CROWDED, FITTING, 4, 4, "cpu", "4 cores")) == [
-        Outcome.HELD, Outcome.HELD]  # fmt: skip
+    assert outcomes(fastapi_bench.crowded_threads_are_slower(slower, PLANS, "4 cores")) == [Outcome.HELD] * 2
     # The wrong outcome: crowding cost nothing (the threads found idle cores).
     same = {CROWDED: plan_run(CROWDED, 140, 42), FITTING: plan_run(FITTING, 150, 40)}
-    assert outcomes(fastapi_bench.crowded_threads_are_slower(same, CROWDED, FITTING, 4, 4, "cpu", "4 cores")) == [
-        Outcome.NOT_HELD, Outcome.NOT_HELD]  # fmt: skip
-    crowded = fastapi_bench.crowded_threads_are_slower(slower, CROWDED, FITTING, 4, 4, "cpu", "4 cores")
+    assert outcomes(fastapi_bench.crowded_threads_are_slower(same, PLANS, "4 cores")) == [Outcome.NOT_HELD] * 2
+    crowded = fastapi_bench.crowded_threads_are_slower(slower, PLANS, "4 cores")
+    assert "with 4 slots, 4 threads each" in crowded.claim
     assert crowded.estimate is not None and crowded.estimate.value == 0.5  # 20 req/s against 40
-    on_gpu = fastapi_bench.crowded_threads_are_slower(same, CROWDED, FITTING, 4, 4, "cuda:0", "1 GPU")
+    on_gpu = fastapi_bench.crowded_threads_are_slower(same, ON_A_GPU, "1 GPU")
     assert outcomes(on_gpu) == [Outcome.NOT_CHECKED] * 2 and "cuda:0" in on_gpu.conditions[0].detail
 
 
 def test_every_core_alone_is_judged_once_on_the_median():
     """One condition: one at a time, the throughput is 1 / the mean latency, the same measurement."""
     faster = {EVERY: plan_run(EVERY, 20, 50, inference=12), FITTING: plan_run(FITTING, 40, 25, inference=32)}
-    held = fastapi_bench.every_core_serves_one_faster(faster, EVERY, FITTING, 4, "cpu", "4 cores")
+    held = fastapi_bench.every_core_serves_one_faster(faster, PLANS, "4 cores")
     assert outcomes(held) == [Outcome.HELD] and "12.0 ms with 4 threads and 32.0 ms with 1" in held.reason
     assert (
         held.estimate is not None
@@ -160,11 +163,13 @@ def test_every_core_alone_is_judged_once_on_the_median():
     )
     # The wrong outcome: threads that wait for each other at every layer gain nothing on one image.
     slower = {EVERY: plan_run(EVERY, 42, 24), FITTING: plan_run(FITTING, 40, 25)}
-    assert outcomes(fastapi_bench.every_core_serves_one_faster(slower, EVERY, FITTING, 4, "cpu", "4 cores")) == [
-        Outcome.NOT_HELD]  # fmt: skip
-    one_core = fastapi_bench.every_core_serves_one_faster(slower, EVERY, FITTING, 1, "cpu", "1 core")
+    assert outcomes(fastapi_bench.every_core_serves_one_faster(slower, PLANS, "4 cores")) == [Outcome.NOT_HELD]
+    one = fastapi_bench.CorePlans("cpu", cores=1)
+    one_core = fastapi_bench.every_core_serves_one_faster(
+        {one.every_core: slower[EVERY], one.one_core: slower[FITTING]}, one, "1 core"
+    )
     assert outcomes(one_core) == [Outcome.NOT_CHECKED] and "only one thread" in one_core.conditions[0].detail
-    on_gpu = fastapi_bench.every_core_serves_one_faster(faster, EVERY, FITTING, 4, "cuda:0", "1 GPU")
+    on_gpu = fastapi_bench.every_core_serves_one_faster(faster, ON_A_GPU, "1 GPU")
     assert outcomes(on_gpu) == [Outcome.NOT_CHECKED]
 
 
@@ -172,34 +177,45 @@ def test_the_elastic_default_holds_near_the_best_plan_and_fails_far_from_it():
     alone = {EVERY: plan_run(EVERY, 20, 50), FITTING: plan_run(FITTING, 40, 25), DEFAULT: plan_run(DEFAULT, 21, 48)}
     loaded = {EVERY: plan_run(EVERY, 300, 20), FITTING: plan_run(FITTING, 150, 40),
               DEFAULT: plan_run(DEFAULT, 155, 38)}  # fmt: skip
-    held = fastapi_bench.elastic_default_near_the_best(alone, loaded, DEFAULT, "cpu", "4 cores", 22.0)
+    held = fastapi_bench.elastic_default_near_the_best(alone, loaded, PLANS, 22.0, "4 cores")
     assert outcomes(held) == [Outcome.HELD, Outcome.HELD]
     assert held.estimate is not None and held.estimate.value == 38 / 40  # the default's rate over the best's
     # The wrong outcome: a default that behaves like one of the extreme plans (every core for one slot).
     stuck = {**loaded, DEFAULT: plan_run(DEFAULT, 290, 21)}
-    failed = fastapi_bench.elastic_default_near_the_best(alone, stuck, DEFAULT, "cpu", "4 cores", 22.0)
+    failed = fastapi_bench.elastic_default_near_the_best(alone, stuck, PLANS, 22.0, "4 cores")
     assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD]
-    on_gpu = fastapi_bench.elastic_default_near_the_best(alone, stuck, DEFAULT, "cuda:0", "1 GPU", 22.0)
+    on_gpu = fastapi_bench.elastic_default_near_the_best(alone, stuck, ON_A_GPU, 22.0, "1 GPU")
     assert outcomes(on_gpu) == [Outcome.NOT_CHECKED] * 2
 
 
+def test_the_checks_read_the_machine_where_the_notebook_leaves_its_hardware_out(monkeypatch):
+    monkeypatch.setattr(fastapi_bench.checks, "machine_hardware", lambda: "3 CPU core(s) and no GPU")
+    monkeypatch.setattr(fastapi_bench.checks_threads, "machine_hardware", lambda: "3 CPU core(s) and no GPU")
+    pytorch = synthetic_run("fastapi_pt", throughput_rps=30, mean_ms=33, service_stats=service_stages(inference=25))
+    assert fastapi_bench.runtime_comparison(pytorch, pytorch).reason.startswith("on 3 CPU core(s) and no GPU,")
+    runs = {CROWDED: plan_run(CROWDED, 300, 20), FITTING: plan_run(FITTING, 150, 40)}
+    assert "on 3 CPU core(s) and no GPU," in fastapi_bench.crowded_threads_are_slower(runs, PLANS).reason
+
+
 def test_processes_follow_the_plan_on_many_cores_and_on_two():
+    sixteen, two_cores = fastapi_bench.CorePlans("cpu", cores=16), fastapi_bench.CorePlans("cpu", cores=2)
+    assert (sixteen.service.processes, two_cores.service.processes) == (8, 1)  # what the plan calls for
     one = synthetic_run("fastapi_onnx, 1 process", 64, throughput_rps=400)
     many = synthetic_run("fastapi_onnx, 8 processes", 64, throughput_rps=1000)
-    assert fastapi_bench.processes_follow_the_plan(one, many, 8, planned=8, cores=16).outcome is Outcome.HELD
+    assert fastapi_bench.processes_follow_the_plan(one, many, 8, sixteen).outcome is Outcome.HELD
     # Several processes that gain nothing where the plan calls for them: the lock was not the cap.
     flat = synthetic_run("fastapi_onnx, 8 processes", 64, throughput_rps=420)
-    assert fastapi_bench.processes_follow_the_plan(one, flat, 8, planned=8, cores=16).outcome is Outcome.NOT_HELD
+    assert fastapi_bench.processes_follow_the_plan(one, flat, 8, sixteen).outcome is Outcome.NOT_HELD
     # On two cores the plan is one process: two serve about as much...
     two = synthetic_run("fastapi_onnx, 2 processes", 8, throughput_rps=190)
     alone = synthetic_run("fastapi_onnx, 1 process", 8, throughput_rps=180)
-    assert fastapi_bench.processes_follow_the_plan(alone, two, 2, planned=1, cores=2).outcome is Outcome.HELD
+    assert fastapi_bench.processes_follow_the_plan(alone, two, 2, two_cores).outcome is Outcome.HELD
     # ...and much more would say the plan leaves throughput on the table.
     better = synthetic_run("fastapi_onnx, 2 processes", 8, throughput_rps=300)
-    failed = fastapi_bench.processes_follow_the_plan(alone, better, 2, planned=1, cores=2)
+    failed = fastapi_bench.processes_follow_the_plan(alone, better, 2, two_cores)
     assert failed.outcome is Outcome.NOT_HELD and "x1.67" in failed.reason
     # One process tried against one (the student's edit): the same setting twice, nothing to judge.
-    same = fastapi_bench.processes_follow_the_plan(alone, alone, 1, planned=1, cores=2)
+    same = fastapi_bench.processes_follow_the_plan(alone, alone, 1, two_cores)
     assert same.outcome is Outcome.NOT_CHECKED and "nothing to compare" in same.conditions[0].detail
 
 
@@ -233,18 +249,25 @@ def test_describe_predict_follows_each_reference_to_the_schema_it_names():
 def test_the_thread_plans_are_the_ones_the_checks_judge_even_on_one_core():
     plans = {"1 slot x 4 threads": (1, 4), "4 slots x 1 thread": (4, 1), "4 slots x 4 threads": (4, 4),
              "default (elastic)": (None, None)}  # fmt: skip
-    assert fastapi_bench.thread_plans(4) == plans
-    assert list(fastapi_bench.thread_plans(1).values())[2] == (2, 1)  # crowded: still two slots
-    runs = {name: plan_run(name, 20 + i, 50 - i) for i, name in enumerate(fastapi_bench.thread_plans(4))}
-    crowded, every_core, elastic = fastapi_bench.thread_plan_checks(runs, runs, 4, "cpu", "4 cores", 22.0)
-    assert "with 4 slots, 4 threads each" in crowded.claim
-    assert "every core" in every_core.claim and "elastic default" in elastic.claim
+    assert PLANS.threads == plans
+    assert list(fastapi_bench.CorePlans("cpu", cores=1).threads.values())[2] == (2, 1)  # crowded: still two slots
+    runs = {name: plan_run(name, 20 + i, 50 - i) for i, name in enumerate(PLANS.threads)}
+    for check in (fastapi_bench.crowded_threads_are_slower, fastapi_bench.every_core_serves_one_faster):
+        assert check(runs, PLANS, "4 cores").outcome is not Outcome.NOT_CHECKED  # each finds the runs it judges
+    assert fastapi_bench.elastic_default_near_the_best(runs, runs, PLANS, 22.0, "4 cores").conditions
+
+
+def test_the_plans_are_for_the_cores_this_process_may_use_unless_given():
+    assert fastapi_bench.CorePlans("cpu").cores == machine_cores()
+    assert fastapi_bench.CorePlans("cpu", cores=3).service.processes == 1  # two cores a process on a CPU
 
 
 def test_on_a_gpu_the_thread_plans_are_not_run_and_the_notebook_says_why():
-    assert "may use 4 core(s)" in fastapi_bench.thread_plans_said("cpu", 4)
-    said = fastapi_bench.thread_plans_said("cuda:0", 48)
-    assert said.startswith("The model runs on cuda:0") and "the 4 plans were not run" in said
+    assert "may use 4 core(s): 4 thread plans" in PLANS.describe()
+    on_a_gpu = fastapi_bench.CorePlans("cuda:0", cores=48)
+    assert on_a_gpu.threads == {} and on_a_gpu.service.processes == 4
+    said = on_a_gpu.describe()
+    assert said.startswith("The model runs on cuda:0") and "the thread plans are not run" in said
 
 
 def test_listening_pids_finds_this_process_listening_on_a_port():
@@ -253,16 +276,18 @@ def test_listening_pids_finds_this_process_listening_on_a_port():
         listener.listen()
         port = listener.getsockname()[1]
         assert os.getpid() in fastapi_bench.listening_pids(f"http://127.0.0.1:{port}")
+        # A service of the Compose project, by its name: another container, whatever listens here.
+        assert fastapi_bench.listening_pids(f"http://fastapi_onnx:{port}") == []
 
 
 def test_the_load_watch_times_health_before_and_during_the_block():
     calls = iter(range(1000))
-    with fastapi_bench.LoadWatch("http://x:1", on_compose=True, idle_checks=3, every_s=0.01,
+    with fastapi_bench.LoadWatch("http://x:1", idle_checks=3, every_s=0.01,
                                  time_health=lambda: float(next(calls))) as watch:  # fmt: skip
         time.sleep(0.1)
     assert watch.idle_ms == [0.0, 1.0, 2.0]
     assert len(watch.loaded_ms) >= 2 and watch.loaded_ms[0] == 3.0
-    assert watch.sampler.pids == []  # in Docker the server is in another container: the machine only
+    assert watch.sampler.pids == []  # the server is on another machine (in Docker, its container): this one only
     stopped = len(watch.loaded_ms)
     time.sleep(0.05)
     assert len(watch.loaded_ms) == stopped  # the poller stopped with the block
@@ -278,3 +303,14 @@ def test_usage_text_says_the_machine_the_gpu_or_why_none_and_the_server_process(
            "memory_total_mib": 80.0}  # fmt: skip
     with_gpu = fastapi_bench.usage_text({**series, "gpus": [gpu]}, 4)
     assert "GPU: H100 40.0% busy on average (peak 50.0%)" in with_gpu
+    assert f"of all {machine_cores()} cores" in fastapi_bench.usage_text(series)  # the cores this process may use
+
+
+def test_the_load_watch_shows_what_its_sampler_saw_in_words_and_plotted(capsys):
+    watch = fastapi_bench.LoadWatch("http://x:1", idle_checks=0, time_health=lambda: 1.0)
+    with watch.sampler:
+        time.sleep(0.6)  # two samples, one every 0.25 s
+    watch.show_resources("fastapi_onnx, c=16")
+    assert "The whole machine: CPU" in capsys.readouterr().out
+    assert plt.gcf().get_suptitle() == "Resources during fastapi_onnx, c=16"
+    plt.close("all")

@@ -1,6 +1,7 @@
 """What a notebook measures through its Lab: the requests it sends to the lab's services and the
 runs of the load generator against them, each kept by `lab.keeper` with what it counted over it
-(servelab.lab.run_accounts); and a private FastAPI variant to measure.
+(servelab.lab.run_accounts); and a private FastAPI variant to measure. A FastAPI service's URL
+(`lab.fastapi_url`) also says where a browser reaches it (`ServiceURL`).
 
 `Measuring` is a part of `Lab` (servelab.lab.facade), which it is mixed into: it uses the Lab's
 addresses, profile and parts, declared below, and the methods here are the Lab's
@@ -35,10 +36,25 @@ from servelab.triton.models import ModelRepository
 STREAMS_END_S = 60.0  # how long the streams a run left on the server may take to end
 
 
+class ServiceURL(str):
+    """A service's URL as this notebook reaches it (a str, for f-strings and requests), and
+    `browser`: where a browser on the student's machine reaches the same service. Locally, the URL
+    itself; in the Compose project, whose services this notebook reaches by their service names,
+    the port compose.yaml publishes on the host's 127.0.0.1."""
+
+    browser: str
+
+    def __new__(cls, url: str, browser: str | None = None) -> ServiceURL:
+        made = super().__new__(cls, url)
+        made.browser = browser or url
+        return made
+
+
 class Measuring:
     """The Lab's requests and measured runs (see the module's docstring)."""
 
     # The Lab's fields these methods use (servelab.lab.facade.Lab sets them).
+    services: str
     profile: Profile
     fastapi_urls: dict[str, str]
     triton_http: str | None
@@ -56,10 +72,14 @@ class Measuring:
     def sample_image() -> bytes:
         return paths.SAMPLE_IMAGE.read_bytes()
 
-    def fastapi_url(self, flavor: str) -> str:
+    def fastapi_url(self, flavor: str) -> ServiceURL:
+        """The URL of the FastAPI service of `flavor`, with where a browser reaches it (its `browser`)."""
         if flavor not in self.fastapi_urls:
             raise ValueError(f"There is no FastAPI service {flavor!r}: the lab's are {', '.join(self.fastapi_urls)}.")
-        return self.fastapi_urls[flavor]
+        url = self.fastapi_urls[flavor]
+        if self.services != "compose":
+            return ServiceURL(url)
+        return ServiceURL(url, f"http://127.0.0.1:{settings().ports()[f'fastapi_{flavor}']}")
 
     @contextlib.contextmanager
     def fastapi_variant(

@@ -10,6 +10,9 @@ import requests
 
 from servelab import paths
 
+# GourmetGram's bundled sample photos, which its page offers (gourmetgram/make_samples.py draws them).
+SAMPLES_DIR = paths.SAMPLE_IMAGE.parent
+
 
 @dataclass(frozen=True)
 class PageAnswer:
@@ -66,14 +69,19 @@ def upload(ui_url: str, image_name: str, image: bytes, timeout_s: float = 60) ->
 
 class GourmetGram(str):
     """The URL of a GourmetGram the lab started (a str, for f-strings and requests), and the upload
-    its form makes, as `ui.upload("soup.jpg")`."""
+    its form makes, as `ui.upload("soup.jpg")`, of any of its `samples()`."""
+
+    @staticmethod
+    def samples() -> list[str]:
+        """The names of the sample photos GourmetGram offers (gourmetgram/static/samples/)."""
+        return sorted(path.name for path in SAMPLES_DIR.glob("*.jpg"))
 
     def upload(self, image_name: str, image: bytes | None = None) -> PageAnswer:
         """Upload a photo as GourmetGram's form does, and print what the result page says; without
         `image`, the sample photo of that name (gourmetgram/static/samples/). A page that is not a
         prediction (the backend down, say) is an error that quotes the page."""
         if image is None:
-            image = (paths.SAMPLE_IMAGE.parent / image_name).read_bytes()
+            image = (SAMPLES_DIR / image_name).read_bytes()
         answer = upload(self, image_name, image)
         print(answer)
         if answer.status != 200:

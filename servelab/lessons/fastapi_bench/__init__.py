@@ -3,15 +3,17 @@
 - `checks`: GourmetGram's labels for its samples (`samples_get_their_labels`), PyTorch against
   ONNX Runtime (`runtime_comparison`), one user against sixteen (`queueing_under_load`,
   `health_stays_out_of_the_queue`), and processes (`processes_follow_the_plan`);
-- `checks_threads`: the thread plans, alone and under load (`thread_plan_checks`: crowded threads,
-  every core for one request, the elastic default);
-- `experiment`: the plans the notebook serves (`thread_plans`; on a GPU none, `thread_plans_said`
-  says why) and the watch kept beside the 16-sender run (`LoadWatch`);
+- `checks_threads`: the thread plans, alone and under load (`crowded_threads_are_slower`,
+  `every_core_serves_one_faster`, `elastic_default_near_the_best`);
+- `runs`: the plans the runs are served with (`CorePlans`: the thread plans, none on a GPU, and the
+  services' plan of processes, for the cores the notebook may use);
+- `experiment`: the watch kept beside the 16-sender run (`LoadWatch`), which shows what it sampled;
 - `views`: what /openapi.json says about /predict (`describe_predict`) and a run's resources in
   words (`usage_text`).
 
-Each check is a function of the runs, judged on the services' own timing of each stage. The
-notebook calls them by this folder's name (`fastapi_bench.runtime_comparison`).
+Each check is a function of the runs, judged on the services' own timing of each stage, and reads
+the machine's hardware itself where the notebook leaves it out. The notebook calls them by this
+folder's name (`fastapi_bench.runtime_comparison`).
 """
 
 from servelab.lessons.fastapi_bench.checks import (
@@ -26,19 +28,14 @@ from servelab.lessons.fastapi_bench.checks_threads import (
     crowded_threads_are_slower,
     elastic_default_near_the_best,
     every_core_serves_one_faster,
-    thread_plan_checks,
 )
-from servelab.lessons.fastapi_bench.experiment import (
-    LoadWatch,
-    health_check_ms,
-    listening_pids,
-    thread_plans,
-    thread_plans_said,
-)
+from servelab.lessons.fastapi_bench.experiment import LoadWatch, health_check_ms, listening_pids
+from servelab.lessons.fastapi_bench.runs import CorePlans
 from servelab.lessons.fastapi_bench.views import describe_predict, usage_text
 
 __all__ = [
     "SAMPLE_LABELS",
+    "CorePlans",
     "LoadWatch",
     "crowded_threads_are_slower",
     "describe_predict",
@@ -51,8 +48,5 @@ __all__ = [
     "queueing_under_load",
     "runtime_comparison",
     "samples_get_their_labels",
-    "thread_plan_checks",
-    "thread_plans",
-    "thread_plans_said",
     "usage_text",
 ]

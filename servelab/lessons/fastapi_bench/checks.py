@@ -4,7 +4,8 @@ processes.
 
 The FastAPI services time each stage of a request themselves (their /metrics, read around a run
 into `RunResult.service_stats`), so a claim about where a request's time went is judged on the
-service's own timing (`stage`), not on the client's latency alone.
+service's own timing (`stage`), not on the client's latency alone. A check takes the machine's
+`hardware` for its reason, read where it runs unless a test gives it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from servelab.lessons.expectations import (
     Outcome,
     condition,
     figure,
+    machine_hardware,
     measured,
     unless,
 )
+from servelab.lessons.fastapi_bench.runs import CorePlans
 from servelab.results import RunResult
 
 # GourmetGram's bundled samples (gourmetgram/static/samples), by file name, and the Food-11 class
@@ -65,7 +68,7 @@ def stage(run: RunResult, stage: str, name: str):
     return figure(run, f"service_stats.stage_mean_ms.{stage}", name)
 
 
-def runtime_comparison(pytorch: RunResult, onnx: RunResult, hardware: str) -> Expectation:
+def runtime_comparison(pytorch: RunResult, onnx: RunResult, hardware: str | None = None) -> Expectation:
     """ONNX Runtime against PyTorch eager, one request at a time: a lower median latency. Its
     requests per second are not judged beside it: with one request at a time they are 1 / the
     mean latency, the same measurement again. The reason says how much of a request the model
@@ -74,6 +77,7 @@ def runtime_comparison(pytorch: RunResult, onnx: RunResult, hardware: str) -> Ex
         figure(pytorch, "latency.p50_ms", "PyTorch median"),
         figure(onnx, "latency.p50_ms", "ONNX median"),
     )
+    hardware = machine_hardware() if hardware is None else hardware
     pt_infer = stage(pytorch, "inference", "PyTorch inference").value
     onnx_infer = stage(onnx, "inference", "ONNX inference").value
     return Expectation(
@@ -97,12 +101,13 @@ def runtime_comparison(pytorch: RunResult, onnx: RunResult, hardware: str) -> Ex
     )
 
 
-def queueing_under_load(alone: RunResult, loaded: RunResult, slots: int, hardware: str) -> Expectation:
+def queueing_under_load(alone: RunResult, loaded: RunResult, slots: int, hardware: str | None = None) -> Expectation:
     """With many senders: throughput rises above one-at-a-time, the inference slots are busy
     nearly all the time (by Little's law on the slots: the slots in use on average are the
     throughput times the service's inference time), and more than half of a request's mean
     latency is spent waiting for a slot (the service's own slot-wait timing). The last two are NOT
     CHECKED where there were no more senders than slots: then no request had to wait for one."""
+    hardware = machine_hardware() if hardware is None else hardware
     senders = loaded.concurrency
     room = f"{senders} sender(s) for {slots} slot(s): every request found a free slot, so none could queue"
     can_queue = senders is not None and senders > slots
@@ -162,7 +167,7 @@ def queueing_under_load(alone: RunResult, loaded: RunResult, slots: int, hardwar
 
 
 def health_stays_out_of_the_queue(
-    idle_ms: Sequence[float], loaded_ms: Sequence[float], loaded: RunResult, slots: int, hardware: str
+    idle_ms: Sequence[float], loaded_ms: Sequence[float], loaded: RunResult, slots: int, hardware: str | None = None
 ) -> Expectation:
     """/health, timed at idle (`idle_ms`) and while `loaded` ran (`loaded_ms`), does not wait
     behind the model: its median under load stays below its median at idle plus half of one
@@ -173,6 +178,7 @@ def health_stays_out_of_the_queue(
     and where half an inference is within /health's own spread at idle (its 90th percentile less
     its median: a GPU's inference of a millisecond or two), where such a wait could not be told
     from the noise of the interpreter and the network."""
+    hardware = machine_hardware() if hardware is None else hardware
     senders = loaded.concurrency
     idle = measured("/health median idle", statistics.median(idle_ms) if idle_ms else math.nan, "ms")
     spread = measured(
@@ -221,17 +227,16 @@ def health_stays_out_of_the_queue(
 MORE_THAN_NOISE = 1.2  # two runs of one plan move by up to 15-40% on a shared machine: a gain must beat that
 
 
-def processes_follow_the_plan(
-    one: RunResult, several: RunResult, processes: int, planned: int, cores: int
-) -> Expectation:
+def processes_follow_the_plan(one: RunResult, several: RunResult, processes: int, plans: CorePlans) -> Expectation:
     """Under load, `processes` processes of the service (`several`) against one (`one`), judged by
-    what the plan says for `cores` cores (`planned` processes, cores.service_plan). Where the plan
+    what the services' plan says for the cores and device of `plans` (its `service`). Where the plan
     calls for several, the interpreter lock caps one process: several serve more than
     MORE_THAN_NOISE x its throughput. Where it calls for one (a few cores), the cores are the limit,
     not the lock: several serve no more than that. A plausible wrong outcome either way: several
     processes that gain nothing on a many-core machine (the lock was not the cap), or gain much on
     two cores (the plan leaves throughput on the table). NOT CHECKED where `processes` is one: the
     same setting twice, nothing to compare."""
+    planned, cores = plans.service.processes, plans.cores
     one_rate = figure(one, "throughput_rps", "1 process")
     several_rate = figure(several, "throughput_rps", f"{processes} processes")
     gain = several_rate.value / one_rate.value

@@ -1,7 +1,8 @@
-"""Notebook 4's checks of its thread plans (inference slots x threads per inference), each plan
-run alone and under load: crowded threads are slower, every core serves one request faster, and
-the elastic default is near the best; and the plans' names (`plan_names`), which
-servelab.lessons.fastapi_bench.experiment's `thread_plans` serves.
+"""Notebook 4's checks of its thread plans (inference slots x threads per inference, the plans of
+servelab.lessons.fastapi_bench.runs.CorePlans), each plan run alone and under load: crowded threads
+are slower, every core serves one request faster, and the elastic default is near the best.
+
+Each takes the machine's `hardware` for its reason, read where the check runs unless a test gives it.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from servelab.lessons.expectations import (
     Expectation,
     condition,
     figure,
+    machine_hardware,
     unless,
 )
 from servelab.lessons.fastapi_bench.checks import stage
+from servelab.lessons.fastapi_bench.runs import CorePlans
 from servelab.results import RunResult
 
 
@@ -30,18 +33,21 @@ def _on_the_gpu(device: str) -> str:
 
 
 def crowded_threads_are_slower(
-    loaded: Mapping[str, RunResult], crowded: str, fitting: str, slots: int, cores: int, device: str, hardware: str
+    loaded: Mapping[str, RunResult], plans: CorePlans, hardware: str | None = None
 ) -> Expectation:
-    """Under load, `slots` slots with `cores` threads each (the plan `crowded`: more busy threads
-    than cores) serve worse than the same slots with one thread each (`fitting`): a higher median
-    latency and a lower throughput. NOT CHECKED where the model ran on a GPU."""
+    """Under load, the crowded plan (its slots with every core each: more busy threads than cores)
+    serves worse than as many slots with one thread each: a higher median latency and a lower
+    throughput. NOT CHECKED where the model ran on a GPU."""
+    crowded, fitting, device = plans.crowded, plans.one_core, plans.device
+    hardware = machine_hardware() if hardware is None else hardware
     crowded_p50 = figure(loaded[crowded], "latency.p50_ms", f"{crowded} p50")
     fitting_p50 = figure(loaded[fitting], "latency.p50_ms", f"{fitting} p50")
     crowded_rate = figure(loaded[crowded], "throughput_rps", crowded)
     fitting_rate = figure(loaded[fitting], "throughput_rps", fitting)
     gpu = _on_the_gpu(device)
     return Expectation(
-        f"with {slots} slots, {cores} threads each (more busy threads than cores) are slower under load than 1 each",
+        f"with {plans.crowded_slots} slots, {plans.cores} threads each (more busy threads than cores) are slower "
+        "under load than 1 each",
         (
             unless(
                 not gpu,
@@ -64,12 +70,14 @@ def crowded_threads_are_slower(
 
 
 def every_core_serves_one_faster(
-    alone: Mapping[str, RunResult], every_core: str, one_core: str, cores: int, device: str, hardware: str
+    alone: Mapping[str, RunResult], plans: CorePlans, hardware: str | None = None
 ) -> Expectation:
-    """One request at a time, the plan that gives an inference every core (`every_core`) answers
-    sooner than one thread (`one_core`): a lower median latency. (Its requests per second, one at
-    a time, are 1 / its mean latency: not judged again.) NOT CHECKED with one core, where both
-    plans are one thread, and on a GPU."""
+    """One request at a time, the plan that gives an inference every core answers sooner than one
+    thread: a lower median latency. (Its requests per second, one at a time, are 1 / its mean
+    latency: not judged again.) NOT CHECKED with one core, where both plans are one thread, and on
+    a GPU."""
+    every_core, one_core, cores, device = plans.every_core, plans.one_core, plans.cores, plans.device
+    hardware = machine_hardware() if hardware is None else hardware
     all_cores = figure(alone[every_core], "latency.p50_ms", f"{cores} threads")
     one_thread = figure(alone[one_core], "latency.p50_ms", "1 thread")
     infer = {name: stage(alone[name], "inference", name).value for name in (every_core, one_core)}
@@ -101,11 +109,14 @@ def every_core_serves_one_faster(
 
 
 def elastic_default_near_the_best(
-    alone: Mapping[str, RunResult], loaded: Mapping[str, RunResult], default: str, device: str, hardware: str,
-    earlier_p50_ms: float,
+    alone: Mapping[str, RunResult], loaded: Mapping[str, RunResult], plans: CorePlans, earlier_p50_ms: float,
+    hardware: str | None = None,
 ) -> Expectation:  # fmt: skip
-    """The `default` plan is within 15% of the best plan: alone, its median latency at most 1.15x
-    the lowest; under load, its throughput at least the highest / 1.15. NOT CHECKED on a GPU."""
+    """The default plan is within 15% of the best plan: alone, its median latency at most 1.15x
+    the lowest; under load, its throughput at least the highest / 1.15 (`earlier_p50_ms`: its
+    median one at a time, measured earlier, for the reason). NOT CHECKED on a GPU."""
+    default, device = plans.default, plans.device
+    hardware = machine_hardware() if hardware is None else hardware
     best_alone = min(alone.values(), key=lambda result: result.latency.p50_ms)
     best_loaded = max(loaded.values(), key=lambda result: result.throughput_rps)
     default_alone = figure(alone[default], "latency.p50_ms", "default alone")
@@ -147,35 +158,4 @@ def elastic_default_near_the_best(
             default_loaded.value / best_rate.value,
             "x",
         ),
-    )
-
-
-def plan_names(cores: int) -> tuple[str, str, str, str]:
-    """The thread plans' names on `cores` cores: every core for one slot, one core per slot,
-    crowded (more busy threads than cores), the default."""
-    crowded = max(2, cores)
-    return (
-        f"1 slot x {cores} threads",
-        f"{cores} slots x 1 thread",
-        f"{crowded} slots x {cores} threads",
-        "default (elastic)",
-    )
-
-
-def thread_plan_checks(
-    alone: Mapping[str, RunResult],
-    loaded: Mapping[str, RunResult],
-    cores: int,
-    device: str,
-    hardware: str,
-    earlier_p50_ms: float,
-) -> tuple[Expectation, Expectation, Expectation]:
-    """The three checks of the plans of `thread_plans(cores)`, each run alone and under load:
-    crowded threads are slower under load, every core serves one request faster, and the elastic
-    default is near the best (`earlier_p50_ms`: the default's median one at a time, measured earlier)."""
-    every_core, one_core, crowded, default = plan_names(cores)
-    return (
-        crowded_threads_are_slower(loaded, crowded, one_core, max(2, cores), cores, device, hardware),
-        every_core_serves_one_faster(alone, every_core, one_core, cores, device, hardware),
-        elastic_default_near_the_best(alone, loaded, default, device, hardware, earlier_p50_ms),
     )

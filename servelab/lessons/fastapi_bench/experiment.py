@@ -1,6 +1,6 @@
-"""What notebook 4 runs beyond the Lab's loads: the four thread plans it serves
-(`thread_plans`), and the watch it keeps beside the 16-sender run (`LoadWatch`: /health timed in a
-background thread, the machine and the server's own process sampled).
+"""What notebook 4 keeps beside its 16-sender run, beyond the Lab's loads (`LoadWatch`): /health
+timed in a background thread, the machine and the server's own process sampled, and what was sampled
+shown in words and plotted.
 """
 
 from __future__ import annotations
@@ -14,35 +14,22 @@ from urllib.parse import urlsplit
 import psutil
 import requests
 
-from servelab.lessons.fastapi_bench.checks_threads import plan_names
+from servelab.lessons.fastapi_bench.views import usage_text
 from servelab.measure.resources import ResourceSampler
+from servelab.report import plots
 
-
-def thread_plans(cores: int) -> dict[str, tuple[int | None, int | None]]:
-    """The four plans notebook 4 serves on `cores` cores, by name: (inference slots, threads per
-    inference), None keeping the service's default. The crowded plan has at least two slots, each
-    with every core: more busy threads than cores, even on one core."""
-    every_core, one_core, crowded, default = plan_names(cores)
-    return {every_core: (1, cores), one_core: (cores, 1), crowded: (max(2, cores), cores), default: (None, None)}
-
-
-def thread_plans_said(device: str, cores: int) -> str:
-    """Where notebook 4 served its thread plans, or why it did not: on a GPU the plans only change
-    how the CPU shares its other work, so their runs would spend the lease's minutes on three
-    verdicts NOT CHECKED."""
-    if device == "cpu":
-        return f"\nThe model ran on the CPU; this process may use {cores} core(s)."
-    return (
-        f"The model runs on {device}: PyTorch's threads per inference only share the CPU's other work (HTTP, "
-        f"JSON, decoding) there, too little to judge, so the {len(thread_plans(cores))} plans were not run (their "
-        "checks would read NOT CHECKED). Run this notebook on a CPU-only machine to see them."
-    )
+# Where a URL names this machine, its server is one of this machine's processes.
+THIS_MACHINE = {"127.0.0.1", "localhost", "::1"}
 
 
 def listening_pids(url: str) -> list[int]:
     """The processes of this machine that listen on `url`'s port (a local server's), as psutil sees
-    them; none where it sees no such process."""
-    port = urlsplit(url).port
+    them; none where it sees no such process, or where `url` names another machine (in the Compose
+    project, a service's own container)."""
+    address = urlsplit(url)
+    if address.hostname not in THIS_MACHINE:
+        return []
+    port = address.port
     return sorted(
         {
             conn.pid
@@ -65,15 +52,15 @@ class LoadWatch:
     - /health, timed `idle_checks` times as the block starts (`idle_ms`), then every `every_s`
       seconds in a background thread until it ends (`loaded_ms`);
     - `sampler`, a ResourceSampler to hand the run, which also samples the server's own process
-      where this one can see it: locally, not in the Compose project (`on_compose`), where the
-      server runs in another container.
+      where this one can see it: where `url` is on this machine (locally), not in the Compose
+      project, where the server runs in another container (listening_pids);
+    - `show_resources`, once the run is over: what the sampler saw.
 
     `time_health`: how one health check is timed (health_check_ms of `url` unless given)."""
 
     def __init__(
         self,
         url: str,
-        on_compose: bool,
         idle_checks: int = 10,
         every_s: float = 0.1,
         time_health: Callable[[], float] | None = None,
@@ -82,7 +69,7 @@ class LoadWatch:
         self.idle_checks = idle_checks
         self.every_s = every_s
         self._time_health = time_health or (lambda: health_check_ms(url))
-        self.sampler = ResourceSampler(interval_s=0.25, pids=[] if on_compose else listening_pids(url))
+        self.sampler = ResourceSampler(interval_s=0.25, pids=listening_pids(url))
         self.idle_ms: list[float] = []
         self.loaded_ms: list[float] = []
         self._stop = threading.Event()
@@ -106,3 +93,10 @@ class LoadWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+    def show_resources(self, during: str) -> None:
+        """What the sampler saw over the run it was handed (`during`: that run's label): in words
+        (usage_text, on the cores this process may use), then over time (plots.plot_resources)."""
+        series = self.sampler.series()
+        print(usage_text(series))
+        plots.plot_resources(series, title=f"Resources during {during}")

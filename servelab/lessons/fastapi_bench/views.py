@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from servelab.lessons.expectations import machine_cores
 from servelab.measure.resources import summarize
 
 
@@ -34,10 +35,11 @@ def describe_predict(openapi: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def usage_text(series: Mapping[str, Any], cores: int) -> str:
+def usage_text(series: Mapping[str, Any], cores: int | None = None) -> str:
     """The resources a ResourceSampler saw (`series`, a RunResult's `resources`), in words: the
-    whole machine's CPU on `cores` cores, each GPU's use (or how none was read), and the server
-    process's own CPU where it was sampled."""
+    whole machine's CPU on `cores` cores (those this process may use, unless given), each GPU's use
+    (or how none was read), and the server process's own CPU where it was sampled."""
+    cores = machine_cores() if cores is None else cores
     usage = summarize(dict(series))
     gpus = ", ".join(
         f"{gpu['name']} {gpu['util_percent_mean']}% busy on average (peak {gpu['util_percent_max']}%)"
