@@ -37,7 +37,7 @@ PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 test-gpu:  ## the GPU check (about 5 minutes): services and Triton on the GPU, their verdicts, speed and GPU memory; exit 2 without a GPU
 	$(PYTHON) -m servelab.bench.gpu_check $(if $(TRITON_SERVER_BIN),--tritonserver $(TRITON_SERVER_BIN)) $(GPU_CHECK_ARGS)
 
-bench: artifacts  ## the headline benchmark (about 30 minutes); report in results/bench-<time>-full/
+bench: artifacts  ## the headline benchmark (about 35 minutes): goals judged at c=64; report in results/bench-<time>-full/
 	$(PY) -m servelab bench --profile full
 
 bench-quick: artifacts  ## the same steps, briefly (about 7 minutes): proves the pipeline, not the speed

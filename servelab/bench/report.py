@@ -3,93 +3,22 @@
 Every ratio is taken against a ceiling measured in the same run on the same machine, in windows
 that take turns with the row's own measured windows (the mean of the ceiling's windows): a row
 at concurrency 1 against the in-process ceiling for one request in flight, a row at higher
-concurrency against the best in-process plan for many. The goals the lab sets itself are
-checked against this run's numbers and listed as met or not met, with the numbers, or as not
-judged, saying why (a FastAPI service is judged against the cap its CPU split sets, and only where
-every core was busy): the report says what happened, it does not fail.
+concurrency against the best in-process plan for many. The goals the lab sets itself
+(servelab.bench.goals) are listed as met or not met, with the numbers, or as not judged, saying
+why, or reported beside them: the report says what happened, it does not fail.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.bench import setups
+from servelab.bench.goals import EVERY_CORE_BUSY, GOAL_CONCURRENCY, ceiling_of, floored, goal_lines, window_fractions
+from servelab.bench.gpu_check.load import SATURATED_PERCENT
 from servelab.report import plots, tables
 from servelab.results import RunResult
-
-AGREEMENT_LIMITS = {"throughput": 0.10, "p50": 0.15}
-
-
-@dataclass(frozen=True)
-class Goal:
-    """A goal the benchmark is judged on: `service` at `loads` reaches `fraction` of its ceiling,
-    or, `of_cap`, of its cap: the share of the ceiling its CPU split leaves it (overhead_cap),
-    judged only where every core was busy, since only then does the cap bind."""
-
-    service: str
-    fraction: float
-    loads: tuple[int, ...]  # the concurrencies it is judged at
-    of_cap: bool = False
-
-
-# A FastAPI service pays for HTTP, its event loop and the load generator, which the in-process
-# ceiling never pays: on busy cores, that caps it below the ceiling, so it is judged against its
-# cap. Triton's front end has no event loop of ours to count (no CPU split): judged on the ceiling.
-GOALS = (
-    Goal("fastapi_pt", 0.95, (1, 8, 16), of_cap=True),
-    Goal("fastapi_onnx", 0.95, (1, 8, 16), of_cap=True),
-    Goal("triton/food_classifier", 0.8, (1, 8, 16)),
-)
-
-# A load point kept every core busy when the server and the load generator used at least this
-# share of the cores' time over its windows (CpuSplit.cores_busy); below it, cores idled (or ran
-# other processes), and the CPU the event loop and the load generator took need not have been
-# taken from decoding and inference.
-EVERY_CORE_BUSY = 0.9
-
-
-def _served(result: RunResult) -> setups.ServedSetup | None:
-    named = {setup.name: setup for setup in setups.SETUPS}
-    named |= {name: setups.ServedSetup(name, "fastapi", None, runtime) for runtime, name in setups.NAIVE.items()}
-    return named.get(result.name)
-
-
-def ceiling_of(result: RunResult, ceilings: dict[str, dict[str, float]]) -> float | None:
-    """The ceiling a served run is judged against, measured between its windows: one request in
-    flight at concurrency 1, the best plan for many otherwise."""
-    if _served(result) is None:
-        return None
-    return ceilings[result.name][str(result.concurrency)]
-
-
-def window_fractions(point: dict[str, list[float]]) -> list[float]:
-    """Each measured window of a load point (`served_rps`) as a fraction of the mean of the two
-    ceiling windows beside it (`ceiling_rps`, one more than the windows): the spread says how
-    far the machine moved during the point."""
-    ceiling = point["ceiling_rps"]
-    if len(ceiling) != len(point["served_rps"]) + 1:
-        raise ValueError("a load point has one ceiling window more than its measured windows")
-    return [served / ((ceiling[i] + ceiling[i + 1]) / 2) for i, served in enumerate(point["served_rps"])]
-
-
-def machine_speed(result: RunResult, meta: dict) -> float:
-    """How fast the machine was around `result`'s run, relative to the sweep at the start: its
-    ceiling measured between its windows over the same ceiling in the sweep. Two runs made at
-    different moments compare fairly once each throughput is divided by its speed and each
-    latency multiplied by it (a slower machine makes every request slower, whoever serves it)."""
-    served = _served(result)
-    if served is None:
-        raise ValueError(f"{result.name} is not a setup of the benchmark: it has no ceiling")
-    key = setups.ceiling_key(served.runtime, served.decode, "one" if result.concurrency == 1 else "many")
-    return ceiling_of(result, meta["ceilings_rps"]) / meta["sweep_best_rps"][key]
-
-
-def _find(results: list[RunResult], name: str, concurrency: int) -> RunResult | None:
-    return next((r for r in results if r.name == name and r.concurrency == concurrency), None)
 
 
 def pair_ratios(agreement: dict) -> str:
@@ -97,24 +26,6 @@ def pair_ratios(agreement: dict) -> str:
     return "; ".join(
         f"{measure} {', '.join(f'{ratio:.2f}' for ratio in ratios)}"
         for measure, ratios in agreement["pair_ratios"].items()
-    )
-
-
-def _floored(share: float) -> str:
-    """A share as a percentage with one decimal, rounded down: a ratio just under its goal never
-    reads as the goal itself."""
-    return f"{math.floor(round(share * 1000, 6)) / 10:.1f}%"
-
-
-def overhead_cap(point: dict, meta: dict) -> str:
-    """What a load point's CpuSplit (`point["cpu_s"]`) says about its ratio, in words; empty without one."""
-    if "cpu_s" not in point:
-        return ""
-    cpu, cores = setups.CpuSplit(**point["cpu_s"]), meta["machine"]["cores_available"]
-    return (
-        f"; the event loop and the load generator took {cpu.overhead_share():.1%} of the CPU its requests "
-        f"cost, which caps it at {1 - cpu.overhead_share():.1%} of the ceiling while every core is busy "
-        f"(they were {_floored(cpu.cores_busy(cores))} busy)"
     )
 
 
@@ -138,106 +49,19 @@ def cpu_table(meta: dict) -> list[str]:
         lines.append(
             f"| {name} | c={load} | {cpu.event_loop_s / cpu.server_s:.1%} "
             f"| {cpu.load_generator_s / (cpu.server_s + cpu.load_generator_s):.1%} | {1 - cpu.overhead_share():.1%} "
-            f"| {fraction:.1%} | {_floored(cpu.cores_busy(cores))} |"
+            f"| {fraction:.1%} | {floored(cpu.cores_busy(cores))} |"
         )
     return lines
 
 
-def _window_spread(point: dict) -> str:
-    if len(point.get("served_rps", [])) < 2:
-        return ""
-    shares = ", ".join(f"{share:.0%}" for share in window_fractions(point))
-    return f"; window by window, against the ceiling beside each: {shares}"
-
-
-def against_ceiling(goal: Goal, result: RunResult, ceiling: float, point: dict) -> str:
-    """A goal on the ratio to the ceiling, met or not, with its numbers."""
-    fraction = result.throughput_rps / ceiling
-    return (
-        f"- {'met' if fraction >= goal.fraction else 'NOT MET'}: {goal.service} at c={result.concurrency} reaches "
-        f"{_floored(fraction)} of its ceiling (goal {goal.fraction:.0%}): {result.throughput_rps:.1f} of "
-        f"{ceiling:.1f} req/s" + _window_spread(point)
-    )
-
-
-def against_cap(goal: Goal, result: RunResult, ceiling: float, point: dict, meta: dict) -> str:
-    """A goal on the ratio to the cap (the ceiling times 1 - the CPU split's overhead share),
-    met or not where every core was busy; NOT JUDGED, saying why, where they were not or where no
-    CPU split was measured."""
-    where = f"{goal.service} at c={result.concurrency}"
-    of_ceiling = (
-        f"it reaches {result.throughput_rps / ceiling:.1%} of its ceiling ({result.throughput_rps:.1f} of "
-        f"{ceiling:.1f} req/s)"
-    )
-    if "cpu_s" not in point:
-        return (
-            f"- NOT JUDGED: {where}: this run measured no CPU split (it did not know the server's process id), "
-            f"so there is no cap to judge it against; {of_ceiling}" + _window_spread(point)
-        )
-    cpu = setups.CpuSplit(**point["cpu_s"])
-    if cpu.cores_busy(meta["machine"]["cores_available"]) < EVERY_CORE_BUSY:
-        return (
-            f"- NOT JUDGED: {where}: not every core was busy (under {EVERY_CORE_BUSY:.0%}), and the cap binds "
-            f"only on busy cores" + overhead_cap(point, meta) + f"; {of_ceiling}" + _window_spread(point)
-        )
-    cap = 1 - cpu.overhead_share()
-    of_cap = result.throughput_rps / (cap * ceiling)
-    return (
-        f"- {'met' if of_cap >= goal.fraction else 'NOT MET'}: {where} reaches {_floored(of_cap)} of its cap "
-        f"(goal {goal.fraction:.0%}): {result.throughput_rps:.1f} of {cap * ceiling:.1f} req/s"
-        + overhead_cap(point, meta)
-        + f"; {of_ceiling}"
-        + _window_spread(point)
-    )
-
-
-def goal_lines(results: list[RunResult], meta: dict) -> list[str]:
-    """Each goal, met or not (or not judged, saying why), with the numbers that decide it (and
-    the spread of a ratio's windows, which does not decide it)."""
-    ceilings, windows, agreement = meta["ceilings_rps"], meta.get("windows_rps", {}), meta["agreement"]
-    lines = []
-    for goal in GOALS:
-        for concurrency in goal.loads:
-            result = _find(results, goal.service, concurrency)
-            if result is None:
-                lines.append(f"- NOT MEASURED: {goal.service} at c={concurrency}")
-                continue
-            if not result.clean:
-                lines.append(f"- NOT JUDGED: {goal.service} at c={concurrency}: {'; '.join(result.interrupted_by)}")
-                continue
-            point = windows.get(goal.service, {}).get(str(concurrency)) or {}
-            ceiling = ceiling_of(result, ceilings)
-            assert ceiling is not None, f"{goal.service} is a setup of the benchmark, with a ceiling"
-            if goal.of_cap:
-                lines.append(against_cap(goal, result, ceiling, point, meta))
-            else:
-                lines.append(against_ceiling(goal, result, ceiling, point))
-    busiest = max(r.concurrency or 0 for r in results if r.tool == "loadgen")
-    for setup in setups.SETUPS:
-        ours, naive = _find(results, setup.name, busiest), _find(results, setups.NAIVE[setup.runtime], busiest)
-        if ours is None or naive is None:
-            lines.append(f"- NOT MEASURED: {setup.name} against {setups.NAIVE[setup.runtime]} at c={busiest}")
-            continue
-        # Measured minutes apart: compared at one machine speed, the sweep's.
-        speed = {run.name: machine_speed(run, meta) for run in (ours, naive)}
-        rps = {run.name: run.throughput_rps / speed[run.name] for run in (ours, naive)}
-        p99 = {run.name: run.latency.p99_ms * speed[run.name] for run in (ours, naive)}
-        faster, shorter_tail = rps[ours.name] >= rps[naive.name], p99[ours.name] < p99[naive.name]
-        lines.append(
-            f"- {'met' if faster and shorter_tail else 'NOT MET'}: {setup.name} at c={busiest} is at least as fast "
-            f"as {naive.name} ({rps[ours.name]:.1f} vs {rps[naive.name]:.1f} req/s: "
-            f"{'yes' if faster else 'no'}) with a lower p99 ({p99[ours.name]:.0f} vs "
-            f"{p99[naive.name]:.0f} ms: {'yes' if shorter_tail else 'no'}), at the sweep's machine speed; as "
-            f"measured, with the machine at {speed[ours.name]:.0%} and {speed[naive.name]:.0%} of that speed: "
-            f"{ours.throughput_rps:.1f} vs {naive.throughput_rps:.1f} req/s, p99 {ours.latency.p99_ms:.0f} vs "
-            f"{naive.latency.p99_ms:.0f} ms"
-        )
-    for measure, limit in AGREEMENT_LIMITS.items():
-        gap = agreement[f"{measure}_gap"]
-        lines.append(
-            f"- {'met' if gap <= limit else 'NOT MET'}: the load generator and perf_analyzer agree on {measure} "
-            f"within {limit:.0%} (the median pair differs by {gap:.1%})"
-        )
+def client_table(served: list[RunResult]) -> list[str]:
+    """How busy the load generator was at every load point: its share of one core over the measured windows."""
+    lines = ["| service | load | load generator, of a core | saturated |", "| --- | --- | ---: | --- |"]
+    for result in served:
+        client = result.client or {}
+        busy = ", ".join(f"{percent:.0f}%" for percent in client.get("cpu_percent", [])) or "?"
+        saturated = "**yes**: not judged" if client.get("saturated") else "no"
+        lines.append(f"| {result.name} | c={result.concurrency} | {busy} | {saturated} |")
     return lines
 
 
@@ -317,12 +141,16 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "",
         "## Goals",
         "",
-        "Each is decided by the load point's throughput over all its windows against the mean of the ceiling's "
-        "windows around and between them. The window-by-window figures (each window against the two ceiling "
-        "windows beside it) do not decide it: they show how far the machine moved meanwhile. A naive app runs "
-        "minutes after the service it is compared with, so the two are compared at one machine speed, the "
-        "sweep's: each throughput divided by, and each p99 multiplied by, the ceiling around its run over the "
-        "same ceiling in the sweep.",
+        f"Each throughput goal is judged at c={GOAL_CONCURRENCY} alone, with more clients than a service has "
+        "processes (workers that share one listening socket balance connections, not requests); the other loads "
+        "are reported with the same figures, never judged, with how their connections spread over a service's "
+        "processes where it runs several. A point whose load generator was saturated is NOT JUDGED (see Is the "
+        "load generator the bottleneck?). Each is decided by the load point's throughput over all its windows "
+        "against the mean of the ceiling's windows around and between them. The window-by-window figures (each "
+        "window against the two ceiling windows beside it) do not decide it: they show how far the machine moved "
+        "meanwhile. A naive app runs minutes after the service it is compared with, so the two are compared at one "
+        "machine speed, the sweep's: each throughput divided by, and each p99 multiplied by, the ceiling around its "
+        "run over the same ceiling in the sweep.",
         "",
         "A FastAPI service is judged against its cap, not the ceiling itself: the ceiling pays for no HTTP, and "
         "while every core is busy the CPU its event loop and the load generator take is taken from decoding and "
@@ -351,6 +179,13 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "CPU time over the requests Triton answered meanwhile (warm-up and every trial window included). "
         "The goals compare the tools pair by pair, each pair run back to back at one machine speed "
         "(the load generator's figure over perf_analyzer's): " + pair_ratios(agreement) + ".",
+        "",
+        "The load generator runs in this process, an asyncio loop in one thread: near a full core, it, not the "
+        "service, sets the pace. Its CPU (time.process_time, the resource sampler's thread included) over each "
+        f"point's measured windows, as a share of one core; at {SATURATED_PERCENT:.0f}% or more the point is "
+        "saturated, and no goal is judged on it (the GPU check's threshold).",
+        "",
+        *client_table(served),
         "",
         "| tool | throughput (req/s) | p50 (ms) | CPU per request (ms) |",
         "| --- | ---: | ---: | ---: |",

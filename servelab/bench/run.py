@@ -9,13 +9,15 @@
    that take turns with the winning plan measured again: a service is compared with the
    ceiling's mean speed in the windows around and between its own.
 2. FastAPI PyTorch, FastAPI ONNX, Triton `food_classifier` (Python backend) and Triton
-   `food_classifier_onnx`, each at concurrency 1, 8 and 16, with the lab's load generator
-   (closed loop), sampling CPU/GPU during each window and reading Triton's statistics over them
-   (and, for a FastAPI server whose process id is known, the CPU its process, its event loop and
-   the load generator spent: CpuSplit); and the naive reference apps (servelab.bench.naive_app) at
-   the highest concurrency. On a server with no GPU, Triton's models run one instance per core
-   for their runs (the CPU counterpart of FastAPI's one slot per core), set through the
-   repository API and put back afterwards.
+   `food_classifier_onnx`, each at the profile's concurrencies (full: 1, 8, 16 and 64), with the
+   lab's load generator (closed loop, in this process: its CPU over each point is counted, and a
+   point where it was near a full core is marked saturated), sampling CPU/GPU during each window
+   and reading over them Triton's statistics, or a FastAPI service's own account (each of its
+   processes' connections and requests), and, for a FastAPI server whose process id is known, the
+   CPU its process, its event loop and the load generator spent (CpuSplit); and the naive
+   reference apps (servelab.bench.naive_app) at the highest concurrency. On a server with no GPU,
+   Triton's models run one instance per core for their runs (the CPU counterpart of FastAPI's one
+   slot per core), set through the repository API and put back afterwards.
 3. The load generator against perf_analyzer: at concurrency 8 against `food_classifier_onnx`,
    alternating, with the CPU each tool spent per request (servelab.bench.agreement).
 
@@ -43,10 +45,11 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from servelab import loadgen, paths, progress
 from servelab.bench import report as bench_report
 from servelab.bench.agreement import agreement_gaps, measure_agreement  # noqa: F401 (tests read agreement_gaps here)
+from servelab.bench.gpu_check.load import SATURATED_PERCENT
 from servelab.bench.served import Endpoints, address, one_instance_per_core, runtime_versions, thread_plan_of
 from servelab.bench.setups import CEILINGS, NAIVE, SETUPS, CpuSplit, ServedSetup, ceiling_key
 from servelab.environment import machine_info
-from servelab.measure import inprocess
+from servelab.measure import inprocess, service_stats
 from servelab.measure.resources import ResourceSampler
 from servelab.profiles import PROFILES, Profile
 from servelab.results import RunResult, pooled, save_results
@@ -82,16 +85,28 @@ def _cpu_now(pid: int | None) -> CpuSplit | None:
 
 def _window(
     setup: ServedSetup, url: str, concurrency: int, duration_s: float, warmup_s: float, image: bytes
-) -> RunResult:
-    """One measured window of a load point, with the machine sampled during it."""
+) -> tuple[RunResult, float, float]:
+    """One measured window of a load point, with the machine sampled during it; and this process's
+    CPU seconds (the load generator's, the sampler's) and the wall seconds from the warm-up's end to
+    the window's, as the GPU check's clients measure theirs."""
+    measuring: list[float] = []  # the CPU and wall clocks as measurement starts
     with ResourceSampler() as sampler:
         result = loadgen.closed_loop(
             loadgen.Endpoint(setup.kind, url, setup.model, image),
             loadgen.Load(concurrency, duration_s=duration_s, warmup_s=warmup_s),
+            on_measuring=lambda: measuring.extend((time.process_time(), time.perf_counter())),
         )
+        cpu_s, wall_s = time.process_time() - measuring[0], time.perf_counter() - measuring[1]
     result.name = setup.name
     result.resources = sampler.series()
-    return result
+    return result, cpu_s, wall_s
+
+
+def client_use(cpu_s: float, wall_s: float) -> dict[str, Any]:
+    """A load point's `RunResult.client`: the load generator, one process (this one), its CPU over the
+    measured windows as a share of one core, saturated at the GPU check's threshold."""
+    percent = 100 * cpu_s / wall_s
+    return {"processes": 1, "cpu_percent": [round(percent, 1)], "saturated": percent >= SATURATED_PERCENT}
 
 
 def _ceilings(profile: Profile, steps: Any) -> dict[str, inprocess.Ceiling]:
@@ -123,13 +138,17 @@ def _load_point(
     image: bytes,
     windows_rps: dict[str, dict[str, dict]],
     server_pid: int | None = None,
+    metrics_url: str | None = None,
 ) -> RunResult:
     """`served` at `concurrency`, measured in `profile.windows` windows, each between two
     measurements of the ceiling it is judged against (one request in flight at concurrency 1,
-    the winner for many otherwise). Returns the windows pooled; records each window's req/s and
-    the ceiling's before, between and after them in `windows_rps[served.name][str(concurrency)]`,
-    with the windows' CpuSplit when the server's process id is given. The
-    point is judged against the ceiling's mean: a slowdown in the middle of the run slows both.
+    the winner for many otherwise). Returns the windows pooled, with the load generator's CPU
+    (`client_use`) and, given the `metrics_url` of a service that counts its own requests (the
+    lab's FastAPI services), its account over the windows (`service_stats`: each process's
+    connections and requests); records each window's req/s and the ceiling's before, between and
+    after them in `windows_rps[served.name][str(concurrency)]`, with the windows' CpuSplit when the
+    server's process id is given. The point is judged against the ceiling's mean: a slowdown in
+    the middle of the run slows both.
 
     The first window warms the service up for the profile's warm-up; the later ones, and the
     ceiling measured again, for REPEAT_WARMUP_S (the models are loaded; connections are new)."""
@@ -144,23 +163,32 @@ def _load_point(
         return again.throughput_rps
 
     ceiling_rps, windows, splits = [ceiling_now(1)], [], []
-    stats = triton_stats.counted_over(triton, served.model) if served.model else contextlib.nullcontext()
-    with stats as stats_window:  # the ceiling's windows send Triton nothing
+    client_cpu_s = client_wall_s = 0.0
+    # Counted over all the windows: the ceiling's windows send the services nothing.
+    with contextlib.ExitStack() as counting:
+        stats_window = counting.enter_context(triton_stats.counted_over(triton, served.model)) if served.model else None
+        service_window = counting.enter_context(service_stats.counted_over(metrics_url)) if metrics_url else None
         for turn in range(1, profile.windows + 1):
             log.info("%s at concurrency %d: window %d of %d", served.name, concurrency, turn, profile.windows)
             warmup_s = profile.warmup_s if turn == 1 else min(REPEAT_WARMUP_S, profile.warmup_s)
             before = _cpu_now(server_pid)
-            windows.append(_window(served, url, concurrency, window_s, warmup_s, image))
+            window, cpu_s, wall_s = _window(served, url, concurrency, window_s, warmup_s, image)
+            windows.append(window)
+            client_cpu_s, client_wall_s = client_cpu_s + cpu_s, client_wall_s + wall_s
             after = _cpu_now(server_pid)
             splits.append(after - before if before and after else None)
             ceiling_rps.append(ceiling_now(turn + 1))
     result = pooled(windows)
+    result.client = client_use(client_cpu_s, client_wall_s)
     # The machine as sampled in the last window: a sampler across all of them would see the ceiling's too.
     result.resources = windows[-1].resources
     result.notes.append("resources: sampled during the last window")
     if stats_window is not None:  # counted_over's, when Triton served this setup
         assert stats_window.delta is not None, "set as the block ended without an error"
         result.triton_stats = stats_window.delta.to_dict()
+    if service_window is not None:
+        assert service_window.delta is not None, "set as the block ended without an error"
+        result.service_stats = service_window.delta.to_dict()
     served_rps = [window.throughput_rps for window in windows]
     point: dict[str, Any] = {"served_rps": served_rps, "ceiling_rps": ceiling_rps}
     measured_splits = [split for split in splits if split is not None]
@@ -276,8 +304,11 @@ def _measure_and_report(
                     triton = endpoints.triton_http
                     # FastAPI's: Triton's HTTP front end is C++ and its models run in processes of their own.
                     pid = None if setup.model else server_pids.get(setup.name)
+                    metrics = None if setup.model else url  # each FastAPI process counts its own share
                     started = time.time()
-                    point = _load_point(ceilings, setup, url, triton, concurrency, profile, image, windows_rps, pid)
+                    point = _load_point(
+                        ceilings, setup, url, triton, concurrency, profile, image, windows_rps, pid, metrics
+                    )
                     # A server the local stack restarted during the point: its figures are not a clean run's.
                     point.interrupted_by = [e.describe() for e in exits if e.between(started, time.time())]
                     results.append(point)
