@@ -85,10 +85,11 @@ class RunResult:
     # "computed" (steps) and "for_gone_clients" (steps that ended after their client had left).
     steps: dict[str, Any] | None = None
     resources: dict[str, Any] | None = None  # resource utilization time series sampled during the run
-    # The load's own processes (the GPU check's closed loop): "processes", "cpu_percent" (each one's
-    # share of a core over the window), "saturated" (one was near a full core: the client, not the
-    # server, may have set the pace); and "connections_by_worker", each server process's own count
-    # of the load's connections, the most seen while the load ran.
+    # The load's own processes (the GPU check's closed loop, `make bench`'s load generator):
+    # "processes", "cpu_percent" (each one's share of a core over the window), "saturated" (one was
+    # near a full core: the client, not the server, may have set the pace); and, in the GPU check,
+    # "connections_by_worker", each server process's own count of the load's connections, the most
+    # seen while the load ran.
     client: dict[str, Any] | None = None
     # perf_analyzer: the command line that measured the run (on a retry, the attempt that counted).
     command: list[str] | None = None
