@@ -27,20 +27,18 @@
 # (the GPU, or without one the cores, a replica reserves). Each replica runs `fastapi_onnx`'s app.
 
 # %%
-import base64
 import json
 import statistics
 
 import requests
 
-from servelab import paths
 from servelab.lab import Lab
 from servelab.lab import ray_side as lab_ray
 from servelab.lessons import concurrency_target
 
 lab = Lab.connect("9_concurrency_target")
 serve = lab.ray_serve()
-print(f"The models run on {lab.hardware()}; Ray Serve at {serve.url}.")
+print(f"Ray Serve at {serve.url}; its Ray has {serve.hardware.describe()}.")
 
 # %% [markdown]
 # ## The config as shipped
@@ -48,7 +46,7 @@ print(f"The models run on {lab.hardware()}; Ray Serve at {serve.url}.")
 # Each edit below prints its difference from this file.
 
 # %%
-print((paths.RAY_SERVE_DIR / "serve_config.yaml").read_text())
+print(serve.config_file.read_text())
 
 # %% [markdown]
 # One request: its answer names the Ray node and replica that served it (`X-Ray-Node`,
@@ -56,9 +54,7 @@ print((paths.RAY_SERVE_DIR / "serve_config.yaml").read_text())
 
 # %%
 serve.restore()
-answer = requests.post(
-    f"{serve.url}/predict", json={"image": base64.b64encode(lab.sample_image()).decode()}, timeout=60
-)
+answer = serve.predict()  # POST /predict with the sample photo, as to FastAPI
 print(f"HTTP {answer.status_code}: {answer.json()}")
 print(f"served by replica {answer.headers['x-serve-replica']} on node {answer.headers['x-ray-node'][:12]}...")
 print(requests.get(f"{serve.url}/health", timeout=10).json())
@@ -106,16 +102,15 @@ food11["max_ongoing_requests"] = MAX_ONGOING
 food11["autoscaling_config"] = autoscaling
 serve.apply(step_config)
 
-step_s = lab.profile.step_s
-STEPS = [(1, round(step_s * 2 / 3)), (BETWEEN, step_s), (12, step_s), (1, 2 * step_s)]  # (clients, seconds)
-below_cap = lab_ray.step_load(serve, lab.closed_loop, STEPS, "ray_serve", autoscaling)
+STEPS = [(1, 2 / 3), (BETWEEN, 1), (12, 1), (1, 2)]  # (clients, length in steps of the profile's step_s)
+below_cap = serve.step_load(lab.closed_loop, STEPS, "ray_serve", autoscaling)
 
 # %% [markdown]
 # Each step from both sides, as a table, then over time (dashed: what the replicas hold; dotted:
 # where Serve adds one).
 
 # %%
-lab_ray.show_step_load(below_cap, MAX_ONGOING)
+serve.show_step_load(below_cap, MAX_ONGOING)
 
 # %% [markdown]
 # The checks read Serve's samples. The share of time outside the replica is 1 - (time in replica) /
@@ -144,9 +139,9 @@ food11["max_ongoing_requests"] = MAX_ONGOING
 food11["autoscaling_config"] = at_cap_autoscaling
 serve.apply(at_cap_config)
 
-AT_CAP_STEPS = [(1, round(step_s / 3)), (BETWEEN, step_s), (12, step_s)]
-at_cap = lab_ray.step_load(serve, lab.closed_loop, AT_CAP_STEPS, "ray_serve, target = cap", at_cap_autoscaling)
-lab_ray.show_step_load(at_cap, MAX_ONGOING)
+AT_CAP_STEPS = [(1, 1 / 3), (BETWEEN, 1), (12, 1)]
+at_cap = serve.step_load(lab.closed_loop, AT_CAP_STEPS, "ray_serve, target = cap", at_cap_autoscaling)
+serve.show_step_load(at_cap, MAX_ONGOING)
 
 # %% [markdown]
 # The check compares both step loads: when Serve added the second replica (one *starting* counts),
@@ -186,9 +181,7 @@ for cap in (1, PREDICT_SLOTS, MAX_ONGOING):
     serve.apply(config, quiet=cap != 1)
     label = f"ray_serve, {PREDICT_SLOTS} predict slots, max_ongoing_requests {cap}"
     with serve.watch() as watcher:
-        slot_runs[cap] = lab.closed_loop(
-            serve.url, SLOT_CLIENTS, max(lab.profile.duration_s, 5), name=label, service_stats=True
-        )
+        slot_runs[cap] = lab.closed_loop(serve.url, SLOT_CLIENTS, name=label, service_stats=True)
     slot_samples[cap] = watcher.samples
 
 print(concurrency_target.slot_table(slot_runs, slot_samples))
@@ -219,17 +212,10 @@ for queued in (2, -1):
     food11.update(num_replicas=1, max_ongoing_requests=2, max_queued_requests=queued)
     serve.apply(config, quiet=queued != 2)
     label = f"ray_serve, 1 replica, target 2, queue {'of 2' if queued == 2 else 'unbounded'}"
-    runs_by_queue[queued] = lab.closed_loop(
-        serve.url, QUEUE_CLIENTS, max(lab.profile.duration_s, 5), name=label, backoff_s=BACKOFF_S
-    )
+    runs_by_queue[queued] = lab.closed_loop(serve.url, QUEUE_CLIENTS, name=label, backoff_s=BACKOFF_S)
 
-
-small, unbounded = runs_by_queue[2], runs_by_queue[-1]
-lab.record(concurrency_target.bounded_queue_refuses(
-    "Ray Serve", small, unbounded, 2, "http_503",
-    f"on {lab.hardware()}, Serve's proxy, the refusals and the load generator share the cores with the replica, "
-    "which slows the answered requests too",
-), predicted=predicted_serve_p95_share);
+lab.record(concurrency_target.bounded_queue_refuses("Ray Serve", runs_by_queue[2], runs_by_queue[-1], 2, "http_503"),
+           predicted=predicted_serve_p95_share);
 
 # %% [markdown]
 # ## Do more replicas add capacity here?
@@ -258,9 +244,7 @@ for replicas in replica_counts:
         food11["ray_actor_options"]["num_cpus"] = int(serve.hardware.cores / max(replica_counts) * 1000) / 1000
     serve.apply(config, quiet=replicas > 1)
     with serve.watch() as watcher:
-        by_replicas[replicas] = lab.closed_loop(
-            serve.url, 8, max(lab.profile.duration_s, 5), name=f"ray_serve, {replicas} replica(s), 8 clients"
-        )
+        by_replicas[replicas] = lab.closed_loop(serve.url, 8, name=f"ray_serve, {replicas} replica(s), 8 clients")
     cpu_by_replicas[replicas] = statistics.fmean(sample.cpu_percent for sample in watcher.samples)
 
 for replicas, run in by_replicas.items():
@@ -319,18 +303,15 @@ predicted_triton_p95_share = None  # before you run: the answered p95 with Trito
 MODEL = "food_classifier_onnx"
 triton_runs = {}
 for max_queue in (2, 0):
-    queue_policy = {"max_queue_size": max_queue, "timeout_action": "REJECT"} if max_queue else {}
-    edited = lab.triton.config(MODEL).with_fields(max_batch_size=1).with_instance_groups(lab.triton.instance_groups(2))
-    edited = (
-        edited.with_dynamic_batching(default_queue_policy=queue_policy)
-        if queue_policy
-        else edited.with_dynamic_batching()
+    policy = f"default_queue_policy {{ max_queue_size: {max_queue} }}" if max_queue else ""
+    edited = lab.triton.config(MODEL).with_text(
+        "max_batch_size: 1  instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0 ] } ]  "
+        f"dynamic_batching {{ {policy} }}"
     )
     lab.triton.apply_config(MODEL, edited)
     label = f"triton/{MODEL}, 2 instances, queue {'of ' + str(max_queue) if max_queue else 'unbounded'}"
     triton_runs[max_queue] = lab.closed_loop(
-        lab.triton_http, 16, max(lab.profile.duration_s, 5), name=label, kind="triton-http", model=MODEL,
-        backoff_s=BACKOFF_S, triton_stats=True,
+        lab.triton_http, 16, name=label, kind="triton-http", model=MODEL, backoff_s=BACKOFF_S, triton_stats=True
     )
     stats = triton_runs[max_queue].triton_stats
     print(
@@ -338,13 +319,8 @@ for max_queue in (2, 0):
         f" queue and {stats['avg_compute_infer_us'] / 1000:.1f} ms computing"
     )
 lab.triton.restore_config(MODEL)
-bounded, open_queue = triton_runs[2], triton_runs[0]
-lab.record(concurrency_target.bounded_queue_refuses(
-    "Triton", bounded, open_queue, 2, None,
-    f"on {lab.hardware()}, the 16 clients, their refusals and both instances share the cores; with the "
-    f"queue of 2 an answered request waited {bounded.triton_stats['avg_queue_us'] / 1000:.1f} ms in Triton's queue "
-    f"on average for {bounded.triton_stats['avg_compute_infer_us'] / 1000:.1f} ms of computing",
-), predicted=predicted_triton_p95_share);
+lab.record(concurrency_target.bounded_queue_refuses("Triton", triton_runs[2], triton_runs[0], 2),
+           predicted=predicted_triton_p95_share);
 
 # %% [markdown]
 # Three engines, two limits: on work running (cap and slots, FastAPI's slot, Triton's instances) and

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from servelab import service_exits
-from servelab.lab import Lab, triton_configs, ui
+from servelab import loadgen, service_exits
+from servelab.lab import Lab, measuring, triton_configs, ui
 from servelab.lab.triton_side import TOP_LOAD, Capacity, rates_at_capacity
 from servelab.lessons.expectations import (
     Condition,
@@ -388,6 +388,19 @@ def test_profiles_are_defined_once_and_an_unknown_one_is_refused():
     assert profile("quick") is PROFILES["quick"] and profile("full").duration_s > profile("quick").duration_s
     with pytest.raises(ValueError, match="LAB_PROFILE='fast'.*full, quick"):
         Settings.from_environ({"LAB_PROFILE": "fast"})
+
+
+@pytest.mark.parametrize("name", ["quick", "full"])
+def test_a_closed_loop_left_to_the_profile_runs_its_duration_and_never_less_than_the_minimum(monkeypatch, name):
+    lab = Lab("local", profile(name), {}, None, None, None, notebook="toy")
+    loads = []
+    monkeypatch.setattr(loadgen, "closed_loop", lambda endpoint, load, progress: loads.append(load) or synthetic_run())
+    monkeypatch.setattr(lab.keeper, "ready_to_measure", time.time)
+    monkeypatch.setattr(lab.keeper, "keep", lambda result, kept_as, started: kept_as)
+    assert lab.closed_loop("http://127.0.0.1:9", 4) == "http://127.0.0.1:9, 4 client(s)"
+    assert loads[0].duration_s == max(profile(name).duration_s, measuring.CLOSED_LOOP_MIN_S)
+    lab.closed_loop("http://127.0.0.1:9", 4, 1.5, "a step")
+    assert loads[1].duration_s == 1.5
 
 
 def sampled_gpus(*busy: list[float]) -> dict:

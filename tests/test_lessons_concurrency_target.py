@@ -12,6 +12,7 @@ from tests.helpers import service_stages, synthetic_run
 AUTOSCALING = {"target_ongoing_requests": 1.5, "min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 2,
                "downscale_delay_s": 5, "look_back_period_s": 4, "metrics_interval_s": 1}  # fmt: skip
 MAX_ONGOING = 4
+HARDWARE = "2 CPU core(s) and no GPU"  # what the checks' reasons name, set rather than read from this machine
 
 
 def outcomes(expectation) -> list[Outcome]:
@@ -301,7 +302,7 @@ def queue_run(p50_ms, refused=0, refusal_ms=2.0, error="http_503"):
 def test_a_bounded_queue_holds_one_rule_for_every_engine():
     # 16 clients, 2 slots and a queue of 2: answers 40 ms (p95 48), refusals 2 ms; unbounded 200 ms (p95 240).
     for engine, refusal in (("Ray Serve", "http_503"), ("Triton", None)):
-        held = concurrency_target.bounded_queue_refuses(engine, queue_run(40, 30), queue_run(200), 2, refusal, "r")
+        held = concurrency_target.bounded_queue_refuses(engine, queue_run(40, 30), queue_run(200), 2, refusal, HARDWARE)
         assert outcomes(held) == [Outcome.HELD] * 4, held
         assert held.conditions[3].detail == "x0.20"
         assert (
@@ -310,22 +311,34 @@ def test_a_bounded_queue_holds_one_rule_for_every_engine():
         )
 
 
+def test_a_bounded_queue_s_reason_names_the_machine_and_triton_s_own_account_of_the_wait():
+    ray = concurrency_target.bounded_queue_refuses("Ray Serve", queue_run(40, 30), queue_run(200), 2, "http_503",
+                                                   HARDWARE)  # fmt: skip
+    assert ray.reason.startswith(f"on {HARDWARE}, the 16 clients and their refusals share the cores with Ray Serve")
+    counted = queue_run(40, 30)
+    counted.triton_stats = {"avg_queue_us": 1500.0, "avg_compute_infer_us": 12000.0}
+    triton = concurrency_target.bounded_queue_refuses("Triton", counted, queue_run(200), 2, None, HARDWARE)
+    assert triton.reason.endswith(
+        "with the queue of 2 an answered request waited 1.5 ms in Triton's queue on average for 12.0 ms of computing"
+    )
+
+
 def test_a_bounded_queue_whose_answers_wait_nearly_as_long_fails_the_p95():
     """The wrong outcome Triton's former rule ("lower") passed: the bound refuses, yet the answered
     requests wait 80% as long as with no bound (p95 192 against 240 ms)."""
-    failed = concurrency_target.bounded_queue_refuses("Triton", queue_run(160, 30), queue_run(200), 2, None, "r")
+    failed = concurrency_target.bounded_queue_refuses("Triton", queue_run(160, 30), queue_run(200), 2, None, HARDWARE)
     assert outcomes(failed) == [Outcome.HELD, Outcome.HELD, Outcome.HELD, Outcome.NOT_HELD]
     # Refusals that waited in line (a timeout, not a full queue), and a refusal of another kind.
     slow = concurrency_target.bounded_queue_refuses("Ray Serve", queue_run(40, 30, 35.0), queue_run(200), 2,
-                                                    "http_503", "r")  # fmt: skip
+                                                    "http_503", HARDWARE)  # fmt: skip
     assert outcomes(slow)[1] is Outcome.NOT_HELD
     other = concurrency_target.bounded_queue_refuses("Ray Serve", queue_run(40, 30, error="http_500"),
-                                                     queue_run(200), 2, "http_503", "r")  # fmt: skip
+                                                     queue_run(200), 2, "http_503", HARDWARE)  # fmt: skip
     assert outcomes(other)[0] is Outcome.NOT_HELD
 
 
 def test_a_bound_that_refused_nothing_leaves_its_effects_not_checked():
-    never = concurrency_target.bounded_queue_refuses("Triton", queue_run(90), queue_run(200), 2, None, "r")
+    never = concurrency_target.bounded_queue_refuses("Triton", queue_run(90), queue_run(200), 2, None, HARDWARE)
     assert outcomes(never) == [Outcome.NOT_HELD, Outcome.NOT_CHECKED, Outcome.HELD, Outcome.NOT_CHECKED]
     assert never.conditions[3].detail.startswith("the queue of 2 refused nothing")
 

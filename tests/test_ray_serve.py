@@ -27,10 +27,12 @@ import yaml
 
 from servelab import loadgen
 from servelab.lab.ray_side import RayServe
+from servelab.profiles import profile
 from servelab.ray import local as ray_local
 from servelab.ray import rest as ray_rest
 from servelab.ray.watch import ServeSample, ServeWatcher, during, in_replica_mean_ms, serve_metrics
 from servelab.service.food11 import LABELS
+from servelab.settings import settings
 from servelab.stack.supervision import LocalStack
 from tests.helpers import BAD_REQUESTS, TEST_MAX_REQUEST_BYTES, check_bad_request, make_image_bytes, until
 
@@ -262,6 +264,47 @@ def test_a_replica_that_dies_is_replaced_and_the_run_counts_what_failed(ray_serv
     assert _post(url, base64.b64encode(test_images[2]).decode()).status_code == 200
 
 
+class StillWatcher:
+    """A ServeWatcher's stand-in: its clock moves one second per reading, and it samples nothing."""
+
+    def __init__(self) -> None:
+        self.samples: list[ServeSample] = []
+        self.failures: dict[str, int] = {}
+        self.clock = 0.0
+
+    def __enter__(self) -> "StillWatcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def now_s(self) -> float:
+        self.clock += 1
+        return self.clock
+
+
+def test_a_step_load_runs_each_step_for_its_length_in_the_profile_s_steps_while_serve_is_watched(monkeypatch, capsys):
+    serve = RayServe("http://127.0.0.1:9", "http://127.0.0.1:8", "http://127.0.0.1:7/metrics", Path("token"), 9)
+    monkeypatch.setattr(serve, "watch", StillWatcher)
+    sent = []
+
+    def closed_loop(url, clients, seconds, name):
+        sent.append((url, clients, seconds, name))
+        return name
+
+    load = serve.step_load(closed_loop, [(1, 0.5), (12, 2)], "ray_serve", {"target_ongoing_requests": 2}, step_s=10)
+    assert sent == [("http://127.0.0.1:9", 1, 5.0, "ray_serve, step of 1 client(s)"),
+                    ("http://127.0.0.1:9", 12, 20.0, "ray_serve, step of 12 client(s)")]  # fmt: skip
+    assert [(step.start_s, step.end_s, step.clients, step.run) for step in load.steps] == [
+        (1, 2, 1, "ray_serve, step of 1 client(s)"), (3, 4, 12, "ray_serve, step of 12 client(s)")
+    ]  # fmt: skip
+    assert load.autoscaling == {"target_ongoing_requests": 2}
+    assert "Steps of 10 s; 0 samples of Serve's state; polls that failed: none" in capsys.readouterr().out
+    sent.clear()
+    serve.step_load(closed_loop, [(1, 1)], "ray_serve", {})
+    assert sent[0][2] == profile(settings().profile).step_s, "by default a step is the profile's"
+
+
 def test_serve_metrics_are_summed_for_one_deployment_without_health_checks():
     ours, latency = 'application="food11",deployment="Food11"', "ray_serve_deployment_processing_latency_ms"
     text = "\n".join([
@@ -308,7 +351,9 @@ def test_an_edited_config_is_deployed_and_awaited_through_serve_s_rest_api(ray_s
     serve.apply(config, quiet=True)
     deployed = ray_rest.applications(ray_service.dashboard, ray_service.token_file)["food11"]["deployed_app_config"]
     assert deployed["deployments"][0]["max_queued_requests"] == MAX_QUEUED + 7
-    assert _post(ray_service.url, image_b64).status_code == 200
+    answer = serve.predict()  # the sample photo, as notebook 9's first request sends it
+    assert answer.status_code == 200 and set(answer.json()) == {"prediction", "probability"}, answer.text
+    assert answer.headers["x-serve-replica"]
     serve.apply(as_tested, quiet=True)  # the other tests count on the module's queue
     deployed = ray_rest.applications(ray_service.dashboard, ray_service.token_file)["food11"]["deployed_app_config"]
     assert deployed["deployments"][0]["max_queued_requests"] == MAX_QUEUED

@@ -34,6 +34,10 @@ from servelab.stack.supervision import start_on_free_ports
 from servelab.triton.models import ModelRepository
 
 STREAMS_END_S = 60.0  # how long the streams a run left on the server may take to end
+# A closed loop left to the profile's duration runs at least this long: it has no warm-up, and its
+# first second or two (connections opening, a server's first requests) would be most of the quick
+# profile's 2 s.
+CLOSED_LOOP_MIN_S = 5.0
 
 
 class ServiceURL(str):
@@ -176,8 +180,8 @@ class Measuring:
         self,
         address: str,
         concurrency: int,
-        duration_s: float,
-        name: str,
+        duration_s: float | None = None,
+        name: str | None = None,
         kind: str = "fastapi",
         model: str | None = None,
         backoff_s: float = 0.0,
@@ -189,7 +193,8 @@ class Measuring:
         """`concurrency` senders for `duration_s` seconds with no warm-up (its timeline starts when
         it is called: a step of a longer load), against the service at `address` of `kind`
         ("fastapi": any service with the FastAPI contract; "triton-http"/"triton-grpc": `model`),
-        recorded as `name`.
+        recorded as `name` (by default the address and the senders). By default it runs for the
+        profile's duration, at least CLOSED_LOOP_MIN_S.
         With `backoff_s`, a sender waits that long after a failed request (a refusal); `impatient`
         of the senders give up on a request after `patience_s` and cancel it. The server's own
         account of the run: with `service_stats`, the /metrics of the service at `address`
@@ -205,12 +210,14 @@ class Measuring:
                 raise ValueError("triton_stats=True counts Triton's statistics of `model`: name the model")
             accounts.append(self.triton.account(model))
         endpoint = self._endpoint(kind, address, model)
+        if duration_s is None:
+            duration_s = max(self.profile.duration_s, CLOSED_LOOP_MIN_S)
         load = loadgen.Load(
             concurrency, duration_s=duration_s, backoff_s=backoff_s, impatient=impatient, patience_s=patience_s
         )
         started = self.keeper.ready_to_measure()
         measure = functools.partial(loadgen.closed_loop, endpoint, load, progress=settings().progress)
-        return self.keeper.keep(counted(measure, accounts), name, started)
+        return self.keeper.keep(counted(measure, accounts), name or f"{address}, {concurrency} client(s)", started)
 
     def streams(
         self,

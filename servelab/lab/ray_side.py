@@ -1,12 +1,14 @@
 """The Ray Serve half of the notebooks' Lab (notebook 9): one Ray Serve to edit, redeploy and watch.
 
     serve = lab.ray_serve()
-    config = serve.shipped_config()            # ray_serve/serve_config.yaml, as a dict
+    serve.config_file.read_text()              # ray_serve/serve_config.yaml, as shipped
+    answer = serve.predict()                   # one request with the sample photo: Serve's answer
+    config = serve.shipped_config()            # that file, as a dict
     serve.deployment_options(config)["max_ongoing_requests"] = 2
     serve.apply(config)                        # shows the edit, deploys it, waits until it runs
     with serve.watch() as watcher: ...         # replicas, ongoing and queued requests over time
-    load = step_load(serve, lab.closed_loop, [(1, 10), (12, 10)], "ray_serve", autoscaling)
-    show_step_load(load, max_ongoing=4)        # its table and plot
+    load = serve.step_load(lab.closed_loop, [(1, 1), (12, 1)], "ray_serve", autoscaling)  # steps of step_s
+    serve.show_step_load(load, max_ongoing=4)  # its table and plot
     two_node_cluster(40)                       # a two-node Ray cluster on this machine: its report
 
 Where it runs:
@@ -25,6 +27,7 @@ adaptation is printed too.
 from __future__ import annotations
 
 import atexit
+import base64
 import json
 import statistics
 import subprocess
@@ -35,9 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import requests
+
 from servelab import paths
 from servelab.lessons.concurrency_target import Step, StepLoad, step_table
 from servelab.measure import timeline
+from servelab.profiles import profile
 from servelab.ray import local as ray_local
 from servelab.ray import rest as ray_rest
 from servelab.ray.watch import ServeWatcher
@@ -65,8 +71,19 @@ class RayServe:
     # What the Ray that serves the replicas has: locally this machine's cores, no GPU.
     hardware: Hardware = field(default_factory=lambda: Hardware(gpus=0, cores=available_cores()))
 
+    @property
+    def config_file(self) -> Path:
+        """The config as shipped (ray_serve/serve_config.yaml): what every edit starts from."""
+        return ray_local.CONFIG_PATH
+
     def shipped_config(self) -> dict[str, Any]:
-        return ray_local.read_config()
+        return ray_local.read_config(self.config_file)
+
+    def predict(self, image: bytes | None = None) -> requests.Response:
+        """One request to the app's /predict, as FastAPI's contract has it (the photo in base64; by
+        default the lab's sample photo): Serve's answer, with the headers that name the replica."""
+        payload = {"image": base64.b64encode(image or paths.SAMPLE_IMAGE.read_bytes()).decode()}
+        return requests.post(f"{self.url}/predict", json=payload, timeout=60)
 
     @staticmethod
     def deployment_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -148,6 +165,39 @@ class RayServe:
     def watch(self, interval_s: float = 1.0) -> ServeWatcher:
         return ServeWatcher(self.dashboard, self.metrics_url, APPLICATION, DEPLOYMENT, self.token_file, interval_s)
 
+    def step_load(
+        self,
+        closed_loop: Callable[..., RunResult],
+        steps: list[tuple[int, float]],
+        label: str,
+        autoscaling: dict[str, Any],
+        step_s: float | None = None,
+    ) -> StepLoad:
+        """Each (clients, length) step in turn against this Serve, deployed with `autoscaling` (its
+        autoscaling_config), with `closed_loop` (the lab's, which keeps each run as "<label>, step of
+        N client(s)"), while Serve is watched: Serve's samples, and the steps on the watcher's time
+        axis. A length counts steps of `step_s` seconds: by default the profile's (LAB_PROFILE), long
+        enough for the autoscaler to act, and short in the quick one."""
+        step_s = profile(settings().profile).step_s if step_s is None else step_s
+        ran = []
+        with self.watch() as watcher:
+            for clients, length in steps:
+                start = watcher.now_s()
+                run = closed_loop(self.url, clients, length * step_s, name=f"{label}, step of {clients} client(s)")
+                ran.append(Step(start, watcher.now_s(), clients, run))
+        failed = dict(watcher.failures) or "none"
+        print(f"Steps of {step_s:g} s; {len(watcher.samples)} samples of Serve's state; polls that failed: {failed}")
+        return StepLoad(watcher.samples, ran, autoscaling)
+
+    @staticmethod
+    def show_step_load(load: StepLoad, max_ongoing: int) -> None:
+        """A step load's table (servelab.lessons.concurrency_target.step_table), then its plot."""
+        import matplotlib.pyplot as plt
+
+        print(step_table(load))
+        plot_step_load(load, max_ongoing)
+        plt.show()
+
 
 def compose() -> RayServe:
     """The Compose project's Ray Serve, as its Jupyter container reaches it."""
@@ -194,35 +244,6 @@ def serve_at(ports: Ports, token_file: Path, outlives_the_notebook: bool = True)
         local_port=ports.ray_serve,
         outlives_the_notebook=outlives_the_notebook,
     )
-
-
-def step_load(
-    serve: RayServe,
-    closed_loop: Callable[..., RunResult],
-    steps: list[tuple[int, float]],
-    label: str,
-    autoscaling: dict[str, Any],
-) -> StepLoad:
-    """Each (clients, seconds) step in turn against `serve`, deployed with `autoscaling` (its
-    autoscaling_config), with `closed_loop` (the lab's, which keeps each run as "<label>, step of
-    N client(s)"), while Serve is watched: Serve's samples, and the steps on the watcher's time axis."""
-    ran = []
-    with serve.watch() as watcher:
-        for clients, seconds in steps:
-            start = watcher.now_s()
-            run = closed_loop(serve.url, clients, seconds, name=f"{label}, step of {clients} client(s)")
-            ran.append(Step(start, watcher.now_s(), clients, run))
-    print(f"{len(watcher.samples)} samples of Serve's state; polls that failed: {dict(watcher.failures) or 'none'}")
-    return StepLoad(watcher.samples, ran, autoscaling)
-
-
-def show_step_load(load: StepLoad, max_ongoing: int) -> None:
-    """A step load's table (servelab.lessons.concurrency_target.step_table), then its plot."""
-    import matplotlib.pyplot as plt
-
-    print(step_table(load))
-    plot_step_load(load, max_ongoing)
-    plt.show()
 
 
 def plot_step_load(load: StepLoad, max_ongoing: int, width_s: float | None = None):

@@ -11,7 +11,16 @@ import statistics
 from itertools import pairwise
 
 from servelab.lessons.concurrency_target.runs import busy_slots, mean_of
-from servelab.lessons.expectations import Estimate, Expectation, Figure, condition, figure, measured, unless
+from servelab.lessons.expectations import (
+    Estimate,
+    Expectation,
+    Figure,
+    condition,
+    figure,
+    machine_hardware,
+    measured,
+    unless,
+)
 from servelab.ray.watch import ServeSample
 from servelab.results import RunResult
 
@@ -116,7 +125,12 @@ def refusal_ms(run: RunResult | None) -> float:
 
 
 def bounded_queue_refuses(
-    engine: str, bounded: RunResult, unbounded: RunResult, queue_size: int, refusal: str | None, reason: str
+    engine: str,
+    bounded: RunResult,
+    unbounded: RunResult,
+    queue_size: int,
+    refusal: str | None = None,
+    hardware: str | None = None,
 ) -> Expectation:
     """One rule for every engine's bounded queue (Ray Serve's `max_queued_requests`, Triton's
     `max_queue_size`), the same clients against a queue of `queue_size` and against no bound:
@@ -129,7 +143,8 @@ def bounded_queue_refuses(
        of the requests it lets in.
 
     2 and 4 are NOT CHECKED where the bound refused nothing: then it never acted, and the two runs
-    differ only by noise."""
+    differ only by noise. The reason names `hardware` (by default the machine's), and where the
+    bounded run counted Triton's statistics, the answered requests' time in its queue."""
     refused = figure(bounded, "error_count", f"refused, queue of {queue_size}")
     fast = measured("median time to a refusal", refusal_ms(bounded), "ms")
     answered_p50 = figure(bounded, "latency.p50_ms", f"answered p50, queue of {queue_size}")
@@ -137,6 +152,13 @@ def bounded_queue_refuses(
     p95s = (figure(bounded, "latency.p95_ms", f"p95, queue of {queue_size}"),
             figure(unbounded, "latency.p95_ms", "p95, unbounded"))  # fmt: skip
     errors = set(bounded.errors)
+    stats = bounded.triton_stats
+    waited = (
+        f"; with the queue of {queue_size} an answered request waited {stats['avg_queue_us'] / 1000:.1f} ms in "
+        f"{engine}'s queue on average for {stats['avg_compute_infer_us'] / 1000:.1f} ms of computing"
+        if stats
+        else ""
+    )
     why = f"the queue of {queue_size} refused nothing: the bound never acted, so the two runs differ by noise alone"
     return Expectation(
         f"{engine}: a bounded queue refuses overload fast, and bounds the latency of the rest",
@@ -169,7 +191,8 @@ def bounded_queue_refuses(
                 ),
             ),
         ),  # fmt: skip
-        reason=reason,
+        reason=f"on {hardware or machine_hardware()}, the {bounded.concurrency} clients and their refusals share the "
+        f"cores with {engine}, its queue and its model, which slows the answered requests too{waited}",
         estimate=Estimate(
             f"the answered p95 with the queue of {queue_size}, over the unbounded one's",
             p95s[0].value / p95s[1].value if p95s[1].value else math.nan,
