@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 9. Cancellation: stop working for clients who left
+# # 10. Cancellation: stop working for clients who left
 #
 # **Time:** about 22 minutes (6 reading, 6 running, 10 hands-on; `python -m servelab.time_plan`)
 #

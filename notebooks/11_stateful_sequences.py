@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 10. Stateful inference: sequences and the sequence batcher
+# # 11. Stateful inference: sequences and the sequence batcher
 #
 # **Time:** about 18 minutes (6 reading, 3 running, 9 hands-on; `python -m servelab.time_plan`)
 #

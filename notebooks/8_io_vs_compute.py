@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 7. I/O outside the predict slot: fetching the photo by URL
+# # 8. I/O outside the predict slot: fetching the photo by URL
 #
 # **Time:** about 17 minutes (6 reading, 6 running, 6 hands-on; `python -m servelab.time_plan`)
 #

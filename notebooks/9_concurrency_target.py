@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 8. The concurrency target, and replicas that come and go: Ray Serve
+# # 9. The concurrency target, and replicas that come and go: Ray Serve
 #
 # **Time:** about 27 minutes (6 reading, 10 running, 11 hands-on; `python -m servelab.time_plan`)
 #
@@ -305,7 +305,7 @@ triton_runs = {}
 for max_queue in (2, 0):
     policy = f"default_queue_policy {{ max_queue_size: {max_queue} }}" if max_queue else ""
     edited = lab.triton.config(MODEL).with_text(
-        "max_batch_size: 1  instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0 ] } ]  "
+        "max_batch_size: 1  instance_group [ { count: 1, kind: KIND_GPU, gpus: [ 0, 1 ] } ]  "
         f"dynamic_batching {{ {policy} }}"
     )
     lab.triton.apply_config(MODEL, edited)

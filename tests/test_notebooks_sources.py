@@ -106,3 +106,11 @@ def test_each_numbered_notebook_ends_by_naming_the_next():
         if path.stem[0].isdigit() and f"`{after.stem}.ipynb`" not in markdown_cells(path.read_text())[-1]
     ]
     assert len(numbered) >= 12 and unnamed == []
+
+
+@pytest.mark.parametrize("source", [s for s in SOURCES if s.stem[0].isdigit()], ids=lambda p: p.name)
+def test_a_lesson_s_title_carries_the_number_of_its_file(source):
+    """A renumbered lab keeps its titles in step with its files: a student follows either."""
+    number = source.stem.split("_", 1)[0]
+    title = next(line for line in source.read_text().splitlines() if line.startswith("# # "))
+    assert title.startswith(f"# # {number}. "), f"{source.name}: {title}"
