@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 0. System optimizations for serving: start here
 #
-# **Time:** about 6 minutes (6 reading, 0 running, 0 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 7 minutes (6 reading, 0 running, 0 hands-on; `python -m servelab.time_plan`)
 #
 # In earlier work on model optimization, the goal was to make one forward pass faster. A user of
 # an ML service does not see the forward pass, though. They see the time from sending a request to
@@ -69,7 +69,8 @@
 # | `3_fastapi` | 1 | the model behind a FastAPI service | node's Jupyter container, or laptop |
 # | `4_fastapi_bench` | 1 | benchmarks the FastAPI service | node's Jupyter container, or laptop |
 # | `5_triton` | 1 | the same model in Triton | node's Jupyter container, or laptop |
-# | `6_triton_bench` | 1 | Triton benchmarks: instances, batching | node's Jupyter container, or laptop |
+# | `6_triton_bench` | 1 | Triton benchmarks: queueing, instances | node's Jupyter container, or laptop |
+# | `7_triton_batching` | 1 | Triton: ONNX backend, bursts, dynamic batching | node's Jupyter container, or laptop |
 # | `8_io_vs_compute` | 2 | images by URL: I/O outside the slot | anywhere the lab runs |
 # | `9_concurrency_target` | 2 | Ray Serve: the concurrency target, autoscaling | anywhere the lab runs |
 # | `10_cancellation` | 2 | clients who leave: cancelled or computed anyway | anywhere the lab runs |

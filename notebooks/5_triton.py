@@ -13,7 +13,8 @@
 #
 # This notebook brings up Triton with our food classifier, takes apart its *model repository*
 # (folders, `config.pbtxt`, a Python-backend `model.py`), checks what the server says it serves,
-# and classifies a photo through GourmetGram in front of Triton. Benchmarks come in notebook 6.
+# and classifies a photo through GourmetGram in front of Triton. Benchmarks come in notebooks 6
+# and 7.
 #
 # **Where things run.** In Docker (the GPU node, or any Docker host), the Python cells run in the
 # Compose project's Jupyter container and shell commands on the Docker host (on the node: your SSH
@@ -86,7 +87,7 @@ print(lab.triton.config("food_classifier"))
 # - **`backend: "python"`**: each instance runs `model.py` in its own Python process (a *stub*).
 # - **`max_batch_size`**: the largest batch per execution. The batch dimension is implicit:
 #   `dims: [ 1 ]` means shape `[batch, 1]`. A client may send a batch in one request; dynamic
-#   batching (notebook 6) also merges requests, within this limit.
+#   batching (notebook 7) also merges requests, within this limit.
 # - **`input`**: `INPUT_IMAGE`, `TYPE_STRING` (`BYTES` on the wire): a base64-encoded image file,
 #   which the model decodes and preprocesses itself.
 # - **`output`**: per image, `FOOD_LABEL` (e.g. `"Soup"`) and `PROBABILITY` (a float).
@@ -133,7 +134,7 @@ print(lab.triton.config("food_classifier_onnx"))
 # `--model-control-mode=explicit`: a model is loaded only when a client asks, through the *model
 # repository API* (`POST /v2/repository/models/<name>/load`). Loading a loaded model *reloads* it:
 # Triton rereads its `config.pbtxt` and starts the new instances before retiring the old, while
-# other models keep serving. Notebook 6 changes configurations this way. The repository index
+# other models keep serving. Notebooks 6 and 7 change configurations this way. The repository index
 # lists each model and its state:
 
 # %%
@@ -192,8 +193,8 @@ print(f"food_classifier says: {label} (probability {probability:.3f}); weights: 
 # ## Many requests: perf_analyzer
 #
 # **perf_analyzer**, Triton's load generator, sends a model requests for a few seconds and reports
-# its throughput and latency, with Triton's own account of where the time went. Notebook 6 measures
-# with it throughout.
+# its throughput and latency, with Triton's own account of where the time went. Notebooks 6 and 7
+# measure with it throughout.
 #
 # **Your turn.** Type a perf_analyzer line, as in a terminal, that sends `food_classifier` one
 # request at a time. The lab adds its Triton (`-u`) and the photo as input.
@@ -236,9 +237,9 @@ ui.upload("soup.jpg")
 #
 # ## Wrapping up
 #
-# In Docker, Triton stays up for the next, `6_triton_bench.ipynb`, which measures queueing, more
-# instances, the ONNX Runtime backend, bursty arrivals and dynamic batching. Locally, the next cell
-# stops this notebook's services to free the CPU (in Docker it does nothing).
+# In Docker, Triton stays up for the next, `6_triton_bench.ipynb` (queueing, more instances), and
+# `7_triton_batching.ipynb` (the ONNX Runtime backend, bursty arrivals, dynamic batching). Locally,
+# the next cell stops this notebook's services to free the CPU (in Docker it does nothing).
 
 # %%
 lab.stop()

@@ -12,7 +12,7 @@
 #  4. in the Jupyter container, quick profile, against the containers: the notebooks whose lessons
 #     meet a server that differs there (below, each with what it adds), by `pytest --nbmake`, every
 #     verdict checked against its own tables by the notebook's `lab.verdicts()`, and
-#     tests/test_compose.py, which checks in seconds what notebooks 4, 6 and 9 do differently there
+#     tests/test_compose.py, which checks in seconds what notebooks 4, 6, 7 and 9 do differently there
 #     (each notebook runs once in `make test`, against the local stack); a failure is reported by
 #     its cell's source and traceback (nbmake), in this log;
 #  5. a photo uploaded to GourmetGram through its published port, which answers with a class;

@@ -350,12 +350,17 @@ def test_a_config_naming_gpus_the_server_lacks_is_served_on_the_gpus_it_has_and_
         def is_model_ready(self, model):
             return True
 
+        def get_model_config(self, model):  # what it serves: the config it was given, its groups as Triton lists them
+            served = TritonConfig.read(tmp_path / model / "config.pbtxt").proto.instance_group
+            return {"instance_group": [{"count": group.count, "gpus": list(group.gpus)} for group in served]}
+
     monkeypatch.setattr(triton_configs.triton_http, "InferenceServerClient", Triton)
     one_gpu = Hardware(gpus=1, cores=16, backends=("onnxruntime", "python", "pytorch"))
     lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path, triton_server=one_gpu)
     (tmp_path / "food_classifier").mkdir()
     two_per_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_GPU", "gpus": [1]}]
-    lab.triton.apply_config("food_classifier", lab.triton.config("food_classifier").with_instance_groups(two_per_gpu))
+    edited = lab.triton.config("food_classifier").with_instance_groups(two_per_gpu)
+    assert lab.triton.apply_config("food_classifier", edited) == 4  # the instances the server reports it runs
     served = TritonConfig.read(tmp_path / "food_classifier" / "config.pbtxt")
     assert [(group.count, list(group.gpus)) for group in served.proto.instance_group] == [(2, [0]), (2, [0])]
     printed = capsys.readouterr().out

@@ -1,11 +1,16 @@
-"""Notebook 6's checks, each fed a case it must pass and one it must fail."""
+"""Notebooks 6 and 7's checks (servelab.lessons.triton_bench), each fed a case it must pass and one it
+must fail, and what the notebooks show beside them."""
 
+import dataclasses
 import math
 
+import matplotlib.pyplot as plt
 import pytest
 
+from servelab.lab.triton_side import Capacity
 from servelab.lessons import triton_bench
 from servelab.lessons.expectations import AnswerError, Outcome
+from servelab.report import plots
 from tests.helpers import synthetic_run
 
 
@@ -103,13 +108,25 @@ def test_the_instance_counts_judged_are_those_the_student_typed():
 
 def test_onnx_against_python_at_one_client_is_judged_once_on_the_mean():
     """At c=1 the throughput is 1 / the mean latency: one condition, not the same number twice."""
-    faster = triton_bench.onnx_beats_python(perf_run(50, 20), perf_run(33, 30), True, "cpu")
+    faster = triton_bench.onnx_beats_python(perf_run(50, 20, compute_ms=12), perf_run(33, 30, compute_ms=25), "cpu")
     assert outcomes(faster) == [Outcome.HELD]
-    assert "600 KB of float32" in faster.reason
     assert faster.estimate is not None and faster.estimate.value == 1.5  # 30 ms against 20: a number to predict
-    slower = triton_bench.onnx_beats_python(perf_run(25, 40), perf_run(33, 30), False, "1 GPU")
+    assert faster.reason == (
+        "on cpu, a request to the ONNX model spent 12.0 ms in its compute infer and 8.0 ms around it (the network, "
+        "the upload, Triton's handling), against 25.0 ms (decoding the JPEG included) and 5.0 ms for the "
+        "Python-backend model: each ONNX request carries 602 KB of float32 pixels instead of a compressed JPEG"
+    )
+    slower = triton_bench.onnx_beats_python(perf_run(25, 40), perf_run(33, 30), "1 GPU")
     assert outcomes(slower) == [Outcome.NOT_HELD] and "on 1 GPU" in slower.reason  # the JPEG upload was cheaper
-    assert triton_bench.onnx_beats_python(None, perf_run(33, 30), False, "cpu").outcome is Outcome.NOT_CHECKED
+    assert triton_bench.onnx_beats_python(None, perf_run(33, 30), "cpu").outcome is Outcome.NOT_CHECKED
+
+
+def test_a_check_left_without_the_machine_reads_it_where_it_runs(monkeypatch):
+    """A notebook leaves `hardware` and `cores` out: the reason names the machine the check ran on."""
+    monkeypatch.setattr(triton_bench.checks_queueing, "machine_hardware", lambda: "3 CPU core(s) and no GPU")
+    monkeypatch.setattr(triton_bench.checks_queueing, "machine_cores", lambda: 3)
+    held = triton_bench.queueing_grows(concurrency_runs((0.1, 175, 375), (25, 26, 27), (38, 38, 38)))
+    assert "3 CPU core(s) and no GPU (3 cores)" in held.reason
 
 
 def poisson(rate_rps, mean_ms, queue_ms, compute_ms, batches=None, per_image=None):
@@ -334,8 +351,6 @@ def test_batches_ran_reads_the_largest_batch_and_the_compute_per_image_at_the_hi
 
 
 def test_the_queueing_view_compares_the_runs_with_m_g_1_and_says_what_was_measured():
-    from servelab.lab.triton_side import Capacity
-
     alone = perf_run(throughput_rps=100, mean_ms=10, compute_ms=8)
     alone.latency.std_ms = 5.0  # cv2 = 0.25
     capacity = Capacity("m", "1 instance", alone, perf_run(throughput_rps=100, compute_ms=9, concurrency=4))
@@ -344,3 +359,35 @@ def test_the_queueing_view_compares_the_runs_with_m_g_1_and_says_what_was_measur
     assert len(lines) == 7 and lines[1].startswith("  50 req/s |  50%")
     assert "squared coefficient of variation is 0.25" in view and "(4 clients)" in view
     assert triton_bench.queueing_view({"90 req/s": None}, capacity).startswith("No queueing comparison")
+
+
+def test_the_batches_and_the_queueing_view_are_drawn_and_said(capsys, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plt, "show", lambda: drawn.append(plt.gcf()))  # the figure each view just drew
+    without = {"50 req/s": poisson(50, 8, 1, 6), "150 req/s": poisson(150, 40, 30, 6)}
+    on = {"50 req/s": poisson(50, 8, 1, 6, batches={1: 10, 2: 3}, per_image={1: 6, 2: 4}),
+          "150 req/s": poisson(150, 10, 2, 3, batches={1: 10, 4: 30}, per_image={1: 6, 4: 2})}  # fmt: skip
+    triton_bench.show_batches(without, on)
+    assert capsys.readouterr().out.startswith("The largest batch that ran: 4.")
+    alone = perf_run(throughput_rps=100, mean_ms=10, compute_ms=8)
+    capacity = Capacity("m", "1 instance", alone, perf_run(throughput_rps=200, compute_ms=4, concurrency=4))
+    constant = dataclasses.replace(poisson(50, 9, 0.5, 6), arrival="constant")
+    triton_bench.show_queueing(without, capacity, constant=constant)
+    assert "The measured mean latencies are" in capsys.readouterr().out
+    batches, queueing = drawn
+    assert "by batch size" in batches.axes[0].get_title()
+    legend = [text.get_text() for text in queueing.axes[0].get_legend().get_texts()]
+    assert any("constant arrivals: measured" in label for label in legend)
+    assert any("poisson arrivals: measured" in label for label in legend)
+    plt.close("all")
+
+
+def test_the_cpu_of_each_instance_is_plotted_where_it_was_measured_and_said_missing_where_not(capsys):
+    series = {"t_s": [0, 1], "cpu_percent": [90, 90], "memory_percent": [5, 5], "gpus": [], "gpu_source": "none"}
+    out_of_sight = {"1 instance": perf_run(resources={**series, "processes": {}}), "4 instances": None}
+    assert plots.plot_process_cpu(out_of_sight) is None  # in Docker: the instances run in Triton's container
+    assert "No CPU per process to plot" in capsys.readouterr().out
+    seen = {"1 instance": perf_run(resources={**series, "processes": {"food_classifier_0_0": 98.0}})}
+    figure = plots.plot_process_cpu(seen, cores=2)
+    assert figure is not None and "all 2 cores busy (200%)" in figure.axes[0].get_legend().get_texts()[0].get_text()
+    plt.close("all")

@@ -141,6 +141,7 @@ def test_the_notebooks_that_judge_expectations_are_found_and_each_is_generated()
     assert {
         "4_fastapi_bench",
         "6_triton_bench",
+        "7_triton_batching",
         "8_io_vs_compute",
         "9_concurrency_target",
         "10_cancellation",

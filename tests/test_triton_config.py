@@ -205,7 +205,8 @@ def test_a_config_read_from_a_file_names_its_origin_in_errors(tmp_path):
 
 
 def test_a_typed_block_replaces_its_field_and_keeps_the_rest_of_the_text():
-    """What notebook 6's student types: one top-level field as config.pbtxt text."""
+    """What the student types in notebooks 6 (instance groups) and 7 (dynamic batching): one top-level
+    field as config.pbtxt text."""
     shipped = SHIPPED["food_classifier"]
     typed = "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0 ] }, { count: 2, kind: KIND_GPU, gpus: [ 1 ] } ]"
     edited = shipped.with_text(typed)

@@ -1,7 +1,8 @@
 """What the lab's Triton serves, and how a notebook changes it: the config as shipped
 (`lab.triton.config(model)`), what the server reports it runs (`served_config`, `served_on`,
 `served_instances`), instance groups for the server's hardware, and an edit applied as a diff and a
-reload of that one model (`apply_config`, `restore_config`); the server's release and log level.
+reload of that one model, which says how many instances now serve it (`apply_config`;
+`restore_config`, back to the config as shipped); the server's release and log level.
 
 `ServedConfigs` is a part of `TritonSide` (servelab.lab.triton_side), which it is mixed into: it
 uses the side's addresses, repository, hardware and models, declared below.
@@ -77,11 +78,14 @@ class ServedConfigs:
         # On a GPU group, `count` instances run on *each* listed GPU.
         return sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in groups)
 
-    def apply_config(self, model: str, edited: TritonConfig | str) -> None:
-        """Show the edit as a diff, write it where the server reads it, and reload that one model.
+    def apply_config(self, model: str, edited: TritonConfig | str) -> int:
+        """Show the edit as a diff, write it where the server reads it, and reload that one model;
+        the config as shipped (`lab.triton.config(model)`) puts the model back as it was.
 
         `edited` is a TritonConfig (e.g. `lab.triton.config(model).with_text("dynamic_batching { }")`) or the
         text of one; either way it is checked against Triton's schema before Triton sees it.
+        Returns how many instances of `model` Triton now serves, as it reports them (`served_instances`):
+        the count a config asked for is per listed GPU, and the server may have adapted it.
         """
         info = self.models.get(model)
         if isinstance(edited, str):
@@ -114,7 +118,9 @@ class ServedConfigs:
             client.load_model(model)  # in explicit mode, loading a loaded model reloads it from disk
         except InferenceServerException as exc:
             raise ConfigError(f"Triton refused the edited config of {model}: {exc.message()}") from None
-        print(f"Reloaded {model} in {time.monotonic() - started:.1f} s; ready: {client.is_model_ready(model)}")
+        ready, instances = client.is_model_ready(model), self.served_instances(model)
+        print(f"Reloaded {model} in {time.monotonic() - started:.1f} s; ready: {ready}; instances served: {instances}")
+        return instances
 
     def version(self, http: str | None = None) -> tuple[int, ...]:
         """The release of the Triton at `http` (default: the lab's), as it reports it: (2, 51, 0)."""
@@ -126,5 +132,6 @@ class ServedConfigs:
         logging API: 1 logs every step of every request; 0 (where a server starts) turns it off."""
         triton_http.InferenceServerClient(http or self.address).update_log_settings({"log_verbose_level": level})
 
-    def restore_config(self, model: str) -> None:
-        self.apply_config(model, self.config(model))
+    def restore_config(self, model: str) -> int:
+        """Back to the config as shipped; how many instances Triton now serves (see `apply_config`)."""
+        return self.apply_config(model, self.config(model))

@@ -1,19 +1,24 @@
-"""Notebook 6 (notebooks/6_triton_bench.py): benchmarking Triton: queueing, instances, backends and
-dynamic batching.
+"""Notebooks 6 and 7, benchmarking Triton: notebooks/6_triton_bench.py (queueing and instances of
+the Python-backend model) and notebooks/7_triton_batching.py (the ONNX Runtime backend, bursty
+arrivals and dynamic batching).
 
-- `checks_queueing`: the queue as clients are added, and Poisson against constant arrivals
-  (sections 1 and 5: `queueing_grows`, `queue_is_the_clients_ahead`, `poisson_queues_more`);
-- `checks_capacity`: a batch from one client, more instances, ONNX Runtime against the Python
-  backend (sections 1 to 3: `client_batching`, `instances_stop_helping`, `instance_scaling`,
-  `onnx_beats_python`), and `MARGIN`, the noise between two runs that every check allows;
-- `checks_batching`: dynamic batching (section 6: `batching_shortens_the_queue`,
+- `checks_queueing`: the queue as clients are added (notebook 6, section 1: `queueing_grows`,
+  `queue_is_the_clients_ahead`), and Poisson against constant arrivals (notebook 7, section 3:
+  `poisson_queues_more`);
+- `checks_capacity`: a batch from one client and more instances (notebook 6, sections 1 and 2:
+  `client_batching`, `instances_stop_helping`), ONNX Runtime against the Python backend and more
+  ONNX instances (notebook 7, section 1: `onnx_beats_python`, `instance_scaling`), and `MARGIN`,
+  the noise between two runs that every check allows;
+- `checks_batching`: dynamic batching (notebook 7, section 4: `batching_shortens_the_queue`,
   `batching_keeps_latency_flat`, `batch_cost`);
-- `experiment`: the Poisson sweep (`poisson_sweep`), run through `lab.triton.perf`;
-- `views`: what the device did during each run (`device_use`), the batches that ran
-  (`batches_ran`), and the queueing view against M/D/1 and M/G/1 (`queueing_view`).
+- `experiment`: the Poisson sweep (`poisson_sweep`, notebook 7), run through `lab.triton.perf`;
+- `views`: what the device did during each run (`device_use`, notebook 6), the batches that ran
+  (`batches_ran`, drawn by `show_batches`), and the queueing view against M/D/1 and M/G/1
+  (`queueing_view`, drawn by `show_queueing`; notebook 7).
 
-Every check is a function of the runs, judged on Triton's own statistics. The notebook calls them
-by this folder's name (`triton_bench.queueing_grows`).
+Every check is a function of the runs, judged on Triton's own statistics; the machine it names in
+its reason is read where it runs unless given. The notebooks call them by this folder's name
+(`triton_bench.queueing_grows`).
 """
 
 from servelab.lessons.triton_bench.checks_batching import (
@@ -36,7 +41,14 @@ from servelab.lessons.triton_bench.checks_queueing import (
     queueing_grows,
 )
 from servelab.lessons.triton_bench.experiment import poisson_sweep
-from servelab.lessons.triton_bench.views import Capacity, batches_ran, device_use, queueing_view
+from servelab.lessons.triton_bench.views import (
+    Capacity,
+    batches_ran,
+    device_use,
+    queueing_view,
+    show_batches,
+    show_queueing,
+)
 
 __all__ = [
     "MARGIN",
@@ -57,4 +69,6 @@ __all__ = [
     "queue_is_the_clients_ahead",
     "queueing_grows",
     "queueing_view",
+    "show_batches",
+    "show_queueing",
 ]

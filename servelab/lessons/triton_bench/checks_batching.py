@@ -1,4 +1,4 @@
-"""Notebook 6's checks of dynamic batching (its section 6), on Poisson sweeps with it off and on:
+"""The checks of dynamic batching (notebook 7, section 4), on Poisson sweeps with it off and on:
 the time in Triton's queue, and the latency as the rate grows, with what an image cost in a batch
 read from the model's /stats around each run (compute times by batch size).
 """
@@ -11,6 +11,7 @@ from servelab.lessons.expectations import (
     Figure,
     condition,
     figure,
+    machine_hardware,
     measured,
     not_checked,
     unless,
@@ -80,14 +81,16 @@ def batch_cost(run: RunResult | None) -> tuple[int, Figure]:
 
 
 def batching_keeps_latency_flat(
-    without: dict[str, RunResult | None], with_batching: dict[str, RunResult | None], hardware: str
+    without: dict[str, RunResult | None], with_batching: dict[str, RunResult | None], hardware: str | None = None
 ) -> Expectation:
     """The seed's headline: with dynamic batching on, the mean latency stays roughly flat as the
     rate grows (the highest rate's at most 1.5x the lowest's), and grows less than without it.
     Both are NOT CHECKED where, without batching, requests hardly queued at the highest rate (see
     `_queued_enough`): a rate that never loaded the instance leaves the latency flat either way.
     The reason reads what an image cost in a batch against alone, from Triton's statistics at the
-    highest rate: only a cheaper image lets a batch absorb a higher rate."""
+    highest rate: only a cheaper image lets a batch absorb a higher rate. `hardware`: read from the
+    machine where a notebook leaves it out."""
+    hardware = hardware or machine_hardware()
     low, high = list(without)[0], list(without)[-1]
     off_at_high = without.get(high)
     queued = off_at_high is not None and _queued_enough(off_at_high)

@@ -1,6 +1,8 @@
-"""Notebook 6's checks of queueing (its sections 1 and 5): the time in Triton's queue as clients
-are added (the clients ahead of a request), and Poisson arrivals against evenly spaced ones. Judged
-on Triton's own statistics (perf_analyzer's server-side breakdown: queue, compute infer).
+"""The checks of queueing: the time in Triton's queue as clients are added, the clients ahead of
+a request (notebook 6, section 1), and Poisson arrivals against evenly spaced ones (notebook 7,
+section 3). Judged on Triton's own statistics (perf_analyzer's server-side breakdown: queue,
+compute infer). `hardware` and `cores`, which the reasons name, are read from the machine where a
+notebook leaves them out.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from servelab.lessons.expectations import (
     Expectation,
     condition,
     figure,
+    machine_cores,
+    machine_hardware,
     not_checked,
 )
 from servelab.lessons.triton_bench.checks_capacity import MARGIN
@@ -29,7 +33,9 @@ def in_server(run: RunResult) -> float:
     return run.throughput_rps * (run.server_ms("queue") + run.server_ms("compute_infer")) / 1000
 
 
-def queueing_grows(runs: dict[int, RunResult | None], hardware: str, cores: int) -> Expectation:
+def queueing_grows(
+    runs: dict[int, RunResult | None], hardware: str | None = None, cores: int | None = None
+) -> Expectation:
     """The Python-backend model, one instance, at 1, 8 and 16 clients (`runs`, by client count):
     each added client puts one more request ahead of the others, so the time in Triton's queue
     grows from 1 to 8 clients, and again from 8 to 16, each time by more than one compute time;
@@ -42,6 +48,7 @@ def queueing_grows(runs: dict[int, RunResult | None], hardware: str, cores: int)
     Where it held fewer, the load generator never had a second request at the server, nothing
     could queue, and every condition is NOT CHECKED, with the figures that show it; so is each
     one whose run is missing (None)."""
+    hardware, cores = hardware or machine_hardware(), cores or machine_cores()
     fewest, middle, most = sorted(runs)
     queue = {count: figure(runs[count], "server_ms(queue)", f"queue at c={count}") for count in runs}
     infer = {count: figure(runs[count], "server_ms(compute_infer)", f"compute at c={count}") for count in runs}
@@ -107,7 +114,7 @@ def queueing_grows(runs: dict[int, RunResult | None], hardware: str, cores: int)
 AHEAD_FACTOR = 1.5
 
 
-def queue_is_the_clients_ahead(runs: dict[int, RunResult | None], hardware: str) -> Expectation:
+def queue_is_the_clients_ahead(runs: dict[int, RunResult | None], hardware: str | None = None) -> Expectation:
     """The one-instance sweep (`runs`, by client count c): a request finds the c - 1 other clients'
     requests ahead of it, so its time in Triton's queue is (c - 1) x the compute time of that run,
     within AHEAD_FACTOR either way.
@@ -118,6 +125,7 @@ def queue_is_the_clients_ahead(runs: dict[int, RunResult | None], hardware: str)
     the check is NOT CHECKED. Also NOT CHECKED: a run where Triton held fewer than
     SEVERAL_IN_SERVER requests at a time (the load generator, not the server, held them), and a
     missing run (None)."""
+    hardware = hardware or machine_hardware()
     crowded = {clients: run for clients, run in sorted(runs.items()) if clients > 1}
     conditions = []
     if not crowded:
@@ -162,7 +170,12 @@ QUEUE_NOISE = 0.1
 
 
 def poisson_queues_more(
-    constant: RunResult | None, poisson: RunResult | None, rate: float, capacity_rps: float, hardware: str, cores: int
+    constant: RunResult | None,
+    poisson: RunResult | None,
+    rate: float,
+    capacity_rps: float,
+    hardware: str | None = None,
+    cores: int | None = None,
 ) -> Expectation:
     """At the same average `rate`, Poisson arrivals queue more than evenly spaced ones: a request
     waits longer in Triton's queue (by more than QUEUE_NOISE of a compute time), and the p95 is
@@ -173,6 +186,7 @@ def poisson_queues_more(
     queue formed in at least one of the runs; where both queued less than QUEUE_NOISE of a compute
     time, neither can queue more than the other, and both conditions are NOT CHECKED; so is each
     whose run is missing (None)."""
+    hardware, cores = hardware or machine_hardware(), cores or machine_cores()
     waits = {
         name: figure(run, "server_ms(queue)", f"{name} queue")
         for name, run in (("poisson", poisson), ("constant", constant))

@@ -1,4 +1,4 @@
-"""What notebook 6 runs beyond `lab.triton.perf`'s single runs: the Poisson sweep of section 6."""
+"""What notebook 7 runs beyond `lab.triton.perf`'s single runs: the Poisson sweep of its section 4."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""What notebook 6 prints beside its checks: what the device did during each run (`device_use`),
-the batches that ran (`batches_ran`), and the queueing view, the runs against M/D/1 and M/G/1
-(`queueing_view`, reading a measured `Capacity`).
+"""What notebooks 6 and 7 show beside their checks: what the device did during each run
+(`device_use`, notebook 6), the batches that ran (`batches_ran`, drawn by `show_batches`: notebook
+7, section 4), and the queueing view, the runs against M/D/1 and M/G/1 (`queueing_view`, drawn by
+`show_queueing`, reading a measured `Capacity`: notebook 7, section 4).
 """
 
 from __future__ import annotations
@@ -9,8 +10,12 @@ import math
 from collections.abc import Mapping
 from typing import Protocol
 
+import matplotlib.pyplot as plt
+
+from servelab.lessons.expectations import machine_cores
 from servelab.measure import queueing
 from servelab.measure.resources import summarize
+from servelab.report import plots
 from servelab.results import RunResult
 
 
@@ -28,6 +33,7 @@ class Capacity(Protocol):
     def service_cv2(self) -> float: ...
 
 
+# The busy share from which a device counts as full: the samplers read its utilization about once a
 # second and a device that is never idle reads a little under 100%.
 FULL = 0.9
 
@@ -53,10 +59,12 @@ def _use(run: RunResult, cores: int) -> tuple[float, str]:
     return summary["cpu_percent_mean"] / 100, machine
 
 
-def device_use(runs: Mapping[str, RunResult | None], cores: int, sweep: bool = False) -> str:
-    """One line per run: what the device did meanwhile (see `_use`). With `sweep` (one instance,
-    more and more clients), a last line says whether the latency grew while the device was not
-    full (FULL), where more instances can use what one leaves idle."""
+def device_use(runs: Mapping[str, RunResult | None], cores: int | None = None, sweep: bool = False) -> str:
+    """One line per run: what the device did meanwhile (see `_use`; `cores`: the machine's where a
+    notebook leaves it out). With `sweep` (one instance, more and more clients), a last line says
+    whether the latency grew while the device was not full (FULL), where more instances can use
+    what one leaves idle."""
+    cores = cores or machine_cores()
     lines, seen = [], []
     for name, run in runs.items():
         if run is None or not run.resources:
@@ -113,6 +121,15 @@ def batches_ran(
     return histograms, "\n".join(lines)
 
 
+def show_batches(without: dict[str, RunResult | None], with_batching: dict[str, RunResult | None]) -> None:
+    """The batches that ran (`batches_ran`): each run's share of inferences by batch size, drawn,
+    then in words."""
+    histograms, said = batches_ran(without, with_batching)
+    plots.plot_batch_sizes(histograms, share=True, title="food_classifier_onnx: inferences by batch size executed")
+    plt.show()
+    print(said)
+
+
 def queueing_view(without: dict[str, RunResult | None], capacity: Capacity) -> str:
     """The runs without batching against M/D/1 and M/G/1 with the measured service time S = 1 /
     capacity: a table of mean latency (measured, and a request alone plus each model's wait) and
@@ -153,3 +170,15 @@ def queueing_view(without: dict[str, RunResult | None], capacity: Capacity) -> s
         f"({capacity.saturated.concurrency} clients)."
     )
     return "\n".join(lines)
+
+
+def show_queueing(without: dict[str, RunResult | None], capacity: Capacity, constant: RunResult | None = None) -> None:
+    """The queueing view (`queueing_view`) in words, then drawn: the Poisson runs without batching,
+    and `constant`, a run with evenly spaced arrivals, against what M/D/1, M/G/1 and D/D/1 predict
+    with the measured service time."""
+    print(queueing_view(without, capacity))
+    measured = [run for run in (constant, *without.values()) if run is not None]
+    plots.plot_queueing(
+        measured, capacity.service_time_s, cv2=capacity.service_cv2, alone_ms=capacity.alone.latency.mean_ms
+    )
+    plt.show()

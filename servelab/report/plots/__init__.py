@@ -1,6 +1,7 @@
 """The lab's figures, drawn from `RunResult`s whichever tool measured them.
 
-Every plot function returns its matplotlib Figure and, given `path`, also saves it as a PNG. In
+Every plot function returns its matplotlib Figure and, given `path`, also saves it as a PNG (one
+with nothing to draw, `plot_process_cpu` without a process's CPU, says why and returns None). In
 Jupyter a figure shows inline by itself; end the line with `;` so that the returned Figure is
 not shown a second time. In a script, `plt.close(fig)` a figure once it is saved.
 

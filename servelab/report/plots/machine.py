@@ -18,6 +18,7 @@ from servelab.report.plots.canvas import (
     finish,
 )
 from servelab.results import RunResult
+from servelab.service.cores import available_cores
 from servelab.triton.stats import StatsDelta
 
 # What plot_batch_sizes accepts as one set of batch statistics.
@@ -107,9 +108,21 @@ def plot_batch_sizes(
     return finish(fig, path)
 
 
-def plot_process_cpu(runs: Mapping[str, RunResult], cores: int, path: PathLike = None, title: str = "") -> Figure:
+def plot_process_cpu(
+    runs: Mapping[str, RunResult | None], cores: int | None = None, path: PathLike = None, title: str = ""
+) -> Figure | None:
     """Stacked bars: each run's CPU per process (`resources["processes"]`, % of one core, as
-    TritonSide.perf records it for a model's instances), against the line of every core busy."""
+    TritonSide.perf records it for a model's instances), against the line of every core busy
+    (`cores`: this machine's where left out). Where no run has a process's CPU, nothing is drawn:
+    it says why, and returns None."""
+    if not any((result.resources or {}).get("processes") for result in runs.values() if result is not None):
+        print(
+            "No CPU per process to plot: a model's instance processes are seen only by a notebook on the machine "
+            "that runs them (in Docker they run in Triton's container), and only a Python-backend model's "
+            "instances are processes."
+        )
+        return None
+    cores = cores or available_cores()
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(runs) + 2), 4.5), layout="constrained")
     for position, result in enumerate(runs.values()):
         bottom = 0.0
