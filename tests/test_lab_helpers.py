@@ -270,25 +270,6 @@ def test_in_the_compose_project_a_notebook_without_triton_neither_waits_for_it_n
     assert [event.service for event in lab.keeper.service_exits()] == (["triton"] if triton else [])
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize(
-    ("server", "groups"),
-    [
-        (Hardware(gpus=0, cores=2), [{"count": 3, "kind": "KIND_CPU"}]),
-        (Hardware(gpus=1, cores=8), [{"count": 3, "kind": "KIND_GPU", "gpus": [0]}]),
-        (
-            Hardware(gpus=2, cores=8),
-            [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 1, "kind": "KIND_GPU", "gpus": [1]}],
-        ),
-        (Hardware(gpus=4, cores=8), [{"count": 1, "kind": "KIND_GPU", "gpus": [gpu]} for gpu in range(3)]),
-    ],
-)
-def test_instance_groups_follow_the_hardware_of_the_triton_server(server, groups):
-    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", None, triton_server=server)
-    assert lab.triton.instance_groups(3) == groups
-    assert sum(group["count"] for group in lab.triton.instance_groups(3)) == 3
-
-
 def capacity_of(rps: float) -> Capacity:
     return Capacity(
         "food_classifier_onnx", "1 instance", perf_result(), dataclasses.replace(perf_result(), throughput_rps=rps)

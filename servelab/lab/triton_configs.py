@@ -59,15 +59,6 @@ class ServedConfigs:
         serves a staged copy, so this file never holds an edit."""
         return self.models.get(model).config
 
-    def instance_groups(self, count: int) -> list[dict]:
-        """`count` instances of a model as config instance groups for the Triton server's
-        hardware: spread over its GPUs, one group per GPU, where it has GPUs; on its CPU otherwise."""
-        gpus = self.server.gpus
-        if not gpus:
-            return [{"count": count, "kind": "KIND_CPU"}]
-        per_gpu = [count // gpus + (1 if gpu < count % gpus else 0) for gpu in range(gpus)]
-        return [{"count": n, "kind": "KIND_GPU", "gpus": [gpu]} for gpu, n in enumerate(per_gpu) if n]
-
     def served_config(self, model: str) -> dict:
         """What Triton reports it runs for `model` (its own defaults filled in)."""
         return triton_http.InferenceServerClient(self.address).get_model_config(model)

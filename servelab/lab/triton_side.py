@@ -10,8 +10,7 @@ to `config.pbtxt`, and applied by reloading that one model through Triton's mode
 server runs with explicit model control, locally and in the Compose project). The edited config is
 first adapted to the server that runs it (`server`: locally the pip-installed Triton on the CPU; in
 the Compose project, what its container has), and that adaptation is printed too.
-`lab.triton.instance_groups(n)` writes n instances for that server's hardware. Locally, a notebook
-can also start a Triton of its own for one model (`lab.triton.private_triton(...)`), for an
+Locally, a notebook can also start a Triton of its own for one model (`lab.triton.private_triton(...)`), for an
 experiment that must not disturb the lab's server. The methods of the served configs are written in
 servelab.lab.triton_configs (`ServedConfigs`, mixed into TritonSide).
 """
