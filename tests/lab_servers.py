@@ -86,7 +86,9 @@ def started_stack() -> Iterator[SessionStack]:
 
     stack, ports = start_on_free_ports(services, paths.LOG_DIR)
     SHARED.triton = f"127.0.0.1:{ports.triton_http}"
-    SHARED.shipped.update(SHARED.state())
+    # Triton's state alone: Ray Serve's shipped state was taken as it started, and a module may have
+    # deployed its own config since (tests/test_ray_serve.py run on its own starts Triton after).
+    SHARED.shipped["triton"] = SHARED.state()["triton"]
     export_ports(ports, ("image_host", "fastapi_pt", "fastapi_onnx", "triton_http", "triton_grpc", "triton_metrics"))
     try:
         yield SessionStack(stack, ports)
