@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 5. Serving the model with Triton Inference Server
 #
-# **Time:** about 10 minutes (6 reading, 1 running, 3 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 9 minutes (6 reading, 1 running, 3 hands-on; `python -m servelab.time_plan`)
 #
 # In FastAPI, requests beyond its fixed number of inference slots wait in line: that *queueing
 # delay* made its latencies grow with concurrency, while the model itself got no slower.

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 7. Triton: backends, bursty arrivals and dynamic batching
 #
-# **Time:** about 18 minutes (4 reading, 6 running, 8 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 21 minutes (4 reading, 6 running, 11 hands-on; `python -m servelab.time_plan`)
 #
 # Notebook 6 loaded Triton's Python-backend model with more clients and more instances. Here: the
 # same network on the ONNX Runtime backend, users who arrive on their own schedule, and **dynamic
@@ -49,9 +49,9 @@ lab.record(triton_bench.onnx_beats_python(onnx_single, python_single), predicted
 # %% [markdown]
 # ### Scaling the ONNX model
 #
-# A config's `instance_group` says how many instances run, and where. The original lab typed
-# `count: 2` on `gpus: [ 0, 1 ]`: `count` is per listed GPU, so four instances (locally, two CPU
-# instances).
+# A config's `instance_group` says how many instances run, and where. **Your turn:** type the
+# original lab's group for this model, `count: 2` on `gpus: [ 0, 1 ]`: `count` is per listed GPU,
+# so four instances (without a GPU, `count` CPU instances, two: the printout shows it).
 #
 # **Expectation.** At 8 clients, the larger group serves more requests per second than one
 # instance, as long as one left hardware idle.
@@ -64,8 +64,13 @@ print(onnx_shipped)
 predicted_onnx_instances = None  # before you run: how many times the requests/s of 1 the larger group serves (x)
 
 # %%
-onnx_one_busy = lab.triton.perf("food_classifier_onnx", concurrency=8)
+# Your turn: two_on_each_gpu = "instance_group [ ... ]", count 2 on each of GPUs 0 and 1 in one group
+#   (a group's fields: count, kind (KIND_GPU or KIND_CPU), gpus; Triton's model configuration guide,
+#   "Instance Groups").
+### BEGIN SOLUTION
 two_on_each_gpu = "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0, 1 ] } ]"
+### END SOLUTION
+onnx_one_busy = lab.triton.perf("food_classifier_onnx", concurrency=8)
 onnx_instances = lab.triton.apply_config("food_classifier_onnx", onnx_shipped.with_text(two_on_each_gpu))
 onnx_scaled = {
     "c=1, 1 instance": onnx_single,

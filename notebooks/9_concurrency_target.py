@@ -305,11 +305,12 @@ triton_runs = {}
 for max_queue in (2, 0):
     policy = f"default_queue_policy {{ max_queue_size: {max_queue} }}" if max_queue else ""
     edited = lab.triton.config(MODEL).with_text(
-        "max_batch_size: 1  instance_group [ { count: 1, kind: KIND_GPU, gpus: [ 0, 1 ] } ]  "
+        "max_batch_size: 1  instance_group [ { count: 1, kind: KIND_GPU, gpus: [ 0 ] }, "
+        "{ count: 1, kind: KIND_GPU, gpus: [ 1 ] } ]  "
         f"dynamic_batching {{ {policy} }}"
     )
-    lab.triton.apply_config(MODEL, edited)
-    label = f"triton/{MODEL}, 2 instances, queue {'of ' + str(max_queue) if max_queue else 'unbounded'}"
+    served = lab.triton.apply_config(MODEL, edited)  # the instances Triton now runs
+    label = f"triton/{MODEL}, {served} instances, queue {'of ' + str(max_queue) if max_queue else 'unbounded'}"
     triton_runs[max_queue] = lab.closed_loop(
         lab.triton_http, 16, name=label, kind="triton-http", model=MODEL, backoff_s=BACKOFF_S, triton_stats=True
     )
