@@ -94,7 +94,7 @@ predicted_triton_grpc = None  # before you run: over gRPC, the wasted inferences
 one_at_a_time = (
     lab.triton.config(TRITON_MODEL)
     .with_fields(max_batch_size=1)
-    .with_instance_groups(lab.triton.instance_groups(1))
+    .with_instance_groups([{"count": 1, "kind": "KIND_GPU", "gpus": [0]}])  # a CPU one without a GPU
     .with_dynamic_batching()
 )
 with experiment.triton_config(TRITON_MODEL, one_at_a_time):

@@ -30,7 +30,7 @@ TRITON_MODEL = "food_classifier_onnx"
 one_at_a_time = (  # notebook 10's config: one instance, one request per execution, dynamic batching
     lab.triton.config(TRITON_MODEL)
     .with_fields(max_batch_size=1)
-    .with_instance_groups(lab.triton.instance_groups(1))
+    .with_instance_groups([{"count": 1, "kind": "KIND_GPU", "gpus": [0]}])  # a CPU one without a GPU
     .with_dynamic_batching()
 )
 

@@ -104,7 +104,7 @@ def test_cancels_reach_triton_s_container_over_grpc_and_its_log_counts_the_steps
     one_at_a_time = (
         lab.triton.config(model)
         .with_fields(max_batch_size=1)
-        .with_instance_groups(lab.triton.instance_groups(1))
+        .with_instance_groups([{"count": 1, "kind": "KIND_GPU", "gpus": [0]}])  # a CPU one without a GPU
         .with_dynamic_batching()
     )
     with experiment.triton_config(model, one_at_a_time):

@@ -1,8 +1,8 @@
 """What the lab's Triton serves, and how a notebook changes it: the config as shipped
 (`lab.triton.config(model)`), what the server reports it runs (`served_config`, `served_on`,
-`served_instances`), instance groups for the server's hardware, and an edit applied as a diff and a
-reload of that one model, which says how many instances now serve it (`apply_config`;
-`restore_config`, back to the config as shipped); the server's release and log level.
+`served_instances`), and an edit applied as a diff and a reload of that one model, which says
+how many instances now serve it (`apply_config`; `restore_config`, back to the config as shipped);
+the server's release and log level.
 
 `ServedConfigs` is a part of `TritonSide` (servelab.lab.triton_side), which it is mixed into: it
 uses the side's addresses, repository, hardware and models, declared below.
