@@ -482,6 +482,8 @@ def test_a_result_page_is_read_as_a_browser_shows_it(gourmetgram):
         ui.GourmetGram(url).upload("notes.jpg", b"not an image")
     sample = ui.GourmetGram(url).upload("soup.jpg")  # a sample photo, read by its name
     assert sample.status == 200 and sample.label in LABELS
+    with pytest.raises(ValueError, match="not one of GourmetGram's sample photos \\(bread.jpg, .*soup.jpg\\)"):
+        ui.GourmetGram(url).upload("pizza.jpg")  # a name that is no sample: said, before any request
 
 
 def test_an_account_reads_what_a_warm_up_changes_before_it_and_the_run_after_it():

@@ -45,7 +45,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from servelab import loadgen, paths, progress
 from servelab.bench import report as bench_report
 from servelab.bench.agreement import agreement_gaps, measure_agreement  # noqa: F401 (tests read agreement_gaps here)
-from servelab.bench.gpu_check.load import SATURATED_PERCENT
+from servelab.bench.gpu_check.load import client_record
 from servelab.bench.served import Endpoints, address, one_instance_per_core, runtime_versions, thread_plan_of
 from servelab.bench.setups import CEILINGS, NAIVE, SETUPS, CpuSplit, ServedSetup, ceiling_key
 from servelab.environment import machine_info
@@ -105,8 +105,7 @@ def _window(
 def client_use(cpu_s: float, wall_s: float) -> dict[str, Any]:
     """A load point's `RunResult.client`: the load generator, one process (this one), its CPU over the
     measured windows as a share of one core, saturated at the GPU check's threshold."""
-    percent = 100 * cpu_s / wall_s
-    return {"processes": 1, "cpu_percent": [round(percent, 1)], "saturated": percent >= SATURATED_PERCENT}
+    return client_record([round(100 * cpu_s / wall_s, 1)])
 
 
 def _ceilings(profile: Profile, steps: Any) -> dict[str, inprocess.Ceiling]:

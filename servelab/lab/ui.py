@@ -81,6 +81,11 @@ class GourmetGram(str):
         `image`, the sample photo of that name (gourmetgram/static/samples/). A page that is not a
         prediction (the backend down, say) is an error that quotes the page."""
         if image is None:
+            if image_name not in self.samples():
+                raise ValueError(
+                    f"{image_name!r} is not one of GourmetGram's sample photos ({', '.join(self.samples())}): "
+                    "name one of those, or pass your photo's bytes too: upload(name, Path(...).read_bytes())."
+                )
             image = (SAMPLES_DIR / image_name).read_bytes()
         answer = upload(self, image_name, image)
         print(answer)

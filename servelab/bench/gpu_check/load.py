@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -88,13 +89,19 @@ def combined(name: str, parts: Sequence[RunResult], connections: dict[str, int])
         errors=dict(errors),
         latencies_ms=latencies,
         notes=[*parts[0].notes, f"{len(parts)} client process(es), {', '.join(f'{c:.0f}%' for c in cpu)} of a core"],
-        client={
-            "processes": len(parts),
-            "cpu_percent": cpu,
-            "saturated": any(percent >= SATURATED_PERCENT for percent in cpu),
-            "connections_by_worker": connections,
-        },
+        client={**client_record(cpu), "connections_by_worker": connections},
     )
+
+
+def client_record(cpu_percent: list[float]) -> dict[str, Any]:
+    """`RunResult.client` for a load from client processes that each used `cpu_percent` of a core
+    over the window: saturated where one reached SATURATED_PERCENT (the GPU check's load and
+    `make bench`'s load generator are judged alike)."""
+    return {
+        "processes": len(cpu_percent),
+        "cpu_percent": cpu_percent,
+        "saturated": any(percent >= SATURATED_PERCENT for percent in cpu_percent),
+    }
 
 
 def load_point(
