@@ -4,7 +4,7 @@ PY := .venv/bin/python
 # Passed through to `servelab artifacts` to serve a trained checkpoint instead of untrained weights.
 export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256 FOOD11_CHECKPOINT_GIT_BLOB
 
-.PHONY: up test test-fast test-notebook test-docker docker-build test-gpu bench bench-quick notebooks format setup lock artifacts clean help
+.PHONY: up test test-fast test-notebook test-docker docker-build test-gpu test-gpu-notebook6 bench bench-quick notebooks format setup lock artifacts clean help
 
 up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve and GourmetGram on 127.0.0.1 (ready in about 35 s once set up); Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
@@ -36,6 +36,9 @@ PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 
 test-gpu:  ## the GPU check (about 5 minutes): services and Triton on the GPU, their verdicts, speed and GPU memory; exit 2 without a GPU
 	$(PYTHON) -m servelab.bench.gpu_check $(if $(TRITON_SERVER_BIN),--tritonserver $(TRITON_SERVER_BIN)) $(GPU_CHECK_ARGS)
+
+test-gpu-notebook6:  ## notebook 6's claims on the GPU (about 3 minutes): a batch of 16 against 1, and 1, 2, 4 Triton instances against the GPU's busy share
+	$(PYTHON) -m servelab.lessons.triton_bench.gpu_claims $(if $(TRITON_SERVER_BIN),--tritonserver $(TRITON_SERVER_BIN)) $(GPU_CHECK_ARGS)
 
 bench: artifacts  ## the headline benchmark (about 35 minutes): goals judged at c=64; report in results/bench-<time>-full/
 	$(PY) -m servelab bench --profile full

@@ -5,6 +5,7 @@
 # and client beside them, puts the model files where each service and Triton model loads them, and runs
 # the check with the arguments given (GPU_CHECK_ARGS' syntax), e.g.:
 #   bash scripts/gpu_check_there.sh --seconds 8 --out results
+# GPU_CHECK_TARGET=test-gpu-notebook6 runs notebook 6's claims instead (servelab/lessons/triton_bench/gpu_claims.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,4 +29,4 @@ if compgen -G ".lab/triton-numpy/*.whl" >/dev/null; then  # numpy 1.x for Triton
   args+=(--triton-model-path "$SITE-triton-numpy")
 fi
 python3 -m servelab.stack.artifacts --place-only  # as built here: that torch may differ from the builder's
-exec make test-gpu GPU_CHECK_ARGS="${args[*]}"
+exec make "${GPU_CHECK_TARGET:-test-gpu}" GPU_CHECK_ARGS="${args[*]}"

@@ -8,9 +8,12 @@ test checks.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 import requests
 
@@ -23,6 +26,7 @@ from servelab.profiles import PROFILES
 from servelab.report import tables
 from servelab.results import LatencySummary, RunResult, load_results
 from servelab.service.cores import available_cores
+from tests.helpers import until
 
 # The quick benchmark, which the first test's setup runs, takes about 3 minutes on 2 idle cores and
 # more on a busy machine: the limit is there to end a hang, not to judge its speed (pyproject's 300 s).
@@ -211,6 +215,27 @@ def test_a_server_that_is_gone_leaves_its_point_without_a_split_instead_of_stopp
     assert bench._cpu_now(None) is None
     now = bench._cpu_now(os.getpid())  # this process: its main thread is the one running the test
     assert now is not None and 0 < now.event_loop_s <= now.server_s
+
+
+def test_a_servers_cpu_counts_its_worker_processes_and_their_main_threads():
+    # A supervisor that only waits and a worker busy in its main thread: uvicorn's workers, as a plan
+    # of several processes starts them. The supervisor's own times leave a living child out.
+    worker = "while True: pass"
+    code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(600)"
+    server = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        until(lambda: len(psutil.Process(server.pid).children()) == 1, 30, "the worker process")
+        before = bench._cpu_now(server.pid)
+        time.sleep(2.0)
+        after = bench._cpu_now(server.pid)
+        supervisor = psutil.Process(server.pid).cpu_times()
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    assert before is not None and after is not None
+    split = after - before
+    assert supervisor.user + supervisor.system < 0.2 < split.server_s, "the worker's CPU, counted"
+    assert split.event_loop_s > 0.2, "the worker's main thread is its event loop"
 
 
 def test_the_tools_are_compared_pair_by_pair_so_one_slow_moment_does_not_decide():

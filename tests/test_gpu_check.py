@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from importlib import metadata
 from pathlib import Path
 
 import psutil
@@ -22,7 +21,14 @@ from servelab.bench.gpu_check import ceilings, check, machine, processes, report
 from servelab.bench.gpu_check.ceilings import Ceiling
 from servelab.bench.gpu_check.report import Checked
 from servelab.bench.gpu_check.verdicts import CPU, FAIL, NOT_RUN, PASS, Verdict
-from tests.helpers import synthetic_run, until
+from tests.helpers import (
+    bare_machine_environment,
+    bare_machine_records,
+    carried_wheels,
+    lacking_on_a_bare_gpu_machine,
+    synthetic_run,
+    until,
+)
 
 # ---- verdicts -------------------------------------------------------------------------------------
 
@@ -266,85 +272,7 @@ def test_stopping_a_service_stops_its_children_too(tmp_path):
     assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
 
-# ---- a bare GPU machine, simulated: only its packages import ------------------------------------
-
-# Installed in every process of a check (through PYTHONPATH, which the check passes on to every process it
-# starts): the finders of this Python no longer find a package a bare GPU machine lacks (an import of it fails,
-# importlib.util.find_spec says None, as there). Each process writes its command line to a record, then each
-# package it finds or is refused, as it goes (a service stopped by a signal has no `atexit`).
-BARE_MACHINE = textwrap.dedent(
-    """
-    import importlib.abc, os, sys
-
-    LACKING = frozenset(os.environ["BARE_MACHINE_LACKS"].split(","))
-    RECORD = open(os.path.join(os.environ["BARE_MACHINE_RECORDS"], f"{os.getpid()}.txt"), "w", buffering=1)
-    with open("/proc/self/cmdline", "rb") as command:
-        RECORD.write(command.read().replace(b"\\0", b" ").decode().strip() + "\\n")
-
-
-    class BareMachine(importlib.abc.MetaPathFinder):
-        def __init__(self, finders):
-            self.finders, self.recorded = finders, set(sys.stdlib_module_names)
-
-        def find_spec(self, name, path=None, target=None):
-            package = name.partition(".")[0]
-            if package in LACKING:
-                self.record("refused", package)
-                return None
-            for finder in self.finders:
-                if (spec := finder.find_spec(name, path, target)) is not None:
-                    self.record("found", package)
-                    return spec
-            return None
-
-        def find_distributions(self, *args, **kwargs):  # importlib.metadata asks the finders too
-            for finder in self.finders:
-                yield from getattr(finder, "find_distributions", lambda *args, **kwargs: ())(*args, **kwargs)
-
-        def record(self, what, package):
-            if package not in self.recorded:
-                self.recorded.add(package)
-                RECORD.write(f"{what} {package}\\n")
-
-
-    sys.meta_path[:] = [BareMachine(list(sys.meta_path))]
-    """
-)
-
-
-def bare_machine_records(folder: Path) -> dict[str, dict[str, set[str]]]:
-    """What each process of a check under BARE_MACHINE found and was refused, by its command line."""
-    records = {}
-    for path in folder.glob("*.txt"):
-        command, *lines = path.read_text().splitlines()
-        records[command] = {
-            what: {line.split()[1] for line in lines if line.startswith(what)} for what in ("found", "refused")
-        }
-    return records
-
-
-def _normalized(distribution: str) -> str:
-    return re.sub(r"[-_.]+", "-", distribution).lower()
-
-
-def carried_wheels() -> set[str]:
-    """The distributions scripts/gpu_check_wheels.sh downloads for a bare GPU machine."""
-    script = (paths.REPO_ROOT / "scripts" / "gpu_check_wheels.sh").read_text()
-    listed = re.search(r"^WHEELS=\(\n(.*?)\n\)", script, re.M | re.S).group(1)  # names: the lock pins them
-    return {_normalized(name) for name in listed.split()}
-
-
-def lacking_on_a_bare_gpu_machine() -> set[str]:
-    """The top-level modules installed here whose every distribution a bare GPU machine lacks (and
-    scripts/gpu_check_wheels.sh does not bring)."""
-    listed = (Path(__file__).parent / "data" / "bare_gpu_machine_packages.txt").read_text().splitlines()
-    there = {_normalized(line) for line in listed if line and not line.startswith("#")} | carried_wheels()
-    there.add("servelab")  # the working tree
-    return {
-        module
-        for module, distributions in metadata.packages_distributions().items()
-        if not any(_normalized(distribution) in there for distribution in distributions)
-    }
+# ---- a bare GPU machine, simulated (tests/bare_machine.py) --------------------------------------
 
 
 def test_the_wheels_carried_are_those_the_services_need_beyond_a_bare_gpu_machine():
@@ -369,17 +297,7 @@ def run_check(*args: str, cwd: Path, env: dict[str, str], timeout: float) -> sub
 @pytest.fixture
 def bare_machine(tmp_path) -> dict[str, str]:
     """The environment of a check whose every process imports only what a bare GPU machine has."""
-    site = tmp_path / "bare-machine"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(BARE_MACHINE)
-    records = tmp_path / "imports"
-    records.mkdir()
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
-        "BARE_MACHINE_LACKS": ",".join(sorted(lacking_on_a_bare_gpu_machine())),
-        "BARE_MACHINE_RECORDS": str(records),
-    }
+    return bare_machine_environment(tmp_path)
 
 
 def test_without_a_gpu_it_stops_at_once_saying_what_each_source_saw(tmp_path, bare_machine):

@@ -162,8 +162,9 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "",
         "## Where a FastAPI service's CPU goes",
         "",
-        "CPU seconds over each load point's windows (warm-ups included): the server process, its main thread "
-        "(uvicorn's event loop: HTTP, JSON, FastAPI's routing and validation) and the load generator's process. "
+        "CPU seconds over each load point's windows (warm-ups included): the server's processes (its workers, where "
+        "it runs several), their main threads (uvicorn's event loops: HTTP, JSON, FastAPI's routing and validation) "
+        "and the load generator's process. "
         "The ceiling pays for neither the event loop nor the load generator, so while every core is busy a "
         "service whose decoding and inference cost what the ceiling's do reaches at most 'cap' of it (1 minus "
         "their share of all the CPU the requests cost). At low concurrency the cores idle and the cap does not "

@@ -67,20 +67,28 @@ REPEAT_WARMUP_S = 1.0
 
 
 def _cpu_now(pid: int | None) -> CpuSplit | None:
-    """CPU seconds so far of the server `pid` (the process, its main thread) and of this process,
-    with the clock; None when the id is unknown or its process is gone (the run goes on, and the
-    load point is reported without a split)."""
+    """CPU seconds so far of the server `pid` with its child processes (uvicorn's workers, where
+    the service runs several: a process's own times leave its living children out) and of their
+    main threads (each worker's event loop), of this process, with the clock; None when the id is
+    unknown or its process is gone (the run goes on, and the load point is reported without a split)."""
     if pid is None:
         return None
+    server_s = loop_s = 0.0
     try:
-        process = psutil.Process(pid)
-        total = process.cpu_times()
-        main = next(thread for thread in process.threads() if thread.id == pid)
-    except (psutil.Error, StopIteration):
+        leader = psutil.Process(pid)
+        family = [leader, *leader.children(recursive=True)]
+    except psutil.Error:
         log.warning("server process %d is gone: its CPU is not counted; its log says why it stopped", pid)
         return None
-    loop = main.user_time + main.system_time
-    return CpuSplit(total.user + total.system, loop, time.process_time(), time.perf_counter())
+    for process in family:
+        try:
+            total = process.cpu_times()
+            main = next(thread for thread in process.threads() if thread.id == process.pid)
+        except (psutil.Error, StopIteration):  # a worker that ended since: its time is gone with it
+            continue
+        server_s += total.user + total.system
+        loop_s += main.user_time + main.system_time
+    return CpuSplit(server_s, loop_s, time.process_time(), time.perf_counter())
 
 
 def _window(

@@ -40,9 +40,10 @@ def ceiling_key(runtime: str, decode: bool, in_flight: str) -> str:
 
 @dataclass
 class CpuSplit:
-    """CPU seconds spent while a load point's windows ran (warm-ups included): by the server
-    process, by its main thread (uvicorn's event loop: HTTP, JSON, FastAPI's routing and
-    validation), and by this process (the load generator, and the resource sampler)."""
+    """CPU seconds spent while a load point's windows ran (warm-ups included): by the server's
+    processes (its workers too), by their main threads (uvicorn's event loops: HTTP, JSON,
+    FastAPI's routing and validation), and by this process (the load generator, and the resource
+    sampler)."""
 
     server_s: float = 0.0
     event_loop_s: float = 0.0

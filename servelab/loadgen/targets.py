@@ -124,8 +124,10 @@ class TritonHttpTarget(_HttpTarget):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         name: str | None = None,
         models: ModelRepository | None = None,
+        batch_size: int = 1,
     ) -> None:
-        tensors, raw = binary_inference_parts(model_request(model, image_bytes, models))
+        request = model_request(model, image_bytes, models)
+        tensors, raw = binary_inference_parts(request.repeated(batch_size) if batch_size > 1 else request)
         header = json.dumps(tensors).encode()
         super().__init__(
             name or f"triton/{model} (http)",

@@ -136,6 +136,12 @@ class ModelRequest:
     inputs: tuple[RequestTensor, ...]
     outputs: tuple[str, ...]
 
+    def repeated(self, size: int) -> ModelRequest:
+        """This request of one inference `size` times over: one request of a batch of `size`, as
+        perf_analyzer's `-b` sends (the same input in every place)."""
+        tensors = (RequestTensor(t.name, t.datatype, np.repeat(t.array, size, axis=0)) for t in self.inputs)
+        return ModelRequest(tuple(tensors), self.outputs)
+
 
 _NUMPY_TYPES = {
     "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,

@@ -125,14 +125,19 @@ def served_config(
 
 
 def stage_model(
-    model: Model, destination: Path, server: Hardware = LOCAL_TRITON, prelude: str | None = None
+    model: Model,
+    destination: Path,
+    server: Hardware = LOCAL_TRITON,
+    prelude: str | None = None,
+    config: TritonConfig | None = None,
 ) -> StagedModel:
     """Copy one model folder to `destination`, adapted to `server`, each model.py starting with
-    `prelude` (by default the local one, site_packages_prelude); returns what changed."""
+    `prelude` (by default the local one, site_packages_prelude), its config `config` (by default
+    the shipped one); returns what changed."""
     prelude = site_packages_prelude() if prelude is None else prelude
     where = f"models_staging/{model.name}"
     shutil.copytree(model.folder, destination, ignore=shutil.ignore_patterns("__pycache__"))
-    adapted = served_config(model, model.config, destination, server)
+    adapted = served_config(model, config or model.config, destination, server)
     (destination / "config.pbtxt").write_text(adapted.text)
     changes = [model.config.diff(adapted, f"{where}/config.pbtxt", f"staged/{model.name}/config.pbtxt (this server)")]
     for version in model.version_folders(destination):

@@ -67,4 +67,6 @@ Its modules, each importing only those listed after it:
 - `closed_loop`: one client of that load, a closed loop of one prepared POST in a process of its own;
 - `machine`: is there a GPU (what nvidia-smi, NVML and PyTorch see), GPU memory by process, the
   machine's line.
+servelab.lessons.triton_bench.gpu_claims (`make test-gpu-notebook6`) measures notebook 6's claims on
+the GPU with `processes` and `load`: a batch of 16 images against 1, and 1, 2 and 4 Triton instances.
 """

@@ -221,10 +221,12 @@ def numpy_2_here() -> str | None:
 def triton_service(
     binary: Path, found_in: str, device: str, image: bytes, ports: Sequence[int], work_dir: Path,
     model_path: Sequence[str] = (),
+    instance_group: str | None = None,
 ) -> Service | str:  # fmt: skip
     """Triton serving food_classifier alone on `ports` (HTTP, gRPC, metrics), staged for this machine
     by the lab's Triton tooling (KIND_GPU on a GPU, KIND_CPU on the CPU), its model.py taking the
-    folders of `model_path` first; or why it cannot run here."""
+    folders of `model_path` first, its instances the shipped config's or `instance_group`'s (config
+    text, as a student types it); or why it cannot run here."""
     try:  # the lab's Triton tooling reads model configs with tritonclient, which a bare GPU machine lacks
         from servelab.loadgen.targets import TritonHttpTarget
         from servelab.service.hardware import Hardware
@@ -250,9 +252,9 @@ def triton_service(
         prelude = triton_server.site_packages_prelude() + f"sys.path.insert(0, {str(paths.REPO_ROOT)!r})\n"
         prelude += "".join(f"sys.path.insert(0, {entry!r})\n" for entry in reversed(model_path))
         repository = work_dir / "models"
-        staged = triton_server.stage_model(
-            ModelRepository().get(TRITON_MODEL), repository / TRITON_MODEL, server, prelude
-        )
+        model = ModelRepository().get(TRITON_MODEL)
+        config = model.config.with_text(instance_group) if instance_group else None
+        staged = triton_server.stage_model(model, repository / TRITON_MODEL, server, prelude, config)
         request = TritonHttpTarget(f"127.0.0.1:{http}", TRITON_MODEL, image)
     except (RuntimeError, OSError) as exc:  # StagingError (a model file missing), no stub for this Python...
         return f"{binary} ({found_in}) is here, but {exc}"

@@ -14,7 +14,9 @@ arrivals and dynamic batching).
 - `experiment`: the Poisson sweep (`poisson_sweep`, notebook 7), run through `lab.triton.perf`;
 - `views`: what the device did during each run (`device_use`, notebook 6), the batches that ran
   (`batches_ran`, drawn by `show_batches`), and the queueing view against M/D/1 and M/G/1
-  (`queueing_view`, drawn by `show_queueing`; notebook 7).
+  (`queueing_view`, drawn by `show_queueing`; notebook 7);
+- `gpu_claims`: notebook 6's batch and instance claims measured on a GPU machine, with the GPU
+  check's processes and load and these checks (`make test-gpu-notebook6`; not for the notebooks).
 
 Every check is a function of the runs, judged on Triton's own statistics; the machine it names in
 its reason is read where it runs unless given. The notebooks call them by this folder's name
