@@ -37,7 +37,7 @@ PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 test-gpu:  ## the GPU check (about 5 minutes): services and Triton on the GPU, their verdicts, speed and GPU memory; exit 2 without a GPU
 	$(PYTHON) -m servelab.bench.gpu_check $(if $(TRITON_SERVER_BIN),--tritonserver $(TRITON_SERVER_BIN)) $(GPU_CHECK_ARGS)
 
-test-gpu-notebook6:  ## notebook 6's claims on the GPU (about 3 minutes): a batch of 16 against 1, and 1, 2, 4 Triton instances against the GPU's busy share
+test-gpu-notebook6:  ## notebook 6's claims on the GPU (113 s on a 2-core CPU; not yet timed on a GPU): a batch of 16 against 1, and 1, 2, 4 Triton instances against the GPU's busy share
 	$(PYTHON) -m servelab.lessons.triton_bench.gpu_claims $(if $(TRITON_SERVER_BIN),--tritonserver $(TRITON_SERVER_BIN)) $(GPU_CHECK_ARGS)
 
 bench: artifacts  ## the headline benchmark (about 35 minutes): goals judged at c=64; report in results/bench-<time>-full/

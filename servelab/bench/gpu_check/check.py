@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -273,25 +273,34 @@ def stopped_by_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def main(argv: list[str] | None = None) -> int:
-    description = (gpu_check.__doc__ or "").split("\n\n")[0]
-    parser = argparse.ArgumentParser(prog="python -m servelab.bench.gpu_check", description=description)
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """The options the GPU check shares with notebook 6's claims (servelab.lessons.triton_bench.gpu_claims)."""
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same steps on the CPU")
-    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds of each load point and plan")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds before each")
-    parser.add_argument("--concurrency", nargs="+", type=int, default=list(CONCURRENCIES), help="closed-loop users")
-    parser.add_argument("--services", nargs="+", choices=SERVICES, default=list(SERVICES))
     parser.add_argument("--tritonserver", type=Path, help="the tritonserver to run (default: the wheel's, or PATH's)")
     parser.add_argument(
         "--triton-model-path", nargs="*", default=[], metavar="DIR",
         help="folders Triton's model.py puts first on its path (numpy 1.x for the nvidia-pytriton wheel's backend)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, help="where the table goes (default: results/)")
-    args = parser.parse_args(argv)
+
+
+def run_stoppable(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """`run(args)`, logging to stderr, with SIGTERM and Ctrl-C ending it through its clean-up."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     with stopped_by_sigterm():
         try:
-            return check(args)
-        except KeyboardInterrupt:  # the clean-up has run: every service is stopped
+            return run(args)
+        except KeyboardInterrupt:  # the clean-up has run: every process started is stopped
             print("Interrupted: every process the check started is stopped.", file=sys.stderr)
             return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    description = (gpu_check.__doc__ or "").split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m servelab.bench.gpu_check", description=description)
+    add_common_options(parser)
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds of each load point and plan")
+    parser.add_argument("--concurrency", nargs="+", type=int, default=list(CONCURRENCIES), help="closed-loop users")
+    parser.add_argument("--services", nargs="+", choices=SERVICES, default=list(SERVICES))
+    return run_stoppable(check, parser.parse_args(argv))

@@ -1,4 +1,4 @@
-"""Notebook 6's claims measured where the lab is taught, on a GPU: `make test-gpu-notebook6`.
+"""Notebook 6's claims measured where the lab is taught, on a GPU: `make test-gpu-notebook6` (113 s on 2 CPU cores).
 
     python -m servelab.lessons.triton_bench.gpu_claims [--device cuda|cpu] [--seconds 8] [--warmup 2]
                                                        [--instances 1 2 4] [--tritonserver PATH]
@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from servelab import paths
-from servelab.bench.gpu_check.check import stopped_by_sigterm
+from servelab.bench.gpu_check.check import add_common_options, run_stoppable
 from servelab.bench.gpu_check.load import load_point
 from servelab.bench.gpu_check.machine import look_for_gpus, machine_line, no_gpu_message, nvidia_smi_gpus
 from servelab.bench.gpu_check.processes import (
@@ -288,26 +288,13 @@ def check(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     description = (__doc__ or "").split("\n\n")[0]
     parser = argparse.ArgumentParser(prog="python -m servelab.lessons.triton_bench.gpu_claims", description=description)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same runs on the CPU")
+    add_common_options(parser)
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds of each run")
-    parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds before each")
     parser.add_argument("--instances", nargs=3, type=int, default=list(INSTANCES), help="three instance counts")
-    parser.add_argument("--tritonserver", type=Path, help="the tritonserver to run (default: the wheel's, or PATH's)")
-    parser.add_argument(
-        "--triton-model-path", nargs="*", default=[], metavar="DIR",
-        help="folders Triton's model.py puts first on its path (numpy 1.x for the nvidia-pytriton wheel's backend)",
-    )  # fmt: skip
-    parser.add_argument("--out", type=Path, help="where the table goes (default: results/)")
     args = parser.parse_args(argv)
     if 1 not in args.instances or len(set(args.instances)) != 3:
         parser.error("--instances: three different counts, one of them 1 (the batch runs use one instance)")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    with stopped_by_sigterm():
-        try:
-            return check(args)
-        except KeyboardInterrupt:  # the clean-up has run: Triton is stopped
-            print("Interrupted: every process it started is stopped.", file=sys.stderr)
-            return 130
+    return run_stoppable(check, args)
 
 
 if __name__ == "__main__":
