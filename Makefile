@@ -75,4 +75,4 @@ clean:  ## remove generated files (artifacts, staged Triton repository, logs; se
 	git clean -fX -- fastapi_pt fastapi_onnx gourmetgram models_staging
 
 help:  ## this list: each target, what it does and how long it takes
-	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z-]+:[^#]*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z0-9-]+:[^#]*## / {printf "  make %-19s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
