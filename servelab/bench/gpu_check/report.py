@@ -43,6 +43,12 @@ def _run_cell(run: RunResult | None) -> str:
     return _rate(run.throughput_rps) + (f" ({run.error_count} errors)" if run.error_count else "")
 
 
+def ratio_said(ratio: float) -> str:
+    """A ratio to its ceiling, "0.79x", rounded down: one just under its goal never reads as the goal
+    itself, and the table and the goals' lines show the same figure."""
+    return f"{math.floor(round(ratio * 100, 6)) / 100:.2f}x"
+
+
 def markdown_table(headings: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     cell = lambda text: str(text).replace("|", "\\|").replace("\n", " ")  # noqa: E731
     lines = ["| " + " | ".join(headings) + " |", "|" + "|".join("---" for _ in headings) + "|"]
@@ -86,7 +92,7 @@ def table_rows(
         ratios = []
         for concurrency in concurrencies:
             run, reference = by_concurrency.get(concurrency), one if concurrency == 1 else pipelined
-            ratios.append(f"{run.throughput_rps / reference.throughput_rps:.2f}x" if run and reference else "-")
+            ratios.append(ratio_said(run.throughput_rps / reference.throughput_rps) if run and reference else "-")
         rows.append(
             [
                 SHOWN_AS.get(service.name, service.name),
@@ -131,10 +137,9 @@ def goals(checked: Sequence[Checked], ceilings: Mapping[str, Ceiling], concurren
                 lines.append(f"NOT MEASURED: {name} at c={concurrency}")
                 continue
             ratio = run.throughput_rps / ceiling.pipelined.throughput_rps
-            # Rounded down: a ratio just under its goal never reads as the goal itself.
-            shown = math.floor(round(ratio * 100, 6)) / 100
+            said = ratio_said(ratio)
             figures = (
-                f"{name} at c={concurrency} is {shown:.2f}x the machine's ceiling (goal {GOAL_OF_CEILING:.1f}x at "
+                f"{name} at c={concurrency} is {said} the machine's ceiling (goal {GOAL_OF_CEILING:.1f}x at "
                 f"c={GOAL_CONCURRENCY}): {_rate(run.throughput_rps)} of {_rate(ceiling.pipelined.throughput_rps)} "
                 f"req/s ({ceiling.pipelined.notes[0].split(' (on ')[0]}); {client_text(run)}"
             )
