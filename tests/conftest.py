@@ -32,7 +32,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 def photo_host() -> Iterator[PhotoHost]:
-    """The in-process service's image host (tests/helpers.py): a photo, a text file and
+    """The in-process service's image host (tests/helpers/): a photo, a text file and
     a file one byte over LIMIT_BYTES."""
     host = PhotoHost(
         {

@@ -21,13 +21,12 @@ from servelab.bench.gpu_check import ceilings, check, machine, processes, report
 from servelab.bench.gpu_check.ceilings import Ceiling
 from servelab.bench.gpu_check.report import Checked
 from servelab.bench.gpu_check.verdicts import CPU, FAIL, NOT_RUN, PASS, Verdict
-from tests.helpers import (
+from tests.helpers import synthetic_run, until
+from tests.helpers.bare_machine import (
     bare_machine_environment,
     bare_machine_records,
     carried_wheels,
     lacking_on_a_bare_gpu_machine,
-    synthetic_run,
-    until,
 )
 
 # ---- verdicts -------------------------------------------------------------------------------------

@@ -122,7 +122,7 @@ def test_each_folder_says_what_it_owns(layer):
 
 def test_tests_share_code_through_tests_helpers_only():
     """A test module imports no other test module and no conftest (pytest imports those itself,
-    under names of its own choosing): shared test code lives in tests/helpers.py. The scripts
+    under names of its own choosing): shared test code lives in tests/helpers/. The scripts
     the tests run in child processes count too, so the text is searched, not only the syntax."""
     other_test_code = re.compile(r"^\s*(?:from|import)\s+(?:tests\.(?!helpers\b)\w+|conftest\b)", re.MULTILINE)
     found = sorted(

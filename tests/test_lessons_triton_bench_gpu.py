@@ -21,7 +21,8 @@ from servelab.service.hardware import Hardware
 from servelab.triton.adaptation import PYTHON_BACKEND
 from servelab.triton.models import ModelRepository
 from servelab.triton.server import served_config
-from tests.helpers import bare_machine_environment, bare_machine_records, synthetic_run
+from tests.helpers import synthetic_run
+from tests.helpers.bare_machine import bare_machine_environment, bare_machine_records
 
 
 @pytest.mark.parametrize("gpus, kind", [(1, "KIND_GPU"), (0, "KIND_CPU")])

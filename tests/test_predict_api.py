@@ -1,6 +1,6 @@
 """The HTTP side of both FastAPI services (servelab/service/predict_api.py) in this process: the
 app `create_app` builds, asked over httpx's ASGI transport, with a model that answers at once
-(tests/helpers.py). Every status POST /predict can answer, the request size limit, the
+(tests/helpers/). Every status POST /predict can answer, the request size limit, the
 URLs the server fetches and those it refuses, the schemas of its answers, /health. The real
 services, real models and real sockets: tests/test_fastapi_services.py and tests/test_image_url.py.
 """

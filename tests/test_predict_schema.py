@@ -2,7 +2,7 @@
 
 Bodies built from the service's own /openapi.json's request schema - its fields, each with a pool of
 values that covers every case it states (absent, null, empty, malformed, well-formed) - are sent to
-the service (both FastAPI services' `create_app`, in this process: tests/helpers.py) and
+the service (both FastAPI services' `create_app`, in this process: tests/helpers/) and
 judged by the schema itself (`jsonschema`): a body it allows is answered, or refused only with a
 status the route documents for what the schema cannot see (bytes that are not an image, a URL the
 server does not fetch or cannot get); a body it forbids is refused with a 4xx the route documents.
