@@ -132,7 +132,7 @@ def serving(args: argparse.Namespace, count: int, work_dir: Path, log_dir: Path)
         running.stop()
 
 
-def measured(triton: Triton, name: str, concurrency: int, batch_size: int, args: argparse.Namespace) -> RunResult:
+def one_run(triton: Triton, name: str, concurrency: int, batch_size: int, args: argparse.Namespace) -> RunResult:
     """One run: a warm-up (its requests in no figure), then a window with Triton's statistics and
     model.py's stage times read over it, and the GPU and each instance's CPU sampled during it."""
     image = paths.SAMPLE_IMAGE.read_bytes()
@@ -160,7 +160,7 @@ def measured(triton: Triton, name: str, concurrency: int, batch_size: int, args:
 
 
 @dataclass
-class Measured:
+class ClaimRuns:
     """Every run, by what it shows: one client with 1 and with BATCH images per request, and CLIENTS
     clients by instance count."""
 
@@ -172,16 +172,17 @@ class Measured:
         return [run for run in (self.single, self.batched, *self.by_instances.values()) if run is not None]
 
 
-def measure(args: argparse.Namespace, log_dir: Path) -> Measured:
-    found = Measured()
+def run_all(args: argparse.Namespace, log_dir: Path) -> ClaimRuns:
+    """Every run of both claims, Triton started once for each instance count (its logs in `log_dir`)."""
+    found = ClaimRuns()
     with tempfile.TemporaryDirectory(prefix="notebook6-") as folder:
         for count in sorted(args.instances):  # 1 first: the batch runs use one instance
             with serving(args, count, Path(folder), log_dir) as triton:
                 if count == 1:
-                    found.single = measured(triton, "1 instance, 1 client, 1 image a request", 1, 1, args)
-                    found.batched = measured(triton, f"1 instance, 1 client, {BATCH} images a request", 1, BATCH, args)
+                    found.single = one_run(triton, "1 instance, 1 client, 1 image a request", 1, 1, args)
+                    found.batched = one_run(triton, f"1 instance, 1 client, {BATCH} images a request", 1, BATCH, args)
                 label = f"{count} instance{'s' * (count > 1)}, {CLIENTS} clients"
-                found.by_instances[count] = measured(triton, label, CLIENTS, 1, args)
+                found.by_instances[count] = one_run(triton, label, CLIENTS, 1, args)
     return found
 
 
@@ -214,7 +215,7 @@ def runs_table(runs: Sequence[RunResult]) -> str:
     return markdown_table(headings, rows)
 
 
-def claims(found: Measured, hardware: str, cores: int) -> list[Expectation]:
+def claims(found: ClaimRuns, hardware: str, cores: int) -> list[Expectation]:
     judged = [client_batching(found.single, found.batched, hardware=hardware, cores=cores)]
     if len(found.by_instances) == 3:
         judged.append(instances_stop_helping(dict(found.by_instances), hardware=hardware, cores=cores))
@@ -228,7 +229,7 @@ def said(expectation: Expectation) -> str:
     return text + ("" if "  Why: " in text else f"\n  Why it may or may not hold: {expectation.reason}") + "\n"
 
 
-def report(machine: str, args: argparse.Namespace, found: Measured, judged: Sequence[Expectation]) -> str:
+def report(machine: str, args: argparse.Namespace, found: ClaimRuns, judged: Sequence[Expectation]) -> str:
     mode = "On the GPU." if args.device == "cuda" else "**CPU mode (--device cpu): nothing ran on a GPU.**"
     return "\n".join(
         [
@@ -262,7 +263,7 @@ def check(args: argparse.Namespace) -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     log_dir = paths.LOG_DIR / f"notebook6-{stamp}"
     try:
-        found = measure(args, log_dir)
+        found = run_all(args, log_dir)
     except CannotRun as exc:
         print(f"Triton cannot run here: {exc}", file=sys.stderr)
         return EXIT_CANNOT_RUN
