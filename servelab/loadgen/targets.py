@@ -127,7 +127,7 @@ class TritonHttpTarget(_HttpTarget):
         batch_size: int = 1,
     ) -> None:
         request = model_request(model, image_bytes, models)
-        tensors, raw = binary_inference_parts(request.repeated(batch_size) if batch_size > 1 else request)
+        tensors, raw = binary_inference_parts(request.repeated(batch_size))
         header = json.dumps(tensors).encode()
         super().__init__(
             name or f"triton/{model} (http)",

@@ -48,7 +48,6 @@ from servelab.bench.gpu_check.machine import look_for_gpus, machine_line, no_gpu
 from servelab.bench.gpu_check.processes import (
     TRITON_MODEL,
     Running,
-    Service,
     find_tritonserver,
     free_ports,
     triton_service,
@@ -91,7 +90,6 @@ class Triton:
     """Triton serving food_classifier with some instances: its process and where it answers."""
 
     running: Running
-    service: Service
     ports: Sequence[int]  # HTTP, gRPC, metrics
     repository: Path
 
@@ -127,7 +125,7 @@ def serving(args: argparse.Namespace, count: int, work_dir: Path, log_dir: Path)
             raise NotServed(f"Triton with {count} instance(s): {verdict.reason}")
         if (served := len(triton_instances(log_text))) != count:
             raise NotServed(f"asked for {count} instance(s), Triton's log shows {served} (its log: {running.log_path})")
-        yield Triton(running, service, ports, staged / "models")
+        yield Triton(running, ports, staged / "models")
     finally:
         running.stop()
 
@@ -145,7 +143,8 @@ def one_run(triton: Triton, name: str, concurrency: int, batch_size: int, args: 
         )  # fmt: skip
 
     log.info("%s: %g s warm-up, %g s measured", name, args.warmup, args.seconds)
-    load(args.warmup)
+    if args.warmup > 0:
+        load(args.warmup)
     instances = triton_instance_processes(triton.repository, TRITON_MODEL)
     before, stages_before = stats.fetch_settled(triton.address, TRITON_MODEL), triton.stage_times()
     with ResourceSampler(pids=instances.values()) as sampler, ProcessCpu(instances) as per_instance:
