@@ -17,7 +17,7 @@ http://127.0.0.1:8000. Other settings: MAX_UPLOAD_BYTES (default 8 MiB), BACKEND
 SAMPLES_DIR (default static/samples), HOST (default 0.0.0.0), PORT (default 5000).
 
 Run from this folder with `python app.py` or `python -m flask --app app run`.
-Decoding and preprocessing come from the lab's service package (servelab.service.food11), installed
+Decoding and preprocessing come from the model module food11.py (the repository root), installed
 in GourmetGram's image as in every service's.
 """
 
@@ -48,7 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.utils import secure_filename
 
-from servelab.service import food11
+import food11
 
 log = logging.getLogger("gourmetgram")
 

@@ -16,7 +16,7 @@ import tritonclient.http as triton_http
 from answers import BackendFailed, Prediction
 from PIL import Image
 
-from servelab.service import food11
+import food11
 
 IMAGE_FILE = "image file (base64)"
 PREPROCESSED_TENSOR = "preprocessed tensor"

@@ -126,7 +126,7 @@ experiment.requests("ray_serve, 1 replica", serve.url)
 # between two steps the server looks whether anyone still reads. The step running then finishes;
 # the steps after it are saved.
 #
-# The workload is a **refinement** (`servelab/service/refine.py`): step k runs MobileNetV2 on one
+# The workload is a **refinement** (`food11.py`): step k runs MobileNetV2 on one
 # more view of the photo and streams the running mean of the probabilities, an answer that settles
 # as the steps go. Served three ways:
 #

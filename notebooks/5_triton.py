@@ -74,7 +74,7 @@ print(triton_intro.tree(lab.repository / "food_classifier"))
 # - `1/food11.pth.weights.json`: whether they are trained. An *untrained* model's timing is real,
 #   its labels are not (see the README).
 #
-# Decoding, preprocessing and labels come from the lab's package (`servelab.service.food11`).
+# Decoding, preprocessing and labels come from the lab's package (`food11.py`, at the top of the repository).
 #
 # ### `config.pbtxt`
 #

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torchvision.models import mobilenet_v2
 
+import food11
 from servelab import paths
-from servelab.service import food11
 from servelab.stack import artifacts
 from tests.helpers import make_image_bytes
 
@@ -86,7 +86,7 @@ def test_a_second_build_with_the_same_inputs_does_nothing(tmp_path):
 
 
 def test_shared_logic_is_defined_once():
-    # Labels and preprocessing live in servelab/service/food11.py; every other source, tracked or
+    # Labels and preprocessing live in food11.py; every other source, tracked or
     # not yet (only generated model files are git-ignored), imports them: no folder holds a copy.
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
@@ -97,7 +97,7 @@ def test_shared_logic_is_defined_once():
     ).stdout.split()
     sources = [paths.REPO_ROOT / name for name in listed if not name.startswith("tests/")]
     defining = sorted(p.relative_to(paths.REPO_ROOT).as_posix() for p in sources if '"Dairy product"' in p.read_text())
-    assert defining == ["servelab/service/food11.py"]
+    assert defining == ["food11.py"]
 
 
 def test_make_artifacts_places_model_files_only():

@@ -23,6 +23,7 @@ import torch
 from fastapi import FastAPI
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
+from food11 import LABELS
 from servelab import paths
 from servelab.service import devices
 from servelab.service.cores import available_cores
@@ -34,7 +35,6 @@ from servelab.service.devices import (
     torch_device,
     torch_model,
 )
-from servelab.service.food11 import LABELS
 from servelab.service.onnx_service import onnx_app
 from servelab.service.settings import ServiceSettings
 from tests.helpers import make_image_bytes

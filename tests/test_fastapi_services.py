@@ -10,9 +10,9 @@ import base64
 import pytest
 import requests
 
+from food11 import LABELS
 from servelab.measure import service_stats
 from servelab.service.cores import available_cores, service_plan, thread_plan
-from servelab.service.food11 import LABELS
 from servelab.stack.catalogue import fastapi_service
 from servelab.stack.supervision import LocalStack, Ports, StackError
 from tests.helpers import InstantModel, check_bad_request, service_app, service_settings

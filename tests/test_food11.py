@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from servelab.service import food11
+import food11
 from tests.helpers import make_image_bytes
 
 

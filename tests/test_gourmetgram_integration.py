@@ -11,7 +11,7 @@ import re
 import pytest
 import requests
 
-from servelab.service.food11 import LABELS
+from food11 import LABELS
 from servelab.stack.catalogue import gourmetgram_service
 from servelab.stack.supervision import Ports, start_on_free_ports
 from tests.helpers import make_image_bytes

@@ -7,7 +7,7 @@ tested from metadata dicts like the ones Triton reports, and through a stand-in 
 that answers from those dicts. Tests against real servers live elsewhere.
 
 Run from the repository root:  .venv/bin/python -m pytest tests/test_gourmetgram_unit.py
-GourmetGram imports servelab.service.food11, the lab's installed service package.
+GourmetGram imports food11, the model module at the repository root.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from food11 import LABELS
 from servelab import paths
 from servelab.measure import service_stats
-from servelab.service.food11 import LABELS
 from servelab.stack.catalogue import fastapi_service, image_host_service
 from servelab.stack.supervision import LocalStack, Ports, ServiceSpec
 

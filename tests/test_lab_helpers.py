@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from food11 import LABELS
 from servelab import loadgen, service_exits
 from servelab.lab import Lab, measuring, triton_configs, ui
 from servelab.lab.triton_side import TOP_LOAD, Capacity, rates_at_capacity
@@ -30,7 +31,6 @@ from servelab.lessons.expectations import (
 from servelab.profiles import PROFILES, profile
 from servelab.report import tables
 from servelab.results import LatencySummary, RunResult
-from servelab.service.food11 import LABELS
 from servelab.service.hardware import Hardware
 from servelab.settings import Settings, settings
 from servelab.triton import perf_analyzer

@@ -6,10 +6,10 @@ import time
 
 import matplotlib.pyplot as plt
 
+import food11
 from servelab import paths
 from servelab.lessons import fastapi_bench
 from servelab.lessons.expectations import Outcome, machine_cores
-from servelab.service import food11
 from tests.helpers import service_stages, synthetic_run
 
 

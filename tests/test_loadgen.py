@@ -27,12 +27,12 @@ import requests
 import tritonclient.http as httpclient
 from aiohttp import web
 
+import food11
+from food11 import LABELS
 from servelab import loadgen, paths
 from servelab.loadgen import FastAPITarget, TritonHttpTarget, closed_loop, open_loop, runners
 from servelab.loadgen.lag import LAG_LIMIT_S
 from servelab.results import RunResult, load_results
-from servelab.service import food11
-from servelab.service.food11 import LABELS
 from tests.helpers import kept_schedule, until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

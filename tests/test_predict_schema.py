@@ -19,8 +19,8 @@ import json
 import jsonschema
 import pytest
 
+from food11 import BASE64_PATTERN, InvalidImageError, decode_base64
 from servelab import paths
-from servelab.service.food11 import BASE64_PATTERN, InvalidImageError, decode_base64
 from tests.helpers import service_settings, serving
 
 ABSENT = object()  # a field left out of the body

@@ -25,13 +25,13 @@ import pytest
 import requests
 import yaml
 
+from food11 import LABELS
 from servelab import loadgen
 from servelab.lab.ray_side import RayServe
 from servelab.profiles import profile
 from servelab.ray import local as ray_local
 from servelab.ray import rest as ray_rest
 from servelab.ray.watch import ServeSample, ServeWatcher, during, in_replica_mean_ms, serve_metrics
-from servelab.service.food11 import LABELS
 from servelab.settings import settings
 from servelab.stack.supervision import LocalStack
 from tests.helpers import BAD_REQUESTS, TEST_MAX_REQUEST_BYTES, check_bad_request, make_image_bytes, until

@@ -1,4 +1,4 @@
-"""The streamed refinement (servelab/service/refine.py) on the three engines: the same answers
+"""The streamed refinement (food11.py) on the three engines: the same answers
 step by step, bad input refused with a message, and a client that leaves midway stops the stream
 at the next step (unless cancellation is turned off), by each server's own account: the FastAPI
 services' and Ray Serve's /metrics, the lines the Triton model logs. Real servers, real sockets.
@@ -20,9 +20,9 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from food11 import MAX_STEPS, RunningMean, Views, checked_steps, view_geometry
 from servelab import loadgen, paths
 from servelab.measure import service_stats
-from servelab.service.refine import MAX_STEPS, RunningMean, Views, checked_steps, view_geometry
 from servelab.stack.catalogue import fastapi_service
 from servelab.stack.supervision import LocalStack, start_on_free_ports
 from servelab.triton import stats as triton_stats

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
+from food11 import InvalidImageError
 from servelab import paths
 from servelab.service.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, DisconnectWatch, watching
 from servelab.service.cores import ThreadPlan, thread_plan
-from servelab.service.food11 import InvalidImageError
 from servelab.service.predict_metrics import PredictMetrics
 from servelab.service.refine_api import add_refine_route
 from servelab.service.scheduler import InferenceFailed, Scheduler

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import food11
 from servelab import paths, service_exits
-from servelab.service import food11
 from servelab.service.hardware import Hardware
 from servelab.triton import container as triton_container
 from servelab.triton.config import TritonConfig
@@ -166,7 +166,7 @@ def lab_modules_run_by(roots: list[Path]) -> dict[str, Path]:
             names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-            for name in (name for name in names if name.split(".")[0] == "servelab"):
+            for name in (name for name in names if name.split(".")[0] in ("servelab", "food11")):
                 parts = name.split(".")
                 for depth in range(1, len(parts) + 1):
                     module = ".".join(parts[:depth])
@@ -181,7 +181,7 @@ def lab_modules_run_by(roots: list[Path]) -> dict[str, Path]:
 def test_what_triton_s_image_runs_uses_nothing_newer_than_its_python():
     roots = [paths.REPO_ROOT / "servelab" / "triton" / "container.py", *paths.MODELS_STAGING_DIR.glob("*/1/model.py")]
     modules = lab_modules_run_by(roots)
-    assert {"servelab.triton.model_instance", "servelab.service.food11", "servelab.settings"} <= set(modules)
+    assert {"servelab.triton.model_instance", "food11", "servelab.settings"} <= set(modules)
     files = [*roots, *modules.values()]
     newer = {str(file): used for file in files if (used := newer_than_the_image(file.read_text()))}
     assert newer == {}, f"Python 3.11 only, where Triton's image runs Python 3.10: {newer}"

@@ -28,9 +28,9 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from food11 import LABELS
 from servelab import paths
 from servelab.polling import settled
-from servelab.service.food11 import LABELS
 from servelab.triton import stats as triton_stats
 from tests.helpers import until
 

@@ -12,8 +12,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+import food11
 from servelab.lab.run_accounts import TritonAccount
-from servelab.service import food11
 from servelab.service.cores import available_cores
 
 pytestmark = pytest.mark.integration

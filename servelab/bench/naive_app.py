@@ -18,8 +18,8 @@ import numpy as np
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
+from food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction
 from servelab import paths
-from servelab.service.food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, top_prediction
 from servelab.settings import settings
 
 RUNTIME = settings().naive_runtime

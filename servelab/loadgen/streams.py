@@ -1,6 +1,6 @@
 """Streams: requests answered step by step, and clients who leave before the last step.
 
-A streamed request (the refinement of servelab/service/refine.py: POST /refine on the FastAPI
+A streamed request (the refinement of food11.py: POST /refine on the FastAPI
 services and Ray Serve, one NDJSON line per step; the decoupled Triton model `food_refine` over
 gRPC streaming, one response per step) answers with one message per step. `run_streams` is a
 closed loop of streams: `concurrency` senders, each opening its next stream as soon as the last

@@ -46,11 +46,11 @@ from typing import IO
 
 import numpy as np
 
+from food11 import decode_base64_image, preprocess
 from servelab import paths
 from servelab.results import LatencySummary, RunResult
 from servelab.service.cores import ThreadPlan, available_cores, service_plan, thread_plan
 from servelab.service.devices import Placement, onnx_session, torch_model
-from servelab.service.food11 import decode_base64_image, preprocess
 from servelab.settings import settings
 
 log = logging.getLogger(__name__)

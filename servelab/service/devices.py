@@ -175,7 +175,7 @@ def _proved_torch_model(weights: Path, setting: str) -> tuple[TorchModel, Placem
     import torch
     from torchvision.models import mobilenet_v2
 
-    from servelab.service.food11 import IMAGE_SIZE, LABELS
+    from food11 import IMAGE_SIZE, LABELS
 
     torch.set_num_threads(available_cores())
     # Full FP32 convolutions on every GPU: by default PyTorch lets cuDNN use TF32 on Ampere and newer

@@ -46,11 +46,7 @@ from fastapi import FastAPI, HTTPException, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from servelab.service.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, DisconnectWatch, watching
-from servelab.service.cores import ThreadPlan
-from servelab.service.devices import Placement
-from servelab.service.food11 import (
-    IMAGE_SCHEMA,
+from food11 import (
     InvalidImageError,
     decode_base64_image,
     decode_image_bytes,
@@ -58,9 +54,12 @@ from servelab.service.food11 import (
     read_weights_info,
     top_prediction,
 )
+from servelab.service.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, DisconnectWatch, watching
+from servelab.service.cores import ThreadPlan
+from servelab.service.devices import Placement
 from servelab.service.image_fetch import DownloadError, download
 from servelab.service.predict_metrics import CountPredictRequests, PredictMetrics
-from servelab.service.refine_api import add_refine_route
+from servelab.service.refine_api import IMAGE_SCHEMA, add_refine_route
 from servelab.service.scheduler import EncodedImage, InferenceFailed, Scheduler
 from servelab.service.settings import ServiceSettings
 

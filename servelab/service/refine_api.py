@@ -39,15 +39,26 @@ from http import HTTPStatus
 from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, field_validator
+from pydantic.json_schema import JsonDict
 
+from food11 import (
+    BASE64_PATTERN,
+    DEFAULT_STEPS,
+    MAX_STEPS,
+    InvalidImageError,
+    RunningMean,
+    Views,
+    checked_steps,
+    decode_base64_image,
+)
 from servelab.service.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, DisconnectWatch
-from servelab.service.food11 import IMAGE_SCHEMA, InvalidImageError, decode_base64_image
 from servelab.service.predict_metrics import PredictMetrics
-from servelab.service.refine import DEFAULT_STEPS, MAX_STEPS, RunningMean, Views, checked_steps
 from servelab.service.scheduler import Decoded, InferenceFailed, Scheduler
 
 log = logging.getLogger("food11.service")
 NDJSON = "application/x-ndjson"
+# How the request schemas of POST /predict and POST /refine state an image field: what food11.decode_base64 takes.
+IMAGE_SCHEMA: JsonDict = {"contentEncoding": "base64", "pattern": BASE64_PATTERN}
 # The event loop keeps only weak references to tasks: a producer whose response has gone (with
 # abandoning off) is kept here until it ends.
 _producers: set[asyncio.Task] = set()

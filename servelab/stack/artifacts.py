@@ -33,8 +33,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from food11 import IMAGE_SIZE, LABELS, WEIGHTS_INFO_SUFFIX
 from servelab import paths
-from servelab.service.food11 import IMAGE_SIZE, LABELS, WEIGHTS_INFO_SUFFIX
 from servelab.stack import weights
 from servelab.stack.weights import UNTRAINED_SEED, ArtifactError, WeightsSource, sha256_of
 

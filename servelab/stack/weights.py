@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servelab.service.food11 import LABELS
+from food11 import LABELS
 from servelab.settings import ORIGINAL_CHECKPOINT, checkpoint_problem, settings
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from food11 import WEIGHTS_INFO_SUFFIX
 from servelab import paths, service_exits
-from servelab.service.food11 import WEIGHTS_INFO_SUFFIX
 from servelab.service.hardware import Hardware
 from servelab.settings import settings
 from servelab.triton.models import model_file_places

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+import food11
 from servelab import paths
-from servelab.service import food11
 from servelab.triton.adaptation import backend_of
 from servelab.triton.config import ConfigError, TritonConfig
 

@@ -28,10 +28,10 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 from PIL import Image
 
+from food11 import LABELS
 from servelab import paths, retries
 from servelab.service.cores import ThreadPlan
 from servelab.service.devices import Placement
-from servelab.service.food11 import LABELS
 from servelab.service.image_fetch import AllowList
 from servelab.service.settings import ServiceSettings
 

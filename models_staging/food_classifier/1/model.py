@@ -20,10 +20,11 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+from food11 import InvalidImageError, decode_base64_image, preprocess, top_prediction
+
 # Labels and preprocessing, where PyTorch runs, and the set-up every instance of the lab's
 # Python-backend models does: the lab's package (servelab), installed in the server's Python.
 from servelab.service.devices import torch_model
-from servelab.service.food11 import InvalidImageError, decode_base64_image, preprocess, top_prediction
 from servelab.triton.model_instance import StageClock, cancelled_response, set_up_instance
 
 

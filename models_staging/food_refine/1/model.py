@@ -1,6 +1,6 @@
 """Triton Python-backend model, decoupled: photos refined over N steps, one response per step.
 
-The refinement is the lab's (servelab/service/refine.py, as POST /refine serves it): step k runs
+The refinement is the lab's (food11.py, as POST /refine serves it): step k runs
 the ONNX MobileNetV2 (`model.onnx`, beside this file) on view k of every photo of the request, and
 answers with the running mean's label and probability so far. The model is *decoupled*
 (config.pbtxt): execute() answers each request through its response sender, one response per
@@ -26,10 +26,9 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
+from food11 import DEFAULT_STEPS, InvalidImageError, RunningMean, Views, checked_steps, decode_base64_image
 from servelab.service.cores import available_cores
 from servelab.service.devices import onnx_session
-from servelab.service.food11 import InvalidImageError, decode_base64_image
-from servelab.service.refine import DEFAULT_STEPS, RunningMean, Views, checked_steps
 from servelab.triton.model_instance import set_up_instance
 
 

@@ -1,10 +1,10 @@
-"""Food-11 labels, image decoding and preprocessing: the one definition every service uses.
+"""Food-11: the model's eleven classes, and how a photo becomes its input.
 
-Every service, GourmetGram and every Triton model import it from this installed package (each
-image installs servelab.service from the repository): there is no other copy.
-
-It needs only numpy and Pillow, so that services without PyTorch (ONNX Runtime, the web UI) can
-use it too.
+What every service, Triton model and the web UI share about the *model* (no serving here): the
+labels, decoding a photo (base64 or file bytes), preprocessing it into MobileNetV2's input, the
+softmax and the top class; and the refinement's views, for the streams that classify a photo over
+N steps. It needs only numpy and Pillow, so that a service without PyTorch (ONNX Runtime, the web
+UI) imports it too. The lab installs it as a top-level module (pyproject.toml); each image copies it.
 """
 
 from __future__ import annotations
@@ -14,13 +14,9 @@ import binascii
 import io
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-
-if TYPE_CHECKING:  # pydantic's type of a JSON object, for the type checker only: no pydantic at run time
-    from pydantic.json_schema import JsonDict
 
 LABELS: tuple[str, ...] = (
     "Bread",
@@ -43,6 +39,7 @@ IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 # highly compressed file can otherwise expand into gigabytes of memory.
 MAX_IMAGE_PIXELS = 40_000_000
 
+# `make artifacts` writes a record beside every model file: trained or untrained weights, and whence.
 WEIGHTS_INFO_SUFFIX = ".weights.json"
 
 
@@ -53,9 +50,6 @@ class InvalidImageError(ValueError):
 # An image in a request is canonical base64 (RFC 4648: padded, no line breaks); decode_base64 takes
 # exactly that, and nothing else (anything else is a 400 saying so).
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-# The same, as the services' published request schemas state an image field (POST /predict's and
-# POST /refine's, predict_api.py and refine_api.py): defined beside the decoder it describes.
-IMAGE_SCHEMA: JsonDict = {"contentEncoding": "base64", "pattern": BASE64_PATTERN}
 
 
 def decode_base64(encoded: str | bytes) -> bytes:
@@ -141,12 +135,73 @@ def top_prediction(logits: np.ndarray) -> list[tuple[str, float]]:
 
 
 def read_weights_info(model_file: str | Path) -> dict:
-    """Read the record that says whether a model file holds trained or untrained weights.
-
-    `artifacts` writes it beside every model file it places. A model file without one is
-    reported as of unknown origin rather than guessed at.
-    """
+    """The record that says whether a model file holds trained or untrained weights; a model file
+    without one is reported as of unknown origin rather than guessed at."""
     info_path = Path(str(model_file) + WEIGHTS_INFO_SUFFIX)
     if not info_path.is_file():
         return {"weights": "unknown", "note": f"no {info_path.name} beside the model file"}
     return json.loads(info_path.read_text())
+
+
+# ---- the refinement: a photo classified over N steps, one view each --------------------------
+#
+# Work that runs long and streams is where cancellation saves the most. The lab's stand-in for a
+# generation: step k runs the model once more on one more view of the photo (test-time
+# augmentation: the centre crop first, then crops at seeded offsets, every other one mirrored), and
+# the answer after it is the running mean of the probabilities so far. Every step is one real
+# forward pass, and a view depends on its step's number alone, so every server gives the same
+# answers for the same photo and step count.
+
+DEFAULT_STEPS = 16
+MAX_STEPS = 64  # a bound on the work one request may ask for
+VIEW_SOURCE = 256  # each photo is resized to this square once; every view is a 224x224 crop of it
+_MARGIN = VIEW_SOURCE - IMAGE_SIZE
+
+
+def checked_steps(steps: object) -> int:
+    """`steps` as a number of steps; ValueError saying what to send when it is not one from 1 to MAX_STEPS."""
+    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or not 1 <= steps <= MAX_STEPS:
+        raise ValueError(
+            f"steps must be a whole number from 1 to {MAX_STEPS} (one forward pass each), not {steps!r}; "
+            f"leave it out for {DEFAULT_STEPS}."
+        )
+    return int(steps)
+
+
+def view_geometry(step: int) -> tuple[int, int, bool]:
+    """(top, left, mirrored) of view `step` (from 1) in the VIEW_SOURCE square: the centre first,
+    then offsets drawn from a generator seeded by the step, every even step mirrored."""
+    if step == 1:
+        return _MARGIN // 2, _MARGIN // 2, False
+    top, left = np.random.default_rng(step).integers(0, _MARGIN + 1, size=2)
+    return int(top), int(left), step % 2 == 0
+
+
+class Views:
+    """The views of one or more photos (a client's batch), one batch of them per step."""
+
+    def __init__(self, images: list[Image.Image]) -> None:
+        size = (VIEW_SOURCE, VIEW_SOURCE)
+        self.pixels = [np.asarray(image.convert("RGB").resize(size, Image.Resampling.BILINEAR)) for image in images]
+
+    def batch(self, step: int) -> np.ndarray:
+        """[photos, 3, 224, 224]: view `step` of every photo, normalised as the model expects."""
+        top, left, mirrored = view_geometry(step)
+        crops = [pixels[top : top + IMAGE_SIZE, left : left + IMAGE_SIZE] for pixels in self.pixels]
+        return np.stack([normalize(crop[:, ::-1] if mirrored else crop) for crop in crops])
+
+
+class RunningMean:
+    """The running mean of the softmax probabilities of every step so far, per photo."""
+
+    def __init__(self) -> None:
+        self.total: np.ndarray | None = None
+        self.steps = 0
+
+    def add(self, logits: np.ndarray) -> list[tuple[str, float]]:
+        """Add one step's logits [photos, 11]; the answer so far: (label, probability) per photo."""
+        probabilities = softmax(np.asarray(logits, dtype=np.float64))
+        self.total = probabilities if self.total is None else self.total + probabilities
+        self.steps += 1
+        mean = self.total / self.steps
+        return [(LABELS[index], float(mean[row, index])) for row, index in enumerate(mean.argmax(axis=-1))]
