@@ -33,7 +33,7 @@ COMPUTE_CAPABILITY = "6.0"  # Pascal: the P100
 # NVIDIA's R580 is the last driver branch that supports Pascal: a later one has no P100 driver.
 LAST_PASCAL_BRANCH = 580
 # The images run CUDA 12.6 code (Triton 24.10, PyTorch cu126), and their build guard accepts PTX up to
-# CUDA 12.6's (servelab/service/cuda_arch.py, NODE_DRIVER_CUDA): a 560 driver, the node image's.
+# CUDA 12.6's (docker/cuda_arch.py, NODE_DRIVER_CUDA): a 560 driver, the node image's.
 FIRST_BRANCH = 560
 NODE_IMAGE = "CC-Ubuntu24.04-CUDA"
 

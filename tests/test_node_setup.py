@@ -19,9 +19,11 @@ import invoke
 import pytest
 from blazarclient.exception import BlazarClientException
 
-from servelab import node_setup
+from servelab import node_setup, paths
 from servelab.node_setup import NodeProblem
-from servelab.service import cuda_arch
+from tests.helpers import file_module
+
+cuda_arch = file_module(paths.REPO_ROOT / "docker" / "cuda_arch.py")
 
 DATA = Path(__file__).parent / "data"
 # The format as captured (tests/data/nvidia_smi_h100.txt, an H100 machine, driver 580.159.04):
@@ -70,7 +72,7 @@ def test_the_captured_output_is_read_as_nvidia_smi_prints_it():
 
 
 def test_the_first_driver_branch_is_the_one_whose_ptx_the_build_guard_accepts():
-    # R560 is a CUDA 12.6 driver: the guard's default (servelab/service/cuda_arch.py) is that driver's.
+    # R560 is a CUDA 12.6 driver: the guard's default (docker/cuda_arch.py) is that driver's.
     assert (node_setup.FIRST_BRANCH, cuda_arch.NODE_DRIVER_CUDA) == (560, (12, 6))
 
 
