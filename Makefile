@@ -4,7 +4,7 @@ PY := .venv/bin/python
 # Passed through to `servelab artifacts` to serve a trained checkpoint instead of untrained weights.
 export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256 FOOD11_CHECKPOINT_GIT_BLOB
 
-.PHONY: up test test-fast test-notebook test-docker docker-build test-gpu test-gpu-notebook6 bench bench-quick notebooks format setup lock artifacts clean help
+.PHONY: up test test-fast test-notebook test-docker docker-build test-gpu test-gpu-notebook6 check-class bench bench-quick notebooks format setup lock artifacts clean help
 
 up: artifacts  ## start JupyterLab, FastAPI (PyTorch, ONNX), Triton, Ray Serve and GourmetGram on 127.0.0.1 (ready in about 35 s once set up); Ctrl-C stops all
 	$(PY) -m servelab up $(if $(UI_BACKEND),--ui-backend $(UI_BACKEND))
@@ -39,6 +39,10 @@ test-gpu:  ## the GPU check (about 5 minutes): services and Triton on the GPU, t
 
 test-gpu-notebook6:  ## notebook 6's claims on the GPU (113 s on a 2-core CPU; not yet timed on a GPU): a batch of 16 against 1, and 1, 2, 4 Triton instances against the GPU's busy share
 	$(PYTHON) -m servelab.lessons.triton_bench.gpu_claims $(if $(TRITON_SERVER_BIN),--tritonserver $(TRITON_SERVER_BIN)) $(GPU_CHECK_ARGS)
+
+# Standard library only, with the machine's Python where there is no virtualenv: an instructor runs it anywhere.
+check-class:  ## before class: the lock's torch and torchvision on PyTorch's CUDA 12.6 index for each image's Python, and every base image's tag in its registry; says what to change (seconds; exit 2 where they cannot be reached)
+	$(PYTHON) scripts/check_class.py $(CHECK_CLASS_ARGS)
 
 bench: artifacts  ## the headline benchmark (about 35 minutes): goals judged at c=64; report in results/bench-<time>-full/
 	$(PY) -m servelab bench --profile full

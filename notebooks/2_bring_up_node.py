@@ -69,11 +69,13 @@ if chameleon_only("choose the Chameleon project and site"):
 #   remote's default branch.
 # - `IMAGE_PREFIX`: empty, and the node builds the lab's images; where your course has pushed them
 #   to a registry, its prefix (`docker/compose.registry.yaml`), and the node pulls them.
+# - `REGISTRY_USER`: for a private registry, your user there; the build cell asks for its token.
 
 # %%
 USERNAME = os.getenv("USER", "student")
 LEASE_ID = ""
 IMAGE_PREFIX = ""
+REGISTRY_USER = ""
 NODE_NAME = f"node-serve-system-{USERNAME}"
 NODE_IMAGE = "CC-Ubuntu24.04-CUDA"
 REPO_DIR = "serve-system"  # the clone's folder on the node, in the home directory of user cc
@@ -148,7 +150,7 @@ if chameleon_only("attach a floating IP and wait for SSH"):
     print(f"Floating IP: {FLOATING_IP}")
 
 # %% [markdown]
-# Note the floating IP: you will use it for SSH, the web UI and Jupyter on the node.
+# Note the floating IP: SSH, the web UI and Jupyter on the node use it.
 #
 # ## Check the GPUs
 #
@@ -162,10 +164,21 @@ if chameleon_only("check the node's GPUs and driver"):
     print(f"{len(gpus)} GPUs, driver {gpus[0].driver}: ready.")
 
 # %% [markdown]
-# ## Clone the repository on the node
+# ## Stop automatic upgrades
 #
 # From here on, `node.execute(...)` runs a shell command on the node over SSH, as user `cc`, and
 # shows its output; a command that fails stops the cell.
+#
+# A freshly booted node runs `unattended-upgrades`, which can hold apt's lock for many minutes (a
+# new kernel, and the NVIDIA driver rebuilt for it). The cell stops it for the lease, then waits
+# until apt is free.
+
+# %%
+if chameleon_only("stop automatic upgrades on the node"):
+    node.execute(node_setup.stop_apt_updates())
+
+# %% [markdown]
+# ## Clone the repository on the node
 
 # %%
 if chameleon_only("clone the repository on the node"):
@@ -189,13 +202,11 @@ if chameleon_only("clone the repository on the node"):
 # installation script sets up the engine and Compose. Adding `cc` to the `docker` group lets it
 # use Docker without `sudo` from its next login (each `execute` logs in again).
 #
-# On a node that just booted, `unattended-upgrades` often holds apt's lock for a few minutes:
-# each install here waits for it (at most 15 minutes), saying which process holds it.
+# Installs still wait for apt's lock (at most 15 minutes), saying who holds it.
 
 # %%
 if chameleon_only("install Docker on the node"):
-    install_docker = "command -v docker >/dev/null || curl -fsSL https://get.docker.com | sudo sh"
-    node.execute(node_setup.wait_for_apt_then(install_docker))
+    node.execute(node_setup.install_docker())
     node.execute("sudo usermod -aG docker cc")
     node.execute("docker --version && docker compose version")
 
@@ -257,11 +268,19 @@ if chameleon_only("install nvtop on the node"):
 # connection does not stop it, and running the cell again shows it, or resumes it where it
 # stopped. Its stages, each built then started: what notebooks 3 and 4 use (the cell waits for it,
 # showing the image, the time so far and the log's last line); Triton, while you work through
-# notebooks 3 and 4 (notebooks 5 and 6 wait for it); Ray Serve. On the node,
+# notebooks 3 and 4 (notebooks 5 to 7 wait for it); Ray Serve. On the node,
 # `python3 -m servelab.node_build status` says where it is.
 
 # %%
 WEIGHTS = "original"
+
+if IMAGE_PREFIX and REGISTRY_USER and chameleon_only("log the node's Docker in to the images' registry"):
+    from getpass import getpass
+
+    registry = node_setup.registry_of(IMAGE_PREFIX)
+    token = os.environ.get("SERVELAB_REGISTRY_TOKEN") or getpass(f"Token of {REGISTRY_USER} at {registry}: ")
+    with node.ssh_connection() as ssh:
+        print(node_setup.docker_login(ssh, IMAGE_PREFIX, REGISTRY_USER, token))
 
 if chameleon_only("build the lab's images on the node, in the background, and start what notebooks 3 and 4 use"):
     node.execute(f"cd {REPO_DIR} && printf %s {shlex.quote(node_build.env_file(WEIGHTS, IMAGE_PREFIX))} > .env")
@@ -278,8 +297,8 @@ if chameleon_only("build the lab's images on the node, in the background, and st
 # ssh -i ~/.ssh/id_rsa_chameleon cc@A.B.C.D
 # ```
 #
-# with the private key of the key pair you added to CHI@TACC (your own path if it is elsewhere),
-# and the node's floating IP for `A.B.C.D`: the next cell prints the command with it.
+# with your CHI@TACC key pair's private key, and the node's floating IP for `A.B.C.D`: the next
+# cell prints the command.
 
 # %%
 if chameleon_only("print the SSH command for this node"):
@@ -289,10 +308,11 @@ if chameleon_only("print the SSH command for this node"):
 # ## Open the Jupyter container
 #
 # Notebooks 3 to 11 run in a Jupyter container *on the node*, next to the services they measure,
-# in the Compose project (`compose.yaml`) the build started. Ports are published on the node's
-# 127.0.0.1 only: your browser reaches them through an SSH tunnel. The next cell reads Jupyter's
-# token and prints the tunnel and the address to open. There, `LAB_SERVICES=compose` makes the
-# notebooks reach the services by their Compose names: you set nothing.
+# in the Compose project (`compose.yaml`) the build started. It opens your copies of the notebooks,
+# answers cleared. Ports are published on the node's 127.0.0.1 only: your browser reaches them
+# through an SSH tunnel. The next cell reads Jupyter's token and prints the tunnel and the address
+# to open. There, `LAB_SERVICES=compose` makes the notebooks reach the services by their Compose
+# names: you set nothing.
 
 # %%
 if chameleon_only("read the Jupyter token"):
@@ -307,17 +327,16 @@ if chameleon_only("read the Jupyter token"):
         raise RuntimeError("The Jupyter container printed no token: check `docker compose logs jupyter` on the node.")
     print(f"On your own machine, open the tunnel: ssh -i ~/.ssh/id_rsa_chameleon -N -L 8888:127.0.0.1:8888 "
           f"-L 8300:127.0.0.1:8300 -L 8100:127.0.0.1:8100 -L 8101:127.0.0.1:8101 cc@{FLOATING_IP}")
-    print(f"Then open in your browser: http://127.0.0.1:8888/lab/tree/notebooks/student?token={token.group(1)}")
+    print(f"Then open in your browser: http://127.0.0.1:8888/lab/tree/3_fastapi.ipynb?token={token.group(1)}")
 
 # %% [markdown]
 # ## Next
 #
-# Open the Jupyter URL printed above, then the repository's `notebooks` folder (inside `work/` if
-# you see that first), then **`3_fastapi.ipynb`**. From there on, code cells run in that container
-# on the node, and shell commands in your SSH session.
+# Open the Jupyter URL printed above: it opens **`3_fastapi.ipynb`**. From there on, code cells run
+# in that container on the node, and shell commands in your SSH session.
 #
-# Keep this tab open until the end of the lab: a new cell here can send the node another command
-# with `node.execute(...)` (after running the cells that define `node`).
+# Keep this tab open until the end of the lab: a new cell here can send the node commands
+# (`node.execute(...)`).
 #
 # ## Before the lease ends: copy your work off the node
 #

@@ -18,7 +18,7 @@ say() { printf '[bases] %s\n' "$*" >&2; }
 # Each base the Dockerfiles name, and the stand-in Dockerfile for it.
 standin_for() {
   case "$1" in
-    python:3.11-slim) echo docker/standins/python-slim.Dockerfile ;;
+    python:3.11-slim-bookworm) echo docker/standins/python-slim.Dockerfile ;;
     nvcr.io/nvidia/tritonserver:*) echo docker/standins/tritonserver.Dockerfile ;;
     *) return 1 ;;
   esac

@@ -16,8 +16,7 @@ notebooks in the node's Jupyter container read them directly (`wait_for_service`
 ran start to end in one go has its time written to notebooks/node_build_times.json, which the
 lease plan reads (servelab.node_plan).
 
-Standard library only: notebook 2 imports it on Chameleon's own Jupyter server, and the node runs
-it with its system Python.
+Standard library only: notebook 2 imports it on Chameleon's Jupyter server, the node runs it with its system Python.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
+from servelab import node_traffic
 from servelab.settings import Settings
 
 STATE_FOLDER = Path(".lab") / "node-build"  # in the clone, which the Jupyter container mounts
@@ -45,7 +45,7 @@ MEASURED_TIMES = Path("notebooks") / "node_build_times.json"
 REGISTRY_FILES = "compose.yaml:docker/compose.registry.yaml"
 POLL_S = 15.0
 SHOW_EVERY_S = 60.0  # a progress line at least this often, and whenever the step changes
-SILENT_LIMIT_S = 15 * 60.0  # a build whose log says nothing for this long has stopped
+SILENT_LIMIT_S = 15 * 60.0  # a log quiet this long: the build stopped (a download says so: servelab.node_traffic)
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ STAGES = (
         ("torch", "fastapi_pt", "fastapi_onnx", "image_host", "gourmetgram", "jupyter"),
         ("fastapi_pt", "fastapi_onnx", "image_host", "gourmetgram", "jupyter"),
     ),
-    Stage("triton", "Triton (notebooks 5 and 6)", ("triton",), ("triton",)),
+    Stage("triton", "Triton (notebooks 5 to 7 and 9 to 11)", ("triton",), ("triton",)),
     Stage("ray_serve", "Ray Serve (notebooks 9 and 10)", ("ray_serve",), ("ray_serve",)),
 )
 
@@ -184,11 +184,11 @@ def run(repo: Path, compose: list[str]) -> int:
             record.update(status="running", started_at=time.time(), attempts=record["attempts"] + 1)
             write_state(repo, state)
             log.write(f"---- servelab: {step.name}: {shlex.join(command)}\n".encode())
-            done = subprocess.run(command, cwd=repo, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-            record.update(ended_at=time.time(), exit_code=done.returncode)
-            record["status"] = "done" if done.returncode == 0 else "failed"
+            process = subprocess.Popen(command, cwd=repo, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            exit_code = node_traffic.watch(node_traffic.exit_code_within(process), log, POLL_S, time.monotonic)
+            record.update(ended_at=time.time(), exit_code=exit_code, status="done" if exit_code == 0 else "failed")
             write_state(repo, state)
-            if done.returncode != 0:
+            if exit_code != 0:
                 return 1
             if step.action != "start":
                 continue

@@ -5,12 +5,16 @@ the student's work.
 - `check_gpus`: right after boot, `nvidia-smi` must list the node's two P100s, under a driver
   whose branch still runs Pascal (R580 is the last branch that supports it) and compiles the
   images' PTX (560 or later: the images' build guard assumes CUDA 12.6's driver).
-- `apt_get`: apt on a node that just booted finds its lock held by unattended-upgrades; the
-  command waits for the lock, saying who holds it, up to a limit.
+- `stop_apt_updates`, `apt_get`: apt on a node that just booted finds its lock held by
+  unattended-upgrades, which its daily timers start; they are stopped for the lease before the first
+  install, and every install waits for the lock, saying who holds it, up to a limit.
 - the lease: a name unique to the user and its start (a name used twice makes python-chi's
   lookups by name fail, or create a second lease), its id kept in the clone, where notebook 2
   reads it to find the lease by id.
-- `copy_off`: the notebooks and results copied off the node, before the lease ends.
+- `docker_login`: where the images come from a private registry, the node's Docker logs in to it,
+  with a token that never lands in a file or on a command line.
+- `copy_off`: the notebooks and results copied off the node, before the lease ends, on whatever
+  Python the Jupyter server has.
 
 Standard library only: Chameleon's Jupyter server has none of the lab's other packages. The
 objects it takes (python-chi's leases, fabric's connections) are passed in by the notebooks.
@@ -18,6 +22,7 @@ objects it takes (python-chi's leases, fabric's connections) are passed in by th
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shlex
@@ -33,7 +38,7 @@ COMPUTE_CAPABILITY = "6.0"  # Pascal: the P100
 # NVIDIA's R580 is the last driver branch that supports Pascal: a later one has no P100 driver.
 LAST_PASCAL_BRANCH = 580
 # The images run CUDA 12.6 code (Triton 24.10, PyTorch cu126), and their build guard accepts PTX up to
-# CUDA 12.6's (servelab/service/cuda_arch.py, NODE_DRIVER_CUDA): a 560 driver, the node image's.
+# CUDA 12.6's (docker/cuda_arch.py, NODE_DRIVER_CUDA): a 560 driver, the node image's.
 FIRST_BRANCH = 560
 NODE_IMAGE = "CC-Ubuntu24.04-CUDA"
 
@@ -112,15 +117,24 @@ def check_gpus(text: str) -> list[Gpu]:
 
 APT_LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock")
 APT_WAIT_S = 900  # unattended-upgrades on a fresh node takes a few minutes; longer, and something is wrong
+# What starts unattended-upgrades on Ubuntu, and its shutdown helper: stopped and disabled for the lease
+# (the node is wiped when it ends), without waiting for them (--no-block: the lock wait does).
+APT_UPDATE_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "unattended-upgrades.service")
+# The runs those timers started, maybe in the middle of an upgrade: stopped (unattended-upgrade ends at
+# its next safe step on SIGTERM).
+APT_UPDATE_RUNS = ("apt-daily.service", "apt-daily-upgrade.service")
+# Every apt-get on the node waits for dpkg's lock instead of failing at once: Docker's installation
+# script runs its own.
+APT_LOCK_CONFIG = "/etc/apt/apt.conf.d/90servelab-lock-timeout"
 
 
 def wait_for_apt_then(command: str, limit_s: float = APT_WAIT_S, locks: tuple[str, ...] = APT_LOCKS,
-                      sudo: str = "sudo", poll_s: float = 5.0) -> str:  # fmt: skip
-    """A shell command that waits until no process holds apt's locks (saying which process does,
-    every 30 s), at most `limit_s` seconds (bash's SECONDS: since it started), then runs `command`;
-    past the limit it fails, saying what to do."""
+                      sudo: str = "sudo", poll_s: float = 5.0, first: str = "") -> str:  # fmt: skip
+    """A shell command that runs `first`, then waits until no process holds apt's locks (saying which
+    process does, every 30 s), at most `limit_s` seconds (bash's SECONDS: since it started), then runs
+    `command`; past the limit it fails, saying what to do."""
     files = " ".join(shlex.quote(lock) for lock in locks)
-    script = f"""
+    script = f"""{first}
 said=-30
 while pids=$({sudo} fuser {files} 2>/dev/null) && [ -n "$pids" ]; do
   holders=$(ps -o comm= -p "$(echo $pids | tr ' ' ',')" | sort -u | paste -sd, -)
@@ -140,10 +154,35 @@ done
     return f"bash -c {shlex.quote(script)}"
 
 
+def stop_apt_updates(
+    limit_s: float = APT_WAIT_S, sudo: str = "sudo", apt_config: str = APT_LOCK_CONFIG, **wait: Any
+) -> str:
+    """The command the node runs right after boot, before its first install: unattended-upgrades and
+    apt's daily timers stopped and disabled for the lease (they can hold apt's lock for a new kernel and
+    the DKMS rebuild of the NVIDIA driver for it), every apt-get told to wait for dpkg's lock, then apt's
+    locks waited for (`wait_for_apt_then`), should a run be finishing its step."""
+    units, runs = " ".join(APT_UPDATE_UNITS), " ".join(APT_UPDATE_RUNS)
+    first = f"""for unit in {units}; do
+  {sudo} systemctl disable --now --no-block "$unit" || echo "$unit: not stopped (above); the lock wait covers it"
+done
+{sudo} systemctl stop --no-block {runs} || echo "the runs of apt's timers: not stopped (above)"
+echo 'DPkg::Lock::Timeout "{limit_s:.0f}";' | {sudo} tee {shlex.quote(apt_config)} >/dev/null"""
+    done = "echo 'Automatic upgrades are stopped for the lease, and apt is free.'"
+    return wait_for_apt_then(done, limit_s, sudo=sudo, first=first, **wait)
+
+
 def apt_get(arguments: str, limit_s: float = APT_WAIT_S) -> str:
     """`sudo apt-get ARGUMENTS` once apt's locks are free (`wait_for_apt_then`); apt itself also waits
     for dpkg's lock for the same limit, should unattended-upgrades take it again in between."""
     return wait_for_apt_then(f"sudo apt-get -o DPkg::Lock::Timeout={limit_s:.0f} {arguments}", limit_s)
+
+
+# Docker's installation script (it installs the engine and Compose with apt, itself), once apt's locks are free.
+INSTALL_DOCKER = "command -v docker >/dev/null || curl -fsSL https://get.docker.com | sudo sh"
+
+
+def install_docker(limit_s: float = APT_WAIT_S) -> str:
+    return wait_for_apt_then(INSTALL_DOCKER, limit_s)
 
 
 # ---- the lease: a name of its own, found again by id ------------------------------------------
@@ -196,11 +235,38 @@ def reusable_lease(get_lease: Any, path: Path = LEASE_RECORD) -> Any | None:
     return found
 
 
+# ---- a private registry for the images --------------------------------------------------------
+
+
+def registry_of(image_prefix: str) -> str:
+    """The registry an image prefix names, as Docker reads a name: its first part where that has a dot or
+    a port (or is localhost), else Docker Hub."""
+    first, _, rest = image_prefix.partition("/")
+    return first if rest and ("." in first or ":" in first or first == "localhost") else "docker.io"
+
+
+def docker_login(connection: Connection, image_prefix: str, username: str, token: str) -> str:
+    """Log the node's Docker in to the registry of `image_prefix` (SERVELAB_IMAGE_PREFIX), so that the
+    build's pull of the images may read them; what Docker said. The token goes to `docker login` on its
+    standard input, never on a command line or into a file of the clone (Docker keeps it in the node's
+    ~/.docker/config.json, wiped with the lease). NodeProblem, saying what to do, where Docker refused."""
+    registry = registry_of(image_prefix)
+    command = f"docker login --username {shlex.quote(username)} --password-stdin {shlex.quote(registry)}"
+    done = connection.run(command, in_stream=io.StringIO(token), hide=True, warn=True)
+    if done.exited != 0:
+        raise NodeProblem(
+            f"docker login to {registry} as {username} failed: {(done.stderr or done.stdout).strip()[:300]}. Check "
+            "REGISTRY_USER in the Settings cell and the token (it needs read access to the images), then run "
+            "this cell again."
+        )
+    return (done.stdout or done.stderr).strip()
+
+
 # ---- the end of part 1: the student's work, off the node --------------------------------------
 
 
 class Connection(Protocol):
-    """What copy_off uses of fabric's Connection (python-chi's `node.ssh_connection()`)."""
+    """What copy_off and docker_login use of fabric's Connection (python-chi's `node.ssh_connection()`)."""
 
     def run(self, command: str, **kwargs: Any) -> Any: ...
 
@@ -220,8 +286,38 @@ def copy_off(connection: Connection, repo_dir: str, destination: Path) -> list[s
     destination.mkdir(parents=True, exist_ok=True)
     local = destination / "work.tar.gz"
     connection.get(archive, str(local))
-    with tarfile.open(local) as tar:
-        names = [member.name for member in tar.getmembers() if member.isfile()]
-        tar.extractall(destination, filter="data")  # no path outside destination, whatever the archive holds
+    names = extract_inside(local, destination)
     local.unlink()
     return names
+
+
+def extract_inside(archive: Path, destination: Path) -> list[str]:
+    """Unpack a tar archive into `destination`, none of it outside, whatever the archive holds; the names
+    of its files. tarfile's own "data" filter does it where this Python has one (3.10.12+, 3.11.4+, 3.12:
+    Chameleon's Jupyter server may be older); elsewhere each member is checked first, as that filter
+    does: ValueError, and nothing unpacked, for a name or a link that leads outside (absolute, or by
+    `..`), or anything but files, folders and links."""
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(destination, filter="data")
+        else:
+            tar.extractall(destination, members=[inside(member, destination.resolve()) for member in members])
+    return [member.name for member in members if member.isfile()]
+
+
+def inside(member: tarfile.TarInfo, root: Path) -> tarfile.TarInfo:
+    """`member`, if it unpacks inside `root` (its mode without setuid, setgid or others' write); else ValueError."""
+
+    def lands_inside(path: str) -> bool:  # `..` that leads back inside is fine; one that leads out is not
+        return not Path(path).is_absolute() and root in (root / path).resolve().parents
+
+    target = (Path(member.name).parent / member.linkname).as_posix() if member.issym() else member.linkname
+    if not lands_inside(member.name) or ((member.issym() or member.islnk()) and not lands_inside(target)):
+        raise ValueError(f"the archive holds {member.name!r}, which would land outside {root}: nothing was unpacked")
+    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+        raise ValueError(
+            f"the archive holds {member.name!r}, neither a file, a folder nor a link: nothing was unpacked"
+        )
+    member.mode &= 0o775
+    return member

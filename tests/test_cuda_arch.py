@@ -1,5 +1,6 @@
-"""The build guard (servelab.service.cuda_arch) reads which GPU architectures a library has code for,
-and fails a GPU image's build where one has none for its target.
+"""The build guard (docker/cuda_arch.py) reads which GPU architectures a library has code for, and
+fails a GPU image's build where one has none for its target and the allow list (docker/cuda_allow.txt,
+the one list every Dockerfile's guard reads) does not excuse it.
 
 Its libraries are made here: minimal ELF64 files whose `.nv_fatbin` section holds fatbins written
 by the test, with and without the target's code, and a Triton image's tree laid out as NVIDIA's image
@@ -25,8 +26,11 @@ from pathlib import Path
 import pytest
 
 from servelab import paths
-from servelab.service import cuda_arch
-from servelab.service.cuda_arch import Entry, device_code, main
+from tests.helpers import file_module
+
+cuda_arch = file_module(paths.REPO_ROOT / "docker" / "cuda_arch.py")
+Entry, device_code, main = cuda_arch.Entry, cuda_arch.device_code, cuda_arch.main
+ALLOW_LIST = paths.REPO_ROOT / "docker" / "cuda_allow.txt"
 
 PTX, CUBIN = 1, 2
 PLAIN = 0x11  # 64-bit, Linux: the flags of an uncompressed entry from nvcc 13
@@ -241,14 +245,59 @@ def test_an_allow_entry_excuses_a_library_with_its_reason(tmp_path, capsys):
     assert "cusparselt/lib/libcusparseLt.so.0 allowed: 2:4 sparsity on sm_80+ only" in out
 
 
-def test_a_stale_allow_entry_fails(tmp_path, capsys):
+def test_an_allow_that_matches_nothing_says_so_and_the_build_goes_on(tmp_path, capsys):
     library(tmp_path, "libnccl.so.2", container(fatbin_entry(CUBIN, 60)))
-    code, out = guard(capsys, *P100, "--allow", "libcusparseLt*=not installed any more", tmp_path)
-    assert code == 1
-    assert "--allow 'libcusparseLt*=not installed any more' matches no library" in out
-    # One that matches a library with code is not stale: a build can allow for what a version may lack.
+    code, out = guard(capsys, *P100, "--allow", "libcusparseLt*=not in this image", tmp_path)
+    assert code == 0
+    assert "unused     allow 'libcusparseLt*' matches no library with device code here (not in this image)" in out
+    assert "OK: 1 libraries with device code" in out
+    # One that matches a library with code is used: a build can allow for what a version may lack.
     code, out = guard(capsys, *P100, "--allow", "libnccl*=may lack sm_60 in a later version", tmp_path)
-    assert (code, "ok         libnccl.so.2: sm 60" in out) == (0, True)
+    assert (code, "ok         libnccl.so.2: sm 60" in out, "unused" in out) == (0, True, False)
+    # An unused allow excuses nothing else.
+    library(tmp_path, "libcudnn_cnn.so.9", container(fatbin_entry(CUBIN, 75)))
+    code, out = guard(capsys, *P100, "--allow", "libcusparseLt*=not in this image", tmp_path)
+    assert (code, "  libcudnn_cnn.so.9: no code for 6.0 (has sm 75)" in out, "unused     allow" in out) == (
+        1,
+        True,
+        True,
+    )
+
+
+# cuSPARSELt 0.7.1 (nvidia-cusparselt-cu12, pinned by PyTorch's cu126 wheels), as read from that
+# wheel's libcusparseLt.so.0: cubins from sm_52 up but none for Pascal, and PTX only of ISA 8.7
+# (CUDA 12.8), newer than the node's driver compiles.
+CUSPARSELT_0_7_1 = (52, 80, 86, 87, 89, 90, 100, 120)
+
+
+def test_the_allow_list_excuses_cusparselt_which_has_no_code_for_the_p100(tmp_path, capsys):
+    entries = [*(fatbin_entry(CUBIN, sm) for sm in CUSPARSELT_0_7_1), fatbin_entry(CUBIN, 90, PLAIN | 0x100000)]
+    entries += [fatbin_entry(PTX, sm, isa=(8, 7)) for sm in CUSPARSELT_0_7_1]
+    library(tmp_path, "nvidia/cusparselt/lib/libcusparseLt.so.0", container(*entries))
+    library(tmp_path, "nvidia/cudnn/lib/libcudnn_ops.so.9", container(fatbin_entry(CUBIN, 60)))
+    code, out = guard(capsys, *P100, tmp_path)
+    assert code == 1, "without the allow list, it fails the build"
+    assert "  nvidia/cusparselt/lib/libcusparseLt.so.0: no code for 6.0 (has sm 52 80 86 87 89 90 90a 100" in out
+    code, out = guard(capsys, *P100, "--allow-file", ALLOW_LIST, tmp_path)
+    assert code == 0, out
+    why = cuda_arch.read_allow_list(ALLOW_LIST)["libcusparseLt.so*"]
+    assert "2:4 structured sparsity" in why and "sm_80" in why
+    assert "allowed    nvidia/cusparselt/lib/libcusparseLt.so.0: sm 52 80 86 87 89 90 90a 100 120, PTX " in out
+    assert f"nvidia/cusparselt/lib/libcusparseLt.so.0 allowed: {why}" in out
+    # The list's other entries match nothing here, and say so.
+    assert "unused     allow 'libnvshmem_host.so*' matches no library with device code here" in out
+    assert out.count("\nunused     allow ") == len(cuda_arch.read_allow_list(ALLOW_LIST)) - 1
+
+
+def test_an_allow_list_is_a_glob_then_why_and_a_line_without_a_reason_fails(tmp_path):
+    allow_list = tmp_path / "allow.txt"
+    allow_list.write_text("# a comment\n\nlibone.so*   one, and why: issue #1\n  libtwo.so  two\n")
+    assert cuda_arch.read_allow_list(allow_list) == {"libone.so*": "one, and why: issue #1", "libtwo.so": "two"}
+    allow_list.write_text("libone.so*   why\nlibtwo.so\n")
+    library(tmp_path, "libgpu.so", container(fatbin_entry(CUBIN, 60)))
+    command = [sys.executable, "docker/cuda_arch.py", *P100, "--allow-file", str(allow_list), str(tmp_path)]
+    done = subprocess.run(command, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "line 2: 'libtwo.so' says no reason" in done.stderr, done.stderr
 
 
 def test_a_fatbin_it_cannot_read_fails_the_build(tmp_path, capsys):
@@ -280,7 +329,7 @@ def test_only_headers_are_read(tmp_path, monkeypatch):
 
 def test_the_command_line(tmp_path):
     lib = library(tmp_path, "lib/libcuda_code.so", container(fatbin_entry(CUBIN, 61)))
-    run = [sys.executable, "-m", "servelab.service.cuda_arch"]
+    run = [sys.executable, "docker/cuda_arch.py"]
     for args, code, said in [
         (["--arch", "6.1", str(tmp_path)], 0, "lib/libcuda_code.so: sm 61"),
         (["--arch", "6.0", str(tmp_path)], 1, "lib/libcuda_code.so: no code for 6.0 (has sm 61)"),
@@ -382,12 +431,16 @@ def triton_tree(root: Path, ort_archs: tuple[int, ...], python_cubins: tuple[int
 
 def dockerfile_triton_guard(tree: Path) -> list[str]:
     """The arguments docker/Dockerfile.triton's first guard gives cuda_arch.py, for the GPU the
-    image is built for (CUDA_ARCH's default), with /opt/tritonserver moved to `tree`."""
+    image is built for (CUDA_ARCH's default), with /opt/tritonserver moved to `tree` and the allow
+    list bound where the Dockerfile binds it."""
     text = (paths.REPO_ROOT / "docker" / "Dockerfile.triton").read_text().replace("\\\n", " ")
     default_arch = re.search(r"^ARG CUDA_ARCH=(\S+)$", text, re.M).group(1)
     run = next(line for line in text.splitlines() if line.startswith("RUN") and "/opt/tritonserver/" in line)
     args = shlex.split(run.split("python3 /tmp/cuda_arch.py", 1)[1].split(";", 1)[0])
-    return [arg.replace("$CUDA_ARCH", default_arch).replace("/opt/tritonserver", str(tree)) for arg in args]
+    where = {"$CUDA_ARCH": default_arch, "/opt/tritonserver": str(tree), "/tmp/cuda_allow.txt": str(ALLOW_LIST)}
+    for bound, here in where.items():
+        args = [arg.replace(bound, here) for arg in args]
+    return args
 
 
 def test_the_triton_guard_passes_24_10_s_backends(tmp_path, capsys):

@@ -64,6 +64,8 @@ PUBLISHED = {
     "jupyter": {"JUPYTER": (8888, 8888)},
 }
 MODEL_FILES_IN_THE_TORCH_IMAGE = "/opt/servelab/models"
+# Debian 12 (bookworm), pinned: the plain tag moved to Debian 13 in August 2025 (docker/Dockerfile.torch).
+PYTHON_BASE_IMAGE = "python:3.11-slim-bookworm"
 # 24.10: the last release whose onnxruntime backend has sm_60 code (docker/Dockerfile.triton says why).
 TRITON_BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 # What the Triton image's first guard scans: the backends the lab loads, and the server's libraries.
@@ -383,16 +385,39 @@ def test_each_gpu_image_pins_the_last_cudnn_with_pascal_code_and_checks_its_cuda
         first, *guards = guards
         assert first < min(i for i, (keyword, _) in enumerate(instructions) if keyword == "RUN" and i != first)
         assert instructions[first][1].split('--arch "$CUDA_ARCH"')[1].split(";")[0].split() == TRITON_TREE
-        assert "--allow" not in instructions[first][1], "only the backends the lab loads are scanned"
+        assert ALLOW_LIST_READ in instructions[first][1], "every guard reads the one allow list"
     assert len(guards) == 1, "one check, after the CUDA libraries are installed"
     (guard,) = guards
     guard_args = instructions[guard][1]
-    assert "source=servelab/service/cuda_arch.py" in guard_args and '--arch "$CUDA_ARCH"' in guard_args
-    assert 'if [ -n "$CUDA_ARCH" ]' in guard_args  # the CPU variant targets no GPU
+    assert '--arch "$CUDA_ARCH"' in guard_args and 'if [ -n "$CUDA_ARCH" ]' in guard_args  # the CPU variant: no GPU
+    assert ALLOW_LIST_READ in guard_args and "--allow " not in guard_args, "the one allow list, no allow of its own"
     cuda_installs = [i for i, (keyword, args) in enumerate(instructions) if keyword == "RUN" and "CUDNN" in args]
     assert max(cuda_installs) < guard
-    for allowed in re.findall(r"--allow '([^=]+)=([^']*)'", guard_args):
-        assert len(allowed[1]) > 20, f"{service}: --allow {allowed[0]} says why"
+
+
+# Every guard: the build guard and the allow list bound from docker/, and the list read.
+GUARD_MOUNTS = (
+    "--mount=type=bind,source=docker/cuda_arch.py,target=/tmp/cuda_arch.py",
+    "--mount=type=bind,source=docker/cuda_allow.txt,target=/tmp/cuda_allow.txt",
+)
+ALLOW_LIST_READ = "/tmp/cuda_arch.py --allow-file /tmp/cuda_allow.txt"
+
+
+def test_every_guard_binds_the_guard_and_its_one_allow_list_and_each_allow_says_why():
+    guards = [
+        (name, args)
+        for name, dockerfile in dockerfiles().items()
+        for keyword, args in dockerfile_instructions(dockerfile)
+        if keyword == "RUN" and "cuda_arch.py" in args
+    ]
+    assert {name for name, _ in guards} == GPU_LIBRARY_IMAGES
+    for name, args in guards:
+        assert args.split(" if ")[0].split() == list(GUARD_MOUNTS), name
+    allows = [line.split(None, 1) for line in (REPO_ROOT / "docker" / "cuda_allow.txt").read_text().splitlines()]
+    allows = [allow for allow in allows if allow and not allow[0].startswith("#")]
+    assert {glob for glob, _ in allows} >= {"libcusparseLt.so*", "libcufftw.so*"}
+    for glob, why in allows:
+        assert len(why) > 40, f"docker/cuda_allow.txt: {glob} says why no lab model needs it"
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES | {TORCH_IMAGE}))
@@ -436,10 +461,10 @@ def test_the_fastapi_and_ray_images_serve_the_gpu_builds_by_default():
     for service in ("fastapi_onnx", "ray_serve", "jupyter"):
         instructions = dockerfile_instructions(dockerfiles()[service])
         assert ("ARG", 'ONNXRUNTIME="onnxruntime-gpu[cuda,cudnn]>=1.21,<1.26"') in instructions, service
-    assert dockerfile_instructions(dockerfiles()["torch"])[0] == ("FROM", "python:3.11-slim AS torch")
+    assert dockerfile_instructions(dockerfiles()["torch"])[0] == ("FROM", f"{PYTHON_BASE_IMAGE} AS torch")
     for service in ("fastapi_pt", "fastapi_onnx", "ray_serve"):
         instructions = dockerfile_instructions(dockerfiles()[service])
-        assert instructions[0] in (("FROM", "python:3.11-slim"), ("FROM", TORCH_CONTEXT))
+        assert instructions[0] in (("FROM", PYTHON_BASE_IMAGE), ("FROM", TORCH_CONTEXT))
         assert ("ENV", "INFERENCE_DEVICE=cuda") in instructions
         for keyword, args in instructions:
             assert "LD_LIBRARY_PATH" not in args and "site-packages" not in args, f"{service}: {keyword} {args}"
@@ -521,7 +546,7 @@ def test_the_stand_ins_are_tagged_with_the_real_names_of_every_base_the_dockerfi
         for keyword, args in dockerfile_instructions(path)
         if keyword == "FROM" and ":" in args  # the others: a stage, or the torch image
     }
-    assert bases == {"python:3.11-slim", TRITON_BASE_IMAGE}
+    assert bases == {PYTHON_BASE_IMAGE, TRITON_BASE_IMAGE}
     script = (REPO_ROOT / "scripts" / "docker_bases.sh").read_text()
     for base in bases:
         pattern = base.split(":")[0] + ":" + ("*" if "/" in base else base.split(":")[1])

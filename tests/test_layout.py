@@ -24,6 +24,7 @@ FOUNDATION = {
     "environment",
     "node_plan",
     "node_build",
+    "node_traffic",
     "node_setup",
     "time_plan",
     "results",

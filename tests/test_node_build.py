@@ -1,7 +1,8 @@
 """The node's build (servelab.node_build), run for real: the runner is a detached process, and a
 script that stands for `docker compose` does the building (it prints what a build prints, records
 each call, and can be held at a service, or fail it). Commands reach the "node" through a local
-shell, as notebook 2's SSH commands do.
+shell, as notebook 2's SSH commands do. A step that prints nothing (servelab.node_traffic) is
+watched on a fake clock, with a fake count of the bytes the node receives.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab import node_build
+from servelab import node_build, node_traffic
 from servelab.node_build import Progress
 
 STAND_IN = textwrap.dedent(
@@ -131,7 +132,9 @@ def test_the_build_runs_detached_shows_progress_and_resumes_where_it_stopped(nod
 
     wait_until(lambda: "triton" in Progress(node_build.status(node.repo)).line())
     line = node.ask(f"cd {node.repo.name} && python3 -m servelab.node_build status")
-    assert line.startswith("Building Triton (notebooks 5 and 6): ") and " so far. Log: #7 [triton 2/5] " in line
+    assert (
+        line.startswith("Building Triton (notebooks 5 to 7 and 9 to 11): ") and " so far. Log: #7 [triton 2/5] " in line
+    )
     assert node.ask(f"cd {node.repo.name} && python3 -m servelab.node_build start").startswith(
         f"The build runs already (process {runner})"
     )
@@ -156,7 +159,7 @@ def test_a_failed_step_stops_the_build_saying_what_failed_and_runs_again_from_th
     with pytest.raises(RuntimeError) as failed:
         node.follow(until="ray_serve")
     message = str(failed.value)
-    assert message.startswith("building Triton (notebooks 5 and 6) failed (exit 1); the log's last line: ")
+    assert message.startswith("building Triton (notebooks 5 to 7 and 9 to 11) failed (exit 1); the log's last line: ")
     assert "ERROR: failed to solve: triton: no space left on device" in message
     assert "run this cell again: the build resumes where it stopped" in message
     log = (node.repo / node_build.STATE_FOLDER / "build.log").read_text()
@@ -213,8 +216,10 @@ def test_the_jupyter_container_waits_for_a_service_with_the_build_s_progress(nod
     capsys.readouterr()
     node_build.wait_for_service("triton", lambda: False, node.repo, poll_s=0.05, sleep=sleep)
     out = capsys.readouterr().out
-    assert out.startswith("Waiting for Triton (notebooks 5 and 6), built in the background since notebook 2. ")
-    assert "Building Triton (notebooks 5 and 6): " in out and "Log: #7 [triton 2/5]" in out
+    assert out.startswith(
+        "Waiting for Triton (notebooks 5 to 7 and 9 to 11), built in the background since notebook 2. "
+    )
+    assert "Building Triton (notebooks 5 to 7 and 9 to 11): " in out and "Log: #7 [triton 2/5]" in out
     assert Progress(node_build.status(node.repo)).stage_done("triton") and len(sleeps) >= 3
 
 
@@ -224,3 +229,104 @@ def test_the_jupyter_container_is_told_what_to_do_when_the_build_failed(node, ca
         node.follow(until="triton")
     with pytest.raises(RuntimeError, match=r"failed \(exit 1\).*notebook 2 \(Chameleon's Jupyter\), run the build"):
         node_build.wait_for_service("triton", lambda: False, node.repo)
+
+
+# ---- a step that prints nothing: a download, or a build that stopped ----------------------------
+
+
+class FakeStep:
+    """A step's process on a fake clock: each wait is `poll_s` long, and the node receives the next figure
+    of `per_poll` in it, in bytes; the step ends after the last."""
+
+    def __init__(self, per_poll: list[int], poll_s: float = node_build.POLL_S):
+        self.now, self.bytes, self.per_poll, self.poll_s = 0.0, 5_000_000_000, list(per_poll), poll_s
+
+    def wait(self, timeout_s: float) -> int | None:
+        assert timeout_s == self.poll_s
+        if not self.per_poll:
+            return 0
+        self.now += timeout_s
+        self.bytes += self.per_poll.pop(0)
+        return None
+
+
+def watched(log_path: Path, step: FakeStep) -> tuple[int, list[str]]:
+    with open(log_path, "ab", buffering=0) as log:
+        code = node_traffic.watch(step.wait, log, step.poll_s, lambda: step.now, lambda: step.bytes)
+    return code, [line for line in log_path.read_text().splitlines() if line.startswith("---- servelab: the step")]
+
+
+def test_a_step_quiet_while_the_node_downloads_says_so_in_the_log_and_one_that_stalled_does_not(tmp_path):
+    log_path = tmp_path / "build.log"
+    log_path.write_text("#7 [torch 2/5] RUN pip install torch\n#7 Downloading torch-2.14.1+cu126 (3.6 GB)\n")
+    per_minute = int(node_traffic.QUIET_S / node_build.POLL_S)
+    # pip downloads PyTorch in silence for 5 minutes at 25 MB/s, then the connection hangs for 20.
+    download, stall = [25_000_000 * int(node_build.POLL_S)] * (5 * per_minute), [2_000] * (20 * per_minute)
+    code, said = watched(log_path, FakeStep(download + stall))
+    assert code == 0
+    assert len(said) == 5, said  # one a quiet minute while bytes come in, none once they stop
+    assert said[0] == (
+        "---- servelab: the step printed nothing for 60 s, and the node received 1500 MB meanwhile: "
+        "a download (pip says nothing until it is in)"
+    )
+
+
+def test_a_step_that_prints_needs_no_line_whatever_it_downloads(tmp_path):
+    log_path = tmp_path / "build.log"
+    log_path.touch()
+    step = FakeStep([50_000_000] * 40)
+    real_wait = step.wait
+
+    def printing(timeout_s: float) -> int | None:  # BuildKit's progress: a line every poll
+        log_path.open("a").write("#5 sha256:0a1b 1.2GB / 5.1GB\n")
+        return real_wait(timeout_s)
+
+    step.wait = printing
+    assert watched(log_path, step) == (0, [])
+
+
+def state_with_triton_building(repo: Path, log_age_s: float) -> None:
+    """The node's state while Triton's stage builds, its log last written `log_age_s` ago."""
+    folder = repo / node_build.STATE_FOLDER
+    folder.mkdir(parents=True)
+    steps = {f"fastapi:{action}": {"status": "done", "attempts": 1} for action in ("build", "start")}
+    steps["triton:build"] = {"status": "running", "attempts": 1, "started_at": time.time() - 1500}
+    (folder / "state.json").write_text(json.dumps({"steps": steps, "mode": "build"}))
+    (folder / "build.log").write_text("#9 [triton 4/9] RUN pip3 install torch\n")
+    os.utime(folder / "build.log", (time.time() - log_age_s,) * 2)
+
+
+@pytest.mark.parametrize("downloading", [True, False], ids=["pip-downloading", "stopped"])
+def test_the_jupyter_container_s_alarm_judges_a_silent_download_by_its_bytes(tmp_path, capsys, downloading):
+    repo = tmp_path / "serve-system"
+    state_with_triton_building(repo, log_age_s=node_build.SILENT_LIMIT_S + 60)
+    per_poll = (30_000_000 if downloading else 1_000) * int(node_build.POLL_S)
+    with open(repo / node_build.STATE_FOLDER / "build.log", "ab", buffering=0) as log:  # the runner, on the node
+        step = FakeStep([per_poll] * int(node_traffic.QUIET_S / node_build.POLL_S))
+        node_traffic.watch(step.wait, log, step.poll_s, lambda: step.now, lambda: step.bytes)
+    polls = []
+
+    def answers() -> bool:  # Triton answers at the second look: the build went on
+        polls.append(1)
+        return len(polls) > 1
+
+    if downloading:
+        node_build.wait_for_service("triton", answers, repo, poll_s=0, sleep=lambda s: None)
+        assert "the node received 1800 MB meanwhile" in capsys.readouterr().out  # 30 MB/s for a minute
+    else:
+        with pytest.raises(RuntimeError, match=r"The build's log has said nothing for 16 min .*: it stopped"):
+            node_build.wait_for_service("triton", answers, repo, poll_s=0, sleep=lambda s: None)
+
+
+def test_the_bytes_received_are_every_interface_s_but_loopback(tmp_path):
+    net_dev = tmp_path / "dev"
+    net_dev.write_text(
+        "Inter-|   Receive                            |  Transmit\n"
+        " face |bytes    packets errs drop fifo frame compressed multicast|bytes packets\n"
+        "    lo: 9000000000 1 0 0 0 0 0 0 9000000000 1\n"
+        "  eno1: 3600000000 2500000 0 0 0 0 0 0 1200 3\n"
+        "docker0: 1000 4 0 0 0 0 0 0 0 0\n"
+    )
+    assert node_traffic.bytes_received(net_dev) == 3_600_001_000
+    assert node_traffic.bytes_received(tmp_path / "none") == 0
+    assert node_traffic.bytes_received() > 0  # this machine's own /proc/net/dev

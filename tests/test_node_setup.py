@@ -1,16 +1,21 @@
 """Setting up the node (servelab.node_setup): nvidia-smi's output read and judged (text captured on a
 GPU machine, and a P100 node's in the same format), apt's lock waited for against a real process
-holding it, the lease found by its id through python-chi's own lease functions (the Blazar API
-behind them is an in-memory stand-in: no Chameleon here), and the student's work copied off.
+holding it, automatic upgrades stopped by the very command the node runs (with `systemctl` and
+`fuser` stand-ins on its PATH), the lease found by its id through python-chi's own lease functions
+(the Blazar API behind them is an in-memory stand-in: no Chameleon here), a private registry's
+login, and the student's work copied off, on a Python with tarfile's data filter and on one without.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import io
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import chi.context
@@ -19,9 +24,11 @@ import invoke
 import pytest
 from blazarclient.exception import BlazarClientException
 
-from servelab import node_setup
+from servelab import node_setup, paths
 from servelab.node_setup import NodeProblem
-from servelab.service import cuda_arch
+from tests.helpers import file_module
+
+cuda_arch = file_module(paths.REPO_ROOT / "docker" / "cuda_arch.py")
 
 DATA = Path(__file__).parent / "data"
 # The format as captured (tests/data/nvidia_smi_h100.txt, an H100 machine, driver 580.159.04):
@@ -70,7 +77,7 @@ def test_the_captured_output_is_read_as_nvidia_smi_prints_it():
 
 
 def test_the_first_driver_branch_is_the_one_whose_ptx_the_build_guard_accepts():
-    # R560 is a CUDA 12.6 driver: the guard's default (servelab/service/cuda_arch.py) is that driver's.
+    # R560 is a CUDA 12.6 driver: the guard's default (docker/cuda_arch.py) is that driver's.
     assert (node_setup.FIRST_BRANCH, cuda_arch.NODE_DRIVER_CUDA) == (560, (12, 6))
 
 
@@ -112,6 +119,59 @@ def test_apt_gives_up_at_its_limit_saying_what_to_do(tmp_path):
         holder.kill()
     assert done.returncode == 1 and "apt ran" not in done.stdout
     assert "apt is still locked by python" in done.stderr and "then run this cell again" in done.stderr
+
+
+def stand_in(bin_dir: Path, name: str, script: str) -> None:
+    """A command on the node's PATH that logs its call (to $CALLS) and runs `script`."""
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >> "$CALLS"\n{script}\n')
+    (bin_dir / name).chmod(0o755)
+
+
+def test_automatic_upgrades_are_stopped_for_the_lease_then_apt_s_lock_is_waited_for(tmp_path):
+    calls, config = tmp_path / "calls", tmp_path / "apt.conf.d" / "90servelab-lock-timeout"
+    config.parent.mkdir()
+    stand_in(tmp_path / "bin", "systemctl", "exit 0")
+    # unattended-upgrade finishing its step: it holds dpkg's lock for the first two looks, then lets go.
+    stand_in(tmp_path / "bin", "fuser", f'[ "$(grep -c ^fuser "$CALLS")" -le 2 ] && echo " {os.getpid()}"')
+    command = node_setup.stop_apt_updates(limit_s=30, sudo="", apt_config=str(config), poll_s=0.1)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CALLS": str(calls)}
+    done = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert calls.read_text().splitlines() == [
+        "systemctl disable --now --no-block apt-daily.timer",
+        "systemctl disable --now --no-block apt-daily-upgrade.timer",
+        "systemctl disable --now --no-block unattended-upgrades.service",
+        "systemctl stop --no-block apt-daily.service apt-daily-upgrade.service",
+        *[f"fuser {' '.join(node_setup.APT_LOCKS)}"] * 3,  # held, held, free
+    ]
+    assert re.search(r"^apt is locked by python\S* \(unattended-upgrades .*\): waiting", done.stdout, re.M)
+    assert done.stdout.rstrip().endswith("Automatic upgrades are stopped for the lease, and apt is free.")
+    assert config.read_text() == 'DPkg::Lock::Timeout "30";\n'  # every apt-get waits too, Docker's script's
+
+
+def test_a_unit_the_node_lacks_is_said_and_the_rest_goes_on(tmp_path):
+    calls, config = tmp_path / "calls", tmp_path / "lock-timeout"
+    stand_in(
+        tmp_path / "bin",
+        "systemctl",
+        'case "$*" in *apt-daily.timer*) echo "Unit apt-daily.timer not found" >&2; exit 5;; esac',
+    )
+    stand_in(tmp_path / "bin", "fuser", "exit 1")
+    command = node_setup.stop_apt_updates(sudo="", apt_config=str(config), poll_s=0.1)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CALLS": str(calls)}
+    done = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "apt-daily.timer: not stopped (above); the lock wait covers it" in done.stdout
+    assert len(calls.read_text().splitlines()) == 5 and config.is_file()
+
+
+def test_the_node_runs_each_install_under_the_lock_wait_and_stops_upgrades_first():
+    assert node_setup.install_docker().startswith("bash -c ") and "fuser" in node_setup.install_docker()
+    assert node_setup.install_docker().rstrip("'").endswith(node_setup.INSTALL_DOCKER.replace("'", "'\"'\"'"))
+    notebook = (paths.REPO_ROOT / "notebooks" / "2_bring_up_node.py").read_text()
+    stop, docker = notebook.index("node_setup.stop_apt_updates()"), notebook.index("node_setup.install_docker()")
+    assert stop < docker < notebook.index("node_setup.apt_get(")
+    assert notebook.count("apt-get") == 0 and "get.docker.com" not in notebook, "every install goes through node_setup"
 
 
 # ---- the lease, through python-chi ------------------------------------------------------------
@@ -208,7 +268,7 @@ class LocalConnection:
     """fabric's Connection, on this machine: `run` is invoke's (whose Connection.run fabric's extends)."""
 
     def run(self, command: str, **kwargs):
-        return invoke.Context().run(command, in_stream=False, **kwargs)  # pytest holds stdin
+        return invoke.Context().run(command, **{"in_stream": False, **kwargs})  # pytest holds stdin
 
     def get(self, remote: str, local: str) -> None:
         shutil.copy(remote, local)
@@ -231,3 +291,81 @@ def test_the_notebooks_and_results_are_copied_off_the_node(tmp_path):
     ]  # state.json is not there yet: left out, not an error
     assert (tmp_path / "here" / "results/notebooks/4_fastapi_bench.jsonl").read_text() == '{"name": "c=8"}\n'
     assert not (tmp_path / "here" / "work.tar.gz").exists() and not (tmp_path / "here" / "compose.yaml").exists()
+
+
+@pytest.mark.parametrize("data_filter", [True, False], ids=["tarfile-data-filter", "a-python-without-it"])
+def test_the_copy_off_unpacks_on_any_python(tmp_path, monkeypatch, data_filter):
+    if not data_filter:  # Python before 3.10.12 / 3.11.4: tarfile has no `filter`, no data_filter
+        monkeypatch.delattr(tarfile, "data_filter")
+    clone = tmp_path / "node" / "serve-system"
+    (clone / "results" / "notebooks").mkdir(parents=True)
+    (clone / "results" / "notebooks" / "3_fastapi.jsonl").write_text("{}\n")
+    (clone / "notebooks").mkdir()
+    (clone / "notebooks" / "3_fastapi.ipynb").write_text("{}")
+    (clone / "notebooks" / "latest.ipynb").symlink_to("3_fastapi.ipynb")  # a link inside is kept
+    copied = node_setup.copy_off(LocalConnection(), str(clone), tmp_path / "here")
+    assert sorted(copied) == ["notebooks/3_fastapi.ipynb", "results/notebooks/3_fastapi.jsonl"]
+    assert (tmp_path / "here" / "notebooks" / "latest.ipynb").read_text() == "{}"
+
+
+def hostile_archive(path: Path, kind: str) -> Path:
+    """An archive that would write outside where it is unpacked, the way `kind` says."""
+    with tarfile.open(path, "w:gz") as tar:
+        member = tarfile.TarInfo({"absolute": "/tmp/escaped", "dotdot": "results/../../escaped"}.get(kind, "link"))
+        if kind in ("symlink", "hardlink"):
+            member.type = tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE
+            member.linkname = "../../escaped" if kind == "symlink" else "/etc/passwd"
+            tar.addfile(member)
+        else:
+            member.size = 3
+            tar.addfile(member, io.BytesIO(b"bad"))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["absolute", "dotdot", "symlink", "hardlink"])
+def test_an_archive_that_would_write_outside_is_refused_without_tarfile_s_filter(tmp_path, monkeypatch, kind):
+    monkeypatch.delattr(tarfile, "data_filter")
+    archive = hostile_archive(tmp_path / "work.tar.gz", kind)
+    with pytest.raises(ValueError, match=r"which would land outside .*: nothing was unpacked"):
+        node_setup.extract_inside(archive, tmp_path / "a" / "b")
+    assert not (tmp_path / "escaped").exists() and not list((tmp_path / "a" / "b").rglob("*"))
+
+
+@pytest.mark.parametrize("kind", ["absolute", "dotdot", "symlink", "hardlink"])
+def test_an_archive_that_would_write_outside_lands_nowhere_outside_with_tarfile_s_filter(tmp_path, kind):
+    archive = hostile_archive(tmp_path / "work.tar.gz", kind)
+    try:
+        node_setup.extract_inside(archive, tmp_path / "a" / "b")
+    except tarfile.TarError:  # the filter refuses `..` and links outside; it makes an absolute name relative
+        pass
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "a" / "escaped").exists()
+    assert all(tmp_path / "a" / "b" in path.parents for path in (tmp_path / "a").rglob("*") if path.name != "b")
+
+
+# ---- a private registry for the images ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prefix", "registry"),
+    [
+        ("registry.example.org/course/servelab-", "registry.example.org"),
+        ("localhost:5000/servelab-", "localhost:5000"),
+        ("ghcr.io/a-course/servelab-", "ghcr.io"),
+        ("acourse/servelab-", "docker.io"),  # Docker Hub: a user's repository
+    ],
+)
+def test_the_registry_of_an_image_prefix_is_read_as_docker_reads_it(prefix, registry):
+    assert node_setup.registry_of(prefix) == registry
+
+
+def test_the_node_logs_in_to_a_private_registry_with_the_token_on_stdin_only(tmp_path, monkeypatch):
+    calls = tmp_path / "calls"
+    token = "s3cret-t0ken"
+    stand_in(tmp_path / "bin", "docker", f'read -r given; [ "$given" = "{token}" ] && echo "Login Succeeded"')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(calls))
+    said = node_setup.docker_login(LocalConnection(), "registry.example.org/course/servelab-", "ta", token)
+    assert said == "Login Succeeded"
+    assert calls.read_text() == "docker login --username ta --password-stdin registry.example.org\n"
+    with pytest.raises(NodeProblem, match=r"docker login to registry.example.org as ta failed: .*Check REGISTRY_USER"):
+        node_setup.docker_login(LocalConnection(), "registry.example.org/course/servelab-", "ta", "wrong")

@@ -1,6 +1,7 @@
-# Stand-in for python:3.11-slim (Docker Hub), built by scripts/docker_bases.sh where that registry
-# cannot be reached. What the lab's Dockerfiles rely on is the same: Python 3.11 as `python` and
-# `python3`, with pip, and pip free to install system-wide (as in the official image). What differs:
+# Stand-in for python:3.11-slim-bookworm (Docker Hub), built by scripts/docker_bases.sh where that
+# registry cannot be reached, and tagged with that name. What the lab's Dockerfiles rely on is the
+# same: Debian 12 (bookworm), Python 3.11 as `python` and `python3`, with pip, and pip free to
+# install system-wide (as in the official image). What differs:
 # Debian's own CPython (/usr/bin, packages in /usr/local/lib/python3.11/dist-packages) instead of
 # one built under /usr/local, so nothing in the lab may name a site-packages path.
 ARG ROOTFS

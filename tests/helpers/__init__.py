@@ -2,18 +2,21 @@
 waiting on a state, never on a sleep a busy machine can outlast; a load judged only where its
 generator kept its schedule; test images; the bad requests
 every predict service must refuse; a prediction service in this process, with a model that answers
-at once; a toy service for the supervisor; synthetic runs for the lessons' checks; the lock's pins.
+at once; a toy service for the supervisor; synthetic runs for the lessons' checks; the lock's pins;
+a module that is a file outside every package.
 A bare GPU machine, simulated for the GPU check's commands: tests/helpers/bare_machine.py."""
 
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import math
 import sys
 import textwrap
 import threading
 import time
+import types
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -316,3 +319,15 @@ def lock_pins() -> dict[str, Version]:
             name, _, version = line.partition("==")
             pins[canonicalize_name(name)] = Version(version)
     return pins
+
+
+def file_module(path: Path) -> types.ModuleType:
+    """A module that is a file of the repository outside every package (docker/cuda_arch.py, the
+    images' build guard; scripts/check_class.py), imported once, under its file's name."""
+    if path.stem not in sys.modules:
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None and spec.loader is not None, path
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module  # before it runs: its dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[path.stem]

@@ -10,14 +10,17 @@ version up to X.Y, where the driver can compile it: a driver compiles PTX of its
 PTX ISA version or older, and refuses newer PTX (CUDA_ERROR_UNSUPPORTED_PTX_VERSION), so PTX that a
 newer CUDA wrote is no code for that GPU either. A library with neither has no code for it.
 
-    python -m servelab.service.cuda_arch --arch 6.0 [--driver-cuda 12.6] [--allow 'GLOB=why' ...] [PATH ...]
+    python docker/cuda_arch.py --arch 6.0 [--driver-cuda 12.6] [--allow-file docker/cuda_allow.txt]
+                               [--allow 'GLOB=why' ...] [PATH ...]
 
 checks every `*.so*` under PATH (files or folders; by default this Python's site-packages), prints
 what each library with device code carries, and exits 1 naming each library with no code for the
-architecture, unless an --allow entry (a file-name glob and the reason) excuses it. An --allow that
-matches no library with device code is stale, and fails too. Only headers are read (the libraries
-are hundreds of MB), except in a library whose `.nv_fatbin` has no code for the target: the rest of
-it is searched for fatbins it loads itself (cuFFT keeps its kernels so).
+architecture, unless an allow (a file-name glob and the reason) excuses it: a line of the allow list
+(--allow-file: docker/cuda_allow.txt, the one list every Dockerfile's guard reads) or an --allow. An
+allow that matches no library with device code is said, and fails nothing: one list serves every
+image, and each image installs some of what it names. Only headers are read (the libraries are
+hundreds of MB), except in a library whose `.nv_fatbin` has no code for the target: the rest of it
+is searched for fatbins it loads itself (cuFFT keeps its kernels so).
 
 Standard library only: it runs at build time in every GPU image, before anything else is installed.
 """
@@ -253,8 +256,8 @@ def check(
     driver_cuda: tuple[int, int] = NODE_DRIVER_CUDA,
 ) -> int:
     """Print what each library with device code carries, then what is missing; 0 when each one can run on
-    `arch` under a driver of CUDA `driver_cuda` or is excused, 1 otherwise (a library without code, an
-    --allow that matches none, nothing to check)."""
+    `arch` under a driver of CUDA `driver_cuda` or is excused, 1 otherwise (a library without code, nothing
+    to check). An allow that matches no library is said in a line of its own, and fails nothing."""
     major, minor = arch
     target = f"{major}.{minor}"
     ptx_isa = PTX_ISA_OF_CUDA[driver_cuda]
@@ -288,22 +291,21 @@ def check(
     for root in roots:
         if root not in with_code:  # a folder of host code alone: nothing for the GPU to run, nothing to check
             print(f"{'none':<10} {root}: no library with device code")
-    stale = [f"  --allow '{glob}={why}' matches no library" for glob, why in allows.items() if glob not in matched]
+    for glob, why in allows.items():
+        if glob not in matched:  # this image does not install it: nothing to excuse here
+            print(f"{'unused':<10} allow {glob!r} matches no library with device code here ({why})")
     if checked == 0:
         print(f"cuda_arch: FAILED: no library with device code under {', '.join(map(str, roots))}: nothing checked")
         return 1
-    if failures or stale:
+    if failures:
         cubins = f"sm_{major}0" + (f" to sm_{major}{minor}" if minor else "")
         driver = f"{driver_cuda[0]}.{driver_cuda[1]}"
         print(
             f"cuda_arch: FAILED for compute capability {target} (it runs a cubin {cubins} or PTX up to {major}{minor}"
             f" of PTX ISA {ptx_isa[0]}.{ptx_isa[1]} or older, which a CUDA {driver} driver compiles):"
         )
-        if failures:
-            print(f"{len(failures)} of {checked} libraries with device code cannot run on {target}:")
-            print("\n".join(failures))
-        if stale:
-            print("stale exceptions (remove them, or fix their globs):\n" + "\n".join(stale))
+        print(f"{len(failures)} of {checked} libraries with device code cannot run on {target}:")
+        print("\n".join(failures))
         return 1
     allowed = "".join(f"; {', '.join(names)} allowed: {allows[glob]}" for glob, names in excused.items())
     print(
@@ -321,8 +323,22 @@ def site_packages() -> list[Path]:
     return [f for f in folders if not any(other in f.parents for other in folders)]
 
 
+def read_allow_list(path: Path) -> dict[str, str]:
+    """An allow list: a line per library, its file-name glob, then (after spaces) why it may lack code for
+    the target; a line that starts with `#` is a comment. ValueError names a line with no reason."""
+    allows = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        glob, _, why = line.strip().partition(" ")
+        if not why.strip():
+            raise ValueError(f"{path}, line {number}: {glob!r} says no reason (a glob, spaces, then why)")
+        allows[glob] = why.strip()
+    return allows
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m servelab.service.cuda_arch", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python docker/cuda_arch.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", required=True, help="the target GPU's compute capability, e.g. 6.0 for a P100")
     parser.add_argument(
         "--driver-cuda",
@@ -337,6 +353,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="GLOB=WHY",
         help="excuse the libraries whose file name matches GLOB, for the reason WHY",
     )
+    parser.add_argument(
+        "--allow-file",
+        type=Path,
+        metavar="PATH",
+        help="an allow list: a line per library, its file-name glob then why (docker/cuda_allow.txt)",
+    )
     parser.add_argument("paths", nargs="*", type=Path, help="files or folders (default: site-packages)")
     args = parser.parse_args(argv)
     if not (match := re.fullmatch(r"(\d+)\.(\d)", args.arch)):
@@ -346,7 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     if driver_cuda not in PTX_ISA_OF_CUDA:
         known = ", ".join(f"{major}.{minor}" for major, minor in PTX_ISA_OF_CUDA)
         parser.error(f"--driver-cuda {args.driver_cuda!r}: expected a CUDA release whose PTX ISA is known: {known}")
-    allows = {}
+    try:
+        allows = read_allow_list(args.allow_file) if args.allow_file else {}
+    except (OSError, ValueError) as error:
+        parser.error(f"--allow-file: {error}")
     for allow in args.allow:
         glob, _, why = allow.partition("=")
         if not glob or not why.strip():
