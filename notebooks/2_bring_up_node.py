@@ -264,6 +264,7 @@ if chameleon_only("install nvtop on the node"):
 WEIGHTS = "original"
 
 if chameleon_only("build the lab's images on the node, in the background, and start what notebooks 3 and 4 use"):
+    # .env: the weights, and COMPOSE_FILE=compose.yaml:docker/compose.gpu.yaml, the node's GPU variant
     node.execute(f"cd {REPO_DIR} && printf %s {shlex.quote(node_build.env_file(WEIGHTS, IMAGE_PREFIX))} > .env")
     with node.ssh_connection() as ssh:
         node_build.follow(lambda command: ssh.run(command, hide=True).stdout, REPO_DIR, until="fastapi")

@@ -91,7 +91,8 @@ else
 fi
 say "PyTorch: $torch_from"
 
-size_gb=$([ "$lock" = requirements-cpu.lock ] && echo 3 || echo 7)
+# The student's extra took 6.6 GB with the registry's builds (docs/local.md says how each was found).
+size_gb=$([ "$lock" = requirements-cpu.lock ] && echo 2 || echo 7)
 # Said before pip starts, as pip says it only minutes later, as "[Errno 28] No space left on device".
 if [ ! -x "$VENV/bin/python" ]; then
   free_gb=$(df -Pk . | awk 'NR == 2 { printf "%.1f", $4 / 1048576 }')

@@ -64,7 +64,16 @@ def test_the_student_s_extra_has_none_of_what_only_an_instructor_or_the_tests_us
     assert INSTRUCTOR_ONLY <= instructor and student < instructor < tests
     # What `make up` starts and notebooks 0 and 3-11 run: the local Triton, perf_analyzer, PyTorch,
     # ONNX Runtime, JupyterLab, Ray Serve, GourmetGram and the image host.
-    assert {"nvidia-pytriton", "tritonclient", "torch", "onnxruntime", "jupyterlab", "ray", "flask", "aiohttp"} <= student
+    assert {
+        "nvidia-pytriton",
+        "tritonclient",
+        "torch",
+        "onnxruntime",
+        "jupyterlab",
+        "ray",
+        "flask",
+        "aiohttp",
+    } <= student
 
 
 def test_only_the_instructor_s_code_imports_what_the_student_s_extra_lacks():
@@ -87,9 +96,17 @@ def test_only_the_instructor_s_code_imports_what_the_student_s_extra_lacks():
 
 @pytest.mark.parametrize(
     ("target", "extra"),
-    [("up", "lab"), ("bench", "lab"), ("artifacts", "lab"), ("notebooks", "instructor"), ("test", "dev"),
-     ("test-fast", "dev"), ("setup", "dev"), ("lock", "dev")],
-)  # fmt: skip
+    [
+        ("up", "lab"),
+        ("bench", "lab"),
+        ("artifacts", "lab"),
+        ("notebooks", "instructor"),
+        ("test", "dev"),
+        ("test-fast", "dev"),
+        ("setup", "dev"),
+        ("lock", "dev"),
+    ],
+)
 def test_each_make_target_installs_the_extra_its_users_need(target, extra):
     dry_run = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert f"bash scripts/bootstrap.sh {extra}\n" in dry_run
