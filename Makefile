@@ -58,7 +58,7 @@ format: setup  ## fix what ruff can (lint and format; seconds); `make test` chec
 	.venv/bin/ruff check --fix .
 	.venv/bin/ruff format .
 
-setup:  ## virtualenv at the lock's versions (the tests' extra; `make up` installs the student's), and the system libraries perf_analyzer and Triton need (a few minutes the first time; a second when nothing changed)
+setup:  ## virtualenv at the lock's versions (the tests' extra; `make up` installs the student's), and the system libraries perf_analyzer and Triton need (about 5 minutes the first time, docs/local.md; a second when nothing changed)
 	@bash scripts/bootstrap.sh $(SETUP_EXTRA)
 
 # uv's resolver (pyproject.toml's `dev` extra installs it) for this platform and Python 3.11.2, Debian

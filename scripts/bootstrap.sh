@@ -49,9 +49,12 @@ fi
 # System libraries the pip-installed tools load. perf_analyzer needs libb64; Triton's Python
 # backend stub embeds the system libpython of the venv's Python version.
 py_version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info.major}.{sys.version_info.minor}")')
+# The list is read whole first: under pipefail, `ldconfig -p | grep -q` fails whenever grep stops at
+# its match while ldconfig still writes (killed by the closed pipe), and the packages were reinstalled.
+libraries=$(ldconfig -p 2>/dev/null || true)
 missing=()
-ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d' || missing+=(libb64-0d)
-ldconfig -p 2>/dev/null | grep -q "libpython${py_version}\.so\.1\.0" || missing+=("libpython${py_version}")
+grep 'libb64\.so\.0d' <<<"$libraries" >/dev/null || missing+=(libb64-0d)
+grep "libpython${py_version}\.so\.1\.0" <<<"$libraries" >/dev/null || missing+=("libpython${py_version}")
 if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null; then
     sudo_cmd=()
@@ -103,7 +106,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   say "creating virtualenv $VENV with $("$PYTHON" --version)"
   "$PYTHON" -m venv "$VENV"
 fi
-say "installing the $EXTRA extra into $VENV at $lock's versions (the first time: a few minutes, about $size_gb GB)"
+say "installing the $EXTRA extra into $VENV at $lock's versions (the first time: about 5 minutes on 2 cores, about $size_gb GB)"
 pip=("$VENV/bin/python" -m pip install --disable-pip-version-check --no-cache-dir --progress-bar on)
 # --no-cache-dir: a copy of the downloaded wheels in pip's cache would take GBs more, for a
 # reinstall that only a changed lock makes.
