@@ -1,6 +1,11 @@
 # The two commands: `make up` brings the lab up on this machine, `make test` runs the tests.
 # Both create and fill the virtualenv (.venv) first, and build the model artifacts if needed.
 PY := .venv/bin/python
+# Which of pyproject.toml's extras the virtualenv gets (scripts/bootstrap.sh): the tests' (`dev`, all of
+# it) for the tests, lint and the lock, and for plain `make setup`; the instructor's for `make notebooks`
+# (nbgrader, jupytext); for everything else, `make up` first, the student's laptop (`lab`). A
+# virtualenv that has a larger extra keeps it.
+SETUP_EXTRA ?= $(if $(filter setup test test-fast test-notebook format lock,$(MAKECMDGOALS)),dev,$(if $(filter notebooks,$(MAKECMDGOALS)),instructor,lab))
 # Passed through to `servelab artifacts` to serve a trained checkpoint instead of untrained weights.
 export FOOD11_CHECKPOINT FOOD11_CHECKPOINT_SHA256 FOOD11_CHECKPOINT_GIT_BLOB
 
@@ -57,16 +62,26 @@ format: setup  ## fix what ruff can (lint and format; seconds); `make test` chec
 	.venv/bin/ruff check --fix .
 	.venv/bin/ruff format .
 
-setup:  ## virtualenv at requirements.lock's versions, and the system libraries perf_analyzer and Triton need (a few minutes the first time; a second when nothing changed)
-	@bash scripts/bootstrap.sh
+setup:  ## virtualenv at the lock's versions (the tests' extra; `make up` installs the student's), and the system libraries perf_analyzer and Triton need (about 5 minutes the first time, docs/local.md; a second when nothing changed)
+	@bash scripts/bootstrap.sh $(SETUP_EXTRA)
 
 # uv's resolver (pyproject.toml's `dev` extra installs it) for this platform and Python 3.11.2, Debian
 # 12's, the oldest 3.11 the lab meets (a Debian 12 virtualenv, the Docker stand-ins' base): a release
 # that needs a newer 3.11 would not install there. It keeps each pin of the lock that pyproject.toml
 # still allows (LOCK_ARGS=--upgrade: the newest).
-lock: setup  ## requirements.lock from pyproject.toml: every version the lab installs, pinned (seconds)
-	.venv/bin/uv pip compile pyproject.toml --all-extras --python-version 3.11.2 --system-certs --quiet \
-		--custom-compile-command "make lock" -o requirements.lock $(LOCK_ARGS)
+UV_COMPILE := .venv/bin/uv pip compile pyproject.toml --python-version 3.11.2 --system-certs --quiet --custom-compile-command "make lock"
+# requirements-cpu.lock, for a virtualenv without an NVIDIA GPU (scripts/bootstrap.sh): PyTorch's CPU
+# builds (torch==X+cpu, from its own index) require what the registry's builds of the same release
+# require, less these, which only its CUDA build needs (the Requires-Dist of torch 2.13.0+cpu and of
+# the registry's 2.14.1, compared). So that lock is requirements.lock's resolution without them, at
+# its pins, with torch and torchvision named +cpu: PyTorch's index need not answer to write it.
+TORCH_CUDA_ONLY := cuda-toolkit nvidia-cudnn-cu13 nvidia-cusparselt-cu13 nvidia-nccl-cu13 nvidia-nvshmem-cu13 triton
+
+lock: setup  ## requirements.lock from pyproject.toml: every version the lab installs, pinned; requirements-cpu.lock, its PyTorch CPU builds (seconds)
+	$(UV_COMPILE) --all-extras -o requirements.lock $(LOCK_ARGS)
+	cp requirements.lock requirements-cpu.lock
+	printf '%s\n' $(TORCH_CUDA_ONLY) | $(UV_COMPILE) --all-extras --excludes /dev/stdin -o requirements-cpu.lock
+	sed -i -E 's/^(torch|torchvision)==([^+]+)$$/\1==\2+cpu/' requirements-cpu.lock
 	# Triton's image runs Ubuntu 22.04's Python 3.10, for which some of the newest releases have no build.
 	.venv/bin/uv pip compile pyproject.toml --extra triton --python-version 3.10 --system-certs --quiet \
 		--custom-compile-command "make lock" -o docker/triton-py310.lock $(LOCK_ARGS)

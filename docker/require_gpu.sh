@@ -1,6 +1,7 @@
 #!/bin/sh
-# The GPU build's first step (docker/Dockerfile.torch): on a machine without an NVIDIA GPU, stop
-# before PyTorch's CUDA build is downloaded, and name the line of .env that runs the CPU variant.
+# The GPU build's first step (docker/Dockerfile.torch, with docker/compose.gpu.yaml): on a machine
+# without an NVIDIA GPU, stop before PyTorch's CUDA build is downloaded, and say how to run the lab
+# on the CPU instead: compose.yaml alone.
 # A build step sees the machine's PCI devices in sysfs (SYSFS, /sys by default; the tests point it
 # at a folder of their own). A GPU that sysfs does not list (WSL 2 passes one through otherwise), or
 # a build meant for another machine, goes on with GPU_BUILD_WITHOUT_GPU=1.
@@ -17,12 +18,10 @@ if [ -n "${GPU_BUILD_WITHOUT_GPU:-}" ]; then
     exit 0
 fi
 cat >&2 <<'MESSAGE'
-No NVIDIA GPU on this machine: compose.yaml alone is the lab for the GPU node. To run the lab on
-this machine's CPU, put this line in a file named .env beside compose.yaml (.env.example has it):
-
-    COMPOSE_FILE=compose.yaml:docker/compose.cpu.yaml
-
-and run the same docker compose command again. (A GPU this check cannot see, as under WSL 2:
-GPU_BUILD_WITHOUT_GPU=1 in .env builds the GPU images anyway.)
+No NVIDIA GPU on this machine, and this build is the GPU variant (docker/compose.gpu.yaml, which
+COMPOSE_FILE in .env or a -f names). To run the lab on this machine's CPU, use compose.yaml alone:
+delete the COMPOSE_FILE line from .env (and any -f), and run the same docker compose command again.
+(A GPU this check cannot see, as under WSL 2: GPU_BUILD_WITHOUT_GPU=1 in .env builds the GPU
+images anyway.)
 MESSAGE
 exit 1

@@ -16,7 +16,7 @@ http://127.0.0.1:8000. Other settings: MAX_UPLOAD_BYTES (default 8 MiB), BACKEND
 (default 30), WEIGHTS_TIMEOUT_S (2) and WEIGHTS_CACHE_S (10) for the weights banner lookup,
 SAMPLES_DIR (default static/samples), HOST (default 0.0.0.0), PORT (default 5000).
 
-Run from this folder with `python app.py` or `python -m flask --app app run`.
+Run from this folder with `python app.py`; its image runs it under gunicorn (gunicorn.conf.py).
 Decoding and preprocessing come from the model module food11.py (the repository root), installed
 in GourmetGram's image as in every service's.
 """
@@ -45,6 +45,7 @@ from backends import (
 from flask import Flask, Response, jsonify, render_template, request
 from PIL import Image
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.utils import secure_filename
 
@@ -219,6 +220,11 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
 
     # Prometheus metrics at /metrics: pages served, and how long the backend took to answer.
     registry = CollectorRegistry()
+    # Under gunicorn, each worker process counts its own requests: /metrics adds them all up.
+    exposed = registry
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        exposed = CollectorRegistry()
+        MultiProcessCollector(exposed)
     pages_served = Counter(
         "gourmetgram_requests", "Requests by page and HTTP status", ["page", "status"], registry=registry
     )
@@ -348,7 +354,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
 
     @app.get("/metrics")
     def metrics() -> Response:
-        return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(exposed), content_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> Any:

@@ -283,6 +283,7 @@ if IMAGE_PREFIX and REGISTRY_USER and chameleon_only("log the node's Docker in t
         print(node_setup.docker_login(ssh, IMAGE_PREFIX, REGISTRY_USER, token))
 
 if chameleon_only("build the lab's images on the node, in the background, and start what notebooks 3 and 4 use"):
+    # .env: the weights, and COMPOSE_FILE=compose.yaml:docker/compose.gpu.yaml, the node's GPU variant
     node.execute(f"cd {REPO_DIR} && printf %s {shlex.quote(node_build.env_file(WEIGHTS, IMAGE_PREFIX))} > .env")
     with node.ssh_connection() as ssh:
         node_build.follow(lambda command: ssh.run(command, hide=True).stdout, REPO_DIR, until="fastapi")

@@ -104,12 +104,13 @@ print(excerpt(paths.GOURMETGRAM_DIR / "backends.py", "FastAPIBackend.predict"))
 #
 # ```bash
 # docker compose up -d --build
-# # without an NVIDIA GPU (a laptop with Docker), the CPU variant instead:
-# # docker compose -f compose.yaml -f docker/compose.cpu.yaml up -d --build
 # ```
 #
 # `compose.yaml` holds every service of notebooks 3 to 11, `jupyter` (where these cells run)
-# included; `docker compose ps` shows each `healthy` once its model is loaded. Ports are published
+# included, on the CPU: the same command on a laptop with Docker. On the node, notebook 2's `.env`
+# adds the GPUs and CUDA builds of `docker/compose.gpu.yaml`
+# (`COMPOSE_FILE=compose.yaml:docker/compose.gpu.yaml`). `docker compose ps` shows each `healthy`
+# once its model is loaded. Ports are published
 # on the node's 127.0.0.1 only: `docker compose exec jupyter jupyter server list` prints Jupyter's
 # address, which your browser reaches through an SSH tunnel (notebook 2 prints it). A notebook
 # cannot run these commands: its container has no access to the host's Docker.

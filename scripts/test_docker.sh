@@ -55,7 +55,8 @@ phase_start=$started
 bash scripts/docker_engine.sh
 phase "engine"
 
-compose() { docker compose -p "$PROJECT" -f compose.yaml -f docker/compose.cpu.yaml "$@"; }
+# compose.yaml alone, the CPU variant, whatever a .env in the clone names (COMPOSE_FILE).
+compose() { docker compose -p "$PROJECT" -f compose.yaml "$@"; }
 
 teardown() {
   local status=$?
@@ -100,7 +101,7 @@ eval "$("$PY" -c 'from dataclasses import asdict
 from servelab.stack.supervision import Ports
 for name, port in asdict(Ports.found_free()).items(): print(f"export SERVELAB_PORT_{name.upper()}={port}")')"
 
-# PyTorch's CPU wheels come from its own index (docker/compose.cpu.yaml); where that index cannot
+# PyTorch's CPU wheels come from its own index (compose.yaml); where that index cannot
 # be reached, from pip's own index, whose build of torch runs on a CPU too (larger).
 torch_index=$(compose config --format json | "$PY" -c 'import json, sys
 print(json.load(sys.stdin)["services"]["torch"]["build"]["args"]["TORCH_INDEX_URL"])')

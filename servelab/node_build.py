@@ -42,7 +42,10 @@ from servelab.settings import Settings
 
 STATE_FOLDER = Path(".lab") / "node-build"  # in the clone, which the Jupyter container mounts
 MEASURED_TIMES = Path("notebooks") / "node_build_times.json"
-REGISTRY_FILES = "compose.yaml:docker/compose.registry.yaml"
+# The node's Compose files, which .env names (COMPOSE_FILE): compose.yaml, the lab on any machine's
+# CPU, with the GPU variant over it; and where the images come from a registry, its file last.
+GPU_FILES = "compose.yaml:docker/compose.gpu.yaml"
+REGISTRY_FILES = f"{GPU_FILES}:docker/compose.registry.yaml"
 POLL_S = 15.0
 SHOW_EVERY_S = 60.0  # a progress line at least this often, and whenever the step changes
 SILENT_LIMIT_S = 15 * 60.0  # a log quiet this long: the build stopped (a download says so: servelab.node_traffic)
@@ -101,10 +104,13 @@ def stage_of(service: str) -> Stage:
 
 def env_file(weights: str, image_prefix: str = "") -> str:
     """The clone's .env, which Compose reads for every command run there (the student's own too):
-    the weights the model files are built from, and where set, the registry the images come from."""
+    the GPU variant's files, the weights the model files are built from, and where set, the
+    registry the images come from."""
     lines = [f"FOOD11_CHECKPOINT={weights}"]
     if image_prefix:
         lines += [f"SERVELAB_IMAGE_PREFIX={image_prefix}", f"COMPOSE_FILE={REGISTRY_FILES}"]
+    else:
+        lines.append(f"COMPOSE_FILE={GPU_FILES}")
     return "\n".join(lines) + "\n"
 
 

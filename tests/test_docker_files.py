@@ -1,8 +1,8 @@
-"""Static checks of the Compose project (compose.yaml, and docker/compose.cpu.yaml over it) and of
-the Dockerfiles, read as text: what `docker compose build` and `up` would trip over, checked
-where no Docker engine runs. `make test-docker` builds and runs the CPU variant for real; the GPU
-variant, which needs an NVIDIA GPU, is checked here against the compose-spec schema (and by
-`docker compose config` where Compose is installed).
+"""Static checks of the Compose project (compose.yaml, the CPU variant, and docker/compose.gpu.yaml
+over it) and of the Dockerfiles, read as text: what `docker compose build` and `up` would trip
+over, checked where no Docker engine runs. `make test-docker` builds and runs the CPU variant for
+real; the GPU variant, which needs an NVIDIA GPU, is checked here against the compose-spec schema
+(and by `docker compose config` where Compose is installed, as both variants are).
 
 The model files are built inside the lab's PyTorch image (docker/Dockerfile.torch), which the other
 images name `servelab-torch`: no Dockerfile copies a model file of the clone's.
@@ -34,7 +34,8 @@ from tests.helpers import lock_pins
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = REPO_ROOT / "compose.yaml"
-CPU_OVERRIDE = REPO_ROOT / "docker" / "compose.cpu.yaml"
+# compose.yaml alone is the CPU variant; the GPU variant is this file over it.
+GPU_OVERRIDE = REPO_ROOT / "docker" / "compose.gpu.yaml"
 # The lab's images from a registry (SERVELAB_IMAGE_PREFIX), after either variant.
 REGISTRY_OVERRIDE = REPO_ROOT / "docker" / "compose.registry.yaml"
 # The compose-spec JSON schema, from the compose-spec repository (schema/compose-spec.json,
@@ -76,16 +77,11 @@ TRITON_TREE = ["/opt/tritonserver/backends/python", "/opt/tritonserver/backends/
 
 
 class _ComposeLoader(yaml.SafeLoader):
-    """YAML as Compose reads it: `!reset` drops what the files before it set, `!override` replaces it."""
-
-
-class Override(dict):
-    """A mapping that replaces the one before it instead of merging into it."""
+    """YAML as Compose reads it: `!reset` drops what the files before it set (docker/compose.registry.yaml)."""
 
 
 RESET = object()
 _ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
-_ComposeLoader.add_constructor("!override", lambda loader, node: Override(loader.construct_mapping(node, deep=True)))
 
 _VAR_RE = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
 
@@ -121,8 +117,6 @@ def load(path: Path, env: dict[str, str] | None = None) -> dict:
 
 def merge(base, override):
     """Compose's merge of an override file: mappings merged key by key, `!reset` removes."""
-    if isinstance(override, Override):
-        return dict(override)
     if isinstance(base, dict) and isinstance(override, dict):
         merged = dict(base)
         for key, value in override.items():
@@ -136,7 +130,7 @@ def merge(base, override):
 
 def variant(cpu: bool, env: dict[str, str] | None = None) -> dict:
     project = load(COMPOSE, env)
-    return merge(project, load(CPU_OVERRIDE, env)) if cpu else project
+    return project if cpu else merge(project, load(GPU_OVERRIDE, env))
 
 
 def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
@@ -183,20 +177,82 @@ def test_each_variant_is_valid_under_the_compose_spec_schema(cpu):
         jsonschema.Draft7Validator(schema).validate({"services": {"x": {"imagee": "servelab"}}})
 
 
-@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI here: `make test-docker` installs Compose")
-@pytest.mark.parametrize(
-    "files",
-    [["compose.yaml"], ["compose.yaml", "docker/compose.cpu.yaml"], ["compose.yaml", "docker/compose.registry.yaml"]],
-    ids=["gpu", "cpu", "registry"],
-)
-def test_compose_itself_accepts_each_variant(files):
+def compose_config(env_lines: list[str], tmp_path: Path) -> dict:
+    """The project as Compose itself reads it in the clone (`docker compose config`, no -f), with a
+    .env of `env_lines` in place of any the clone has."""
     version = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
     if version.returncode != 0:
-        pytest.skip("no Compose v2 plugin here: `make test-docker` installs it")
-    command = ["docker", "compose", *(arg for name in files for arg in ("-f", name)), "config", "--quiet"]
-    env = {**os.environ, "SERVELAB_IMAGE_PREFIX": "registry.example.org/course/servelab-"}
+        pytest.skip("no Compose v2 plugin here: `make test-docker` installs it (scripts/docker_engine.sh)")
+    dotenv = tmp_path / "env"
+    dotenv.write_text("".join(line + "\n" for line in env_lines))
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("COMPOSE_", "SERVELAB_"))}
+    command = ["docker", "compose", "--env-file", str(dotenv), "config", "--format", "json"]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI here: `make test-docker` installs Compose")
+def test_plain_docker_compose_with_no_env_file_is_the_cpu_variant_and_the_node_s_one_line_the_gpu_one(tmp_path):
+    cpu = compose_config([], tmp_path)["services"]
+    gpu = compose_config(node_build.env_file("").splitlines(), tmp_path)["services"]
+    for name in ("fastapi_pt", "fastapi_onnx", "ray_serve"):
+        assert cpu[name]["environment"]["INFERENCE_DEVICE"] == "cpu" and "deploy" not in cpu[name], name
+        assert gpu[name]["environment"]["INFERENCE_DEVICE"] == "cuda", name
+    for name in GPU_SERVICES:
+        assert gpu[name]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia", name
+    assert cpu["torch"]["build"]["args"]["CUDA_ARCH"] == "" and gpu["torch"]["build"]["args"]["CUDA_ARCH"] == "6.0"
+    assert cpu["jupyter"]["build"]["args"]["ONNXRUNTIME"] == "onnxruntime"
+    assert gpu["jupyter"]["build"]["args"]["ONNXRUNTIME"].startswith("onnxruntime-gpu[cuda,cudnn]")
+    assert set(cpu["triton"]["ulimits"]) == {"stack"} and gpu["triton"]["ulimits"]["memlock"] == -1
+    # What the files of each variant give Compose, as this module reads them (the other tests' reading).
+    for services, cpu_variant in ((cpu, True), (gpu, False)):
+        read = variant(cpu_variant)["services"]
+        for name in SERVICES:
+            assert services[name]["build"].get("args", {}) == read[name]["build"].get("args", {}), name
+            assert ("deploy" in services[name]) == ("deploy" in read[name]), name
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI here: `make test-docker` installs Compose")
+def test_compose_itself_accepts_the_registry_s_images_over_the_gpu_variant(tmp_path):
+    prefix = "registry.example.org/course/servelab-"
+    services = compose_config(node_build.env_file("original", prefix).splitlines(), tmp_path)["services"]
+    assert services["fastapi_pt"]["image"] == prefix + "fastapi_pt" and "build" not in services["fastapi_pt"]
+    assert services["fastapi_pt"]["environment"]["INFERENCE_DEVICE"] == "cuda"
+
+
+def test_the_cpu_and_gpu_files_need_no_compose_newer_than_the_docs_say():
+    """`!reset` came in Compose 2.24.0 and `!override` in 2.24.4: the two files a student or the node
+    runs merge with the plain rules, and need Compose 2.22 (service: build contexts), as the docs say
+    and scripts/docker_engine.sh checks; only the registry's file, an instructor's, resets."""
+
+    def tags(path: Path) -> set[str]:
+        return set(re.findall(r"!(reset|override)\b", re.sub(r"#.*", "", path.read_text())))
+
+    assert tags(COMPOSE) == tags(GPU_OVERRIDE) == set() and tags(REGISTRY_OVERRIDE) == {"reset"}
+    engine = (REPO_ROOT / "scripts" / "docker_engine.sh").read_text()
+    assert "MIN_COMPOSE=2.22.0" in engine
+    assert "Compose 2.22 or later" in COMPOSE.read_text()
+    docs = (REPO_ROOT / "docs" / "docker.md").read_text()
+    assert "Compose 2.22" in docs and "2.24" in docs
+
+
+@pytest.mark.parametrize(
+    ("installed", "enough"),
+    [
+        ("2.40.3", True),
+        ("v2.22.0", True),
+        ("2.22.0-desktop.1", True),
+        ("2.21.0", False),
+        ("2.3.3", False),
+        ("1.29.2", False),
+    ],
+)
+def test_the_engine_script_tells_a_compose_too_old_from_one_new_enough(installed, enough):
+    engine = (REPO_ROOT / "scripts" / "docker_engine.sh").read_text()
+    function = re.search(r"^at_least\(\) \{\n.*?^\}\n", engine, re.M | re.S).group(0)
+    done = subprocess.run(["bash", "-c", f'{function}at_least "$1" 2.22.0', "-", installed], capture_output=True)
+    assert (done.returncode == 0) == enough
 
 
 @pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "cpu"])
@@ -214,7 +270,8 @@ def test_with_an_image_prefix_every_service_is_pulled_from_the_registry_and_noth
     with pytest.raises(MissingVariable, match="SERVELAB_IMAGE_PREFIX: set SERVELAB_IMAGE_PREFIX to the registry"):
         load(REGISTRY_OVERRIDE, {})
     files = node_build.env_file("original", prefix)
-    assert f"COMPOSE_FILE=compose.yaml:{REGISTRY_OVERRIDE.relative_to(REPO_ROOT)}" in files.splitlines()
+    gpu, registry = (path.relative_to(REPO_ROOT) for path in (GPU_OVERRIDE, REGISTRY_OVERRIDE))
+    assert f"COMPOSE_FILE=compose.yaml:{gpu}:{registry}" in files.splitlines()
 
 
 def test_one_project_has_every_service_of_notebooks_3_to_10_with_no_fixed_container_name():
@@ -247,7 +304,8 @@ def test_the_gpu_variant_gives_each_service_its_gpus_and_the_cpu_variant_none():
         assert not ("count" in device and "device_ids" in device), f"{name}: Compose takes one of them"
     assert set(GPUS) == GPU_SERVICES
     assert not any("deploy" in service for name, service in cpu.items() if name != TORCH_IMAGE)
-    assert gpu["triton"]["ulimits"]["memlock"] == -1 and cpu["triton"]["ulimits"] == {"stack": 67108864}
+    assert gpu["triton"]["ulimits"] == {"stack": 67108864, "memlock": -1}
+    assert cpu["triton"]["ulimits"] == {"stack": 67108864}
 
 
 @pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "cpu"])
@@ -273,14 +331,22 @@ def test_the_cpu_variant_installs_cpu_builds_and_asks_the_services_for_the_cpu()
     assert variant(True, {"TORCH_INDEX_URL": ""})["services"]["torch"]["build"]["args"]["TORCH_INDEX_URL"] == ""
     for name in ("fastapi_onnx", "ray_serve", "jupyter"):
         assert cpu[name]["build"]["args"]["ONNXRUNTIME"] == "onnxruntime"  # at the lock's version
+    variant_args = {"TORCH_INDEX_URL", "ONNXRUNTIME", "CUDNN", "CUDA_ARCH"}
     for name in GPU_LIBRARY_IMAGES:
-        assert not set(gpu[name]["build"].get("args", {})) & {"TORCH_INDEX_URL", "ONNXRUNTIME", "CUDNN", "CUDA_ARCH"}, (
-            f"{name}: the GPU build takes its Dockerfile's defaults"
+        defaults = dict(
+            value.split("=", 1) for keyword, value in dockerfile_instructions(dockerfiles()[name]) if keyword == "ARG"
+        )
+        given = {key: value for key, value in gpu[name]["build"]["args"].items() if key in variant_args}
+        assert given == {key: defaults[key].strip('"') for key in variant_args if key in defaults}, (
+            f"{name}: the GPU variant builds with its Dockerfile's defaults"
         )
         assert cpu[name]["build"]["args"]["CUDNN"] == "" and cpu[name]["build"]["args"]["CUDA_ARCH"] == "", name
     for name in ("fastapi_pt", "fastapi_onnx", "ray_serve"):
         assert cpu[name]["environment"]["INFERENCE_DEVICE"] == "cpu"
-        assert cpu[name]["environment"]["IMAGE_URL_ALLOWED_HOSTS"] == "image_host:8000"  # merged, not replaced
+        assert gpu[name]["environment"]["INFERENCE_DEVICE"] == "cuda"
+        assert gpu[name]["environment"]["IMAGE_URL_ALLOWED_HOSTS"] == "image_host:8000"  # merged, not replaced
+        instructions = dockerfile_instructions(dockerfiles()[name])
+        assert ("ENV", "INFERENCE_DEVICE=cuda") in instructions, "the image's own default: the GPU node's"
 
 
 def test_the_torch_image_builds_the_model_files_from_the_weights_the_project_s_environment_names():
@@ -507,6 +573,15 @@ def test_the_jupyter_image_has_the_virtualenv_s_client_and_runs_as_the_clone_s_o
     assert json.loads(dict(instructions)["CMD"])[:2] == ["jupyter", "lab"]
 
 
+def test_gourmetgram_s_image_runs_gunicorn_with_the_config_that_says_how_many_workers():
+    instructions = dockerfile_instructions(dockerfiles()["gourmetgram"])
+    assert json.loads(dict(instructions)["CMD"]) == ["gunicorn", "--config", "gunicorn.conf.py", "app:app"]
+    assert ("COPY", "gourmetgram/ .") in instructions  # the config lands beside app.py, in the WORKDIR
+    config = (REPO_ROOT / "gourmetgram" / "gunicorn.conf.py").read_text()
+    assert len(re.findall(r"^workers = \d+$", config, re.M)) == 1, "the workers are said in one place"
+    assert any(Requirement(text).name == "gunicorn" for text in EXTRAS["gourmetgram"])
+
+
 def test_the_ray_image_deploys_the_serve_config_for_its_hardware():
     instructions = dockerfile_instructions(dockerfiles()["ray_serve"])
     assert json.loads(dict(instructions)["CMD"]) == ["sh", "start.sh"]
@@ -557,10 +632,13 @@ def test_the_stand_ins_are_tagged_with_the_real_names_of_every_base_the_dockerfi
 # ---- a machine without a GPU ------------------------------------------------------------------
 
 
-def test_one_line_of_env_example_runs_the_cpu_variant():
-    lines = [line for line in (REPO_ROOT / ".env.example").read_text().splitlines() if line and line[0] != "#"]
-    assert lines == [f"COMPOSE_FILE=compose.yaml:{CPU_OVERRIDE.relative_to(REPO_ROOT)}"]
+def test_no_env_file_runs_the_cpu_variant_and_one_line_of_env_example_the_gpu_one():
+    example = (REPO_ROOT / ".env.example").read_text().splitlines()
+    assert [line for line in example if line and line[0] != "#"] == [], "a copy of it changes nothing until edited"
+    line = f"COMPOSE_FILE=compose.yaml:{GPU_OVERRIDE.relative_to(REPO_ROOT)}"
+    assert f"# {line}" in example and line in node_build.env_file("original").splitlines(), "notebook 2's line"
     assert variant(cpu=True)["services"]["torch"]["build"]["args"]["CUDA_ARCH"] == ""  # skips the GPU check
+    assert not (REPO_ROOT / "docker" / "compose.cpu.yaml").exists()
 
 
 def fake_sysfs(root: Path, devices: dict[str, tuple[str, str]]) -> Path:
@@ -590,10 +668,9 @@ def test_the_gpu_build_stops_first_on_a_machine_without_a_gpu_naming_the_env_lin
         command, env={"PATH": os.environ["PATH"], "SYSFS": str(sysfs), **env}, capture_output=True, text=True
     )
     assert (done.returncode == 0) == builds, done.stderr
-    env_line = next(
-        line for line in (REPO_ROOT / ".env.example").read_text().splitlines() if line.startswith("COMPOSE_FILE=")
-    )
-    assert (env_line in done.stderr) == (not builds)
+    # Stopped: told to run compose.yaml alone, without the line that names the GPU variant.
+    told = "use compose.yaml alone" in done.stderr and "delete the COMPOSE_FILE line from .env" in done.stderr
+    assert told == (not builds)
 
 
 # ---- what each image installs: the lock's versions ------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab import node_build, node_traffic
+from servelab import node_build, node_traffic, paths
 from servelab.node_build import Progress
 
 STAND_IN = textwrap.dedent(
@@ -186,14 +186,20 @@ def test_with_an_image_prefix_the_node_pulls_the_images_and_builds_none(node, ca
     ]
 
 
-def test_the_env_file_names_the_registry_files_only_with_a_prefix():
-    assert node_build.env_file("original") == "FOOD11_CHECKPOINT=original\n"
+def test_the_env_file_names_the_gpu_variant_and_the_registry_file_only_with_a_prefix():
+    # compose.yaml alone is the CPU variant: the node's one line names the GPU file over it.
+    assert node_build.env_file("original").splitlines() == [
+        "FOOD11_CHECKPOINT=original",
+        "COMPOSE_FILE=compose.yaml:docker/compose.gpu.yaml",
+    ]
     with_registry = node_build.env_file("", "r.example/x-").splitlines()
     assert with_registry == [
         "FOOD11_CHECKPOINT=",
         "SERVELAB_IMAGE_PREFIX=r.example/x-",
-        "COMPOSE_FILE=compose.yaml:docker/compose.registry.yaml",
+        "COMPOSE_FILE=compose.yaml:docker/compose.gpu.yaml:docker/compose.registry.yaml",
     ]
+    for files in (node_build.GPU_FILES, node_build.REGISTRY_FILES):
+        assert all((paths.REPO_ROOT / name).is_file() for name in files.split(":")), files
 
 
 def test_the_jupyter_container_waits_for_a_service_with_the_build_s_progress(node, capsys):

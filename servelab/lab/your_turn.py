@@ -127,7 +127,7 @@ def mark_solution_cells(notebook: Any, name: str) -> None:
 
 def student_notebook(instructor: Any) -> Any:
     """The student's copy: nbgrader's ClearSolutions, which puts STUB where each answer was."""
-    from nbgrader.preprocessors import ClearSolutions  # the lab extra's: `make notebooks` runs in the lab's virtualenv
+    from nbgrader.preprocessors import ClearSolutions  # the instructor's extra: `make notebooks` installs it
 
     student = copy.deepcopy(instructor)
     clear = ClearSolutions(code_stub={"python": STUB}, begin_solution_delimeter=BEGIN, end_solution_delimeter=END)
