@@ -42,7 +42,7 @@ from chi import context, lease, server
 # is not pip-installed (Chameleon's Jupyter server). servelab.environment needs only the standard library.
 REPO_ROOT = next((folder for folder in Path.cwd().parents if (folder / "servelab").is_dir()), Path.cwd().parent)
 sys.path.insert(0, str(REPO_ROOT))
-from servelab import node_build, node_setup
+from servelab import node_build, node_env, node_setup
 from servelab.environment import chameleon_only, current_services
 from servelab.settings import repository_url
 
@@ -284,7 +284,7 @@ if IMAGE_PREFIX and REGISTRY_USER and chameleon_only("log the node's Docker in t
 
 if chameleon_only("build the lab's images on the node, in the background, and start what notebooks 3 and 4 use"):
     # .env: the weights, and COMPOSE_FILE=compose.yaml:docker/compose.gpu.yaml, the node's GPU variant
-    node.execute(f"cd {REPO_DIR} && printf %s {shlex.quote(node_build.env_file(WEIGHTS, IMAGE_PREFIX))} > .env")
+    node.execute(f"cd {REPO_DIR} && printf %s {shlex.quote(node_env.env_file(WEIGHTS, IMAGE_PREFIX))} > .env")
     with node.ssh_connection() as ssh:
         node_build.follow(lambda command: ssh.run(command, hide=True).stdout, REPO_DIR, until="fastapi")
 

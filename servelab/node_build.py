@@ -38,14 +38,10 @@ from datetime import date
 from pathlib import Path
 
 from servelab import node_traffic
-from servelab.settings import Settings
+from servelab.node_env import image_prefix
 
 STATE_FOLDER = Path(".lab") / "node-build"  # in the clone, which the Jupyter container mounts
 MEASURED_TIMES = Path("notebooks") / "node_build_times.json"
-# The node's Compose files, which .env names (COMPOSE_FILE): compose.yaml, the lab on any machine's
-# CPU, with the GPU variant over it; and where the images come from a registry, its file last.
-GPU_FILES = "compose.yaml:docker/compose.gpu.yaml"
-REGISTRY_FILES = f"{GPU_FILES}:docker/compose.registry.yaml"
 POLL_S = 15.0
 SHOW_EVERY_S = 60.0  # a progress line at least this often, and whenever the step changes
 SILENT_LIMIT_S = 15 * 60.0  # a log quiet this long: the build stopped (a download says so: servelab.node_traffic)
@@ -97,29 +93,6 @@ def steps(pulling: bool) -> list[Step]:
 
 def stage_of(service: str) -> Stage:
     return next(stage for stage in STAGES if service in stage.started)
-
-
-# ---- settings: Compose's .env in the clone ----------------------------------------------------
-
-
-def env_file(weights: str, image_prefix: str = "") -> str:
-    """The clone's .env, which Compose reads for every command run there (the student's own too):
-    the GPU variant's files, the weights the model files are built from, and where set, the
-    registry the images come from."""
-    lines = [f"FOOD11_CHECKPOINT={weights}"]
-    if image_prefix:
-        lines += [f"SERVELAB_IMAGE_PREFIX={image_prefix}", f"COMPOSE_FILE={REGISTRY_FILES}"]
-    else:
-        lines.append(f"COMPOSE_FILE={GPU_FILES}")
-    return "\n".join(lines) + "\n"
-
-
-def image_prefix(repo: Path) -> str | None:
-    """SERVELAB_IMAGE_PREFIX, from this process's environment or else the clone's .env, as Compose reads it."""
-    dotenv = repo / ".env"
-    pairs = [line.split("=", 1) for line in dotenv.read_text().splitlines()] if dotenv.is_file() else []
-    settings = {key.strip(): value.strip() for key, value in (pair for pair in pairs if len(pair) == 2)}
-    return Settings.from_environ({**settings, **os.environ}).image_prefix
 
 
 # ---- the runner, on the node ------------------------------------------------------------------

@@ -28,7 +28,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from servelab import node_build
+from servelab import node_env
 from servelab.settings import Settings
 from tests.helpers import lock_pins
 
@@ -195,7 +195,7 @@ def compose_config(env_lines: list[str], tmp_path: Path) -> dict:
 @pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI here: `make test-docker` installs Compose")
 def test_plain_docker_compose_with_no_env_file_is_the_cpu_variant_and_the_node_s_one_line_the_gpu_one(tmp_path):
     cpu = compose_config([], tmp_path)["services"]
-    gpu = compose_config(node_build.env_file("").splitlines(), tmp_path)["services"]
+    gpu = compose_config(node_env.env_file("").splitlines(), tmp_path)["services"]
     for name in ("fastapi_pt", "fastapi_onnx", "ray_serve"):
         assert cpu[name]["environment"]["INFERENCE_DEVICE"] == "cpu" and "deploy" not in cpu[name], name
         assert gpu[name]["environment"]["INFERENCE_DEVICE"] == "cuda", name
@@ -216,7 +216,7 @@ def test_plain_docker_compose_with_no_env_file_is_the_cpu_variant_and_the_node_s
 @pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI here: `make test-docker` installs Compose")
 def test_compose_itself_accepts_the_registry_s_images_over_the_gpu_variant(tmp_path):
     prefix = "registry.example.org/course/servelab-"
-    services = compose_config(node_build.env_file("original", prefix).splitlines(), tmp_path)["services"]
+    services = compose_config(node_env.env_file("original", prefix).splitlines(), tmp_path)["services"]
     assert services["fastapi_pt"]["image"] == prefix + "fastapi_pt" and "build" not in services["fastapi_pt"]
     assert services["fastapi_pt"]["environment"]["INFERENCE_DEVICE"] == "cuda"
 
@@ -269,7 +269,7 @@ def test_with_an_image_prefix_every_service_is_pulled_from_the_registry_and_noth
         assert service["image"] == prefix + name and "build" not in service, name
     with pytest.raises(MissingVariable, match="SERVELAB_IMAGE_PREFIX: set SERVELAB_IMAGE_PREFIX to the registry"):
         load(REGISTRY_OVERRIDE, {})
-    files = node_build.env_file("original", prefix)
+    files = node_env.env_file("original", prefix)
     gpu, registry = (path.relative_to(REPO_ROOT) for path in (GPU_OVERRIDE, REGISTRY_OVERRIDE))
     assert f"COMPOSE_FILE=compose.yaml:{gpu}:{registry}" in files.splitlines()
 
@@ -636,7 +636,7 @@ def test_no_env_file_runs_the_cpu_variant_and_one_line_of_env_example_the_gpu_on
     example = (REPO_ROOT / ".env.example").read_text().splitlines()
     assert [line for line in example if line and line[0] != "#"] == [], "a copy of it changes nothing until edited"
     line = f"COMPOSE_FILE=compose.yaml:{GPU_OVERRIDE.relative_to(REPO_ROOT)}"
-    assert f"# {line}" in example and line in node_build.env_file("original").splitlines(), "notebook 2's line"
+    assert f"# {line}" in example and line in node_env.env_file("original").splitlines(), "notebook 2's line"
     assert variant(cpu=True)["services"]["torch"]["build"]["args"]["CUDA_ARCH"] == ""  # skips the GPU check
     assert not (REPO_ROOT / "docker" / "compose.cpu.yaml").exists()
 

@@ -25,6 +25,7 @@ FOUNDATION = {
     "node_plan",
     "node_build",
     "node_traffic",
+    "node_env",
     "node_setup",
     "time_plan",
     "results",

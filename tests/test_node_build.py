@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab import node_build, node_traffic, paths
+from servelab import node_build, node_env, node_traffic, paths
 from servelab.node_build import Progress
 
 STAND_IN = textwrap.dedent(
@@ -173,8 +173,8 @@ def test_a_failed_step_stops_the_build_saying_what_failed_and_runs_again_from_th
 
 
 def test_with_an_image_prefix_the_node_pulls_the_images_and_builds_none(node, capsys):
-    (node.repo / ".env").write_text(node_build.env_file("original", "registry.example.org/course/servelab-"))
-    assert node_build.image_prefix(node.repo) == "registry.example.org/course/servelab-"
+    (node.repo / ".env").write_text(node_env.env_file("original", "registry.example.org/course/servelab-"))
+    assert node_env.image_prefix(node.repo) == "registry.example.org/course/servelab-"
     node.follow(until="ray_serve")
     assert node.called() == [
         "pull fastapi_pt fastapi_onnx image_host gourmetgram jupyter",
@@ -188,17 +188,17 @@ def test_with_an_image_prefix_the_node_pulls_the_images_and_builds_none(node, ca
 
 def test_the_env_file_names_the_gpu_variant_and_the_registry_file_only_with_a_prefix():
     # compose.yaml alone is the CPU variant: the node's one line names the GPU file over it.
-    assert node_build.env_file("original").splitlines() == [
+    assert node_env.env_file("original").splitlines() == [
         "FOOD11_CHECKPOINT=original",
         "COMPOSE_FILE=compose.yaml:docker/compose.gpu.yaml",
     ]
-    with_registry = node_build.env_file("", "r.example/x-").splitlines()
+    with_registry = node_env.env_file("", "r.example/x-").splitlines()
     assert with_registry == [
         "FOOD11_CHECKPOINT=",
         "SERVELAB_IMAGE_PREFIX=r.example/x-",
         "COMPOSE_FILE=compose.yaml:docker/compose.gpu.yaml:docker/compose.registry.yaml",
     ]
-    for files in (node_build.GPU_FILES, node_build.REGISTRY_FILES):
+    for files in (node_env.GPU_FILES, node_env.REGISTRY_FILES):
         assert all((paths.REPO_ROOT / name).is_file() for name in files.split(":")), files
 
 
