@@ -22,7 +22,7 @@ server's counts until they settle), progress (bars where someone watches), jsonl
 and, standard library only like environment, for Chameleon's own Jupyter server and the node:
 node_setup (the node's checks, apt, the lease, copying the work off), node_env (Compose's .env there),
 node_build (the node's images, built detached in stages) and node_traffic (a quiet step told from a
-stopped one by the bytes the node receives), node_plan and time_plan (notebook 2's set-up, and each notebook's time: notebook 1's plan
-of the lease).
+stopped one by the bytes the node receives), node_plan and time_plan (notebook 2's set-up, and each
+notebook's time: notebook 1's plan of the lease).
 tests/test_layout.py keeps the arrows pointing down.
 """
