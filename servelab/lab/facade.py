@@ -118,7 +118,8 @@ class Lab(Measuring):
     @classmethod
     def connect(cls, notebook: str = "unnamed", triton: bool = True) -> Lab:
         """Connect to the lab's services; locally, `triton=False` starts FastAPI only (faster).
-        `notebook` (the notebook's file name without .ipynb) names the file its runs are saved to."""
+        `notebook` (the notebook's file name without .ipynb) names the file its runs are saved to.
+        Every model Triton serves with an earlier notebook's edit is put back as shipped."""
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
         chosen = profile(settings().profile)
         services = current_services()
@@ -129,6 +130,8 @@ class Lab(Measuring):
             )
         lab = cls._compose(chosen, notebook, triton) if services == "compose" else cls._local(chosen, triton, notebook)
         print(lab.describe())
+        if lab.triton_http and lab.repository is not None:
+            lab.triton.restore_shipped_configs()  # never an earlier notebook's edit (notebook 6's 8 instances)
         return lab
 
     @classmethod
