@@ -240,6 +240,15 @@ def test_queueing_grows_with_the_clients_while_compute_stays():
     assert "2 CPU cores (2 cores)" in held.reason and "held 15.3 requests at a time" in held.reason
 
 
+def test_a_compute_that_fell_under_load_is_said_as_the_range_that_failed_the_condition():
+    """Notebook 6 on a busy machine: compute infer 57.9 ms at c=1, 38.5 at c=16 (highest / lowest
+    1.50). The reason under DID NOT HOLD names that range, not "from 57.9 to 57.9 ms"."""
+    slower_first = concurrency_runs((0.14, 282.9, 568.8), (57.9, 40.7, 38.5), (16.9, 24.4, 25.7))
+    failed = triton_bench.queueing_grows(slower_first, "2 CPU cores", 2)
+    assert outcomes(failed)[2] is Outcome.NOT_HELD and failed.conditions[2].detail == "highest / lowest = 1.50"
+    assert "compute infer ranged from 38.5 ms at c=16 to 57.9 ms at c=1" in failed.reason
+
+
 def test_queueing_fails_where_the_time_moves_into_compute_instead_of_the_queue():
     """The wrong outcome: the server runs the requests together, each computing 8 or 16 times
     longer, and nothing waits in its queue (0.1 to 0.3 ms: a bare `<` would pass on that)."""
