@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 4. Benchmarking the FastAPI service
 #
-# **Time:** about 17 minutes (6 reading, 2 running, 9 hands-on; 25 on a machine without a GPU; `python -m servelab.time_plan`)
+# **Time:** about 17 minutes (6 reading, 2 running, 9 hands-on; 25 without a GPU; `python -m servelab.time_plan`)
 #
 # You send the FastAPI service of notebook 3 a real request, follow one photo through GourmetGram,
 # then measure: **one** user (PyTorch, then ONNX Runtime), **sixteen** users at once (where does the

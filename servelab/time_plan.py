@@ -100,7 +100,7 @@ class NotebookTime:
 
     def statement(self) -> str:
         """The line a notebook opens with: its time and the parts it is made of."""
-        other = "on a machine without a GPU" if self.machine == GPU else "on a GPU"
+        other = "without a GPU" if self.machine == GPU else "on a GPU"
         elsewhere = f"; {round(self.elsewhere)} {other}" if self.elsewhere is not None else ""
         return (
             f"**Time:** about {round(self.minutes)} minutes ({self.reading_minutes:.0f} reading, "

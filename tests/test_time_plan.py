@@ -81,7 +81,7 @@ def test_a_notebook_s_cells_for_one_machine_count_only_on_that_machine_s_plan(tm
     assert node.run_source == "measured d, full profile, m, less its CPU-only cells' 120 s"
     assert (anywhere.machine, anywhere.run_minutes, anywhere.hands_on, anywhere.predictions) == ("cpu", 5.0, 1, 3)
     assert node.elsewhere == pytest.approx(node.reading_minutes + 5.0 + time_plan.HANDS_ON_MINUTES + 3)
-    assert f"hands-on; {round(node.elsewhere)} on a machine without a GPU; `python" in node.statement()
+    assert f"hands-on; {round(node.elsewhere)} without a GPU; `python" in node.statement()
     assert f"hands-on; {round(anywhere.elsewhere)} on a GPU; `python" in anywhere.statement()
     plain = time_plan.notebook_time(tmp_path / "4_toy.py", {"4_toy": runs}, 12.5, time_plan.CPU)
     assert plain.machine == time_plan.CPU and plain.run_minutes == 5.0

@@ -115,8 +115,8 @@ def read(result: RunResult, field: str) -> float:
     """One figure of a run: an attribute ("throughput_rps"), a nested one ("latency.p50_ms",
     "triton_stats.avg_batch_size"), Triton's breakdown ("server_ms(queue)"), or what
     `resources.summarize` reports of the run's resources ("resources.cpu_percent_mean",
-    "resources.processes.food_classifier_0_0", "resources.gpus.0.util_percent_mean"), or a FastAPI service's own stage times over the run
-    ("service_stats.stage_mean_ms.download")."""
+    "resources.processes.food_classifier_0_0", "resources.gpus.0.util_percent_mean"), or a FastAPI
+    service's own stage times over the run ("service_stats.stage_mean_ms.download")."""
     if match := re.fullmatch(r"server_ms\((\w+)\)", field):
         return result.server_ms(match.group(1))
     head, _, rest = field.partition(".")

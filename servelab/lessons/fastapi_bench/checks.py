@@ -292,8 +292,8 @@ def gpu_has_time_to_spare(loaded: RunResult, device: str) -> Expectation:
         "with one image per model call, the GPU waits between images while requests wait for a slot",
         (judged,),
         reason=f"at {rate.value:.0f} req/s, the busiest GPU ran a kernel {busy:.0f}% of the time, "
-        f"{10 * busy / rate.value if rate.value else math.nan:.2f} ms per request: each model call kept it busy that long. nvidia-smi counts "
-        "the time any kernel runs, however little of the GPU it fills, so even a GPU busy by that count may have "
-        "room for a batch",
+        f"{10 * busy / rate.value if rate.value else math.nan:.2f} ms per request: each model call kept it busy "
+        "that long. nvidia-smi counts the time any kernel runs, however little of the GPU it fills, so even a GPU "
+        "busy by that count may have room for a batch",
         estimate=Estimate("the busiest GPU's mean use during the run", busy, "%"),
     )
