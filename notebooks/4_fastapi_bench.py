@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 4. Benchmarking the FastAPI service
 #
-# **Time:** about 22 minutes (6 reading, 5 running, 11 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 17 minutes (6 reading, 2 running, 9 hands-on; 25 without a GPU; `python -m servelab.time_plan`)
 #
 # You send the FastAPI service of notebook 3 a real request, follow one photo through GourmetGram,
 # then measure: **one** user (PyTorch, then ONNX Runtime), **sixteen** users at once (where does the
@@ -149,11 +149,23 @@ lab.record(fastapi_bench.runtime_comparison(sequential_pt, sequential_onnx), pre
 # 3. the mean wait for a slot is more than half the mean latency.
 #
 # Meanwhile a sampler records CPU (and GPU) and a thread times `/health`, which does no model work:
-# the event loop only *awaits* slots (notebook 3), so it should not wait behind predictions.
+# the event loop only *awaits* slots (notebook 3), so it should not wait behind predictions. On a
+# GPU, with one image per model call, the GPU itself should have time to spare.
+#
+# Where the model runs decides which questions this notebook asks here:
+
+# %%
+device = requests.get(f"{fastapi_url}/health", timeout=10).json()["device"]
+plans = fastapi_bench.CorePlans(device)  # the cores this process may use, shared by threads and by processes
+print(plans.describe())
 
 # %%
 predicted_load_gain = None  # before you run: the requests/s of 16 senders over one at a time (x)
 predicted_health_ms = None  # and /health's median while the 16 senders run (ms)
+
+# %% tags=["gpu_only"]
+# On a GPU: before you run, the GPU's mean use during the 16-sender run (%, as nvtop shows it)
+predicted_gpu_use = None
 
 # %%
 with fastapi_bench.LoadWatch(onnx_url) as watch:  # /health timed idle, then during the run
@@ -193,6 +205,10 @@ lab.record(fastapi_bench.health_stays_out_of_the_queue(watch.idle_ms, watch.load
 
 # %%
 watch.show_resources(concurrent_onnx.label)  # what its sampler saw: in words, then over time
+
+# %% tags=["gpu_only"]
+if not plans.threads:  # on a GPU: how busy it stayed
+    lab.record(fastapi_bench.gpu_has_time_to_spare(concurrent_onnx, onnx_health["device"]), predicted=predicted_gpu_use)
 # %% [markdown]
 # ## Threads are a resource: inference slots × threads per inference
 #
@@ -211,18 +227,18 @@ watch.show_resources(concurrent_onnx.label)  # what its sampler saw: in words, t
 # 2. a request alone is served faster with every core than with one;
 # 3. the elastic default is within 15% of the best plan, alone and under load.
 #
-# On a GPU these plans only share the CPU's other work: there the cells skip them, saying so.
+# On a GPU these plans only share the CPU's other work: there the cells skip them, as said above.
 
-# %%
+# %% tags=["cpu_only"]
+# On a CPU:
 predicted_crowded_rate = None  # before you run: the crowded plan's requests/s under load over 1 thread each's (x)
 predicted_every_core = None  # and one request's median with every core over one thread's (x)
 predicted_default_share = None  # and the default plan's requests/s under load over the best plan's (x)
 
 # %%
-device = requests.get(f"{fastapi_url}/health", timeout=10).json()["device"]
-plans = fastapi_bench.CorePlans(device)  # the cores this process may use, shared by threads and by processes
-cores, senders = plans.cores, 4 * plans.cores
-print(plans.describe())
+cores, senders = plans.cores, 4 * plans.cores  # four senders per core, here and for the processes below
+
+# %% tags=["cpu_only"]
 alone, loaded = {}, {}
 for name, (slots, threads) in plans.threads.items():  # name -> (slots, threads); None: the default
     with lab.fastapi_variant("pt", slots, threads) as variant_url:
@@ -231,7 +247,7 @@ for name, (slots, threads) in plans.threads.items():  # name -> (slots, threads)
         alone[name] = lab.sequential("pt", url=variant_url, name=f"fastapi_pt, {name}")
         loaded[name] = lab.concurrent("pt", senders, url=variant_url, name=f"fastapi_pt, {name}")
 
-# %%
+# %% tags=["cpu_only"]
 if plans.threads:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.5), sharey=True)
     left.barh(list(alone), [run.latency.p50_ms for run in alone.values()], color="tab:blue")
@@ -309,14 +325,12 @@ plots.plot_latency_cdf([sequential_pt, sequential_onnx, concurrent_onnx], log_x=
 # %% [markdown]
 # ## Questions
 #
-# 1. With 16 senders, where did a request's time go (slot wait, decoding, inference)? Would a
-#    faster model or more slots shorten it more, on this machine?
-# 2. Which thread plan served worst under load, and why do more busy threads than cores hurt?
-# 3. How close was your prediction for `processes_to_try`, and what limited the gain?
-#
-# **Hand in:** the results table, the latency plot and the slots x threads plot, with your
-# predictions beside the verdicts.
-#
+# For what ran on this machine (the thread plans on a CPU, the GPU's use on a GPU):
+
+# %%
+print(plans.questions())
+
+# %% [markdown]
 # In Docker, leave the project running. Locally, the next cell stops this notebook's services.
 # Next: `5_triton.ipynb`.
 

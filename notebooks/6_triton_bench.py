@@ -58,13 +58,19 @@ print(triton_bench.device_use(python_backend, sweep=True))
 
 # %% [markdown]
 # **Your turn.** Type a perf_analyzer command, as in a terminal, at a concurrency of your choice.
-# The lab adds its Triton (`-u`) and a report file (`-f`); a line it won't run says what to change.
+# The lab adds its Triton (`-u`) and a report file (`-f`); a line it won't run says what to change,
+# and so does one with an option perf_analyzer would ignore beside the others.
 
 # %%
 # Your turn: my_command = "perf_analyzer ...", a line for the model food_classifier at a concurrency
-#   of your choice (flags: -m, --concurrency-range, --measurement-request-count: Triton's perf_analyzer CLI guide).
+#   of your choice, in windows of 20 requests each (flags: -m, --concurrency-range, and
+#   --measurement-request-count, which counts only with --measurement-mode count_windows: Triton's
+#   perf_analyzer CLI guide).
 ### BEGIN SOLUTION
-my_command = "perf_analyzer -m food_classifier --concurrency-range 4 --measurement-request-count 20"
+my_command = (
+    "perf_analyzer -m food_classifier --concurrency-range 4 --measurement-mode count_windows "
+    "--measurement-request-count 20"
+)
 ### END SOLUTION
 typed_runs = lab.triton.perf_typed(my_command)
 if typed_runs:

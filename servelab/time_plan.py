@@ -11,6 +11,13 @@ A notebook's minutes are the sum of:
   and PREDICTION_MINUTES for each prediction the student writes down (a code line that sets a
   `predicted_...` variable, which the verdict shows beside the outcome).
 
+A code cell tagged for one kind of machine (`# %% tags=["cpu_only"]`: notebook 4's thread plans,
+which a GPU skips) does its work only there. A notebook's time counts the cells of the machine its
+part runs on (MACHINE_OF_PART: part 1's is the GPU node): the steps and predictions of the others'
+cells are left out, and so are the seconds the CPU-only cells took in the recorded run (which
+`--record-times` records apart, as `cpu_only_seconds`). Such a notebook states the other
+machine's minutes too.
+
     python -m servelab.time_plan            # the plan, notebook by notebook, and the two parts
     python -m servelab.time_plan --write    # write each notebook's time into its first cell
 
@@ -21,6 +28,7 @@ other packages are installed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -44,12 +52,17 @@ PART_2 = range(8, 12)
 FASTAPI_NOTEBOOKS = (3, 4)
 # An appendix (`appendix_<name>.py`) is optional and in neither part.
 APPENDIX_PREFIX = "appendix_"
+# The machine each part's notebooks run on: part 1's, the GPU node; the others', any machine, a CPU's.
+GPU, CPU = "gpu", "cpu"
+# The tag of a code cell that does its work on one kind of machine only (see the module's docstring).
+ONLY_ON = {CPU: "cpu_only", GPU: "gpu_only"}
 # The lease's end: copying the notebooks and results off the node, bringing the project down.
 WRAP_UP_MINUTES = 10.0
 # A stated time may differ from the computed one by this share before the check fails.
 TOLERANCE = 0.10
 
 _CELL = re.compile(r"^# %%(.*)$", re.M)
+_TAGS = re.compile(r"tags=\[([^\]]*)\]")
 _WORD = re.compile(r"[A-Za-z0-9][\w'.-]*")
 _PREDICTION = re.compile(r"^predicted_\w+ = ", re.M)
 # nbgrader's marker of an answer region, which the student's copy clears (servelab.lab.your_turn).
@@ -65,6 +78,8 @@ class NotebookTime:
     run_source: str
     hands_on: int
     predictions: int
+    machine: str = CPU  # the machine the counts are for (GPU: the node's, CPU-only cells left out)
+    elsewhere: float | None = None  # its minutes on the other kind of machine, where some cells run on one only
 
     @property
     def number(self) -> int | None:
@@ -85,21 +100,43 @@ class NotebookTime:
 
     def statement(self) -> str:
         """The line a notebook opens with: its time and the parts it is made of."""
+        other = "without a GPU" if self.machine == GPU else "on a GPU"
+        elsewhere = f"; {round(self.elsewhere)} {other}" if self.elsewhere is not None else ""
         return (
             f"**Time:** about {round(self.minutes)} minutes ({self.reading_minutes:.0f} reading, "
-            f"{self.run_minutes:.0f} running, {self.hands_on_minutes:.0f} hands-on; `python -m servelab.time_plan`)"
+            f"{self.run_minutes:.0f} running, {self.hands_on_minutes:.0f} hands-on{elsewhere}; "
+            "`python -m servelab.time_plan`)"
         )
 
 
 def cells(source: str) -> list[tuple[bool, str]]:
     """A jupytext (percent format) source's cells, in order: (is it Markdown, its lines as written)."""
+    return [(markdown, body) for markdown, _tags, body in tagged_cells(source)]
+
+
+def tagged_cells(source: str) -> list[tuple[bool, set[str], str]]:
+    """A jupytext source's cells, in order: (is it Markdown, its tags, its lines as written)."""
     parts = _CELL.split(source)
-    return [("[markdown]" in header, body) for header, body in zip(parts[1::2], parts[2::2], strict=True)]
+    return [
+        (
+            "[markdown]" in header,
+            set(re.findall(r'"([^"]*)"', found[1])) if (found := _TAGS.search(header)) else set(),
+            body,
+        )
+        for header, body in zip(parts[1::2], parts[2::2], strict=True)
+    ]
 
 
-def code_cells(source: str) -> list[str]:
-    """The text of a jupytext (percent format) source's code cells."""
-    return [body for markdown, body in cells(source) if not markdown]
+def code_cells(source: str, machine: str | None = None) -> list[str]:
+    """The text of a jupytext (percent format) source's code cells; with `machine`, those that do
+    their work there (a cell tagged for the other machine only left out)."""
+    others = {tag for kind, tag in ONLY_ON.items() if kind != machine} if machine else set()
+    return [body for markdown, tags, body in tagged_cells(source) if not markdown and not tags & others]
+
+
+def machine_only(source: str) -> bool:
+    """Whether some of a source's cells do their work on one kind of machine only."""
+    return any(tags & set(ONLY_ON.values()) for _markdown, tags, _body in tagged_cells(source))
 
 
 def markdown_cells(source: str) -> list[str]:
@@ -116,11 +153,12 @@ def prose_words(source: str) -> int:
     return sum(len(_WORD.findall(_STATED.sub("", cell))) for cell in markdown_cells(source))
 
 
-def count_steps(source: str) -> tuple[int, int]:
+def count_steps(source: str, machine: str | None = None) -> tuple[int, int]:
     """(hands-on steps, predictions): the answers the student types (regions the student's copy
-    clears), and the `predicted_...` variables the student sets before a run."""
-    steps = sum(cell.count(ANSWER) for cell in code_cells(source))
-    return steps, len(_PREDICTION.findall(source))
+    clears), and the `predicted_...` variables the student sets before a run; with `machine`, in
+    the cells that do their work there."""
+    kept = code_cells(source, machine)
+    return sum(cell.count(ANSWER) for cell in kept), sum(len(_PREDICTION.findall(cell)) for cell in kept)
 
 
 def run_times(path: Path = RUN_TIMES) -> dict[str, dict]:
@@ -128,23 +166,44 @@ def run_times(path: Path = RUN_TIMES) -> dict[str, dict]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def notebook_time(source_path: Path, measured: dict[str, dict], download_mb_per_s: float) -> NotebookTime:
-    source = source_path.read_text()
-    name = source_path.stem
-    hands_on, predictions = count_steps(source)
+def machine_of(stem: str) -> str:
+    """The machine a notebook (its file's stem) runs on in its part: part 1's on the GPU node."""
+    number = order_key(stem)[1] if stem[0].isdigit() else None
+    return GPU if number in PART_1 else CPU
+
+
+def notebook_time(
+    source_path: Path, measured: dict[str, dict], download_mb_per_s: float, machine: str | None = None
+) -> NotebookTime:
+    """A notebook's time on `machine` (by default its part's, `machine_of`), with its time on the
+    other kind of machine where some of its cells run on one only."""
+    source, name = source_path.read_text(), source_path.stem
+    machine = machine or machine_of(name)
+    time = _time_on(machine, source, name, measured, download_mb_per_s)
+    if not machine_only(source):
+        return time
+    other = _time_on(CPU if machine == GPU else GPU, source, name, measured, download_mb_per_s)
+    return dataclasses.replace(time, elsewhere=other.minutes)
+
+
+def _time_on(machine: str, source: str, name: str, measured: dict[str, dict], download_mb_per_s: float) -> NotebookTime:
+    hands_on, predictions = count_steps(source, machine)
     if name.startswith("2_"):
         run = sum(step.minutes for step in node_plan.setup_steps(download_mb_per_s))
         run_source = "the node's set-up (servelab.node_plan)"
     elif name in measured:
         entry = measured[name]
-        run = entry["seconds"] / 60
-        run_source = f"measured {entry['date']}, full profile, {entry['machine']}"
+        left_out = entry.get("cpu_only_seconds", 0) if machine == GPU else 0
+        run = (entry["seconds"] - left_out) / 60
+        run_source = f"measured {entry['date']}, full profile, {entry['machine']}" + (
+            f", less its CPU-only cells' {left_out} s" if left_out else ""
+        )
     else:
         raise ValueError(
             f"{name} has no measured run time in {RUN_TIMES.name}: run it in the full profile with "
             f"`python -m servelab.lab.notebook_runs {name}.ipynb --record-times`"
         )
-    return NotebookTime(name, prose_words(source), run, run_source, hands_on, predictions)
+    return NotebookTime(name, prose_words(source), run, run_source, hands_on, predictions, machine)
 
 
 def order_key(stem: str) -> tuple[int, int, str]:

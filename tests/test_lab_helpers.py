@@ -21,6 +21,7 @@ from servelab.lessons.expectations import (
     ExpectationLog,
     LabFault,
     Outcome,
+    PredictionError,
     condition,
     figure,
     measured,
@@ -182,8 +183,30 @@ def test_a_number_predicted_is_shown_with_the_number_measured_and_the_error_and_
         "No prediction made."
     )
     assert "No prediction made." in log.summary()
-    with pytest.raises(LabFault, match="measures none"):
-        log.record("queue grows", (held,), predicted=2.0).prediction_said()
+    recorded = len(log)
+    with pytest.raises(PredictionError, match="this check measures no number to compare 2.0 with: type True") as slip:
+        log.record("queue grows", (held,), predicted=2.0)
+    assert len(log) == recorded, "nothing of a refused prediction is kept"
+    assert isinstance(slip.value, ValueError) and not isinstance(slip.value, LabFault), "the student's slip"
+    assert slip.value._render_traceback_()[0].startswith("Your prediction for 'queue grows' was not recorded")
+
+
+@pytest.mark.parametrize(
+    ("predicted", "estimate", "said"),
+    [
+        (2, None, "measures no number to compare 2 with: type True if you expect it to hold, False if not"),
+        ([2.0], Estimate("the speedup", 1.5, "x"), "[2.0] is not a number it can compare: type a number, the "
+         "speedup (a ratio, such as 1.5); or True"),
+        (float("nan"), Estimate("the queue at c=16", 20.0, "ms"), "type a number, the queue at c=16, in ms"),
+    ],
+)  # fmt: skip
+def test_a_prediction_in_a_form_its_check_cannot_judge_says_which_form_to_type(predicted, estimate, said):
+    log = ExpectationLog()
+    with pytest.raises(PredictionError, match=re.escape(said)):
+        log.record(
+            "a claim", (condition("rises", True, measured("rate", 2.0)),), predicted=predicted, estimate=estimate
+        )
+    assert log == []
 
 
 def test_a_verdict_not_checked_without_a_reason_is_a_problem_of_the_lab():

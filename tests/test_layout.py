@@ -148,7 +148,7 @@ def lesson_of(module: str) -> str:
 
 
 def test_lessons_hold_the_shared_machinery_and_a_folder_per_lesson():
-    assert {path.name for path in LESSONS.glob("*.py")} == {"__init__.py", "expectations.py"}
+    assert {path.name for path in LESSONS.glob("*.py")} == {"__init__.py", "expectations.py", "predictions.py"}
     assert LESSON_FOLDERS, "no lesson folder found"
 
 
@@ -184,7 +184,7 @@ def test_a_lessons_checks_import_none_of_its_runs_or_views_and_no_lesson_another
         if lesson_of(module)
         for target in targets
         if target.startswith("servelab.lessons.")
-        and target != "servelab.lessons.expectations"
+        and target not in ("servelab.lessons.expectations", "servelab.lessons.predictions")
         and (
             lesson_of(target) != lesson_of(module)
             or (

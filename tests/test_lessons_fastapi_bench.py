@@ -314,3 +314,61 @@ def test_the_load_watch_shows_what_its_sampler_saw_in_words_and_plotted(capsys):
     assert "The whole machine: CPU" in capsys.readouterr().out
     assert plt.gcf().get_suptitle() == "Resources during fastapi_onnx, c=16"
     plt.close("all")
+
+
+def gpu_run(*utils_by_gpu: list[float], throughput_rps: float = 400.0, source: str = "nvml"):
+    gpus = [{"index": index, "name": "Tesla P100-PCIE-16GB", "util_percent": utils, "memory_used_mib": [900.0],
+             "memory_total_mib": 16280.0} for index, utils in enumerate(utils_by_gpu)]  # fmt: skip
+    series = {"t_s": [0.25, 0.5], "cpu_percent": [60.0, 70.0], "memory_percent": [10.0, 10.0], "gpus": gpus,
+              "gpu_source": source}  # fmt: skip
+    return synthetic_run("fastapi_onnx", 16, throughput_rps, 40.0, resources=series)
+
+
+def test_on_a_gpu_the_gpu_with_time_to_spare_holds_and_a_gpu_kept_busy_fails_with_its_reason():
+    held = fastapi_bench.gpu_has_time_to_spare(gpu_run([30.0, 50.0], [10.0, 10.0]), "cuda (Tesla P100-PCIE-16GB)")
+    assert outcomes(held) == [Outcome.HELD] and held.conditions[0].detail == "40% busy"
+    assert held.estimate is not None and held.estimate.value == 40.0  # the busiest GPU's mean: the number asked
+    busy = fastapi_bench.gpu_has_time_to_spare(gpu_run([95.0, 97.0]), "cuda (Tesla P100-PCIE-16GB)")
+    assert outcomes(busy) == [Outcome.NOT_HELD]
+    assert busy.reason.startswith("at 400 req/s, the busiest GPU ran a kernel 96% of the time, 2.40 ms per request")
+
+
+def test_the_gpu_check_is_not_checked_where_the_model_ran_on_the_cpu_or_no_gpu_was_read():
+    on_cpu = fastapi_bench.gpu_has_time_to_spare(gpu_run([0.0]), "cpu")
+    assert outcomes(on_cpu) == [Outcome.NOT_CHECKED] and "ran its model on cpu" in on_cpu.conditions[0].detail
+    unread = fastapi_bench.gpu_has_time_to_spare(gpu_run(source="no GPU found"), "cuda (Tesla P100-PCIE-16GB)")
+    assert outcomes(unread) == [Outcome.NOT_CHECKED] and "no GPU found" in unread.conditions[0].detail
+
+
+def test_on_a_gpu_plan_the_notebook_asks_no_thread_question_and_on_a_cpu_no_gpu_one():
+    """Notebook 4 on a GPU: what it prints asks the GPU's use, never the thread plans (their
+    predictions, Question 2, the slots x threads plot); on a CPU, the other way round."""
+    on_a_gpu = fastapi_bench.CorePlans("cuda (Tesla P100-PCIE-16GB)", cores=48)
+    said = on_a_gpu.describe() + "\n" + on_a_gpu.questions()
+    assert "predict where a cell says 'On a GPU'" in said and "leave the cells that say 'On a CPU'" in said
+    assert "How busy was the GPU" in said and "the latency and resources plots" in said
+    assert "thread plan served" not in said and "slots x threads" not in said
+    on_a_cpu = PLANS.describe() + "\n" + PLANS.questions()
+    assert "Predict them where a cell says 'On a CPU'" in on_a_cpu and "Which thread plan served worst" in on_a_cpu
+    assert "slots x threads plot" in on_a_cpu and "How busy was the GPU" not in on_a_cpu
+
+
+def test_notebook_4_on_a_gpu_runs_no_thread_plan_cell_and_its_time_counts_none():
+    """The cells of notebook 4 that set a thread plan's prediction, serve the plans or draw their plot
+    are its CPU-only cells (the time plan leaves them out on the GPU node); its GPU prediction's cell
+    is GPU-only; each thread check is recorded only where the plans ran, the GPU's only where none did."""
+    from servelab import time_plan
+
+    source = (paths.REPO_ROOT / "notebooks" / "4_fastapi_bench.py").read_text()
+    thread_work = ("predicted_crowded_rate", "predicted_every_core", "predicted_default_share",
+                   "lab.fastapi_variant(\"pt\", slots, threads)", "slots x threads per inference\")")  # fmt: skip
+    on_gpu, on_cpu = time_plan.code_cells(source, time_plan.GPU), time_plan.code_cells(source, time_plan.CPU)
+    assert not [work for work in thread_work if any(work in cell for cell in on_gpu)]
+    assert all(any(work in cell for cell in on_cpu) for work in thread_work)
+    assert any("predicted_gpu_use = None" in cell for cell in on_gpu)
+    assert not any("predicted_gpu_use" in cell for cell in on_cpu)
+    records = [cell for cell in time_plan.code_cells(source) if "fastapi_bench.crowded_threads_are_slower" in cell]
+    assert len(records) == 1 and records[0].lstrip().startswith("if plans.threads:")
+    (gpu_record,) = [cell for cell in on_gpu if "gpu_has_time_to_spare" in cell]
+    assert gpu_record.lstrip().startswith("if not plans.threads:")
+    assert time_plan.count_steps(source, time_plan.GPU)[1] == time_plan.count_steps(source, time_plan.CPU)[1] - 2

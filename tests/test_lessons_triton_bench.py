@@ -118,6 +118,9 @@ def test_onnx_against_python_at_one_client_is_judged_once_on_the_mean():
     )
     slower = triton_bench.onnx_beats_python(perf_run(25, 40), perf_run(33, 30), "1 GPU")
     assert outcomes(slower) == [Outcome.NOT_HELD] and "on 1 GPU" in slower.reason  # the JPEG upload was cheaper
+    # The ratio beside the verdict is the prediction's, the Python mean over the ONNX mean, either way.
+    assert faster.conditions[0].detail == "Python / ONNX = 1.50x" and "1.50x" in str(faster)
+    assert slower.conditions[0].detail == "Python / ONNX = 0.75x" and slower.estimate.value == 0.75
     assert triton_bench.onnx_beats_python(None, perf_run(33, 30), "cpu").outcome is Outcome.NOT_CHECKED
 
 
@@ -147,14 +150,39 @@ def test_the_queue_is_judged_only_where_requests_queued_without_batching():
         "75 req/s": poisson(75, 11, 4, 6),
         "100 req/s": poisson(100, 12, 3, 7),
     }
-    held = triton_bench.batching_shortens_the_queue(without, with_on)
+    held = triton_bench.batching_shortens_the_queue(without, with_on, "2 CPU cores")
     # 50 and 75 req/s queued 0.5 and 3 ms for 6 ms of compute: most requests found the instance
-    # idle, too little to judge (75's longer queue with batching is noise), and said so.
+    # idle, too little to judge (75's longer queue with batching is noise), and the claim says so.
     assert [part.text for part in held.conditions] == ["at 100 req/s, batching lowers the time in the queue"]
-    assert held.outcome is Outcome.HELD and "50 req/s" in held.reason and "75 req/s" in held.reason
+    assert held.outcome is Outcome.HELD and "left out" in held.claim
+    assert "50 req/s (0.50 ms queue, 6.00 ms compute), 75 req/s" in held.claim
     assert held.estimate is not None and held.estimate.value == 0.3  # at the highest rate: 3 ms against 10
-    longer = {**with_on, "100 req/s": poisson(100, 25, 12, 6)}
-    assert triton_bench.batching_shortens_the_queue(without, longer).outcome is Outcome.NOT_HELD
+    longer = {**with_on, "100 req/s": poisson(100, 25, 12, 6, batches={1: 10, 4: 30}, per_image={1: 6, 4: 6})}
+    failed = triton_bench.batching_shortens_the_queue(without, longer, "2 CPU cores")
+    assert failed.outcome is Outcome.NOT_HELD
+    assert failed.reason.startswith(
+        "at 100 req/s, a request waited 12.00 ms in the queue with batching against 10.00 ms without; in the "
+        "batches of 4 that served most images, an image cost 6.00 ms of compute against 6.00 ms alone (+0% saved)"
+    )
+
+
+@pytest.mark.parametrize("skipped_rates", [False, True])
+def test_a_queue_that_did_not_shorten_is_never_explained_as_not_judged(skipped_rates):
+    """Under DID NOT HOLD, the reason says why the judged rate's queue stayed, never that a rate was
+    not judged (the rates left out are in the claim, above the verdict)."""
+    without = {"100 req/s": poisson(100, 20, 10, 6)}
+    longer = {"100 req/s": poisson(100, 25, 12, 6)}  # only batches of 1 ran
+    if skipped_rates:
+        without, longer = (
+            {"50 req/s": poisson(50, 8, 0.5, 6), **without},
+            {"50 req/s": poisson(50, 8, 0.6, 6), **longer},
+        )
+    failed = triton_bench.batching_shortens_the_queue(without, longer, "2 CPU cores")
+    shown = str(failed)
+    assert failed.outcome is Outcome.NOT_HELD and "Why: at 100 req/s, a request waited 12.00 ms" in shown
+    assert "no batch larger than 1 ran on 2 CPU cores" in failed.reason
+    under_the_verdict = shown.split("DID NOT HOLD", 1)[1]
+    assert "not judged" not in under_the_verdict.lower() and "too little" not in under_the_verdict
 
 
 def test_with_no_queue_worth_shortening_the_queue_check_is_not_checked_rather_than_held():
@@ -210,6 +238,15 @@ def test_queueing_grows_with_the_clients_while_compute_stays():
     assert outcomes(held) == [Outcome.HELD] * 3
     assert held.conditions[0].detail == "+7.0 compute times"
     assert "2 CPU cores (2 cores)" in held.reason and "held 15.3 requests at a time" in held.reason
+
+
+def test_a_compute_that_fell_under_load_is_said_as_the_range_that_failed_the_condition():
+    """Notebook 6 on a busy machine: compute infer 57.9 ms at c=1, 38.5 at c=16 (highest / lowest
+    1.50). The reason under DID NOT HOLD names that range, not "from 57.9 to 57.9 ms"."""
+    slower_first = concurrency_runs((0.14, 282.9, 568.8), (57.9, 40.7, 38.5), (16.9, 24.4, 25.7))
+    failed = triton_bench.queueing_grows(slower_first, "2 CPU cores", 2)
+    assert outcomes(failed)[2] is Outcome.NOT_HELD and failed.conditions[2].detail == "highest / lowest = 1.50"
+    assert "compute infer ranged from 38.5 ms at c=16 to 57.9 ms at c=1" in failed.reason
 
 
 def test_queueing_fails_where_the_time_moves_into_compute_instead_of_the_queue():

@@ -24,7 +24,7 @@ import pytest
 from servelab import paths
 from servelab.lab import Lab, run_keeper
 from servelab.lab.notebook_runs import NOTEBOOKS, judging, sources
-from servelab.lessons.expectations import LabFault, condition, figure, measured
+from servelab.lessons.expectations import Expectation, LabFault, PredictionError, condition, figure, measured
 from servelab.profiles import profile
 from tests.helpers import synthetic_run
 
@@ -42,6 +42,21 @@ def test_a_clean_notebook_s_verdicts_pass(tmp_path, monkeypatch):
     lab.expect("ONNX is faster", condition("more requests per second", onnx.value > pt.value, pt, onnx))
     lab.expect("two nodes", condition("two", True, measured("nodes", 2)), must_hold=True)
     assert "HELD: ONNX is faster" in lab.verdicts()
+
+
+def test_a_prediction_typed_in_the_wrong_form_then_fixed_leaves_the_verdicts_clean(tmp_path, monkeypatch):
+    """A number where the check measures none is the student's slip: refused with the form to type,
+    nothing of it kept; the cell run again with the fixed prediction records the verdict once."""
+    lab = judging_lab(tmp_path, monkeypatch)
+    run = lab.keeper.keep(synthetic_run("fastapi_pt", throughput_rps=10.0), "fastapi_pt", time.time())
+    judged = Expectation("it serves", (condition("some requests", True, figure(run, "throughput_rps", "rate")),))
+    with pytest.raises(PredictionError, match="type True if you expect it to hold, False if not") as slip:
+        lab.record(judged, predicted=2.0)
+    assert not isinstance(slip.value, LabFault)
+    assert list(lab.expectations) == [], "the refused prediction is kept nowhere"
+    lab.record(judged, predicted=True)
+    summary = lab.verdicts()
+    assert summary.count("HELD: it serves") == 1 and "You predicted it would hold: right" in summary
 
 
 def test_a_verdict_whose_figure_is_not_in_its_table_raises(tmp_path, monkeypatch):

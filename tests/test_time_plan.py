@@ -48,6 +48,45 @@ def test_a_notebook_s_minutes_add_reading_running_and_hands_on(tmp_path):
     assert toy.minutes == pytest.approx(toy.reading_minutes + 2.0 + toy.hands_on_minutes)
 
 
+MACHINE_ONLY = """# %% [markdown]
+# # 4. A title
+
+# %%
+predicted_load = None  # asked everywhere
+
+# %% tags=["cpu_only"]
+predicted_threads = None  # on a CPU
+predicted_cores = None
+# Your turn: plans = ...
+### BEGIN SOLUTION
+plans = 4
+### END SOLUTION
+
+# %% tags=["gpu_only"]
+predicted_gpu_use = None  # on a GPU
+"""
+
+
+def test_a_notebook_s_cells_for_one_machine_count_only_on_that_machine_s_plan(tmp_path):
+    """Part 1 runs on the GPU node: a CPU-only cell's steps, predictions and recorded seconds are left
+    out of its time there, a GPU-only cell's counted; the other machine's time is stated beside it."""
+    assert time_plan.count_steps(MACHINE_ONLY, time_plan.GPU) == (0, 2)
+    assert time_plan.count_steps(MACHINE_ONLY, time_plan.CPU) == (1, 3)
+    (tmp_path / "4_toy.py").write_text(MACHINE_ONLY)
+    (tmp_path / "9_toy.py").write_text(MACHINE_ONLY.replace("# 4. A title", "# 9. A title"))
+    runs = {"seconds": 300, "cpu_only_seconds": 120, "date": "d", "machine": "m"}
+    (tmp_path / "run_times.json").write_text(json.dumps({"4_toy": runs, "9_toy": runs}))
+    node, anywhere = time_plan.plan(tmp_path)
+    assert (node.machine, node.run_minutes, node.hands_on, node.predictions) == (time_plan.GPU, 3.0, 0, 2)
+    assert node.run_source == "measured d, full profile, m, less its CPU-only cells' 120 s"
+    assert (anywhere.machine, anywhere.run_minutes, anywhere.hands_on, anywhere.predictions) == ("cpu", 5.0, 1, 3)
+    assert node.elsewhere == pytest.approx(node.reading_minutes + 5.0 + time_plan.HANDS_ON_MINUTES + 3)
+    assert f"hands-on; {round(node.elsewhere)} without a GPU; `python" in node.statement()
+    assert f"hands-on; {round(anywhere.elsewhere)} on a GPU; `python" in anywhere.statement()
+    plain = time_plan.notebook_time(tmp_path / "4_toy.py", {"4_toy": runs}, 12.5, time_plan.CPU)
+    assert plain.machine == time_plan.CPU and plain.run_minutes == 5.0
+
+
 def test_notebook_2_runs_as_long_as_the_node_takes_to_come_up_at_the_rate_given(tmp_path):
     (tmp_path / "2_bring_up_node.py").write_text(SOURCE)
     (slow,) = time_plan.plan(tmp_path, download_mb_per_s=5)
@@ -148,7 +187,25 @@ def test_a_run_time_is_recorded_by_notebook_in_order_and_only_in_the_full_profil
     notebook_runs.record_time("2_early.ipynb", 5.2, path)
     recorded = json.loads(path.read_text())
     assert list(recorded) == ["2_early", "10_last", "appendix_extra"] and recorded["10_last"]["seconds"] == 61
-    assert "CPU cores" in recorded["2_early"]["machine"]
+    assert "CPU cores" in recorded["2_early"]["machine"] and "cpu_only_seconds" not in recorded["2_early"]
+    notebook_runs.record_time("4_tagged.ipynb", 300.2, path, cpu_only_seconds=119.6)
+    assert json.loads(path.read_text())["4_tagged"]["cpu_only_seconds"] == 120
     monkeypatch.setattr(notebook_runs, "settings", lambda: SimpleNamespace(profile="quick"))
     with pytest.raises(SystemExit):
         notebook_runs.main(["3_fastapi.ipynb", "--record-times"])
+
+
+def test_the_seconds_of_a_notebook_s_cpu_only_cells_are_read_from_nbclient_s_timing():
+    import nbformat
+
+    def cell(tags, started, replied):
+        timing = {"iopub.execute_input": started, "shell.execute_reply": replied}
+        return nbformat.v4.new_code_cell("x = 1", metadata={"tags": tags, "execution": timing})
+
+    executed = nbformat.v4.new_notebook(cells=[
+        cell(["cpu_only"], "2026-12-01T10:00:00.000000Z", "2026-12-01T10:01:30.500000Z"),
+        cell([], "2026-12-01T10:01:31.000000Z", "2026-12-01T10:05:00.000000Z"),  # runs everywhere
+        cell(["cpu_only"], "2026-12-01T10:05:00.000000Z", "2026-12-01T10:05:10.000000Z"),
+        nbformat.v4.new_code_cell("y = 2", metadata={"tags": ["cpu_only"]}),  # never executed: no timing
+    ])  # fmt: skip
+    assert notebook_runs.seconds_of_tagged_cells(executed) == pytest.approx(100.5)

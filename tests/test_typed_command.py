@@ -46,6 +46,77 @@ def test_a_line_the_lab_will_not_run_says_what_to_change(line, said):
         typed_command.parse(line, MODELS)
 
 
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        (
+            "perf_analyzer -m food_classifier --concurrency-range 4 --measurement-request-count 20",
+            "ignore --measurement-request-count 20 in this line: .*add --measurement-mode count_windows",
+        ),
+        (
+            "perf_analyzer -m food_classifier --measurement-mode=time_windows --measurement-request-count=20",
+            "ignore --measurement-request-count 20 .*add --measurement-mode count_windows",
+        ),
+        (
+            "perf_analyzer -m food_classifier --measurement-mode count_windows -p 2000",
+            "ignore -p 2000 .*--measurement-request-count requests are done: give that instead",
+        ),
+        (
+            "perf_analyzer -m food_classifier --measurement-mode count_windows --measurement-interval=2000",
+            "ignore --measurement-interval 2000 .*--measurement-request-count",
+        ),
+        (
+            "perf_analyzer -m food_classifier --concurrency-range 4 --request-distribution poisson",
+            "ignore --request-distribution poisson .*add --request-rate-range",
+        ),
+        (
+            "perf_analyzer -m food_sequence --num-of-sequences 3",
+            "ignore --num-of-sequences 3 .*add --request-rate-range",
+        ),
+        (
+            "perf_analyzer -m food_classifier --request-period 5",
+            "ignore --request-period 5 .*--periodic-concurrency-range",
+        ),
+        (
+            "perf_analyzer -m food_classifier --concurrency-range 1:8:4 --max-threads 2",
+            "ignore --max-threads 2 .*add -a",
+        ),
+        ("perf_analyzer -m food_classifier -i grpc -H Auth:x", "ignore -H Auth:x .*HTTP requests only"),
+        ("perf_analyzer -m food_classifier -i grpc --input-tensor-format json", "ignore --input-tensor-format json"),
+        ("perf_analyzer -m food_classifier --string-data x --string-length 4", "ignore --string-length 4"),
+        ("perf_analyzer -m food_classifier --input-data data.json --string-data x", "ignore --string-data x"),
+        (
+            "perf_analyzer -m food_classifier --model-signature-name serve",
+            "ignore --model-signature-name serve .*tfserving",
+        ),
+    ],
+)
+def test_a_line_with_an_option_perf_analyzer_would_ignore_says_what_to_type_instead(line, said):
+    with pytest.raises(TypedCommandError, match=f"perf_analyzer would {said}"):
+        typed_command.parse(line, [*MODELS, "food_sequence"], sequence_models=["food_sequence"])
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "perf_analyzer -m food_classifier --concurrency-range 4 --measurement-mode count_windows "
+        "--measurement-request-count 20",
+        "perf_analyzer -m food_classifier --measurement-interval 2000",
+        "perf_analyzer -m food_classifier --measurement-mode time_windows -p 2000",
+        "perf_analyzer -m food_classifier --request-rate-range 20 --request-distribution poisson",
+        "perf_analyzer -m food_sequence --request-rate-range 20 --num-of-sequences 3",
+        "perf_analyzer -m food_classifier --concurrency-range 1:8:4 -a --max-threads 2",
+        "perf_analyzer -m food_classifier --concurrency-range 4 --max-threads 2",
+        "perf_analyzer -m food_sequence --concurrency-range 1:8:4 --max-threads 2",
+        "perf_analyzer -m food_classifier -H Auth:x",
+        "perf_analyzer -m food_classifier --input-data random --string-length 4",
+    ],
+)
+def test_the_same_options_where_they_take_effect_pass(line):
+    typed = typed_command.parse(line, [*MODELS, "food_sequence"], sequence_models=["food_sequence"])
+    assert typed.arguments == line.split()[1:]
+
+
 def settled(lab: Lab, line: str) -> list:
     """The typed line's runs; tried up to three times, as the lab's own perf is, while perf_analyzer's
     windows do not agree on a busy machine (a student sees that message and runs it again)."""
@@ -76,7 +147,9 @@ def test_a_typed_line_runs_against_the_lab_s_triton_and_each_load_level_is_kept(
     assert "Request concurrency: 2" in capsys.readouterr().out, "perf_analyzer's own output, as it printed it"
     assert lab.results == runs
     # The Python-backend model takes the photo's bytes: the lab adds the sample as its input data.
-    (photo,) = settled(lab, "perf_analyzer -m food_classifier --measurement-request-count 10")
+    (photo,) = settled(
+        lab, "perf_analyzer -m food_classifier --measurement-mode count_windows --measurement-request-count 10"
+    )
     assert "--input-data" in photo.command and photo.throughput_rps > 0
     # A line that sets no stability gets the lab's own, and says so.
     assert photo.command[-4:-2] == ["--stability-percentage", f"{triton_side.STABILITY:g}"]

@@ -118,7 +118,8 @@ class Lab(Measuring):
     @classmethod
     def connect(cls, notebook: str = "unnamed", triton: bool = True) -> Lab:
         """Connect to the lab's services; locally, `triton=False` starts FastAPI only (faster).
-        `notebook` (the notebook's file name without .ipynb) names the file its runs are saved to."""
+        `notebook` (the notebook's file name without .ipynb) names the file its runs are saved to.
+        Every model Triton serves with an earlier notebook's edit is put back as shipped."""
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
         chosen = profile(settings().profile)
         services = current_services()
@@ -129,6 +130,8 @@ class Lab(Measuring):
             )
         lab = cls._compose(chosen, notebook, triton) if services == "compose" else cls._local(chosen, triton, notebook)
         print(lab.describe())
+        if lab.triton_http and lab.repository is not None:
+            lab.triton.restore_shipped_configs()  # never an earlier notebook's edit (notebook 6's 8 instances)
         return lab
 
     @classmethod
@@ -317,13 +320,16 @@ class Lab(Measuring):
         figures (servelab.lessons.expectations.condition); `reason` says why it may not hold here.
         `must_hold`: a claim about what the lab's software does, not about speed, which `verdicts`
         reports as a fault of the lab where it did not hold. `predicted`: the student's prediction,
-        written before the run (True/False: it holds; or words; None: left empty), shown beside the verdict."""
+        written before the run (True/False: it holds; or words; None: left empty), shown beside the verdict.
+        A prediction in a form the check cannot judge raises a PredictionError saying which form to
+        type, and nothing of it is recorded (servelab.lessons.predictions)."""
         return self.expectations.record(claim, conditions, reason, must_hold, predicted)
 
     def record(self, expectation: Expectation, predicted: Prediction = NOT_ASKED) -> Expectation:
         """Record an expectation a lesson's check built and judged (servelab.lessons), as `expect`
         does, with the student's prediction beside it: a number where the check measures one (its
-        `estimate`), shown with the measured number and the error; None where it was left empty."""
+        `estimate`), shown with the measured number and the error; None where it was left empty. One
+        in a form the check cannot judge is refused, as in `expect`."""
         return self.expectations.record(
             expectation.claim,
             expectation.conditions,

@@ -5,7 +5,8 @@ instructor runs the full profile and reads what each cell printed.
     python -m servelab.lab.notebook_runs appendix_triton_crash.ipynb    # an appendix runs the same way
 
 With `--record-times` (full profile only), each notebook that passes has its run time written to
-notebooks/run_times.json, where the time plan reads it (servelab.time_plan).
+notebooks/run_times.json, where the time plan reads it (servelab.time_plan), with the seconds its
+CPU-only cells took apart (`cpu_only_seconds`: the cells tagged `cpu_only`, which a GPU skips).
 
 A notebook is executed from the top in a fresh kernel (nbclient), each cell within the limit its
 metadata gives (`execution.timeout`, written by scripts/build_notebooks.py, as nbmake reads it).
@@ -57,8 +58,9 @@ def judging(folder: Path = NOTEBOOKS) -> list[str]:
     )
 
 
-def run_notebook(name: str, executed_to: Path | None = None) -> None:
-    """Execute notebooks/`name` from the top; a failing cell (a verdict's LabFault included) raises
+def run_notebook(name: str, executed_to: Path | None = None):
+    """Execute notebooks/`name` from the top, and return it with its outputs and each cell's timing
+    (nbclient's, in the cell's metadata); a failing cell (a verdict's LabFault included) raises
     nbclient's error, which names the cell and quotes its traceback. With `executed_to`, the
     notebook with its outputs is written there, also when a cell fails."""
     import nbformat
@@ -77,6 +79,21 @@ def run_notebook(name: str, executed_to: Path | None = None) -> None:
         if executed_to is not None:
             executed_to.mkdir(parents=True, exist_ok=True)
             nbformat.write(notebook, executed_to / name)
+    return notebook
+
+
+def seconds_of_tagged_cells(notebook, tag: str = time_plan.ONLY_ON[time_plan.CPU]) -> float:
+    """The seconds the cells tagged `tag` took to run, from the timing nbclient wrote in each
+    executed cell's metadata (from its input reaching the kernel to the kernel's reply)."""
+    total = 0.0
+    for cell in notebook.cells:
+        timing = cell.get("metadata", {}).get("execution", {})
+        if tag in cell.get("metadata", {}).get("tags", []) and {"iopub.execute_input", "shell.execute_reply"} <= set(
+            timing
+        ):
+            started = datetime.datetime.fromisoformat(timing["iopub.execute_input"])
+            total += (datetime.datetime.fromisoformat(timing["shell.execute_reply"]) - started).total_seconds()
+    return total
 
 
 def machine() -> str:
@@ -88,13 +105,15 @@ def machine() -> str:
     )
 
 
-def record_time(name: str, seconds: float, path: Path = time_plan.RUN_TIMES) -> None:
-    """Write a full-profile run time of notebook `name` (its file name) where the time plan reads it."""
+def record_time(name: str, seconds: float, path: Path = time_plan.RUN_TIMES, cpu_only_seconds: float = 0) -> None:
+    """Write a full-profile run time of notebook `name` (its file name) where the time plan reads it,
+    with the seconds of its CPU-only cells apart where it has some."""
     recorded = time_plan.run_times(path)
     recorded[Path(name).stem] = {
         "seconds": round(seconds),
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
+        **({"cpu_only_seconds": round(cpu_only_seconds)} if cpu_only_seconds else {}),
     }
     path.write_text(json.dumps(dict(sorted(recorded.items(), key=lambda item: order(item[0]))), indent=1) + "\n")
 
@@ -114,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         print(f"--- {name}: running", file=sys.stderr, flush=True)
         try:
-            run_notebook(name, executed_to=args.executed_to)
+            executed = run_notebook(name, executed_to=args.executed_to)
         except Exception as exc:  # a failing cell: nbclient's message names it and quotes the traceback
             print(f"FAILED {name} ({time.monotonic() - started:.0f} s): {exc}", file=sys.stderr, flush=True)
             failed.append(name)
@@ -122,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         took = time.monotonic() - started
         print(f"PASSED {name} ({took:.0f} s)", file=sys.stderr, flush=True)
         if args.record_times:
-            record_time(name, took)
+            record_time(name, took, cpu_only_seconds=seconds_of_tagged_cells(executed))
     print(f"{len(args.notebooks) - len(failed)} passed, {len(failed)} failed", flush=True)
     return 1 if failed else 0
 

@@ -1,7 +1,8 @@
 """What the lab's Triton serves, and how a notebook changes it: the config as shipped
 (`lab.triton.config(model)`), what the server reports it runs (`served_config`, `served_on`,
 `served_instances`), and an edit applied as a diff and a reload of that one model, which says
-how many instances now serve it (`apply_config`; `restore_config`, back to the config as shipped);
+how many instances now serve it (`apply_config`; `restore_config`, back to the config as shipped;
+`restore_shipped_configs`, every model an earlier notebook left edited, which Lab.connect calls);
 the server's release and log level.
 
 `ServedConfigs` is a part of `TritonSide` (servelab.lab.triton_side), which it is mixed into: it
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import tritonclient.http as triton_http
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from servelab.report.summaries import listed
@@ -126,3 +128,45 @@ class ServedConfigs:
     def restore_config(self, model: str) -> int:
         """Back to the config as shipped; how many instances Triton now serves (see `apply_config`)."""
         return self.apply_config(model, self.config(model))
+
+    def left_edited(self) -> dict[str, str]:
+        """The models whose served config is not the one as shipped (a notebook before left an edit
+        in place: notebook 6's eight instances), each with what differs: its file in the repository,
+        or what Triton reports it runs (its instances, dynamic batching)."""
+        if self.repository is None:
+            return {}
+        client = triton_http.InferenceServerClient(self.address)
+        ready = {entry["name"] for entry in client.get_model_repository_index() if entry.get("state") == "READY"}
+        edited = {}
+        for model in self.models:
+            staged = self.repository / model.name / "config.pbtxt"
+            if model.name not in ready or not staged.is_file():
+                continue  # not served: nothing of it to measure, nor to put back
+            shipped = triton_local.served_config(model, model.config, staged.parent, self.server)
+            expected = (self._instances(shipped), shipped.proto.HasField("dynamic_batching"))
+            served = (self.served_instances(model.name), "dynamic_batching" in self.served_config(model.name))
+            said = f"Triton serves {served[0]} instance(s){', dynamic batching' if served[1] else ''}"
+            if staged.read_text() != shipped.text:
+                edited[model.name] = f"its config.pbtxt is an edit ({said})"
+            elif served != expected:
+                edited[model.name] = said
+        return edited
+
+    def _instances(self, config: TritonConfig) -> int:
+        """How many instances Triton runs for `config`: `count` on each GPU a group lists, or on each
+        of the server's GPUs where a GPU group lists none."""
+        gpu = model_config_pb2.ModelInstanceGroup.KIND_GPU
+        return sum(
+            group.count * (len(group.gpus) or (self.server.gpus if group.kind == gpu else 1) or 1)
+            for group in config.proto.instance_group
+        )
+
+    def restore_shipped_configs(self) -> list[str]:
+        """Put every model Triton serves with an edit (`left_edited`) back to its config as shipped,
+        saying so; the models put back. Lab.connect calls it, so that a notebook's first runs
+        measure the models as shipped whatever an earlier notebook left."""
+        edited = self.left_edited()
+        for model, what in edited.items():
+            print(f"{model}: {what}, left by an earlier notebook; back to the config as shipped.")
+            self.restore_config(model)
+        return list(edited)

@@ -237,7 +237,8 @@ class TritonSide(ServedConfigs):
         percentage (STABILITY) where the line gives none, its output printed as perf_analyzer wrote
         it, and each load level of its report kept as a run. A line the lab will not run raises
         TypedCommandError saying what to change; perf_analyzer's own failure raises with its message."""
-        typed = typed_command.parse(line, self.models.names())
+        sequence_models = [model.name for model in self.models if model.stateful]
+        typed = typed_command.parse(line, self.models.names(), sequence_models)
         if self.http is None or (typed.protocol == "grpc" and self.grpc is None):
             raise RuntimeError(f"This notebook has no Triton over {typed.protocol}: connect with Lab.connect().")
         if not {"--input-data", "--shape"} & {word.partition("=")[0] for word in typed.arguments}:

@@ -36,6 +36,16 @@ from enum import Enum
 from typing import Any
 
 from servelab.environment import machine_info
+from servelab.lessons.predictions import (  # noqa: F401 (AnswerError, NotAsked: the checks import them from here)
+    NOT_ASKED,
+    AnswerError,
+    Estimate,
+    NotAsked,
+    Prediction,
+    PredictionError,
+    checked_prediction,
+    prediction_said,
+)
 from servelab.measure.resources import summarize
 from servelab.results import RunResult, saved_fields
 from servelab.service.cores import available_cores
@@ -105,8 +115,8 @@ def read(result: RunResult, field: str) -> float:
     """One figure of a run: an attribute ("throughput_rps"), a nested one ("latency.p50_ms",
     "triton_stats.avg_batch_size"), Triton's breakdown ("server_ms(queue)"), or what
     `resources.summarize` reports of the run's resources ("resources.cpu_percent_mean",
-    "resources.processes.food_classifier_0_0"), or a FastAPI service's own stage times over the run
-    ("service_stats.stage_mean_ms.download")."""
+    "resources.processes.food_classifier_0_0", "resources.gpus.0.util_percent_mean"), or a FastAPI
+    service's own stage times over the run ("service_stats.stage_mean_ms.download")."""
     if match := re.fullmatch(r"server_ms\((\w+)\)", field):
         return result.server_ms(match.group(1))
     head, _, rest = field.partition(".")
@@ -120,6 +130,8 @@ def read(result: RunResult, field: str) -> float:
         if isinstance(value, dict):
             # A batch size is an int key in a run as measured, a string once saved as JSON.
             value = value[int(part)] if part not in value and part.isdigit() else value[part]
+        elif isinstance(value, list):  # a GPU of the run's resources, by its place ("resources.gpus.0...")
+            value = value[int(part)]
         else:
             value = getattr(value, part)
     return float(value)
@@ -176,29 +188,6 @@ def unless(premise: bool, why: str, judged: Condition) -> Condition:
     return judged if premise else not_checked(judged.text, why, *judged.figures)
 
 
-class NotAsked(Enum):
-    """`predicted` where the lesson asked for no prediction (None: asked, and left empty)."""
-
-    NOT_ASKED = "not asked"
-
-
-NOT_ASKED = NotAsked.NOT_ASKED
-Prediction = bool | float | str | None | NotAsked
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """The number a check lets the student predict (the speedup of 4 instances over 1), as this run
-    measured it: computed from the check's own figures (NaN where they are missing)."""
-
-    what: str
-    value: float
-    unit: str = ""  # "x" for a ratio, else a unit: "ms", "req/s"
-
-    def shown(self, value: float) -> str:
-        return f"x{value:.3g}" if self.unit == "x" else f"{value:.3g} {self.unit}".rstrip()
-
-
 @dataclass(frozen=True)
 class Expectation:
     claim: str
@@ -229,33 +218,13 @@ class Expectation:
 
     def prediction_said(self) -> str:
         """The student's prediction beside the outcome (empty where the lesson asked for none)."""
-        if self.predicted is NOT_ASKED:
-            return ""
-        if self.predicted is None:
-            return "No prediction made."
-        if isinstance(self.predicted, int | float) and not isinstance(self.predicted, bool):
-            return self._number_said(float(self.predicted))
-        if isinstance(self.predicted, str):
-            return f"Your prediction: {self.predicted}" if self.predicted.strip() else "Your prediction: (none written)"
-        guess = "it would hold" if self.predicted else "it would not hold"
-        if self.outcome is Outcome.NOT_CHECKED:
-            return f"You predicted {guess}: not checked here, so neither right nor wrong"
-        right = self.predicted == (self.outcome is Outcome.HELD)
-        return f"You predicted {guess}: {'right' if right else 'wrong'}"
-
-    def _number_said(self, predicted: float) -> str:
-        if self.estimate is None:
-            raise LabFault(f"a number was predicted for {self.claim!r}, whose check measures none to compare it with")
-        said = f"You predicted {self.estimate.what}: {self.estimate.shown(predicted)}"
-        measured = self.estimate.value
-        if not math.isfinite(measured):
-            return f"{said}; not measured here, so neither right nor wrong"
-        off = f"off by {predicted / measured - 1:+.0%}" if measured else f"off by {predicted - measured:+.3g}"
-        return f"{said}; measured {self.estimate.shown(measured)}: {off}"
+        held = None if self.outcome is Outcome.NOT_CHECKED else self.outcome is Outcome.HELD
+        return prediction_said(self.claim, self.predicted, self.estimate, held)
 
 
 class ExpectationLog(list):
-    """Every expectation a notebook recorded, in order."""
+    """Every expectation a notebook recorded, in order. A prediction typed in a form its check cannot
+    judge (`checked_prediction`) raises a PredictionError, and nothing of it is recorded."""
 
     def record(
         self,
@@ -266,6 +235,7 @@ class ExpectationLog(list):
         predicted: Prediction = NOT_ASKED,
         estimate: Estimate | None = None,
     ) -> Expectation:
+        predicted = checked_prediction(claim, predicted, estimate)
         expectation = Expectation(claim, tuple(conditions), reason, must_hold, predicted, estimate)
         self.append(expectation)
         print(expectation)
@@ -290,14 +260,6 @@ class ExpectationLog(list):
     def figures(self) -> list[Figure]:
         """Every figure every verdict used."""
         return [item for expectation in self for part in expectation.conditions for item in part.figures]
-
-
-class AnswerError(ValueError):
-    """Answers typed that a check cannot judge (a count typed twice): the message says what to change,
-    and IPython shows it instead of a traceback."""
-
-    def _render_traceback_(self) -> list[str]:
-        return str(self).splitlines()
 
 
 class LabFault(RuntimeError):

@@ -7,12 +7,15 @@ The line is perf_analyzer's own syntax; the lab adds only where the server is (`
 Triton for the protocol chosen with `-i`) and where the report goes (`-f`), and refuses a line
 that sets either itself: a load test aims at the lab's server, on 127.0.0.1, nothing else. Every
 other option goes to perf_analyzer unchanged, and perf_analyzer's own message says what is wrong
-with one it does not know.
+with one it does not know. perf_analyzer runs, without a word, a line with an option that its CLI
+guide (docs/cli.md) says it ignores beside another (`--measurement-request-count` in the default
+time windows): the lab refuses such a line and says what to type for the option to take effect.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +38,119 @@ THE_LABS = {
 
 class TypedCommandError(ValueError):
     """A typed command line the lab will not run, with what to change."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a typed line sets: each option's value (`values`), and every option named (`named`,
+    flags too), by the spelling typed."""
+
+    values: dict[str, str]
+    named: set[str]
+    stateful: bool  # the model is sequence-batched: perf_analyzer then runs it asynchronously
+
+    def given(self, spellings: tuple[str, ...]) -> str | None:
+        """The spelling of `spellings` the line uses, if any."""
+        return next((name for name in spellings if name in self.named), None)
+
+    def value(self, spellings: tuple[str, ...]) -> str | None:
+        return _first(self.values, spellings)
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """An option perf_analyzer ignores where `applies` holds (its CLI guide says so), and what to
+    type instead."""
+
+    spellings: tuple[str, ...]
+    applies: Callable[[Options], bool]
+    instead: str
+
+
+def _count_windows(options: Options) -> bool:
+    return options.value(("--measurement-mode",)) == "count_windows"
+
+
+def _synchronous_with_an_end(options: Options) -> bool:
+    asynchronous = options.given(("-a", "--async")) or (options.stateful and not options.given(("--sync",)))
+    return not asynchronous and ":" in (options.value(("--concurrency-range",)) or "")
+
+
+def _json_or_folder_data(options: Options) -> bool:
+    return options.value(("--input-data",)) not in (None, "zero", "random")
+
+
+IGNORED = (
+    Ignored(
+        ("--measurement-request-count",),
+        lambda options: not _count_windows(options),
+        "it counts requests only in count windows: add --measurement-mode count_windows (the default, "
+        "time_windows, measures for --measurement-interval ms)",
+    ),
+    Ignored(
+        ("-p", "--measurement-interval"),
+        _count_windows,
+        "count windows last until --measurement-request-count requests are done: give that instead, or drop "
+        "--measurement-mode count_windows",
+    ),
+    Ignored(
+        ("--request-distribution",),
+        lambda options: not options.given(RATE),
+        "it spaces requests only at a request rate: add --request-rate-range, or drop it",
+    ),
+    Ignored(
+        ("--num-of-sequences",),
+        lambda options: not options.given(RATE),
+        "it sets the live sequences only at a request rate: add --request-rate-range (at a concurrency, each "
+        "request in flight is its own sequence)",
+    ),
+    Ignored(
+        ("--request-period",),
+        lambda options: not options.given(("--periodic-concurrency-range",)),
+        "it paces only --periodic-concurrency-range: add that, or drop it",
+    ),
+    Ignored(
+        ("--max-threads",),
+        _synchronous_with_an_end,
+        "in synchronous mode with a --concurrency-range that has an end, perf_analyzer starts one thread per "
+        "client: add -a (asynchronous mode), or drop it",
+    ),
+    Ignored(
+        ("-H",),
+        lambda options: options.value(PROTOCOL) == "grpc",
+        "headers go with HTTP requests only: drop -i grpc, or drop -H",
+    ),
+    Ignored(
+        ("--input-tensor-format", "--output-tensor-format"),
+        lambda options: options.value(PROTOCOL) == "grpc",
+        "tensor formats apply over HTTP only: drop -i grpc, or drop the format",
+    ),
+    Ignored(
+        ("--string-length",),
+        lambda options: bool(options.given(("--string-data",)) or _json_or_folder_data(options)),
+        "the strings come from --string-data or --input-data: drop --string-length, or them",
+    ),
+    Ignored(
+        ("--string-data",),
+        _json_or_folder_data,
+        "the strings come from the --input-data file: drop one of the two",
+    ),
+    Ignored(
+        ("--model-signature-name",),
+        lambda options: options.value(("--service-kind",)) != "tfserving",
+        "a signature name is for TensorFlow Serving (--service-kind tfserving), not Triton: drop it",
+    ),
+)
+
+
+def _refuse_ignored(options: Options) -> None:
+    """Refuse a line with an option perf_analyzer would ignore beside the others, saying what to type."""
+    for rule in IGNORED:
+        name = options.given(rule.spellings)
+        if name is not None and rule.applies(options):
+            value = options.values.get(name)
+            typed = f"{name} {value}" if value is not None else name
+            raise TypedCommandError(f"perf_analyzer would ignore {typed} in this line: {rule.instead}")
 
 
 @dataclass(frozen=True)
@@ -65,9 +181,10 @@ def _first(values: dict[str, str], spellings: tuple[str, ...]) -> str | None:
     return next((values[name] for name in spellings if name in values), None)
 
 
-def parse(line: str, models: list[str]) -> TypedCommand:
-    """Check a typed line: perf_analyzer, one of `models`, a protocol the lab serves, and neither
-    of the options the lab sets. A line that fails says what to change."""
+def parse(line: str, models: list[str], sequence_models: Collection[str] = ()) -> TypedCommand:
+    """Check a typed line: perf_analyzer, one of `models` (`sequence_models` among them are
+    sequence-batched), a protocol the lab serves, neither of the options the lab sets, and no
+    option that perf_analyzer would ignore beside the others. A line that fails says what to change."""
     try:
         words = shlex.split(line)
     except ValueError as unparsable:
@@ -96,6 +213,8 @@ def parse(line: str, models: list[str]) -> TypedCommand:
     except ValueError:
         raise TypedCommandError(f"-b {batch} / --request-rate-range {rate}: give numbers") from None
     distribution = _first(values, DISTRIBUTION) or "constant"
+    named = {word.partition("=")[0] for word in arguments if word.startswith("-")}
+    _refuse_ignored(Options(values, named, model in sequence_models))
     return TypedCommand(arguments, model, protocol, batch_size, request_rate, distribution)
 
 

@@ -2,11 +2,13 @@
 
 - `checks`: GourmetGram's labels for its samples (`samples_get_their_labels`), PyTorch against
   ONNX Runtime (`runtime_comparison`), one user against sixteen (`queueing_under_load`,
-  `health_stays_out_of_the_queue`), and processes (`processes_follow_the_plan`);
+  `health_stays_out_of_the_queue`, and on a GPU `gpu_has_time_to_spare`), and processes
+  (`processes_follow_the_plan`);
 - `checks_threads`: the thread plans, alone and under load (`crowded_threads_are_slower`,
   `every_core_serves_one_faster`, `elastic_default_near_the_best`);
 - `runs`: the plans the runs are served with (`CorePlans`: the thread plans, none on a GPU, and the
-  services' plan of processes, for the cores the notebook may use);
+  services' plan of processes, for the cores the notebook may use), and so what the notebook asks
+  on this machine (its `describe` and `questions`);
 - `experiment`: the watch kept beside the 16-sender run (`LoadWatch`), which shows what it sampled;
 - `views`: what /openapi.json says about /predict (`describe_predict`) and a run's resources in
   words (`usage_text`).
@@ -18,6 +20,7 @@ folder's name (`fastapi_bench.runtime_comparison`).
 
 from servelab.lessons.fastapi_bench.checks import (
     SAMPLE_LABELS,
+    gpu_has_time_to_spare,
     health_stays_out_of_the_queue,
     processes_follow_the_plan,
     queueing_under_load,
@@ -41,6 +44,7 @@ __all__ = [
     "describe_predict",
     "elastic_default_near_the_best",
     "every_core_serves_one_faster",
+    "gpu_has_time_to_spare",
     "health_check_ms",
     "health_stays_out_of_the_queue",
     "listening_pids",

@@ -1,6 +1,6 @@
 """Notebook 4's checks, the thread plans' aside (checks_threads): GourmetGram's labels for its
-samples, PyTorch against ONNX Runtime, one user against sixteen (and /health beside them), and
-processes.
+samples, PyTorch against ONNX Runtime, one user against sixteen (and /health beside them, and on a
+GPU its use), and processes.
 
 The FastAPI services time each stage of a request themselves (their /metrics, read around a run
 into `RunResult.service_stats`), so a claim about where a request's time went is judged on the
@@ -25,9 +25,11 @@ from servelab.lessons.expectations import (
     figure,
     machine_hardware,
     measured,
+    not_checked,
     unless,
 )
 from servelab.lessons.fastapi_bench.runs import CorePlans
+from servelab.measure.resources import summarize
 from servelab.results import RunResult
 
 # GourmetGram's bundled samples (gourmetgram/static/samples), by file name, and the Food-11 class
@@ -256,4 +258,42 @@ def processes_follow_the_plan(one: RunResult, several: RunResult, processes: int
         (unless(processes > 1, f"{processes} process(es) tried: the same setting as one, nothing to compare", part),),
         reason=f"on {cores} core(s), {processes} processes served x{gain:.2f} of one process's throughput",
         estimate=Estimate(f"the requests per second of {processes} processes over 1", gain, "x"),
+    )
+
+
+# nvidia-smi's use of a GPU is the share of time any kernel ran, however little of it the kernel
+# filled: under this, the GPU spent a tenth of the run or more with nothing to do.
+GPU_SPARE_PERCENT = 90.0
+
+
+def gpu_has_time_to_spare(loaded: RunResult, device: str) -> Expectation:
+    """On a GPU, with one image per model call, the senders keep the slots busy but not the GPU:
+    over the run under load (`loaded`, its resources sampled), even the busiest GPU ran a kernel
+    less than GPU_SPARE_PERCENT of the time on average. A plausible wrong outcome: a model call
+    slow enough on the GPU (a small GPU, a large model) that the slots keep it busy, where more
+    slots or processes only queue on it. NOT CHECKED where the service ran on the CPU (`device`,
+    its /health), or where no GPU was read during the run (the sampler says why)."""
+    usage = summarize(loaded.resources) if loaded.resources else {"gpus": [], "gpu_source": "no resources sampled"}
+    gpus = [
+        figure(loaded, f"resources.gpus.{place}.util_percent_mean", f"GPU {gpu['index']} ({gpu['name']}) use")
+        for place, gpu in enumerate(usage["gpus"])
+    ]
+    busiest = max(gpus, key=lambda gpu: gpu.value if math.isfinite(gpu.value) else -1.0, default=None)
+    busy = busiest.value if busiest is not None else math.nan
+    rate = figure(loaded, "throughput_rps", f"{loaded.concurrency} senders")
+    text = f"the GPU had time to spare: under {GPU_SPARE_PERCENT:.0f}% busy on average (the busiest GPU)"
+    if not device.startswith("cuda"):
+        judged = not_checked(text, f"the service ran its model on {device}: the GPU had nothing of it to do", rate)
+    elif busiest is None or not math.isfinite(busy):
+        judged = not_checked(text, f"no GPU use was read during the run ({usage['gpu_source']})", rate, *gpus)
+    else:
+        judged = condition(text, busy < GPU_SPARE_PERCENT, *gpus, rate, detail=f"{busy:.0f}% busy")
+    return Expectation(
+        "with one image per model call, the GPU waits between images while requests wait for a slot",
+        (judged,),
+        reason=f"at {rate.value:.0f} req/s, the busiest GPU ran a kernel {busy:.0f}% of the time, "
+        f"{10 * busy / rate.value if rate.value else math.nan:.2f} ms per request: each model call kept it busy "
+        "that long. nvidia-smi counts the time any kernel runs, however little of the GPU it fills, so even a GPU "
+        "busy by that count may have room for a batch",
+        estimate=Estimate("the busiest GPU's mean use during the run", busy, "%"),
     )

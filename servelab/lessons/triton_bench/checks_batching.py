@@ -27,10 +27,16 @@ def _queued_enough(off: RunResult) -> bool:
     return off.server_ms("queue") >= off.server_ms("compute_infer")
 
 
-def batching_shortens_the_queue(without: dict[str, RunResult | None], with_batching: dict[str, RunResult | None]):
+def batching_shortens_the_queue(
+    without: dict[str, RunResult | None], with_batching: dict[str, RunResult | None], hardware: str | None = None
+):
     """At each rate where requests queued without batching (a mean wait at least as long as the
-    compute time), they wait less in Triton's queue with dynamic batching on."""
-    conditions, skipped = [], []
+    compute time), they wait less in Triton's queue with dynamic batching on. The rates that queued
+    less are named in the claim, not judged. The reason, shown where a rate's queue did not shorten,
+    reads that rate's queue with and without batching and what an image cost in a batch against
+    alone (Triton's statistics): where a batch saves nothing, a batch takes as long as its requests
+    one after another. `hardware`: read from the machine where a notebook leaves it out."""
+    conditions, skipped, longer = [], [], []
     for name, off in without.items():
         on = with_batching.get(name)
         if off is None or on is None:
@@ -44,8 +50,11 @@ def batching_shortens_the_queue(without: dict[str, RunResult | None], with_batch
             )
             continue
         queue_off, queue_on = figure(off, "server_ms(queue)", "queue off"), figure(on, "server_ms(queue)", "queue on")
+        if not queue_on.value < queue_off.value:
+            longer.append(name)
         conditions.append(condition(f"at {name}, batching lowers the time in the queue",
                                     queue_on.value < queue_off.value, queue_off, queue_on))  # fmt: skip
+    claim = "where requests queue, dynamic batching shortens the time they wait"
     if not conditions:
         conditions.append(
             not_checked(
@@ -53,17 +62,52 @@ def batching_shortens_the_queue(without: dict[str, RunResult | None], with_batch
                 "without batching, no rate queued enough to judge: " + ", ".join(skipped),
             )
         )
+    elif skipped:
+        claim += " (left out, queueing less than a compute time without batching: " + ", ".join(skipped) + ")"
     highest = list(without)[-1]
     wait_off, wait_on = (figure(runs.get(highest), "server_ms(queue)", "") for runs in (without, with_batching))
     return Expectation(
-        "where requests queue, dynamic batching shortens the time they wait",
+        claim,
         tuple(conditions),
-        reason="not judged, too little queueing without batching: " + ", ".join(skipped) if skipped else "",
+        reason=_why_the_queue_stayed(longer[0], without, with_batching, hardware or machine_hardware())
+        if longer
+        else "",
         estimate=Estimate(
             f"the time in the queue at {highest} with batching, as a share of it without",
             wait_on.value / wait_off.value if wait_off.value else NOT_MEASURED,
             "x",
         ),
+    )
+
+
+def _why_the_queue_stayed(
+    name: str, without: dict[str, RunResult | None], with_batching: dict[str, RunResult | None], hardware: str
+) -> str:
+    """Why the queue at rate `name` did not shorten with batching, from that rate's runs: the two
+    queues, and what an image cost in a batch against alone (Triton's statistics)."""
+    off, on = without[name], with_batching[name]
+    assert off is not None and on is not None, "a rate judged had both runs"
+    queues = (
+        f"at {name}, a request waited {on.server_ms('queue'):.2f} ms in the queue with batching against "
+        f"{off.server_ms('queue'):.2f} ms without"
+    )
+    if not on.triton_stats:
+        return f"{queues} on {hardware} (Triton's statistics of the run with batching, its batches, were not read)"
+    size, in_batch = batch_cost(on)
+    if size == 1:
+        return f"{queues}, and no batch larger than 1 ran on {hardware}: requests rarely met in the queue"
+    alone = figure(off if off.triton_stats else None, "triton_stats.compute_ms_per_inference", "compute alone")
+    saving = 1 - in_batch.value / alone.value
+    return (
+        f"{queues}; in the batches of {size} that served most images, an image cost {in_batch.value:.2f} ms of "
+        f"compute against {alone.value:.2f} ms alone ({saving:+.0%} saved) on {hardware}: "
+        + (
+            "a batch takes about as long as its requests one after another, so a request waits for the batch "
+            "ahead of it about as long as it waited for the requests ahead"
+            if not saving > 0.2
+            else "a batch is cheaper per image, so what remains is the time a request waits for the batch running "
+            "ahead of it, and the spread of the arrivals"
+        )
     )
 
 

@@ -210,7 +210,7 @@ def onnx_beats_python(onnx: RunResult | None, python: RunResult | None, hardware
                 onnx_ms.value < python_ms.value,
                 onnx_ms,
                 python_ms,
-                detail=f"x{onnx_ms.value / python_ms.value:.2f}",
+                detail=f"Python / ONNX = {python_ms.value / onnx_ms.value:.2f}x",
             ),
         ),
         reason=f"on {hardware}, a request to the ONNX model spent {onnx_compute:.1f} ms in its compute infer and "

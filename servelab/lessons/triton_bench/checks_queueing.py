@@ -92,14 +92,16 @@ def queueing_grows(
         )
     )
     waiting = busiest.throughput_rps * busiest.server_ms("queue") / 1000 if busiest is not None else math.nan
+    measured_at = [count for count in runs if math.isfinite(infer[count].value)] or [fewest]
+    low, high = (pick(measured_at, key=lambda count: infer[count].value) for pick in (min, max))
     return Expectation(
         "queueing delay grows with concurrency while compute infer stays about the same",
         (*grows, flat),
-        reason=f"perf_analyzer and the server share {hardware} ({cores} cores): compute infer went from "
-        f"{computes[0]:.1f} ms at c={fewest} to {max(computes):.1f} ms at its highest (a hypothesis, not measured "
-        "here: perf_analyzer's own work, and the model's decoding of the images, compete with the model for the "
-        f"cores); at c={most}, Triton held {held:.1f} requests at a time on average, {waiting:.1f} of them in its "
-        "queue",
+        reason=f"perf_analyzer and the server share {hardware} ({cores} cores): compute infer ranged from "
+        f"{infer[low].value:.1f} ms at c={low} to {infer[high].value:.1f} ms at c={high} (a hypothesis, not "
+        "measured here: perf_analyzer's own work, the model's decoding of the images and the machine's other work "
+        f"compete with the model for the cores, more during some runs than others); at c={most}, Triton held "
+        f"{held:.1f} requests at a time on average, {waiting:.1f} of them in its queue",
         estimate=Estimate(f"the time in Triton's queue at c={most}", queue[most].value, "ms"),
     )
 
