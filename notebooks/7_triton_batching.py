@@ -113,7 +113,7 @@ print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()[
 # Users arrive on their own schedule, sometimes in clumps. perf_analyzer runs **open loop** here
 # (`rate`: requests at an average rate, whether or not answers came back), evenly spaced
 # (`constant`) or at random (`poisson`). One ONNX instance, as shipped. The original lab's rates
-# suited its two P100 GPUs, so `lab.triton.capacity` measures one instance's capacity here and
+# suited one ONNX instance on one P100, so `lab.triton.capacity` measures one instance's capacity here and
 # `lab.triton.scale_rates` keeps the rates' shares of it.
 #
 # **Expectation.** At the same average rate, Poisson arrivals queue more than evenly spaced ones:

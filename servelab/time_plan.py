@@ -19,7 +19,8 @@ cells are left out, and so are the seconds the CPU-only cells took in the record
 machine's minutes too.
 
     python -m servelab.time_plan            # the plan, notebook by notebook, and the two parts
-    python -m servelab.time_plan --write    # write each notebook's time into its first cell
+    python -m servelab.time_plan --write    # write each notebook's time into its first cell, and
+                                            # the plan into docs/time-plan.md, where the docs link
 
 Standard library only: notebook 1 runs on Chameleon's own Jupyter server, where none of the lab's
 other packages are installed.
@@ -39,6 +40,8 @@ from servelab import node_plan
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 RUN_TIMES = NOTEBOOKS / "run_times.json"
+# The plan as the docs show it: the one place its figures are written, which README and the guides link to.
+PLAN_PAGE = NOTEBOOKS.parent / "docs" / "time-plan.md"
 
 READING_WORDS_PER_MINUTE = 200
 # Stated allowances, not measured: doing a step (typing a command or an edit, running it, reading
@@ -315,22 +318,45 @@ def disagreements(times: list[NotebookTime], folder: Path = NOTEBOOKS) -> list[s
     return problems
 
 
+def plan_page(times: list[NotebookTime]) -> str:
+    """The whole plan as a Markdown page: part 1 against the lease, part 2, the appendices."""
+    lines = [
+        "# The time plan",
+        "",
+        "Written by `python -m servelab.time_plan --write` from each notebook's words, its recorded",
+        "full-profile run time (`notebooks/run_times.json`) and its steps, and for notebook 2 from the",
+        "node's planned set-up (`servelab/node_plan.py`): edit those, never this page.",
+        "",
+        f"## Part 1, in the lease (notebooks {PART_1.start}-{PART_1.stop - 1})",
+        "",
+        lease_table(times),
+        "",
+        f"## Part 2, anywhere (notebooks {PART_2.start}-{PART_2.stop - 1}): {part_minutes(times, PART_2):.0f} minutes",
+        "",
+    ]
+    lines += [f"- {time.name}: {time.minutes:.0f} min ({time.run_source})" for time in times if time.number in PART_2]
+    appendices = [time for time in times if time.number is None]
+    if appendices:
+        lines += ["", "## Optional"]
+        lines += ["", *(f"- {time.name}: {time.minutes:.0f} min ({time.run_source})" for time in appendices)]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m servelab.time_plan", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true", help="write each notebook's time into its first cell")
+    parser.add_argument(
+        "--write", action="store_true", help=f"write each notebook's time into its first cell, and {PLAN_PAGE.name}"
+    )
     args = parser.parse_args(argv)
     times = plan()
-    print(lease_table(times))
-    print(f"\nPart 2 (notebooks 8-11, anywhere): {part_minutes(times, PART_2):.0f} minutes")
-    for time in times:
-        if time.number in PART_2:
-            print(f"- {time.name}: {time.minutes:.0f} min ({time.run_source})")
-    for time in times:
-        if time.number is None:
-            print(f"Appendix, optional: {time.name}, {time.minutes:.0f} min ({time.run_source})")
+    page = plan_page(times)
+    print(page, end="")
     if args.write:
         for name in write_statements(times):
             print(f"wrote the time of {name}", file=sys.stderr)
+        if not PLAN_PAGE.is_file() or PLAN_PAGE.read_text() != page:
+            PLAN_PAGE.write_text(page)
+            print(f"wrote {PLAN_PAGE.relative_to(NOTEBOOKS.parent)}", file=sys.stderr)
     return 0
 
 

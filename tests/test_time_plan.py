@@ -145,27 +145,19 @@ def test_part_1_fits_the_lease_with_half_an_hour_to_spare():
     assert time_plan.part_1_minutes(slower, 5) > time_plan.part_1_minutes(times)
 
 
-def test_the_readme_and_the_chameleon_guide_state_the_plan_s_current_totals():
-    """Their figures of the lease come from the plan; a notebook's new run time that moves them
-    must move the prose too (`python -m servelab.time_plan` prints them)."""
-    import re
-
+def test_the_plan_page_is_the_plan_and_the_guides_link_to_it_without_restating_it():
+    """docs/time-plan.md is the one place the plan's figures are written (`--write` makes it); README
+    and the Chameleon guide link to it rather than state its totals, which would go stale."""
     from servelab import paths
 
     times = time_plan.plan()
-    part_1 = time_plan.part_1_minutes(times)
-    part_2 = time_plan.part_minutes(times, time_plan.PART_2)
-    left = node_plan.LEASE_MINUTES - part_1
-    readme = " ".join((paths.REPO_ROOT / "README.md").read_text().split())
-    said = re.search(
-        r"Part 1 \(notebooks 0-7\) takes (\d+) of the lease's 180 minutes, part 2 \(8-11\) another (\d+)", readme
-    )
-    assert said, "README.md no longer says how long parts 1 and 2 take"
-    assert (int(said[1]), int(said[2])) == (round(part_1), round(part_2)), time_plan.lease_table(times)
-    guide = " ".join((paths.REPO_ROOT / "docs" / "chameleon.md").read_text().split())
-    said = re.search(r"part 1 takes (\d+) of the lease's 180 minutes, leaving (\d+)", guide)
-    assert said, "docs/chameleon.md no longer says how long part 1 takes"
-    assert (int(said[1]), int(said[2])) == (round(part_1), round(left)), time_plan.lease_table(times)
+    assert time_plan.PLAN_PAGE.read_text() == time_plan.plan_page(times), "run `python -m servelab.time_plan --write`"
+    part_1 = f"{time_plan.part_1_minutes(times):.0f}"
+    assert f"**part 1, total** | | | | **{part_1}**" in time_plan.PLAN_PAGE.read_text()
+    for guide in (paths.REPO_ROOT / "README.md", paths.REPO_ROOT / "docs" / "chameleon.md"):
+        text = " ".join(guide.read_text().split())
+        assert "time-plan.md" in text, f"{guide.name} does not link to the plan"
+        assert "of the lease's 180 minutes" not in text, f"{guide.name} restates the plan's totals"
 
 
 def test_notebook_5_waits_for_what_triton_s_build_takes_beyond_notebooks_3_and_4():

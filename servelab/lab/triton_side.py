@@ -320,7 +320,7 @@ class TritonSide(ServedConfigs):
 
     def scale_rates(self, reference: list[float], capacity: Capacity) -> list[float]:
         """`reference`, the request rates of an experiment written for one machine (the original
-        lab's, for two P100 GPUs), as the same shares of `capacity`, the capacity measured in this
+        lab's: one ONNX instance on one P100, GPU 0), as the same shares of `capacity`, the capacity measured in this
         run, the highest at TOP_LOAD of it: the experiment keeps its shape (light load to near
         saturation) on a CPU and on any GPU. Prints what it did, from the run's own figures."""
         rates = rates_at_capacity(reference, capacity.rps)
@@ -328,8 +328,8 @@ class TritonSide(ServedConfigs):
         written, scaled = listed([f"{rate:g}" for rate in reference]), listed([f"{rate:g}" for rate in rates])
         shares = listed([f"{rate / capacity.rps:.0%}" for rate in rates])
         print(
-            f"The rates {written} req/s were written for the original lab's two P100 GPUs. Here {capacity.model} "
-            f"({capacity.configuration}) runs on {self.served_on(capacity.model)} of a Triton server with "
+            f"The rates {written} req/s were written for the original lab's one ONNX instance on one P100. "
+            f"Here {capacity.model} ({capacity.configuration}) runs on {self.served_on(capacity.model)} of a Triton server with "
             f"{self.server.describe()}, and its capacity measured in this run is {capacity.rps:.1f} req/s: as "
             f"written, the rates would offer {min(as_written):.0%} to {max(as_written):.0%} of it. Scaled to keep "
             f"their shares of the highest, with the highest at {TOP_LOAD:.0%} of that capacity, they are {scaled} "
