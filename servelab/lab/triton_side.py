@@ -329,10 +329,11 @@ class TritonSide(ServedConfigs):
         shares = listed([f"{rate / capacity.rps:.0%}" for rate in rates])
         print(
             f"The rates {written} req/s were written for the original lab's one ONNX instance on one P100. "
-            f"Here {capacity.model} ({capacity.configuration}) runs on {self.served_on(capacity.model)} of a Triton server with "
-            f"{self.server.describe()}, and its capacity measured in this run is {capacity.rps:.1f} req/s: as "
-            f"written, the rates would offer {min(as_written):.0%} to {max(as_written):.0%} of it. Scaled to keep "
-            f"their shares of the highest, with the highest at {TOP_LOAD:.0%} of that capacity, they are {scaled} "
+            f"Here {capacity.model} ({capacity.configuration}) runs on {self.served_on(capacity.model)} "
+            f"of a Triton server with {self.server.describe()}, and its capacity measured in this run is "
+            f"{capacity.rps:.1f} req/s: as written, the rates would offer {min(as_written):.0%} to "
+            f"{max(as_written):.0%} of it. Scaled to keep their shares of the highest, with the highest at "
+            f"{TOP_LOAD:.0%} of that capacity, they are {scaled} "
             f"req/s ({shares} of it)."
         )
         return rates
