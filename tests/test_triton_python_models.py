@@ -203,6 +203,7 @@ def test_a_model_whose_first_inference_fails_on_the_cpu_does_not_start(built_art
     assert backend.lines == []  # it never says it started
 
 
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider' is not in available provider names")
 def test_an_onnx_runtime_without_a_cuda_provider_runs_food_refine_on_the_cpu_saying_so(
     built_artifacts, backend, monkeypatch
 ):
