@@ -546,8 +546,8 @@ def test_the_triton_image_stages_the_repository_for_its_server_and_pins_the_rele
     assert {"tritonclient[grpc]==2.51.0", "numpy<2"} <= set(EXTRAS["triton"])
     # The model files of the torch image, staged by the start (servelab.triton.container).
     assert ("ENV", f"SERVELAB_ARTIFACTS_DIR={MODEL_FILES_IN_THE_TORCH_IMAGE}") in instructions
-    # The whole package, not servelab/service alone: the models import servelab.triton.model_instance.
-    assert ("COPY", "servelab /src/servelab") in instructions
+    # The whole package, not servelab/service alone, for the start; the model module the models import.
+    assert ("COPY", "servelab /src/servelab") in instructions and ("COPY", "food11.py /src/") in instructions
 
 
 def test_the_jupyter_image_has_the_virtualenv_s_client_and_runs_as_the_clone_s_owner():

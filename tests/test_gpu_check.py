@@ -75,17 +75,18 @@ def test_onnx_runtime_is_without_a_gpu_exactly_when_its_build_has_no_cuda_provid
 
 
 TRITON_LINE = (
-    'I1126 03:08:17.841862 29326 model.py:71] "food_classifier instance food_classifier_0_{n} on {device}, '
-    'first inference 3.1 ms, max_batch_size 16; threads: 1 inference slot(s), 16 thread(s) each"'
+    'I1126 03:08:17.841862 29326 model.py:99] "food_classifier instance food_classifier_0_{n} on {device}, '
+    "first inference 3.1 ms, max_batch_size 16; threads: 8 thread(s) each, 2 instance(s) on 16 core(s) (the cores "
+    'divided by the instances)"'
 )
 
 
 @pytest.mark.parametrize(
     "devices, asked, status, words",
     [
-        (["cuda:0 (NVIDIA H200) (torch 2.11.0+cu130)"] * 2, "cuda", PASS, "2 instance(s) on cuda:0"),
-        (["cpu (torch 2.11.0+cu130), INSTEAD OF THE GPU ASKED FOR (cuda:0)"], "cuda", FAIL, "INSTEAD OF THE GPU"),
-        (["cuda:0 (NVIDIA H200) (torch 2.11.0+cu130)", "cpu (torch 2.11.0)"], "cuda", FAIL, "food_classifier_0_1"),
+        (["cuda:0 (NVIDIA H200, torch 2.11.0+cu130)"] * 2, "cuda", PASS, "2 instance(s) on cuda:0"),
+        (["cpu (torch 2.11.0+cu130, INSTEAD OF THE GPU ASKED FOR (cuda:0))"], "cuda", FAIL, "INSTEAD OF THE GPU"),
+        (["cuda:0 (NVIDIA H200, torch 2.11.0+cu130)", "cpu (torch 2.11.0)"], "cuda", FAIL, "food_classifier_0_1"),
         ([], "cuda", FAIL, "no food_classifier instance said where it runs"),
         (["cpu (torch 2.14.1)"], "cpu", PASS, "the CPU as asked"),
     ],

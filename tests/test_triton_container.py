@@ -17,7 +17,7 @@ from servelab.service.hardware import Hardware
 from servelab.triton import container as triton_container
 from servelab.triton.config import TritonConfig
 from servelab.triton.models import ModelRepository, model_file_places
-from servelab.triton.server import StagingError
+from servelab.triton.server import ONNX_RUNNER_SOURCE, StagingError
 
 
 @pytest.fixture
@@ -179,9 +179,12 @@ def lab_modules_run_by(roots: list[Path]) -> dict[str, Path]:
 
 
 def test_what_triton_s_image_runs_uses_nothing_newer_than_its_python():
-    roots = [paths.REPO_ROOT / "servelab" / "triton" / "container.py", *paths.MODELS_STAGING_DIR.glob("*/1/model.py")]
+    models = [*paths.MODELS_STAGING_DIR.glob("*/1/model.py"), ONNX_RUNNER_SOURCE]
+    roots = [paths.REPO_ROOT / "servelab" / "triton" / "container.py", *models]
     modules = lab_modules_run_by(roots)
-    assert {"servelab.triton.model_instance", "food11", "servelab.settings"} <= set(modules)
+    assert {"food11", "servelab.settings", "servelab.triton.server"} <= set(modules)
+    # The models import the model module and nothing else of the lab's (the start uses the package).
+    assert len(models) == 4 and set(lab_modules_run_by(models)) == {"food11"}
     files = [*roots, *modules.values()]
     newer = {str(file): used for file in files if (used := newer_than_the_image(file.read_text()))}
     assert newer == {}, f"Python 3.11 only, where Triton's image runs Python 3.10: {newer}"

@@ -55,8 +55,9 @@ def runtime_versions(endpoints: Endpoints) -> dict:
 
 
 def thread_plan_of(setup: ServedSetup, endpoints: Endpoints) -> str:
-    """How `setup` uses the cores, as served now: FastAPI says so in /health; a Triton model's
-    instances each compute their plan with servelab/cores.py, as done here, and log it."""
+    """How `setup` uses the cores, as served now: FastAPI says so in /health; each instance of a
+    Triton model takes the cores divided by the model's instances (its model.py), as done here, and
+    logs it."""
     try:
         if not setup.model:
             return requests.get(f"{address(setup, endpoints)}/health", timeout=5).json()["threads"]
@@ -66,7 +67,8 @@ def thread_plan_of(setup: ServedSetup, endpoints: Endpoints) -> str:
         return f"unknown ({type(exc).__name__}: {exc})"
     instances = sum(group["count"] * max(1, len(group.get("gpus") or [])) for group in groups)
     device = "cpu" if all(group.get("kind") == "KIND_CPU" for group in groups) else "cuda"
-    return thread_plan(slots=instances, device=device, given_by=f"{instances} instance(s)").describe()
+    threads = max(1, available_cores() // instances)
+    return thread_plan(slots=instances, threads=threads, device=device, given_by=f"{instances} instance(s)").describe()
 
 
 @contextlib.contextmanager

@@ -8,9 +8,9 @@
 - `stats`: Triton's statistics around a run (queue, compute, batch sizes);
 - `perf_analyzer`: the real perf_analyzer, its command shown with its results;
 - `container`: the Triton container's start in the Compose project;
-- `onnx_model`: the Python-backend model that runs a model.onnx with ONNX Runtime;
-- `model_instance`: the set-up every Python-backend model of the lab does as Triton starts an
-  instance (its device, its threads), imported by the models in the server's Python.
+- `onnx_model`: the Python-backend model that runs a model.onnx with ONNX Runtime, staged as a
+  model's model.py where the server has no onnxruntime backend (it runs in the server's Python and,
+  like the models of models_staging/, imports nothing of servelab).
 
 May import: service and the foundation modules.
 """

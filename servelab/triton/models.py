@@ -44,7 +44,7 @@ class LabEntry:
     description: str
     image_request: str | None = None  # IMAGE_FILE or PREPROCESSED; None: not a photo classifier
     # Model files `make artifacts` places in the version folder: file name -> what it is
-    # ("pytorch weights" or "onnx graph"). The code a model.py imports is the installed servelab.service.
+    # ("pytorch weights" or "onnx graph"). The code a model.py imports is its runtime's and food11.py.
     artifacts: Mapping[str, str] = field(default_factory=dict)
     weights_file: str | None = None  # the artifact whose weights record the served config reports
 

@@ -92,13 +92,14 @@ class StagedModel:
 
 def site_packages_prelude() -> str:
     """The first lines of a locally staged model.py: the lab's virtualenv first on sys.path, with
-    its .pth files read (servelab is installed editable there), for the backend's interpreter,
-    which ignores PYTHONPATH."""
+    its .pth files read, for the backend's interpreter, which ignores PYTHONPATH. The models import
+    their runtime from there, and food11, the model module, which the virtualenv installs editable
+    (a .pth file's finder)."""
     purelib = sysconfig.get_paths()["purelib"]
     return (
         "# Added by servelab for the local stack: the pip-installed Triton runs model.py in an isolated\n"
         "# interpreter that ignores PYTHONPATH, so the lab's virtualenv is put first on sys.path here,\n"
-        "# with its .pth files read (servelab is installed editable there).\n"
+        "# with its .pth files read (food11.py, the model module, is installed editable there).\n"
         f"import site, sys; sys.path.insert(0, {purelib!r}); site.addsitedir({purelib!r})  # noqa: E401, E702\n"
     )
 

@@ -280,8 +280,9 @@ _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 def stage_times_us(metrics_text: str, model: str) -> dict[tuple[str, str], float]:
     """The time `model` spent in each of its own stages, by (stage, process), in microseconds since
-    each instance's process started: Triton's custom metric lab_model_stage_us, which a model that
-    times its stages reports (servelab.triton.model_instance.StageClock). Empty for a model that does not."""
+    each instance's process started: Triton's custom metric lab_model_stage_us, labelled by model, stage
+    and process, which a model that times its stages reports (food_classifier's model.py). Empty for a
+    model that does not."""
     found = {}
     for labels_text, value in _STAGE_SAMPLE.findall(metrics_text):
         labels = dict(_LABEL.findall(labels_text))

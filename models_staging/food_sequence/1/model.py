@@ -23,7 +23,7 @@ computed, the state is dropped, and the answer is a CANCELLED error, since there
 classification to return.
 
 Each execute logs one line per kind of event with its count ("food_sequence: evicted 3
-sequence(s) ..."), which servelab.triton.stats.sequence_events counts.
+sequence(s) ..."), which the lab counts from the log.
 """
 
 import json
@@ -35,13 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
+from torchvision.models import mobilenet_v2
 
-from food11 import LABELS, InvalidImageError, decode_base64_image, preprocess, softmax
-
-# Labels and preprocessing, where PyTorch runs, and the set-up every instance of the lab's
-# Python-backend models does: the lab's package (servelab), installed in the server's Python.
-from servelab.service.devices import torch_model
-from servelab.triton.model_instance import set_up_instance
+from food11 import IMAGE_SIZE, LABELS, InvalidImageError, decode_base64_image, preprocess, softmax
 
 # Lost sequences whose reason is remembered, beyond the state capacity: enough for every
 # sequence a lesson runs, and a bound on memory however many sequences come and go.
@@ -74,6 +70,22 @@ def positive_parameter(config, key):
     return value
 
 
+def usable_cores():
+    """The cores this process may use: its CPU affinity, capped by a container's CPU quota."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as cpu_max:  # "<quota> <period>", or "max <period>": no quota
+            quota, period = cpu_max.read().split()
+        return max(1, min(cores, int(quota) // int(period)))
+    except (OSError, ValueError):
+        return cores
+
+
+def reason(exc):
+    """A runtime's error in one line (PyTorch's CUDA errors span several)."""
+    return " / ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
 def control(request, name):
     return bool(pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0])
 
@@ -91,16 +103,70 @@ class TritonPythonModel:
         self.sequence_timeout_s = positive_parameter(config, "sequence_timeout_s")
         self.states = OrderedDict()  # sequence ID -> SequenceState, least recently used first
         self.lost = OrderedDict()  # sequence ID -> why it lost its state (the error message)
-        # Device and threads as in food_classifier: the GPU Triton gave this instance, proved by
-        # one inference there, or the CPU, whose cores the instances share out elastically.
-        weights_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
-        self.instance = set_up_instance(args, config, pb_utils.Logger, lambda device: torch_model(weights_file, device))
-        self.model = self.instance.model
-        torch.set_num_threads(self.instance.plan.threads)
-        self.instance.log_started(
-            f"on {self.instance.placement.describe()}, state capacity {self.capacity} sequences, idle timeout "
-            f"{self.idle_timeout_s:g} s, sequence timeout {self.sequence_timeout_s:g} s"
+        instance = args["model_instance_name"]
+
+        # Threads, as in food_classifier: each instance is a process with its own team of PyTorch
+        # threads, and gets the cores divided by the config's instances (a KIND_GPU group runs its
+        # count on every GPU it lists), at least one; INFERENCE_THREADS in the server's
+        # environment sets the threads per instance instead.
+        cores = usable_cores()
+        instances = sum(group["count"] * max(1, len(group.get("gpus", []))) for group in config["instance_group"])
+        setting = os.environ.get("INFERENCE_THREADS", "").strip()
+        if setting and not (setting.isdigit() and int(setting) >= 1):
+            raise pb_utils.TritonModelException(
+                f"INFERENCE_THREADS={setting!r}: set it to a whole number of threads per instance, or unset it."
+            )
+        threads = int(setting) if setting else max(1, cores // instances)
+        torch.set_num_threads(threads)  # Triton calls initialize and execute on the same thread
+
+        # The device Triton gave this instance, proved by one inference of a blank image there (a
+        # PyTorch without code for the GPU moves the model there and fails at its first inference);
+        # where the GPU fails, the CPU, with a warning that says why.
+        torch.backends.cudnn.allow_tf32 = False  # full FP32 on every GPU: answers as the CPU's
+        asked = f"cuda:{args['model_instance_device_id']}" if args["model_instance_kind"] == "GPU" else "cpu"
+        weights = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
+        self.device, first_ms = asked, None
+        if asked != "cpu":
+            try:
+                first_ms = self._load(weights)
+            except Exception as exc:  # no driver, no code for this GPU, its memory full...
+                pb_utils.Logger.log_warn(
+                    f"{self.name} instance {instance}: asked PyTorch for {asked}, runs on the CPU instead. "
+                    f"Its reason: {reason(exc)}"
+                )
+                self.device = "cpu"
+        if first_ms is None:
+            first_ms = self._load(weights)
+        where = f"torch {torch.__version__}"
+        if self.device != "cpu":
+            where = f"{torch.cuda.get_device_name(self.device)}, {where}"
+        elif asked != "cpu":
+            where += f", INSTEAD OF THE GPU ASKED FOR ({asked})"
+
+        plan = f"{threads} thread(s) each, {instances} instance(s) on {cores} core(s)"
+        plan += " (set by INFERENCE_THREADS)" if setting else " (the cores divided by the instances)"
+        log = pb_utils.Logger.log_info
+        if threads * instances > cores:
+            log, plan = pb_utils.Logger.log_warn, plan + ": MORE THREADS THAN CORES, so the instances slow each other"
+        log(
+            f"{self.name} instance {instance} on {self.device} ({where}), first inference {first_ms:.1f} ms, "
+            f"state capacity {self.capacity} sequences, idle timeout {self.idle_timeout_s:g} s, sequence timeout "
+            f"{self.sequence_timeout_s:g} s; threads: {plan}"
         )
+
+    def _load(self, weights):
+        """Load MobileNetV2 with the Food-11 weights on self.device; the time of one blank inference there, in ms."""
+        model = mobilenet_v2(num_classes=len(LABELS))
+        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))  # no pickled code runs
+        self.model = model.to(self.device).eval()
+        started = time.perf_counter()
+        self._forward(np.zeros((1, 3, IMAGE_SIZE, IMAGE_SIZE), np.float32))
+        return (time.perf_counter() - started) * 1000
+
+    def _forward(self, batch):
+        """Logits [N, 11] of a float32 batch [N, 3, 224, 224], back on the CPU."""
+        with torch.inference_mode():
+            return self.model(torch.from_numpy(batch).to(self.device)).float().cpu().numpy()
 
     # ---- state -------------------------------------------------------------------------------
 
@@ -175,11 +241,6 @@ class TritonPythonModel:
     # ---- inference ---------------------------------------------------------------------------
 
     def execute(self, requests):
-        with self.instance.threads_at_work() as threads:  # decoding counts as work too
-            torch.set_num_threads(threads)
-            return self._answer(requests)
-
-    def _answer(self, requests):
         now = time.monotonic()
         events = Counter()
         self._expire_idle(now, events)
@@ -220,7 +281,7 @@ class TritonPythonModel:
                 computed.append((index, state, frame))
 
         if computed:
-            probabilities = softmax(self.model(np.stack([frame for *_, frame in computed])).astype(np.float64))
+            probabilities = softmax(self._forward(np.stack([frame for *_, frame in computed])).astype(np.float64))
             for (index, state, _), frame_probabilities in zip(computed, probabilities, strict=True):
                 responses[index] = self._add_frame(state, frame_probabilities)
         # After END, Triton refuses the sequence's next frame itself, so the state can go now.
@@ -256,6 +317,3 @@ class TritonPythonModel:
                 pb_utils.Logger.log_info(f"{self.name}: {kind} {events[kind]} sequence(s) ({detail})")
         if events["refused"]:
             pb_utils.Logger.log_info(f"{self.name}: refused {events['refused']} request(s) of sequences without state")
-
-    def finalize(self):
-        self.instance.close()

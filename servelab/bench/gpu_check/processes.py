@@ -247,8 +247,8 @@ def triton_service(
             return f"{binary} ({found_in}) is here, but {numpy_2}"
         server = Hardware(gpus=1 if device == "cuda" else 0, cores=available_cores(), backends=(PYTHON_BACKEND,))
         # The staged model.py runs in the backend's own interpreter, which ignores PYTHONPATH: it is
-        # given this Python's packages (torch), servelab from this working tree (not installed on a bare
-        # machine), and first of all the folders of `model_path` (a numpy 1.x for the wheel's stub).
+        # given this Python's packages (torch), food11.py from this working tree (not installed on a
+        # bare machine), and first of all the folders of `model_path` (a numpy 1.x for the wheel's stub).
         prelude = triton_server.site_packages_prelude() + f"sys.path.insert(0, {str(paths.REPO_ROOT)!r})\n"
         prelude += "".join(f"sys.path.insert(0, {entry!r})\n" for entry in reversed(model_path))
         repository = work_dir / "models"
