@@ -11,11 +11,10 @@
 #
 # How each engine hears that a client left:
 #
-# - **FastAPI**: a task waits for `http.disconnect`, the ASGI message (ASGI: how a Python server
-#   talks to its app) a server receives when the client closes the connection; the handler looks
-#   at each stage boundary (before preprocessing, while waiting for a slot, before inference).
-#   uvicorn never cancels a handler by itself (`predict_api.py`, `client_gone.py`).
-#   `ABANDON_ON_DISCONNECT=off` turns it off.
+# - **FastAPI**: the handler also waits for `http.disconnect`, the ASGI message (ASGI: how a Python
+#   server talks to its app) a server receives when the client closes the connection; a job still in
+#   the slots' queue then leaves it, and a slot looks before decoding and before inference (`in_a_slot`
+#   in `fastapi_onnx/app.py`). `ABANDON_ON_DISCONNECT=off` turns it off.
 # - **Triton over gRPC**: the client cancels the call. Triton fails a cancelled request not yet
 #   at the model; the lab's models check `request.is_cancelled()` once, before inference, and
 #   answer CANCELLED. Either way nothing is computed. Triton 2.51, the lab's release, can crash
@@ -131,15 +130,16 @@ experiment.requests("ray_serve, 1 replica", serve.url)
 # as the steps go. Served three ways:
 #
 # - **FastAPI**, `POST /refine`: NDJSON (newline-delimited JSON: one JSON object per line), a line
-#   per step. Each step is a job in the predict slots' queue, so streams take turns step by step;
-#   before each, the stream's task checks for `http.disconnect`, and a step still waiting leaves
-#   the queue (`refine_api.py`). `ABANDON_ON_DISCONNECT=off` computes every step anyway.
+#   per step. A stream takes one slot for all its steps, as Triton's instance does below; before
+#   each step the slot looks whether its client has gone (`refinement`). `ABANDON_ON_DISCONNECT=off`
+#   computes every step anyway.
 # - **Triton**, `food_refine`: a *decoupled* Python-backend model (one request, many responses),
 #   read over gRPC streaming; its one instance streams one request at a time. After each step it
 #   asks `response_sender.is_cancelled()`. The config parameter `abandon_on_cancel: "off"` computes
 #   every step anyway.
-# - **Ray Serve**: the same `/refine`. The proxy cancels the handler at its next `await`; with
-#   `ABANDON_ON_DISCONNECT=off` the steps go on in the stream's own task, which that does not reach.
+# - **Ray Serve**: the same `/refine`, fastapi_onnx's app in a replica. The proxy cancels the
+#   response at its next `await`, which tells the slot's thread; with `ABANDON_ON_DISCONNECT=off`
+#   the steps go on in the slot anyway.
 #
 # LLM engines (vLLM, TensorRT-LLM) do the same inside their loop: their *abort* drops a request
 # between two iterations.

@@ -13,65 +13,80 @@
 # On your laptop (`LAB_SERVICES=local`, the default): right here; the notebook starts its services.
 
 # %% [markdown]
-# ## The service, file by file
+# ## The service: one file
 #
-# - `fastapi_pt/app.py` loads the model and runs it on a batch of images, nothing more. Its twin,
-#   `fastapi_onnx/app.py`, does the same with ONNX Runtime (next notebook).
-# - `servelab/service/predict_api.py` is the HTTP side both share: schemas, error codes, size
-#   limit, and where decoding and inference run. It belongs to the lab's service package,
-#   `servelab/service/`, installed in every service.
+# The whole service is one FastAPI app, `fastapi_pt/app.py`, read top to bottom; its twin
+# `fastapi_onnx/app.py` wraps ONNX Runtime (next notebook). Both import `food11.py`, what they share
+# about the *model* (labels, decoding, preprocessing). The next cells print `app.py` part by part.
 
 # %%
 from servelab import paths
 
-print((paths.FASTAPI_PT_DIR / "app.py").read_text())
-
-# %% [markdown]
-# No routes, no JSON, no error handling: `run_model` takes a NumPy batch `[N, 3, 224, 224]` and
-# returns *logits* (a raw score per class) `[N, 11]`, on the device chosen at start-up (the GPU if
-# PyTorch sees one). The next cell prints what matters in `predict_api.py`: the request and
-# response schemas, the `/predict` route, and `compute`, which decides where a request's work runs.
+app_py = (paths.FASTAPI_PT_DIR / "app.py").read_text()
+parts = app_py.split("\n# ---- ")
+print(f"fastapi_pt/app.py: {len(app_py.splitlines())} lines, in {len(parts)} parts:")
+for number, part in enumerate(parts[1:], start=2):
+    print(f"  {number}. {part.splitlines()[0].rstrip(' -')}")
 
 # %%
-from servelab.lab.source_excerpts import excerpt
-
-predict_api = paths.SERVICE_PACKAGE_DIR / "predict_api.py"
-print(f"# {len(predict_api.read_text().splitlines())} lines in all; the parts that matter here:\n")
-print(excerpt(predict_api, "PredictRequest", "PredictResponse", "create_app.predict", "create_app.compute"))
+print(parts[0])  # 1. what it serves, its imports and its settings
 
 # %% [markdown]
-# ### What to take from it
+# **Settings** come from environment variables, read once at start-up; a value the service cannot
+# use stops it, saying what to set (`docs/settings.md` lists them).
+
+# %%
+print("# ---- " + parts[1])  # 2. the plan
+print("# ---- " + parts[2])  # 3. the model
+
+# %% [markdown]
+# **The plan.** An *inference slot* is a thread that decodes a photo and runs the model on it, one
+# request at a time: `PREDICT_CONCURRENCY` slots, `INFERENCE_THREADS` threads per inference. On many
+# cores, or beside a GPU, the service runs several processes (uvicorn's *workers*,
+# `WEB_CONCURRENCY`): notebook 4 measures why.
 #
+# **The model.** The *lifespan* (below) loads it once, at start-up, and proves it with one inference
+# on its device; where the GPU cannot run it, it runs on the CPU and says why in `/health`.
+
+# %%
+print("# ---- " + parts[4])  # 5. the requests and answers (part 4, the metrics, comes back in notebook 4)
+
+# %% [markdown]
 # **Request and response.** `POST /predict` takes `{"image": "<JPEG or PNG file, base64-encoded>"}`
-# (or `{"url": ...}`, where to fetch the photo: notebook 8) and answers
-# `{"prediction": "<one of the 11 Food-11 classes>", "probability": <its softmax probability>}`.
-# *Base64* writes a binary file as text, so it fits in JSON, in a body about a third larger. Both
-# shapes are *Pydantic* models (typed classes): FastAPI validates every request against them and
-# publishes them as an OpenAPI schema (next notebook).
+# (or `{"url": ...}`: notebook 8) and answers `{"prediction": "<a Food-11 class>", "probability":
+# <its softmax probability>}`. *Base64* writes a binary file as text, so it fits in JSON. Both are
+# *Pydantic* models (typed classes): FastAPI validates every request against them and publishes
+# them as an OpenAPI schema (next notebook).
 #
-# **Error codes.** A failed request says what went wrong in a `detail` field:
+# **Error codes.** A failed request says what went wrong in a `detail` field (`HTTPException`):
 #
 # | status | when |
 # | --- | --- |
 # | 422 | the body is not JSON, or has no `image` string (FastAPI's own validation) |
 # | 400 | `image` is there, but it is not base64 of an image the service can decode |
 # | 413 | the body is larger than `MAX_REQUEST_BYTES` (refused before it is read into memory) |
+# | 403, 502, 504 | a photo by URL: a host not allowed, or that failed, or too slow (notebook 8) |
+# | 499 | the client left before its answer (notebook 10) |
 # | 500 | the model itself failed; the traceback is in the server's log, not in the answer |
+
+# %%
+print("# ---- " + parts[5])  # 6. the inference slots
+print("# ---- " + parts[8])  # 9. the routes
+
+# %% [markdown]
+# ### Where the work runs
 #
-# **Where the work runs.** The handler is `async`: it runs in the *event loop*, the single thread
-# in which an async server runs its coroutines (functions that pause while they wait), one at a
-# time. A blocking call there stops all of them, so the handler does no heavy work itself:
+# The handlers are `async`: they run in the *event loop*, the single thread in which an async server
+# runs its coroutines (functions that pause while they wait), one at a time. A blocking call there
+# stops all of them, so a handler does no heavy work itself:
 #
-# 1. Decoding and preprocessing (resize, crop, normalise) run in a pool of `PREPROCESS_WORKERS`
-#    threads while the model works, at most `DECODE_AHEAD` requests ahead (memory stays bounded).
-# 2. The model call waits for one of `PREDICT_CONCURRENCY` *inference slots* (by default one per
-#    CPU core, one on a GPU), then runs in a thread of its own. Every other request waits in line.
-#
-# On many cores, or beside a GPU, the service runs several such processes (`processes` in
-# `/health`), each with its own slots: notebook 4 says why.
+# 1. A photo sent by URL is downloaded on the event loop (`await fetch(...)`), outside the slots.
+# 2. The rest (`classify`: decode, preprocess, run the model) is a job for the slots
+#    (`slots.submit`): a free slot takes it; other requests wait in the slots' queue.
+# 3. `in_a_slot` waits for the answer, or for the client to leave (notebook 10).
 #
 # That wait is **queueing delay**, the subject of the rest of the lab: latency is the time a request
-# waits plus the time it is served. With many senders, the wait can dwarf the inference.
+# waits plus the time it is served.
 
 # %% [markdown]
 # ## Why the UI and the model are separate services
@@ -90,7 +105,9 @@ print(excerpt(predict_api, "PredictRequest", "PredictResponse", "create_app.pred
 # `{FASTAPI_SERVER_URL}/predict`; turn every failure into a readable page.
 
 # %%
-print(excerpt(paths.GOURMETGRAM_DIR / "backends.py", "FastAPIBackend.predict"))
+backends = (paths.GOURMETGRAM_DIR / "backends.py").read_text()
+start = backends.index("    def predict(", backends.index("class FastAPIBackend"))
+print(backends[start : backends.index("\n    def ", start + 1)])
 
 # %% [markdown]
 # `FASTAPI_SERVER_URL` is all the UI knows of the model: in the Compose project,
@@ -180,8 +197,8 @@ for what, request_kwargs in bad_requests.items():
 #
 # ## Your turn: change a setting
 #
-# **Your turn.** The service reads its settings from environment variables at start-up (listed in
-# `servelab/service/settings.py`). Edit `MAX_REQUEST_BYTES` and run the cell: a private ONNX
+# **Your turn.** The service reads its settings from environment variables at start-up (part 1 of
+# `app.py`; `docs/settings.md` lists them). Edit `MAX_REQUEST_BYTES` and run the cell: a private ONNX
 # service starts with your value and is sent the sample photo. Try a limit below the photo's size,
 # one above it, and one that is not a number.
 
@@ -191,7 +208,7 @@ import base64
 from servelab.stack.supervision import StackError
 
 # Your turn: MAX_REQUEST_BYTES = "...", the service's limit on a request's size in bytes, as text (the
-#   environment's way): below the photo's size, above it, or not a number (servelab/service/settings.py).
+#   environment's way): below the photo's size, above it, or not a number (docs/settings.md).
 ### BEGIN SOLUTION
 MAX_REQUEST_BYTES = "20000"
 ### END SOLUTION

@@ -1,17 +1,17 @@
 # %% [markdown]
 # # 4. Benchmarking the FastAPI service
 #
-# **Time:** about 17 minutes (6 reading, 2 running, 9 hands-on; 25 without a GPU; `python -m servelab.time_plan`)
+# **Time:** about 18 minutes (6 reading, 3 running, 9 hands-on; 21 without a GPU; `python -m servelab.time_plan`)
 #
 # You send the FastAPI service of notebook 3 a real request, follow one photo through GourmetGram,
 # then measure: **one** user (PyTorch, then ONNX Runtime), **sixteen** users at once (where does the
 # extra time go?), and ways to share the cores (threads per inference, processes).
 #
-# **Where the cells run:** as in notebook 3 (in Docker, the Compose project's Jupyter container).
-# Numbers differ between a GPU node and a laptop: the *trends* are the lesson.
+# **Where the cells run:** as in notebook 3. Numbers differ between a GPU node and a laptop: the
+# *trends* are the lesson.
 #
 # **Watch the GPU** on the node: in a terminal, `ssh cc@<the node's floating IP>` (notebook 2 printed
-# it), then `nvtop`. Keep it beside this notebook: each run shows there as GPU use and memory.
+# it), then `nvtop`, beside this notebook: each run shows there as GPU use and memory.
 
 # %%
 import base64
@@ -29,7 +29,7 @@ lab = Lab.connect("4_fastapi_bench", triton=False)  # these notebooks use FastAP
 # %% [markdown]
 # ## The API's own documentation: `/docs`
 #
-# FastAPI builds a documentation page (*Swagger UI*) from `predict_api.py`'s request and response
+# FastAPI builds a documentation page (*Swagger UI*) from `app.py`'s request and response
 # models. Open it (the cell prints where), click **POST /predict**, then **Try it out**.
 
 # %%
@@ -68,8 +68,8 @@ print(f"FastAPI (PyTorch) answered: {api_answer}")
 # %% [markdown]
 # ## The whole path: GourmetGram in front
 #
-# GourmetGram forwards an uploaded photo to FastAPI and renders the answer as HTML. The cell
-# uploads the photo as a browser would and reads the label from the page.
+# GourmetGram forwards an uploaded photo to FastAPI and renders the answer as HTML; the cell
+# uploads one as a browser would and reads the label.
 
 # %%
 ui = lab.ui("fastapi_pt")
@@ -78,9 +78,9 @@ ui_answer = ui.upload("soup.jpg")
 print(f"Same label as the direct API call: {ui_answer.label == api_answer['prediction']}")
 
 # %% [markdown]
-# **Expectation.** GourmetGram's samples (`bread.jpg`, `fried_egg.jpg`, `soup.jpg`) are drawn
-# cartoons. With trained weights, each gets the class its name says. Why might a model trained on
-# photographs miss a cartoon? With untrained weights the check reads NOT CHECKED.
+# **Expectation.** GourmetGram's three samples are drawn cartoons. With trained weights, each gets
+# the class its name says. Why might a model trained on photographs miss a cartoon? With untrained
+# weights the check reads NOT CHECKED.
 
 # %%
 predicted_labels = None  # before you run this cell: True if every sample gets its name's class, else False
@@ -93,14 +93,43 @@ for photo in ui.samples():
 lab.record(fastapi_bench.samples_get_their_labels(sample_pages, served_weights), predicted=predicted_labels);
 
 # %% [markdown]
-# ## How fast for one user? Sequential latency
+# ## How fast for one user? A load loop of your own
 #
-# `lab.sequential` sends one request at a time, so none waits behind another: this measures the
-# time to *serve* one (HTTP, JSON, decoding, preprocessing, the model, the way back).
+# `requests` sends the photo, a pool of K threads (`ThreadPoolExecutor`) keeps K requests in
+# flight, and each is timed. With one thread, none waits behind another: the time to *serve* one
+# (HTTP, JSON, decoding, preprocessing, the model, the way back).
 #
 # - **p50** (the median) is the typical request; **p95** and **p99** are the tail (5% and 1% are
 #   slower), which users notice.
-# - **Throughput**: requests answered per second; with one in flight, 1000 / mean latency in ms.
+# - **Throughput**: requests answered per second; one at a time, 1000 / mean latency in ms.
+
+# %%
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+
+def timed_request(_) -> float:
+    started = time.perf_counter()
+    answer = requests.post(f"{fastapi_url}/predict", data=body, headers={"Content-Type": "application/json"},
+                           timeout=60)
+    answer.raise_for_status()
+    return 1000 * (time.perf_counter() - started)  # ms
+
+
+for threads in (1, 16):
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        latencies_ms = list(pool.map(timed_request, range(100)))  # 100 requests, `threads` at a time
+    elapsed_s = time.perf_counter() - started
+    p95_ms = statistics.quantiles(latencies_ms, n=20)[-1]
+    print(f"{threads:2} thread(s): median {statistics.median(latencies_ms):.1f} ms, p95 {p95_ms:.1f} ms, "
+          f"{len(latencies_ms) / elapsed_s:.1f} req/s")
+
+# %% [markdown]
+# The lab's load generator measures from here, one request at a time first: a client of Python
+# threads can itself be the bottleneck (its HTTP and JSON work share one interpreter lock); the
+# lab's watches its own schedule and says when it fell behind.
 
 # %%
 sequential_pt = lab.sequential("pt")
@@ -112,7 +141,7 @@ print(f"1000 / mean latency = {1000 / sequential_pt.latency.mean_ms:.1f} req/s")
 #
 # PyTorch's *eager* mode runs one operator at a time as Python calls it; ONNX Runtime optimises
 # the whole graph ahead of time (fusing layers, folding constants), so an inference usually takes
-# less time. The code around the model is the same. The verdict compares medians and, from each
+# less time. The verdict compares medians and, from each
 # service's own timing (`/metrics`), how much of a request the model call was.
 
 # %%
@@ -140,7 +169,7 @@ lab.record(fastapi_bench.runtime_comparison(sequential_pt, sequential_onnx), pre
 #   loop it cannot fail (mean latency *is* 16 / throughput). For the slots it tells us something:
 #   throughput × one inference's time = slots busy on average.
 # - **Queueing delay:** time spent waiting, here for a slot. No faster model removes it, only more
-#   capacity or fewer requests. The service times it (`/metrics`).
+#   capacity or fewer requests.
 #
 # **Expectation.** With 16 senders:
 #
@@ -217,15 +246,15 @@ if not plans.threads:  # on a GPU: how busy it stayed
 #   operator's work.
 #
 # Busy threads = running inferences × their threads. With more than the cores, they take turns and
-# every inference waits for the others. The default: one slot per core, and *elastic* threads
-# (each inference gets the cores divided by the inferences running as it starts). The cell serves
-# each plan, in one process, alone (one request at a time) and under load (four senders per core).
+# every inference waits for the others. The default (the plan at the top of `app.py`): one slot per
+# core, one thread each. The cell serves each plan, in one process, alone (one request at a time)
+# and under load (four senders per core).
 #
 # **Expectation.** On a CPU:
 #
 # 1. with the same slots, more busy threads than cores make requests under load slower;
 # 2. a request alone is served faster with every core than with one;
-# 3. the elastic default is within 15% of the best plan, alone and under load.
+# 3. the default is within 15% of the best plan, alone and under load.
 #
 # On a GPU these plans only share the CPU's other work: there the cells skip them, as said above.
 
@@ -260,7 +289,7 @@ if plans.threads:
     plt.show()
     lab.record(fastapi_bench.crowded_threads_are_slower(loaded, plans), predicted=predicted_crowded_rate)
     lab.record(fastapi_bench.every_core_serves_one_faster(alone, plans), predicted=predicted_every_core)
-    lab.record(fastapi_bench.elastic_default_near_the_best(alone, loaded, plans, sequential_pt.latency.p50_ms),
+    lab.record(fastapi_bench.default_near_the_best(alone, loaded, plans, sequential_pt.latency.p50_ms),
                predicted=predicted_default_share);
 
 # %% [markdown]
@@ -269,8 +298,8 @@ if plans.threads:
 # CPython runs Python code on one thread at a time per process: the *global interpreter lock*
 # (GIL). The model releases it, but HTTP and JSON hold it, so one process serves at most what its
 # lock lets through. The services therefore run several processes (*workers* of uvicorn, the
-# server that runs the app, sharing one port), each on a share of the cores: `SERVICE_PROCESSES`,
-# planned from the cores and the device.
+# server that runs the app, sharing one port), each on a share of the cores: uvicorn's
+# `WEB_CONCURRENCY`, planned from the cores and the device at the top of `app.py`.
 #
 # **Predict:** set `predicted_processes` to how many times one process's requests per second
 # `processes_to_try` processes serve (`2.0`, or `1.0` for the same).
@@ -279,15 +308,15 @@ if plans.threads:
 predicted_processes = None  # before you run: a number
 
 # %%
-# Your turn: processes_to_try = ..., the processes (uvicorn's workers, SERVICE_PROCESSES) to compare
-#   with one: 2, 4... (the setting: docs/settings.md, SERVICE_PROCESSES).
+# Your turn: processes_to_try = ..., the processes (uvicorn's workers, WEB_CONCURRENCY) to compare
+#   with one: 2, 4... (the setting: docs/settings.md, WEB_CONCURRENCY).
 ### BEGIN SOLUTION
 processes_to_try = 2
 ### END SOLUTION
 print(f"This machine: {cores} core(s); the plan: {plans.service.describe()}")
 by_processes = {}
 for count in (1, processes_to_try):
-    with lab.fastapi_variant("onnx", SERVICE_PROCESSES=str(count)) as variant_url:
+    with lab.fastapi_variant("onnx", WEB_CONCURRENCY=str(count)) as variant_url:
         serving = requests.get(f"{variant_url}/health", timeout=10).json()["processes"]
         print(f"{count} process(es) asked for: /health says {serving}")
         by_processes[count] = lab.concurrent("onnx", senders, url=variant_url,

@@ -1,10 +1,10 @@
 # %% [markdown]
 # # 5. Serving the model with Triton Inference Server
 #
-# **Time:** about 9 minutes (6 reading, 1 running, 3 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 13 minutes (6 reading, 1 running, 6 hands-on; `python -m servelab.time_plan`)
 #
-# In FastAPI, requests beyond its fixed number of inference slots wait in line: that *queueing
-# delay* made its latencies grow with concurrency, while the model itself got no slower.
+# In FastAPI, requests beyond its inference slots waited in line: that *queueing delay*, not a
+# slower model, made latency grow with concurrency.
 #
 # [NVIDIA Triton Inference Server](https://github.com/triton-inference-server/server) is built for
 # this. It runs several copies of a model side by side (*instances*), merges waiting requests into
@@ -12,31 +12,29 @@
 # of model (ONNX Runtime, TensorRT, PyTorch, plain Python).
 #
 # This notebook brings up Triton with our food classifier, takes apart its *model repository*
-# (folders, `config.pbtxt`, a Python-backend `model.py`), checks what the server says it serves,
-# and classifies a photo through GourmetGram in front of Triton. Benchmarks come in notebooks 6
-# and 7.
+# (folders, `config.pbtxt`, a Python-backend `model.py`), reads what the server says it serves,
+# changes it, and classifies a photo through GourmetGram in front of Triton.
 #
-# **Where things run.** In Docker (the GPU node, or any Docker host), the Python cells run in the
-# Compose project's Jupyter container and shell commands on the Docker host (on the node: your SSH
-# session). Without Docker, everything runs on your machine, with a CPU-only Triton.
+# **Where things run.** In Docker, Python cells run in the Compose project's Jupyter container and
+# shell commands on the Docker host (on the node, your SSH session); without Docker, all on your
+# machine, with a CPU-only Triton.
 
 # %% [markdown]
 # ## Bring up Triton
 #
 # **In Docker**, the Compose project runs Triton (NVIDIA's image, plus PyTorch for the Python
-# backend). On the node its image builds in the background from notebook 2 on: `Lab.connect(...)`
-# below waits for it, showing the build's progress. Watch Triton load the models, on the Docker host
-# in the repository clone:
+# backend); on the node its image builds from notebook 2 on, and `Lab.connect(...)` below waits
+# for it. On the Docker host, in the repository clone, watch Triton load the models:
 #
 # ```bash
 # docker compose logs -f triton
 # ```
 #
-# until it lists `food_classifier` and `food_classifier_onnx` as `READY` and says `Started
-# HTTPService`; Ctrl-C stops following, not Triton.
+# until it lists both models as `READY` and says `Started HTTPService`; Ctrl-C stops following,
+# not Triton.
 #
 # **Locally**, `Lab.connect(...)` uses a stack started with `make up`, or starts a private one that
-# stops with the kernel. Either way it waits until Triton answers.
+# stops with the kernel.
 
 # %%
 # runs in the Jupyter container (Docker) or on your machine (local)
@@ -46,13 +44,15 @@ import json
 import numpy as np
 import requests
 import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
 
 from servelab import paths
 from servelab.lab import Lab
 from servelab.lessons import triton_intro
 
 lab = Lab.connect("5_triton")
-triton = triton_http.InferenceServerClient(lab.triton_http)
+# Triton's own client. Loading a model can take a minute on a busy CPU, hence the long timeout.
+triton = triton_http.InferenceServerClient(lab.triton_http, network_timeout=600)
 
 # %% [markdown]
 # ## Anatomy of a model repository
@@ -72,16 +72,16 @@ print(triton_intro.tree(lab.repository / "food_classifier"))
 # - `1/model.py`: the code the Python backend runs for each request.
 # - `1/food11.pth`: the weights `model.py` loads (built, not committed).
 # - `1/food11.pth.weights.json`: whether they are trained. An *untrained* model's timing is real,
-#   its labels are not (see the README).
+#   its labels are not.
 #
-# Decoding, preprocessing and labels come from the lab's package (`food11.py`, at the top of the repository).
+# Decoding, preprocessing and labels come from `food11.py`, the model module at the top of the repository.
 #
 # ### `config.pbtxt`
 #
 # In protobuf's text format (`field: value`, `[ ]` lists, `{ }` blocks):
 
 # %%
-print(lab.triton.config("food_classifier"))
+print((paths.MODELS_STAGING_DIR / "food_classifier" / "config.pbtxt").read_text())
 
 # %% [markdown]
 # - **`backend: "python"`**: each instance runs `model.py` in its own Python process (a *stub*).
@@ -107,21 +107,20 @@ print((paths.MODELS_STAGING_DIR / "food_classifier" / "1" / "model.py").read_tex
 #   (GPU or CPU, named in `args`) and keeps the model in memory.
 # - **`execute(requests)`**, per batch of work: gets a *list* of requests (one without dynamic
 #   batching), stacks all their images into one tensor, runs **one** forward pass, and slices the
-#   output into one response per request, in order. An undecodable image gets its own error
-#   response.
+#   output into one response per request, in order.
 #
 # One pass over a stack is why batching pays on a GPU: the images run in parallel.
 #
 # ### The ONNX model
 #
 # `food_classifier_onnx` is the same network exported to ONNX, run by Triton's **ONNX Runtime
-# backend** straight from `model.onnx`. (A Triton without that backend, like the local pip one, gets
-# a `model.py` running ONNX Runtime in the Python backend: the tree shows which.)
+# backend** straight from `model.onnx`. (The local pip Triton lacks that backend: there a `model.py`
+# runs ONNX Runtime in the Python backend, as the tree shows.)
 
 # %%
 print(triton_intro.tree(lab.repository / "food_classifier_onnx"))
 print()
-print(lab.triton.config("food_classifier_onnx"))
+print((paths.MODELS_STAGING_DIR / "food_classifier_onnx" / "config.pbtxt").read_text())
 
 # %% [markdown]
 # Its input is the preprocessed tensor, and its output the network's raw scores: decoding,
@@ -130,12 +129,11 @@ print(lab.triton.config("food_classifier_onnx"))
 #
 # ## Explicit model control: changing a model without a restart
 #
-# By default Triton loads every model at start-up and never looks again. Ours runs with
-# `--model-control-mode=explicit`: a model is loaded only when a client asks, through the *model
-# repository API* (`POST /v2/repository/models/<name>/load`). Loading a loaded model *reloads* it:
-# Triton rereads its `config.pbtxt` and starts the new instances before retiring the old, while
-# other models keep serving. Notebooks 6 and 7 change configurations this way. The repository index
-# lists each model and its state:
+# Our Triton runs with `--model-control-mode=explicit`: a model is loaded only when a client asks,
+# through the *model repository API* (`POST /v2/repository/models/<name>/load`). Loading a loaded
+# model *reloads* it: Triton rereads its `config.pbtxt` and starts the new instances before
+# retiring the old, while other models keep serving. The repository index lists each model and its
+# state:
 
 # %%
 for entry in triton.get_model_repository_index():
@@ -156,16 +154,17 @@ for entry in triton.get_model_repository_index():
 # On the GPU node, the configs are served as written.
 
 # %%
-for model in lab.models.names():
-    print(triton_intro.describe_served(lab.triton.config(model), lab.triton.served_config(model)))
+for model in ("food_classifier", "food_classifier_onnx"):
+    served = triton.get_model_config(model)  # GET /v2/models/<name>/config
+    print(triton_intro.describe_served(paths.MODELS_STAGING_DIR / model, served))
     print()
 
 # %% [markdown]
 # The file Triton loads, line by line against the one in `models_staging/`:
 
 # %%
-for model in lab.models.names():
-    print(triton_intro.changes_on_load(lab.triton.config(model), lab.repository / model))
+for model in ("food_classifier", "food_classifier_onnx"):
+    print(triton_intro.changes_on_load(paths.MODELS_STAGING_DIR / model, lab.repository / model))
 
 # %% [markdown]
 # ## One request to Triton, by hand
@@ -174,8 +173,9 @@ for model in lab.models.names():
 # `BYTES` tensor (a batch of one string).
 
 # %%
+photo = base64.b64encode(lab.sample_image()).decode()
 image_input = triton_http.InferInput("INPUT_IMAGE", [1, 1], "BYTES")
-image_input.set_data_from_numpy(np.array([[base64.b64encode(lab.sample_image()).decode()]], dtype=object))
+image_input.set_data_from_numpy(np.array([[photo]], dtype=object))
 answer = triton.infer(
     "food_classifier",
     [image_input],
@@ -183,18 +183,52 @@ answer = triton.infer(
 )
 label = answer.as_numpy("FOOD_LABEL")[0, 0].decode()
 probability = float(answer.as_numpy("PROBABILITY")[0, 0])
-parameters = lab.triton.served_config("food_classifier").get("parameters", {})
-weights = parameters.get("weights", {}).get("string_value", "unknown")
+weights = triton.get_model_config("food_classifier")["parameters"]["weights"]["string_value"]
 print(f"food_classifier says: {label} (probability {probability:.3f}); weights: {weights}")
 
 # %% [markdown]
 # If the weights are `untrained`, the label is arbitrary: only the timing means anything.
 #
+# ## Change what Triton serves
+#
+# Triton reads the staged file. Edit it, load the model again (`load_model`: the repository API
+# above), and the config endpoint reports the change, as notebooks 6 and 7 will do with instances
+# and batching.
+#
+# **Your turn.** Lower `max_batch_size` from 16 to 8 in the file's text.
+
+# %%
+config_file = lab.repository / "food_classifier" / "config.pbtxt"
+as_staged = config_file.read_text()  # kept, to put back
+# Your turn: edited = as_staged with its max_batch_size line set to 8 (a Python string's replace).
+### BEGIN SOLUTION
+edited = as_staged.replace("max_batch_size: 16", "max_batch_size: 8")
+### END SOLUTION
+config_file.write_text(edited)
+triton.load_model("food_classifier")  # POST /v2/repository/models/food_classifier/load
+print("Triton serves max_batch_size:", triton.get_model_config("food_classifier")["max_batch_size"])
+
+# %% [markdown]
+# Triton enforces what it read: 16 images in one request (a `[16, 1]` tensor) now exceed the
+# largest batch. Then the file goes back, loaded again.
+
+# %%
+sixteen = triton_http.InferInput("INPUT_IMAGE", [16, 1], "BYTES")
+sixteen.set_data_from_numpy(np.array([[photo]] * 16, dtype=object))
+try:
+    triton.infer("food_classifier", [sixteen])
+    print("Triton answered all 16 images: the edit did not reach the file it read.")
+except InferenceServerException as refused:
+    print(f"Triton refused: {refused.message()}")
+config_file.write_text(as_staged)
+triton.load_model("food_classifier")
+print("Back to max_batch_size:", triton.get_model_config("food_classifier")["max_batch_size"])
+
+# %% [markdown]
 # ## Many requests: perf_analyzer
 #
 # **perf_analyzer**, Triton's load generator, sends a model requests for a few seconds and reports
-# its throughput and latency, with Triton's own account of where the time went. Notebooks 6 and 7
-# measure with it throughout.
+# its throughput and latency, with Triton's own account of where the time went.
 #
 # **Your turn.** Type a perf_analyzer line, as in a terminal, that sends `food_classifier` one
 # request at a time. The lab adds its Triton (`-u`) and the photo as input.
@@ -223,7 +257,7 @@ print("It reports:", json.dumps(requests.get(f"{ui}/healthz", timeout=10).json()
 ui.upload("soup.jpg")
 
 # %% [markdown]
-# The page names the backend and model (`triton`, `food_classifier`): GourmetGram sent the file's
+# The page names the backend and model: GourmetGram sent the file's
 # bytes, and `model.py` did the decoding, preprocessing and inference.
 #
 # ## Questions
@@ -232,14 +266,16 @@ ui.upload("soup.jpg")
 #    `config.pbtxt` here, and why does that matter when you compare your runs with another's?
 # 2. GourmetGram sent Triton the photo's bytes. Where did decoding and preprocessing happen, and
 #    what does that cost the model's instance?
+# 3. With `max_batch_size: 8`, what did Triton answer to 16 images, and which file decided it?
 #
-# **Hand in:** the served config's printout, your request's answer, and the GourmetGram page.
+# **Hand in:** the served config's printout, your edit and Triton's answer to it, and the
+# GourmetGram page.
 #
 # ## Wrapping up
 #
-# In Docker, Triton stays up for the next, `6_triton_bench.ipynb` (queueing, more instances), and
-# `7_triton_batching.ipynb` (the ONNX Runtime backend, bursty arrivals, dynamic batching). Locally,
-# the next cell stops this notebook's services to free the CPU (in Docker it does nothing).
+# In Docker, Triton stays up for `6_triton_bench.ipynb` (queueing, instances) and
+# `7_triton_batching.ipynb` (bursty arrivals, dynamic batching). Locally, the next cell stops this
+# notebook's services (in Docker it does nothing).
 
 # %%
 lab.stop()

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 6. Benchmarking Triton: queueing and instances
 #
-# **Time:** about 19 minutes (3 reading, 3 running, 13 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 20 minutes (4 reading, 3 running, 13 hands-on; `python -m servelab.time_plan`)
 #
 # Where does a request's time go when Triton is loaded, and what do more instances of a model buy?
 # Each experiment states an expectation, measures, and checks it against this run's numbers. In
@@ -17,13 +17,19 @@
 
 # %%
 # runs in the Jupyter container (Docker) or on your machine (local)
+import shutil
+import subprocess
+
 import matplotlib.pyplot as plt
+import tritonclient.http as triton_http
 
 from servelab.lab import Lab
 from servelab.lessons import triton_bench
 from servelab.report import plots
 
 lab = Lab.connect("6_triton_bench")
+# Triton's own client; loading several instances can take minutes on a busy CPU, hence the long timeout.
+triton = triton_http.InferenceServerClient(lab.triton_http, network_timeout=600)
 
 # %% [markdown]
 # ## 1. The Python-backend model under concurrency
@@ -101,19 +107,35 @@ lab.record(triton_bench.client_batching(python_backend["c=1"], batch_of_16), pre
 #
 # ## 2. More instances of the Python-backend model
 #
-# The config as shipped:
+# Triton reads a model's `config.pbtxt` in its model repository (`lab.repository`) when the model
+# loads. The file this Triton reads:
 
 # %%
-shipped = lab.triton.config("food_classifier")
-print(shipped)
+config_file = lab.repository / "food_classifier" / "config.pbtxt"
+as_staged = config_file.read_text()  # kept, to put back at the end
+print(as_staged)
 
 # %% [markdown]
 # **Your turn.** Type an `instance_group` with two instances on each of the GPU node's two GPUs.
-# `with_text` replaces that field of the shipped text and names a misspelt field. Without a GPU,
-# the lab runs as many CPU instances (the printout shows it).
+# `lab.triton.write_config` writes it into that file in place of the group there, after checking
+# it against Triton's schema (it names a misspelt field); without a GPU it writes as many CPU
+# instances. It prints the file as Triton will read it. Then `load_model` (Triton's model-control
+# API) makes Triton reread the file: it starts the new instances, then retires the old, and its
+# config endpoint (`get_model_config`) says what it runs.
 
 # %%
 predicted_speedup = None  # before you run: how many times the requests per second of 1 instance 4 serve (a number)
+
+
+# %%
+def load(model: str) -> int:
+    """Triton rereads `model`'s config.pbtxt; what it now runs, as it reports it; the instances."""
+    triton.load_model(model)
+    groups = triton.get_model_config(model)["instance_group"]
+    for group in groups:
+        print(f"Triton runs {group['name']}: {group['count']} x {group['kind']}, GPUs {group['gpus']}")
+    return sum(group["count"] * max(1, len(group["gpus"])) for group in groups)  # count is per listed GPU
+
 
 # %%
 # Your turn: two_per_gpu = """instance_group [ ... ]""", two instances on GPU 0 and two on GPU 1
@@ -127,7 +149,8 @@ instance_group [
 ]
 """
 ### END SOLUTION
-more_instances = lab.triton.apply_config("food_classifier", shipped.with_text(two_per_gpu))
+lab.triton.write_config(config_file, two_per_gpu)
+more_instances = load("food_classifier")
 by_instances = {1: python_backend["c=8"], more_instances: lab.triton.perf("food_classifier", concurrency=8)}
 
 # %% [markdown]
@@ -139,8 +162,27 @@ by_instances = {1: python_backend["c=8"], more_instances: lab.triton.perf("food_
 ### BEGIN SOLUTION
 four_per_gpu = "instance_group [ { count: 4, kind: KIND_GPU, gpus: [ 0 ] }, { count: 4, kind: KIND_GPU, gpus: [ 1 ] } ]"
 ### END SOLUTION
-most_instances = lab.triton.apply_config("food_classifier", shipped.with_text(four_per_gpu))
+lab.triton.write_config(config_file, four_per_gpu)
+most_instances = load("food_classifier")
+
+# %% [markdown]
+# On a GPU, `nvidia-smi` reads each GPU once a second beside this run: `utilization.gpu` is the
+# share of that second in which the GPU ran a kernel (near 100% on both: the instances keep them
+# busy), and `memory.used` grows with each instance's copy of the model.
+
+# %%
+smi = None
+if shutil.which("nvidia-smi"):
+    query = ["--query-gpu=timestamp,index,utilization.gpu,memory.used", "--format=csv", "--loop=1"]
+    smi = subprocess.Popen(["nvidia-smi", *query], stdout=subprocess.PIPE, text=True)
+else:
+    print("No nvidia-smi in this machine or container: it has no NVIDIA GPU, or not its driver's tools (the groups "
+          "Triton printed above say where the instances run). How busy more instances keep a GPU only a GPU can "
+          "show: on the GPU node, this cell prints each GPU's use every second of the run.")
 by_instances[most_instances] = lab.triton.perf("food_classifier", concurrency=8)
+if smi:
+    smi.terminate()
+    print(smi.communicate()[0])
 
 # %% [markdown]
 # **Expectation.** More instances help while the hardware has idle capacity; once it is busy,
@@ -160,7 +202,13 @@ print(triton_bench.device_use(scaling))
 lab.record(triton_bench.instances_stop_helping(by_instances), predicted=predicted_speedup)
 plots.plot_process_cpu(scaling, title="food_classifier at 8 clients: CPU of each instance")
 plt.show()
-lab.triton.apply_config("food_classifier", shipped)  # back to one instance, as shipped
+
+# %% [markdown]
+# Back to one instance: the file as it was, loaded again.
+
+# %%
+config_file.write_text(as_staged)
+load("food_classifier");
 
 # %% [markdown]
 # ## Wrapping up

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 7. Triton: backends, bursty arrivals and dynamic batching
 #
-# **Time:** about 21 minutes (4 reading, 6 running, 11 hands-on; `python -m servelab.time_plan`)
+# **Time:** about 22 minutes (5 reading, 6 running, 11 hands-on; `python -m servelab.time_plan`)
 #
 # Notebook 6 loaded Triton's Python-backend model with more clients and more instances. Here: the
 # same network on the ONNX Runtime backend, users who arrive on their own schedule, and **dynamic
@@ -17,12 +17,18 @@
 
 # %%
 # runs in the Jupyter container (Docker) or on your machine (local)
+import shutil
+import subprocess
+
 import requests
+import tritonclient.http as triton_http
 
 from servelab.lab import Lab
 from servelab.lessons import triton_bench
 
 lab = Lab.connect("7_triton_batching")
+# Triton's own client; loading several instances can take minutes on a busy CPU, hence the long timeout.
+triton = triton_http.InferenceServerClient(lab.triton_http, network_timeout=600)
 
 # %% [markdown]
 # ## 1. The ONNX Runtime backend
@@ -51,14 +57,27 @@ lab.record(triton_bench.onnx_beats_python(onnx_single, python_single), predicted
 #
 # A config's `instance_group` says how many instances run, and where. **Your turn:** type the
 # original lab's group for this model, `count: 2` on `gpus: [ 0, 1 ]`: `count` is per listed GPU,
-# so four instances (without a GPU, `count` CPU instances, two: the printout shows it).
+# so four instances (without a GPU, `count` CPU instances, two). As in notebook 6,
+# `lab.triton.write_config` checks it and writes it into the `config.pbtxt` this Triton reads,
+# printing the file; `load_model` makes Triton reread it, and `get_model_config` says what it runs.
 #
 # **Expectation.** At 8 clients, the larger group serves more requests per second than one
 # instance, as long as one left hardware idle.
 
 # %%
-onnx_shipped = lab.triton.config("food_classifier_onnx")
-print(onnx_shipped)
+config_file = lab.repository / "food_classifier_onnx" / "config.pbtxt"
+as_staged = config_file.read_text()  # kept, to put back
+print(as_staged)
+
+
+def load(model: str) -> int:
+    """Triton rereads `model`'s config.pbtxt; what it now runs, as it reports it; the instances."""
+    triton.load_model(model)
+    served = triton.get_model_config(model)
+    for group in served["instance_group"]:
+        print(f"Triton runs {group['name']}: {group['count']} x {group['kind']}, GPUs {group['gpus']}")
+    print("Dynamic batching:", served.get("dynamic_batching", "off"))
+    return sum(group["count"] * max(1, len(group["gpus"])) for group in served["instance_group"])
 
 # %%
 predicted_onnx_instances = None  # before you run: how many times the requests/s of 1 the larger group serves (x)
@@ -71,13 +90,33 @@ predicted_onnx_instances = None  # before you run: how many times the requests/s
 two_on_each_gpu = "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0, 1 ] } ]"
 ### END SOLUTION
 onnx_one_busy = lab.triton.perf("food_classifier_onnx", concurrency=8)
-onnx_instances = lab.triton.apply_config("food_classifier_onnx", onnx_shipped.with_text(two_on_each_gpu))
+lab.triton.write_config(config_file, two_on_each_gpu)
+onnx_instances = load("food_classifier_onnx")
 onnx_scaled = {
     "c=1, 1 instance": onnx_single,
     "c=8, 1 instance": onnx_one_busy,
     f"c=8, {onnx_instances} instances": lab.triton.perf("food_classifier_onnx", concurrency=8),
-    f"c=16, {onnx_instances} instances": lab.triton.perf("food_classifier_onnx", concurrency=16),
 }
+
+# %% [markdown]
+# Then 16 clients. On a GPU, `nvidia-smi` reads each GPU once a second beside the run:
+# `utilization.gpu` is the share of that second in which it ran a kernel. Low on both GPUs while
+# requests queue means each execution, one image, is too small to fill a GPU: what batching, below,
+# is for.
+
+# %%
+smi = None
+if shutil.which("nvidia-smi"):
+    query = ["--query-gpu=timestamp,index,utilization.gpu,memory.used", "--format=csv", "--loop=1"]
+    smi = subprocess.Popen(["nvidia-smi", *query], stdout=subprocess.PIPE, text=True)
+else:
+    print("No nvidia-smi in this machine or container: it has no NVIDIA GPU, or not its driver's tools (the groups "
+          "Triton printed above say where the instances run). How full one image per execution leaves a GPU only a "
+          "GPU can show: on the GPU node, this cell prints each GPU's use every second of the run.")
+onnx_scaled[f"c=16, {onnx_instances} instances"] = lab.triton.perf("food_classifier_onnx", concurrency=16)
+if smi:
+    smi.terminate()
+    print(smi.communicate()[0])
 lab.breakdown(onnx_scaled)
 lab.record(triton_bench.instance_scaling(onnx_one_busy, onnx_scaled[f"c=8, {onnx_instances} instances"],
                                         onnx_instances), predicted=predicted_onnx_instances);
@@ -124,7 +163,8 @@ print("The model takes:", requests.get(f"{onnx_ui}/healthz", timeout=10).json()[
 predicted_poisson_queue_ms = None  # before you run: a request's wait in Triton's queue, Poisson arrivals (ms)
 
 # %%
-lab.triton.apply_config("food_classifier_onnx", onnx_shipped)  # back to one instance, as shipped
+config_file.write_text(as_staged)  # back to one instance, as staged
+load("food_classifier_onnx")
 onnx_capacity = lab.triton.capacity("food_classifier_onnx")
 rates = lab.triton.scale_rates([120, 180, 240, 300], onnx_capacity)
 
@@ -144,14 +184,23 @@ lab.record(triton_bench.poisson_queues_more(arrivals["constant"], arrivals["pois
 # `preferred_batch_size` it can (else any size up to `max_batch_size`), and
 # `max_queue_delay_microseconds` holds a request that long for others to join.
 #
-# First the baseline, without batching, with Triton's executions by batch size.
+# First the baseline, without batching: Poisson arrivals at each rate, with Triton's statistics of
+# each run (the batches it ran).
 
 # %%
 predicted_queue_share = None  # before you run: the queue wait at the highest rate with batching, over without (x)
 predicted_latency_growth = None  # and the growth of the mean latency with batching, lowest rate to highest (x)
 
+
 # %%
-without_batching = triton_bench.poisson_sweep(lab.triton.perf, rates)
+def poisson_runs() -> dict:
+    return {
+        f"{rate:g} req/s": lab.triton.perf("food_classifier_onnx", rate=rate, distribution="poisson", triton_stats=True)
+        for rate in rates
+    }
+
+
+without_batching = poisson_runs()
 lab.breakdown(without_batching);
 
 # %% [markdown]
@@ -170,8 +219,9 @@ dynamic_batching {
 }
 """
 ### END SOLUTION
-lab.triton.apply_config("food_classifier_onnx", onnx_shipped.with_text(batching))
-with_batching = triton_bench.poisson_sweep(lab.triton.perf, rates)
+lab.triton.write_config(config_file, batching)
+load("food_classifier_onnx")
+with_batching = poisson_runs()
 lab.breakdown(with_batching);
 
 # %% [markdown]
@@ -213,10 +263,11 @@ triton_bench.show_queueing(without_batching, onnx_capacity, constant=arrivals["c
 # %% [markdown]
 # ## Wrapping up
 #
-# The ONNX model goes back to its shipped config; then all runs and the verdicts.
+# The ONNX model's file back as it was, loaded again; then all runs and the verdicts.
 
 # %%
-lab.triton.apply_config("food_classifier_onnx", onnx_shipped)
+config_file.write_text(as_staged)
+load("food_classifier_onnx")
 lab.table()
 lab.verdicts();
 

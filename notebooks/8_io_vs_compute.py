@@ -12,24 +12,22 @@
 # code into three parts:
 #
 # - **preprocess**: fetch and prepare the input, outside the predict slots. In this lab's service
-#   (`servelab/service/predict_api.py`): `fetch`, the download, asynchronous I/O on the event loop
-#   (`image_fetch.py`), as many at once as arrive; then the scheduler's `decode` (`scheduler.py`):
-#   `PREPROCESS_WORKERS` threads decode at once, and at most `DECODE_AHEAD` requests are decoding or
-#   wait decoded for a slot.
+#   (`fastapi_onnx/app.py`'s `/predict`, printed below): `fetch`, the download, asynchronous I/O on
+#   the event loop, as many at once as arrive, before the request takes a slot.
 # - **predict**: run the model, one request per **predict slot** at a time (a slot: one of the
-#   `PREDICT_CONCURRENCY` inference threads). Here: the scheduler's `run_in_slot`; a request waits in
-#   the threads' queue for a slot.
+#   `PREDICT_CONCURRENCY` inference threads, which decodes the photo it is given, then runs the
+#   model). Here: `in_a_slot(request, classify, photo)`; a request waits in the threads' queue.
 # - **postprocess**: turn the model's output into an answer (here `top_prediction`: softmax and
 #   label), as many at once as arrive. Truss's example uploads a result there; here that upload
-#   would run on the event loop after `run_in_slot` returns, the slot already free.
+#   would run on the event loop after `in_a_slot` returns, the slot already free.
 #
 # The slots protect the model (its memory, its GPU); everything outside them runs freely. With one
-# slot, inference time S and download time D:
+# slot, S the slot's work for a request (decoding its photo, then the inference) and D the download:
 #
-# - download *inside* the slot: the model idles while bytes travel, so at most one request per
-#   D + S seconds;
-# - download *outside* it: downloads overlap each other and the model, so with enough requests in
-#   flight the slot is always busy, and the throughput approaches one request per S.
+# - download *inside* the slot (`IMAGE_DOWNLOAD_PLACEMENT=inside_slot`, the lines under `if` below):
+#   the model idles while bytes travel, so at most one request per D + S seconds;
+# - download *outside* it (the `else`): downloads overlap each other and the model, so with enough
+#   requests in flight the slot is always busy, and the throughput approaches one request per S.
 #
 # **Where the cells run:** in Docker, in the Compose project's Jupyter container (its `image_host`
 # service is the object store); locally, here. The service variants measured below run as
@@ -39,12 +37,18 @@
 import matplotlib.pyplot as plt
 import requests
 
+from servelab import paths
 from servelab.lab import Lab
 from servelab.lessons import io_vs_compute
 from servelab.report import plots
 
 lab = Lab.connect("8_io_vs_compute", triton=False)
 print(f"The models run on {lab.hardware()}.")
+
+# %%
+app_py = (paths.FASTAPI_ONNX_DIR / "app.py").read_text()  # the service's /predict, where the download runs
+start = app_py.index('@app.post("/predict"')
+print(app_py[start : app_py.index("\n\n\n", start)])
 
 # %% [markdown]
 # ## The object store: the lab's image host
@@ -85,7 +89,7 @@ for url in (lab.image_url("soup.jpg"), f"{service}/health", "file:///etc/passwd"
 # Each runs in closed loop (a sender sends its next request when the last is answered) at 1, 4 and
 # 16 senders, every request naming the photo by URL, at two emulated download latencies. Each run
 # also records the service's own metrics (`/metrics`): its mean download, slot wait, decoding and
-# inference times, the D and S below.
+# inference times: D, and S (decoding and inference) below.
 #
 # How many senders are *enough* to keep the slot busy with the download outside it? A request is
 # in flight for about D + S, and in the slot for S, so about (D + S) / S must be in flight. The
@@ -157,8 +161,9 @@ for latency_ms in LATENCIES_MS:
     inside, outside = runs[latency_ms, "inside_slot"], runs[latency_ms, "outside_slot"]
     inside_stages = inside[top].service_stats["stage_mean_ms"]
     bounds[f"host latency {latency_ms} ms (emulated)"] = {
-        "1 / (D + S)": 1000 / (inside_stages["download"] + inside_stages["inference"]),
-        "1 / S": 1000 / outside[enough[latency_ms]].service_stats["stage_mean_ms"]["inference"],
+        "1 / (D + S)": 1000 / (inside_stages["download"] + inside_stages["preprocess"] + inside_stages["inference"]),
+        "1 / S": 1000 / sum(outside[enough[latency_ms]].service_stats["stage_mean_ms"][stage]
+                            for stage in ("preprocess", "inference")),
     }
     lab.record(io_vs_compute.slot_holds_only_inference(inside, outside, enough[latency_ms], latency_ms, lab.hardware()),
                predicted={50: predicted_gain_at_50ms, 200: predicted_gain_at_200ms}[latency_ms])
@@ -187,27 +192,24 @@ plt.show()
 # ## Truss's case: 10 requests at once on 5 slots
 #
 # Truss's documentation takes 5 predict slots and 10 requests: all 10 begin preprocessing, and the
-# 6th waits for a slot. The variant below has 5 slots, `PREPROCESS_WORKERS=10` (the default on a
-# CPU, one decoding thread per two cores, would queue the decodes) and `DECODE_AHEAD=10`. Ten
-# requests by URL go at once, after a warm-up burst, each with an emulated download of
-# `BURST_LATENCY_MS`: long beside S, so a wait behind a download would stand out.
+# 6th waits for a slot. The variant below has 5 slots. Ten requests by URL go at once, after a
+# warm-up burst, each with an emulated download of `BURST_LATENCY_MS`: long beside S, so a wait
+# behind a download would stand out.
 #
-# **Expectation**, from the service's metrics: all 10 are downloaded, decoded and inferred; the 5
-# beyond the slots wait about one inference S each, so the mean slot wait W is at least about S / 2
-# and well below (D + S) / 2, its mean if the downloads waited behind the slots. (On a busy machine
-# the event loop's delay in handing decoded requests to the slots adds to W.) Counts and means
-# cannot show how many inferred at once: the pool of 5 slot threads bounds that.
+# **Expectation**, from the service's metrics: all 10 are downloaded (at once, outside the slots),
+# decoded and inferred; the 5 beyond the slots wait about one decoding and inference each, so the
+# mean slot wait W is at least about S / 2 and well below (D + S) / 2, its mean if the downloads
+# waited behind the slots. Counts and means cannot show how many inferred at once: the pool of 5
+# slot threads bounds that.
 
 # %%
 predicted_slot_wait_ms = None  # before you run: the mean slot wait W of the 10 requests (ms)
 
 # %%
 SENT, SLOTS, BURST_LATENCY_MS = 10, 5, 1000
-decoding = {"PREPROCESS_WORKERS": str(SENT), "DECODE_AHEAD": str(SENT)}
-with lab.fastapi_variant("onnx", slots=SLOTS, **decoding) as url:
+with lab.fastapi_variant("onnx", slots=SLOTS) as url:
     health = requests.get(f"{url}/health", timeout=10).json()
-    print(f"{health['slots']} slots, {health['preprocess_workers']} decoding threads, "
-          f"decode ahead {health['decode_ahead']}")
+    print(f"{health['slots']} slots: {health['threads']}")
     burst = lab.burst(
         "onnx", SENT, url=url, image_url=lab.image_url("soup.jpg", latency_ms=BURST_LATENCY_MS),
         name=f"fastapi_onnx, {SLOTS} slots, {SENT} requests at once, host latency {BURST_LATENCY_MS} ms (emulated)",

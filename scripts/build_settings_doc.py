@@ -1,30 +1,18 @@
-"""Write docs/settings.md's tables of environment variables: the tooling's from servelab.settings, the
-services' from servelab/service/settings.py's own table.
+"""Write docs/settings.md's table of the tooling's environment variables, from servelab.settings.
 
-Each class is the source of truth for its side (the tooling's fields name their variable, default
-and meaning; the services' module documents each variable it reads, and a test keeps that list
-complete): edit it, then run `.venv/bin/python scripts/build_settings_doc.py`.
-tests/test_settings.py fails when the page's tables and their sources disagree.
+The class is the source of truth (its fields name their variable, default and meaning): edit it,
+then run `.venv/bin/python scripts/build_settings_doc.py`. tests/test_settings.py fails when the
+page's table and the class disagree. The services' variables are read at the top of each app
+(fastapi_pt/app.py, fastapi_onnx/app.py, ray_serve/app.py); the page lists them by hand, and the
+same test checks that it lists exactly those.
 """
 
 from pathlib import Path
 
-from servelab.service import settings as service_settings
 from servelab.settings import markdown_table
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 TOOLING = ("<!-- settings table: python scripts/build_settings_doc.py -->\n", "<!-- end of settings table -->")
-SERVICES = (
-    "<!-- service settings table: python scripts/build_settings_doc.py -->\n",
-    "<!-- end of service settings table -->",
-)
-
-
-def service_table() -> str:
-    """The variables table of servelab/service/settings.py's docstring, as a preformatted block."""
-    doc = service_settings.__doc__ or ""
-    lines = doc.split("\nVariable ", 1)[1].split("\n\n", 1)[0]
-    return "```\nVariable " + lines + "\n```\n"
 
 
 def replaced(text: str, markers: tuple[str, str], table: str) -> str:
@@ -36,9 +24,8 @@ def replaced(text: str, markers: tuple[str, str], table: str) -> str:
 
 
 def main() -> int:
-    text = replaced(PAGE.read_text(), TOOLING, markdown_table())
-    PAGE.write_text(replaced(text, SERVICES, service_table()))
-    print(f"wrote the settings tables in {PAGE}")
+    PAGE.write_text(replaced(PAGE.read_text(), TOOLING, markdown_table()))
+    print(f"wrote the settings table in {PAGE}")
     return 0
 
 

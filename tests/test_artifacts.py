@@ -101,7 +101,7 @@ def test_shared_logic_is_defined_once():
 
 
 def test_make_artifacts_places_model_files_only():
-    """The services' code is the installed servelab.service package: nothing else is placed."""
+    """Model files only: a service's code is its own folder's (and food11.py, which each image copies)."""
     placed = artifacts.placements(artifacts.BuiltArtifacts(Path("food11.pth"), Path("food11.onnx"), {}))
     assert {destination.suffix for _, destination in placed} == {".pth", ".onnx"}
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import requests
 
-from servelab.bench import goals
+from servelab.bench import goals, lone
 from servelab.bench import report as bench_report
 from servelab.bench import run as bench
 from servelab.bench.gpu_check.load import SATURATED_PERCENT
@@ -186,6 +186,19 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
         image = quick_report / plot
         assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 5000
         assert f"]({plot})" in report
+
+
+@pytest.mark.integration
+def test_each_fastapi_service_s_lone_client_is_measured_before_and_after_a_load_beside_the_loop(quick_report):
+    metadata = json.loads((quick_report / "metadata.json").read_text())
+    measured = metadata["lone_after_load"]
+    assert set(measured) == {setup.name for setup in bench.LONE} == {"fastapi_pt", "fastapi_onnx"}
+    for phases in measured.values():
+        assert list(phases) == list(lone.PHASES) and all(phase["rps"] > 0 for phase in phases.values())
+        assert [phases[phase]["concurrency"] for phase in lone.PHASES] == [1, goals.GOAL_CONCURRENCY, 1, 1]
+    section = (quick_report / "report.md").read_text().split("## A lone client, before and after a load")[1]
+    section = section.split("\n## ")[0]
+    assert "\n".join(lone.lone_table(measured)) in section and "\n".join(lone.lone_lines(measured)) in section
 
 
 @pytest.mark.integration

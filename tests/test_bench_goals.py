@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from servelab.bench import goals
+from servelab.bench import goals, lone
 from servelab.bench import run as bench
 from servelab.bench.gpu_check.load import SATURATED_PERCENT
 from servelab.report import tables
@@ -206,3 +206,20 @@ def test_a_load_point_a_server_crash_interrupted_is_not_judged_and_its_row_says_
     assert f"- NOT JUDGED: fastapi_onnx at c=64: {crashed.interrupted_by[0]}" in lines
     assert not any(line.startswith("- met: fastapi_onnx at c=64 reaches") for line in lines)
     assert "NOT A CLEAN RUN: fastapi_onnx was killed by signal 9" in tables.results_table([crashed])
+
+
+def _lone(fresh: float, after: float, loop: float = 40.0) -> dict:
+    def phase(rps: float, concurrency: int = 1) -> dict:
+        return {"rps": rps, "p50_ms": 1000 / rps, "concurrency": concurrency}
+
+    return {"fresh": phase(fresh), "load": phase(60.0, JUDGED), "after": phase(after), "loop": phase(loop)}
+
+
+def test_a_lone_client_is_judged_against_the_loop_beside_it_fresh_and_after_the_load():
+    lines = lone.lone_lines({"fastapi_pt": _lone(34.0, 33.0), "fastapi_onnx": _lone(36.0, 20.0)})
+    assert lines[0].startswith("- met: fastapi_pt serves a lone client at 82.5% of the in-process loop right after 64")
+    assert "33.0 and 34.0 req/s" in lines[0] and "the loop 40.0 req/s" in lines[0]
+    assert lines[1].startswith("- NOT MET: fastapi_onnx serves a lone client at 50.0% of the in-process loop")
+    assert lone.lone_lines({"fastapi_pt": _lone(31.0, 36.0)})[0].startswith("- NOT MET"), "fresh counts too"
+    (row,) = lone.lone_table({"fastapi_pt": _lone(34.0, 33.0)})[2:]
+    assert row == "| fastapi_pt | 34.0 | 60.0 | 33.0 | 40.0 | 82.5% |"

@@ -1,6 +1,6 @@
-"""A client that leaves: the FastAPI service abandons its request at the next stage, or (with
-ABANDON_ON_DISCONNECT=off) computes an answer nobody reads. Real processes over real HTTP; the
-service's own /metrics say what it did.
+"""A client that leaves: the FastAPI service abandons its request at the next stage (waiting for a slot,
+before decoding, before inference), or (with ABANDON_ON_DISCONNECT=off) computes an answer nobody reads.
+Real processes over real HTTP; the service's own /metrics say what it did.
 
 To make requests wait for the predict slot (one), the slot is held by a request whose image is
 downloaded inside the slot from a server in this process that answers only when the test releases
@@ -9,14 +9,11 @@ it: the slot stays busy until every client under test has arrived, however busy 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -25,7 +22,6 @@ import requests
 
 from servelab import paths
 from servelab.measure import service_stats
-from servelab.service.client_gone import ClientGone, DisconnectWatch
 from servelab.stack.catalogue import fastapi_service
 from servelab.stack.supervision import start_on_free_ports
 from tests.helpers import until
@@ -175,120 +171,17 @@ def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unle
 
 
 @pytest.mark.integration
-def test_decoding_runs_at_most_decode_ahead_requests_ahead_of_a_busy_slot(held_image, tmp_path):
-    with one_slot_service(held_image, tmp_path, "on", DECODE_AHEAD="2", PREPROCESS_WORKERS="2") as url:
-        assert requests.get(f"{url}/health", timeout=5).json()["decode_ahead"] == 2
-        before = service_stats.scrape(url)
-        holding, holder = hold_the_slot(url, held_image)
-        with ThreadPoolExecutor(6) as senders:
-            answers = [
-                senders.submit(requests.post, f"{url}/predict", json=sample_body(), timeout=60) for _ in range(6)
-            ]
-            until(lambda: in_flight(url) == 7, 30, "the six senders and the holder in flight")
-            decoded = lambda: service_stats.diff(url, before, service_stats.scrape(url)).stage_counts["preprocess"]  # noqa: E731
-            until(lambda: decoded() >= 2, 30, "two requests decoded ahead")
-            time.sleep(0.3)  # time enough to decode more, were decoding not held back
-            while_held = service_stats.diff(url, before, service_stats.scrape(url))
-            release(held_image, holding, holder)
-            statuses = [answer.result().status_code for answer in answers]
-        after = service_stats.diff(url, before, service_stats.scrape(url))
-    assert holder and holder[0].status_code == 200 and statuses == [200] * 6
-    assert while_held.stage_counts["preprocess"] == 2  # not 6: the others wait undecoded
-    assert after.stage_counts["preprocess"] == 7  # the holder's image, decoded in its slot, and the six
-
-
-@pytest.mark.integration
-def test_requests_abandoned_while_waiting_give_their_room_to_decode_back(held_image, tmp_path):
-    # With room for one, a room kept by an abandoned request would leave the next one waiting forever.
-    with one_slot_service(held_image, tmp_path, "on", DECODE_AHEAD="1") as url:
+def test_requests_abandoned_while_waiting_leave_the_queue_and_the_next_one_is_served(held_image, tmp_path):
+    # Jobs left in the slot's queue by clients who had gone would each take the slot before the next request.
+    with one_slot_service(held_image, tmp_path, "on") as url:
         body = json.dumps(sample_body()).encode()
         with service_stats.counted_over(url) as stats:
             holding, holder = hold_the_slot(url, held_image)
-            leavers = [send(url, body) for _ in range(3)]  # one decoded and queued, two waiting for room
+            leavers = [send(url, body) for _ in range(3)]  # all three waiting in the slot's queue
             leave_once_in_flight(url, leavers, in_flight_then=4)
+            until(lambda: answered(url, stats.before) == 3, 30, "the three leavers abandoned")
             release(held_image, holding, holder)
             answer = requests.post(f"{url}/predict", json=sample_body(), timeout=10)
     assert holder and holder[0].status_code == 200 and answer.status_code == 200
-    assert sum(stats.delta.abandoned_by_stage.values()) == 3
-    assert set(stats.delta.abandoned_by_stage) <= {"before_preprocess", "slot_wait"}
-
-
-def _one_busy_slot() -> tuple[ThreadPoolExecutor, threading.Event]:
-    """A pool of one inference thread, held by a job until the returned event is set."""
-    slots = ThreadPoolExecutor(1)
-    release = threading.Event()
-    slots.submit(release.wait, 10)
-    return slots, release
-
-
-def test_a_handler_cancelled_while_waiting_for_a_slot_takes_its_job_out_of_the_queue():
-    async def scenario() -> list[str]:
-        never: asyncio.Future = asyncio.get_running_loop().create_future()
-
-        async def receive() -> dict:  # a client that stays until the end
-            await never
-            return {"type": "http.disconnect"}
-
-        slots, release = _one_busy_slot()
-        watch = DisconnectWatch(receive, abandon=True)
-        ran = []
-        cancelled = asyncio.create_task(watch.result_of(slots.submit(ran.append, "cancelled")))
-        await asyncio.sleep(0.01)
-        cancelled.cancel()  # Ray Serve does this when a client leaves
-        await asyncio.sleep(0.01)
-        next_one = watch.result_of(slots.submit(ran.append, "next"))
-        release.set()
-        await asyncio.wait_for(next_one, 5)
-        watch.stop()
-        slots.shutdown()
-        return ran + [f"handler cancelled: {cancelled.cancelled()}"]
-
-    assert asyncio.run(scenario()) == ["next", "handler cancelled: True"]
-
-
-@pytest.mark.parametrize("abandon", [True, False])
-def test_a_client_that_leaves_while_its_job_is_queued_is_abandoned_at_slot_wait_only_when_abandoning(abandon):
-    async def scenario() -> tuple[str, list[str]]:
-        leaves = asyncio.get_running_loop().create_future()
-
-        async def receive() -> dict:
-            await leaves
-            return {"type": "http.disconnect"}
-
-        slots, release = _one_busy_slot()
-        watch = DisconnectWatch(receive, abandon=abandon)
-        ran: list[str] = []
-        waiting = asyncio.create_task(watch.result_of(slots.submit(ran.append, "queued job")))
-        await asyncio.sleep(0.01)
-        leaves.set_result(None)
-        await asyncio.sleep(0.01)
-        release.set()
-        try:
-            await asyncio.wait_for(waiting, 5)
-            outcome = "computed"
-        except ClientGone as gone:
-            outcome = gone.stage
-        watch.stop()
-        slots.shutdown()
-        return outcome, ran
-
-    assert asyncio.run(scenario()) == (("slot_wait", []) if abandon else ("computed", ["queued job"]))
-
-
-def test_a_client_gone_before_preprocessing_is_abandoned_there_and_only_when_abandoning():
-    async def scenario(abandon: bool) -> str:
-        async def receive() -> dict:
-            return {"type": "http.disconnect"}
-
-        watch = DisconnectWatch(receive, abandon=abandon)
-        await asyncio.sleep(0)  # the watch hears the disconnect
-        try:
-            watch.check("before_preprocess")
-            return "went on"
-        except ClientGone as gone:
-            return gone.stage
-        finally:
-            watch.stop()
-
-    assert asyncio.run(scenario(True)) == "before_preprocess"
-    assert asyncio.run(scenario(False)) == "went on"
+    assert stats.delta.abandoned_by_stage == {"slot_wait": 3}
+    assert stats.delta.inferences == 2  # the holder's and the next one's

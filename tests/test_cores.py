@@ -8,7 +8,7 @@ import pytest
 
 from servelab import paths
 from servelab.service import cores
-from servelab.service.cores import RunningAcrossProcesses, available_cores, thread_plan, threads_at_work
+from servelab.service.cores import available_cores, thread_plan
 
 
 def test_available_cores_follow_the_cpu_affinity():
@@ -35,86 +35,31 @@ def test_a_container_cpu_quota_caps_the_cores(tmp_path, monkeypatch, cpu_max, ex
     assert available_cores() == (affinity if expected is None else min(affinity, expected))
 
 
-def test_the_default_on_a_cpu_is_one_slot_per_core_with_elastic_threads():
+def test_the_default_on_a_cpu_is_one_slot_per_core_with_one_thread_each():
     plan = thread_plan(cores=4, environ={})
-    assert (plan.slots, plan.threads, plan.elastic) == (4, 4, True)
-    assert [plan.threads_for(running) for running in (1, 2, 3, 4)] == [4, 2, 1, 1]
-    assert plan.thread_counts() == [1, 2, 4] and plan.busy_threads == 4 and not plan.oversubscribed
+    assert (plan.slots, plan.threads, plan.busy_threads) == (4, 1, 4) and not plan.oversubscribed
     assert "the defaults" in plan.describe() and "MORE THREADS" not in plan.describe()
 
 
-def test_a_single_slot_gets_every_core_and_a_gpu_gets_one_slot():
+def test_a_single_slot_gets_every_core_and_instances_share_them_out():
     assert thread_plan(slots=1, cores=8, environ={}).threads == 8
+    instances = thread_plan(slots=2, cores=2, environ={}, given_by="2 instances")
+    assert (instances.threads, instances.busy_threads) == (1, 2) and "set by 2 instances" in instances.describe()
     gpu = thread_plan(device="cuda (Tesla P100)", cores=8, environ={})
-    assert (gpu.slots, gpu.threads, gpu.elastic) == (1, 8, False)
-
-
-def test_instances_in_processes_of_their_own_share_the_cores_elastically(tmp_path):
-    plan = thread_plan(slots=2, cores=2, environ={}, given_by="2 instances")
-    assert (plan.threads, plan.elastic, plan.busy_threads) == (2, True, 2) and "set by 2 instances" in plan.describe()
-    first = RunningAcrossProcesses("model-server", "instance_0", directory=tmp_path)
-    second = RunningAcrossProcesses("model-server", "instance_1", directory=tmp_path)
-    with first.running() as alone:
-        assert plan.threads_for(alone) == 2  # the other instance is idle: every core
-        with second.running() as together:
-            assert plan.threads_for(together) == 1  # both infer: a core each
-    with second.running() as alone_again:
-        assert alone_again == 1
-    second.close()
-    assert not (tmp_path / "servelab-running-model-server" / "instance_1").exists()
-
-
-def test_an_instance_at_work_keeps_its_share_for_the_whole_block_and_a_fixed_plan_its_count(tmp_path):
-    elastic = thread_plan(slots=2, cores=2, environ={}, given_by="2 instances")
-    first = RunningAcrossProcesses("model-server", "instance_0", directory=tmp_path)
-    second = RunningAcrossProcesses("model-server", "instance_1", directory=tmp_path)
-    with threads_at_work(elastic, first) as decoding_and_inferring:
-        assert decoding_and_inferring == 2  # alone: every core
-        with threads_at_work(elastic, second) as meanwhile:
-            assert meanwhile == 1  # the first still counts while its block runs, decoding or not
-    with threads_at_work(elastic, second) as after:
-        assert after == 2
-    fixed = thread_plan(slots=1, threads=1, cores=2, environ={}, given_by="INFERENCE_THREADS")
-    with threads_at_work(fixed, None) as threads:
-        assert threads == 1
-
-
-def test_an_instance_that_died_while_inferring_is_not_counted(tmp_path):
-    """The lock files are held by live processes only: a killed instance leaves no count behind."""
-    code = (
-        "import sys, time; sys.path.insert(0, sys.argv[1]);"
-        "from pathlib import Path; from servelab.service.cores import RunningAcrossProcesses;"
-        "r = RunningAcrossProcesses('m', 'dying', directory=Path(sys.argv[2]));"
-        "c = r.running(); c.__enter__(); print('running', flush=True); time.sleep(60)"
-    )
-    dying = subprocess.Popen(
-        [sys.executable, "-c", code, str(paths.REPO_ROOT), str(tmp_path)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert dying.stdout.readline().strip() == "running"
-        survivor = RunningAcrossProcesses("m", "survivor", directory=tmp_path)
-        with survivor.running() as running:
-            assert running == 2
-        dying.kill()
-        dying.wait(timeout=10)
-        with survivor.running() as running:
-            assert running == 1
-    finally:
-        dying.kill()
-        dying.stdout.close()
+    assert (gpu.slots, gpu.threads) == (8, 1)  # beside a GPU too, a slot per core
 
 
 def test_a_fixed_plan_shares_the_cores_out_and_a_crowded_one_says_so():
     gpu_instances = thread_plan(slots=4, device="cuda:0", cores=8, environ={}, given_by="4 instances")
-    assert (gpu_instances.threads, gpu_instances.elastic, gpu_instances.busy_threads) == (2, False, 8)
+    assert (gpu_instances.threads, gpu_instances.busy_threads) == (2, 8)
     crowded = thread_plan(slots=8, cores=2, environ={})
-    assert crowded.threads_for(8) == 1 and crowded.oversubscribed  # at least one thread each
+    assert crowded.threads == 1 and crowded.oversubscribed  # at least one thread each
 
 
 def test_environment_variables_set_the_plan_and_a_crowded_one_says_so():
     environ = {"PREDICT_CONCURRENCY": "2", "INFERENCE_THREADS": "2"}
     plan = thread_plan(cores=2, environ=environ)
-    assert (plan.slots, plan.threads, plan.elastic, plan.busy_threads) == (2, 2, False, 4)
+    assert (plan.slots, plan.threads, plan.busy_threads) == (2, 2, 4)
     assert plan.oversubscribed and "MORE THREADS THAN CORES" in plan.describe()
     assert "PREDICT_CONCURRENCY=2, INFERENCE_THREADS=2" in plan.describe()
 
@@ -126,27 +71,21 @@ def test_a_bad_setting_is_refused_with_what_to_do(value):
 
 
 @pytest.mark.parametrize(
-    ("machine_cores", "on_gpu", "processes", "cores_each", "slots", "decoding"),
+    ("machine_cores", "on_gpu", "processes", "cores_each"),
     [
-        (2, False, 1, 2, 2, 1),  # this machine: one process, as before the plan had processes
-        (3, False, 1, 3, 3, 1),  # an odd core left over goes to the one process
-        (16, False, 8, 2, 2, 1),  # the lent GPU machine's cores
-        (48, False, 24, 2, 2, 1),  # the P100 node's CPU: 2 x 12-core Xeons, 48 threads
-        (2, True, 1, 2, 1, 2),  # a GPU beside 2 cores: one process, one slot, every core decodes
-        (16, True, 4, 4, 1, 4),  # the H200 machine
-        (48, True, 4, 12, 1, 12),  # the P100 node: at most 4 processes on its GPU, 12 cores each
+        (2, False, 1, 2),  # this machine: one process, as before the plan had processes
+        (3, False, 1, 3),  # an odd core left over goes to the one process
+        (16, False, 8, 2),  # the lent GPU machine's cores
+        (48, False, 24, 2),  # the P100 node's CPU: 2 x 12-core Xeons, 48 threads
+        (2, True, 1, 2),  # a GPU beside 2 cores: one process
+        (16, True, 4, 4),  # the H200 machine
+        (48, True, 4, 12),  # the P100 node: at most 4 processes on its GPU, 12 cores each
     ],
 )
-def test_the_service_plan_follows_the_cores_and_the_device(
-    machine_cores, on_gpu, processes, cores_each, slots, decoding
-):
+def test_the_service_plan_follows_the_cores_and_the_device(machine_cores, on_gpu, processes, cores_each):
     plan = cores.service_plan(machine_cores, on_gpu)
-    assert (plan.processes, plan.cores_each, plan.slots, plan.decoding_threads) == (
-        processes,
-        cores_each,
-        slots,
-        decoding,
-    )
+    # A slot per core of a process's share, on either device, as app.py plans them.
+    assert (plan.processes, plan.cores_each, plan.slots) == (processes, cores_each, cores_each)
     # Threads are a resource: the processes' inference slots never outnumber the cores.
     assert plan.processes * plan.slots <= machine_cores
     assert plan.chosen_by == "the defaults"
@@ -154,12 +93,12 @@ def test_the_service_plan_follows_the_cores_and_the_device(
 
 def test_a_given_process_count_shares_the_cores_out_and_says_who_chose_it():
     plan = cores.service_plan(16, on_gpu=False, processes=2)
-    assert (plan.processes, plan.cores_each, plan.slots, plan.decoding_threads) == (2, 8, 8, 4)
-    assert "SERVICE_PROCESSES=2" in plan.describe()
+    assert (plan.processes, plan.cores_each, plan.slots) == (2, 8, 8)
+    assert "WEB_CONCURRENCY=2" in plan.describe()
     crowded = cores.service_plan(2, on_gpu=False, processes=4)
     assert (crowded.cores_each, crowded.slots) == (1, 1)  # never a share of no core
 
 
 def test_a_single_process_plan_gives_the_thread_plan_its_default_slots():
     assert thread_plan(cores=16, environ={}).slots == cores.service_plan(16, False, processes=1).slots == 16
-    assert thread_plan(device="cuda", cores=16, environ={}).slots == 1
+    assert thread_plan(device="cuda", cores=16, environ={}).slots == 16

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import importlib.util
 import os
 import subprocess
 import sys
@@ -35,9 +34,7 @@ from servelab.service.devices import (
     torch_device,
     torch_model,
 )
-from servelab.service.onnx_service import onnx_app
-from servelab.service.settings import ServiceSettings
-from tests.helpers import make_image_bytes
+from tests.helpers import discard, make_image_bytes, service_module
 
 # What onnxruntime-gpu 1.25 printed in a python:3.11 image whose CUDA libraries were not found
 # (issue 32): its C++ log, written straight to the stderr file descriptor, in colour.
@@ -225,20 +222,30 @@ def test_onnx_runtime_whose_first_run_fails_on_the_gpu_runs_on_the_cpu_with_its_
     assert logits.shape == (1, len(LABELS))
 
 
+def served_in_this_process(flavor: str, **environment: str) -> tuple[dict, httpx.Response]:
+    """fastapi_<flavor>'s own app.py, with its own model and `environment`: its /health and one prediction."""
+    model_file = {"pt": "food11.pth", "onnx": "food11.onnx"}[flavor]
+    environment = {"FOOD11_MODEL_PATH": str(paths.ARTIFACTS_DIR / model_file), **environment}
+    service = service_module(flavor, environment, real_model=True)
+    try:
+        return asyncio.run(health_and_a_prediction(service.app))
+    finally:
+        discard(service)
+
+
 def test_the_onnx_service_on_a_gpu_that_cannot_run_serves_on_the_cpu_and_says_why(
     built_artifacts, onnx_runtime_on_a_gpu_that_cannot_run
 ):
-    """The app of fastapi_onnx and of every Ray Serve replica, asked for the GPU by default."""
-    health, answer = asyncio.run(
-        health_and_a_prediction(onnx_app(paths.FASTAPI_ONNX_DIR / "food11.onnx", "test", ServiceSettings()))
-    )
+    """fastapi_onnx's app (every Ray Serve replica's too), asked for the GPU by default."""
+    health, answer = served_in_this_process("onnx")
     assert (health["device"], health["device_asked"]) == ("cpu", "cuda")
-    assert health["device_fallback"] == f"the first inference on cuda failed: {ORT_RUN_FAILURE}"
+    assert health["device_fallback"] == f"the model did not run on cuda: {ORT_RUN_FAILURE}"
+    assert health["runtime"] == f"onnxruntime {ort.__version__} (CPUExecutionProvider)"
     assert health["first_inference_ms"] > 0
-    assert health["slots"] == available_cores()  # the CPU's thread plan: a slot per core
+    assert health["slots"] == available_cores()  # the CPU's plan: a slot per core
     assert answer.status_code == 200 and answer.json()["prediction"] in LABELS
-    cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    assert onnx_runtime_on_a_gpu_that_cannot_run.made.count(cuda) == 1, "the failed GPU is not tried again"
+    made = onnx_runtime_on_a_gpu_that_cannot_run.made
+    assert made == [["CUDAExecutionProvider"], ["CPUExecutionProvider"]], "the failed GPU is not tried again"
 
 
 def test_onnx_runtime_that_cannot_run_on_the_cpu_either_stops_the_start_saying_what_failed(
@@ -307,21 +314,13 @@ def test_pytorch_that_cannot_run_on_the_cpu_either_stops_the_start_saying_what_f
 
 
 def test_the_pytorch_service_on_a_gpu_that_cannot_run_serves_on_the_cpu_and_says_why(
-    built_artifacts, pytorch_naming_a_gpu_it_cannot_use, monkeypatch
+    built_artifacts, pytorch_naming_a_gpu_it_cannot_use
 ):
-    """fastapi_pt's own app.py, run in this process (it builds its app when imported)."""
-    monkeypatch.setenv("INFERENCE_DEVICE", "cuda")
-    spec = importlib.util.spec_from_file_location("fastapi_pt_app", paths.FASTAPI_PT_DIR / "app.py")
-    assert spec is not None and spec.loader is not None
-    service = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(service)
-    health, answer = asyncio.run(health_and_a_prediction(service.app))
+    health, answer = served_in_this_process("pt", INFERENCE_DEVICE="cuda")
     assert (health["device"], health["device_asked"]) == ("cpu", "cuda")
-    assert health["device_fallback"] == (
-        f"the first inference on cuda ({GPU_NAME}) failed: {pytorch_naming_a_gpu_it_cannot_use}"
-    )
+    assert health["device_fallback"] == f"the model did not run on cuda: {pytorch_naming_a_gpu_it_cannot_use}"
     assert health["first_inference_ms"] > 0
-    assert health["slots"] == available_cores()  # the CPU's thread plan: a slot per core
+    assert health["slots"] == available_cores()  # the CPU's plan: a slot per core
     assert answer.status_code == 200 and answer.json()["prediction"] in LABELS
 
 

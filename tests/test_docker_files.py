@@ -498,8 +498,17 @@ def test_no_dockerfile_guards_copies_and_every_pip_install_keeps_its_downloads_i
             assert "--no-cache-dir" not in args
 
 
-@pytest.mark.parametrize("service", ["fastapi_pt", "fastapi_onnx", "ray_serve", "gourmetgram", "triton", "jupyter"])
-def test_each_image_installs_the_service_package_from_the_repository_after_its_dependencies(service):
+@pytest.mark.parametrize("service", ["fastapi_pt", "fastapi_onnx", "gourmetgram"])
+def test_a_service_s_image_copies_its_app_with_the_model_module_beside_it_and_nothing_of_the_lab(service):
+    instructions = dockerfile_instructions(dockerfiles()[service])
+    copies = [args for keyword, args in instructions if keyword == "COPY" and "--from=" not in args]
+    assert any(args.startswith("food11.py ") and args.endswith(" ./") for args in copies), copies
+    assert not any("servelab" in args for args in copies)
+    assert not any(keyword == "RUN" and "--no-deps" in args for keyword, args in instructions)
+
+
+@pytest.mark.parametrize("service", ["ray_serve", "triton", "jupyter"])
+def test_each_image_of_the_lab_s_tools_installs_its_package_from_the_repository_after_its_dependencies(service):
     instructions = dockerfile_instructions(dockerfiles()[service])
     copies = [
         i
@@ -571,6 +580,25 @@ def test_the_jupyter_image_has_the_virtualenv_s_client_and_runs_as_the_clone_s_o
     assert "useradd --create-home --uid 1000 --gid 100" in runs  # the group Triton's staged configs share
     assert [args for keyword, args in instructions if keyword == "USER"] == ["jovyan"]
     assert json.loads(dict(instructions)["CMD"])[:2] == ["jupyter", "lab"]
+
+
+def test_the_jupyter_container_gets_nvidia_smi_on_the_node_from_the_nvidia_toolkit():
+    """Notebooks 6 and 7 run nvidia-smi beside a perf_analyzer run. The NVIDIA container toolkit mounts
+    the driver's nvidia-smi (and NVML) into a container given GPUs where its driver capabilities
+    include `utility`; unset, they are `utility,compute` (the toolkit's default). So the Jupyter
+    container has every GPU, and nothing narrows those capabilities: not the GPU reservation (Docker
+    would set NVIDIA_DRIVER_CAPABILITIES from any capability besides `gpu`), not its environment, not
+    an ENV of its image or of the PyTorch image it is built on."""
+    jupyter = variant(cpu=False)["services"]["jupyter"]
+    (device,) = jupyter["deploy"]["resources"]["reservations"]["devices"]
+    assert device == {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
+    assert "NVIDIA_DRIVER_CAPABILITIES" not in jupyter["environment"]
+    for image in ("jupyter", TORCH_IMAGE):
+        environment = " ".join(
+            args for keyword, args in dockerfile_instructions(dockerfiles()[image]) if keyword == "ENV"
+        )
+        assert "NVIDIA_DRIVER_CAPABILITIES" not in environment, image
+    assert "nvidia-smi" in GPU_OVERRIDE.read_text()  # the file says why the notebooks can run it
 
 
 def test_gourmetgram_s_image_runs_gunicorn_with_the_config_that_says_how_many_workers():

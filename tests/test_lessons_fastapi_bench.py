@@ -173,18 +173,19 @@ def test_every_core_alone_is_judged_once_on_the_median():
     assert outcomes(on_gpu) == [Outcome.NOT_CHECKED]
 
 
-def test_the_elastic_default_holds_near_the_best_plan_and_fails_far_from_it():
-    alone = {EVERY: plan_run(EVERY, 20, 50), FITTING: plan_run(FITTING, 40, 25), DEFAULT: plan_run(DEFAULT, 21, 48)}
-    loaded = {EVERY: plan_run(EVERY, 300, 20), FITTING: plan_run(FITTING, 150, 40),
-              DEFAULT: plan_run(DEFAULT, 155, 38)}  # fmt: skip
-    held = fastapi_bench.elastic_default_near_the_best(alone, loaded, PLANS, 22.0, "4 cores")
+def test_the_default_holds_near_the_best_plan_and_fails_far_from_it():
+    assert DEFAULT == FITTING  # the services' own plan: a slot per core, one thread each
+    alone = {EVERY: plan_run(EVERY, 20, 50), DEFAULT: plan_run(DEFAULT, 21, 48), CROWDED: plan_run(CROWDED, 40, 25)}
+    loaded = {EVERY: plan_run(EVERY, 300, 20), DEFAULT: plan_run(DEFAULT, 150, 40), CROWDED: plan_run(CROWDED, 160, 37)}
+    held = fastapi_bench.default_near_the_best(alone, loaded, PLANS, 22.0, "4 cores")
     assert outcomes(held) == [Outcome.HELD, Outcome.HELD]
-    assert held.estimate is not None and held.estimate.value == 38 / 40  # the default's rate over the best's
-    # The wrong outcome: a default that behaves like one of the extreme plans (every core for one slot).
-    stuck = {**loaded, DEFAULT: plan_run(DEFAULT, 290, 21)}
-    failed = fastapi_bench.elastic_default_near_the_best(alone, stuck, PLANS, 22.0, "4 cores")
+    assert held.estimate is not None and held.estimate.value == 1.0  # the default's rate over the best's: its own
+    # The wrong outcome: another plan serves far more under load than the default.
+    outrun = {**loaded, EVERY: plan_run(EVERY, 100, 60)}
+    failed = fastapi_bench.default_near_the_best(alone, outrun, PLANS, 22.0, "4 cores")
     assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD]
-    on_gpu = fastapi_bench.elastic_default_near_the_best(alone, stuck, ON_A_GPU, 22.0, "1 GPU")
+    assert failed.estimate is not None and failed.estimate.value == 40 / 60
+    on_gpu = fastapi_bench.default_near_the_best(alone, outrun, ON_A_GPU, 22.0, "1 GPU")
     assert outcomes(on_gpu) == [Outcome.NOT_CHECKED] * 2
 
 
@@ -247,14 +248,13 @@ def test_describe_predict_follows_each_reference_to_the_schema_it_names():
 
 
 def test_the_thread_plans_are_the_ones_the_checks_judge_even_on_one_core():
-    plans = {"1 slot x 4 threads": (1, 4), "4 slots x 1 thread": (4, 1), "4 slots x 4 threads": (4, 4),
-             "default (elastic)": (None, None)}  # fmt: skip
+    plans = {"1 slot x 4 threads": (1, 4), "4 slots x 1 thread (the default)": (4, 1), "4 slots x 4 threads": (4, 4)}
     assert PLANS.threads == plans
     assert list(fastapi_bench.CorePlans("cpu", cores=1).threads.values())[2] == (2, 1)  # crowded: still two slots
     runs = {name: plan_run(name, 20 + i, 50 - i) for i, name in enumerate(PLANS.threads)}
     for check in (fastapi_bench.crowded_threads_are_slower, fastapi_bench.every_core_serves_one_faster):
         assert check(runs, PLANS, "4 cores").outcome is not Outcome.NOT_CHECKED  # each finds the runs it judges
-    assert fastapi_bench.elastic_default_near_the_best(runs, runs, PLANS, 22.0, "4 cores").conditions
+    assert fastapi_bench.default_near_the_best(runs, runs, PLANS, 22.0, "4 cores").conditions
 
 
 def test_the_plans_are_for_the_cores_this_process_may_use_unless_given():
@@ -263,7 +263,7 @@ def test_the_plans_are_for_the_cores_this_process_may_use_unless_given():
 
 
 def test_on_a_gpu_the_thread_plans_are_not_run_and_the_notebook_says_why():
-    assert "may use 4 core(s): 4 thread plans" in PLANS.describe()
+    assert "may use 4 core(s): 3 thread plans" in PLANS.describe()
     on_a_gpu = fastapi_bench.CorePlans("cuda:0", cores=48)
     assert on_a_gpu.threads == {} and on_a_gpu.service.processes == 4
     said = on_a_gpu.describe()

@@ -39,8 +39,8 @@ def test_a_service_that_ignores_the_inside_placement_fails_the_first_condition()
 def test_an_idle_slot_outside_and_no_longer_wait_inside_fail_their_conditions():
     starved = {**OUTSIDE, 16: run(16, 15, 50, 950), 18: run(18, 40, 50, 2)}
     failed = io_vs_compute.slot_holds_only_inference(INSIDE, starved, 18, 50, "2 CPU cores")
-    assert outcomes(failed)[1:] == [Outcome.NOT_HELD] * 3  # below the bound; busy 32%; waits 950 vs 930
-    assert "busy 32%" in failed.conditions[2].detail
+    assert outcomes(failed)[1:] == [Outcome.NOT_HELD] * 3  # below the bound; busy 48%; waits 950 vs 930
+    assert "busy 48%" in failed.conditions[2].detail
 
 
 def test_a_download_too_short_to_matter_leaves_the_designs_comparison_not_checked():

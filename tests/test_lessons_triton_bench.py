@@ -357,22 +357,6 @@ def test_device_use_says_whether_the_latency_grew_while_the_device_was_not_full(
     assert "not full" not in triton_bench.device_use(on_cpu, cores=2)  # no sweep: no conclusion
 
 
-def test_the_poisson_sweep_runs_every_rate_with_triton_s_statistics():
-    asked = []
-
-    def perf(model, **load):
-        asked.append((model, load))
-        if load["rate"] == 2:
-            return None  # no stable measurement
-        run = poisson(load["rate"], 8, 1, 6)
-        run.triton_stats.update(inference_count=10, execution_count=10, avg_batch_size=1.0)
-        return run
-
-    sweep = triton_bench.poisson_sweep(perf, [1, 2.5, 2])
-    assert list(sweep) == ["1 req/s", "2.5 req/s", "2 req/s"] and sweep["2 req/s"] is None
-    assert asked[0] == ("food_classifier_onnx", {"rate": 1, "distribution": "poisson", "triton_stats": True})
-
-
 def test_batches_ran_reads_the_largest_batch_and_the_compute_per_image_at_the_highest_rate():
     without = {"50 req/s": poisson(50, 8, 1, 6), "150 req/s": poisson(150, 40, 30, 6)}
     on = {"50 req/s": poisson(50, 8, 1, 6, batches={1: 10, 2: 3}, per_image={1: 6, 2: 4}),

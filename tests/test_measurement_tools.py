@@ -535,29 +535,6 @@ def test_a_service_s_own_counts_by_process_are_told_apart_from_its_other_metrics
     assert warmed.by_process["12"] == {"requests": 0, "connections": 3}
 
 
-def test_a_process_counts_a_connection_once_however_many_requests_it_carries(monkeypatch):
-    from servelab.service import predict_metrics
-
-    monkeypatch.setattr(predict_metrics, "CLIENTS_REMEMBERED", 2)
-    metrics = predict_metrics.PredictMetrics()
-    metrics.process_started()
-    pid = str(os.getpid())
-
-    def counts() -> tuple[float, float]:
-        return tuple(
-            metrics.registry.get_sample_value(name, {"process": pid})
-            for name in ("predict_requests_by_process", "predict_connections_by_process")
-        )
-
-    assert counts() == (0.0, 0.0), "a process that served nothing shows, with 0"
-    for client in [("127.0.0.1", 5000), ("127.0.0.1", 5000), ("127.0.0.1", 5001), None, ("127.0.0.1", 5000)]:
-        metrics.counted(client)
-    assert counts() == (5.0, 2.0)
-    metrics.counted(("127.0.0.1", 5002))  # remembered: 5000 and 5002; 5001 is forgotten
-    metrics.counted(("127.0.0.1", 5001))
-    assert counts() == (7.0, 4.0)
-
-
 def test_results_table_compares_each_target_with_its_own_baseline():
     from servelab.report.tables import results_table
     from servelab.results import LatencySummary, RunResult

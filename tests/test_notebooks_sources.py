@@ -114,3 +114,27 @@ def test_a_lesson_s_title_carries_the_number_of_its_file(source):
     number = source.stem.split("_", 1)[0]
     title = next(line for line in source.read_text().splitlines() if line.startswith("# # "))
     assert title.startswith(f"# # {number}. "), f"{source.name}: {title}"
+
+
+def test_notebooks_4_to_7_hand_the_student_the_real_tools():
+    """Issue 62: the student's own cells hold the tools, not a lab method in their place. Notebook 4's
+    first measurement is a loop of `requests` in a thread pool, before the lab's generator; notebooks
+    5-7 load the config.pbtxt the student edited with Triton's own client and read back what Triton
+    serves; 6 and 7 run nvidia-smi beside a run, and change no config through the lab's reload."""
+
+    def calls(stem: str) -> list[str]:
+        tree = ast.parse((NOTEBOOKS / f"{stem}.py").read_text())
+        found = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+        return [ast.unparse(node.func) for node in sorted(found, key=lambda node: (node.lineno, node.col_offset))]
+
+    fastapi_bench = calls("4_fastapi_bench")
+    assert fastapi_bench.index("ThreadPoolExecutor") < fastapi_bench.index("lab.sequential")
+    assert "requests.post" in fastapi_bench[: fastapi_bench.index("lab.sequential")]
+    for stem in ("5_triton", "6_triton_bench", "7_triton_batching"):
+        made = calls(stem)
+        assert {"triton.load_model", "triton.get_model_config"} <= set(made), stem
+        assert "lab.triton.apply_config" not in made, stem
+    for stem in ("6_triton_bench", "7_triton_batching"):
+        source = (NOTEBOOKS / f"{stem}.py").read_text()
+        assert "lab.triton.write_config" in calls(stem) and "config_file.write_text" in calls(stem), stem
+        assert 'shutil.which("nvidia-smi")' in source and '["nvidia-smi", *query]' in source, stem

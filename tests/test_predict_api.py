@@ -1,28 +1,36 @@
-"""The HTTP side of both FastAPI services (servelab/service/predict_api.py) in this process: the
-app `create_app` builds, asked over httpx's ASGI transport, with a model that answers at once
-(tests/helpers/). Every status POST /predict can answer, the request size limit, the
-URLs the server fetches and those it refuses, the schemas of its answers, /health. The real
-services, real models and real sockets: tests/test_fastapi_services.py and tests/test_image_url.py.
+"""The HTTP side of both FastAPI services in this process: each one's own app.py, asked over httpx's ASGI
+transport, with a model that answers at once (tests/helpers/). Each app writes its HTTP side itself, so
+both are checked: every status POST /predict can answer, the request size limit, the URLs the server
+fetches and those it refuses, the schemas of its answers, /health. The real services, real models and
+real sockets: tests/test_fastapi_services.py and tests/test_image_url.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import difflib
 import os
+import re
 import socket
+import threading
 
+import httpx
 import numpy as np
 import pytest
+from fastapi import HTTPException
+from prometheus_client import values
 
 from servelab import paths
-from servelab.service.cores import available_cores
-from servelab.service.image_fetch import AllowList, DownloadError
 from tests.helpers import (
     BAD_REQUESTS,
+    FLAVORS,
     LIMIT_BYTES,
-    PLACEMENT,
+    WHERE,
     InstantModel,
+    discard,
     make_image_bytes,
+    service_module,
     service_settings,
     serving,
 )
@@ -33,18 +41,24 @@ PHOTO = base64.b64encode(paths.SAMPLE_IMAGE.read_bytes()).decode()
 ONE_BATCH = ((1, 3, 224, 224), np.dtype(np.float32))  # what the model gets for a request
 
 
+@pytest.fixture(params=FLAVORS)
+def flavor(request) -> str:
+    """Each app: fastapi_pt's and fastapi_onnx's HTTP sides are each their own."""
+    return request.param
+
+
 @pytest.fixture
-async def service(photo_host):
+async def service(photo_host, flavor):
     """The service with its default test settings, fetching from the photo host."""
-    async with serving(service_settings(photo_host.address)) as client:
+    async with serving(service_settings(photo_host.address), flavor=flavor) as client:
         yield client
 
 
 @pytest.mark.parametrize("image_format", ["JPEG", "PNG"])
-async def test_a_photo_is_answered_with_its_class_and_probability(image_format):
+async def test_a_photo_is_answered_with_its_class_and_probability(image_format, flavor):
     model = InstantModel()
     photo = base64.b64encode(make_image_bytes(1, fmt=image_format)).decode()
-    async with serving(service_settings(), model) as service:
+    async with serving(service_settings(), model, flavor) as service:
         response = await service.post("/predict", json={"image": photo})
     assert response.status_code == 200
     assert response.json() == {"prediction": model.label, "probability": pytest.approx(model.probability)}
@@ -52,9 +66,11 @@ async def test_a_photo_is_answered_with_its_class_and_probability(image_format):
 
 
 @BAD_REQUESTS
-async def test_a_bad_request_gets_its_status_never_reaches_the_model_and_the_service_goes_on(body, headers, status):
+async def test_a_bad_request_gets_its_status_never_reaches_the_model_and_the_service_goes_on(
+    body, headers, status, flavor
+):
     model = InstantModel()
-    async with serving(service_settings(), model) as service:
+    async with serving(service_settings(), model, flavor) as service:
         refused = await service.post("/predict", content=body, headers=headers)
         after = await service.post("/predict", json={"image": PHOTO})
     assert refused.status_code == status
@@ -111,26 +127,53 @@ async def test_a_body_over_max_request_bytes_is_refused_with_413_whether_declare
     assert (await service.post("/predict", json={"image": PHOTO})).status_code == 200
 
 
-async def test_a_model_that_fails_is_a_500_that_says_so():
-    async with serving(service_settings(), InstantModel(fails=True)) as service:
+async def test_a_model_that_fails_is_a_500_that_says_so(flavor):
+    async with serving(service_settings(), InstantModel(fails=True), flavor) as service:
         response = await service.post("/predict", json={"image": PHOTO})
     assert response.status_code == 500
     assert response.json() == {"detail": "Inference failed (RuntimeError); the server log has the traceback."}
 
 
+class ThreadRecordingModel(InstantModel):
+    """An InstantModel that records the thread each inference ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+
+    def run(self, model, batch):
+        self.threads.append(threading.get_ident())
+        return super().run(model, batch)
+
+
+async def test_the_slots_run_at_most_their_count_at_once_and_a_lone_request_after_a_load_keeps_to_one_thread(flavor):
+    """The thread idle the shortest takes the next job: a lone request after a load does not go round every
+    slot's thread (its caches cold: measured about 20% slower)."""
+    model = ThreadRecordingModel()
+    async with serving(service_settings(PREDICT_CONCURRENCY="3"), model, flavor) as service:
+        loaded = await asyncio.gather(*[service.post("/predict", json={"image": PHOTO}) for _ in range(9)])
+        under_load, model.threads = set(model.threads), []
+        for _ in range(6):
+            assert (await service.post("/predict", json={"image": PHOTO})).status_code == 200
+    assert all(answer.status_code == 200 for answer in loaded)
+    assert 1 <= len(under_load) <= 3, "never more threads running the model than slots"
+    assert len(set(model.threads)) == 1 and model.threads[0] in under_load
+
+
 # ---- images sent by URL --------------------------------------------------------------------------
 
 
-def test_the_allow_list_takes_hosts_with_any_port_or_one_port():
-    allowed = AllowList.parse(" Images.example.org , 127.0.0.1:8400,")
+def test_the_allow_list_takes_hosts_with_any_port_or_one_port(flavor):
+    service = service_module(flavor, service_settings(" Images.example.org , 127.0.0.1:8400,"))
+    discard(service)
     for url in ("https://images.example.org/a.jpg", "http://IMAGES.example.org:8080/a.jpg", "http://127.0.0.1:8400/x"):
-        allowed.check(url)
+        assert service.allowed(url) == url
     for url in ("http://127.0.0.1:8401/x", "http://127.0.0.1/x", "http://example.org/a.jpg"):
-        with pytest.raises(DownloadError) as refused:
-            allowed.check(url)
-        assert refused.value.status == 403, url
-    with pytest.raises(ValueError, match="not `host` or `host:port`"):
-        AllowList.parse("127.0.0.1:http")
+        with pytest.raises(HTTPException) as refused:
+            service.allowed(url)
+        assert refused.value.status_code == 403, url
+    with pytest.raises(SystemExit, match="not `host` or `host:port`"):
+        service_module(flavor, service_settings("127.0.0.1:http"))
 
 
 async def test_a_photo_by_url_gets_the_answer_of_the_photo_itself(service, photo_host):
@@ -184,17 +227,18 @@ async def test_what_the_host_sends_back_is_judged(service, photo_host, name, sta
     assert response.status_code == status and says in response.json()["detail"]
 
 
-async def test_a_download_past_its_time_limit_is_a_504(photo_host):
-    async with serving(service_settings(photo_host.address, download_timeout_s=0.2)) as service:
+async def test_a_download_past_its_time_limit_is_a_504(photo_host, flavor):
+    settings = service_settings(photo_host.address, IMAGE_DOWNLOAD_TIMEOUT_S="0.2")
+    async with serving(settings, flavor=flavor) as service:
         response = await service.post("/predict", json={"url": photo_host.url("held")})
     assert response.status_code == 504 and "within 0.2 s" in response.json()["detail"]
 
 
-async def test_a_host_that_is_down_is_a_502():
+async def test_a_host_that_is_down_is_a_502(flavor):
     with socket.socket() as bound:  # bound, never listening: a connection is refused
         bound.bind(("127.0.0.1", 0))
         down = f"127.0.0.1:{bound.getsockname()[1]}"
-        async with serving(service_settings(down)) as service:
+        async with serving(service_settings(down), flavor=flavor) as service:
             response = await service.post("/predict", json={"url": f"http://{down}/soup.jpg"})
     assert response.status_code == 502 and "Could not download" in response.json()["detail"]
 
@@ -202,51 +246,62 @@ async def test_a_host_that_is_down_is_a_502():
 # ---- what the service says about itself ----------------------------------------------------------
 
 
-async def test_health_says_where_the_model_runs_and_every_setting_it_serves_with():
+async def test_health_says_where_the_model_runs_and_every_setting_it_serves_with(flavor):
     settings = service_settings(
         "images.example.org",
-        slots=2,
-        decode_ahead=3,
-        download_timeout_s=2.5,
-        download_placement="inside_slot",
-        abandon_on_disconnect=False,
+        PREDICT_CONCURRENCY="3",
+        INFERENCE_THREADS="2",
+        IMAGE_DOWNLOAD_PLACEMENT="inside_slot",
+        ABANDON_ON_DISCONNECT="off",
     )
-    plan = settings.thread_plan("cpu")
-    async with serving(settings) as service:
+    async with serving(settings, flavor=flavor) as service:
         health = await service.get("/health")
-        healthz = await service.get("/healthz")
-    assert health.status_code == 200 and healthz.json() == health.json()
+    assert health.status_code == 200
+    cores = len(os.sched_getaffinity(0))
+    busy = {"pt": 3 * 2, "onnx": 3 + 2 - 1}[flavor]  # a team per slot's thread; one pool the slots share
+    plan = f"3 inference slot(s) x 2 thread(s): at most {busy} busy threads on {cores} core(s)"
     assert health.json() == {
         "status": "ready",
         "model_file": "instant-model.onnx",
         "weights": "unknown",
         "weights_note": "no instant-model.onnx.weights.json beside the model file",
-        "runtime": PLACEMENT.runtime,
-        "device": "cpu",
-        "device_asked": "cpu",
-        "device_fallback": None,
+        **WHERE,
         "first_inference_ms": 0.1,
         "processes": 1,
         "process_id": os.getpid(),  # served in this process
-        "slots": 2,
-        "inference_threads": 1,
-        "cores": available_cores(),
-        "threads": plan.describe(),
-        "preprocess_workers": 1,
-        "decode_ahead": 3,
+        "cores": cores,
+        "slots": 3,
+        "inference_threads": 2,
+        "threads": plan + ": MORE THREADS THAN CORES, so every inference is slowed by the others" * (busy > cores),
         "max_request_bytes": LIMIT_BYTES,
         "download_placement": "inside_slot",
         "image_url_allowed_hosts": "images.example.org",
-        "image_download_timeout_s": 2.5,
         "abandon_on_disconnect": False,
     }
 
 
-async def test_health_says_loudly_when_the_weights_are_untrained(tmp_path):
+@pytest.mark.parametrize(
+    "variable, value, says",
+    [
+        ("INFERENCE_DEVICE", "gpu", "INFERENCE_DEVICE='gpu' is not one of auto, cuda, cpu"),
+        ("INFERENCE_THREADS", "many", "INFERENCE_THREADS='many' is not a whole number above 0"),
+        ("PREDICT_CONCURRENCY", "0", "PREDICT_CONCURRENCY='0' is not a whole number above 0"),
+        ("IMAGE_DOWNLOAD_TIMEOUT_S", "soon", "IMAGE_DOWNLOAD_TIMEOUT_S='soon' is not a number above 0"),
+        ("IMAGE_DOWNLOAD_PLACEMENT", "inside", "is not one of outside_slot, inside_slot"),
+        ("ABANDON_ON_DISCONNECT", "maybe", "is not one of on, off"),
+        ("WEB_CONCURRENCY", "2", "set PROMETHEUS_MULTIPROC_DIR to an empty folder"),
+    ],
+)
+def test_a_setting_the_service_cannot_use_stops_it_saying_what_to_set(flavor, variable, value, says):
+    with pytest.raises(SystemExit, match=re.escape(says)):
+        service_module(flavor, service_settings(**{variable: value}))
+
+
+async def test_health_says_loudly_when_the_weights_are_untrained(tmp_path, flavor):
     model_file = tmp_path / "food11.onnx"
     note = "UNTRAINED weights: the labels mean nothing"
     (tmp_path / "food11.onnx.weights.json").write_text(f'{{"weights": "untrained", "note": "{note}"}}')
-    async with serving(service_settings(), model_file=model_file) as service:
+    async with serving(service_settings(FOOD11_MODEL_PATH=str(model_file)), flavor=flavor) as service:
         health = (await service.get("/health")).json()
     assert (health["model_file"], health["weights"], health["weights_note"]) == ("food11.onnx", "untrained", note)
 
@@ -260,12 +315,62 @@ async def test_the_api_is_documented_and_other_methods_and_paths_are_refused(ser
     assert (await service.get("/no-such-endpoint")).status_code == 404
 
 
-async def test_health_is_503_until_every_process_of_the_service_serves():
+async def test_health_is_503_until_every_process_of_the_service_serves(tmp_path, monkeypatch, flavor):
     """A service of two processes where only this one has started: not ready, saying how many serve
-    (tests/test_fastapi_services.py starts two real ones); predictions are served meanwhile."""
-    async with serving(service_settings(processes=2)) as service:
+    (tests/test_fastapi_services.py starts two real ones); predictions are served meanwhile. Its metrics go
+    to files in PROMETHEUS_MULTIPROC_DIR, as in a process of several (prometheus_client chooses how it keeps
+    them when it is first imported: here, before the app)."""
+    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    settings = service_settings(WEB_CONCURRENCY="2", PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    async with serving(settings, flavor=flavor) as service:
         health = await service.get("/health")
         answer = await service.post("/predict", json={"image": PHOTO})
+        metrics = (await service.get("/metrics")).text
     assert health.status_code == 503
     assert health.json()["detail"] == "Starting: 1 of 2 processes serve. Ask again in a few seconds."
-    assert answer.status_code == 200
+    assert answer.status_code == 200 and 'predict_requests_total{status="200"} 1.0' in metrics
+
+
+async def test_a_process_counts_its_requests_and_a_connection_once_however_many_requests_it_carries(flavor):
+    """Its own share (uvicorn's workers share one socket, which balances connections): a client address it
+    has not seen lately is a new connection."""
+    service = service_module(flavor, service_settings())
+    app, process = service.app, str(os.getpid())
+
+    def client(port: int) -> httpx.AsyncClient:
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", port))
+        return httpx.AsyncClient(transport=transport, base_url="http://service")
+
+    def share(metrics: str) -> tuple[float, float]:
+        found = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if f'process="{process}"' in line)
+        return tuple(
+            float(found[f'{name}{{process="{process}"}}'])
+            for name in ("predict_requests_by_process", "predict_connections_by_process")
+        )
+
+    try:
+        async with app.router.lifespan_context(app), client(5000) as one, client(5001) as other:
+            idle = share((await one.get("/metrics")).text)
+            for sender in (one, one, other, one):
+                assert (await sender.post("/predict", json={"image": PHOTO})).status_code == 200
+            served = share((await one.get("/metrics")).text)
+    finally:
+        discard(service)
+    assert idle == (0.0, 0.0), "a process that served nothing shows, with 0"
+    assert served == (4.0, 2.0)
+
+
+def test_both_apps_write_the_same_http_side():
+    """Each app is a file of its own, read top to bottom: from its metrics on (the HTTP side), the two may
+    differ only in their title."""
+    sides = {
+        flavor: (paths.REPO_ROOT / f"fastapi_{flavor}" / "app.py").read_text().split("\n# ---- metrics")[1]
+        for flavor in FLAVORS
+    }
+    differing = [
+        line[0] + line[2:].split("(")[0]
+        for line in difflib.ndiff(sides["pt"].splitlines(), sides["onnx"].splitlines())
+        if line[0] in "+-"
+    ]
+    assert differing == ["-app = FastAPI", "+app = FastAPI"]

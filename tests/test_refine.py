@@ -150,15 +150,15 @@ def test_a_client_that_leaves_midway_stops_the_stream_at_the_next_step_unless_tu
 
 
 @pytest.mark.integration
-def test_a_stream_s_photo_and_steps_are_timed_as_predict_requests_are(tmp_path):
-    # The scheduler's bounds hold for a stream (tests/test_scheduler.py): its /metrics show it went through them.
+def test_a_stream_takes_one_slot_for_its_steps_timed_as_predict_requests_are(tmp_path):
+    # Its photo decoded once, its steps each an inference, all in the one slot it waited for.
     stack, url = one_slot_service("on", tmp_path)
     try:
         with service_stats.counted_over(url) as stats:
             assert len(refine_lines(url, 3)) == 3
     finally:
         stack.stop()
-    assert stats.delta.stage_counts == {"download": 0, "slot_wait": 3, "preprocess": 1, "inference": 3}
+    assert stats.delta.stage_counts == {"download": 0, "slot_wait": 1, "preprocess": 1, "inference": 3}
     assert stats.delta.refine_steps == 3 and stats.delta.requests == 0  # no /predict request among them
 
 

@@ -4,7 +4,8 @@ in one run on this machine and judged against the in-process ceiling measured in
 - `setups`: what is measured (the served setups, the naive references, the ceilings) and the
   CPU split of a load point, shared by the run and its report;
 - `run`: the run itself, measuring each setup `served` (its address, versions and thread plan)
-  against its ceiling, and the load generator's `agreement` with perf_analyzer; `goals`: its
+  against its ceiling, each FastAPI service's `lone` client before and after a load, and the load
+  generator's `agreement` with perf_analyzer; `goals`: its
   results judged (at c=64, the GPU check's load) or reported; `report`: report.md from its
   results; `naive_app`: the reference app a student writes first;
 - `gpu_check`: `make test-gpu`, the lab's GPU path checked on any machine with an NVIDIA GPU, beside

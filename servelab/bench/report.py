@@ -14,7 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
-from servelab.bench import setups
+from servelab.bench import lone, setups
 from servelab.bench.goals import EVERY_CORE_BUSY, GOAL_CONCURRENCY, ceiling_of, floored, goal_lines, window_fractions
 from servelab.bench.gpu_check.load import SATURATED_PERCENT
 from servelab.report import plots, tables
@@ -159,6 +159,18 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "saying why. Triton's front end has no event loop of ours to count: it is judged against the ceiling.",
         "",
         *goal_lines(results, meta),
+        "",
+        "## A lone client, before and after a load",
+        "",
+        "Each FastAPI service before any other load point reached it: one client for a window, then "
+        f"{GOAL_CONCURRENCY} clients for a window, then one client again at once, then the in-process loop (decode "
+        "then infer, one image at a time, on one thread with one intra-op thread, as a service's slot runs it) "
+        "measured at once, beside it (req/s). The goal: the lone client at "
+        f"{lone.LONE_GOAL:.0%} of the loop or more, before the load and after it.",
+        "",
+        *lone.lone_table(meta.get("lone_after_load", {})),
+        "",
+        *lone.lone_lines(meta.get("lone_after_load", {})),
         "",
         "## Where a FastAPI service's CPU goes",
         "",

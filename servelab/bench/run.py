@@ -18,6 +18,8 @@
    reference apps (servelab.bench.naive_app) at the highest concurrency. On a server with no GPU,
    Triton's models run one instance per core for their runs (the CPU counterpart of FastAPI's one
    slot per core), set through the repository API and put back afterwards.
+   Before those, each FastAPI service's lone client, fresh and right after a load, against the in-process
+   loop measured beside it (servelab.bench.lone).
 3. The load generator against perf_analyzer: at concurrency 8 against `food_classifier_onnx`,
    alternating, with the CPU each tool spent per request (servelab.bench.agreement).
 
@@ -43,6 +45,7 @@ import psutil
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from servelab import loadgen, paths, progress
+from servelab.bench import lone
 from servelab.bench import report as bench_report
 from servelab.bench.agreement import agreement_gaps, measure_agreement  # noqa: F401 (tests read agreement_gaps here)
 from servelab.bench.gpu_check.load import client_record
@@ -61,6 +64,8 @@ from servelab.triton import stats as triton_stats
 
 log = logging.getLogger(__name__)
 
+# The FastAPI services, each measured alone before and after a load (servelab.bench.lone).
+LONE = tuple(setup for setup in SETUPS if setup.kind == "fastapi")
 # Warm-up of a window after a load point's first, and of the ceiling measured again: the model is
 # already loaded (the ceiling's in the process that swept it).
 REPEAT_WARMUP_S = 1.0
@@ -256,7 +261,7 @@ def run_benchmark(
 
     # A bar over its steps where someone watches, the ETA from the steps done so far (the log's lines
     # go above it): every ceiling's sweep, load point and naive app, and the agreement pairs.
-    total = 2 * len(CEILINGS) + len(SETUPS) * len(profile.concurrencies) + 1 + len(NAIVE)
+    total = 2 * len(CEILINGS) + len(LONE) + len(SETUPS) * len(profile.concurrencies) + 1 + len(NAIVE)
     with progress.bar("benchmark", total, "step", smoothing=0) as steps, logging_redirect_tqdm():
         # The ceilings first, before any load: in-process work has the machine to itself. Each winner's
         # process stays to measure it again beside every load point, and ends with the benchmark.
@@ -296,6 +301,12 @@ def _measure_and_report(
         # The local stack's crashes (it restarts a server that dies); none is seen of services run elsewhere.
         exits = stack.exits if stack else []
 
+        # A lone client before and after a load, first: before any other load point reaches the services.
+        lone_after_load = {}
+        for setup in LONE:
+            log.info("%s: a lone client, a load, a lone client again, the in-process loop", setup.name)
+            lone_after_load[setup.name] = lone.measure(address(setup, endpoints), setup.runtime, profile, image)
+            steps.update()
         results: list[RunResult] = []
         # served setup -> concurrency -> its windows' req/s, and the ceiling's around them
         windows_rps: dict[str, dict[str, dict]] = {}
@@ -335,6 +346,7 @@ def _measure_and_report(
             "weights": built.weights_info,
             "payload": {"image": paths.SAMPLE_IMAGE.name, "bytes": len(image)},
             "thread_plans": plans,
+            "lone_after_load": lone_after_load,
             "agreement": agreement,
         }
     results += _naive(profile, image, out_dir / "logs", ceilings, windows_rps, steps)

@@ -15,7 +15,6 @@
 - `ui`: GourmetGram's client (an upload, as a browser sends it);
 - `notebook_runs`: runs notebooks as a student does and keeps them with their outputs (each
   checks its own verdicts in `lab.verdicts()`);
-- `source_excerpts`: the part of a service's source a notebook shows.
 
 May import every other folder of servelab.
 """

@@ -23,7 +23,7 @@ Lab is made of parts, each with its own public interface, and calls them:
   (servelab.lab.run_accounts) is set on it first, so the saved run is the run the notebook shows,
   every field (`lab.verdicts()` checks it);
 - `lab.triton` (servelab.lab.triton_side.TritonSide): perf_analyzer runs, capacity, config edits
-  (`lab.triton.perf(...)`, `lab.triton.apply_config(...)`, ...);
+  (`lab.triton.perf(...)`, `lab.triton.apply_config(...)`, `lab.triton.write_config(...)`, ...);
 - `lab.ray_serve()` (servelab.lab.ray_side.RayServe): the Ray Serve to edit, redeploy and watch.
 - the requests and the runs of the load generator (`lab.concurrent(...)`, `lab.closed_loop(...)`, ...)
   are Lab's methods too, written in servelab.lab.measuring (`Measuring`, mixed into Lab).

@@ -96,8 +96,8 @@ class Measuring:
         Jupyter container, next to the GPU on the node), for the `with` block:
         `with lab.fastapi_variant("pt", 2, 1) as url:`.
         It fetches images by URL from this lab's image host. It runs in one process unless
-        SERVICE_PROCESSES says otherwise: a variant is an experiment on what one process does."""
-        env = {"SERVICE_PROCESSES": "1"} | {
+        WEB_CONCURRENCY says otherwise: a variant is an experiment on what one process does."""
+        env = {"WEB_CONCURRENCY": "1"} | {
             name: str(value)
             for name, value in (("PREDICT_CONCURRENCY", slots), ("INFERENCE_THREADS", threads))
             if value is not None

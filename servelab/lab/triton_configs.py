@@ -5,6 +5,11 @@ how many instances now serve it (`apply_config`; `restore_config`, back to the c
 `restore_shipped_configs`, every model an earlier notebook left edited, which Lab.connect calls);
 the server's release and log level.
 
+Where the student edits the file Triton reads and loads it through Triton's own client (notebooks
+6 and 7), `write_config` writes what the student typed into that config.pbtxt, checked against
+Triton's schema and adapted to the server first, and prints the file as Triton will read it; a
+typed text it cannot write is a `TypedConfigError`, which a notebook shows as its message alone.
+
 `ServedConfigs` is a part of `TritonSide` (servelab.lab.triton_side), which it is mixed into: it
 uses the side's addresses, repository, hardware and models, declared below.
 """
@@ -29,6 +34,15 @@ from servelab.triton.models import ModelRepository
 # model starts a process that imports PyTorch and runs a first inference: four of them on a busy
 # 2-core machine took longer than tritonclient's default of 60 s (notebook 6, quick profile).
 MODEL_LOAD_TIMEOUT_S = 600.0
+
+
+class TypedConfigError(ConfigError):
+    """Config text a student typed that the lab will not write, saying what is wrong and what to
+    change. A notebook shows the message alone, as it shows a step left to type
+    (servelab.lab.your_turn), not a traceback through the lab's code."""
+
+    def _render_traceback_(self) -> list[str]:
+        return str(self).splitlines()
 
 
 class ServedConfigs:
@@ -93,17 +107,8 @@ class ServedConfigs:
         if self.repository is None:
             raise RuntimeError("This notebook connected without Triton (Lab.connect(triton=False)).")
         served = triton_local.served_config(info, edited, self.repository / model, self.server)
-        adaptation = edited.diff(served, "edited", "served by this Triton")
-        if adaptation:
-            missing = gpus_missing(edited, self.server)
-            moved = (
-                f": the instances written for GPU {listed([str(gpu) for gpu in missing])}, which it lacks, run on "
-                f"GPU {listed([str(gpu) for gpu in sorted({gpu % self.server.gpus for gpu in missing})])}, "
-                "as many as written"
-                if missing
-                else ""
-            )
-            print(f"Adapted for the Triton server ({self.server.describe()}){moved}:\n{adaptation}")
+        if adaptation := self._adaptation(edited, served, "edited"):
+            print(adaptation)
         (self.repository / model / "config.pbtxt").write_text(served.text)
         client = triton_http.InferenceServerClient(self.address, network_timeout=MODEL_LOAD_TIMEOUT_S)
         started = time.monotonic()
@@ -114,6 +119,64 @@ class ServedConfigs:
         ready, instances = client.is_model_ready(model), self.served_instances(model)
         print(f"Reloaded {model} in {time.monotonic() - started:.1f} s; ready: {ready}; instances served: {instances}")
         return instances
+
+    def _adaptation(self, edited: TritonConfig, served: TritonConfig, written: str) -> str:
+        """How this server's Triton serves `edited` (`served`) where that differs, in words and as a
+        diff from the config as `written`; "" where it serves it as written."""
+        adaptation = edited.diff(served, written, "served by this Triton")
+        if not adaptation:
+            return ""
+        missing = gpus_missing(edited, self.server)
+        if missing:
+            why = (
+                f": the instances written for GPU {listed([str(gpu) for gpu in missing])}, which it lacks, run on "
+                f"GPU {listed([str(gpu) for gpu in sorted({gpu % self.server.gpus for gpu in missing})])}, "
+                "as many as written"
+            )
+        elif not self.server.gpus and any(
+            group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU for group in edited.proto.instance_group
+        ):  # Triton refuses to load a KIND_GPU group on a server without a GPU
+            why = ": it has no GPU, so each KIND_GPU group runs its count of instances on the CPU (KIND_CPU)"
+        else:
+            why = ""
+        return f"Adapted for the Triton server ({self.server.describe()}){why}:\n{adaptation}"
+
+    def write_config(self, config_file: Path | str, typed: str) -> Path:
+        """Write `typed`, config.pbtxt text as a student types it (an `instance_group [ ... ]`, a
+        `dynamic_batching { ... }` block), into `config_file`, a model's config.pbtxt in the
+        repository this Triton reads (`lab.repository / model / "config.pbtxt"`): each field typed
+        replaces that field of the file, or is added; the file's other lines stay. Checked against
+        Triton's schema and adapted to the server first, as `apply_config` does (without a GPU,
+        KIND_CPU for KIND_GPU, said with the diff); then the file is printed as Triton will read it.
+        Triton reads it when the model is next loaded (`load_model`, Triton's model-control API),
+        which is the notebook's to call. Text it will not write (a misspelt field, a value out of
+        range, another model's name) is a TypedConfigError that says what to change, the file
+        left as it was. Returns the file."""
+        config_file = Path(config_file)
+        model = config_file.parent.name
+        if self.repository is None:
+            raise RuntimeError("This notebook connected without Triton (Lab.connect(triton=False)).")
+        expected = self.repository / model / "config.pbtxt"
+        if model not in self.models.names() or config_file.resolve() != expected.resolve():
+            raise TypedConfigError(
+                f"{config_file} is not a file this Triton reads: each model's is lab.repository / MODEL / "
+                f'"config.pbtxt", in {self.repository}, for {listed(self.models.names())}.'
+            )
+        current = TritonConfig.read(config_file, f"{model}/config.pbtxt")
+        try:
+            edited = current.with_text(typed)
+            if edited.name not in ("", model):
+                raise ConfigError(
+                    f'{model}/config.pbtxt: the text says name: "{edited.name}"; this file is {model}\'s.'
+                )
+            served = triton_local.served_config(self.models.get(model), edited, config_file.parent, self.server)
+        except (ConfigError, triton_local.StagingError) as wrong:
+            raise TypedConfigError(f"{wrong}\nNothing was written: {config_file} is as it was.") from None
+        if adaptation := self._adaptation(edited, served, f"{model}/config.pbtxt as typed"):
+            print(adaptation)
+        config_file.write_text(served.text)
+        print(f"{config_file}, as Triton reads it at the next load of {model}:\n\n{served.text}")
+        return config_file
 
     def version(self, http: str | None = None) -> tuple[int, ...]:
         """The release of the Triton at `http` (default: the lab's), as it reports it: (2, 51, 0)."""

@@ -4,7 +4,8 @@ and model configs.
 `TritonSide` takes the lab's run keeper (servelab.lab.run_keeper), which waits for the services
 before each run and keeps the run, and the Triton address; the notebooks call its methods as
 `lab.triton.perf(...)`, `lab.triton.capacity(...)`, `lab.triton.config(...)`,
-`lab.triton.apply_config(...)`. A config change is made on the config as shipped
+`lab.triton.apply_config(...)`, `lab.triton.write_config(...)` (where the student loads the model
+with Triton's own client, notebooks 6 and 7). A config change is made on the config as shipped
 (`lab.triton.config(model)`, a `servelab.triton.config.TritonConfig`), shown as the exact text change
 to `config.pbtxt`, and applied by reloading that one model through Triton's model-control API (the
 server runs with explicit model control, locally and in the Compose project). The edited config is

@@ -1,18 +1,18 @@
 """The in-process ceiling: what this machine can do with no server, no HTTP and no queue in front.
 
 The same work a service does per request (base64 decode, image decode, preprocessing, a batch-1
-forward pass) runs in one process, with the model built and run exactly as the services do it
-(servelab/cores.py: a thread plan of inference slots x threads per inference, the model loaded
-from an inference thread; devices.py: proved by one inference at start-up). Two kinds of run:
+forward pass) runs in one process, with the model built and run as the services do it (a thread
+plan of inference slots x threads per inference, servelab/service/cores.py; the model loaded from
+an inference thread and proved by one inference at start-up, devices.py). Two kinds of run:
 
 - one request in flight: a single thread decodes, then infers, then takes the next image. No
   server answering one request at a time (concurrency 1) can beat it;
 - a pipeline: decoding threads feed a short queue, and `slots` inference threads drain it, so
   decoding overlaps inference, as in the best possible server under load. On a CPU there is one
   decoding thread per slot (the inference threads need the other cores); on a GPU every core
-  decodes, as in the services (PREPROCESS_WORKERS' default there,
-  ServiceSettings.preprocess_workers_for): the GPU does the inference, decoding is the CPU's
-  main work, and a single decoding thread would cap the "ceiling" below what a service reaches.
+  decodes (the services decode on every core there too, in a slot each): the GPU does the inference,
+  decoding is the CPU's main work, and a single decoding thread would cap the "ceiling" below what a
+  service reaches.
 
 One Python process does only what its interpreter lock lets through, so a point may also run in
 several processes at once (`Point.processes`), each on its share of the cores, as a service of

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from servelab.polling import settled
 from servelab.results import StepCounts
 
-# The stages a FastAPI service times (predict_metrics.py), by their histogram's name.
+# The stages a FastAPI service times (the metrics part of its app.py), by their histogram's name.
 STAGES = {
     "download": "predict_download_seconds",
     "slot_wait": "predict_slot_wait_seconds",
@@ -33,7 +33,7 @@ STAGES = {
     "inference": "predict_inference_seconds",
 }
 
-# Each process's own counts (predict_metrics.py), by their gauge's name.
+# Each process's own counts (the same), by their gauge's name.
 PER_PROCESS = {"predict_requests_by_process": "requests", "predict_connections_by_process": "connections"}
 
 

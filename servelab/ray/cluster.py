@@ -58,7 +58,7 @@ def two_nodes(port: int, request_count: int, token_file: Path) -> dict:
 
         # One request at a time per replica: Serve's proxy prefers the replica on its own node
         # while that one has room, so with a higher target the head's replica would take them all.
-        one_per_node = app.food11.options(
+        one_per_node = app.Food11.options(
             num_replicas=2,
             max_replicas_per_node=1,
             max_ongoing_requests=1,

@@ -54,8 +54,8 @@ BY_PROCESS = "by process: connections/requests"
 
 
 def process_spread(result: RunResult) -> str | None:
-    """How a run spread over the service's processes, by each one's own count (servelab.service.
-    predict_metrics): "connections/requests" of each, busiest first; None where one process served."""
+    """How a run spread over the service's processes, by each one's own count (its app's
+    predict_*_by_process): "connections/requests" of each, busiest first; None where one process served."""
     by_process = ((result.service_stats or {}).get("by_process") or {}).values()
     if len(by_process) < 2:
         return None

@@ -6,8 +6,7 @@
    artifacts folder (SERVELAB_ARTIFACTS_DIR), each with a `<file>.weights.json` record of where its
    weights came from,
 2. copies them, with their records, into the service folders and the Triton model versions that
-   load them. Model files only: the code the services share is a package (servelab.service),
-   installed, never copied.
+   load them (Ray Serve's replicas serve fastapi_onnx's app, and its model file). Model files only.
 
 `--build-only` does step 1 alone: the lab's PyTorch image builds its model files so
 (docker/Dockerfile.torch), with no Triton client installed to read the model registry.
@@ -185,7 +184,6 @@ def placements(built: BuiltArtifacts) -> list[tuple[Path, Path]]:
     return [
         (built.pth, paths.FASTAPI_PT_DIR / "food11.pth"),
         (built.onnx, paths.FASTAPI_ONNX_DIR / "food11.onnx"),
-        (built.onnx, paths.RAY_SERVE_DIR / "food11.onnx"),
         # Each Triton model's generated files, as its registry entry lists them, in its version 1.
         *model_file_places(paths.MODELS_STAGING_DIR, built.pth.parent),
     ]

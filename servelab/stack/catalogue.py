@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from servelab import paths
-from servelab.stack.supervision import Ports, ServiceSpec
+from servelab.service.start import service_environment, uvicorn_command
+from servelab.stack.supervision import Ports, ServiceSpec, StackError
 from servelab.triton import server as triton_local
 from servelab.triton.models import ModelRepository
 from servelab.triton.server import StagingError
@@ -24,30 +25,30 @@ log = logging.getLogger(__name__)
 
 # Each FastAPI flavor's folder (its app.py) and the model file it serves.
 FASTAPI_FLAVORS = {"pt": (paths.FASTAPI_PT_DIR, "food11.pth"), "onnx": (paths.FASTAPI_ONNX_DIR, "food11.onnx")}
-FLAVOR_RUNTIME = {"pt": "torch", "onnx": "onnxruntime"}
 
 
 def fastapi_service(
     flavor: str, port: int, env: dict[str, str] | None = None, image_host_port: int | None = None
 ) -> ServiceSpec:
-    """flavor: "pt" (PyTorch) or "onnx" (ONNX Runtime). It serves the model file of the artifacts
+    """flavor: "pt" (PyTorch) or "onnx" (ONNX Runtime), started as its Dockerfile starts it (uvicorn, with
+    the processes its app plans: servelab.service.start). It serves the model file of the artifacts
     folder (the same bytes `make artifacts` places beside its app; in the Compose project's Jupyter
     container, the file built in the lab's PyTorch image), and fetches images by URL from the image
     host on `image_host_port` (default: the lab's port, which is also the services' default)."""
     folder, model_file = FASTAPI_FLAVORS[flavor]
     allowed = f"127.0.0.1:{image_host_port or Ports.configured().image_host}"
+    given = {"IMAGE_URL_ALLOWED_HOSTS": allowed, "FOOD11_MODEL_PATH": str(paths.ARTIFACTS_DIR / model_file)}
+    try:
+        served = service_environment(folder, {**given, **(env or {})})
+    except RuntimeError as refused:  # its app stops on a setting it cannot use, saying so
+        raise StackError(str(refused)) from None
     return ServiceSpec(
         name=f"fastapi_{flavor}",
-        command=[sys.executable, "-m", "servelab.service.launch", "--runtime", FLAVOR_RUNTIME[flavor]]
-        + ["--host", "127.0.0.1", "--port", str(port)],
+        command=uvicorn_command("127.0.0.1", port),
         cwd=folder,
         ports=[port],
         ready_url=f"http://127.0.0.1:{port}/health",
-        env={
-            "IMAGE_URL_ALLOWED_HOSTS": allowed,
-            "FOOD11_MODEL_PATH": str(paths.ARTIFACTS_DIR / model_file),
-            **(env or {}),
-        },
+        env=served,
     )
 
 

@@ -33,14 +33,8 @@ from PIL import Image
 
 from food11 import LABELS
 from servelab import paths, retries
-from servelab.service.cores import ThreadPlan
-from servelab.service.devices import Placement
-from servelab.service.image_fetch import AllowList
-from servelab.service.settings import ServiceSettings
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
     from servelab.results import RunResult
 
 T = TypeVar("T")
@@ -153,17 +147,32 @@ def check_bad_request(url: str, image_b64: str, body: bytes, headers: dict, stat
 
 
 # ---- a prediction service in this process (the fast lane's) -------------------------------------
-# The app that `create_app` builds for fastapi_pt and fastapi_onnx (servelab/service/predict_api.py),
-# from its start-up to its shutdown (its lifespan), asked over httpx's ASGI transport: no socket, no
-# server process. Its model answers at once, always the same class: what the HTTP side does with a
-# request does not depend on the model (tests/test_fastapi_services.py checks that both real services
-# serve this same API). Images sent by URL come from a photo host on a thread of this process, as
-# test_weights.py's file server does: a stand-in for the lab's image host, over real HTTP on 127.0.0.1.
+# fastapi_pt's or fastapi_onnx's own app.py, imported here with the settings a test gives, from its start-up
+# to its shutdown (its lifespan), asked over httpx's ASGI transport: no socket, no server process. Its model
+# answers at once, always the same class: what the HTTP side does with a request does not depend on the
+# model (tests/test_fastapi_services.py runs the real models). Images sent by URL come from a photo host on
+# a thread of this process, as test_weights.py's file server does: a stand-in for the lab's image host, over
+# real HTTP on 127.0.0.1.
 
+FLAVORS = ("pt", "onnx")
 LIMIT_BYTES = 1_000_000  # MAX_REQUEST_BYTES of the service in this process: every test image fits
-PLACEMENT = Placement(device="cpu", runtime="instant (a test's stand-in)", asked="cpu", first_inference_ms=0.1)
 # A model file with no weights record beside it: /health says its weights are unknown.
 MODEL_FILE = Path("instant-model.onnx")
+WHERE = {"runtime": "instant (a test's stand-in)", "device": "cpu", "device_asked": "cpu", "device_fallback": None}
+# Every variable a service reads (docs/settings.md): none is taken from the environment of the tests.
+SERVICE_VARIABLES = (
+    "WEB_CONCURRENCY",
+    "PREDICT_CONCURRENCY",
+    "INFERENCE_THREADS",
+    "INFERENCE_DEVICE",
+    "MAX_REQUEST_BYTES",
+    "IMAGE_URL_ALLOWED_HOSTS",
+    "IMAGE_DOWNLOAD_TIMEOUT_S",
+    "IMAGE_DOWNLOAD_PLACEMENT",
+    "ABANDON_ON_DISCONNECT",
+    "FOOD11_MODEL_PATH",
+    "PROMETHEUS_MULTIPROC_DIR",
+)
 
 
 class InstantModel:
@@ -177,50 +186,82 @@ class InstantModel:
         self.fails = fails
         self.batches: list[tuple[tuple[int, ...], np.dtype]] = []
 
-    def load(self, plan: ThreadPlan):
-        def run(batch: np.ndarray, threads: int) -> np.ndarray:
-            self.batches.append((batch.shape, batch.dtype))
-            if self.fails:
-                raise RuntimeError("the model failed")
-            logits = np.zeros((len(batch), len(LABELS)), np.float32)
-            logits[:, 3] = 2.0
-            return logits
+    def load(self) -> tuple[InstantModel, dict]:
+        """As an app's load_model: the model, and where it runs (proved in 0.1 ms)."""
+        return self, {**WHERE, "first_inference_ms": 0.1}
 
-        return run
+    def run(self, model: InstantModel, batch: np.ndarray) -> np.ndarray:
+        """As an app's run: logits [N, 11] for a batch [N, 3, 224, 224]."""
+        self.batches.append((batch.shape, batch.dtype))
+        if self.fails:
+            raise RuntimeError("the model failed")
+        logits = np.zeros((len(batch), len(LABELS)), np.float32)
+        logits[:, 3] = 2.0
+        return logits
 
 
-def service_settings(allowed_hosts: str = "", **changes) -> ServiceSettings:
-    """One predict slot of one thread and one decoding thread, the least a service runs on."""
-    least = {"slots": 1, "inference_threads": 1, "preprocess_workers": 1}
-    return ServiceSettings(
-        **{"max_request_bytes": LIMIT_BYTES, "allowed_hosts": AllowList.parse(allowed_hosts), **least, **changes}
+def service_settings(allowed_hosts: str = "", **settings: str) -> dict[str, str]:
+    """A service's environment: one inference slot of one thread, the test's request size limit, images by
+    URL from `allowed_hosts`; `settings` by variable name."""
+    least = {"PREDICT_CONCURRENCY": "1", "INFERENCE_THREADS": "1", "MAX_REQUEST_BYTES": str(LIMIT_BYTES)}
+    return {**least, "IMAGE_URL_ALLOWED_HOSTS": allowed_hosts, "FOOD11_MODEL_PATH": str(MODEL_FILE), **settings}
+
+
+def service_module(
+    flavor: str, environment: dict[str, str], model: InstantModel | None = None, real_model: bool = False
+):
+    """fastapi_<flavor>/app.py, imported afresh with `environment` as its settings (and no other service
+    variable), its model `model`'s (an InstantModel by default; its own with `real_model`). Call
+    `discard(module)` once done with it: each import starts its slots and registers its metrics."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location(
+        f"fastapi_{flavor}_app", paths.REPO_ROOT / f"fastapi_{flavor}" / "app.py"
     )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    saved = {name: os.environ.pop(name) for name in SERVICE_VARIABLES if name in os.environ}
+    os.environ.update(environment)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        for name in environment:
+            os.environ.pop(name, None)
+        os.environ.update(saved)
+    if not real_model:
+        model = model or InstantModel()
+        module.load_model, module.run = model.load, model.run
+    return module
 
 
-def service_app(settings: ServiceSettings, model: InstantModel, model_file: Path = MODEL_FILE) -> FastAPI:
-    # Imported here: the child processes of tests/test_stack.py import this module, and need no web framework.
-    from servelab.service.predict_api import ServedModel, create_app
+def discard(module) -> None:
+    """Stop an app's slots' threads, and take the metrics it registered off prometheus_client's registry,
+    for the next import of it."""
+    import prometheus_client
 
-    return create_app(
-        ServedModel(model_file=model_file, placement=PLACEMENT, load=model.load),
-        title="Food-11 classifier (in process)",
-        description="create_app with a model that answers at once",
-        settings=settings,
-    )
+    module.slots.close()
+    for value in vars(module).values():
+        if isinstance(value, prometheus_client.metrics.MetricWrapperBase):
+            prometheus_client.REGISTRY.unregister(value)
 
 
 @asynccontextmanager
 async def serving(
-    settings: ServiceSettings, model: InstantModel | None = None, model_file: Path = MODEL_FILE
+    environment: dict[str, str], model: InstantModel | None = None, flavor: str = "onnx"
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of the service, started (its lifespan) and stopped around the block."""
-    app = service_app(settings, model or InstantModel(), model_file)
-    transport = httpx.ASGITransport(app=app)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://service") as client,
-    ):
-        yield client
+    """A client of fastapi_<flavor>'s app with `environment` (service_settings) and `model`, started (its
+    lifespan) and stopped around the block."""
+    service = service_module(flavor, environment, model)
+    app = service.app
+    try:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://service") as client,
+        ):
+            yield client
+    finally:
+        discard(service)
 
 
 class PhotoHost(ThreadingHTTPServer):

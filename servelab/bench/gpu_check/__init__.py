@@ -7,7 +7,7 @@
 1. Without an NVIDIA GPU it stops at once, with exit code 2, saying what nvidia-smi, NVML (nvidia-ml-py)
    and PyTorch each saw. `--device cpu` runs the same steps on the CPU instead (CI, a laptop), and its
    table says that nothing on a GPU was checked.
-2. Starts fastapi_pt and fastapi_onnx with INFERENCE_DEVICE=cuda (as servelab.service.launch plans
+2. Starts fastapi_pt and fastapi_onnx with INFERENCE_DEVICE=cuda (as servelab.service.start plans
    their processes), the original lab's kind of app (naive/pytorch: servelab.bench.naive_app, one
    process, a reference never judged), and Triton's food_classifier (KIND_GPU) where a tritonserver
    is found (--tritonserver, else the nvidia-pytriton wheel's, else one on PATH), each on a free

@@ -27,6 +27,7 @@ import psutil
 
 from servelab import paths
 from servelab.service.cores import available_cores
+from servelab.service.start import service_environment, uvicorn_command
 
 log = logging.getLogger(__name__)
 
@@ -137,20 +138,14 @@ def free_ports(count: int) -> list[int]:
 
 
 def fastapi_service(name: str, device: str, image: bytes, port: int) -> Service:
-    """fastapi_pt or fastapi_onnx, as the local stack runs it (servelab.service.launch from its folder), on `device`."""
-    url = f"http://127.0.0.1:{port}"
+    """fastapi_pt or fastapi_onnx, as the local stack runs it (uvicorn from its folder, with the processes
+    its app plans: servelab.service.start), on `device`."""
+    url, folder = f"http://127.0.0.1:{port}", paths.REPO_ROOT / name
     return Service(
         name=name,
-        command=[
-            sys.executable,
-            "-m",
-            "servelab.service.launch",
-            "--runtime",
-            "torch" if name == "fastapi_pt" else "onnxruntime",
-        ]
-        + ["--host", "127.0.0.1", "--port", str(port)],
-        cwd=paths.REPO_ROOT / name,
-        env={"INFERENCE_DEVICE": device},
+        command=uvicorn_command("127.0.0.1", port),
+        cwd=folder,
+        env=service_environment(folder, {"INFERENCE_DEVICE": device}),
         ready_url=f"{url}/health",
         load_url=f"{url}/predict",
         body=json.dumps({"image": base64.b64encode(image).decode()}).encode(),

@@ -5,7 +5,7 @@
   `health_stays_out_of_the_queue`, and on a GPU `gpu_has_time_to_spare`), and processes
   (`processes_follow_the_plan`);
 - `checks_threads`: the thread plans, alone and under load (`crowded_threads_are_slower`,
-  `every_core_serves_one_faster`, `elastic_default_near_the_best`);
+  `every_core_serves_one_faster`, `default_near_the_best`);
 - `runs`: the plans the runs are served with (`CorePlans`: the thread plans, none on a GPU, and the
   services' plan of processes, for the cores the notebook may use), and so what the notebook asks
   on this machine (its `describe` and `questions`);
@@ -29,7 +29,7 @@ from servelab.lessons.fastapi_bench.checks import (
 )
 from servelab.lessons.fastapi_bench.checks_threads import (
     crowded_threads_are_slower,
-    elastic_default_near_the_best,
+    default_near_the_best,
     every_core_serves_one_faster,
 )
 from servelab.lessons.fastapi_bench.experiment import LoadWatch, health_check_ms, listening_pids
@@ -42,7 +42,7 @@ __all__ = [
     "LoadWatch",
     "crowded_threads_are_slower",
     "describe_predict",
-    "elastic_default_near_the_best",
+    "default_near_the_best",
     "every_core_serves_one_faster",
     "gpu_has_time_to_spare",
     "health_check_ms",

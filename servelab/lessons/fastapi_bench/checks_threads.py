@@ -1,6 +1,6 @@
 """Notebook 4's checks of its thread plans (inference slots x threads per inference, the plans of
 servelab.lessons.fastapi_bench.runs.CorePlans), each plan run alone and under load: crowded threads
-are slower, every core serves one request faster, and the elastic default is near the best.
+are slower, every core serves one request faster, and the default is near the best.
 
 Each takes the machine's `hardware` for its reason, read where the check runs unless a test gives it.
 """
@@ -108,7 +108,7 @@ def every_core_serves_one_faster(
     )
 
 
-def elastic_default_near_the_best(
+def default_near_the_best(
     alone: Mapping[str, RunResult], loaded: Mapping[str, RunResult], plans: CorePlans, earlier_p50_ms: float,
     hardware: str | None = None,
 ) -> Expectation:  # fmt: skip
@@ -125,7 +125,7 @@ def elastic_default_near_the_best(
     best_rate = figure(best_loaded, "throughput_rps", f"best under load ({best_loaded.name})")
     gpu = _on_the_gpu(device)
     return Expectation(
-        "the elastic default is within 15% of the best plan, alone and under load",
+        "the default (a slot per core, one thread each) is within 15% of the best plan, alone and under load",
         (
             unless(
                 not gpu,

@@ -1,5 +1,5 @@
 """The plans notebook 4's runs are served with, which its checks read (`CorePlans`): how it shares
-the cores of the machine it runs on, by threads (the four thread plans it serves: inference slots x
+the cores of the machine it runs on, by threads (the three thread plans it serves: inference slots x
 threads per inference, each run named for its plan) and by processes (the plan the services follow,
 servelab.service.cores.service_plan); and so what the notebook asks on that machine (the thread
 plans on a CPU, the GPU's use on a GPU).
@@ -29,15 +29,18 @@ class CorePlans:
     device: str
     cores: int = field(default_factory=machine_cores)
 
-    default = "default (elastic)"  # the plan that keeps the service's defaults
-
     @property
     def every_core(self) -> str:
         return f"1 slot x {self.cores} threads"
 
     @property
     def one_core(self) -> str:
-        return f"{self.cores} slots x 1 thread"
+        return f"{self.cores} slots x 1 thread (the default)"
+
+    @property
+    def default(self) -> str:
+        """The services' own plan (app.py): a slot per core, one thread each."""
+        return self.one_core
 
     @property
     def crowded_slots(self) -> int:
@@ -55,7 +58,6 @@ class CorePlans:
             self.every_core: (1, self.cores),
             self.one_core: (self.cores, 1),
             self.crowded: (self.crowded_slots, self.cores),
-            self.default: (None, None),
         }
 
     @property

@@ -25,7 +25,7 @@ def slot_holds_only_inference(
        the most, the throughput changes by less than 15% (the slot is the limit);
     2. outside the slot, the most senders go above 1 / (D + S), the inside design's limit;
     3. outside the slot, `enough` senders keep the slot busy at least 70% of the time
-       (throughput x S, by Little's law on the slot);
+       (throughput x (P + S), by Little's law on the slot, which decodes its photo P, then infers S);
     4. with the most senders, a request waits longer for the slot when the download is inside it.
 
     2 and 4 compare the designs, and are NOT CHECKED where the download took under a tenth of an
@@ -43,21 +43,23 @@ def slot_holds_only_inference(
         stage(outside[top], "slot_wait", "slot wait outside"),
     )
     saturated = outside[enough]
-    rate_many, s_many = (
+    rate_many, p_many, s_many = (
         figure(saturated, "throughput_rps", f"outside, {enough}"),
+        stage(saturated, "preprocess", f"P outside, {enough}"),
         stage(saturated, "inference", f"S outside, {enough}"),
     )
+    in_slot = p_many.value + s_many.value  # what a request holds the slot for, the download outside it
     d_many = stage(saturated, "download", "D").value
     bound_in = 1000 / (d_in.value + s_in.value)
-    busy = rate_many.value * s_many.value / 1000
+    busy = rate_many.value * in_slot / 1000
     change = rate_top.value / rate_few.value - 1
-    arriving = 1000 * enough / (d_many + s_many.value)  # what those senders could send, never waiting
+    arriving = 1000 * enough / (d_many + in_slot)  # what those senders could send, never waiting
     short = (
         f"the download took {d_in.value:.1f} ms, under a tenth of an inference ({s_in.value:.1f} ms): inside or "
         "outside the slot, it cannot move the limit"
     )
     return Expectation(
-        f"with a {latency_ms:g} ms download, the slot should hold only the inference",
+        f"with a {latency_ms:g} ms download, the slot should hold the model's work, never the download",
         (
             condition(
                 f"inside the slot, more senders only lengthen the queue: from {few} to {top} senders the "
@@ -83,8 +85,9 @@ def slot_holds_only_inference(
                 f"outside the slot, {enough} senders keep the slot busy at least 70% of the time",
                 busy >= 0.7,
                 rate_many,
+                p_many,
                 s_many,
-                detail=f"busy {busy:.0%} = throughput x S",
+                detail=f"busy {busy:.0%} = throughput x (P + S)",
             ),
             unless(
                 not d_in.value < s_in.value / 10,
@@ -97,11 +100,11 @@ def slot_holds_only_inference(
                 ),
             ),
         ),
-        reason=f"{enough} senders, each needing D + S = {d_many + s_many.value:.0f} ms when nothing waits, "
-        f"send at most {arriving:.0f} req/s, and the slot's limit is {1000 / s_many.value:.0f} req/s"
+        reason=f"{enough} senders, each needing D + P + S = {d_many + in_slot:.0f} ms when nothing waits, "
+        f"send at most {arriving:.0f} req/s, and the slot's limit is {1000 / in_slot:.0f} req/s"
         + (
             ": more senders are needed to keep the slot busy"
-            if arriving < 1000 / s_many.value
+            if arriving < 1000 / in_slot
             else f"; on {hardware}, the downloads, the decoding and the load generator share the cores with the "
             "inference (a hypothesis: this run does not measure their share)"
         ),
@@ -182,10 +185,10 @@ def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure | floa
                 ),
             ),
         ),
-        reason="W counts every wait after the download but the decoding (for a decoding thread, for "
-        "room ahead of the slots, for the event loop to hand a request to a slot, for a slot): a burst "
-        "decoded by fewer threads than requests, or a busy machine, stretches it; condition 3 tells the "
-        "designs apart only with a download D long beside S",
+        reason="W counts every wait after the download until a slot takes the request (the event loop "
+        "handing it to the slots, then the jobs ahead of it; the slot itself decodes the photo): a burst of "
+        "more requests than slots, or a busy machine, stretches it; condition 3 tells the designs apart "
+        "only with a download D long beside S",
         estimate=Estimate(f"the mean slot wait W of the {sent} requests", wait.value, "ms"),
     )
 

@@ -11,7 +11,6 @@ arrivals and dynamic batching).
   the noise between two runs that every check allows;
 - `checks_batching`: dynamic batching (notebook 7, section 4: `batching_shortens_the_queue`,
   `batching_keeps_latency_flat`, `batch_cost`);
-- `experiment`: the Poisson sweep (`poisson_sweep`, notebook 7), run through `lab.triton.perf`;
 - `views`: what the device did during each run (`device_use`, notebook 6), the batches that ran
   (`batches_ran`, drawn by `show_batches`), and the queueing view against M/D/1 and M/G/1
   (`queueing_view`, drawn by `show_queueing`; notebook 7);
@@ -42,7 +41,6 @@ from servelab.lessons.triton_bench.checks_queueing import (
     queue_is_the_clients_ahead,
     queueing_grows,
 )
-from servelab.lessons.triton_bench.experiment import poisson_sweep
 from servelab.lessons.triton_bench.views import (
     Capacity,
     batches_ran,
@@ -67,7 +65,6 @@ __all__ = [
     "instances_stop_helping",
     "onnx_beats_python",
     "poisson_queues_more",
-    "poisson_sweep",
     "queue_is_the_clients_ahead",
     "queueing_grows",
     "queueing_view",

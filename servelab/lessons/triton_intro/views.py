@@ -2,7 +2,8 @@
 beside what config.pbtxt asked for, and how the config Triton loads differs from the one shipped.
 
 Each function returns text for the notebook to print; none talks to a server (the notebook passes
-in what `lab.triton.served_config(...)` returned), so each has a unit test.
+in what Triton's config endpoint returned, tritonclient's `get_model_config`), so each has a unit
+test. A model's config as shipped is read from its folder in `models_staging/`.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ def tree(folder: Path) -> str:
     return "\n".join(lines)
 
 
-def describe_served(asked: TritonConfig, served: Mapping[str, Any]) -> str:
+def describe_served(shipped: Path, served: Mapping[str, Any]) -> str:
     """What Triton reports it runs for a model (`served`, from its model configuration endpoint)
-    beside the backend that the model's config.pbtxt (`asked`) names: backend, batch size, instance
-    groups, dynamic and sequence batching, and the config's parameters."""
+    beside the backend that the config.pbtxt in the model's folder as shipped (`shipped`) names:
+    backend, batch size, instance groups, dynamic and sequence batching, and the config's parameters."""
+    asked = TritonConfig.read(shipped / "config.pbtxt")
     lines = [
         asked.name,
         f"  backend:        config.pbtxt asks for {backend_of(asked.proto)!r}; Triton runs {served.get('backend')!r}",
@@ -59,11 +61,12 @@ def describe_served(asked: TritonConfig, served: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def changes_on_load(shipped: TritonConfig, served_folder: Path) -> str:
-    """The diff from a model's config as shipped (`models_staging/`) to the config.pbtxt that Triton
-    loads from `served_folder` (the model's folder in the staged repository), or a line saying that
-    Triton loads it unchanged."""
+def changes_on_load(shipped: Path, served_folder: Path) -> str:
+    """The diff from the config.pbtxt in a model's folder as shipped (`shipped`, in `models_staging/`)
+    to the one Triton loads from `served_folder` (the model's folder in the staged repository), or
+    a line saying that Triton loads it unchanged."""
+    shipped_config = TritonConfig.read(shipped / "config.pbtxt", f"models_staging/{shipped.name}/config.pbtxt")
     path = served_folder / "config.pbtxt"
     loaded = TritonConfig.read(path, str(path))
-    changes = shipped.diff(loaded, after=f"{path} (what Triton loads)")
+    changes = shipped_config.diff(loaded, after=f"{path} (what Triton loads)")
     return changes or f"{shipped.name}: Triton loads models_staging/{shipped.name}/config.pbtxt unchanged.\n"
