@@ -229,9 +229,12 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         "gourmetgram_requests", "Requests by page and HTTP status", ["page", "status"], registry=registry
     )
     backend_s = Histogram(
-        "gourmetgram_backend_seconds", "Time the backend took to answer a prediction, by outcome", ["outcome"],
-        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0), registry=registry,
-    )  # fmt: skip
+        "gourmetgram_backend_seconds",
+        "Time the backend took to answer a prediction, by outcome",
+        ["outcome"],
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+        registry=registry,
+    )
 
     def page(template: str, status: int, **context: Any) -> tuple[str, int]:
         return render_template(template, **context), status
@@ -276,12 +279,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
             prediction.probability,
         )
         return page(
-            "result.html",
-            200,
-            prediction=prediction,
-            latency_ms=elapsed_ms,
-            model_input=backend.model_input,
-            **context,
+            "result.html", 200, prediction=prediction, latency_ms=elapsed_ms, model_input=backend.model_input, **context
         )
 
     @app.context_processor

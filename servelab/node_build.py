@@ -141,8 +141,12 @@ def record_time(repo: Path, stage: Stage, seconds: float, mode: str) -> None:
     """A stage's time, measured start to end in one go, where the lease plan reads it."""
     path = repo / MEASURED_TIMES
     times = json.loads(path.read_text()) if path.is_file() else {}
-    times[stage.name] = {"seconds": round(seconds), "date": date.today().isoformat(), "machine": platform.node(),
-                         "mode": mode}  # fmt: skip
+    times[stage.name] = {
+        "seconds": round(seconds),
+        "date": date.today().isoformat(),
+        "machine": platform.node(),
+        "mode": mode,
+    }
     path.write_text(json.dumps(times, indent=2) + "\n")
 
 
@@ -289,8 +293,14 @@ class Progress:
         return f"{step.doing().capitalize()} {step.stage.what}: {so_far} so far. Log: {self.status['last_line']}"
 
 
-def follow(ask: Callable[[str], str], repo_dir: str, until: str = "fastapi", poll_s: float = POLL_S,
-           sleep: Callable[[float], None] = time.sleep, ssh_retries: int = 5) -> Progress:  # fmt: skip
+def follow(
+    ask: Callable[[str], str],
+    repo_dir: str,
+    until: str = "fastapi",
+    poll_s: float = POLL_S,
+    sleep: Callable[[float], None] = time.sleep,
+    ssh_retries: int = 5,
+) -> Progress:
     """From Chameleon's Jupyter (notebook 2): start the build on the node (`ask` runs a command
     there and returns what it printed), then show its progress until stage `until` is started.
     Raises RuntimeError, saying what to do, where a step failed or the runner stopped; a dropped
@@ -310,11 +320,15 @@ def follow(ask: Callable[[str], str], repo_dir: str, until: str = "fastapi", pol
             sleep(poll_s)
             continue
         if problem := progress.failed():
-            raise RuntimeError(f"{problem}. Read {repo_dir}/{STATE_FOLDER}/build.log on the node, fix the cause, "
-                               "and run this cell again: the build resumes where it stopped.")  # fmt: skip
+            raise RuntimeError(
+                f"{problem}. Read {repo_dir}/{STATE_FOLDER}/build.log on the node, fix the cause, "
+                "and run this cell again: the build resumes where it stopped."
+            )
         if progress.stopped():
-            raise RuntimeError("The build stopped before it finished (did the node restart?): run this cell again, "
-                               "and it resumes where it stopped.")  # fmt: skip
+            raise RuntimeError(
+                "The build stopped before it finished (did the node restart?): run this cell again, "
+                "and it resumes where it stopped."
+            )
         step = progress.current()
         if progress.stage_done(until):
             print(
@@ -332,8 +346,13 @@ def stage(name: str) -> Stage:
     return next(stage for stage in STAGES if stage.name == name)
 
 
-def wait_for_service(service: str, answers: Callable[[], bool], repo: Path, poll_s: float = POLL_S,
-                     sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
+def wait_for_service(
+    service: str,
+    answers: Callable[[], bool],
+    repo: Path,
+    poll_s: float = POLL_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """In the node's Jupyter container: return at once where `service` answers, or where no build
     runs here (`make test-docker`, a Docker host of one's own); else show its stage's progress until
     it is built and started. Raises RuntimeError, saying what to do, where its build failed or stopped."""
@@ -348,8 +367,10 @@ def wait_for_service(service: str, answers: Callable[[], bool], repo: Path, poll
             raise RuntimeError(f"{problem}. In notebook 2 (Chameleon's Jupyter), run the build cell again.")
         silent = progress.status["log_age_s"]
         if silent is not None and silent > SILENT_LIMIT_S:
-            raise RuntimeError(f"The build's log has said nothing for {minutes_seconds(silent)}: it stopped. "
-                               "In notebook 2 (Chameleon's Jupyter), run the build cell again.")  # fmt: skip
+            raise RuntimeError(
+                f"The build's log has said nothing for {minutes_seconds(silent)}: it stopped. "
+                "In notebook 2 (Chameleon's Jupyter), run the build cell again."
+            )
         if time.monotonic() - shown_at >= SHOW_EVERY_S:
             print(f"Waiting for {stage_of(service).what}, built in the background since notebook 2. {progress.line()}")
             shown_at = time.monotonic()

@@ -128,8 +128,14 @@ APT_UPDATE_RUNS = ("apt-daily.service", "apt-daily-upgrade.service")
 APT_LOCK_CONFIG = "/etc/apt/apt.conf.d/90servelab-lock-timeout"
 
 
-def wait_for_apt_then(command: str, limit_s: float = APT_WAIT_S, locks: tuple[str, ...] = APT_LOCKS,
-                      sudo: str = "sudo", poll_s: float = 5.0, first: str = "") -> str:  # fmt: skip
+def wait_for_apt_then(
+    command: str,
+    limit_s: float = APT_WAIT_S,
+    locks: tuple[str, ...] = APT_LOCKS,
+    sudo: str = "sudo",
+    poll_s: float = 5.0,
+    first: str = "",
+) -> str:
     """A shell command that runs `first`, then waits until no process holds apt's locks (saying which
     process does, every 30 s), at most `limit_s` seconds (bash's SECONDS: since it started), then runs
     `command`; past the limit it fails, saying what to do."""

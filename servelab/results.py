@@ -160,6 +160,11 @@ class StepCounts:
     running: int  # streams being computed now
 
 
+def _load_point(run: RunResult) -> tuple:
+    """What windows of one load point share: the target, the tool, the mode and the load."""
+    return (run.name, run.tool, run.mode, run.concurrency, run.batch_size)
+
+
 def pooled(windows: list[RunResult]) -> RunResult:
     """One closed-loop load point measured in several windows, as one result: the windows'
     requests and measured seconds added up (so its throughput is their total requests over their
@@ -169,9 +174,7 @@ def pooled(windows: list[RunResult]) -> RunResult:
         raise ValueError("pooled() needs at least one window")
     first = windows[0]
     for window in windows:
-        if (window.name, window.tool, window.mode, window.concurrency, window.batch_size) != (
-            first.name, first.tool, first.mode, first.concurrency, first.batch_size,
-        ) or window.mode != "closed" or window.impatient:  # fmt: skip
+        if _load_point(window) != _load_point(first) or window.mode != "closed" or window.impatient:
             raise ValueError(f"cannot pool {window.label} with {first.label}: pool one closed-loop load point")
     wall_s = sum(window.wall_s for window in windows)
     answered = sum(window.throughput_rps * window.wall_s for window in windows)

@@ -92,8 +92,13 @@ def test_photos_come_from_the_image_host_by_its_service_name_and_other_hosts_are
     # A variant of notebook 8's, a process of this container, downloading across the network.
     latency_ms = 50
     with lab.fastapi_variant("onnx", slots=1, IMAGE_DOWNLOAD_PLACEMENT="outside_slot") as url:
-        run = lab.concurrent("onnx", 4, url=url, image_url=lab.image_url("soup.jpg", latency_ms=latency_ms),
-                             name="fastapi_onnx, 1 slot, download outside_slot")  # fmt: skip
+        run = lab.concurrent(
+            "onnx",
+            4,
+            url=url,
+            image_url=lab.image_url("soup.jpg", latency_ms=latency_ms),
+            name="fastapi_onnx, 1 slot, download outside_slot",
+        )
     assert run.errors == {} and run.latencies_ms, run.errors
     assert run.service_stats["stage_mean_ms"]["download"] >= latency_ms, "each download waited out the host's latency"
 

@@ -8,6 +8,7 @@ from servelab import retries
 from servelab.lessons import cancellation
 from servelab.lessons.expectations import Outcome
 from servelab.results import LatencySummary, RunResult
+from tests.helpers.lessons import outcomes
 
 ASKED, READ = 12, 2
 
@@ -17,15 +18,21 @@ def streamed(left: int, for_gone: int, patient_p50_ms: float, answered: int = 10
     count of the steps it computed for them, the patient clients' p50 to their last step."""
     latency = LatencySummary(patient_p50_ms, patient_p50_ms, *(1.2 * patient_p50_ms,) * 3, 1.5 * patient_p50_ms)
     return RunResult(
-        "refine", "loadgen", "closed", answered + left, 1.0, latency, 10.0, concurrency=8, cancelled=left,
-        impatient=4, patient_latency=latency, latencies_ms=[patient_p50_ms] * answered,
+        "refine",
+        "loadgen",
+        "closed",
+        answered + left,
+        1.0,
+        latency,
+        10.0,
+        concurrency=8,
+        cancelled=left,
+        impatient=4,
+        patient_latency=latency,
+        latencies_ms=[patient_p50_ms] * answered,
         steps={"asked": ASKED, "leave_after_steps": READ, "computed": 500, "for_gone_clients": for_gone},
         interrupted_by=list(interrupted),
-    )  # fmt: skip
-
-
-def outcomes(expectation) -> list[Outcome]:
-    return [part.outcome for part in expectation.conditions]
+    )
 
 
 def test_streams_that_stop_at_the_next_step_hold_and_the_figures_are_the_runs():
@@ -42,8 +49,10 @@ def test_streams_that_stop_at_the_next_step_hold_and_the_figures_are_the_runs():
 def test_a_server_that_keeps_computing_with_cancellation_on_fails_the_second_condition():
     off, on = streamed(20, 190, 900.0), streamed(20, 150, 500.0)
     assert outcomes(cancellation.stream_stops_at_the_next_step("Ray Serve", off, on)) == [
-        Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD,
-    ]  # fmt: skip
+        Outcome.HELD,
+        Outcome.NOT_HELD,
+        Outcome.HELD,
+    ]
 
 
 def test_an_off_run_that_wasted_nothing_and_patients_no_faster_fail_their_conditions():
@@ -65,8 +74,8 @@ def test_streams_with_no_client_gone_are_not_checked_rather_than_held_on_zero():
     left behind" (0 >= 0) would hold on nothing."""
     nobody = cancellation.stream_stops_at_the_next_step("FastAPI", streamed(0, 0, 900.0), streamed(0, 0, 880.0))
     assert outcomes(nobody) == [Outcome.NOT_CHECKED] * 3
-    assert nobody.conditions[0].detail == "no client left with cancellation off: there was nothing to cancel, so " \
-        "nothing to judge"  # fmt: skip
+    said = "no client left with cancellation off: there was nothing to cancel, so nothing to judge"
+    assert nobody.conditions[0].detail == said
 
 
 def request_run(cancelled: int, p95_ms: float, goodput: float, abandoned: int | None = None, **fields) -> RunResult:
@@ -74,8 +83,21 @@ def request_run(cancelled: int, p95_ms: float, goodput: float, abandoned: int | 
     the goodput; `abandoned` what the FastAPI service abandoned before the model."""
     latency = LatencySummary(p95_ms / 2, p95_ms / 2, p95_ms, p95_ms, p95_ms, p95_ms)
     stats = {"abandoned_by_stage": {"slot_wait": abandoned}} if abandoned is not None else None
-    return RunResult("x", "loadgen", "closed", 100, goodput, latency, 10.0, concurrency=8, cancelled=cancelled,
-                     impatient=4, patient_latency=latency, service_stats=stats, **fields)  # fmt: skip
+    return RunResult(
+        "x",
+        "loadgen",
+        "closed",
+        100,
+        goodput,
+        latency,
+        10.0,
+        concurrency=8,
+        cancelled=cancelled,
+        impatient=4,
+        patient_latency=latency,
+        service_stats=stats,
+        **fields,
+    )
 
 
 def test_fastapi_without_cancellation_wastes_and_its_patient_clients_pay():
@@ -100,8 +122,9 @@ def test_abandoning_cuts_the_waste_and_abandons_before_the_model():
     late = request_run(40, 800, 8.5, abandoned=4)
     assert outcomes(cancellation.abandoning_cuts_the_waste(off, late, 38, 30)) == [Outcome.NOT_HELD] * 2
     # 0 < 0 / 4 would read DID NOT HOLD: nothing was wasted, nobody left.
-    skipped = cancellation.abandoning_cuts_the_waste(request_run(0, 400, 12), request_run(0, 400, 12, abandoned=0),
-                                                     0, 0)  # fmt: skip
+    skipped = cancellation.abandoning_cuts_the_waste(
+        request_run(0, 400, 12), request_run(0, 400, 12, abandoned=0), 0, 0
+    )
     assert outcomes(skipped) == [Outcome.NOT_CHECKED] * 2
     assert skipped.conditions[0].detail.startswith("nothing was wasted with abandoning off")
 
@@ -114,10 +137,13 @@ def test_triton_cancels_over_grpc_not_over_http():
     # The wrong outcome: the cancels never reached Triton over gRPC either.
     deaf = request_run(40, 900, 8, triton_stats={"fail_count": 0, "cancelled_by_model": 0})
     assert outcomes(cancellation.triton_cancels_over_grpc(http, deaf, 36, 38)) == [
-        Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_HELD]  # fmt: skip
+        Outcome.HELD,
+        Outcome.NOT_HELD,
+        Outcome.NOT_HELD,
+    ]
     none_left = request_run(0, 400, 12, triton_stats={"fail_count": 0, "cancelled_by_model": 0})
-    assert outcomes(cancellation.triton_cancels_over_grpc(request_run(0, 400, 12), none_left, 0, 0)) == [
-        Outcome.NOT_CHECKED] * 3  # fmt: skip
+    unjudged = cancellation.triton_cancels_over_grpc(request_run(0, 400, 12), none_left, 0, 0)
+    assert outcomes(unjudged) == [Outcome.NOT_CHECKED] * 3
 
 
 def test_ray_serve_drops_what_it_can():
@@ -163,7 +189,10 @@ def test_the_race_fails_where_the_deadlines_reach_the_server_at_the_same_steps_o
     # A fixed release that crashed all the same fails its second condition.
     crashed = RaceProbe(40, {"ISSUED": 20, "COMPLETE": 20}, "triton exited (signal 11)")
     assert outcomes(race(RaceProbe(60, {"ISSUED": 60}), crashed, FIXED)) == [
-        Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD]  # fmt: skip
+        Outcome.HELD,
+        Outcome.NOT_HELD,
+        Outcome.HELD,
+    ]
 
 
 def test_the_race_is_not_checked_where_no_client_gave_up():
@@ -207,8 +236,12 @@ def test_the_streams_table_has_a_line_per_run_with_the_steps_per_client_who_left
 
 
 def test_the_probe_table_says_where_there_was_no_log():
-    rows = cancellation.probe_rows({"at the service time": RaceProbe(40, {"ISSUED": 30, "FINISH": 10}, "hung"),
-                                    "the lesson's deadline": RaceProbe(60)})  # fmt: skip
+    rows = cancellation.probe_rows(
+        {
+            "at the service time": RaceProbe(40, {"ISSUED": 30, "FINISH": 10}, "hung"),
+            "the lesson's deadline": RaceProbe(60),
+        }
+    )
     assert "FINISH 10, ISSUED 30" in rows[1] and "25.0%" in rows[1] and rows[1].endswith("hung")
     assert "no log to read" in rows[2] and rows[2].endswith("none")
 
@@ -220,8 +253,11 @@ class StandInLab:
         self.runs, self.calls = list(runs), []
         self.triton_http, self.triton_grpc = "127.0.0.1:8000", "127.0.0.1:8001"
         self.profile = SimpleNamespace(duration_s=3.0)
-        self.triton = SimpleNamespace(applied=[], apply_config=lambda model, config: self.triton.applied.append(
-            (model, config)), restore_config=lambda model: self.triton.applied.append((model, "shipped")))  # fmt: skip
+        self.triton = SimpleNamespace(
+            applied=[],
+            apply_config=lambda model, config: self.triton.applied.append((model, config)),
+            restore_config=lambda model: self.triton.applied.append((model, "shipped")),
+        )
 
     def hardware(self) -> str:
         return "2 CPU core(s) and no GPU"

@@ -1,4 +1,5 @@
-"""Notebook 9's checks, each fed the case it must pass and the cases it must fail."""
+"""Notebook 9's checks of autoscaling and queues, each fed the case it must pass and the cases it must
+fail (its checks of capacity: tests/test_lessons_concurrency_target_capacity.py)."""
 
 import math
 import statistics
@@ -7,16 +8,20 @@ from servelab.lessons import concurrency_target
 from servelab.lessons.concurrency_target import Step, StepLoad
 from servelab.lessons.expectations import Outcome
 from servelab.ray.watch import ServeSample
-from tests.helpers import service_stages, synthetic_run
+from tests.helpers import synthetic_run
+from tests.helpers.lessons import outcomes
 
-AUTOSCALING = {"target_ongoing_requests": 1.5, "min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 2,
-               "downscale_delay_s": 5, "look_back_period_s": 4, "metrics_interval_s": 1}  # fmt: skip
+AUTOSCALING = {
+    "target_ongoing_requests": 1.5,
+    "min_replicas": 1,
+    "max_replicas": 2,
+    "upscale_delay_s": 2,
+    "downscale_delay_s": 5,
+    "look_back_period_s": 4,
+    "metrics_interval_s": 1,
+}
 MAX_ONGOING = 4
 HARDWARE = "2 CPU core(s) and no GPU"  # what the checks' reasons name, set rather than read from this machine
-
-
-def outcomes(expectation) -> list[Outcome]:
-    return [part.outcome for part in expectation.conditions]
 
 
 def sample(t_s, running, ongoing, queued=0.0, starting=0, in_ms_total=0.0, in_count_total=0.0, cpu=80.0):
@@ -99,8 +104,11 @@ def at_cap_steps(clients=(1, 3, 12)):
     return [Step(start, end, c, synthetic_run("ray_serve", c)) for (start, end), c in zip(bounds, clients, strict=True)]
 
 
-def at_cap_load(replicas_at, inside_at=lambda t: 1.0 if t <= 5 else 3.0 if t <= 20 else 4.0,
-                queued_at=lambda t: 8.0 if t > 20 else 0.0):  # fmt: skip
+def at_cap_load(
+    replicas_at,
+    inside_at=lambda t: 1.0 if t <= 5 else 3.0 if t <= 20 else 4.0,
+    queued_at=lambda t: 8.0 if t > 20 else 0.0,
+):
     """The target-at-the-cap load, one sample a second for 35 s; 12 clients fill the replica and 8 queue."""
     return [sample(t, replicas_at(t)[0], inside_at(t), queued_at(t), replicas_at(t)[1]) for t in range(36)]
 
@@ -188,8 +196,9 @@ def queue_samples(in_replica_ms_12, queued_12):
     for t in range(71):
         per_request, served = (in_replica_ms_12, 60) if 25 < t <= 40 else (20.0, 40)
         ms, count = ms + per_request * served, count + served
-        samples.append(sample(t, 2 if 20 <= t < 56 else 1, load(t), queued_12 if 25 < t <= 40 else 0.0,
-                              in_ms_total=ms, in_count_total=count))  # fmt: skip
+        running = 2 if 20 <= t < 56 else 1
+        queued = queued_12 if 25 < t <= 40 else 0.0
+        samples.append(sample(t, running, load(t), queued, in_ms_total=ms, in_count_total=count))
     return samples
 
 
@@ -218,8 +227,10 @@ def test_requests_waiting_inside_the_replicas_fail_the_queue_check():
     failed = queue_in_front(queue_samples(190.0, 0.0), queue_steps(), MAX_ONGOING)
     assert outcomes(failed) == [Outcome.NOT_HELD] * 3
     assert [item.name for item in failed.conditions[0].figures] == ["queued in front, 12 clients (mean)"]
-    assert failed.reason.startswith("with 12 clients, Serve's gauges counted 7.7 requests inside the replicas and "
-                                    "0.0 queued on average: the other 4.3 were in neither")  # fmt: skip
+    assert failed.reason.startswith(
+        "with 12 clients, Serve's gauges counted 7.7 requests inside the replicas and "
+        "0.0 queued on average: the other 4.3 were in neither"
+    )
 
 
 def test_the_queue_check_is_not_checked_where_every_client_found_room_in_a_replica():
@@ -249,10 +260,12 @@ def test_a_step_without_samples_reads_none():
 
 
 def slot_run(cap, throughput_rps, inferences, inference_ms, slot_wait_ms):
-    stats = {"stage_counts": {"inference": inferences},
-             "stage_mean_ms": {"inference": inference_ms, "slot_wait": slot_wait_ms}}  # fmt: skip
-    return synthetic_run(f"ray_serve, max_ongoing_requests {cap}", 4, throughput_rps, 4000 / throughput_rps,
-                         wall_s=5.0, service_stats=stats)  # fmt: skip
+    stats = {
+        "stage_counts": {"inference": inferences},
+        "stage_mean_ms": {"inference": inference_ms, "slot_wait": slot_wait_ms},
+    }
+    name = f"ray_serve, max_ongoing_requests {cap}"
+    return synthetic_run(name, 4, throughput_rps, 4000 / throughput_rps, wall_s=5.0, service_stats=stats)
 
 
 def watched(queued, cpu=80.0):
@@ -312,8 +325,9 @@ def test_a_bounded_queue_holds_one_rule_for_every_engine():
 
 
 def test_a_bounded_queue_s_reason_names_the_machine_and_triton_s_own_account_of_the_wait():
-    ray = concurrency_target.bounded_queue_refuses("Ray Serve", queue_run(40, 30), queue_run(200), 2, "http_503",
-                                                   HARDWARE)  # fmt: skip
+    ray = concurrency_target.bounded_queue_refuses(
+        "Ray Serve", queue_run(40, 30), queue_run(200), 2, "http_503", HARDWARE
+    )
     assert ray.reason.startswith(f"on {HARDWARE}, the 16 clients and their refusals share the cores with Ray Serve")
     counted = queue_run(40, 30)
     counted.triton_stats = {"avg_queue_us": 1500.0, "avg_compute_infer_us": 12000.0}
@@ -329,11 +343,13 @@ def test_a_bounded_queue_whose_answers_wait_nearly_as_long_fails_the_p95():
     failed = concurrency_target.bounded_queue_refuses("Triton", queue_run(160, 30), queue_run(200), 2, None, HARDWARE)
     assert outcomes(failed) == [Outcome.HELD, Outcome.HELD, Outcome.HELD, Outcome.NOT_HELD]
     # Refusals that waited in line (a timeout, not a full queue), and a refusal of another kind.
-    slow = concurrency_target.bounded_queue_refuses("Ray Serve", queue_run(40, 30, 35.0), queue_run(200), 2,
-                                                    "http_503", HARDWARE)  # fmt: skip
+    slow = concurrency_target.bounded_queue_refuses(
+        "Ray Serve", queue_run(40, 30, 35.0), queue_run(200), 2, "http_503", HARDWARE
+    )
     assert outcomes(slow)[1] is Outcome.NOT_HELD
-    other = concurrency_target.bounded_queue_refuses("Ray Serve", queue_run(40, 30, error="http_500"),
-                                                     queue_run(200), 2, "http_503", HARDWARE)  # fmt: skip
+    other = concurrency_target.bounded_queue_refuses(
+        "Ray Serve", queue_run(40, 30, error="http_500"), queue_run(200), 2, "http_503", HARDWARE
+    )
     assert outcomes(other)[0] is Outcome.NOT_HELD
 
 
@@ -341,127 +357,3 @@ def test_a_bound_that_refused_nothing_leaves_its_effects_not_checked():
     never = concurrency_target.bounded_queue_refuses("Triton", queue_run(90), queue_run(200), 2, None, HARDWARE)
     assert outcomes(never) == [Outcome.NOT_HELD, Outcome.NOT_CHECKED, Outcome.HELD, Outcome.NOT_CHECKED]
     assert never.conditions[3].detail.startswith("the queue of 2 refused nothing")
-
-
-# ---- replicas against the machine's capacity, two nodes, FastAPI's slot
-
-
-def replicas_runs(*rates):
-    return {n: synthetic_run(f"ray_serve, {n} replica(s), 8 clients", 8, rate) for n, rate in enumerate(rates, 1)}
-
-
-def test_a_second_gpu_replica_that_adds_capacity_holds():
-    held = concurrency_target.gpu_replicas_add_capacity(replicas_runs(30, 55), gpus=2, cores=16)
-    assert outcomes(held) == [Outcome.HELD], held
-    assert held.conditions[0].detail == "1.83x"
-    assert held.estimate is not None and held.estimate.value == 55 / 30
-
-
-def test_a_second_gpu_replica_that_adds_little_fails():
-    """The wrong outcome: 1.1x, the GPUs not the limit (the CPU work around them is)."""
-    failed = concurrency_target.gpu_replicas_add_capacity(replicas_runs(30, 33), gpus=2, cores=16)
-    assert outcomes(failed) == [Outcome.NOT_HELD]
-    assert "shares 16 cores" in failed.reason
-
-
-def test_two_replicas_sharing_one_gpu_are_not_checked():
-    shared = concurrency_target.gpu_replicas_add_capacity(replicas_runs(30, 31), gpus=1, cores=8)
-    assert outcomes(shared) == [Outcome.NOT_CHECKED]
-    assert shared.conditions[0].detail.startswith("this Ray has 1 GPU(s), which the two replicas share")
-
-
-def test_replicas_that_stop_adding_once_the_cores_are_full_hold():
-    held = concurrency_target.replicas_stop_at_full_cores(replicas_runs(20, 30, 31), {1: 60, 2: 97, 3: 99}, cores=2)
-    assert outcomes(held) == [Outcome.HELD] * 2, held
-    assert held.conditions[1].detail == "gain 1.03x, room for 1.03x"
-    assert held.estimate is not None and held.estimate.value == 31 / 30  # the third replica's gain over two
-
-
-def test_a_third_replica_that_adds_capacity_past_full_cores_fails():
-    """The wrong outcome: each replica counted as a machine of its own, 1.5x from a third replica
-    while two already filled the cores; and cores that two replicas left half idle."""
-    failed = concurrency_target.replicas_stop_at_full_cores(replicas_runs(20, 30, 45), {1: 60, 2: 97, 3: 99}, cores=2)
-    assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD]
-    idle = concurrency_target.replicas_stop_at_full_cores(replicas_runs(20, 30, 31), {1: 40, 2: 60, 3: 70}, cores=2)
-    assert outcomes(idle)[0] is Outcome.NOT_HELD
-    assert "(2 cores)" in idle.reason
-
-
-def test_the_capacity_check_follows_the_hardware():
-    runs = replicas_runs(30, 55, 56)
-    assert (
-        concurrency_target.replicas_add_capacity(runs, {}, gpus=2, cores=16).claim == "each GPU replica adds capacity"
-    )
-    cpu_only = concurrency_target.replicas_add_capacity(runs, {1: 60, 2: 97, 3: 99}, gpus=0, cores=2)
-    assert cpu_only.claim.startswith("on a CPU-only machine")
-
-
-def test_replicas_against_cores_without_a_third_run_are_not_checked():
-    runs = replicas_runs(20, 30)
-    partial = concurrency_target.replicas_stop_at_full_cores(runs, {1: 60, 2: 97}, cores=2)
-    assert outcomes(partial) == [Outcome.HELD, Outcome.NOT_CHECKED]
-    assert partial.conditions[1].detail == "no run with two and three replicas to compare (replicas run: 1, 2)"
-
-
-def two_node_report(replicas=None, served=None, nodes=("node-aaaa1", "node-bbbb2"), addresses=("127.0.0.1",), ok=40):
-    replicas = replicas or {nodes[0]: ["r1"], nodes[-1]: ["r2"]}
-    statuses = {"200": ok, **({"503": 40 - ok} if ok < 40 else {})}
-    return {"nodes": list(nodes), "node_addresses": list(addresses), "statuses": statuses,
-            "requests_by_node": served or {nodes[0]: 22, nodes[-1]: 18}, "replicas_by_node": replicas}  # fmt: skip
-
-
-def test_replicas_spread_over_two_nodes_on_loopback_hold_every_condition():
-    held = concurrency_target.spread_over_nodes(two_node_report(), 40)
-    assert outcomes(held) == [Outcome.HELD] * 5, held
-    assert held.must_hold
-
-
-def test_both_replicas_on_the_head_node_fail():
-    """The wrong outcome: both replicas on the head node, which then served every request."""
-    head = two_node_report(replicas={"node-aaaa1": ["r1", "r2"]}, served={"node-aaaa1": 40})
-    failed = concurrency_target.spread_over_nodes(head, 40)
-    assert outcomes(failed) == [Outcome.HELD, Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD, Outcome.NOT_HELD]
-    assert [item.value for item in failed.conditions[2].figures] == [2, 0]
-    exposed = concurrency_target.spread_over_nodes(two_node_report(addresses=("10.0.0.5", "127.0.0.1"), ok=38), 40)
-    assert outcomes(exposed) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD]
-
-
-def test_a_cluster_whose_second_node_never_joined_leaves_the_placement_not_checked():
-    lone = concurrency_target.spread_over_nodes(
-        two_node_report(nodes=("node-aaaa1",), replicas={"node-aaaa1": ["r1"]}, served={"node-aaaa1": 40}), 40
-    )
-    assert outcomes(lone) == [Outcome.NOT_HELD, Outcome.HELD, Outcome.NOT_CHECKED, Outcome.HELD, Outcome.NOT_CHECKED]
-    assert lone.conditions[2].detail.startswith("the cluster had 1 node(s): no second node")
-    assert "1, at 127.0.0.1" in lone.reason
-
-
-def fastapi_run(clients, p50_ms, slot_wait_ms, inference_ms, errors=None):
-    return synthetic_run(f"fastapi_onnx, 1 slot, {clients}", clients, 1000 * clients / p50_ms, p50_ms,
-                         errors=errors or {}, service_stats=service_stages(slot_wait=slot_wait_ms,
-                                                                            inference=inference_ms))  # fmt: skip
-
-
-def test_requests_waiting_for_fastapis_slot_hold_every_condition():
-    held = concurrency_target.fastapi_queues_inside(fastapi_run(4, 40, 28, 9), fastapi_run(16, 150, 135, 9.5), 1)
-    assert outcomes(held) == [Outcome.HELD] * 3, held
-    assert held.conditions[2].detail == "slot wait +107.0 ms, inference +0.5 ms"
-    assert (
-        held.estimate is not None
-        and held.estimate.value == held.conditions[1].figures[1].value / held.conditions[1].figures[0].value
-    )
-
-
-def test_requests_refused_or_waiting_outside_the_slot_fail():
-    """The wrong outcome: the extra clients refused, or their wait outside the slot (the latency
-    grows while the slot wait stays within an inference time of what it was)."""
-    refused = fastapi_run(16, 150, 30, 9, errors={"http_503": 5})
-    failed = concurrency_target.fastapi_queues_inside(fastapi_run(4, 40, 28, 9), refused, 1)
-    assert outcomes(failed) == [Outcome.NOT_HELD, Outcome.HELD, Outcome.NOT_HELD]
-    flat = concurrency_target.fastapi_queues_inside(fastapi_run(4, 40, 28, 9), fastapi_run(16, 80, 30, 9), 1)
-    assert outcomes(flat) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_HELD]
-
-
-def test_fastapi_with_a_slot_for_every_client_is_not_checked():
-    judged = concurrency_target.fastapi_queues_inside(fastapi_run(4, 40, 0, 9), fastapi_run(16, 45, 0, 9), 16)
-    assert outcomes(judged) == [Outcome.HELD, Outcome.NOT_CHECKED, Outcome.NOT_CHECKED]
-    assert judged.conditions[1].detail == "16 client(s) for 16 predict slot(s): none had to wait for a slot"

@@ -1,20 +1,12 @@
-"""Notebook 4's checks, each fed a case it must pass and one it must fail; and the machinery of its cells."""
-
-import os
-import socket
-import time
-
-import matplotlib.pyplot as plt
+"""Notebook 4's checks, each fed a case it must pass and one it must fail, and its thread plans, on a
+CPU and on a GPU (the machinery of its other cells: tests/test_lessons_fastapi_bench_cells.py)."""
 
 import food11
 from servelab import paths
 from servelab.lessons import fastapi_bench
 from servelab.lessons.expectations import Outcome, machine_cores
 from tests.helpers import service_stages, synthetic_run
-
-
-def outcomes(expectation) -> list[Outcome]:
-    return [part.outcome for part in expectation.conditions]
+from tests.helpers.lessons import outcomes
 
 
 def test_onnx_faster_than_pytorch_holds_and_fails_on_its_two_figures_and_its_reason_reads_the_inference_times():
@@ -68,8 +60,11 @@ def test_queueing_is_not_checked_with_no_more_senders_than_slots():
     assert "2 sender(s) for 2 slot(s)" in judged.conditions[2].detail
 
 
-SHOWN_AS_NAMED = {"bread.jpg": ("Bread", "61.0% probability"), "fried_egg.jpg": ("Egg", "48.2% probability"),
-                  "soup.jpg": ("Soup", "90.5% probability")}  # fmt: skip
+SHOWN_AS_NAMED = {
+    "bread.jpg": ("Bread", "61.0% probability"),
+    "fried_egg.jpg": ("Egg", "48.2% probability"),
+    "soup.jpg": ("Soup", "90.5% probability"),
+}
 
 
 def test_every_bundled_sample_is_named_for_a_food11_class():
@@ -220,33 +215,6 @@ def test_processes_follow_the_plan_on_many_cores_and_on_two():
     assert same.outcome is Outcome.NOT_CHECKED and "nothing to compare" in same.conditions[0].detail
 
 
-# ---- the machinery of the notebook's cells ------------------------------------------------------
-
-OPENAPI = {
-    "paths": {
-        "/predict": {
-            "post": {
-                "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Req"}}}},
-                "responses": {
-                    "200": {"description": "Successful Response",
-                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Resp"}}}},
-                    "413": {"description": "Too large"},
-                },
-            }
-        }
-    },
-    "components": {"schemas": {"Req": {"properties": {"image": {"type": "string"}}},
-                               "Resp": {"properties": {"prediction": {}, "probability": {}}}}},
-}  # fmt: skip
-
-
-def test_describe_predict_follows_each_reference_to_the_schema_it_names():
-    text = fastapi_bench.describe_predict(OPENAPI)
-    assert '"image": {\n      "type": "string"' in text  # the request body's schema, resolved
-    assert "  200: Successful Response (fields: prediction, probability)" in text
-    assert "  413: Too large (fields: no body)" in text
-
-
 def test_the_thread_plans_are_the_ones_the_checks_judge_even_on_one_core():
     plans = {"1 slot x 4 threads": (1, 4), "4 slots x 1 thread (the default)": (4, 1), "4 slots x 4 threads": (4, 4)}
     assert PLANS.threads == plans
@@ -270,57 +238,11 @@ def test_on_a_gpu_the_thread_plans_are_not_run_and_the_notebook_says_why():
     assert said.startswith("The model runs on cuda:0") and "the thread plans are not run" in said
 
 
-def test_listening_pids_finds_this_process_listening_on_a_port():
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        assert os.getpid() in fastapi_bench.listening_pids(f"http://127.0.0.1:{port}")
-        # A service of the Compose project, by its name: another container, whatever listens here.
-        assert fastapi_bench.listening_pids(f"http://fastapi_onnx:{port}") == []
-
-
-def test_the_load_watch_times_health_before_and_during_the_block():
-    calls = iter(range(1000))
-    with fastapi_bench.LoadWatch("http://x:1", idle_checks=3, every_s=0.01,
-                                 time_health=lambda: float(next(calls))) as watch:  # fmt: skip
-        time.sleep(0.1)
-    assert watch.idle_ms == [0.0, 1.0, 2.0]
-    assert len(watch.loaded_ms) >= 2 and watch.loaded_ms[0] == 3.0
-    assert watch.sampler.pids == []  # the server is on another machine (in Docker, its container): this one only
-    stopped = len(watch.loaded_ms)
-    time.sleep(0.05)
-    assert len(watch.loaded_ms) == stopped  # the poller stopped with the block
-
-
-def test_usage_text_says_the_machine_the_gpu_or_why_none_and_the_server_process():
-    series = {"t_s": [0.25, 0.5], "cpu_percent": [40.0, 60.0], "memory_percent": [10.0, 10.0],
-              "gpus": [], "gpu_source": "no GPU found", "process_cpu_percent": [100.0, 300.0]}  # fmt: skip
-    text = fastapi_bench.usage_text(series, 4)
-    assert "CPU 50.0% of all 4 cores on average (peak 60.0%); GPU: no GPU found" in text
-    assert "The server process alone: 200.0% of one core on average, i.e. 50% of all 4 cores" in text
-    gpu = {"index": 0, "name": "H100", "util_percent": [30.0, 50.0], "memory_used_mib": [1.0, 2.0],
-           "memory_total_mib": 80.0}  # fmt: skip
-    with_gpu = fastapi_bench.usage_text({**series, "gpus": [gpu]}, 4)
-    assert "GPU: H100 40.0% busy on average (peak 50.0%)" in with_gpu
-    assert f"of all {machine_cores()} cores" in fastapi_bench.usage_text(series)  # the cores this process may use
-
-
-def test_the_load_watch_shows_what_its_sampler_saw_in_words_and_plotted(capsys):
-    watch = fastapi_bench.LoadWatch("http://x:1", idle_checks=0, time_health=lambda: 1.0)
-    with watch.sampler:
-        time.sleep(0.6)  # two samples, one every 0.25 s
-    watch.show_resources("fastapi_onnx, c=16")
-    assert "The whole machine: CPU" in capsys.readouterr().out
-    assert plt.gcf().get_suptitle() == "Resources during fastapi_onnx, c=16"
-    plt.close("all")
-
-
 def gpu_run(*utils_by_gpu: list[float], throughput_rps: float = 400.0, source: str = "nvml"):
-    gpus = [{"index": index, "name": "Tesla P100-PCIE-16GB", "util_percent": utils, "memory_used_mib": [900.0],
-             "memory_total_mib": 16280.0} for index, utils in enumerate(utils_by_gpu)]  # fmt: skip
-    series = {"t_s": [0.25, 0.5], "cpu_percent": [60.0, 70.0], "memory_percent": [10.0, 10.0], "gpus": gpus,
-              "gpu_source": source}  # fmt: skip
+    gpu = {"name": "Tesla P100-PCIE-16GB", "memory_used_mib": [900.0], "memory_total_mib": 16280.0}
+    gpus = [{**gpu, "index": index, "util_percent": utils} for index, utils in enumerate(utils_by_gpu)]
+    series = {"t_s": [0.25, 0.5], "cpu_percent": [60.0, 70.0], "memory_percent": [10.0, 10.0], "gpu_source": source}
+    series["gpus"] = gpus
     return synthetic_run("fastapi_onnx", 16, throughput_rps, 40.0, resources=series)
 
 
@@ -360,8 +282,13 @@ def test_notebook_4_on_a_gpu_runs_no_thread_plan_cell_and_its_time_counts_none()
     from servelab import time_plan
 
     source = (paths.REPO_ROOT / "notebooks" / "4_fastapi_bench.py").read_text()
-    thread_work = ("predicted_crowded_rate", "predicted_every_core", "predicted_default_share",
-                   "lab.fastapi_variant(\"pt\", slots, threads)", "slots x threads per inference\")")  # fmt: skip
+    thread_work = (
+        "predicted_crowded_rate",
+        "predicted_every_core",
+        "predicted_default_share",
+        'lab.fastapi_variant("pt", slots, threads)',
+        'slots x threads per inference")',
+    )
     on_gpu, on_cpu = time_plan.code_cells(source, time_plan.GPU), time_plan.code_cells(source, time_plan.CPU)
     assert not [work for work in thread_work if any(work in cell for cell in on_gpu)]
     assert all(any(work in cell for cell in on_cpu) for work in thread_work)

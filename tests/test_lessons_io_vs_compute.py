@@ -3,16 +3,12 @@
 from servelab.lessons import io_vs_compute
 from servelab.lessons.expectations import Outcome, measured
 from tests.helpers import service_stages, synthetic_run
+from tests.helpers.lessons import outcomes
 
 
 def run(senders: int, throughput_rps: float, download: float, slot_wait: float, inference: float = 8.0):
     stages = service_stages(download=download, slot_wait=slot_wait, preprocess=4.0, inference=inference)
-    return synthetic_run("fastapi_onnx", senders, throughput_rps, 1000 * senders / throughput_rps,
-                         service_stats=stages)  # fmt: skip
-
-
-def outcomes(expectation) -> list[Outcome]:
-    return [part.outcome for part in expectation.conditions]
+    return synthetic_run("fastapi_onnx", senders, throughput_rps, 1000 * senders / throughput_rps, service_stats=stages)
 
 
 # A 50 ms download: inside the slot 1 / (D + decode + S) = 1000 / 62 = 16 req/s whatever the senders;
@@ -57,8 +53,7 @@ def test_a_download_too_short_to_matter_leaves_the_designs_comparison_not_checke
 # at once; the first 5 take the slots, the other 5 wait one inference each (S = 60 ms): W = 30 ms.
 def burst(wait: float, sent: int = 10, answered: int = 10):
     stats = service_stages(download=200, slot_wait=wait, preprocess=20, inference=60)
-    stats["stage_counts"] = {"download": answered, "slot_wait": answered, "preprocess": answered,
-                             "inference": answered}  # fmt: skip
+    stats["stage_counts"] = {"download": answered, "slot_wait": answered, "preprocess": answered, "inference": answered}
     return synthetic_run("fastapi_onnx", sent, 10, 300, service_stats=stats, requests=sent)
 
 

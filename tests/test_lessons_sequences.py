@@ -33,8 +33,13 @@ def test_the_batcher_check_holds_on_batches_and_fails_on_a_strategy_that_ran_fra
 
 def queued(queue_us: float, execution_us: float = 0.0):
     """A run of frames whose executions took `execution_us` each, input to output."""
-    stats = {"avg_batch_size": 5.0, "avg_queue_us": queue_us, "avg_compute_input_us": 0.1 * execution_us,
-             "avg_compute_infer_us": 0.8 * execution_us, "avg_compute_output_us": 0.1 * execution_us}  # fmt: skip
+    stats = {
+        "avg_batch_size": 5.0,
+        "avg_queue_us": queue_us,
+        "avg_compute_input_us": 0.1 * execution_us,
+        "avg_compute_infer_us": 0.8 * execution_us,
+        "avg_compute_output_us": 0.1 * execution_us,
+    }
     return synthetic_run("triton/food_sequence", 8, 40, 50, triton_stats=stats)
 
 
@@ -51,8 +56,10 @@ def test_a_frame_waits_out_the_delay_alone_and_at_most_one_execution_plus_it_wit
     assert [part.outcome for part in backlog.conditions] == [Outcome.HELD, Outcome.NOT_HELD]
     assert backlog.estimate is not None and (backlog.estimate.value, backlog.estimate.unit) == (270.0, "ms")
     assert [item.name for item in backlog.conditions[1].figures] == [
-        "queue per frame, 8 sequences", "one execution, 8 sequences (input to output)",
-        "max_queue_delay_microseconds (config)"]  # fmt: skip
+        "queue per frame, 8 sequences",
+        "one execution, 8 sequences (input to output)",
+        "max_queue_delay_microseconds (config)",
+    ]
     # No delay configured: the lone wait has nothing to be judged against.
     no_delay = sequences.where_a_frame_waits(queued(40), queued(5_000, 90_000), 8, 0)
     assert [part.outcome for part in no_delay.conditions] == [Outcome.NOT_CHECKED, Outcome.HELD]
@@ -69,8 +76,10 @@ class Refused(Exception):
 ANSWERED = {"SEQUENCE_LABEL": b"Soup", "FRAMES_SEEN": 2}
 EXPIRED = Refused("expired: sequence 7 sent no frame for longer than the idle timeout (1 s)")
 CANCELLED = Refused("cancelled: sequence 9 was cancelled by its client; its state was dropped")
-NOT_STARTED = Refused("[StatusCode.INVALID_ARGUMENT] inference request for sequence 9 to model 'food_sequence' must "
-                      "specify the START flag on the first request of the sequence")  # fmt: skip
+NOT_STARTED = Refused(
+    "[StatusCode.INVALID_ARGUMENT] inference request for sequence 9 to model 'food_sequence' must "
+    "specify the START flag on the first request of the sequence"
+)
 
 
 def test_idle_and_cancelled_sequences_hold_on_their_specific_refusals():
@@ -92,8 +101,12 @@ def test_idle_and_cancelled_sequences_fail_on_any_other_error():
     assert [part.outcome for part in wrong_refusal.conditions] == [Outcome.HELD] * 3 + [Outcome.NOT_HELD]
     # An answer where a refusal was due fails too.
     kept = sequences.idle_and_cancelled_sequences(ANSWERED, ANSWERED, CANCELLED, ANSWERED, 1.0)
-    assert [part.outcome for part in kept.conditions] == [Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD,
-                                                          Outcome.NOT_HELD]  # fmt: skip
+    assert [part.outcome for part in kept.conditions] == [
+        Outcome.HELD,
+        Outcome.NOT_HELD,
+        Outcome.HELD,
+        Outcome.NOT_HELD,
+    ]
     # A cancel that was answered instead: the next frame is not judged as the refusal of a cancelled sequence.
     uncancelled = sequences.idle_and_cancelled_sequences(ANSWERED, EXPIRED, ANSWERED, NOT_STARTED, 1.0)
     assert [part.outcome for part in uncancelled.conditions][2:] == [Outcome.NOT_HELD, Outcome.NOT_CHECKED]
@@ -141,9 +154,20 @@ def test_batching_pays_on_cheaper_frames_and_is_not_checked_where_no_batch_forme
 
 
 def live(started: int, completed: int, **failed: int) -> SequenceRunResult:
-    return SequenceRunResult("food_sequence", "loadgen", "sequences", 10 * started, 20.0, LatencySummary.of([50.0]),
-                             2.0, concurrency=started, sequence_length=10, sequences=started,
-                             sequences_completed=completed, sequences_failed=failed)  # fmt: skip
+    return SequenceRunResult(
+        "food_sequence",
+        "loadgen",
+        "sequences",
+        10 * started,
+        20.0,
+        LatencySummary.of([50.0]),
+        2.0,
+        concurrency=started,
+        sequence_length=10,
+        sequences=started,
+        sequences_completed=completed,
+        sequences_failed=failed,
+    )
 
 
 def test_evictions_break_the_oldest_and_the_log_counts_them():
@@ -220,8 +244,7 @@ def test_a_frame_carries_its_sequence_and_flags_and_its_answer_is_described():
     answer = model.frame(7, PHOTO, start=True, cancel=True)
     ((name, inputs, options),) = client.sent
     assert name == "food_sequence" and [tensor.name() for tensor in inputs] == ["FRAME"]
-    assert options == {"sequence_id": 7, "sequence_start": True, "sequence_end": False,
-                       "parameters": {"cancel": True}}  # fmt: skip
+    assert options == {"sequence_id": 7, "sequence_start": True, "sequence_end": False, "parameters": {"cancel": True}}
     assert sequences.describe(answer) == ("frame says Bread; the sequence so far says Soup (0.812) after 2 frame(s)")
 
 
@@ -238,15 +261,17 @@ def test_a_run_lasts_the_profiles_duration_and_prints_tritons_account(capsys):
     lab = FakeLab()
     run = sequences.StatefulModel(lab, "food_sequence", client=FakeClient()).run("oldest, 8 sequences", 8, 10)
     assert run.name == "oldest, 8 sequences"
-    assert lab.asked == [("food_sequence", 8, 10, {"name": "oldest, 8 sequences", "duration_s": 12.0,
-                                                    "warmup_sequences": 1, "triton_stats": True})]  # fmt: skip
+    asked = {"name": "oldest, 8 sequences", "duration_s": 12.0, "warmup_sequences": 1, "triton_stats": True}
+    assert lab.asked == [("food_sequence", 8, 10, asked)]
     assert "40 frames in 8 executions: average batch 5.00, 9.5 ms of compute per frame" in capsys.readouterr().out
 
 
 def test_evictions_are_counted_from_the_models_log_and_unknown_without_one(tmp_path):
     log = tmp_path / "triton.log"
-    log.write_text("food_sequence: evicted 3 sequence(s)\nfood_sequence: expired 1 sequence(s)\n"
-                   "other_model: evicted 5 sequence(s)\nfood_sequence: evicted 1 sequence(s)\n")  # fmt: skip
+    log.write_text(
+        "food_sequence: evicted 3 sequence(s)\nfood_sequence: expired 1 sequence(s)\n"
+        "other_model: evicted 5 sequence(s)\nfood_sequence: evicted 1 sequence(s)\n"
+    )
     assert sequences.StatefulModel(FakeLab(log), "food_sequence", client=FakeClient()).evictions_logged() == 4
     assert math.isnan(sequences.StatefulModel(FakeLab(), "food_sequence", client=FakeClient()).evictions_logged())
 

@@ -1,27 +1,13 @@
 """Notebooks 6 and 7's checks (servelab.lessons.triton_bench), each fed a case it must pass and one it
-must fail, and what the notebooks show beside them."""
+must fail (what the notebooks show beside them: tests/test_lessons_triton_bench_views.py)."""
 
-import dataclasses
 import math
 
-import matplotlib.pyplot as plt
 import pytest
 
-from servelab.lab.triton_side import Capacity
 from servelab.lessons import triton_bench
 from servelab.lessons.expectations import AnswerError, Outcome
-from servelab.report import plots
-from tests.helpers import synthetic_run
-
-
-def outcomes(expectation) -> list[Outcome]:
-    return [part.outcome for part in expectation.conditions]
-
-
-def perf_run(throughput_rps=30.0, mean_ms=30.0, queue_ms=0.0, compute_ms=25.0, batch_size=1, concurrency=1, **fields):
-    breakdown = {"server_queue_us": 1000 * queue_ms, "server_compute_infer_us": 1000 * compute_ms}
-    return synthetic_run("triton/m", concurrency, throughput_rps, mean_ms, tool="perf_analyzer",
-                         batch_size=batch_size, server_breakdown=breakdown, **fields)  # fmt: skip
+from tests.helpers.lessons import outcomes, perf_run, poisson
 
 
 def timed(decode_ms, forward_ms):
@@ -81,8 +67,8 @@ def test_instance_scaling_takes_a_gain_within_the_noise_for_none():
 
 def test_eight_instances_do_no_better_than_four_as_the_original_lab_says():
     def judged(one, four, eight):
-        return outcomes(triton_bench.instances_stop_helping(
-            {1: perf_run(one), 4: perf_run(four), 8: perf_run(eight)}, "2 CPU cores", 2))  # fmt: skip
+        runs = {1: perf_run(one), 4: perf_run(four), 8: perf_run(eight)}
+        return outcomes(triton_bench.instances_stop_helping(runs, "2 CPU cores", 2))
 
     assert judged(10, 20, 19) == [Outcome.HELD, Outcome.HELD]  # 4 used the idle cores, 8 only take turns
     assert judged(10, 20, 21) == [Outcome.HELD, Outcome.HELD]  # 5% more: within the noise
@@ -130,13 +116,6 @@ def test_a_check_left_without_the_machine_reads_it_where_it_runs(monkeypatch):
     monkeypatch.setattr(triton_bench.checks_queueing, "machine_cores", lambda: 3)
     held = triton_bench.queueing_grows(concurrency_runs((0.1, 175, 375), (25, 26, 27), (38, 38, 38)))
     assert "3 CPU core(s) and no GPU (3 cores)" in held.reason
-
-
-def poisson(rate_rps, mean_ms, queue_ms, compute_ms, batches=None, per_image=None):
-    stats = {"executions_by_batch_size": batches or {1: 100}, "compute_ms_per_inference": compute_ms,
-             "compute_ms_per_inference_by_batch_size": per_image or {1: compute_ms}}  # fmt: skip
-    return perf_run(rate_rps, mean_ms, queue_ms, compute_ms, concurrency=None, mode="open", rate_rps=rate_rps,
-                    arrival="poisson", triton_stats=stats)  # fmt: skip
 
 
 def test_the_queue_is_judged_only_where_requests_queued_without_batching():
@@ -197,14 +176,18 @@ def test_with_no_queue_worth_shortening_the_queue_check_is_not_checked_rather_th
 
 def test_flat_latency_holds_on_cheap_batches_and_fails_with_its_reason_read_from_the_per_batch_costs():
     without = {"50 req/s": poisson(50, 8, 1, 6), "150 req/s": poisson(150, 40, 30, 6)}
-    cheap = {"50 req/s": poisson(50, 8, 1, 6),
-             "150 req/s": poisson(150, 10, 2, 3, batches={1: 10, 4: 30}, per_image={1: 6, 4: 2})}  # fmt: skip
+    cheap = {
+        "50 req/s": poisson(50, 8, 1, 6),
+        "150 req/s": poisson(150, 10, 2, 3, batches={1: 10, 4: 30}, per_image={1: 6, 4: 2}),
+    }
     held = triton_bench.batching_keeps_latency_flat(without, cheap, "1 GPU")
     assert held.outcome is Outcome.HELD
     assert held.estimate is not None and held.estimate.value == 10 / 8  # the mean with batching, 8 ms to 10
     assert "2.00 ms of compute in the batches of 4" in held.reason and "+67% saved" in held.reason
-    costly = {"50 req/s": poisson(50, 8, 1, 6),
-              "150 req/s": poisson(150, 45, 5, 12, batches={1: 10, 4: 30}, per_image={1: 6, 4: 6})}  # fmt: skip
+    costly = {
+        "50 req/s": poisson(50, 8, 1, 6),
+        "150 req/s": poisson(150, 45, 5, 12, batches={1: 10, 4: 30}, per_image={1: 6, 4: 6}),
+    }
     failed = triton_bench.batching_keeps_latency_flat(without, costly, "2 CPU cores")
     assert outcomes(failed) == [Outcome.NOT_HELD, Outcome.NOT_HELD]
     assert "+0% saved" in failed.reason and "moves a request's wait" in failed.reason
@@ -228,8 +211,10 @@ def test_flat_latency_is_not_checked_where_the_runs_without_batching_never_queue
 
 
 def concurrency_runs(queues, computes, throughputs):
-    return {c: perf_run(throughput_rps=x, queue_ms=q, compute_ms=m, concurrency=c)
-            for c, q, m, x in zip((1, 8, 16), queues, computes, throughputs, strict=True)}  # fmt: skip
+    return {
+        c: perf_run(throughput_rps=x, queue_ms=q, compute_ms=m, concurrency=c)
+        for c, q, m, x in zip((1, 8, 16), queues, computes, throughputs, strict=True)
+    }
 
 
 def test_queueing_grows_with_the_clients_while_compute_stays():
@@ -265,16 +250,16 @@ def test_queueing_is_not_checked_where_the_server_never_held_a_second_request_or
     idle = triton_bench.queueing_grows(concurrency_runs((0.1, 0.2, 0.3), (25, 25, 25), (20, 30, 35)), "cpu", 2)
     assert outcomes(idle) == [Outcome.NOT_CHECKED] * 3
     assert idle.conditions[0].detail.startswith("at c=16, Triton held 0.89 requests at a time on average, under 2")
-    assert [item.name for item in idle.conditions[0].figures] == ["throughput at c=16", "queue at c=16",
-                                                                  "compute at c=16"]  # fmt: skip
+    figures = ["throughput at c=16", "queue at c=16", "compute at c=16"]
+    assert [item.name for item in idle.conditions[0].figures] == figures
     missing = concurrency_runs((0.1, 175, 375), (25, 26, 27), (38, 38, 38))
     missing[16] = None
     assert outcomes(triton_bench.queueing_grows(missing, "cpu", 2)) == [Outcome.HELD] + [Outcome.NOT_CHECKED] * 2
 
 
 def arrival_run(arrival, queue_ms, p95_ms, compute_ms=10.0, rate=36.0):
-    return perf_run(rate, p95_ms / 1.5, queue_ms, compute_ms, concurrency=None, mode="open", rate_rps=rate,
-                    arrival=arrival)  # fmt: skip
+    open_loop = {"concurrency": None, "mode": "open", "rate_rps": rate, "arrival": arrival}
+    return perf_run(rate, p95_ms / 1.5, queue_ms, compute_ms, **open_loop)
 
 
 def test_poisson_arrivals_queue_more_than_constant_ones():
@@ -334,81 +319,3 @@ def test_the_queue_against_the_clients_ahead_is_not_checked_where_the_server_nev
     missing = concurrency_runs((0.1, 175, 375), (25, 26, 27), (38, 38, 38))
     missing[16] = None
     assert outcomes(triton_bench.queue_is_the_clients_ahead(missing, "cpu"))[1] is Outcome.NOT_CHECKED
-
-
-def sampled(throughput_rps, mean_ms, processes=None, gpus=()):
-    series = {"t_s": [0, 1], "cpu_percent": [90, 90], "memory_percent": [5, 5], "gpu_source": "nvml",
-              "gpus": [{"index": index, "name": "H100", "util_percent": [util, util], "memory_used_mib": [1, 1],
-                        "memory_total_mib": 80} for index, util in enumerate(gpus)]}  # fmt: skip
-    resources = {**series, "processes": processes} if processes else series
-    return perf_run(throughput_rps=throughput_rps, mean_ms=mean_ms, resources=resources)
-
-
-def test_device_use_says_whether_the_latency_grew_while_the_device_was_not_full():
-    on_gpu = {"c=1": sampled(40, 25, gpus=(20, 0)), "c=16": sampled(40, 400, gpus=(35, 0))}
-    said = triton_bench.device_use(on_gpu, cores=8, sweep=True)
-    assert "c=16: 400.0 ms mean latency; GPU 0 35.0% busy, GPU 1 0.0% busy" in said
-    assert said.endswith("at most 35% busy: not full, so the requests wait for the instance, not the device, and "
-                         "more instances can use what one leaves idle.")  # fmt: skip
-    on_cpu = {"c=1": sampled(30, 30, {"i0": 150}), "c=8": sampled(33, 240, {"i0": 186})}
-    full = triton_bench.device_use(on_cpu, cores=2, sweep=True)
-    assert "the instances used 186% of a core, of the 200% this machine has; 17.7 requests per second of CPU" in full
-    assert "with the device 93% busy: full" in full
-    assert "not full" not in triton_bench.device_use(on_cpu, cores=2)  # no sweep: no conclusion
-
-
-def test_batches_ran_reads_the_largest_batch_and_the_compute_per_image_at_the_highest_rate():
-    without = {"50 req/s": poisson(50, 8, 1, 6), "150 req/s": poisson(150, 40, 30, 6)}
-    on = {"50 req/s": poisson(50, 8, 1, 6, batches={1: 10, 2: 3}, per_image={1: 6, 2: 4}),
-          "150 req/s": poisson(150, 10, 2, 3, batches={1: 10, 4: 30, 8: 0}, per_image={1: 6, 4: 2})}  # fmt: skip
-    histograms, said = triton_bench.batches_ran(without, on)
-    assert list(histograms) == ["50 req/s, dynamic batching", "150 req/s, dynamic batching", "150 req/s, no batching"]
-    assert said.splitlines() == [
-        "The largest batch that ran: 4.",
-        "no batching, 150 req/s: compute per image, by batch size: 1: 6.00 ms (100 executions)",
-        "dynamic batching, 150 req/s: compute per image, by batch size: 1: 6.00 ms (10 executions), 4: 2.00 ms "
-        "(30 executions)",
-    ]
-
-
-def test_the_queueing_view_compares_the_runs_with_m_g_1_and_says_what_was_measured():
-    alone = perf_run(throughput_rps=100, mean_ms=10, compute_ms=8)
-    alone.latency.std_ms = 5.0  # cv2 = 0.25
-    capacity = Capacity("m", "1 instance", alone, perf_run(throughput_rps=100, compute_ms=9, concurrency=4))
-    view = triton_bench.queueing_view({"50 req/s": poisson(50, 20, 6, 8), "90 req/s": None}, capacity)
-    lines = view.splitlines()
-    assert len(lines) == 7 and lines[1].startswith("  50 req/s |  50%")
-    assert "squared coefficient of variation is 0.25" in view and "(4 clients)" in view
-    assert triton_bench.queueing_view({"90 req/s": None}, capacity).startswith("No queueing comparison")
-
-
-def test_the_batches_and_the_queueing_view_are_drawn_and_said(capsys, monkeypatch):
-    drawn = []
-    monkeypatch.setattr(plt, "show", lambda: drawn.append(plt.gcf()))  # the figure each view just drew
-    without = {"50 req/s": poisson(50, 8, 1, 6), "150 req/s": poisson(150, 40, 30, 6)}
-    on = {"50 req/s": poisson(50, 8, 1, 6, batches={1: 10, 2: 3}, per_image={1: 6, 2: 4}),
-          "150 req/s": poisson(150, 10, 2, 3, batches={1: 10, 4: 30}, per_image={1: 6, 4: 2})}  # fmt: skip
-    triton_bench.show_batches(without, on)
-    assert capsys.readouterr().out.startswith("The largest batch that ran: 4.")
-    alone = perf_run(throughput_rps=100, mean_ms=10, compute_ms=8)
-    capacity = Capacity("m", "1 instance", alone, perf_run(throughput_rps=200, compute_ms=4, concurrency=4))
-    constant = dataclasses.replace(poisson(50, 9, 0.5, 6), arrival="constant")
-    triton_bench.show_queueing(without, capacity, constant=constant)
-    assert "The measured mean latencies are" in capsys.readouterr().out
-    batches, queueing = drawn
-    assert "by batch size" in batches.axes[0].get_title()
-    legend = [text.get_text() for text in queueing.axes[0].get_legend().get_texts()]
-    assert any("constant arrivals: measured" in label for label in legend)
-    assert any("poisson arrivals: measured" in label for label in legend)
-    plt.close("all")
-
-
-def test_the_cpu_of_each_instance_is_plotted_where_it_was_measured_and_said_missing_where_not(capsys):
-    series = {"t_s": [0, 1], "cpu_percent": [90, 90], "memory_percent": [5, 5], "gpus": [], "gpu_source": "none"}
-    out_of_sight = {"1 instance": perf_run(resources={**series, "processes": {}}), "4 instances": None}
-    assert plots.plot_process_cpu(out_of_sight) is None  # in Docker: the instances run in Triton's container
-    assert "No CPU per process to plot" in capsys.readouterr().out
-    seen = {"1 instance": perf_run(resources={**series, "processes": {"food_classifier_0_0": 98.0}})}
-    figure = plots.plot_process_cpu(seen, cores=2)
-    assert figure is not None and "all 2 cores busy (200%)" in figure.axes[0].get_legend().get_texts()[0].get_text()
-    plt.close("all")

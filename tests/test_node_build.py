@@ -78,8 +78,9 @@ class Node:
 
     def ask(self, command: str) -> str:
         command = command.replace("servelab.node_build start", f"servelab.node_build start --compose '{self.compose}'")
-        done = subprocess.run(command, shell=True, cwd=self.repo.parent, env=self.env, capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        done = subprocess.run(
+            command, shell=True, cwd=self.repo.parent, env=self.env, capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout
 

@@ -86,11 +86,13 @@ def test_the_first_driver_branch_is_the_one_whose_ptx_the_build_guard_accepts():
 
 def hold_lock(path: Path, seconds: float) -> subprocess.Popen:
     """A process holding `path` open and locked, as apt and unattended-upgrades hold dpkg's lock."""
+    script = (
+        "import fcntl, sys, time; f = open(sys.argv[1], 'w'); fcntl.lockf(f, fcntl.LOCK_EX); "
+        "print('locked', flush=True); time.sleep(float(sys.argv[2]))"
+    )
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); fcntl.lockf(f, fcntl.LOCK_EX); "
-         "print('locked', flush=True); time.sleep(float(sys.argv[2]))", str(path), str(seconds)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, "-c", script, str(path), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout.readline().strip() == "locked"
     return holder
 
@@ -188,11 +190,16 @@ class Blazar:
         now = dt.datetime(2026, 11, 27, 10, 0)
         lease_id = f"lease-{len(self.leases) + 1}"
         self.leases[lease_id] = {
-            "id": lease_id, "name": name, "status": "ACTIVE", "user_id": "u", "project_id": "p",
-            "created_at": f"{now:%Y-%m-%d %H:%M:%S}", "start_date": f"{now:%Y-%m-%dT%H:%M:%S.%f}",
+            "id": lease_id,
+            "name": name,
+            "status": "ACTIVE",
+            "user_id": "u",
+            "project_id": "p",
+            "created_at": f"{now:%Y-%m-%d %H:%M:%S}",
+            "start_date": f"{now:%Y-%m-%dT%H:%M:%S.%f}",
             "end_date": f"{now + dt.timedelta(hours=3):%Y-%m-%dT%H:%M:%S.%f}",
             "reservations": [{"id": f"{lease_id}-hosts", "resource_type": "physical:host", **r} for r in reservations],
-        }  # fmt: skip
+        }
         return self.leases[lease_id]
 
     def get(self, ref):

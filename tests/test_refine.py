@@ -224,8 +224,8 @@ def refine_off(triton_http_url):
     """food_refine with abandon_on_cancel off, for the length of a test."""
     client = httpclient.InferenceServerClient(triton_http_url)
     served = client.get_model_config(MODEL)
-    client.load_model(MODEL, config=json.dumps({**served, "parameters": {**served["parameters"],
-                      "abandon_on_cancel": {"string_value": "off"}}}))  # fmt: skip
+    parameters = {**served["parameters"], "abandon_on_cancel": {"string_value": "off"}}
+    client.load_model(MODEL, config=json.dumps({**served, "parameters": parameters}))
     yield
     client.load_model(MODEL, config=json.dumps(served))
 
@@ -261,10 +261,13 @@ def test_triton_computes_every_step_for_nobody_with_abandon_on_cancel_off(model_
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "steps, image, says",
-    [(0, None, "steps must be a whole number"), ("many", None, "steps must be a whole number"),
-     (3, b"hello, I am text", "JPEG or PNG")],
+    [
+        (0, None, "steps must be a whole number"),
+        ("many", None, "steps must be a whole number"),
+        (3, b"hello, I am text", "JPEG or PNG"),
+    ],
     ids=["zero-steps", "steps-not-a-number", "not-an-image"],
-)  # fmt: skip
+)
 def test_triton_refuses_bad_input_in_the_stream_with_a_message(model_servers, triton_grpc_url, steps, image, says):
     received, error = asyncio.run(triton_stream(triton_grpc_url, steps, image=image))
     assert received == [] and error is not None and says in error.message()

@@ -37,6 +37,13 @@ def run(name: str = "fastapi_onnx", rps: float = 50.0) -> RunResult:
     return RunResult(name, "loadgen", "closed", 100, rps, LatencySummary.of([10.0, 20.0]), 2.0, concurrency=4)
 
 
+def sequence_run(name: str, length: int, completed: int, **fields) -> SequenceRunResult:
+    """A run of 2 sequences of `length` frames in 2 s, each frame answered in 5 ms."""
+    fields.update(concurrency=2, sequence_length=length, sequences=2, sequences_completed=completed)
+    frames, wall_s, latency = 2 * length, 2.0, LatencySummary.of([5.0])
+    return SequenceRunResult(name, "loadgen", "sequences", frames, frames / wall_s, latency, wall_s, **fields)
+
+
 def local_lab(tmp_path, monkeypatch, exits_file=None, triton_http=None, triton_grpc=None) -> Lab:
     monkeypatch.setattr(run_keeper, "SAVED_RUNS_DIR", tmp_path / "results")
     return Lab(
@@ -109,10 +116,7 @@ def test_a_record_after_one_cut_short_starts_a_line_of_its_own_and_is_read_whole
 def test_a_run_and_a_run_of_sequences_come_back_from_the_file_as_they_were_saved(tmp_path):
     plain = run()
     plain.interrupted_by = ["triton was killed by signal 11 (SIGSEGV) at 12:00:00; restarted, back 9 s later"]
-    sequences = SequenceRunResult(
-        "triton/food_sequence", "loadgen", "sequences", 40, 20.0, LatencySummary.of([5.0]), 2.0,
-        concurrency=2, sequence_length=20, sequences=2, sequences_completed=2,
-    )  # fmt: skip
+    sequences = sequence_run("triton/food_sequence", 20, 2)
     path = tmp_path / "runs.jsonl"
     append_result(path, plain, {"session": "s1"})
     append_result(path, sequences, {"session": "s1"})
@@ -276,12 +280,15 @@ class CountingServer:
         return {
             "model_stats": [
                 {
-                    "name": model, "version": "1", "inference_count": self.served, "execution_count": self.served,
+                    "name": model,
+                    "version": "1",
+                    "inference_count": self.served,
+                    "execution_count": self.served,
                     "inference_stats": {"success": timed, "queue": timed, "compute_infer": timed},
                     "batch_stats": [{"batch_size": 1, "compute_infer": timed}],
                 }
             ]
-        }  # fmt: skip
+        }
 
     def metrics(self, url: str, timeout_s: float = 10.0) -> dict:
         return {
@@ -315,15 +322,15 @@ def test_a_run_measured_with_what_to_count_over_it_is_saved_whole_every_field_eq
     monkeypatch.setattr(service_stats, "scrape", server.metrics)
     nan_latency = LatencySummary.of([])  # NaN, which equals nothing, even itself
     monkeypatch.setattr(loadgen, "closed_loop", server.load(run("loadgen", rps=0.0)))
-    frames = SequenceRunResult(
-        "x", "loadgen", "sequences", 8, 4.0, LatencySummary.of([5.0]), 2.0, concurrency=2, sequence_length=4,
-        sequences=2, sequences_completed=1, sequences_failed={"evicted": 1}, sequence_latency=nan_latency,
-    )  # fmt: skip
+    frames = sequence_run("x", 4, 1, sequences_failed={"evicted": 1}, sequence_latency=nan_latency)
     monkeypatch.setattr(loadgen, "sequence_loop", server.load(frames))
     perf = server.load(run("food_classifier_onnx"))
-    monkeypatch.setattr(lab.triton, "run_perf_analyzer", lambda model, started, **load: dataclasses.replace(
-        perf(), tool="perf_analyzer", command=["perf_analyzer", "-m", model], server_breakdown={"server_queue_us": 9.0},
-    ))  # fmt: skip
+
+    def perf_analyzer(model, started, **load):
+        measured = dataclasses.replace(perf(), tool="perf_analyzer", command=["perf_analyzer", "-m", model])
+        return dataclasses.replace(measured, server_breakdown={"server_queue_us": 9.0})
+
+    monkeypatch.setattr(lab.triton, "run_perf_analyzer", perf_analyzer)
     monkeypatch.setattr(lab.triton, "served_instances", lambda model: 1)
     monkeypatch.setattr(lab.triton, "served_config", lambda model: {})
 
@@ -373,8 +380,9 @@ def test_an_account_the_server_cannot_give_after_the_run_is_a_note_and_the_run_i
         lab.triton_http, 8, 1.0, "triton", kind="triton-http", model="food_classifier_onnx", triton_stats=True
     )
     assert result.triton_stats is None
-    assert result.notes == ["no triton_stats: they could not be read after the run (cannot read Triton statistics: "
-                            "connection refused)"]  # fmt: skip
+    assert result.notes == [
+        "no triton_stats: they could not be read after the run (cannot read Triton statistics: connection refused)"
+    ]
     assert "NOTE: no triton_stats" in capsys.readouterr().out
     ((saved, _),) = load_appended(tmp_path / "results" / "toy.jsonl")
     assert saved_fields(saved) == saved_fields(result)

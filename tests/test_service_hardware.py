@@ -49,7 +49,7 @@ def test_without_a_gpu_each_replica_reserves_a_share_of_the_cores_and_threads_to
 
 
 def test_the_ray_container_s_start_writes_the_config_it_deploys_and_its_hardware(tmp_path):
-    assert main([str(paths.RAY_SERVE_DIR / "serve_config.yaml"), str(tmp_path / "served.yaml"),
-                 "--hardware", str(tmp_path / "hardware.json")]) == 0  # fmt: skip
-    hardware = Hardware.read(tmp_path / "hardware.json")
-    assert yaml.safe_load((tmp_path / "served.yaml").read_text()) == for_hardware(SHIPPED, hardware)
+    shipped = paths.RAY_SERVE_DIR / "serve_config.yaml"
+    served, hardware_file = tmp_path / "served.yaml", tmp_path / "hardware.json"
+    assert main([str(shipped), str(served), "--hardware", str(hardware_file)]) == 0
+    assert yaml.safe_load(served.read_text()) == for_hardware(SHIPPED, Hardware.read(hardware_file))

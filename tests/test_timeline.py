@@ -11,9 +11,16 @@ from servelab.results import LatencySummary, RunResult
 def _run(timeline: list[list], wall_s: float) -> RunResult:
     answered = [latency for _, latency, outcome in timeline if outcome == "ok"]
     return RunResult(
-        "x", "loadgen", "closed", len(timeline), len(answered) / wall_s, LatencySummary.of(answered), wall_s,
-        concurrency=2, timeline=timeline,
-    )  # fmt: skip
+        "x",
+        "loadgen",
+        "closed",
+        len(timeline),
+        len(answered) / wall_s,
+        LatencySummary.of(answered),
+        wall_s,
+        concurrency=2,
+        timeline=timeline,
+    )
 
 
 def test_requests_fall_in_the_window_they_ended_in_with_their_own_percentiles_and_errors():

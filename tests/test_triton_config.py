@@ -226,8 +226,11 @@ def test_a_typed_block_replaces_its_field_and_keeps_the_rest_of_the_text():
         "dynamic_batching {\n  preferred_batch_size: [ 4, 8 ]\n  max_queue_delay_microseconds: 100\n}"
     )
     assert changed_lines(shipped.diff(batching)) == [
-        "+dynamic_batching {", "+  preferred_batch_size: [ 4, 8 ]", "+  max_queue_delay_microseconds: 100", "+}"
-    ]  # fmt: skip
+        "+dynamic_batching {",
+        "+  preferred_batch_size: [ 4, 8 ]",
+        "+  max_queue_delay_microseconds: 100",
+        "+}",
+    ]
     assert shipped.with_text("dynamic_batching { }").proto.HasField("dynamic_batching")
 
 
@@ -235,10 +238,15 @@ def test_a_typed_block_replaces_its_field_and_keeps_the_rest_of_the_text():
     ("typed", "message"),
     [
         # A misspelt field is named, with the field meant, and the line it is on.
-        ("instance_group [ { cont: 2, kind: KIND_GPU } ]",
-         "line 1: an instance_group has no field 'cont'; did you mean 'count'"),
-        ("dynamic_batching {\n  max_queue_delay_microsecond: 100\n}",
-         "line 2: a dynamic_batching has no field 'max_queue_delay_microsecond'; did you mean 'max_queue_delay_micro"),
+        (
+            "instance_group [ { cont: 2, kind: KIND_GPU } ]",
+            "line 1: an instance_group has no field 'cont'; did you mean 'count'",
+        ),
+        (
+            "dynamic_batching {\n  max_queue_delay_microsecond: 100\n}",
+            "line 2: a dynamic_batching has no field 'max_queue_delay_microsecond'; "
+            "did you mean 'max_queue_delay_microseconds'",
+        ),
         ("instance_group [ { count: 2, kind: GPU } ]", "kind has no value 'GPU'; it has: KIND_AUTO, KIND_GPU"),
         # A block for a field a model config does not have.
         ("queue_limit { size: 4 }", "a model config has no field 'queue_limit'; it has: .*instance_group"),
@@ -246,7 +254,7 @@ def test_a_typed_block_replaces_its_field_and_keeps_the_rest_of_the_text():
         ("instance_group [ { count: 2 ]", "line 1: .*Expected identifier"),
         ("dynamic_batching { preferred_batch_size: [ 32 ] }", "between 1 and max_batch_size \\(16\\)"),
     ],
-)  # fmt: skip
+)
 def test_a_typed_block_that_triton_would_refuse_fails_here_naming_what_is_wrong(typed, message):
     with pytest.raises(ConfigError, match=message):
         SHIPPED["food_classifier"].with_text(typed)

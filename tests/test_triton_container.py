@@ -123,10 +123,17 @@ IMAGE_PYTHON = (3, 10)
 # What Python 3.11 added that a module run there must not use: (module, name), modules, builtins,
 # and methods (Task.cancelling, BaseException.add_note).
 NEWER_NAMES = {
-    ("asyncio", "timeout"), ("asyncio", "TaskGroup"), ("asyncio", "Runner"), ("enum", "StrEnum"),
-    ("typing", "Self"), ("typing", "Never"), ("typing", "LiteralString"), ("typing", "assert_never"),
-    ("datetime", "UTC"), ("hashlib", "file_digest"),
-}  # fmt: skip
+    ("asyncio", "timeout"),
+    ("asyncio", "TaskGroup"),
+    ("asyncio", "Runner"),
+    ("enum", "StrEnum"),
+    ("typing", "Self"),
+    ("typing", "Never"),
+    ("typing", "LiteralString"),
+    ("typing", "assert_never"),
+    ("datetime", "UTC"),
+    ("hashlib", "file_digest"),
+}
 NEWER_MODULES = {"tomllib", "wsgiref.types"}
 NEWER_BUILTINS = {"ExceptionGroup", "BaseExceptionGroup"}
 NEWER_METHODS = {"cancelling", "add_note"}

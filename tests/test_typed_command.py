@@ -22,8 +22,8 @@ def test_a_typed_line_is_read_for_what_the_lab_needs_and_passed_on_as_typed():
     rate = typed_command.parse(
         "perf_analyzer --model-name=food_classifier -b 4 --request-rate-range 30 --request-distribution poisson", MODELS
     )
-    assert (rate.model, rate.protocol, rate.batch_size, rate.request_rate, rate.distribution) == (
-        "food_classifier", "http", 4, 30.0, "poisson")  # fmt: skip
+    read = (rate.model, rate.protocol, rate.batch_size, rate.request_rate, rate.distribution)
+    assert read == ("food_classifier", "http", 4, 30.0, "poisson")
 
 
 @pytest.mark.parametrize(

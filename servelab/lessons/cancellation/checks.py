@@ -56,12 +56,16 @@ def _wasted_share(wasted: float, left: Figure, case: str) -> Estimate:
 def _computed_for_nobody(run: RunResult | None, wasted: float, case: str) -> Condition:
     """The run wasted at least half as many inferences as its clients cancelled."""
     left = _left(run, case)
-    return _if_some_left(left, case, condition(
-        f"{case}, wasted inferences are at least half the cancelled requests",
-        wasted >= left.value / 2,
-        measured(f"wasted inferences, {case}", wasted),
+    return _if_some_left(
         left,
-    ))  # fmt: skip
+        case,
+        condition(
+            f"{case}, wasted inferences are at least half the cancelled requests",
+            wasted >= left.value / 2,
+            measured(f"wasted inferences, {case}", wasted),
+            left,
+        ),
+    )
 
 
 def waste_without_cancellation(off: RunResult, on: RunResult, wasted_off: float) -> Expectation:
@@ -97,7 +101,7 @@ def waste_without_cancellation(off: RunResult, on: RunResult, wasted_off: float)
                     figure(on, "throughput_rps", "goodput, on"),
                 ),
             ),
-        ),  # fmt: skip
+        ),
         estimate=_wasted_share(wasted_off, left_off, "with abandoning off"),
     )
 
@@ -133,7 +137,7 @@ def abandoning_cuts_the_waste(off: RunResult, on: RunResult, wasted_off: float, 
                     left_on,
                 ),
             ),
-        ),  # fmt: skip
+        ),
         estimate=Estimate(
             "the waste with abandoning on, as a share of the waste with it off",
             100 * wasted_on / wasted_off if wasted_off else math.nan,
@@ -174,7 +178,7 @@ def triton_cancels_over_grpc(http: RunResult, grpc: RunResult, wasted_http: floa
                     left,
                 ),
             ),
-        ),  # fmt: skip
+        ),
         estimate=_wasted_share(wasted_grpc, left, "over gRPC"),
     )
 
@@ -196,7 +200,7 @@ def ray_drops_gone_requests(ray: RunResult, wasted: float) -> Expectation:
                     left,
                 ),
             ),
-        ),  # fmt: skip
+        ),
         estimate=_wasted_share(wasted, left, "by Ray Serve"),
     )
 

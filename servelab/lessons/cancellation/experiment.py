@@ -133,9 +133,15 @@ class Experiment:
 
     def _load(self, name: str, address: str, pace: tuple[float, float], **options: Any) -> RunResult:
         return self.lab.closed_loop(
-            address, self.patient + self.impatient, self.duration_s, name=name, impatient=self.impatient,
-            patience_s=pace[0], backoff_s=pace[1], **options,
-        )  # fmt: skip
+            address,
+            self.patient + self.impatient,
+            self.duration_s,
+            name=name,
+            impatient=self.impatient,
+            patience_s=pace[0],
+            backoff_s=pace[1],
+            **options,
+        )
 
     def _account(self, name: str, result: RunResult, inferences: float) -> None:
         self.runs[name] = result
@@ -221,10 +227,17 @@ class Experiment:
                 return service_stats.refine_steps(address)
 
         run = self.lab.streams(
-            address, self.stream_patient + self.stream_impatient, self.steps, self.stream_s,
-            f"{engine} /refine, cancellation {setting}", counter, kind=kind, model=model,
-            impatient=self.stream_impatient, leave_after_steps=self.leave_after,
-        )  # fmt: skip
+            address,
+            self.stream_patient + self.stream_impatient,
+            self.steps,
+            self.stream_s,
+            f"{engine} /refine, cancellation {setting}",
+            counter,
+            kind=kind,
+            model=model,
+            impatient=self.stream_impatient,
+            leave_after_steps=self.leave_after,
+        )
         self.streams[engine, setting] = run
         steps = run.steps or {}
         print(
@@ -303,9 +316,16 @@ def cancellation_probe(
     cancelled, crash, begun = 0, None, time.monotonic()
     while crash is None and time.monotonic() - begun < probe_s:
         run = lab.closed_loop(
-            triton.grpc, clients, PROBE_RUN_S, name=name, kind="triton-grpc", model=model,
-            impatient=impatient, patience_s=pace[0], backoff_s=pace[1],
-        )  # fmt: skip
+            triton.grpc,
+            clients,
+            PROBE_RUN_S,
+            name=name,
+            kind="triton-grpc",
+            model=model,
+            impatient=impatient,
+            patience_s=pace[0],
+            backoff_s=pace[1],
+        )
         cancelled += run.cancelled
         crash = run.interrupted_by[0] if run.interrupted_by else None
     lab.wait_for_services()

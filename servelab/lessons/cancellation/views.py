@@ -61,8 +61,9 @@ def plot_streams(streams: dict[tuple[str, str], RunResult], title: str) -> None:
         at = [index + offset for index in range(len(engines))]
         runs = [streams[engine, setting] for engine in engines]
         left.bar(at, [(run.steps or {})["for_gone_clients"] for run in runs], width, color=color, label=setting)
-        right.bar(at, [getattr(run.patient_latency, "p50_ms", math.nan) for run in runs], width, color=color,
-                  label=setting)  # fmt: skip
+        right.bar(
+            at, [getattr(run.patient_latency, "p50_ms", math.nan) for run in runs], width, color=color, label=setting
+        )
     for axis, title_of_axis in (
         (left, "steps computed for clients who left"),
         (right, "patient p50 to the last step (ms)"),

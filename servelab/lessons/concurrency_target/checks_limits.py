@@ -149,8 +149,10 @@ def bounded_queue_refuses(
     fast = measured("median time to a refusal", refusal_ms(bounded), "ms")
     answered_p50 = figure(bounded, "latency.p50_ms", f"answered p50, queue of {queue_size}")
     none = figure(unbounded, "error_count", "refused, unbounded")
-    p95s = (figure(bounded, "latency.p95_ms", f"p95, queue of {queue_size}"),
-            figure(unbounded, "latency.p95_ms", "p95, unbounded"))  # fmt: skip
+    p95s = (
+        figure(bounded, "latency.p95_ms", f"p95, queue of {queue_size}"),
+        figure(unbounded, "latency.p95_ms", "p95, unbounded"),
+    )
     errors = set(bounded.errors)
     stats = bounded.triton_stats
     waited = (
@@ -190,7 +192,7 @@ def bounded_queue_refuses(
                     detail=f"x{p95s[0].value / p95s[1].value:.2f}",
                 ),
             ),
-        ),  # fmt: skip
+        ),
         reason=f"on {hardware or machine_hardware()}, the {bounded.concurrency} clients and their refusals share the "
         f"cores with {engine}, its queue and its model, which slows the answered requests too{waited}",
         estimate=Estimate(

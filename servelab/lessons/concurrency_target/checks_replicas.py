@@ -27,7 +27,7 @@ def gpu_replicas_add_capacity(by_replicas: dict[int, RunResult], gpus: int, core
                 f"this Ray has {gpus} GPU(s), which the two replicas share: a second replica adds no GPU",
                 condition(
                     "two replicas serve at least 1.3x what one does", gain >= 1.3, one, two, detail=f"{gain:.2f}x"
-                ),  # fmt: skip
+                ),
             ),
         ),
         reason="the replicas' GPUs may not be the limit: the CPU work around them (decoding, Serve's proxy, "

@@ -40,8 +40,10 @@ def slot_table(runs: dict[int, RunResult], watched: dict[int, list[ServeSample]]
     """`slots_need_room`'s runs as a table, one row per `max_ongoing_requests`: throughput, busy
     slots, requests queued in front (Serve's samples, `watched`), and the replica's own times: the
     wait for a slot, the time in the replica, the time at the model."""
-    lines = [f"{'max_ongoing_requests':>22}{'req/s':>8}{'busy slots':>12}{'queued in front':>17}{'slot wait ms':>14}"
-             f"{'in replica ms':>15}{'at the model ms':>17}"]  # fmt: skip
+    lines = [
+        f"{'max_ongoing_requests':>22}{'req/s':>8}{'busy slots':>12}{'queued in front':>17}{'slot wait ms':>14}"
+        f"{'in replica ms':>15}{'at the model ms':>17}"
+    ]
     for cap, run in runs.items():
         stages = (run.service_stats or {}).get("stage_mean_ms", {})
         lines.append(

@@ -243,15 +243,10 @@ def processes_follow_the_plan(one: RunResult, several: RunResult, processes: int
     several_rate = figure(several, "throughput_rps", f"{processes} processes")
     gain = several_rate.value / one_rate.value
     if planned > 1:
-        part = condition(
-            f"{processes} processes serve more than {MORE_THAN_NOISE}x one",
-            gain > MORE_THAN_NOISE, several_rate, one_rate, detail=f"x{gain:.2f}",
-        )  # fmt: skip
+        claim, held = f"{processes} processes serve more than {MORE_THAN_NOISE}x one", gain > MORE_THAN_NOISE
     else:
-        part = condition(
-            f"{processes} processes serve no more than {MORE_THAN_NOISE}x one",
-            gain <= MORE_THAN_NOISE, several_rate, one_rate, detail=f"x{gain:.2f}",
-        )  # fmt: skip
+        claim, held = f"{processes} processes serve no more than {MORE_THAN_NOISE}x one", gain <= MORE_THAN_NOISE
+    part = condition(claim, held, several_rate, one_rate, detail=f"x{gain:.2f}")
     return Expectation(
         f"on {cores} core(s), the plan's {planned} process(es) is the right count: "
         + ("one interpreter caps a process" if planned > 1 else "the cores, not the interpreter, are the limit"),

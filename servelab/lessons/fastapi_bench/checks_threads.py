@@ -59,7 +59,7 @@ def crowded_threads_are_slower(
                 gpu,
                 condition("a lower throughput", crowded_rate.value < fitting_rate.value, crowded_rate, fitting_rate),
             ),
-        ),  # fmt: skip
+        ),
         reason=f"on {hardware}, the model on {device}, the crowded plan's extra threads found cores to run on",
         estimate=Estimate(
             f"the requests per second under load of {crowded}, over {fitting}",
@@ -98,7 +98,7 @@ def every_core_serves_one_faster(
                     detail=f"x{all_cores.value / one_thread.value:.2f}",
                 ),
             ),
-        ),  # fmt: skip
+        ),
         reason=f"on {hardware}, the model on {device}, the model call itself took {infer[every_core]:.1f} ms with "
         f"{cores} threads and {infer[one_core]:.1f} ms with 1, by the service's own timing: where the threads "
         "gained little on one image, the rest of the request decided",
@@ -109,9 +109,12 @@ def every_core_serves_one_faster(
 
 
 def default_near_the_best(
-    alone: Mapping[str, RunResult], loaded: Mapping[str, RunResult], plans: CorePlans, earlier_p50_ms: float,
+    alone: Mapping[str, RunResult],
+    loaded: Mapping[str, RunResult],
+    plans: CorePlans,
+    earlier_p50_ms: float,
     hardware: str | None = None,
-) -> Expectation:  # fmt: skip
+) -> Expectation:
     """The default plan is within 15% of the best plan: alone, its median latency at most 1.15x
     the lowest; under load, its throughput at least the highest / 1.15 (`earlier_p50_ms`: its
     median one at a time, measured earlier, for the reason). NOT CHECKED on a GPU."""
@@ -149,7 +152,7 @@ def default_near_the_best(
                     detail=f"x{default_loaded.value / best_rate.value:.2f}",
                 ),
             ),
-        ),  # fmt: skip
+        ),
         reason=f"the same default plan served one request at a time in {earlier_p50_ms:.1f} ms (median) earlier "
         f"in this notebook and in {default_alone.value:.1f} ms here: on {hardware}, the model on {device}, runs "
         "move that much between measurements",

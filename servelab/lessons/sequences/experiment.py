@@ -65,9 +65,13 @@ class StatefulModel:
             tensor.set_data_from_numpy(declared.array)
         try:
             answer = self.client.infer(
-                self.model, inputs, sequence_id=sequence_id, sequence_start=start, sequence_end=end,
+                self.model,
+                inputs,
+                sequence_id=sequence_id,
+                sequence_start=start,
+                sequence_end=end,
                 parameters=parameters or None,
-            )  # fmt: skip
+            )
         except InferenceServerException as error:
             return error
         return {name: answer.as_numpy(name).reshape(-1)[0] for name in FRAME_OUTPUTS}
@@ -81,9 +85,14 @@ class StatefulModel:
         """`concurrency` live sequences of `length` frames for the profile's duration (after one
         unmeasured sequence), recorded as `name`, with Triton's account of the executions, printed."""
         result = self.lab.sequences(
-            self.model, concurrency, length, name=name, duration_s=self.lab.profile.duration_s, warmup_sequences=1,
+            self.model,
+            concurrency,
+            length,
+            name=name,
+            duration_s=self.lab.profile.duration_s,
+            warmup_sequences=1,
             triton_stats=True,
-        )  # fmt: skip
+        )
         stats = result.triton_stats
         assert stats is not None, "measured with triton_stats=True"
         # The executions' compute time, shared among their frames.

@@ -39,10 +39,10 @@ def batching_shortens_the_queue(
     conditions, skipped, longer = [], [], []
     for name, off in without.items():
         on = with_batching.get(name)
+        lowers = f"at {name}, batching lowers the time in the queue"
         if off is None or on is None:
-            conditions.append(condition(f"at {name}, batching lowers the time in the queue", False,
-                                        figure(off, "server_ms(queue)", "queue off"),
-                                        figure(on, "server_ms(queue)", "queue on")))  # fmt: skip
+            queues = figure(off, "server_ms(queue)", "queue off"), figure(on, "server_ms(queue)", "queue on")
+            conditions.append(condition(lowers, False, *queues))
             continue
         if not _queued_enough(off):
             skipped.append(
@@ -52,8 +52,7 @@ def batching_shortens_the_queue(
         queue_off, queue_on = figure(off, "server_ms(queue)", "queue off"), figure(on, "server_ms(queue)", "queue on")
         if not queue_on.value < queue_off.value:
             longer.append(name)
-        conditions.append(condition(f"at {name}, batching lowers the time in the queue",
-                                    queue_on.value < queue_off.value, queue_off, queue_on))  # fmt: skip
+        conditions.append(condition(lowers, queue_on.value < queue_off.value, queue_off, queue_on))
     claim = "where requests queue, dynamic batching shortens the time they wait"
     if not conditions:
         conditions.append(
@@ -178,7 +177,7 @@ def batching_keeps_latency_flat(
                     detail=f"x{growth_on:.2f} against x{growth_off:.2f}",
                 ),
             ),
-        ),  # fmt: skip
+        ),
         reason=f"at {high}, an image cost {in_batch.value:.2f} ms of compute in the batches of {size} that served "
         f"most images, against {alone.value:.2f} ms alone ({saving:+.0%} saved) on {hardware}: "
         + (

@@ -58,9 +58,13 @@ def plot_latency_throughput_vs_concurrency(
             ax_latency.plot(concurrency, latencies, linestyle=style, marker=marker, markersize=5, color=color)
             if repeated:
                 ax_latency.scatter(
-                    [r.concurrency for r in repeated], [r.latency_ms(p) for r in repeated],
-                    marker=marker, s=22, facecolors="none", edgecolors=color,
-                )  # fmt: skip
+                    [r.concurrency for r in repeated],
+                    [r.latency_ms(p) for r in repeated],
+                    marker=marker,
+                    s=22,
+                    facecolors="none",
+                    edgecolors=color,
+                )
         ax_throughput.plot(
             concurrency,
             [median([r.images_per_s for r in at[c]]) for c in concurrency],
@@ -70,9 +74,13 @@ def plot_latency_throughput_vs_concurrency(
         )
         if repeated:
             ax_throughput.scatter(
-                [r.concurrency for r in repeated], [r.images_per_s for r in repeated],
-                marker="o", s=22, facecolors="none", edgecolors=color,
-            )  # fmt: skip
+                [r.concurrency for r in repeated],
+                [r.images_per_s for r in repeated],
+                marker="o",
+                s=22,
+                facecolors="none",
+                edgecolors=color,
+            )
     all_concurrency = [concurrency_of(r) for r in closed]
     for ax in (ax_latency, ax_throughput):
         concurrency_axis(ax, all_concurrency)
