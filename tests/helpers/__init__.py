@@ -4,7 +4,8 @@ generator kept its schedule; test images; the bad requests
 every predict service must refuse; a prediction service in this process, with a model that answers
 at once; a toy service for the supervisor; synthetic runs for the lessons' checks; the lock's pins;
 a module that is a file outside every package.
-A bare GPU machine, simulated for the GPU check's commands: tests/helpers/bare_machine.py."""
+A bare GPU machine, simulated for the GPU check's commands: tests/helpers/bare_machine.py; what a
+notebook gives a student to read, and its budgets: tests/helpers/reading_budget.py."""
 
 from __future__ import annotations
 
