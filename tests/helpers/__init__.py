@@ -88,14 +88,24 @@ def synthetic_run(
     p50 = mean_ms if p50_ms is None else p50_ms
     latency = LatencySummary(mean_ms, p50, 1.2 * p50, 1.3 * p50, 1.5 * p50, 2 * p50)
     mode = fields.pop("mode", "closed" if concurrency else "open")
-    return RunResult(name, fields.pop("tool", "loadgen"), mode, fields.pop("requests", 100), throughput_rps,
-                     latency, fields.pop("wall_s", 10.0), concurrency=concurrency, **fields)  # fmt: skip
+    return RunResult(
+        name,
+        fields.pop("tool", "loadgen"),
+        mode,
+        fields.pop("requests", 100),
+        throughput_rps,
+        latency,
+        fields.pop("wall_s", 10.0),
+        concurrency=concurrency,
+        **fields,
+    )
 
 
 def service_stages(**means_ms: float) -> dict:
     """A FastAPI service's account of a run (`RunResult.service_stats`) with these stage means."""
-    return {"stage_mean_ms": {"download": float("nan"), "slot_wait": 0.0, "preprocess": 0.0, "inference": 0.0,
-                              **means_ms}}  # fmt: skip
+    return {
+        "stage_mean_ms": {"download": float("nan"), "slot_wait": 0.0, "preprocess": 0.0, "inference": 0.0, **means_ms}
+    }
 
 
 # ---- images and requests -----------------------------------------------------------------------
