@@ -1,8 +1,6 @@
 # %% [markdown]
 # # 0. System optimizations for serving: start here
 #
-# **Time:** about 7 minutes (6 reading, 0 running, 0 hands-on; `python -m servelab.time_plan`)
-#
 # In earlier work on model optimization, the goal was to make one forward pass faster. A user of
 # an ML service does not see the forward pass, though. They see the time from sending a request to
 # getting an answer, and that time has more parts than the model:

@@ -1,8 +1,6 @@
 # %% [markdown]
 # # 10. Cancellation: stop working for clients who left
 #
-# **Time:** about 22 minutes (6 reading, 6 running, 10 hands-on; `python -m servelab.time_plan`)
-#
 # A client that gives up (a closed tab, an app's timeout, a retry) leaves its request on the
 # server. A server that computes it anyway spends a predict slot on an answer nobody reads, while
 # the clients still waiting queue behind it. **Cancellation** gives that capacity back: a request
@@ -251,4 +249,4 @@ lab.verdicts()
 # 3. Why does a stream stopped midway still cost a step or so, and what would finer steps change?
 #
 # **Hand in:** the streams table and plot, the goodput and waste plot, the results table and the
-# verdicts, with your predictions beside them. Next: `11_stateful_sequences.ipynb`.
+# verdicts, with your predictions beside them.

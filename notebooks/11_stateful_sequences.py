@@ -1,8 +1,6 @@
 # %% [markdown]
 # # 11. Stateful inference: sequences and the sequence batcher
 #
-# **Time:** about 18 minutes (6 reading, 3 running, 9 hands-on; `python -m servelab.time_plan`)
-#
 # Some answers depend on what came before. A meal filmed as a stream of frames is one dish: a
 # classifier that sees one frame at a time should answer with what the frames **so far** say. The
 # model `food_sequence` does that: each request is one frame of a **sequence** (named by a sequence
@@ -310,4 +308,4 @@ lab.verdicts()
 #    does a client do when it meets each bound's error?
 #
 # **Hand in:** the throughput and batch-size plot, the results table and the verdicts, with your
-# predictions beside them. Next, optional: `appendix_triton_crash.ipynb`.
+# predictions beside them.

@@ -1,8 +1,6 @@
 # %% [markdown]
 # # 1. Reserve a GPU node on Chameleon
 #
-# **Time:** about 5 minutes (5 reading, 0 running, 0 hands-on; `python -m servelab.time_plan`)
-#
 # *Chameleon path only. On the local path, skip to `3_fastapi.ipynb`.*
 #
 # Chameleon's bare-metal nodes are reserved before they are used: you ask for a node type and a
@@ -193,5 +191,3 @@ if chameleon_only("look the lease up by its id and show it"):
 # delete the lease in Horizon (Reservations > Leases, **Delete Lease**), or call `delete()` on the
 # lease that `lease.get_lease(node_setup.lease_id())` returns. Deleting the lease deletes the
 # server on it, and everything stored there: copy your work off first (notebook 2's last cell).
-#
-# Next: `2_bring_up_node.ipynb`.

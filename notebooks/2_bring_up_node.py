@@ -1,8 +1,6 @@
 # %% [markdown]
 # # 2. Bring up the GPU node
 #
-# **Time:** about 31 minutes (6 reading, 25 running, 0 hands-on; `python -m servelab.time_plan`)
-#
 # *Chameleon path only. On the local path, skip to `3_fastapi.ipynb`.*
 #
 # Your *lease* from notebook 1 (Chameleon's booking of hardware for a time window) has started: the

@@ -1,8 +1,6 @@
 # %% [markdown]
 # # 3. Wrapping the model in FastAPI
 #
-# **Time:** about 9 minutes (6 reading, 0 running, 3 hands-on; `python -m servelab.time_plan`)
-#
 # GourmetGram, our food photo app, asks a model *what food is in this picture?* The model answers
 # through a small [FastAPI](https://fastapi.tiangolo.com/) app (a Python web framework) that wraps
 # the Food-11 classifier (MobileNetV2). You learn what a request looks like and what comes back

@@ -1,8 +1,6 @@
 # %% [markdown]
 # # 4. Benchmarking the FastAPI service
 #
-# **Time:** about 18 minutes (6 reading, 3 running, 9 hands-on; 21 without a GPU; `python -m servelab.time_plan`)
-#
 # You send the FastAPI service of notebook 3 a real request, follow one photo through GourmetGram,
 # then measure: **one** user (PyTorch, then ONNX Runtime), **sixteen** users at once (where does the
 # extra time go?), and ways to share the cores (threads per inference, processes).
@@ -361,7 +359,6 @@ print(plans.questions())
 
 # %% [markdown]
 # In Docker, leave the project running. Locally, the next cell stops this notebook's services.
-# Next: `5_triton.ipynb`.
 
 # %%
 lab.stop()

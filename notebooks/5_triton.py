@@ -1,8 +1,6 @@
 # %% [markdown]
 # # 5. Serving the model with Triton Inference Server
 #
-# **Time:** about 13 minutes (6 reading, 1 running, 6 hands-on; `python -m servelab.time_plan`)
-#
 # In FastAPI, requests beyond its inference slots waited in line: that *queueing delay*, not a
 # slower model, made latency grow with concurrency.
 #

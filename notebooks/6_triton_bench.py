@@ -1,8 +1,6 @@
 # %% [markdown]
 # # 6. Benchmarking Triton: queueing and instances
 #
-# **Time:** about 20 minutes (4 reading, 3 running, 13 hands-on; `python -m servelab.time_plan`)
-#
 # Where does a request's time go when Triton is loaded, and what do more instances of a model buy?
 # Each experiment states an expectation, measures, and checks it against this run's numbers. In
 # Docker, cells run in the Jupyter container beside `triton`; without Docker, against a local
@@ -237,7 +235,7 @@ plt.show()
 
 # %% [markdown]
 # Locally, the next cell stops the services this notebook started (in Docker it does nothing:
-# Triton stays up). Next: `7_triton_batching.ipynb`.
+# Triton stays up).
 
 # %%
 lab.stop()

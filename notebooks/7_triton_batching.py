@@ -1,8 +1,6 @@
 # %% [markdown]
 # # 7. Triton: backends, bursty arrivals and dynamic batching
 #
-# **Time:** about 22 minutes (5 reading, 6 running, 11 hands-on; `python -m servelab.time_plan`)
-#
 # Notebook 6 loaded Triton's Python-backend model with more clients and more instances. Here: the
 # same network on the ONNX Runtime backend, users who arrive on their own schedule, and **dynamic
 # batching**, Triton merging queued requests into one execution. Each experiment states an
@@ -282,8 +280,7 @@ lab.verdicts();
 
 # %% [markdown]
 # Part 1 ends here. On the node, save this notebook, then run notebook 2's last cell (Chameleon's
-# Jupyter): it copies your work off. Locally, the next cell stops the services. Next:
-# `8_io_vs_compute.ipynb`.
+# Jupyter): it copies your work off. Locally, the next cell stops the services.
 
 # %%
 lab.stop()

@@ -1,8 +1,6 @@
 # %% [markdown]
 # # 8. I/O outside the predict slot: fetching the photo by URL
 #
-# **Time:** about 17 minutes (6 reading, 6 running, 6 hands-on; `python -m servelab.time_plan`)
-#
 # So far every request carried its photo. Real services often receive a *reference* instead: the
 # photo sits in an object store (S3, Swift, a CDN), and the request says where. The server downloads
 # it before the model runs, and may upload a result after. That I/O takes time but no model: where
@@ -241,7 +239,7 @@ lab.verdicts();
 
 # %% [markdown]
 # Locally, the next cell stops the services this notebook started (in Docker it does nothing: the
-# containers keep running until you bring them down). Next: `9_concurrency_target.ipynb`.
+# containers keep running until you bring them down).
 
 # %%
 lab.stop()

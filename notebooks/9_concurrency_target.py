@@ -1,8 +1,6 @@
 # %% [markdown]
 # # 9. The concurrency target, and replicas that come and go: Ray Serve
 #
-# **Time:** about 27 minutes (6 reading, 10 running, 11 hands-on; `python -m servelab.time_plan`)
-#
 # Notebook 8 limited the work *inside* one server: its **predict slots** (`PREDICT_CONCURRENCY`), the
 # inferences it runs at once. A platform running **replicas** (copies of the model's service, each with
 # a share of the machine) adds limits *in front* of them:
@@ -344,8 +342,7 @@ lab.verdicts()
 # verdicts, with your predictions beside them.
 
 # %% [markdown]
-# Last, stop what this notebook started (a shared Serve goes back as shipped). Next:
-# `10_cancellation.ipynb`.
+# Last, stop what this notebook started (a shared Serve goes back as shipped).
 
 # %%
 lab.stop()

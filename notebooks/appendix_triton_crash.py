@@ -1,8 +1,6 @@
 # %% [markdown]
 # # Appendix: Triton 2.51's cancellation crash
 #
-# **Time:** about 5 minutes (3 reading, 1 running, 1 hands-on; `python -m servelab.time_plan`)
-#
 # An optional debugging exercise on the lab's own stack, part of neither part of the lab. Notebook 10
 # cancels gRPC requests to Triton; Triton 2.51, the lab's release (locally and on the node), can
 # crash under them (`Signal (11) received`). Here you measure when, and why notebook 10's deadline mostly

@@ -1,5 +1,5 @@
-"""How long each notebook takes, computed from figures, never typed: what each notebook states at
-its top, and the lease plan of notebook 1.
+"""How long each notebook takes, computed from figures, never typed: what each generated notebook
+states at its top, docs/time-plan.md, and the lease plan notebook 1 prints.
 
 A notebook's minutes are the sum of:
 - reading: the words of its prose (its Markdown cells) at READING_WORDS_PER_MINUTE;
@@ -13,14 +13,16 @@ A notebook's minutes are the sum of:
 
 A code cell tagged for one kind of machine (`# %% tags=["cpu_only"]`: notebook 4's thread plans,
 which a GPU skips) does its work only there. A notebook's time counts the cells of the machine its
-part runs on (MACHINE_OF_PART: part 1's is the GPU node): the steps and predictions of the others'
+part runs on (`machine_of`: part 1's is the GPU node): the steps and predictions of the others'
 cells are left out, and so are the seconds the CPU-only cells took in the recorded run (which
 `--record-times` records apart, as `cpu_only_seconds`). Such a notebook states the other
 machine's minutes too.
 
-    python -m servelab.time_plan            # the plan, notebook by notebook, and the two parts
-    python -m servelab.time_plan --write    # write each notebook's time into its first cell, and
-                                            # the plan into docs/time-plan.md, where the docs link
+    python -m servelab.time_plan    # the plan, notebook by notebook, and the two parts
+
+`make notebooks` (scripts/build_notebooks.py) writes each notebook's time under its title in the
+generated notebooks, and the plan into docs/time-plan.md, where the docs link: the sources state
+no time of their own.
 
 Standard library only: notebook 1 runs on Chameleon's own Jupyter server, where none of the lab's
 other packages are installed.
@@ -40,17 +42,14 @@ from servelab import node_plan
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 RUN_TIMES = NOTEBOOKS / "run_times.json"
-# The plan as the docs show it: the one place its figures are written, which README and the guides link to.
-PLAN_PAGE = NOTEBOOKS.parent / "docs" / "time-plan.md"
 
 READING_WORDS_PER_MINUTE = 200
 # Stated allowances, not measured: doing a step (typing a command or an edit, running it, reading
 # what it printed), and writing down a prediction after reading what the experiment does.
 HANDS_ON_MINUTES = 3.0
 PREDICTION_MINUTES = 1.0
-# Part 1 (the original lab) runs on the GPU node, in a lease; part 2 anywhere, without one.
+# Part 1 (the original lab) runs on the GPU node, in a lease; part 2, every lesson after it, anywhere.
 PART_1 = range(0, 8)
-PART_2 = range(8, 12)
 # Triton's image builds while the student works through these (servelab.node_build).
 FASTAPI_NOTEBOOKS = (3, 4)
 # An appendix (`appendix_<name>.py`) is optional and in neither part.
@@ -61,8 +60,6 @@ GPU, CPU = "gpu", "cpu"
 ONLY_ON = {CPU: "cpu_only", GPU: "gpu_only"}
 # The lease's end: copying the notebooks and results off the node, bringing the project down.
 WRAP_UP_MINUTES = 10.0
-# A stated time may differ from the computed one by this share before the check fails.
-TOLERANCE = 0.10
 
 _CELL = re.compile(r"^# %%(.*)$", re.M)
 _TAGS = re.compile(r"tags=\[([^\]]*)\]")
@@ -70,12 +67,16 @@ _WORD = re.compile(r"[A-Za-z0-9][\w'.-]*")
 _PREDICTION = re.compile(r"^predicted_\w+ = ", re.M)
 # nbgrader's marker of an answer region, which the student's copy clears (servelab.lab.your_turn).
 ANSWER = "### BEGIN SOLUTION"
-_STATED = re.compile(r"\*\*Time:\*\* about (\d+) minutes[^\n]*")
+
+
+class NotMeasured(ValueError):
+    """A notebook with no recorded run time: its message says how to record one."""
 
 
 @dataclass(frozen=True)
 class NotebookTime:
     name: str  # the source's stem, "6_triton_bench"
+    title: str  # "6. Benchmarking Triton: queueing and instances"
     words: int
     run_minutes: float
     run_source: str
@@ -88,6 +89,11 @@ class NotebookTime:
     def number(self) -> int | None:
         """Its place in the sequence; None for an appendix, which is in neither part."""
         return int(self.name.split("_", 1)[0]) if self.name[0].isdigit() else None
+
+    @property
+    def part(self) -> int | None:
+        """1 (in the lease), 2 (every lesson after part 1), or None for an appendix."""
+        return None if self.number is None else 1 if self.number in PART_1 else 2
 
     @property
     def reading_minutes(self) -> float:
@@ -152,8 +158,18 @@ def markdown_cells(source: str) -> list[str]:
 
 
 def prose_words(source: str) -> int:
-    """Words of prose: the Markdown cells' words, the time statement itself left out."""
-    return sum(len(_WORD.findall(_STATED.sub("", cell))) for cell in markdown_cells(source))
+    """Words of prose: the Markdown cells' words."""
+    return sum(len(_WORD.findall(cell)) for cell in markdown_cells(source))
+
+
+def title(source: str) -> str:
+    """A notebook's title: the heading its first cell, a Markdown one, opens with ("6. Benchmarking
+    Triton: queueing and instances")."""
+    opens_with_markdown = cells(source)[:1] and cells(source)[0][0]
+    heading = markdown_cells(source)[0].strip().partition("\n")[0] if opens_with_markdown else ""
+    if not heading.startswith("# "):
+        raise ValueError("no title: a notebook opens with a Markdown cell whose first line is `# # <N>. <title>`")
+    return heading[2:]
 
 
 def count_steps(source: str, machine: str | None = None) -> tuple[int, int]:
@@ -202,11 +218,12 @@ def _time_on(machine: str, source: str, name: str, measured: dict[str, dict], do
             f", less its CPU-only cells' {left_out} s" if left_out else ""
         )
     else:
-        raise ValueError(
+        raise NotMeasured(
             f"{name} has no measured run time in {RUN_TIMES.name}: run it in the full profile with "
-            f"`python -m servelab.lab.notebook_runs {name}.ipynb --record-times`"
+            f"`LAB_PROFILE=full python -m servelab.lab.notebook_runs {name}.ipynb --record-times`, "
+            "then `make notebooks` again"
         )
-    return NotebookTime(name, prose_words(source), run, run_source, hands_on, predictions, machine)
+    return NotebookTime(name, title(source), prose_words(source), run, run_source, hands_on, predictions, machine)
 
 
 def order_key(stem: str) -> tuple[int, int, str]:
@@ -230,8 +247,8 @@ def plan(
     return [notebook_time(path, measured, download_mb_per_s) for path in notebook_sources(folder)]
 
 
-def part_minutes(times: list[NotebookTime], part: range) -> float:
-    return sum(time.minutes for time in times if time.number in part)
+def part_minutes(times: list[NotebookTime], part: int) -> float:
+    return sum(time.minutes for time in times if time.part == part)
 
 
 def triton_wait_minutes(
@@ -245,7 +262,7 @@ def triton_wait_minutes(
 
 def part_1_minutes(times: list[NotebookTime], download_mb_per_s: float = node_plan.PLANNING_DOWNLOAD_MB_PER_S) -> float:
     """Part 1 in the lease: its notebooks, any wait for Triton's image, and the wrap-up."""
-    return part_minutes(times, PART_1) + triton_wait_minutes(times, download_mb_per_s) + WRAP_UP_MINUTES
+    return part_minutes(times, 1) + triton_wait_minutes(times, download_mb_per_s) + WRAP_UP_MINUTES
 
 
 def lease_table(times: list[NotebookTime], download_mb_per_s: float = node_plan.PLANNING_DOWNLOAD_MB_PER_S) -> str:
@@ -255,7 +272,7 @@ def lease_table(times: list[NotebookTime], download_mb_per_s: float = node_plan.
         "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for time in times:
-        if time.number in PART_1:
+        if time.part == 1:
             lines.append(
                 f"| {time.name} | {time.reading_minutes:.0f} | {time.run_minutes:.0f} | {time.hands_on_minutes:.0f} | "
                 f"{time.minutes:.0f} | {time.run_source} |"
@@ -275,88 +292,41 @@ def lease_table(times: list[NotebookTime], download_mb_per_s: float = node_plan.
     return "\n".join(lines)
 
 
-def stated_minutes(source: str) -> int | None:
-    """The minutes a notebook states in its first cell, or None where it states none."""
-    cells = markdown_cells(source)
-    found = _STATED.search(cells[0]) if cells else None
-    return int(found.group(1)) if found else None
-
-
-def write_statements(times: list[NotebookTime], folder: Path = NOTEBOOKS) -> list[str]:
-    """Put each notebook's statement in its first cell (after its title), replacing the old one;
-    the names of the sources it changed."""
-    changed = []
-    for time in times:
-        path = folder / f"{time.name}.py"
-        source = path.read_text()
-        line = f"# {time.statement()}"
-        if found := re.search(r"^# " + _STATED.pattern, source, re.M):
-            updated = source[: found.start()] + line + source[found.end() :]
-        else:
-            title = re.search(r"^# # .*\n", source, re.M)
-            if title is None:
-                raise ValueError(f"{path.name} has no title line (# # ...) to put its time under")
-            updated = source[: title.end()] + "#\n" + line + "\n" + source[title.end() :]
-        if updated != source:
-            path.write_text(updated)
-            changed.append(path.name)
-    return changed
-
-
-def disagreements(times: list[NotebookTime], folder: Path = NOTEBOOKS) -> list[str]:
-    """Each notebook whose stated time is missing or off the computed one by more than TOLERANCE."""
-    problems = []
-    for time in times:
-        stated = stated_minutes((folder / f"{time.name}.py").read_text())
-        if stated is None:
-            problems.append(f"{time.name} states no time: run `python -m servelab.time_plan --write`")
-        elif abs(stated - time.minutes) > TOLERANCE * time.minutes:
-            problems.append(
-                f"{time.name} states {stated} minutes, the plan computes {time.minutes:.1f}: "
-                "run `python -m servelab.time_plan --write`"
-            )
-    return problems
-
-
 def plan_page(times: list[NotebookTime]) -> str:
-    """The whole plan as a Markdown page: part 1 against the lease, part 2, the appendices."""
+    """The notebooks in order and their plan, as a Markdown page: part 1 against the lease, part 2,
+    the appendices."""
+    part_2 = [time for time in times if time.part == 2]
+    appendices = [time for time in times if time.part is None]
     lines = [
-        "# The time plan",
+        "# The notebooks and their time plan",
         "",
-        "Written by `python -m servelab.time_plan --write` from each notebook's words, its recorded",
+        "Written by `make notebooks` (scripts/build_notebooks.py) from each notebook's words, its recorded",
         "full-profile run time (`notebooks/run_times.json`) and its steps, and for notebook 2 from the",
-        "node's planned set-up (`servelab/node_plan.py`): edit those, never this page.",
+        "node's planned set-up (`servelab/node_plan.py`): edit those, never this page. Each notebook",
+        "states its own minutes under its title, from the same figures (`python -m servelab.time_plan`).",
+        "",
+        "## The notebooks, in order",
+        "",
+        *(f"- `{time.name}`: {time.title}" for time in times),
         "",
         f"## Part 1, in the lease (notebooks {PART_1.start}-{PART_1.stop - 1})",
         "",
         lease_table(times),
-        "",
-        f"## Part 2, anywhere (notebooks {PART_2.start}-{PART_2.stop - 1}): {part_minutes(times, PART_2):.0f} minutes",
-        "",
     ]
-    lines += [f"- {time.name}: {time.minutes:.0f} min ({time.run_source})" for time in times if time.number in PART_2]
-    appendices = [time for time in times if time.number is None]
+    if part_2:
+        span = f"{part_2[0].number}-{part_2[-1].number}"
+        lines += ["", f"## Part 2, anywhere (notebooks {span}): {part_minutes(times, 2):.0f} minutes", ""]
+        lines += [f"- {time.name}: {time.minutes:.0f} min ({time.run_source})" for time in part_2]
     if appendices:
-        lines += ["", "## Optional"]
-        lines += ["", *(f"- {time.name}: {time.minutes:.0f} min ({time.run_source})" for time in appendices)]
+        lines += ["", "## Optional", ""]
+        lines += [f"- {time.name}: {time.minutes:.0f} min ({time.run_source})" for time in appendices]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m servelab.time_plan", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--write", action="store_true", help=f"write each notebook's time into its first cell, and {PLAN_PAGE.name}"
-    )
-    args = parser.parse_args(argv)
-    times = plan()
-    page = plan_page(times)
-    print(page, end="")
-    if args.write:
-        for name in write_statements(times):
-            print(f"wrote the time of {name}", file=sys.stderr)
-        if not PLAN_PAGE.is_file() or PLAN_PAGE.read_text() != page:
-            PLAN_PAGE.write_text(page)
-            print(f"wrote {PLAN_PAGE.relative_to(NOTEBOOKS.parent)}", file=sys.stderr)
+    parser.parse_args(argv)
+    print(plan_page(plan()), end="")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Notebooks are generated from their jupytext sources and committed without outputs."""
+"""Notebooks are generated from their jupytext sources (`make notebooks`: scripts/build_notebooks.py,
+which adds each one's time and the link to the next) and committed without outputs."""
 
 import ast
 import json
@@ -9,10 +10,12 @@ import pytest
 
 from servelab import paths
 from servelab.lab.notebook_runs import judging, order, sources
-from servelab.time_plan import markdown_cells, notebook_sources
+from tests.helpers import file_module
 
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"
 SOURCES = sources(NOTEBOOKS)  # the numbered lessons (10 after 9, not after 1), then the appendices
+# What `make notebooks` writes from the sources and the recorded run times, as it would write it now.
+GENERATED, UNMEASURED = file_module(paths.REPO_ROOT / "scripts" / "build_notebooks.py").instructor_notebooks(NOTEBOOKS)
 
 
 def test_every_notebook_has_a_source_and_the_sequence_is_complete():
@@ -33,12 +36,16 @@ def test_the_lessons_come_in_their_order_and_the_appendices_after_them():
     ]
 
 
+def test_every_notebook_has_a_recorded_run_time_for_the_time_it_states():
+    assert UNMEASURED == []
+
+
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
-def test_committed_notebook_matches_its_source(source):
-    expected = jupytext.read(source)
+def test_committed_notebook_is_what_make_notebooks_writes(source):
+    """Its source's cells, its time (a changed run time or prose changes it) and its link to the next."""
     committed = jupytext.read(source.with_suffix(".ipynb"))
     as_pairs = lambda nb: [(cell.cell_type, cell.source.strip()) for cell in nb.cells]  # noqa: E731
-    assert as_pairs(committed) == as_pairs(expected), f"{source.name} changed: run `make notebooks`"
+    assert as_pairs(committed) == as_pairs(GENERATED[source]), f"{source.name} changed: run `make notebooks`"
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
@@ -91,21 +98,25 @@ def test_the_two_node_claim_about_ray_serve_must_hold():
         for call in lab_calls(NOTEBOOKS / "9_concurrency_target.py", "record")
         if "concurrency_target.spread_over_nodes" in ast.unparse(call.args[0])
     ]
-    report = {"nodes": ["a", "b"], "node_addresses": ["127.0.0.1"], "statuses": {"200": 2},
-              "requests_by_node": {"a": 1, "b": 1}, "replicas_by_node": {"a": ["r1"], "b": ["r2"]}}  # fmt: skip
+    report = {
+        "nodes": ["a", "b"],
+        "node_addresses": ["127.0.0.1"],
+        "statuses": {"200": 2},
+        "requests_by_node": {"a": 1, "b": 1},
+        "replicas_by_node": {"a": ["r1"], "b": ["r2"]},
+    }
     assert call and concurrency_target.spread_over_nodes(report, 2).must_hold
 
 
-def test_each_numbered_notebook_ends_by_naming_the_next():
+def test_each_notebook_but_the_last_ends_by_naming_the_next():
     """The path through the lab is read in the notebooks themselves (a Trovi artifact has no README
-    in view): the last Markdown cell of each numbered notebook names the next notebook's file."""
-    numbered = notebook_sources()
+    in view): each generated notebook's last cell names the next notebook's file."""
     unnamed = [
-        f"{path.stem} does not name {after.stem}.ipynb in its last Markdown cell"
-        for path, after in zip(numbered, numbered[1:], strict=False)
-        if path.stem[0].isdigit() and f"`{after.stem}.ipynb`" not in markdown_cells(path.read_text())[-1]
+        f"{path.stem} does not name {after.stem}.ipynb in its last cell"
+        for path, after in zip(SOURCES, SOURCES[1:], strict=False)
+        if f"`{after.stem}.ipynb`" not in json.loads(path.with_suffix(".ipynb").read_text())["cells"][-1]["source"][0]
     ]
-    assert len(numbered) >= 12 and unnamed == []
+    assert len(SOURCES) >= 12 and unnamed == []
 
 
 @pytest.mark.parametrize("source", [s for s in SOURCES if s.stem[0].isdigit()], ids=lambda p: p.name)

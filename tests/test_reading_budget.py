@@ -1,4 +1,4 @@
-"""What a student reads (servelab.lab.reading_budget): words of prose and lab names per notebook,
+"""What a student reads (tests/helpers/reading_budget.py): words of prose and lab names per notebook,
 counted as the docstring says, and each notebook within its budgets."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from servelab import time_plan
-from servelab.lab import reading_budget
+from tests.helpers import reading_budget
 
 TOY = """# %% [markdown]
 # # 9. A title

@@ -1,5 +1,6 @@
 """The time plan (servelab.time_plan): each notebook's time computed from its words, its measured
-run time and its steps, stated at its top within 10%, and part 1 fitting the lease with room."""
+run time and its steps, part 2 every lesson after part 1, and part 1 fitting the lease with room.
+What `make notebooks` writes from it (each notebook's time, docs/time-plan.md): tests/test_build_notebooks.py."""
 
 from __future__ import annotations
 
@@ -97,67 +98,43 @@ def test_notebook_2_runs_as_long_as_the_node_takes_to_come_up_at_the_rate_given(
 
 def test_a_notebook_with_no_measured_run_time_says_how_to_measure_it(tmp_path):
     (tmp_path / "9_toy.py").write_text(SOURCE)
-    with pytest.raises(ValueError, match=r"notebook_runs 9_toy.ipynb --record-times"):
+    with pytest.raises(time_plan.NotMeasured, match=r"LAB_PROFILE=full .*notebook_runs 9_toy.ipynb --record-times"):
         time_plan.plan(tmp_path)
 
 
-def test_the_statement_is_written_under_the_title_replaced_when_it_changes_and_read_back(tmp_path):
-    (tmp_path / "9_toy.py").write_text(SOURCE)
-    (tmp_path / "run_times.json").write_text(json.dumps({"9_toy": {"seconds": 600, "date": "d", "machine": "m"}}))
-    times = time_plan.plan(tmp_path)
-    (missing,) = time_plan.disagreements(times, tmp_path)
-    assert missing == "9_toy states no time: run `python -m servelab.time_plan --write`"
-    assert time_plan.write_statements(times, tmp_path) == ["9_toy.py"]
-    written = (tmp_path / "9_toy.py").read_text()
-    assert written.startswith("# %% [markdown]\n# # 9. A title\n#\n# **Time:** about 14 minutes (0 reading, 10 running")
-    assert time_plan.prose_words(written) == time_plan.prose_words(SOURCE), "the statement is not read as prose"
-    assert time_plan.disagreements(times, tmp_path) == [] and time_plan.write_statements(times, tmp_path) == []
-    (tmp_path / "run_times.json").write_text(json.dumps({"9_toy": {"seconds": 1200, "date": "d", "machine": "m"}}))
-    slower = time_plan.plan(tmp_path)
-    assert time_plan.disagreements(slower, tmp_path)[0].startswith("9_toy states 14 minutes, the plan computes 24.")
-    time_plan.write_statements(slower, tmp_path)
-    assert time_plan.stated_minutes((tmp_path / "9_toy.py").read_text()) == 24
-    assert (tmp_path / "9_toy.py").read_text().count("**Time:**") == 1
+def test_a_notebook_s_title_is_the_heading_it_opens_with():
+    assert time_plan.title(SOURCE) == "9. A title"
+    with pytest.raises(ValueError, match="no title"):
+        time_plan.title("# %%\nx = 1\n\n# %% [markdown]\n# # 9. A title\n")
 
 
-def test_an_appendix_comes_last_states_its_time_and_is_in_neither_part(tmp_path):
-    for name in ("appendix_probe", "10_last", "9_toy"):
+def test_part_2_is_every_lesson_after_part_1_and_an_appendix_comes_last_in_neither(tmp_path):
+    names = ("appendix_probe", "12_added", "10_last", "7_in_the_lease", "9_toy")
+    for name in names:
         (tmp_path / f"{name}.py").write_text(SOURCE)
-    runs = {name: {"seconds": 60, "date": "d", "machine": "m"} for name in ("appendix_probe", "10_last", "9_toy")}
-    (tmp_path / "run_times.json").write_text(json.dumps(runs))
+    (tmp_path / "run_times.json").write_text(
+        json.dumps({name: {"seconds": 60, "date": "d", "machine": "m"} for name in names})
+    )
     times = time_plan.plan(tmp_path)
-    assert [time.name for time in times] == ["9_toy", "10_last", "appendix_probe"]
-    assert times[-1].number is None and time_plan.part_minutes(times, time_plan.PART_2) == 2 * times[-1].minutes
-    assert time_plan.write_statements(times, tmp_path) == ["9_toy.py", "10_last.py", "appendix_probe.py"]
-
-
-def test_every_notebook_states_the_time_the_plan_computes():
-    assert time_plan.disagreements(time_plan.plan()) == []
+    assert [(time.name, time.part) for time in times] == [
+        ("7_in_the_lease", 1),
+        ("9_toy", 2),
+        ("10_last", 2),
+        ("12_added", 2),
+        ("appendix_probe", None),
+    ]
+    assert time_plan.part_minutes(times, 2) == pytest.approx(3 * times[-1].minutes)
+    page = time_plan.plan_page(times)
+    assert "## Part 2, anywhere (notebooks 9-12):" in page and "- `12_added`: 9. A title" in page
 
 
 def test_part_1_fits_the_lease_with_half_an_hour_to_spare():
     times = time_plan.plan()
-    assert [time.number for time in times if time.number is not None] == list(range(12))
     used = time_plan.part_1_minutes(times)
     assert node_plan.LEASE_MINUTES - used >= 30, time_plan.lease_table(times)
     assert f"{node_plan.LEASE_MINUTES - used:.0f} of the lease's 180 minutes left" in time_plan.lease_table(times)
     slower = time_plan.plan(download_mb_per_s=5)
     assert time_plan.part_1_minutes(slower, 5) > time_plan.part_1_minutes(times)
-
-
-def test_the_plan_page_is_the_plan_and_the_guides_link_to_it_without_restating_it():
-    """docs/time-plan.md is the one place the plan's figures are written (`--write` makes it); README
-    and the Chameleon guide link to it rather than state its totals, which would go stale."""
-    from servelab import paths
-
-    times = time_plan.plan()
-    assert time_plan.PLAN_PAGE.read_text() == time_plan.plan_page(times), "run `python -m servelab.time_plan --write`"
-    part_1 = f"{time_plan.part_1_minutes(times):.0f}"
-    assert f"**part 1, total** | | | | **{part_1}**" in time_plan.PLAN_PAGE.read_text()
-    for guide in (paths.REPO_ROOT / "README.md", paths.REPO_ROOT / "docs" / "chameleon.md"):
-        text = " ".join(guide.read_text().split())
-        assert "time-plan.md" in text, f"{guide.name} does not link to the plan"
-        assert "of the lease's 180 minutes" not in text, f"{guide.name} restates the plan's totals"
 
 
 def test_notebook_5_waits_for_what_triton_s_build_takes_beyond_notebooks_3_and_4():
@@ -167,7 +144,7 @@ def test_notebook_5_waits_for_what_triton_s_build_takes_beyond_notebooks_3_and_4
         build = node_plan.triton_step(rate).minutes
         assert time_plan.triton_wait_minutes(times, rate) == pytest.approx(max(0.0, build - fastapi))
     assert time_plan.triton_wait_minutes(times, 5) > 0 and time_plan.triton_wait_minutes(times, 500) == 0
-    slow = time_plan.part_1_minutes(times, 5) - time_plan.part_minutes(times, time_plan.PART_1)
+    slow = time_plan.part_1_minutes(times, 5) - time_plan.part_minutes(times, 1)
     assert slow == pytest.approx(time_plan.triton_wait_minutes(times, 5) + time_plan.WRAP_UP_MINUTES)
     assert "| wait for Triton's image, built during notebooks 3 and 4 |" in time_plan.lease_table(times, 5)
 
@@ -194,10 +171,12 @@ def test_the_seconds_of_a_notebook_s_cpu_only_cells_are_read_from_nbclient_s_tim
         timing = {"iopub.execute_input": started, "shell.execute_reply": replied}
         return nbformat.v4.new_code_cell("x = 1", metadata={"tags": tags, "execution": timing})
 
-    executed = nbformat.v4.new_notebook(cells=[
-        cell(["cpu_only"], "2026-12-01T10:00:00.000000Z", "2026-12-01T10:01:30.500000Z"),
-        cell([], "2026-12-01T10:01:31.000000Z", "2026-12-01T10:05:00.000000Z"),  # runs everywhere
-        cell(["cpu_only"], "2026-12-01T10:05:00.000000Z", "2026-12-01T10:05:10.000000Z"),
-        nbformat.v4.new_code_cell("y = 2", metadata={"tags": ["cpu_only"]}),  # never executed: no timing
-    ])  # fmt: skip
+    executed = nbformat.v4.new_notebook(
+        cells=[
+            cell(["cpu_only"], "2026-12-01T10:00:00.000000Z", "2026-12-01T10:01:30.500000Z"),
+            cell([], "2026-12-01T10:01:31.000000Z", "2026-12-01T10:05:00.000000Z"),  # runs everywhere
+            cell(["cpu_only"], "2026-12-01T10:05:00.000000Z", "2026-12-01T10:05:10.000000Z"),
+            nbformat.v4.new_code_cell("y = 2", metadata={"tags": ["cpu_only"]}),  # never executed: no timing
+        ]
+    )
     assert notebook_runs.seconds_of_tagged_cells(executed) == pytest.approx(100.5)

@@ -1,4 +1,6 @@
-"""What a student must read in a notebook: its words of prose, and the lab names its cells use.
+"""What a student must read in a notebook: its words of prose, and the lab names its cells use,
+and the budgets tests/test_reading_budget.py holds every notebook to (the project's rules for its
+own prose, not part of the lab a student runs).
 
 A lab name is a name the student meets in a cell and would look up in the lab's package:
 - a name imported from `servelab` (`Lab`, `plots`, `paths`, ...), counted by what is used of it:
@@ -10,8 +12,8 @@ A lesson's checks are counted apart: the function called in `lab.record(check(..
 that judges a claim and carries the student's prediction, is a check, not a lab name (unless the
 notebook also uses it otherwise); its arguments are read as any code.
 
-    python -m servelab.lab.reading_budget           # each notebook's words and lab names, and the budgets
-    python -m servelab.lab.reading_budget --names   # the lab names too
+    .venv/bin/python -m tests.helpers.reading_budget           # each notebook's words and lab names
+    .venv/bin/python -m tests.helpers.reading_budget --names   # the lab names too
 """
 
 from __future__ import annotations
