@@ -11,14 +11,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import closed_port
-from tests.helpers.gourmetgram import (
-    BACKEND_CONFIGS,
-    GOURMETGRAM_DIR,
-    forget_backend_env,
-    gg,
-    jpeg_bytes,
-    make_app,
-)
+from tests.helpers.gourmetgram import BACKEND_CONFIGS, GOURMETGRAM_DIR, forget_backend_env, gg, jpeg_bytes, make_app
 
 
 @pytest.fixture(autouse=True)
