@@ -8,7 +8,6 @@ repository's own."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from servelab import paths
-from tests.helpers import file_module
+from tests.helpers import closed_port, file_module
 
 check_class = file_module(paths.REPO_ROOT / "scripts" / "check_class.py")
 PINS = check_class.lock_pins()
@@ -173,12 +172,6 @@ def test_a_base_tag_its_registry_lacks_names_the_dockerfiles_to_change(tmp_path,
         "nvcr.io/nvidia/tritonserver:24.10-py3 does not resolve: change the FROM of docker/Dockerfile.triton"
         in done.stdout
     )
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_sources_it_cannot_reach_are_said_and_nothing_is_judged_there():

@@ -1,6 +1,6 @@
 """One source of dependencies: pyproject.toml declares them (an extra per part of the lab), and
 requirements.lock, uv's resolution of them, pins every version; the virtualenv installs at the
-lock's versions (the images too: tests/test_docker_files.py reads their pip installs)."""
+lock's versions (the images too: tests/test_docker_lock.py reads their pip installs)."""
 
 from __future__ import annotations
 

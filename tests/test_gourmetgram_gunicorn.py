@@ -20,7 +20,7 @@ from tests.helpers import make_image_bytes, until
 
 pytestmark = pytest.mark.integration
 
-# Its settings, the workers among them (the image runs gunicorn with them: tests/test_docker_files.py).
+# Its settings, the workers among them (the image runs gunicorn with them: tests/test_dockerfiles.py).
 CONFIG = paths.GOURMETGRAM_DIR / "gunicorn.conf.py"
 UPLOADS = 8
 BURSTS = 3

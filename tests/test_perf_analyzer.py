@@ -124,21 +124,19 @@ def test_a_run_s_summary_shows_its_command_under_it_with_short_paths_quoted_for_
     assert shown_command(elsewhere) == "perf_analyzer --input-data /data/x.json"
 
 
-@pytest.mark.parametrize("option", [{"num_of_sequences": 6}, {"serial_sequences": True}])
-def test_request_rate_only_sequence_options_are_refused_at_a_concurrency(monkeypatch, option):
-    commands = fake_perf_analyzer(monkeypatch)
-    with pytest.raises(ValueError, match="only at a request rate"):
-        perf_analyzer.run("127.0.0.1:1", "m", concurrency=4, **option)
-    assert commands == []  # refused before perf_analyzer ran
-
-
 @pytest.mark.parametrize(
-    "option",
-    [{"sequence_length": 0}, {"sequence_length_variation": 150}, {"sequence_id_range": (10, 10)}],
+    ("option", "says"),
+    [
+        ({"num_of_sequences": 6}, "only at a request rate"),
+        ({"serial_sequences": True}, "only at a request rate"),
+        ({"sequence_length": 0}, ""),
+        ({"sequence_length_variation": 150}, ""),
+        ({"sequence_id_range": (10, 10)}, ""),
+    ],
 )
-def test_impossible_sequence_options_are_refused(monkeypatch, option):
+def test_impossible_sequence_options_are_refused_before_perf_analyzer_runs(monkeypatch, option, says):
     commands = fake_perf_analyzer(monkeypatch)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=says):
         perf_analyzer.run("127.0.0.1:1", "m", concurrency=4, **option)
     assert commands == []
 

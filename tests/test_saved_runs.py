@@ -51,18 +51,6 @@ def local_lab(tmp_path, monkeypatch, exits_file=None, triton_http=None, triton_g
     )
 
 
-def test_records_are_appended_whole_and_a_line_cut_short_is_skipped_with_a_warning(tmp_path, caplog):
-    path = tmp_path / "deep" / "runs.jsonl"
-    jsonl.append(path, {"n": 1})
-    jsonl.append(path, {"n": 2})
-    with path.open("a") as file:
-        file.write('{"n": 3, "cut sho')  # a write the machine never finished
-    with caplog.at_level(logging.WARNING):
-        assert jsonl.read(path) == [{"n": 1}, {"n": 2}]
-    assert "line 3 is not a whole record" in caplog.text
-    assert jsonl.read(tmp_path / "missing.jsonl") == []
-
-
 def test_a_run_saved_when_its_name_was_called_target_loads_with_its_name(tmp_path):
     saved = run("fastapi_onnx, 4 clients")
     old = {key: value for key, value in saved.to_dict().items() if key != "name"} | {"target": saved.name}
@@ -102,8 +90,8 @@ def test_a_process_killed_while_it_appends_leaves_every_record_whole(tmp_path):
     assert all(line.count('{"n":') == 1 for line in cut_short) and len(cut_short) <= 3, cut_short
 
 
-def test_a_record_after_one_cut_short_starts_a_line_of_its_own_and_is_read_whole(tmp_path, caplog):
-    path = tmp_path / "runs.jsonl"
+def test_a_line_cut_short_is_skipped_with_a_warning_and_the_next_record_starts_a_line_of_its_own(tmp_path, caplog):
+    path = tmp_path / "deep" / "runs.jsonl"
     jsonl.append(path, {"n": 1})
     with path.open("a") as file:
         file.write('{"n": 2, "cut sho')  # a writer killed in the middle of its record
@@ -111,6 +99,7 @@ def test_a_record_after_one_cut_short_starts_a_line_of_its_own_and_is_read_whole
     with caplog.at_level(logging.WARNING):
         assert jsonl.read(path) == [{"n": 1}, {"n": 3}]
     assert "line 2 is not a whole record" in caplog.text
+    assert jsonl.read(tmp_path / "missing.jsonl") == []
 
 
 def test_a_run_and_a_run_of_sequences_come_back_from_the_file_as_they_were_saved(tmp_path):

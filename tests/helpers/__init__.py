@@ -12,6 +12,7 @@ import base64
 import importlib.util
 import io
 import math
+import socket
 import sys
 import textwrap
 import threading
@@ -101,6 +102,13 @@ def service_stages(**means_ms: float) -> dict:
 
 # Small enough to test 413 with a modest body, large enough for every real test image.
 TEST_MAX_REQUEST_BYTES = 2_000_000
+
+
+def closed_port() -> int:
+    """A local port nothing listens on: bind to get a free one, then close it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def make_image_bytes(seed: int, size=(320, 240), fmt="JPEG") -> bytes:

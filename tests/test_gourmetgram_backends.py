@@ -1,23 +1,10 @@
-"""Unit tests for the GourmetGram web UI (gourmetgram/app.py, gourmetgram/backends.py), with no backend running.
-
-Every app here points its backend at a closed port, so each backend call fails fast with
-"connection refused". That is enough to test the page itself: forms, upload validation, limits,
-the /test whitelist, error statuses and the weights banner. How the page calls a Triton model is
-tested from metadata dicts like the ones Triton reports, and through a stand-in Triton client
-that answers from those dicts. Tests against real servers live elsewhere.
-
-Run from the repository root:  .venv/bin/python -m pytest tests/test_gourmetgram_unit.py
-GourmetGram imports food11, the model module at the repository root.
-"""
+"""GourmetGram's backends (tests/helpers/gourmetgram.py): the weights banner, the choice of backend
+from the settings, and how the page calls a Triton model, recognised from the model's metadata as
+Triton reports it, through a stand-in Triton client that answers from that metadata."""
 
 from __future__ import annotations
 
 import html
-import importlib.util
-import io
-import socket
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,238 +12,29 @@ import pytest
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-GOURMETGRAM_DIR = Path(__file__).resolve().parents[1] / "gourmetgram"
-
-# app.py imports its sibling backends.py, so its folder goes on sys.path. The
-# module itself is loaded under a unique name: other services also have an `app.py`, and a plain
-# `import app` could pick up whichever one another test imported first.
-sys.path.insert(0, str(GOURMETGRAM_DIR))
-_spec = importlib.util.spec_from_file_location("gourmetgram_app", GOURMETGRAM_DIR / "app.py")
-assert _spec is not None and _spec.loader is not None
-gg = importlib.util.module_from_spec(_spec)
-sys.modules["gourmetgram_app"] = gg
-_spec.loader.exec_module(gg)
-bk = sys.modules["backends"]  # the very module app.py imported
-assert Path(bk.__file__).resolve().parent == GOURMETGRAM_DIR
-
-BACKEND_ENV = (
-    "FASTAPI_SERVER_URL",
-    "TRITON_SERVER_URL",
-    "FOOD11_MODEL_NAME",
-    "MAX_UPLOAD_BYTES",
-    "BACKEND_TIMEOUT_S",
-    "WEIGHTS_TIMEOUT_S",
-    "WEIGHTS_CACHE_S",
-    "SAMPLES_DIR",
+from tests.helpers import closed_port
+from tests.helpers.gourmetgram import (
+    BACKEND_CONFIGS,
+    FOOD_CLASSIFIER_METADATA,
+    FOOD_CLASSIFIER_ONNX_METADATA,
+    bk,
+    forget_backend_env,
+    gg,
+    jpeg_bytes,
+    make_app,
+    model,
+    tensor,
 )
-
-
-def closed_port() -> int:
-    """A local port nothing listens on: bind to get a free one, then close it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def jpeg_bytes(size: tuple[int, int] = (64, 48)) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", size, (200, 120, 40)).save(buffer, format="JPEG")
-    return buffer.getvalue()
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ignore whatever backend settings the shell running the tests happens to have."""
-    for name in BACKEND_ENV:
-        monkeypatch.delenv(name, raising=False)
-
-
-def make_app(**config: Any) -> Any:
-    return gg.create_app({"TESTING": True, **config})
-
-
-BACKEND_CONFIGS = {
-    "fastapi": lambda port: {"FASTAPI_SERVER_URL": f"http://127.0.0.1:{port}"},
-    "triton": lambda port: {"TRITON_SERVER_URL": f"127.0.0.1:{port}"},
-    "triton_onnx": lambda port: {"TRITON_SERVER_URL": f"127.0.0.1:{port}", "FOOD11_MODEL_NAME": "food_classifier_onnx"},
-}
-
-# What Triton's GET /v2/models/{model} answers for the lab's two models (max_batch_size 16).
-FOOD_CLASSIFIER_METADATA = {
-    "name": "food_classifier",
-    "versions": ["1"],
-    "platform": "python",
-    "inputs": [{"name": "INPUT_IMAGE", "datatype": "BYTES", "shape": [-1, 1]}],
-    "outputs": [
-        {"name": "FOOD_LABEL", "datatype": "BYTES", "shape": [-1, 1]},
-        {"name": "PROBABILITY", "datatype": "FP32", "shape": [-1, 1]},
-    ],
-}
-FOOD_CLASSIFIER_ONNX_METADATA = {
-    "name": "food_classifier_onnx",
-    "versions": ["1"],
-    "platform": "onnxruntime_onnx",
-    "inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 3, 224, 224]}],
-    "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, 11]}],
-}
+    forget_backend_env(monkeypatch)
 
 
 @pytest.fixture
 def port() -> int:
     return closed_port()
-
-
-@pytest.fixture
-def client(port: int) -> Any:
-    return make_app(FASTAPI_SERVER_URL=f"http://127.0.0.1:{port}").test_client()
-
-
-# --- Pages and upload validation ---------------------------------------------------------------
-
-
-def test_upload_form_renders(client: Any) -> None:
-    response = client.get("/")
-    body = response.get_data(as_text=True)
-    assert response.status_code == 200
-    assert 'enctype="multipart/form-data"' in body
-    assert 'action="/predict"' in body
-    assert 'type="file" name="file"' in body
-    assert "/test?sample=bread.jpg" in body  # the bundled samples are offered
-
-
-def test_non_image_bytes_are_rejected_with_400(client: Any) -> None:
-    response = client.post("/predict", data={"file": (io.BytesIO(b"this is not a picture"), "food.jpg")})
-    assert response.status_code == 400
-    assert "not an image Pillow can read" in response.get_data(as_text=True)
-
-
-def test_empty_file_is_rejected_with_400(client: Any) -> None:
-    response = client.post("/predict", data={"file": (io.BytesIO(b""), "food.jpg")})
-    assert response.status_code == 400
-    assert "The image is empty" in response.get_data(as_text=True)
-
-
-def test_oversize_upload_gets_413_page(port: int) -> None:
-    client = make_app(FASTAPI_SERVER_URL=f"http://127.0.0.1:{port}", MAX_UPLOAD_BYTES=2048).test_client()
-    response = client.post("/predict", data={"file": (io.BytesIO(b"\xff" * 10_000), "big.jpg")})
-    body = response.get_data(as_text=True)
-    assert response.status_code == 413
-    assert "too large" in body and "2048 bytes" in body
-    # A body under the limit is parsed normally (and here refused as not an image, not as too big).
-    response = client.post("/predict", data={"file": (io.BytesIO(b"\xff" * 100), "small.jpg")})
-    assert response.status_code == 400
-
-
-def test_missing_file_field_gets_400(client: Any) -> None:
-    response = client.post("/predict", data={"other": "value"})
-    assert response.status_code == 400
-    assert "No file chosen" in response.get_data(as_text=True)
-
-
-def test_empty_filename_gets_400(client: Any) -> None:
-    response = client.post("/predict", data={"file": (io.BytesIO(jpeg_bytes()), "")})
-    assert response.status_code == 400
-    assert "No file chosen" in response.get_data(as_text=True)
-
-
-@pytest.mark.parametrize("filename", ["food.exe", "food.svg", "food", "food.jpg.html"])
-def test_disallowed_extension_gets_400(client: Any, filename: str) -> None:
-    response = client.post("/predict", data={"file": (io.BytesIO(jpeg_bytes()), filename)})
-    assert response.status_code == 400
-    assert "not accepted" in response.get_data(as_text=True)
-
-
-def test_displayed_filename_is_sanitised(client: Any) -> None:
-    response = client.post("/predict", data={"file": (io.BytesIO(b"nope"), "../../<b>evil</b>.exe")})
-    body = response.get_data(as_text=True)
-    assert response.status_code == 400
-    assert "<b>evil" not in body and "../" not in body
-
-
-# --- /test and its whitelist -------------------------------------------------------------------
-
-
-def test_sample_path_traversal_is_404(client: Any) -> None:
-    response = client.get("/test", query_string={"sample": "../../etc/passwd"})
-    body = response.get_data(as_text=True)
-    assert response.status_code == 404
-    assert "Valid names: bread.jpg, fried_egg.jpg, soup.jpg" in body
-    assert "root:" not in body
-
-
-def test_unknown_sample_is_404(client: Any) -> None:
-    response = client.get("/test", query_string={"sample": "pizza.jpg"})
-    assert response.status_code == 404
-    assert "No such sample" in response.get_data(as_text=True)
-
-
-def test_samples_whitelist_lists_only_images(tmp_path: Path) -> None:
-    (tmp_path / "a.jpg").write_bytes(jpeg_bytes())
-    (tmp_path / "notes.txt").write_text("not an image")
-    (tmp_path / "sub.png").mkdir()
-    assert list(gg.list_samples(tmp_path)) == ["a.jpg"]
-    assert gg.list_samples(tmp_path / "missing") == {}
-
-
-def test_bundled_samples_are_real_images() -> None:
-    samples = gg.list_samples(GOURMETGRAM_DIR / "static" / "samples")
-    assert len(samples) >= 3
-    for path in samples.values():
-        assert gg.food11.decode_image_bytes(path.read_bytes()).size == (512, 384)
-
-
-# --- Backend down ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("kind", list(BACKEND_CONFIGS))
-def test_backend_unreachable_gives_503_and_app_keeps_serving(kind: str, port: int) -> None:
-    client = make_app(**BACKEND_CONFIGS[kind](port)).test_client()
-    response = client.get("/test", query_string={"sample": "soup.jpg"})
-    body = response.get_data(as_text=True)
-    assert response.status_code == 503
-    assert f"127.0.0.1:{port}" in body
-    assert "make up" in body
-    assert "data:image/jpeg;base64," in body  # the image is shown inline, never stored
-
-    # The failure did not take the app down: the form still renders, and an upload fails the same way.
-    assert client.get("/").status_code == 200
-    response = client.post("/predict", data={"file": (io.BytesIO(jpeg_bytes()), "lunch.png")})
-    assert response.status_code == 503
-    assert f"127.0.0.1:{port}" in response.get_data(as_text=True)
-
-
-def test_banner_says_unknown_when_backend_unreachable(client: Any) -> None:
-    body = client.get("/").get_data(as_text=True)
-    assert "Weights status unknown (backend unreachable)" in body
-    assert "not meaningful" in body
-
-
-def test_healthz_is_200_and_reports_backend_down(client: Any, port: int) -> None:
-    response = client.get("/healthz")
-    data = response.get_json()
-    assert response.status_code == 200
-    assert data["status"] == "ok"
-    assert data["backend"] == "fastapi"
-    assert data["backend_url"] == f"http://127.0.0.1:{port}"
-    assert data["backend_reachable"] is False
-    assert data["weights"] == "unknown"
-    assert "model" in data
-
-
-def test_healthz_for_triton_names_the_model(port: int) -> None:
-    data = make_app(**BACKEND_CONFIGS["triton_onnx"](port)).test_client().get("/healthz").get_json()
-    assert data["backend"] == "triton"
-    assert data["backend_url"] == f"127.0.0.1:{port}"
-    assert data["model"] == "food_classifier_onnx"
-    assert data["model_input"] is None  # not known before a request has asked Triton
-    assert data["backend_reachable"] is False
-
-
-def test_healthz_for_fastapi_says_the_page_sends_the_file(client: Any) -> None:
-    assert client.get("/healthz").get_json()["model_input"] == "image file (base64)"
-
-
-# --- Weights banner logic ----------------------------------------------------------------------
 
 
 def test_banner_text_for_each_weights_status() -> None:
@@ -421,59 +199,32 @@ def test_the_onnx_model_is_recognised_as_taking_a_preprocessed_tensor() -> None:
 
 def test_recognition_goes_by_datatype_and_shape_not_by_name() -> None:
     # A model added later, with its own tensor names and an extra output the page does not read.
-    renamed = {
-        "name": "food_classifier_v2",
-        "inputs": [{"name": "jpeg_b64", "datatype": "BYTES", "shape": [-1, 1]}],
-        "outputs": [
-            {"name": "top5", "datatype": "BYTES", "shape": [-1, 5]},
-            {"name": "score", "datatype": "FP32", "shape": [-1, 1]},
-            {"name": "label", "datatype": "BYTES", "shape": [-1, 1]},
-        ],
-    }
+    outputs = [tensor("top5", "BYTES", -1, 5), tensor("score", "FP32", -1, 1), tensor("label", "BYTES", -1, 1)]
+    renamed = model("food_classifier_v2", [tensor("jpeg_b64", "BYTES", -1, 1)], outputs)
     expected = bk.ImageFileCall("jpeg_b64", label_output="label", probability_output="score")
     assert bk.recognise_model(renamed) == expected
-    tensor = {
-        "name": "food11_tensorrt",
-        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [-1, 3, 224, 224]}],
-        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 11]}],
-    }
-    assert bk.recognise_model(tensor) == bk.TensorCall("pixels", logits_output="logits")
+    pixels = model("food11_tensorrt", [tensor("pixels", "FP32", -1, 3, 224, 224)], [tensor("logits", "FP32", -1, 11)])
+    assert bk.recognise_model(pixels) == bk.TensorCall("pixels", logits_output="logits")
+
+
+# A third kind of model: token ids in, something else out.
+TEXT_MODEL = model("text_model", [tensor("input_ids", "INT64", -1, 128)], [tensor("logits", "FP32", -1, 2)])
 
 
 @pytest.mark.parametrize(
     "metadata",
     [
-        # A third kind of model: token ids in, something else out.
-        {
-            "name": "text_model",
-            "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, 128]}],
-            "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 2]}],
-        },
+        TEXT_MODEL,
         # The right inputs, but not the outputs the page reads.
-        {
-            "name": "text_model",
-            "inputs": [{"name": "input_ids", "datatype": "BYTES", "shape": [-1, 1]}],
-            "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 512]}],
-        },
-        {
-            "name": "text_model",
-            "inputs": [{"name": "input_ids", "datatype": "FP32", "shape": [-1, 3, 224, 224]}],
-            "outputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 1000]}],
-        },
+        model("text_model", [tensor("input_ids", "BYTES", -1, 1)], [tensor("embedding", "FP32", -1, 512)]),
+        model("text_model", [tensor("input_ids", "FP32", -1, 3, 224, 224)], [tensor("features", "FP32", -1, 1000)]),
         # No batch dimension (max_batch_size 0) and a second input: neither shape either.
-        {
-            "name": "text_model",
-            "inputs": [{"name": "input_ids", "datatype": "FP32", "shape": [3, 224, 224]}],
-            "outputs": [{"name": "output", "datatype": "FP32", "shape": [11]}],
-        },
-        {
-            "name": "text_model",
-            "inputs": [
-                {"name": "input_ids", "datatype": "BYTES", "shape": [-1, 1]},
-                {"name": "mask", "datatype": "BYTES", "shape": [-1, 1]},
-            ],
-            "outputs": FOOD_CLASSIFIER_METADATA["outputs"],
-        },
+        model("text_model", [tensor("input_ids", "FP32", 3, 224, 224)], [tensor("output", "FP32", 11)]),
+        model(
+            "text_model",
+            [tensor("input_ids", "BYTES", -1, 1), tensor("mask", "BYTES", -1, 1)],
+            FOOD_CLASSIFIER_METADATA["outputs"],
+        ),
     ],
 )
 def test_a_model_of_another_shape_is_refused_with_what_it_takes(metadata: dict[str, Any]) -> None:
@@ -595,12 +346,7 @@ def test_triton_model_that_failed_to_load_is_reported_as_such(port: int, monkeyp
 def test_triton_model_of_another_shape_gets_502_saying_what_it_takes(
     port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    text_model = {
-        "name": "text_model",
-        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, 128]}],
-        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 2]}],
-    }
-    response = triton_app(monkeypatch, port, "text_model", FakeTriton(text_model)).get("/test")
+    response = triton_app(monkeypatch, port, "text_model", FakeTriton(TEXT_MODEL)).get("/test")
     body = html.unescape(response.get_data(as_text=True))
     assert response.status_code == 502
     assert "model 'text_model' takes inputs input_ids (INT64 [-1, 128])" in body
