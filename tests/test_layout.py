@@ -162,6 +162,10 @@ def test_a_notebooks_lesson_folder_names_the_notebook_and_each_of_its_modules(no
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and node.module == "servelab.lessons"
         for alias in node.names
+    } | {  # notebooks 0-2 import names from theirs: `from servelab.lessons.node import chameleon_only`
+        node.module.split(".")[2]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("servelab.lessons.")
     }
     for lesson in imported:
         assert lesson in LESSON_FOLDERS, f"{notebook.name} imports servelab.lessons.{lesson}, not a lesson folder"

@@ -16,9 +16,17 @@
 - `notebook_runs`: runs notebooks as a student does and keeps them with their outputs (each
   checks its own verdicts in `lab.verdicts()`);
 
+Of servelab, a notebook imports this folder and its own lesson folder (servelab.lessons), nothing
+else (tests/test_notebooks_sources.py): what it needs beyond `Lab` is named here, `REPO_ROOT` (the
+lab's files to read: `REPO_ROOT / "fastapi_pt" / "app.py"`), `plots` (servelab.report.plots) and
+`StackError` (a service that would not start).
+
 May import every other folder of servelab.
 """
 
 from servelab.lab.facade import Lab
+from servelab.paths import REPO_ROOT
+from servelab.report import plots
+from servelab.stack.supervision import StackError
 
-__all__ = ["Lab"]
+__all__ = ["REPO_ROOT", "Lab", "StackError", "plots"]
