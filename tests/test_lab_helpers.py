@@ -303,7 +303,7 @@ def lab_on(server: Hardware, served_instances: list[dict], monkeypatch) -> Lab:
     """A Lab whose Triton server has `server`'s hardware and reports `served_instances` as its
     model's instance groups."""
     lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", None, triton_server=server)
-    monkeypatch.setattr(lab.triton, "served_config", lambda model: {"instance_group": served_instances})
+    monkeypatch.setattr(lab.triton.configs, "served_config", lambda model: {"instance_group": served_instances})
     return lab
 
 
@@ -462,8 +462,8 @@ def test_perf_retries_an_unstable_measurement_and_gives_none_when_it_never_settl
         return outcome
 
     monkeypatch.setattr(lab.triton, "run_perf_analyzer", perf)
-    monkeypatch.setattr(lab.triton, "served_instances", lambda model: 2)
-    monkeypatch.setattr(lab.triton, "served_config", lambda model: 'name: "toy"\ndynamic_batching { }\n')
+    monkeypatch.setattr(lab.triton.configs, "served_instances", lambda model: 2)
+    monkeypatch.setattr(lab.triton.configs, "served_config", lambda model: 'name: "toy"\ndynamic_batching { }\n')
     measured = lab.triton.perf("toy", concurrency=2)
     assert measured.name.endswith(", 2 instances, dynamic batching")
     printed = capsys.readouterr().out

@@ -7,8 +7,9 @@
 - `run_keeper`: `RunKeeper` (`lab.keeper`) keeps every run (names it, marks it if a service
   crashed under it, saves it, loads saved runs back), tells the student of a service's exit, and
   waits for the services before each run;
-- `triton_side`: `TritonSide` (`lab.triton`): perf_analyzer runs, capacity, Triton's model configs
-  (those methods written in `triton_configs`, mixed into TritonSide);
+- `triton_side`: `TritonSide` (`lab.triton`): perf_analyzer runs, capacity, and Triton's model
+  configs, a part of its own (`triton_configs`: `ServedConfigs`, `lab.triton.configs`), to which
+  it passes the notebooks' calls (`lab.triton.write_config(...)`);
 - `ray_side`: `RayServe` (`lab.ray_serve()`): the Ray Serve to edit, redeploy and watch;
 - `run_accounts`: what Lab counts over a run besides the load generator's figures (the server's
   statistics, the machine's resources), set on the run before it is saved;

@@ -53,6 +53,7 @@ from servelab.lab import ui
 from servelab.lab import your_turn as student_steps
 from servelab.lab.measuring import Measuring
 from servelab.lab.run_keeper import RunKeeper, saved_runs_file, wait_until_answering
+from servelab.lab.triton_configs import ServedConfigs
 from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, TritonSide
 from servelab.lessons.expectations import (
     NOT_ASKED,
@@ -108,10 +109,8 @@ class Lab(Measuring):
         self.keeper = RunKeeper(
             notebook, self.services, self.profile.name, self._health_urls(), stacks or [], shared_exits_file
         )
-        self.triton = TritonSide(
-            self.keeper, self.triton_http, self.repository, self.triton_server, self.profile, self.models,
-            self.triton_grpc, self.triton_metrics_url,
-        )  # fmt: skip
+        configs = ServedConfigs(self.triton_http, self.repository, self.triton_server, self.models)
+        self.triton = TritonSide(self.keeper, configs, self.profile, self.triton_grpc, self.triton_metrics_url)
 
     # ---- connecting ------------------------------------------------------------------------
 
@@ -131,7 +130,7 @@ class Lab(Measuring):
         lab = cls._compose(chosen, notebook, triton) if services == "compose" else cls._local(chosen, triton, notebook)
         print(lab.describe())
         if lab.triton_http and lab.repository is not None:
-            lab.triton.restore_shipped_configs()  # never an earlier notebook's edit (notebook 6's 8 instances)
+            lab.triton.configs.restore_shipped_configs()  # never an earlier notebook's edit (notebook 6's 8 instances)
         return lab
 
     @classmethod
