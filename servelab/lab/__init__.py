@@ -1,9 +1,11 @@
 """What the notebooks call: `Lab.connect()` and the lab's methods on it.
 
-- `facade`: `Lab`, the notebooks' one object: it finds or starts the services, runs the load
-  generator (those methods are written in `measuring`, mixed into Lab: `lab.concurrent(...)`,
-  `lab.closed_loop(...)`), records every verdict, and hands the rest to its parts (each an object
-  with a public interface):
+- `facade`: `Lab`, the notebooks' one object: it finds or starts the services (where, in
+  `connecting`), records every verdict, and hands the rest to its parts (each an object with a
+  public interface, and its own state):
+- `measuring`: `Measurer` (`lab.measurer`) runs the load generator against a service's address,
+  each run counted and kept; Lab passes the notebooks' calls on (`lab.concurrent(...)`,
+  `lab.closed_loop(...)`);
 - `run_keeper`: `RunKeeper` (`lab.keeper`) keeps every run (names it, marks it if a service
   crashed under it, saves it, loads saved runs back), tells the student of a service's exit, and
   waits for the services before each run;
