@@ -141,10 +141,10 @@ import sys
 from pathlib import Path
 
 # The repository root (above notebooks/, or notebooks/student/), so `servelab` imports where the lab
-# is not pip-installed (Chameleon's Jupyter server). servelab.environment needs only the standard library.
+# is not pip-installed (Chameleon's Jupyter server). servelab.lessons.node needs only the standard library.
 REPO_ROOT = next((folder for folder in Path.cwd().parents if (folder / "servelab").is_dir()), Path.cwd().parent)
 sys.path.insert(0, str(REPO_ROOT))
-from servelab.environment import current_services, machine_info
+from servelab.lessons.node import current_services, machine_info
 
 if os.environ.get("JUPYTERHUB_API_URL"):
     os.environ.setdefault("LAB_SERVICES", "chameleon")

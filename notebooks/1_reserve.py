@@ -41,10 +41,10 @@ from pathlib import Path
 from chi import context, hardware, lease
 
 # The repository root (above notebooks/, or notebooks/student/), so `servelab` imports where the lab
-# is not pip-installed (Chameleon's Jupyter server). servelab.environment needs only the standard library.
+# is not pip-installed (Chameleon's Jupyter server). servelab.lessons.node needs only the standard library.
 REPO_ROOT = next((folder for folder in Path.cwd().parents if (folder / "servelab").is_dir()), Path.cwd().parent)
 sys.path.insert(0, str(REPO_ROOT))
-from servelab.environment import chameleon_only, current_services
+from servelab.lessons.node import chameleon_only, current_services
 
 if os.environ.get("JUPYTERHUB_API_URL"):
     os.environ.setdefault("LAB_SERVICES", "chameleon")
@@ -61,7 +61,7 @@ print(f"LAB_SERVICES: {current_services()}")
 # and 4.
 
 # %%
-from servelab import node_plan, node_setup, time_plan
+from servelab.lessons.node import node_plan, node_setup, time_plan
 
 DOWNLOAD_MB_PER_S = node_plan.PLANNING_DOWNLOAD_MB_PER_S
 print(time_plan.lease_table(time_plan.plan(download_mb_per_s=DOWNLOAD_MB_PER_S), DOWNLOAD_MB_PER_S))

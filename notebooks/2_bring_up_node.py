@@ -37,12 +37,10 @@ from pathlib import Path
 from chi import context, lease, server
 
 # The repository root (above notebooks/, or notebooks/student/), so `servelab` imports where the lab
-# is not pip-installed (Chameleon's Jupyter server). servelab.environment needs only the standard library.
+# is not pip-installed (Chameleon's Jupyter server). servelab.lessons.node needs only the standard library.
 REPO_ROOT = next((folder for folder in Path.cwd().parents if (folder / "servelab").is_dir()), Path.cwd().parent)
 sys.path.insert(0, str(REPO_ROOT))
-from servelab import node_build, node_env, node_setup
-from servelab.environment import chameleon_only, current_services
-from servelab.settings import repository_url
+from servelab.lessons.node import chameleon_only, current_services, node_build, node_env, node_setup, repository_url
 
 if os.environ.get("JUPYTERHUB_API_URL"):
     os.environ.setdefault("LAB_SERVICES", "chameleon")

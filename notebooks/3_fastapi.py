@@ -18,9 +18,9 @@
 # about the *model* (labels, decoding, preprocessing). The next cells print `app.py` part by part.
 
 # %%
-from servelab import paths
+from servelab.lab import REPO_ROOT
 
-app_py = (paths.FASTAPI_PT_DIR / "app.py").read_text()
+app_py = (REPO_ROOT / "fastapi_pt" / "app.py").read_text()
 parts = app_py.split("\n# ---- ")
 print(f"fastapi_pt/app.py: {len(app_py.splitlines())} lines, in {len(parts)} parts:")
 for number, part in enumerate(parts[1:], start=2):
@@ -103,7 +103,7 @@ print("# ---- " + parts[8])  # 9. the routes
 # `{FASTAPI_SERVER_URL}/predict`; turn every failure into a readable page.
 
 # %%
-backends = (paths.GOURMETGRAM_DIR / "backends.py").read_text()
+backends = (REPO_ROOT / "gourmetgram" / "backends.py").read_text()
 start = backends.index("    def predict(", backends.index("class FastAPIBackend"))
 print(backends[start : backends.index("\n    def ", start + 1)])
 
@@ -203,7 +203,7 @@ for what, request_kwargs in bad_requests.items():
 # %%
 import base64
 
-from servelab.stack.supervision import StackError
+from servelab.lab import StackError
 
 # Your turn: MAX_REQUEST_BYTES = "...", the service's limit on a request's size in bytes, as text (the
 #   environment's way): below the photo's size, above it, or not a number (docs/settings.md).

@@ -18,9 +18,8 @@ import json
 import matplotlib.pyplot as plt
 import requests
 
-from servelab.lab import Lab
+from servelab.lab import Lab, plots
 from servelab.lessons import fastapi_bench
-from servelab.report import plots
 
 lab = Lab.connect("4_fastapi_bench", triton=False)  # these notebooks use FastAPI only
 

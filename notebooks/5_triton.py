@@ -44,10 +44,10 @@ import requests
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from servelab import paths
-from servelab.lab import Lab
+from servelab.lab import REPO_ROOT, Lab
 from servelab.lessons import triton_intro
 
+MODELS_STAGING = REPO_ROOT / "models_staging"  # the model folders as shipped
 lab = Lab.connect("5_triton")
 # Triton's own client. Loading a model can take a minute on a busy CPU, hence the long timeout.
 triton = triton_http.InferenceServerClient(lab.triton_http, network_timeout=600)
@@ -79,7 +79,7 @@ print(triton_intro.tree(lab.repository / "food_classifier"))
 # In protobuf's text format (`field: value`, `[ ]` lists, `{ }` blocks):
 
 # %%
-print((paths.MODELS_STAGING_DIR / "food_classifier" / "config.pbtxt").read_text())
+print((MODELS_STAGING / "food_classifier" / "config.pbtxt").read_text())
 
 # %% [markdown]
 # - **`backend: "python"`**: each instance runs `model.py` in its own Python process (a *stub*).
@@ -98,7 +98,7 @@ print((paths.MODELS_STAGING_DIR / "food_classifier" / "config.pbtxt").read_text(
 # A Python-backend model is a class, `TritonPythonModel`:
 
 # %%
-print((paths.MODELS_STAGING_DIR / "food_classifier" / "1" / "model.py").read_text())
+print((MODELS_STAGING / "food_classifier" / "1" / "model.py").read_text())
 
 # %% [markdown]
 # - **`initialize(args)`**, once per instance at load: loads the weights onto the instance's device
@@ -118,7 +118,7 @@ print((paths.MODELS_STAGING_DIR / "food_classifier" / "1" / "model.py").read_tex
 # %%
 print(triton_intro.tree(lab.repository / "food_classifier_onnx"))
 print()
-print((paths.MODELS_STAGING_DIR / "food_classifier_onnx" / "config.pbtxt").read_text())
+print((MODELS_STAGING / "food_classifier_onnx" / "config.pbtxt").read_text())
 
 # %% [markdown]
 # Its input is the preprocessed tensor, and its output the network's raw scores: decoding,
@@ -154,7 +154,7 @@ for entry in triton.get_model_repository_index():
 # %%
 for model in ("food_classifier", "food_classifier_onnx"):
     served = triton.get_model_config(model)  # GET /v2/models/<name>/config
-    print(triton_intro.describe_served(paths.MODELS_STAGING_DIR / model, served))
+    print(triton_intro.describe_served(MODELS_STAGING / model, served))
     print()
 
 # %% [markdown]
@@ -162,7 +162,7 @@ for model in ("food_classifier", "food_classifier_onnx"):
 
 # %%
 for model in ("food_classifier", "food_classifier_onnx"):
-    print(triton_intro.changes_on_load(paths.MODELS_STAGING_DIR / model, lab.repository / model))
+    print(triton_intro.changes_on_load(MODELS_STAGING / model, lab.repository / model))
 
 # %% [markdown]
 # ## One request to Triton, by hand

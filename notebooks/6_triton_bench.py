@@ -21,9 +21,8 @@ import subprocess
 import matplotlib.pyplot as plt
 import tritonclient.http as triton_http
 
-from servelab.lab import Lab
+from servelab.lab import Lab, plots
 from servelab.lessons import triton_bench
-from servelab.report import plots
 
 lab = Lab.connect("6_triton_bench")
 # Triton's own client; loading several instances can take minutes on a busy CPU, hence the long timeout.

@@ -35,16 +35,14 @@
 import matplotlib.pyplot as plt
 import requests
 
-from servelab import paths
-from servelab.lab import Lab
+from servelab.lab import REPO_ROOT, Lab, plots
 from servelab.lessons import io_vs_compute
-from servelab.report import plots
 
 lab = Lab.connect("8_io_vs_compute", triton=False)
 print(f"The models run on {lab.hardware()}.")
 
 # %%
-app_py = (paths.FASTAPI_ONNX_DIR / "app.py").read_text()  # the service's /predict, where the download runs
+app_py = (REPO_ROOT / "fastapi_onnx" / "app.py").read_text()  # the service's /predict, where the download runs
 start = app_py.index('@app.post("/predict"')
 print(app_py[start : app_py.index("\n\n\n", start)])
 

@@ -31,7 +31,6 @@ import statistics
 import requests
 
 from servelab.lab import Lab
-from servelab.lab import ray_side as lab_ray
 from servelab.lessons import concurrency_target
 
 lab = Lab.connect("9_concurrency_target")
@@ -264,7 +263,7 @@ lab.record(concurrency_target.replicas_add_capacity(by_replicas, cpu_by_replicas
 
 # %%
 TWO_NODE_REQUESTS = 40
-report = lab_ray.two_node_cluster(TWO_NODE_REQUESTS)
+report = concurrency_target.two_node_cluster(TWO_NODE_REQUESTS)
 print(json.dumps(report, indent=1))
 lab.record(concurrency_target.spread_over_nodes(report, TWO_NODE_REQUESTS));
 

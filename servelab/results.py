@@ -81,7 +81,7 @@ class RunResult:
     service_stats: dict[str, Any] | None = None  # difference of a FastAPI service's /metrics over the run
     # A streamed run (servelab.loadgen.streams): "asked" (steps per stream), "leave_after_steps" and
     # "patience_s" (when the impatient senders left), "received" (the steps each stream got, in the
-    # order they ended); and from the server's own account over the run (servelab.lab.facade.Lab.streams),
+    # order they ended); and from the server's own account over the run (servelab.lab.measuring.Measurer.streams),
     # "computed" (steps) and "for_gone_clients" (steps that ended after their client had left).
     steps: dict[str, Any] | None = None
     resources: dict[str, Any] | None = None  # resource utilization time series sampled during the run

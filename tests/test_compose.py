@@ -71,13 +71,13 @@ def test_instances_typed_for_the_gpu_node_run_on_the_hardware_triton_s_container
     two_gpus = "instance_group [ { count: 1, kind: KIND_GPU, gpus: [ 0 ] }, { count: 1, kind: KIND_GPU, gpus: [ 1 ] } ]"
     try:
         lab.triton.apply_config("food_classifier_onnx", shipped.with_text(two_gpus))
-        assert lab.triton.served_instances("food_classifier_onnx") == 2
-        served = lab.triton.served_config("food_classifier_onnx")
+        assert lab.triton.configs.served_instances("food_classifier_onnx") == 2
+        served = lab.triton.configs.served_config("food_classifier_onnx")
         kinds = {group["kind"] for group in served["instance_group"]}
         assert kinds == ({"KIND_GPU"} if lab.triton_server.gpus else {"KIND_CPU"}), served["instance_group"]
     finally:
         lab.triton.restore_config("food_classifier_onnx")
-    assert lab.triton.served_instances("food_classifier_onnx") == shipped.instance_count()
+    assert lab.triton.configs.served_instances("food_classifier_onnx") == shipped.instance_count()
 
 
 def test_photos_come_from_the_image_host_by_its_service_name_and_other_hosts_are_refused(lab):

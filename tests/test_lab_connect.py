@@ -11,6 +11,7 @@ import requests
 
 from servelab import environment, paths
 from servelab.lab import Lab, facade, run_keeper
+from servelab.lab import connecting as lab_connecting
 from servelab.settings import Settings
 from servelab.stack import ports as stack_ports
 from servelab.triton import server as triton_local
@@ -25,7 +26,7 @@ def connecting(model_servers, tmp_path, monkeypatch):
     after this process first read (and cached) its settings."""
     monkeypatch.setattr(run_keeper, "SAVED_RUNS_DIR", tmp_path / "results")
     fresh = Settings.from_environ(os.environ)
-    for module in (facade, environment, stack_ports):
+    for module in (facade, lab_connecting, environment, stack_ports):
         monkeypatch.setattr(module, "settings", lambda: fresh)
     return Lab.connect
 

@@ -12,7 +12,7 @@ import pytest
 
 from food11 import LABELS
 from servelab import loadgen, service_exits
-from servelab.lab import Lab, measuring, triton_configs, ui
+from servelab.lab import Lab, connecting, measuring, triton_configs, ui
 from servelab.lab.triton_side import TOP_LOAD, Capacity, rates_at_capacity
 from servelab.lessons.expectations import (
     Condition,
@@ -279,12 +279,12 @@ def test_in_the_compose_project_a_notebook_without_triton_neither_waits_for_it_n
         "IMAGE_HOST_URL": "http://image_host:8000", "TRITON_HTTP": "triton:8000", "TRITON_GRPC": "triton:8001",
         "TRITON_METRICS_URL": "http://triton:8002/metrics", "TRITON_SHARED_DIR": str(tmp_path),
     }  # fmt: skip
-    monkeypatch.setattr("servelab.lab.facade.settings", lambda: Settings.from_environ(compose))
+    monkeypatch.setattr("servelab.lab.connecting.settings", lambda: Settings.from_environ(compose))
     waited: list[str] = []
-    monkeypatch.setattr("servelab.lab.facade.wait_until_answering", lambda urls: waited.extend(urls))
-    monkeypatch.setattr("servelab.lab.facade.answers", lambda url: True)  # Triton answers: no build to follow
+    monkeypatch.setattr("servelab.lab.connecting.wait_until_answering", lambda urls: waited.extend(urls))
+    monkeypatch.setattr("servelab.lab.connecting.answers", lambda url: True)  # Triton answers: no build to follow
     Hardware(gpus=0, cores=2).write(tmp_path / "hardware.json")
-    lab = Lab._compose(profile("quick"), "3_fastapi", triton)
+    lab = Lab(**connecting.compose(profile("quick"), "3_fastapi", triton))
     assert ("triton" in waited, lab.triton_http is not None) == (triton, triton)
     service_exits.record(
         tmp_path / service_exits.EVENTS_FILE, service_exits.ServiceExit("triton", time.time(), "exited", "")
@@ -303,7 +303,7 @@ def lab_on(server: Hardware, served_instances: list[dict], monkeypatch) -> Lab:
     """A Lab whose Triton server has `server`'s hardware and reports `served_instances` as its
     model's instance groups."""
     lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", None, triton_server=server)
-    monkeypatch.setattr(lab.triton, "served_config", lambda model: {"instance_group": served_instances})
+    monkeypatch.setattr(lab.triton.configs, "served_config", lambda model: {"instance_group": served_instances})
     return lab
 
 
@@ -462,8 +462,8 @@ def test_perf_retries_an_unstable_measurement_and_gives_none_when_it_never_settl
         return outcome
 
     monkeypatch.setattr(lab.triton, "run_perf_analyzer", perf)
-    monkeypatch.setattr(lab.triton, "served_instances", lambda model: 2)
-    monkeypatch.setattr(lab.triton, "served_config", lambda model: 'name: "toy"\ndynamic_batching { }\n')
+    monkeypatch.setattr(lab.triton.configs, "served_instances", lambda model: 2)
+    monkeypatch.setattr(lab.triton.configs, "served_config", lambda model: 'name: "toy"\ndynamic_batching { }\n')
     measured = lab.triton.perf("toy", concurrency=2)
     assert measured.name.endswith(", 2 instances, dynamic batching")
     printed = capsys.readouterr().out

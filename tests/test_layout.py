@@ -162,6 +162,10 @@ def test_a_notebooks_lesson_folder_names_the_notebook_and_each_of_its_modules(no
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and node.module == "servelab.lessons"
         for alias in node.names
+    } | {  # notebooks 0-2 import names from theirs: `from servelab.lessons.node import chameleon_only`
+        node.module.split(".")[2]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("servelab.lessons.")
     }
     for lesson in imported:
         assert lesson in LESSON_FOLDERS, f"{notebook.name} imports servelab.lessons.{lesson}, not a lesson folder"
@@ -194,3 +198,44 @@ def test_a_lessons_checks_import_none_of_its_runs_or_views_and_no_lesson_another
         )
     )
     assert wrong == []
+
+
+# ---- servelab/lab: parts, not mixins --------------------------------------------------------------
+
+
+def declared_fields(node: ast.ClassDef) -> dict[str, bool]:
+    """The names a class body annotates, each with whether it gives them a value there."""
+    return {
+        statement.target.id: statement.value is not None
+        for statement in node.body
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+    } | {
+        target.id: True
+        for statement in node.body
+        if isinstance(statement, ast.Assign)
+        for target in statement.targets
+        if isinstance(target, ast.Name)
+    }
+
+
+def test_a_class_of_the_lab_inherits_no_fields_it_must_declare_again():
+    """Issue 63: a class too long for one module becomes parts that each own their state (Lab's
+    `measurer`, TritonSide's `configs`), not mixins that declare their host's fields without
+    setting them. A base whose fields its subclasses set (run_accounts.Account's `field`) is an
+    interface, not a mixin."""
+    classes = {
+        node.name: node
+        for path in (PACKAGE / "lab").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    }
+    mixins = sorted(
+        f"{name}({base.id}): {field} is declared in {base.id} and set by neither"
+        for name, node in classes.items()
+        for base in node.bases
+        if isinstance(base, ast.Name) and base.id in classes
+        for field, valued in declared_fields(classes[base.id]).items()
+        if not valued and not declared_fields(node).get(field, False)
+    )
+    assert any(base for node in classes.values() for base in node.bases), "the lab's classes are read"
+    assert mixins == []

@@ -238,8 +238,8 @@ def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_fi
 
         edited = lab.triton.config("scale_vector").with_instance_groups([{"count": 2, "kind": "KIND_GPU", "gpus": [0]}])
         lab.triton.apply_config("scale_vector", edited.with_dynamic_batching(max_queue_delay_microseconds=100))
-        assert lab.triton.served_instances("scale_vector") == 2
-        assert "dynamic_batching" in lab.triton.served_config("scale_vector")
+        assert lab.triton.configs.served_instances("scale_vector") == 2
+        assert "dynamic_batching" in lab.triton.configs.served_config("scale_vector")
         assert lab.triton.perf("scale_vector", concurrency=4).name.endswith(", 2 instances, dynamic batching")
         with pytest.raises(ConfigError, match="between 1 and max_batch_size"):
             lab.triton.apply_config(
@@ -248,5 +248,5 @@ def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_fi
                 + "dynamic_batching { preferred_batch_size: [ 4 ] }\n",
             )
         lab.triton.restore_config("scale_vector")
-        assert lab.triton.served_instances("scale_vector") == 1
+        assert lab.triton.configs.served_instances("scale_vector") == 1
     assert _tracked_changes() == before, "serving a new model changed files outside its folder"

@@ -73,7 +73,7 @@ def test_the_python_chi_notebooks_use_the_apis_this_lab_depends_on():
 # ---- the checker itself ------------------------------------------------------------------------
 
 GOOD_CELLS = [
-    "from chi import context, hardware, lease, server\nfrom servelab.environment import chameleon_only",
+    "from chi import context, hardware, lease, server\nfrom servelab.lessons.node import chameleon_only",
     textwrap.dedent("""
         if chameleon_only("set up"):
             context.version = "1.0"

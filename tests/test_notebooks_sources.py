@@ -4,6 +4,8 @@ which adds each one's time and the link to the next) and committed without outpu
 import ast
 import json
 import re
+import subprocess
+import sys
 
 import jupytext
 import pytest
@@ -62,6 +64,82 @@ def test_a_notebook_that_measures_saves_its_runs_under_its_own_name(source):
     calls = re.findall(r"^lab = Lab\.connect\(([^)]*)\)", source.read_text(), flags=re.MULTILINE)
     for arguments in calls:
         assert arguments.split(",")[0].strip() == f'"{source.stem}"', f"{source.name}: Lab.connect({arguments})"
+
+
+# ---- the notebooks' door: servelab.lab and their own lesson ---------------------------------------
+
+PACKAGE = paths.REPO_ROOT / "servelab"
+
+
+def lessons_of(source) -> set[str]:
+    """The lesson folders that serve notebook `source`: those whose docstring names it, where a
+    reader finds a notebook's checks (servelab/lessons/__init__.py)."""
+    return {
+        init.parent.name
+        for init in (PACKAGE / "lessons").glob("*/__init__.py")
+        if f"notebooks/{source.name}" in (ast.get_docstring(ast.parse(init.read_text())) or "")
+    }
+
+
+def servelab_imports(source) -> list[str]:
+    """The servelab modules a notebook's source imports: `from servelab import paths` is
+    servelab.paths, `from servelab.lab import Lab, plots` servelab.lab (names it holds),
+    `from servelab.lab import ray_side` servelab.lab.ray_side (a module of it)."""
+    found = []
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.split(".")[0] == "servelab"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "servelab":
+            for alias in node.names:
+                inner = paths.REPO_ROOT.joinpath(*f"{node.module}.{alias.name}".split("."))
+                is_module = inner.with_suffix(".py").is_file() or (inner / "__init__.py").is_file()
+                found.append(f"{node.module}.{alias.name}" if is_module else node.module)
+    return found
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
+def test_a_notebook_imports_of_servelab_only_the_lab_and_its_own_lesson(source):
+    """The notebooks' door is narrow: servelab.lab (`Lab` and the few names beside it) and the lesson
+    folder that names the notebook, whose folder re-exports what the notebook calls."""
+    door = {"servelab.lab"} | {f"servelab.lessons.{lesson}" for lesson in lessons_of(source)}
+    imported = servelab_imports(source)
+    assert imported, f"{source.name} imports nothing of servelab"
+    assert sorted(set(imported) - door) == [], f"{source.name}: only {sorted(door)}"
+
+
+def test_the_door_test_sees_a_module_through_either_form_of_import(tmp_path):
+    source = tmp_path / "3_fastapi.py"
+    source.write_text(
+        "from servelab.lab import Lab, ray_side\nfrom servelab import paths\nimport servelab.report.plots\n"
+        "from servelab.lessons import node\nfrom servelab.lessons.fastapi_bench import CorePlans\n"
+    )
+    assert servelab_imports(source) == [
+        "servelab.lab",
+        "servelab.lab.ray_side",
+        "servelab.paths",
+        "servelab.report.plots",
+        "servelab.lessons.node",
+        "servelab.lessons.fastapi_bench",
+    ]
+    assert lessons_of(NOTEBOOKS / "7_triton_batching.py") == {"triton_bench"}
+    assert lessons_of(NOTEBOOKS / "2_bring_up_node.py") == {"node"}
+
+
+def test_the_notebooks_that_run_where_servelab_is_not_installed_import_it_from_the_standard_library():
+    """Notebooks 0-2 put the repository root on sys.path and import their lesson from it: on
+    Chameleon's own Jupyter server only the standard library is there, as in `python -S` (no
+    site-packages), where their imports of servelab must still run."""
+    stdlib_only = [source for source in SOURCES if "sys.path.insert(0, str(REPO_ROOT))" in source.read_text()]
+    assert [source.stem for source in stdlib_only] == ["0_intro", "1_reserve", "2_bring_up_node"]
+    for source in stdlib_only:
+        imports = [
+            ast.unparse(node)
+            for node in ast.walk(ast.parse(source.read_text()))
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("servelab")
+        ]
+        script = "\n".join([f"import sys; sys.path.insert(0, {str(paths.REPO_ROOT)!r})", *imports])
+        ran = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, cwd="/")
+        assert imports and ran.returncode == 0, f"{source.name}:\n{ran.stderr}"
 
 
 def lab_calls(source, method: str) -> list[ast.Call]:

@@ -205,7 +205,7 @@ def test_perf_analyzer_failing_under_a_crash_is_said_so_and_measured_again(tmp_p
         def perf_analyzer_input(self, image, folder):
             return {}
 
-    monkeypatch.setattr(lab.triton, "models", {"toy": Model()})
+    monkeypatch.setattr(lab.triton.configs, "models", {"toy": Model()})
 
     def dies(*args, **kwargs):
         crash = ServiceExit("triton", time.time(), "was killed by signal 11 (SIGSEGV)", "", "back", time.time())
@@ -229,8 +229,8 @@ def test_perf_analyzer_failing_under_a_crash_is_said_so_and_measured_again(tmp_p
         return outcome
 
     monkeypatch.setattr(lab.triton, "run_perf_analyzer", perf)
-    monkeypatch.setattr(lab.triton, "served_instances", lambda model: 1)
-    monkeypatch.setattr(lab.triton, "served_config", lambda model: 'name: "toy"\n')
+    monkeypatch.setattr(lab.triton.configs, "served_instances", lambda model: 1)
+    monkeypatch.setattr(lab.triton.configs, "served_config", lambda model: 'name: "toy"\n')
     measured = lab.triton.perf("toy", concurrency=1)
     assert measured is not None and measured.name == "toy, 1 instance"
     assert "because triton was killed by signal 11 (SIGSEGV) (attempt 1 of 2)" in capsys.readouterr().out
@@ -320,8 +320,8 @@ def test_a_run_measured_with_what_to_count_over_it_is_saved_whole_every_field_eq
         return dataclasses.replace(measured, server_breakdown={"server_queue_us": 9.0})
 
     monkeypatch.setattr(lab.triton, "run_perf_analyzer", perf_analyzer)
-    monkeypatch.setattr(lab.triton, "served_instances", lambda model: 1)
-    monkeypatch.setattr(lab.triton, "served_config", lambda model: {})
+    monkeypatch.setattr(lab.triton.configs, "served_instances", lambda model: 1)
+    monkeypatch.setattr(lab.triton.configs, "served_config", lambda model: {})
 
     grpc = lab.closed_loop(
         lab.triton_grpc, 8, 1.0, "triton, grpc", kind="triton-grpc", model="food_classifier_onnx", triton_stats=True

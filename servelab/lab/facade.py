@@ -25,9 +25,10 @@ Lab is made of parts, each with its own public interface, and calls them:
 - `lab.triton` (servelab.lab.triton_side.TritonSide): perf_analyzer runs, capacity, config edits
   (`lab.triton.perf(...)`, `lab.triton.apply_config(...)`, `lab.triton.write_config(...)`, ...);
 - `lab.ray_serve()` (servelab.lab.ray_side.RayServe): the Ray Serve to edit, redeploy and watch.
-- the requests and the runs of the load generator (`lab.concurrent(...)`, `lab.closed_loop(...)`, ...)
-  are Lab's methods too, written in servelab.lab.measuring (`Measuring`, mixed into Lab).
-Lab itself finds or starts the services, describes them, and records the verdicts.
+- `lab.measurer` (servelab.lab.measuring.Measurer): the runs of the load generator against a
+  service's address, which Lab's own methods pass on (`lab.concurrent(...)`, `lab.closed_loop(...)`, ...).
+Lab itself finds or starts the services (servelab.lab.connecting), describes them, and records the
+verdicts.
 """
 
 from __future__ import annotations
@@ -35,24 +36,21 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shutil
 import sys
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from servelab import node_build, paths, service_exits
-from servelab.environment import (  # noqa: F401 (notebooks use chameleon_only and machine_info)
-    chameleon_only,
-    current_services,
-    machine_info,
-)
+from servelab import node_build, paths
+from servelab.environment import current_services
+from servelab.lab import connecting, ui
 from servelab.lab import ray_side as lab_ray
-from servelab.lab import ui
 from servelab.lab import your_turn as student_steps
-from servelab.lab.measuring import Measuring
-from servelab.lab.run_keeper import RunKeeper, saved_runs_file, wait_until_answering
+from servelab.lab.measuring import Measurer, ServiceURL
+from servelab.lab.run_keeper import RunKeeper, saved_runs_file
+from servelab.lab.triton_configs import ServedConfigs
 from servelab.lab.triton_side import NOTEBOOK_STACK_DIR, TritonSide
 from servelab.lessons.expectations import (
     NOT_ASKED,
@@ -65,23 +63,23 @@ from servelab.lessons.expectations import (
     machine_hardware,
     verdict_problems,
 )
+from servelab.measure.resources import ResourceSampler
 from servelab.profiles import Profile, profile
 from servelab.report import tables
 from servelab.report.summaries import shown_path
-from servelab.results import RunResult
+from servelab.results import RunResult, SequenceRunResult
 from servelab.service.hardware import Hardware
 from servelab.settings import settings
-from servelab.stack.catalogue import fastapi_service, gourmetgram_service, image_host_service, triton_service
-from servelab.stack.supervision import LocalStack, Ports, ServiceSpec, answers, start_on_free_ports
+from servelab.stack.catalogue import gourmetgram_service
+from servelab.stack.supervision import LocalStack, Ports, answers, start_on_free_ports
+from servelab.triton.models import ModelRepository
 from servelab.triton.server import LOCAL_TRITON
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
-class Lab(Measuring):
-    """The notebooks' lab: its services' addresses, and its parts (`keeper`, `triton`), made once
-    from those addresses when the Lab is made (`Lab.connect()`)."""
+class Lab:
+    """The notebooks' lab: its services' addresses, and its parts (`keeper`, `triton`, `measurer`),
+    made once from those addresses when the Lab is made (`Lab.connect()`)."""
 
     services: str  # where the lab's services are: "local" or "compose" (LAB_SERVICES)
     profile: Profile
@@ -102,16 +100,16 @@ class Lab(Measuring):
     shared_exits_file: InitVar[Path | None] = None
     keeper: RunKeeper = field(init=False, repr=False)
     triton: TritonSide = field(init=False, repr=False)
+    measurer: Measurer = field(init=False, repr=False)
     _ray_serve: lab_ray.RayServe | None = field(default=None, repr=False)
 
     def __post_init__(self, notebook: str, stacks: list[LocalStack] | None, shared_exits_file: Path | None) -> None:
         self.keeper = RunKeeper(
             notebook, self.services, self.profile.name, self._health_urls(), stacks or [], shared_exits_file
         )
-        self.triton = TritonSide(
-            self.keeper, self.triton_http, self.repository, self.triton_server, self.profile, self.models,
-            self.triton_grpc, self.triton_metrics_url,
-        )  # fmt: skip
+        configs = ServedConfigs(self.triton_http, self.repository, self.triton_server, self.models)
+        self.triton = TritonSide(self.keeper, configs, self.profile, self.triton_grpc, self.triton_metrics_url)
+        self.measurer = Measurer(self.keeper, self.triton, self.profile, self.models, self.image_host_url)
 
     # ---- connecting ------------------------------------------------------------------------
 
@@ -128,89 +126,15 @@ class Lab(Measuring):
                 "This is Chameleon's Jupyter server, where notebooks 1 and 2 set up the node: the lab's services "
                 "run on the node. Open this notebook in the node's Jupyter container (notebook 2 prints its address)."
             )
-        lab = cls._compose(chosen, notebook, triton) if services == "compose" else cls._local(chosen, triton, notebook)
+        on_compose = services == "compose"
+        lab = cls(**(connecting.compose if on_compose else connecting.local)(chosen, notebook, triton))
         print(lab.describe())
         if lab.triton_http and lab.repository is not None:
-            lab.triton.restore_shipped_configs()  # never an earlier notebook's edit (notebook 6's 8 instances)
+            lab.triton.configs.restore_shipped_configs()  # never an earlier notebook's edit (notebook 6's 8 instances)
         return lab
 
-    @classmethod
-    def _compose(cls, chosen: Profile, notebook: str, triton: bool) -> Lab:
-        """The Compose project's services, at the addresses compose.yaml gives the Jupyter container, once
-        each answers (Triton only where `triton`: on the node its image may still be building, whose
-        progress servelab.node_build shows); Triton's repository and hardware are in the shared volume."""
-        given = settings()
-        shared = given.triton_shared_dir
-        fastapi_urls = {"pt": given.compose("fastapi_pt_url"), "onnx": given.compose("fastapi_onnx_url")}
-        image_host_url = given.compose("image_host_url")
-        triton_http = given.compose("triton_http") if triton else None
-        if triton_http:
-            ready = f"http://{triton_http}/v2/health/ready"
-            node_build.wait_for_service("triton", lambda: answers(ready), paths.REPO_ROOT)
-        wait_until_answering(health_urls(fastapi_urls, image_host_url, triton_http))
-        return cls(
-            services="compose",
-            profile=chosen,
-            fastapi_urls=fastapi_urls,
-            triton_http=triton_http,
-            triton_grpc=given.compose("triton_grpc") if triton else None,
-            repository=shared / "models" if triton else None,
-            image_host_url=image_host_url,
-            triton_metrics_url=given.compose("triton_metrics_url") if triton else None,
-            triton_server=Hardware.read(shared / "hardware.json") if triton else LOCAL_TRITON,
-            notebook=notebook,
-            # Triton's restarts, which a notebook without Triton neither waits for nor marks its runs with.
-            shared_exits_file=shared / service_exits.EVENTS_FILE if triton else None,
-        )
-
     def _health_urls(self) -> dict[str, str]:
-        return health_urls(self.fastapi_urls, self.image_host_url, self.triton_http)
-
-    @classmethod
-    def _local(cls, chosen: Profile, triton: bool, notebook: str) -> Lab:
-        default = Ports.configured()
-        running = answers(f"http://127.0.0.1:{default.fastapi_pt}/health")
-        running = running and answers(f"http://127.0.0.1:{default.image_host}/health")
-        shared_exits = None
-        repository: Path | None
-        if running and answers(f"http://127.0.0.1:{default.triton_http}/v2/health/ready"):
-            # `make up`'s stack (or the test suite's, moved by SERVELAB_PORT_* and SERVELAB_STACK_DIR).
-            ports, repository, stacks = default, paths.TRITON_DIR / "models", []
-            shared_exits = paths.LOG_DIR / service_exits.EVENTS_FILE
-            print("Using the lab already running on this machine (`make up`).")
-        else:
-            work = NOTEBOOK_STACK_DIR / str(os.getpid())
-
-            def services(ports: Ports) -> list[ServiceSpec]:
-                return [
-                    image_host_service(ports.image_host),
-                    fastapi_service("pt", ports.fastapi_pt, image_host_port=ports.image_host),
-                    fastapi_service("onnx", ports.fastapi_onnx, image_host_port=ports.image_host),
-                    *([triton_service(ports.triton, work_dir=work / "triton")] if triton else []),
-                ]
-
-            names = "image_host, fastapi_pt, fastapi_onnx" + (", triton" if triton else "")
-            print(f"Starting the local serving stack for this notebook ({names})...")
-            stack, ports = start_on_free_ports(services, work / "logs")
-            atexit.register(_stop_and_clean, stack, work)
-            repository, stacks = (work / "triton" / "models" if triton else None), [stack]
-        with_triton = triton or not stacks
-        return cls(
-            services="local",
-            profile=chosen,
-            fastapi_urls={
-                "pt": f"http://127.0.0.1:{ports.fastapi_pt}",
-                "onnx": f"http://127.0.0.1:{ports.fastapi_onnx}",
-            },
-            triton_http=f"127.0.0.1:{ports.triton_http}" if with_triton else None,
-            triton_grpc=f"127.0.0.1:{ports.triton_grpc}" if with_triton else None,
-            repository=repository,
-            image_host_url=f"http://127.0.0.1:{ports.image_host}",
-            triton_metrics_url=f"http://127.0.0.1:{ports.triton_metrics}/metrics" if with_triton else None,
-            notebook=notebook,
-            stacks=stacks,
-            shared_exits_file=shared_exits,
-        )
+        return connecting.health_urls(self.fastapi_urls, self.image_host_url, self.triton_http)
 
     @property
     def on_compose(self) -> bool:
@@ -273,6 +197,98 @@ class Lab(Measuring):
                 else lab_ray.local(self.keeper.stacks, NOTEBOOK_STACK_DIR / f"ray-{os.getpid()}")
             )
         return self._ray_serve
+
+    # ---- requests and runs (lab.measurer) ----------------------------------------------------
+
+    @property
+    def models(self) -> ModelRepository:
+        return ModelRepository(self.source)
+
+    @staticmethod
+    def sample_image() -> bytes:
+        return paths.SAMPLE_IMAGE.read_bytes()
+
+    def fastapi_url(self, flavor: str) -> ServiceURL:
+        """The URL of the FastAPI service of `flavor`, with where a browser reaches it (its `browser`)."""
+        if flavor not in self.fastapi_urls:
+            raise ValueError(f"There is no FastAPI service {flavor!r}: the lab's are {', '.join(self.fastapi_urls)}.")
+        url = self.fastapi_urls[flavor]
+        if not self.on_compose:
+            return ServiceURL(url)
+        return ServiceURL(url, f"http://127.0.0.1:{settings().ports()[f'fastapi_{flavor}']}")
+
+    def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:
+        """The URL of a sample photo on the image host; `latency_ms` overrides its emulated latency."""
+        if not self.image_host_url:
+            raise RuntimeError(
+                "This lab has no image host. Locally, `make up` (or Lab.connect() with no stack running) starts "
+                "one; the Compose project has the image_host service."
+            )
+        query = "" if latency_ms is None else f"?latency_ms={latency_ms:g}"
+        return f"{self.image_host_url}/images/{name}{query}"
+
+    def fastapi_variant(
+        self, flavor: str, slots: int | None = None, threads: int | None = None, **variables: str
+    ) -> AbstractContextManager[str]:
+        """A private FastAPI service of `flavor`, for a `with` block (Measurer.fastapi_variant)."""
+        return self.measurer.fastapi_variant(flavor, slots, threads, **variables)
+
+    def sequential(self, flavor: str, url: str | None = None, name: str | None = None) -> RunResult:
+        """One request at a time against the `flavor` service, or the one at `url` (Measurer.sequential)."""
+        return self.measurer.sequential(url or self.fastapi_url(flavor), name or f"fastapi_{flavor}")
+
+    def concurrent(
+        self,
+        flavor: str,
+        concurrency: int,
+        url: str | None = None,
+        name: str | None = None,
+        image_url: str | None = None,
+        resources: ResourceSampler | None = None,
+    ) -> RunResult:
+        """`concurrency` senders against the `flavor` service, or the one at `url` (Measurer.concurrent)."""
+        base, kept_as = url or self.fastapi_url(flavor), name or f"fastapi_{flavor}"
+        return self.measurer.concurrent(base, concurrency, kept_as, image_url, resources)
+
+    def burst(
+        self, flavor: str, requests: int, url: str | None = None, name: str | None = None, image_url: str | None = None
+    ) -> RunResult:
+        """`requests` requests at once against the `flavor` service, or the one at `url` (Measurer.burst)."""
+        return self.measurer.burst(url or self.fastapi_url(flavor), requests, name or f"fastapi_{flavor}", image_url)
+
+    def closed_loop(
+        self,
+        address: str,
+        concurrency: int,
+        duration_s: float | None = None,
+        name: str | None = None,
+        kind: str = "fastapi",
+        model: str | None = None,
+        backoff_s: float = 0.0,
+        impatient: int = 0,
+        patience_s: float | None = None,
+        service_stats: bool = False,
+        triton_stats: bool = False,
+    ) -> RunResult:
+        """`concurrency` senders against the service at `address` of `kind`, with no warm-up: a step
+        of a longer load (Measurer.closed_loop)."""
+        return self.measurer.closed_loop(
+            address,
+            concurrency,
+            duration_s,
+            name,
+            kind,
+            model,
+            backoff_s,
+            impatient,
+            patience_s,
+            service_stats,
+            triton_stats,
+        )
+
+    def sequences(self, model: str, concurrency: int, length: int, name: str, **options: Any) -> SequenceRunResult:
+        """Live sequences of `length` frames against the stateful Triton `model` (Measurer.sequences)."""
+        return self.measurer.sequences(model, concurrency, length, name, **options)
 
     # ---- the runs (lab.keeper) -------------------------------------------------------------
 
@@ -381,18 +397,3 @@ class Lab(Measuring):
         )
         print(f"GourmetGram in front of {backend}: {started}{browser}")
         return started
-
-
-def health_urls(fastapi_urls: dict[str, str], image_host_url: str | None, triton_http: str | None) -> dict[str, str]:
-    """Each service's health URL, by the name its exits are recorded under."""
-    urls = {f"fastapi_{flavor}": f"{url}/health" for flavor, url in fastapi_urls.items()}
-    if image_host_url:
-        urls["image_host"] = f"{image_host_url}/health"
-    if triton_http:
-        urls["triton"] = f"http://{triton_http}/v2/health/ready"
-    return urls
-
-
-def _stop_and_clean(stack: LocalStack, work: Path) -> None:
-    stack.stop()
-    shutil.rmtree(work, ignore_errors=True)

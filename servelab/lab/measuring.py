@@ -1,24 +1,22 @@
-"""What a notebook measures through its Lab: the requests it sends to the lab's services and the
-runs of the load generator against them, each kept by `lab.keeper` with what it counted over it
-(servelab.lab.run_accounts); and a private FastAPI variant to measure. A FastAPI service's URL
+"""What a notebook measures through its Lab: the runs of the load generator against the lab's
+services, each kept by the Lab's run keeper with what it counted over it
+(servelab.lab.run_accounts), and a private FastAPI variant to measure. A FastAPI service's URL
 (`lab.fastapi_url`) also says where a browser reaches it (`ServiceURL`).
 
-`Measuring` is a part of `Lab` (servelab.lab.facade), which it is mixed into: it uses the Lab's
-addresses, profile and parts, declared below, and the methods here are the Lab's
-(`lab.concurrent(...)`, `lab.closed_loop(...)`).
+`Measurer` is a part of the Lab (servelab.lab.facade: `lab.measurer`), made with the Lab's run
+keeper, its Triton side (whose statistics a run may count), its profile, its models and its image
+host; it runs loads against a service at an address, and the Lab passes the notebooks' calls on
+(`lab.concurrent("onnx", 8)` is `lab.measurer.concurrent(lab.fastapi_url("onnx"), 8, "fastapi_onnx")`).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import os
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
-
-import requests
+from dataclasses import dataclass
 
 from servelab import loadgen, paths
 from servelab.lab.run_accounts import Account, ResourcesAccount, ServiceAccount, counted
@@ -54,36 +52,15 @@ class ServiceURL(str):
         return made
 
 
-class Measuring:
-    """The Lab's requests and measured runs (see the module's docstring)."""
+@dataclass
+class Measurer:
+    """The Lab's measured runs (see the module's docstring)."""
 
-    # The Lab's fields these methods use (servelab.lab.facade.Lab sets them).
-    services: str
-    profile: Profile
-    fastapi_urls: dict[str, str]
-    triton_http: str | None
-    triton_grpc: str | None
-    source: Path
-    image_host_url: str | None
-    keeper: RunKeeper
-    triton: TritonSide
-
-    @property
-    def models(self) -> ModelRepository:
-        return ModelRepository(self.source)
-
-    @staticmethod
-    def sample_image() -> bytes:
-        return paths.SAMPLE_IMAGE.read_bytes()
-
-    def fastapi_url(self, flavor: str) -> ServiceURL:
-        """The URL of the FastAPI service of `flavor`, with where a browser reaches it (its `browser`)."""
-        if flavor not in self.fastapi_urls:
-            raise ValueError(f"There is no FastAPI service {flavor!r}: the lab's are {', '.join(self.fastapi_urls)}.")
-        url = self.fastapi_urls[flavor]
-        if self.services != "compose":
-            return ServiceURL(url)
-        return ServiceURL(url, f"http://127.0.0.1:{settings().ports()[f'fastapi_{flavor}']}")
+    keeper: RunKeeper  # waits for the services before each run, and keeps it
+    triton: TritonSide  # the lab's Triton: its addresses, and its statistics over a run
+    profile: Profile  # how long each run lasts
+    models: ModelRepository  # the models as shipped: what a request to each carries
+    image_host_url: str | None  # the image host a private FastAPI variant may fetch photos from
 
     @contextlib.contextmanager
     def fastapi_variant(
@@ -112,69 +89,58 @@ class Measuring:
         with stack, self.keeper.watching(stack):  # watched for crashes like the others, while it runs
             yield f"http://127.0.0.1:{ports.fastapi_pt}"
 
-    def predict(self, flavor: str, image: bytes | None = None) -> dict:
-        """One real request to FastAPI's /predict, as the Swagger page would send it."""
-        payload = {"image": base64.b64encode(image or self.sample_image()).decode()}
-        response = requests.post(f"{self.fastapi_url(flavor)}/predict", json=payload, timeout=60)
-        response.raise_for_status()
-        return response.json()
-
-    def sequential(self, flavor: str, url: str | None = None, name: str | None = None) -> RunResult:
+    def sequential(self, url: str, name: str) -> RunResult:
         """One request at a time, as many as the profile says: the latency without queueing.
-        Against the `flavor` service, or the one at `url`, recorded as `name`. The service's own
-        account of the run (its /metrics) is in `result.service_stats`."""
+        Against the FastAPI service at `url`, recorded as `name`. The service's own account of the
+        run (its /metrics) is in `result.service_stats`."""
         load = loadgen.Load(1, self.profile.sequential_requests, warmup_requests=3)
-        return self._counted_fastapi_run(flavor, url, name, load)
+        return self._counted_fastapi_run(url, name, load)
 
     def concurrent(
         self,
-        flavor: str,
+        url: str,
         concurrency: int,
-        url: str | None = None,
-        name: str | None = None,
+        name: str,
         image_url: str | None = None,
         resources: ResourceSampler | None = None,
     ) -> RunResult:
-        """`concurrency` senders for the profile's duration, against the `flavor` service (or the
-        one at `url`, recorded as `name`), sending the photo itself or, with `image_url`, its
-        URL. The service's own account of the run (its /metrics) is in `result.service_stats`;
-        with `resources`, a ResourceSampler run over the load, the machine's in `result.resources`."""
+        """`concurrency` senders for the profile's duration, against the FastAPI service at `url`,
+        recorded as `name`, sending the photo itself or, with `image_url`, its URL. The service's own
+        account of the run (its /metrics) is in `result.service_stats`; with `resources`, a
+        ResourceSampler run over the load, the machine's in `result.resources`."""
         load = loadgen.Load(concurrency, duration_s=self.profile.duration_s, warmup_s=self.profile.warmup_s)
-        return self._counted_fastapi_run(flavor, url, name, load, image_url, resources)
+        return self._counted_fastapi_run(url, name, load, image_url, resources)
 
-    def burst(
-        self, flavor: str, requests: int, url: str | None = None, name: str | None = None, image_url: str | None = None
-    ) -> RunResult:
+    def burst(self, url: str, requests: int, name: str, image_url: str | None = None) -> RunResult:
         """`requests` requests sent at once, one per sender, after an unmeasured burst of as many
-        (which warms every slot): against the `flavor` service (or the one at `url`, recorded as
-        `name`), sending the photo or, with `image_url`, its URL. The service's own account of the
-        measured burst (its /metrics) is in `result.service_stats`."""
+        (which warms every slot): against the FastAPI service at `url`, recorded as `name`, sending
+        the photo or, with `image_url`, its URL. The service's own account of the measured burst
+        (its /metrics) is in `result.service_stats`."""
         load = loadgen.Load(requests, requests, warmup_requests=requests)
-        return self._counted_fastapi_run(flavor, url, name, load, image_url)
+        return self._counted_fastapi_run(url, name, load, image_url)
 
     def _counted_fastapi_run(
         self,
-        flavor: str,
-        url: str | None,
-        name: str | None,
+        url: str,
+        name: str,
         load: loadgen.Load,
         image_url: str | None = None,
         resources: ResourceSampler | None = None,
     ) -> RunResult:
         """A closed-loop run of `load` against a FastAPI service, with the service's /metrics
         counted over it, and the machine sampled by `resources`."""
-        base = url or self.fastapi_url(flavor)
-        accounts = [ServiceAccount(base), *([ResourcesAccount(resources)] if resources else [])]
+        accounts = [ServiceAccount(url), *([ResourcesAccount(resources)] if resources else [])]
         started = self.keeper.ready_to_measure()
-        endpoint = self._endpoint("fastapi", base, image_url=image_url)
+        endpoint = self._endpoint("fastapi", url, image_url=image_url)
         measure = functools.partial(loadgen.closed_loop, endpoint, load, progress=settings().progress)
-        return self.keeper.keep(counted(measure, accounts, after_warmup=True), name or f"fastapi_{flavor}", started)
+        return self.keeper.keep(counted(measure, accounts, after_warmup=True), name, started)
 
     def _endpoint(
         self, kind: str, address: str, model: str | None = None, image_url: str | None = None
     ) -> loadgen.Endpoint:
         """Where a run of this lab sends the sample photo (or `image_url`): its models are this lab's."""
-        return loadgen.Endpoint(kind, address, model, self.sample_image(), models=self.models, image_url=image_url)
+        image = paths.SAMPLE_IMAGE.read_bytes()
+        return loadgen.Endpoint(kind, address, model, image, models=self.models, image_url=image_url)
 
     def closed_loop(
         self,
@@ -284,7 +250,7 @@ class Measuring:
         `sequences` have started or `duration_s` has passed, a frame every `frame_interval_s` (see
         loadgen.SequenceLoad), after `warmup_sequences` unmeasured. With `triton_stats`, Triton's
         statistics of `model` over the run are in `result.triton_stats`."""
-        address = self.triton_grpc if kind == "triton-grpc" else self.triton_http
+        address = self.triton.grpc if kind == "triton-grpc" else self.triton.configs.http
         if address is None:
             raise RuntimeError("This lab runs without Triton: connect with Lab.connect() (Triton is on by default).")
         endpoint = self._endpoint(kind, address, model)
@@ -293,13 +259,3 @@ class Measuring:
         started = self.keeper.ready_to_measure()
         measure = functools.partial(loadgen.sequence_loop, endpoint, load, progress=settings().progress)
         return self.keeper.keep(counted(measure, accounts, after_warmup=True), name, started)
-
-    def image_url(self, name: str = "soup.jpg", latency_ms: float | None = None) -> str:
-        """The URL of a sample photo on the image host; `latency_ms` overrides its emulated latency."""
-        if not self.image_host_url:
-            raise RuntimeError(
-                "This lab has no image host. Locally, `make up` (or Lab.connect() with no stack running) starts "
-                "one; the Compose project has the image_host service."
-            )
-        query = "" if latency_ms is None else f"?latency_ms={latency_ms:g}"
-        return f"{self.image_host_url}/images/{name}{query}"

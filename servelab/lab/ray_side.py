@@ -9,7 +9,6 @@
     with serve.watch() as watcher: ...         # replicas, ongoing and queued requests over time
     load = serve.step_load(lab.closed_loop, [(1, 1), (12, 1)], "ray_serve", autoscaling)  # steps of step_s
     serve.show_step_load(load, max_ongoing=4)  # its table and plot
-    two_node_cluster(40)                       # a two-node Ray cluster on this machine: its report
 
 Where it runs:
 - locally, the Ray Serve of `make up` when it runs (the shipped config is deployed again when the
@@ -28,10 +27,7 @@ from __future__ import annotations
 
 import atexit
 import base64
-import json
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -290,20 +286,3 @@ def plot_step_load(load: StepLoad, max_ongoing: int, width_s: float | None = Non
     figure.suptitle("Ray Serve under a step load: replicas, queue, latency")
     figure.tight_layout()
     return figure
-
-
-def two_node_cluster(requests: int) -> dict[str, Any]:
-    """A two-node Ray cluster on this machine, `requests` requests through its proxy
-    (servelab.ray.cluster, in a process of its own, on a free port): its JSON report."""
-    port = Ports.found_free().ray_serve
-    command = [sys.executable, "-m", "servelab.ray.cluster", "--port", str(port), "--requests", str(requests)]
-    ran = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=paths.REPO_ROOT,
-    )
-    if ran.returncode != 0:
-        raise RuntimeError(f"The two-node cluster failed:\n{ran.stderr[-3000:]}")
-    return json.loads(ran.stdout.strip().splitlines()[-1])

@@ -10,13 +10,16 @@ Where the student edits the file Triton reads and loads it through Triton's own 
 Triton's schema and adapted to the server first, and prints the file as Triton will read it; a
 typed text it cannot write is a `TypedConfigError`, which a notebook shows as its message alone.
 
-`ServedConfigs` is a part of `TritonSide` (servelab.lab.triton_side), which it is mixed into: it
-uses the side's addresses, repository, hardware and models, declared below.
+`ServedConfigs` is a part of `TritonSide` (servelab.lab.triton_side: `lab.triton.configs`), made with
+the Triton's address, the repository it loads, what its server has and the models as shipped;
+the side passes the notebooks' calls on (`lab.triton.write_config(...)`) and reads what it needs
+of these (`served_instances`, `served_on`).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import tritonclient.http as triton_http
@@ -45,14 +48,14 @@ class TypedConfigError(ConfigError):
         return str(self).splitlines()
 
 
+@dataclass
 class ServedConfigs:
     """The lab's Triton's served configs (see the module's docstring)."""
 
-    # TritonSide's fields these methods use.
-    http: str | None
-    repository: Path | None
-    server: Hardware
-    models: ModelRepository
+    http: str | None  # the lab's Triton, host:port; None when the notebook connected without Triton
+    repository: Path | None  # the model repository the running Triton loads
+    server: Hardware  # what the Triton server has: configs are adapted to it
+    models: ModelRepository  # the models as shipped
 
     @property
     def address(self) -> str:

@@ -12,8 +12,9 @@ server runs with explicit model control, locally and in the Compose project). Th
 first adapted to the server that runs it (`server`: locally the pip-installed Triton on the CPU; in
 the Compose project, what its container has), and that adaptation is printed too.
 Locally, a notebook can also start a Triton of its own for one model (`lab.triton.private_triton(...)`), for an
-experiment that must not disturb the lab's server. The methods of the served configs are written in
-servelab.lab.triton_configs (`ServedConfigs`, mixed into TritonSide).
+experiment that must not disturb the lab's server. The served configs are a part of their own
+(`lab.triton.configs`, servelab.lab.triton_configs.ServedConfigs), which holds the Triton's address,
+repository, hardware and models; the side passes the notebooks' calls to it on.
 """
 
 from __future__ import annotations
@@ -38,14 +39,12 @@ from servelab.measure.resources import ResourceSampler
 from servelab.profiles import Profile
 from servelab.report.summaries import listed
 from servelab.results import RunResult
-from servelab.service.hardware import Hardware
 from servelab.settings import settings
 from servelab.stack.catalogue import triton_service
 from servelab.stack.supervision import Ports, ServiceSpec, start_on_free_ports
 from servelab.triton import perf_analyzer, typed_command
 from servelab.triton import server as triton_local
 from servelab.triton.config import TritonConfig
-from servelab.triton.models import ModelRepository
 
 # Where a notebook's own services keep their staged files and logs while they run.
 NOTEBOOK_STACK_DIR = paths.STACK_DIR / "notebook-stack"
@@ -125,23 +124,48 @@ def rates_at_capacity(reference: list[float], capacity_rps: float, top_load: flo
 
 
 @dataclass
-class TritonSide(ServedConfigs):
-    """The lab's Triton: perf_analyzer runs kept by `keeper`, capacity, and the served configs."""
+class TritonSide:
+    """The lab's Triton: perf_analyzer runs kept by `keeper`, capacity, and the served configs (`configs`)."""
 
     keeper: RunKeeper  # keeps each run, and says when the server is ready to measure
-    http: str | None  # the lab's Triton, host:port; None when the notebook connected without Triton
-    repository: Path | None  # the model repository the running Triton loads
-    server: Hardware  # what the Triton server has: configs are adapted to it
+    configs: ServedConfigs  # its address, repository, hardware and models, and what it serves
     profile: Profile  # its perf_analyzer measurement window
-    models: ModelRepository  # the models as shipped
     grpc: str | None = None  # the lab's Triton over gRPC, host:port
     metrics_url: str | None = None  # its Prometheus metrics, http://host:port/metrics
     _capacities: dict[tuple[str, str], Capacity] = field(default_factory=dict, repr=False)
 
+    # ---- the served configs, as the notebooks change them (servelab.lab.triton_configs) -----------
+
+    def config(self, model: str) -> TritonConfig:
+        """The model's config as shipped (ServedConfigs.config)."""
+        return self.configs.config(model)
+
+    def apply_config(self, model: str, edited: TritonConfig | str) -> int:
+        """Show the edit, write it, reload the model; the instances served (ServedConfigs.apply_config)."""
+        return self.configs.apply_config(model, edited)
+
+    def restore_config(self, model: str) -> int:
+        """Back to the config as shipped (ServedConfigs.restore_config)."""
+        return self.configs.restore_config(model)
+
+    def write_config(self, config_file: Path | str, typed: str) -> Path:
+        """Write config text as typed into the file Triton reads (ServedConfigs.write_config)."""
+        return self.configs.write_config(config_file, typed)
+
+    def version(self, http: str | None = None) -> tuple[int, ...]:
+        """The release of the Triton at `http` (default: the lab's), as it reports it (ServedConfigs.version)."""
+        return self.configs.version(http)
+
+    def log_verbosity(self, level: int, http: str | None = None) -> None:
+        """Set the verbose log level of the Triton at `http` (ServedConfigs.log_verbosity)."""
+        self.configs.log_verbosity(level, http)
+
+    # ---- runs -----------------------------------------------------------------------------------
+
     def account(self, model: str) -> TritonAccount:
         """What counts Triton's statistics of `model` over a run, the requests it answered CANCELLED, and
         the time the model spent in each of its own stages (where it reports them)."""
-        return TritonAccount(self.address, model, self.log(), self.metrics_url)
+        return TritonAccount(self.configs.address, model, self.log(), self.metrics_url)
 
     def run_perf_analyzer(
         self,
@@ -155,10 +179,10 @@ class TritonSide(ServedConfigs):
     ) -> RunResult:
         """One perf_analyzer run; a failure because Triton crashed under it (the supervisor saw it
         exit after `started`) is a ServiceCrashed, which says so."""
-        model_input = self.models.get(model).perf_analyzer_input(paths.SAMPLE_IMAGE.read_bytes(), paths.LAB_DIR)
+        model_input = self.configs.models.get(model).perf_analyzer_input(paths.SAMPLE_IMAGE.read_bytes(), paths.LAB_DIR)
         try:
             return perf_analyzer.run(
-                self.address,
+                self.configs.address,
                 model,
                 concurrency=None if rate else concurrency,
                 request_rate=rate,
@@ -238,12 +262,13 @@ class TritonSide(ServedConfigs):
         percentage (STABILITY) where the line gives none, its output printed as perf_analyzer wrote
         it, and each load level of its report kept as a run. A line the lab will not run raises
         TypedCommandError saying what to change; perf_analyzer's own failure raises with its message."""
-        sequence_models = [model.name for model in self.models if model.stateful]
-        typed = typed_command.parse(line, self.models.names(), sequence_models)
-        if self.http is None or (typed.protocol == "grpc" and self.grpc is None):
+        models = self.configs.models
+        sequence_models = [model.name for model in models if model.stateful]
+        typed = typed_command.parse(line, models.names(), sequence_models)
+        if self.configs.http is None or (typed.protocol == "grpc" and self.grpc is None):
             raise RuntimeError(f"This notebook has no Triton over {typed.protocol}: connect with Lab.connect().")
         if not {"--input-data", "--shape"} & {word.partition("=")[0] for word in typed.arguments}:
-            data = self.models.get(typed.model).perf_analyzer_input(paths.SAMPLE_IMAGE.read_bytes(), paths.LAB_DIR)
+            data = models.get(typed.model).perf_analyzer_input(paths.SAMPLE_IMAGE.read_bytes(), paths.LAB_DIR)
             if "input_data" in data:
                 given = [*typed.arguments, "--input-data", str(data["input_data"])]
                 typed = dataclasses.replace(typed, arguments=given)
@@ -255,7 +280,7 @@ class TritonSide(ServedConfigs):
                 "10, is rarely met on a shared machine (type your own to set it)."
             )
         started = self.keeper.ready_to_measure()
-        measured = typed_command.run(typed, self.http, self.grpc or "", timeout_s=600)
+        measured = typed_command.run(typed, self.configs.http, self.grpc or "", timeout_s=600)
         print(measured.stdout)
         return [self.keeper.keep(result, result.name, started) for result in measured.results]
 
@@ -270,8 +295,8 @@ class TritonSide(ServedConfigs):
 
     def configuration(self, model: str) -> str:
         """The served configuration in a few words: "4 instances, dynamic batching"."""
-        count = self.served_instances(model)
-        batching = ", dynamic batching" if "dynamic_batching" in self.served_config(model) else ""
+        count = self.configs.served_instances(model)
+        batching = ", dynamic batching" if "dynamic_batching" in self.configs.served_config(model) else ""
         return f"{count} instance{'s' if count != 1 else ''}{batching}"
 
     def log(self) -> Path | None:
@@ -279,8 +304,9 @@ class TritonSide(ServedConfigs):
         the copy the Triton container writes beside its repository, in the volume this container
         mounts (None until there is one)."""
         if self.keeper.on_compose:
-            assert self.repository is not None, "the Compose project's Triton loads the shared volume's repository"
-            copy = self.repository.parent / "triton.log"
+            repository = self.configs.repository
+            assert repository is not None, "the Compose project's Triton loads the shared volume's repository"
+            copy = repository.parent / "triton.log"
             return copy if copy.is_file() else None
         for stack in self.keeper.stacks:
             for process in stack.processes:
@@ -294,9 +320,9 @@ class TritonSide(ServedConfigs):
         Only a Python-backend model's instances are processes (locally, the ONNX models run in the
         Python backend too), which are what this finds; another backend's are threads of Triton's
         own process: none."""
-        if self.keeper.on_compose or self.repository is None:
+        if self.keeper.on_compose or self.configs.repository is None:
             return {}
-        return triton_instance_processes(self.repository, model)
+        return triton_instance_processes(self.configs.repository, model)
 
     def capacity(self, model: str) -> Capacity:
         """What `model`, as served now, can do: measured once per configuration, then reused, so
@@ -311,7 +337,7 @@ class TritonSide(ServedConfigs):
         configuration = self.configuration(model)
         if (model, configuration) not in self._capacities:
             alone = self.perf(model, concurrency=1)
-            saturated = self.perf(model, concurrency=4 * self.served_instances(model))
+            saturated = self.perf(model, concurrency=4 * self.configs.served_instances(model))
             if alone is None or saturated is None:
                 raise RuntimeError(f"No stable capacity measurement of {model}: run this cell again.")
             self._capacities[(model, configuration)] = Capacity(model, configuration, alone, saturated)
@@ -330,8 +356,8 @@ class TritonSide(ServedConfigs):
         shares = listed([f"{rate / capacity.rps:.0%}" for rate in rates])
         print(
             f"The rates {written} req/s were written for the original lab's one ONNX instance on one P100. "
-            f"Here {capacity.model} ({capacity.configuration}) runs on {self.served_on(capacity.model)} "
-            f"of a Triton server with {self.server.describe()}, and its capacity measured in this run is "
+            f"Here {capacity.model} ({capacity.configuration}) runs on {self.configs.served_on(capacity.model)} "
+            f"of a Triton server with {self.configs.server.describe()}, and its capacity measured in this run is "
             f"{capacity.rps:.1f} req/s: as written, the rates would offer {min(as_written):.0%} to "
             f"{max(as_written):.0%} of it. Scaled to keep their shares of the highest, with the highest at "
             f"{TOP_LOAD:.0%} of that capacity, they are {scaled} "
@@ -354,7 +380,7 @@ class TritonSide(ServedConfigs):
 
         def services(ports: Ports) -> list[ServiceSpec]:
             spec = dataclasses.replace(triton_service(ports.triton, work_dir=work, load=[model]), name="private_triton")
-            served = triton_local.served_config(self.models.get(model), config, work / "models" / model)
+            served = triton_local.served_config(self.configs.models.get(model), config, work / "models" / model)
             (work / "models" / model / "config.pbtxt").write_text(served.text)
             return [spec]
 

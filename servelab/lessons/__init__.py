@@ -17,6 +17,9 @@ One folder per notebook, named for the notebook (`fastapi_bench/` for notebooks/
   methods (which it takes as an argument, a Protocol: this layer imports nothing of servelab.lab);
 - `views.py`: its tables and printed rows; `runs.py` where its checks read records of their own.
 The notebook imports the folder (`from servelab.lessons import cancellation`), which re-exports
-the names it calls. `expectations.py` is the machinery every check shares, and `predictions.py`
+the names it calls: of servelab, a notebook imports only servelab.lab and the folder whose
+docstring names it (tests/test_notebooks_sources.py). `node/` is notebooks 0-2's, standard
+library only (they run on Chameleon's own Jupyter server, where servelab is not installed), so this
+module imports nothing. `expectations.py` is the machinery every check shares, and `predictions.py`
 what a student predicts before a check, said beside its verdict.
 """

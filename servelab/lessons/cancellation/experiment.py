@@ -23,11 +23,32 @@ from servelab.triton import stats as triton_stats
 from servelab.triton.config import TritonConfig
 
 
+class StreamRunner(Protocol):
+    """What the machinery below uses of the Lab's measurer (servelab.lab.measuring.Measurer)."""
+
+    def streams(
+        self,
+        address: str,
+        concurrency: int,
+        steps: int,
+        duration_s: float,
+        name: str,
+        server_steps: Callable[[], StepCounts],
+        kind: str = "fastapi",
+        model: str | None = None,
+        impatient: int = 0,
+        leave_after_steps: int | None = None,
+        patience_s: float | None = None,
+        backoff_s: float = 0.0,
+    ) -> RunResult: ...
+
+
 class LabLike(Protocol):
     """What the machinery below uses of the notebooks' Lab (servelab.lab.facade.Lab, which this
     layer does not import)."""
 
     triton: Any  # servelab.lab.triton_side.TritonSide
+    measurer: StreamRunner
     triton_http: str | None
     triton_grpc: str | None
     profile: Profile
@@ -50,22 +71,6 @@ class LabLike(Protocol):
         patience_s: float | None = None,
         service_stats: bool = False,
         triton_stats: bool = False,
-    ) -> RunResult: ...
-
-    def streams(
-        self,
-        address: str,
-        concurrency: int,
-        steps: int,
-        duration_s: float,
-        name: str,
-        server_steps: Callable[[], StepCounts],
-        kind: str = "fastapi",
-        model: str | None = None,
-        impatient: int = 0,
-        leave_after_steps: int | None = None,
-        patience_s: float | None = None,
-        backoff_s: float = 0.0,
     ) -> RunResult: ...
 
     def wait_for_services(self) -> None: ...
@@ -226,7 +231,7 @@ class Experiment:
             def counter() -> StepCounts:
                 return service_stats.refine_steps(address)
 
-        run = self.lab.streams(
+        run = self.lab.measurer.streams(
             address,
             self.stream_patient + self.stream_impatient,
             self.steps,

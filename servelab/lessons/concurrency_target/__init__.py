@@ -10,9 +10,10 @@ replicas, and the same limits in FastAPI and Triton.
   and two nodes (`spread_over_nodes`);
 - `runs`: what the checks read: a step load (`Step`, `StepLoad`) and the figures read from runs
   (`busy_slots`);
-- `views`: the step load's table and the slots' table.
+- `views`: the step load's table and the slots' table;
+- `experiment`: the two-node Ray cluster on this machine (`two_node_cluster`), its report.
 
-What runs the loads is the notebook's Lab (servelab.lab.ray_side), which this layer does not
+What runs the other loads is the notebook's Lab (servelab.lab.ray_side), which this layer does not
 import. The notebook calls them by this folder's name (`concurrency_target.scaling_rules`).
 """
 
@@ -29,6 +30,7 @@ from servelab.lessons.concurrency_target.checks_replicas import (
     spread_over_nodes,
 )
 from servelab.lessons.concurrency_target.checks_scaling import queue_in_front, scales_on_the_target, scaling_rules
+from servelab.lessons.concurrency_target.experiment import two_node_cluster
 from servelab.lessons.concurrency_target.runs import SETTLE_S, Step, StepLoad, busy_slots
 from servelab.lessons.concurrency_target.views import slot_table, step_table, step_view
 
@@ -51,4 +53,5 @@ __all__ = [
     "spread_over_nodes",
     "step_table",
     "step_view",
+    "two_node_cluster",
 ]
