@@ -16,7 +16,7 @@ from pathlib import Path
 
 from servelab.bench import lone, setups
 from servelab.bench.goals import EVERY_CORE_BUSY, GOAL_CONCURRENCY, ceiling_of, floored, goal_lines, window_fractions
-from servelab.bench.gpu_check.load import SATURATED_PERCENT
+from servelab.loadgen.processes import SATURATED_PERCENT
 from servelab.report import plots, tables
 from servelab.results import RunResult
 

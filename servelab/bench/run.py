@@ -48,18 +48,18 @@ from servelab import loadgen, paths, progress
 from servelab.bench import lone
 from servelab.bench import report as bench_report
 from servelab.bench.agreement import agreement_gaps, measure_agreement  # noqa: F401 (tests read agreement_gaps here)
-from servelab.bench.gpu_check.load import client_record
 from servelab.bench.served import Endpoints, address, one_instance_per_core, runtime_versions, thread_plan_of
 from servelab.bench.setups import CEILINGS, NAIVE, SETUPS, CpuSplit, ServedSetup, ceiling_key
 from servelab.environment import machine_info
+from servelab.loadgen.processes import client_record
 from servelab.measure import inprocess, service_stats
 from servelab.measure.resources import ResourceSampler
 from servelab.profiles import PROFILES, Profile
 from servelab.results import RunResult, pooled, save_results
 from servelab.service.cores import available_cores
 from servelab.stack import artifacts
-from servelab.stack.catalogue import fastapi_service, triton_service
-from servelab.stack.supervision import LocalStack, Ports, ServiceSpec
+from servelab.stack.catalogue import fastapi_service, naive_service, triton_service
+from servelab.stack.supervision import LocalStack, Ports
 from servelab.triton import stats as triton_stats
 
 log = logging.getLogger(__name__)
@@ -224,11 +224,7 @@ def _naive(
     concurrency = max(profile.concurrencies)
     for runtime, name in NAIVE.items():
         port = Ports.found_free().fastapi_pt
-        command = [sys.executable, "-m", "uvicorn", "servelab.bench.naive_app:app", "--host", "127.0.0.1"]
-        spec = ServiceSpec(
-            name.replace("/", "_"), [*command, "--port", str(port)], paths.REPO_ROOT, [port],
-            f"http://127.0.0.1:{port}/health", env={"NAIVE_RUNTIME": runtime},
-        )  # fmt: skip
+        spec = naive_service(runtime, port)
         setup = ServedSetup(name, "fastapi", None, runtime)
         with LocalStack([spec], log_dir=log_dir) as stack:
             url = f"http://127.0.0.1:{port}"

@@ -19,7 +19,7 @@
    Triton's instances must say in its log that they run on the GPU. A service that answers any request
    of its load with an error fails.
 4. Loads each at concurrency 1, 16 and 64 (a closed loop of the 32 KB soup photo, in client processes
-   of their own, one for every 8 senders and at most a quarter of the cores: servelab.bench.gpu_check.load),
+   of their own, one for every 8 senders and at most a quarter of the cores: servelab.loadgen.processes),
    a warm-up then a window each, sampling the GPU's use, each client's CPU, and how the load's
    connections spread over the service's processes (each one's own sockets, the most seen while it
    ran). A service that answers no request of a point is not loaded at the others.
@@ -56,17 +56,17 @@ on its own, with .lab/wheels, .lab/triton-numpy and .lab/artifacts' food11.pth a
 `bash scripts/gpu_check_there.sh --services triton`. Without that folder the row says why it did not run.
 
 Its modules, each importing only those listed after it:
+- `notebook6`: notebook 6's claims measured on the GPU (`make test-gpu-notebook6`) with the check's
+  parts and the lesson's own checks: a batch of 16 images against 1, and 1, 2 and 4 Triton instances;
 - `check`: the check itself (the steps above) and its command line, `main`, which `__main__` runs;
-- `report`: each service as checked, the table printed and written, and every run's table;
+  it starts the services as servelab.stack.catalogue describes them, through servelab.stack.supervision,
+  and loads them with servelab.loadgen.processes;
+- `report`: each service as checked, the table printed and written (servelab.report.tables), and
+  every run's table;
 - `ceilings`: the in-process ceiling of each runtime: the plans measured, and their runs;
 - `verdicts`: where a service runs, judged from its own report (its /health, Triton's log), and its
   load's failures;
-- `load`: one load point, its client processes together, their CPU, the connections' spread;
-- `processes`: the services as processes: their commands (FastAPI's, Triton's), start, readiness,
-  stop, /health;
-- `closed_loop`: one client of that load, a closed loop of one prepared POST in a process of its own;
+- `triton_alone`: Triton serving food_classifier alone, from the tritonserver found here;
 - `machine`: is there a GPU (what nvidia-smi, NVML and PyTorch see), GPU memory by process, the
   machine's line.
-servelab.lessons.triton_bench.gpu_claims (`make test-gpu-notebook6`) measures notebook 6's claims on
-the GPU with `processes` and `load`: a batch of 16 images against 1, and 1, 2 and 4 Triton instances.
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from servelab.bench.gpu_check.processes import last_line
+from servelab.loadgen.processes import last_line
 from servelab.measure import inprocess
 from servelab.results import RunResult
 from servelab.service.cores import available_cores, service_plan

@@ -1,16 +1,24 @@
-"""One load point of the GPU check: a closed loop of `concurrency` senders, split over as many client
-processes as it needs (servelab.bench.gpu_check.closed_loop, each a process of its own that begins
-at the same moment), their figures added up; how busy each client was; and how the load's
-connections spread over the service's processes, read from each process's own sockets while the
-load runs (the reading that saw the most of them).
+"""One closed-loop point in client processes of their own: `run_closed` on a prepared POST
+(`HttpTarget`) in each, split over as many processes as the point needs, all beginning at one
+moment; their figures added up; how busy each client was; and how the load's connections spread
+over the server's processes, read from each one's own sockets while the load runs (the reading
+that saw the most of them). The GPU check and notebook 6's claims on a GPU load with it.
 
-Why several clients: one asyncio loop of Python sends and reads every request of its share; near a
-full core it, not the server, sets the pace. A point where a client was that busy is marked
-saturated, and the check never judges a goal on it (servelab.bench.gpu_check.report.goals).
+    python -m servelab.loadgen.processes --url URL --body FILE [--header "Name: value"] --name NAME \
+        --concurrency 16 --seconds 10 --warmup 2 [--start-at EPOCH]
+
+runs one client: it prints RESULT_MARK and its RunResult as JSON, with its own CPU time over the
+window as a share of one core (`client["cpu_percent"]`).
+
+Why processes: one asyncio loop of Python sends and reads every request of its share; near a full
+core it, not the server, sets the pace. A point where a client was that busy is marked saturated,
+and no goal is judged on it. A client never takes the interpreter of the server or of its caller.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import logging
 import math
@@ -26,12 +34,15 @@ from typing import Any
 import psutil
 
 from servelab import paths
-from servelab.bench.gpu_check import closed_loop
-from servelab.bench.gpu_check.processes import last_line
+from servelab.loadgen.load import Load
+from servelab.loadgen.runners import run_closed
+from servelab.loadgen.targets import HttpTarget
 from servelab.results import LatencySummary, RunResult
 
 log = logging.getLogger(__name__)
 
+RESULT_MARK = "client result: "
+REQUEST_TIMEOUT_S = 60.0
 SENDERS_PER_CLIENT = 8  # one client process for every 8 senders...
 CLIENT_SHARE_OF_CORES = 4  # ...and at most a quarter of the cores: the service needs the rest
 SATURATED_PERCENT = 90.0  # a client at 90% of a core or more may have set the pace itself
@@ -70,6 +81,17 @@ def connections_by_worker(pids: Sequence[int], port: int) -> dict[str, int]:
     return counts
 
 
+def client_record(cpu_percent: list[float]) -> dict[str, Any]:
+    """`RunResult.client` for a load from client processes that each used `cpu_percent` of a core
+    over the window: saturated where one reached SATURATED_PERCENT (the GPU check's load and
+    `make bench`'s are judged alike)."""
+    return {
+        "processes": len(cpu_percent),
+        "cpu_percent": cpu_percent,
+        "saturated": any(percent >= SATURATED_PERCENT for percent in cpu_percent),
+    }
+
+
 def combined(name: str, parts: Sequence[RunResult], connections: dict[str, int]) -> RunResult:
     """One run of the clients' runs together: their requests and rates added up, their latencies pooled."""
     latencies = [latency for part in parts for latency in part.latencies_ms]
@@ -79,7 +101,7 @@ def combined(name: str, parts: Sequence[RunResult], connections: dict[str, int])
     cpu = [percent for part in parts for percent in (part.client or {}).get("cpu_percent", [])]
     return RunResult(
         name=name,
-        tool=closed_loop.TOOL,
+        tool=parts[0].tool,
         mode="closed",
         requests=sum(part.requests for part in parts),
         throughput_rps=sum(part.throughput_rps for part in parts),
@@ -93,32 +115,46 @@ def combined(name: str, parts: Sequence[RunResult], connections: dict[str, int])
     )
 
 
-def client_record(cpu_percent: list[float]) -> dict[str, Any]:
-    """`RunResult.client` for a load from client processes that each used `cpu_percent` of a core
-    over the window: saturated where one reached SATURATED_PERCENT (the GPU check's load and
-    `make bench`'s load generator are judged alike)."""
-    return {
-        "processes": len(cpu_percent),
-        "cpu_percent": cpu_percent,
-        "saturated": any(percent >= SATURATED_PERCENT for percent in cpu_percent),
-    }
+async def one_client(
+    name: str, url: str, body: bytes, headers: dict[str, str], concurrency: int, seconds: float, warmup_s: float
+) -> RunResult:
+    """`concurrency` senders posting `body` to `url` (servelab.loadgen.runners.run_closed): a warm-up
+    of `warmup_s` not counted, then `seconds` measured, with this process's CPU over the window."""
+    measuring: list[float] = []  # the CPU and wall clocks as measurement starts
+    target = HttpTarget(name, url, body, headers, REQUEST_TIMEOUT_S)
+    load = Load(concurrency, duration_s=seconds, warmup_s=warmup_s)
+    on_measuring = lambda: measuring.extend((time.process_time(), time.perf_counter()))  # noqa: E731
+    result = await run_closed(target, load, progress=False, on_measuring=on_measuring)
+    cpu_percent = 100 * (time.process_time() - measuring[0]) / (time.perf_counter() - measuring[1])
+    result.timeline = []  # every request's outcome: the latencies say what the check reads, in less room
+    result.notes.append(f"{warmup_s:g} s warm-up at the same concurrency, not counted; {len(body)} bytes a request")
+    result.client = {"processes": 1, "cpu_percent": [round(cpu_percent, 1)]}
+    return result
 
 
 def load_point(
-    url: str, body: bytes, headers: dict[str, str], name: str, concurrency: int, seconds: float, warmup_s: float,
-    server_pids: Sequence[int], port: int, cores: int,
-) -> RunResult:  # fmt: skip
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    name: str,
+    concurrency: int,
+    seconds: float,
+    warmup_s: float,
+    server_pids: Sequence[int],
+    port: int,
+    cores: int,
+) -> RunResult:
     """One closed-loop point against `url`, from client processes of their own that begin together.
     The connections' spread is read every SPREAD_EVERY_S while the clients run, and the reading
     that saw the most is kept: on a busy machine a client may begin later than asked."""
     count = client_processes(concurrency, cores)
     start_at = time.time() + START_DELAY_S
-    with tempfile.TemporaryDirectory(prefix="gpu-check-load-") as folder:
+    with tempfile.TemporaryDirectory(prefix="loadgen-clients-") as folder:
         body_file = Path(folder) / "body"
         body_file.write_bytes(body)
         clients = []
         for index, senders in enumerate(shares(concurrency, count)):
-            command = [sys.executable, "-m", closed_loop.__name__, "--url", url, "--body", str(body_file)]
+            command = [sys.executable, "-m", __name__, "--url", url, "--body", str(body_file)]
             command += [arg for key, value in headers.items() for arg in ("--header", f"{key}: {value}")]
             command += ["--name", name, "--concurrency", str(senders), "--seconds", f"{seconds:g}"]
             command += ["--warmup", f"{warmup_s:g}", "--start-at", f"{start_at:.3f}"]
@@ -143,9 +179,40 @@ def load_point(
         for index, client in enumerate(clients):
             out_text = (Path(folder) / f"client-{index}.out").read_text(errors="replace")
             said = (Path(folder) / f"client-{index}.err").read_text(errors="replace")
-            marked = [line for line in out_text.splitlines() if line.startswith(closed_loop.RESULT_MARK)]
+            marked = [line for line in out_text.splitlines() if line.startswith(RESULT_MARK)]
             if not marked:
                 log.error("the load generator against %s failed:\n%s", name, said[-2000:])
                 raise RuntimeError(f"the load generator failed (exit code {client.returncode}): {last_line(said)}")
-            parts.append(RunResult.from_dict(json.loads(marked[0].removeprefix(closed_loop.RESULT_MARK))))
+            parts.append(RunResult.from_dict(json.loads(marked[0].removeprefix(RESULT_MARK))))
     return combined(name, parts, connections)
+
+
+def last_line(text: str) -> str:
+    """The last line said, for a table's cell (the whole text goes to the log)."""
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "nothing said")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description="One client of a load point.")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--body", type=Path, required=True, help="file holding the request's body")
+    parser.add_argument("--header", action="append", default=[], help='"Name: value", repeatable')
+    parser.add_argument("--name", required=True, help="what the run measures, as its RunResult names it")
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--warmup", type=float, default=0.0)
+    parser.add_argument("--start-at", type=float, help="when to begin, in seconds since the epoch (default: now)")
+    args = parser.parse_args(argv)
+    headers = dict(header.split(": ", 1) for header in args.header)
+    if args.start_at is not None:  # several clients of one load point begin together
+        time.sleep(max(0.0, args.start_at - time.time()))
+    result = asyncio.run(
+        one_client(args.name, args.url, args.body.read_bytes(), headers, args.concurrency, args.seconds, args.warmup)
+    )
+    print(RESULT_MARK + json.dumps(result.to_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    sys.exit(main())

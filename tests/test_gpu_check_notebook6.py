@@ -1,4 +1,4 @@
-"""Notebook 6's claims on a GPU machine (`make test-gpu-notebook6`, servelab/lessons/triton_bench/gpu_claims.py):
+"""Notebook 6's claims on a GPU machine (`make test-gpu-notebook6`, servelab/bench/gpu_check/notebook6.py):
 the instance groups it types, the batched request it sends, its report, and the whole run for real on
 the CPU, with only what a bare GPU machine has (and Triton's server and client, carried there)."""
 
@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from servelab import paths
+from servelab.bench.gpu_check import notebook6 as gpu_claims
 from servelab.lessons.expectations import Outcome
-from servelab.lessons.triton_bench import gpu_claims
 from servelab.lessons.triton_bench.checks_capacity import instances_stop_helping
 from servelab.loadgen.targets import TritonHttpTarget
 from servelab.service.hardware import Hardware
@@ -81,10 +81,25 @@ def test_the_claims_are_measured_and_judged_on_the_cpu_with_what_a_bare_gpu_mach
     # tritonclient and pytriton travel to such a machine in scripts/gpu_check_wheels.sh's triton-server.tar.xz.
     env = bare_machine_environment(tmp_path, also_there=frozenset({"tritonclient", "pytriton"}))
     checked = subprocess.run(
-        [sys.executable, "-m", "servelab.lessons.triton_bench.gpu_claims", "--device", "cpu", "--seconds", "2",
-         "--warmup", "0.5", "--out", str(tmp_path / "out")],
-        cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True, timeout=840,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "servelab.bench.gpu_check.notebook6",
+            "--device",
+            "cpu",
+            "--seconds",
+            "2",
+            "--warmup",
+            "0.5",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=paths.REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
     assert "CPU mode (--device cpu): nothing ran on a GPU." in checked.stdout
     table = read_table(checked.stdout)
@@ -116,6 +131,6 @@ def test_the_claims_are_measured_and_judged_on_the_cpu_with_what_a_bare_gpu_mach
     assert [result["batch_size"] for result in record["results"]] == [1, 16, 1, 1, 1]
     assert batched["images/s"] == f"{16 * record['results'][1]['throughput_rps']:.1f}"
     commands = bare_machine_records(tmp_path / "imports")
-    assert any("-m servelab.lessons.triton_bench.gpu_claims" in command for command in commands)
+    assert any("-m servelab.bench.gpu_check.notebook6" in command for command in commands)
     left = [int(path.stem) for path in (tmp_path / "imports").glob("*.txt") if psutil.pid_exists(int(path.stem))]
     assert [pid for pid in left if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE] == [], "every process stopped"
