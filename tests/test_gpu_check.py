@@ -17,9 +17,8 @@ import psutil
 import pytest
 
 from servelab import paths
-from servelab.bench.gpu_check import ceilings, check, machine, report, triton_alone, verdicts
-from servelab.bench.gpu_check.ceilings import Ceiling
-from servelab.bench.gpu_check.report import Checked
+from servelab.bench.gpu_check import check, machine, report, triton_alone, verdicts
+from servelab.bench.gpu_check.report import Ceiling, Checked
 from servelab.bench.gpu_check.verdicts import CPU, FAIL, NOT_RUN, PASS, Verdict
 from tests.helpers import synthetic_run
 from tests.helpers.bare_machine import (
@@ -141,18 +140,6 @@ def test_the_gpu_memory_in_use_is_the_most_the_whole_gpu_held_during_any_load_po
     note = report.gpu_memory_in_use([Checked("fastapi_pt", Verdict(PASS, "on cuda"), runs=runs)])
     assert note.endswith("at most 1400 of 16384 MiB (Tesla P100-PCIE-16GB).")
     assert "not read" in report.gpu_memory_in_use([Checked("fastapi_pt", Verdict(FAIL, "did not start"))])
-
-
-def test_the_ceiling_is_measured_with_one_or_two_slots_on_a_gpu_and_a_slot_per_core_on_a_cpu():
-    """And in as many processes as a service plans, where that is more than one: the machine's ceiling."""
-    one, pipelines = ceilings.ceiling_points("cuda", 16)
-    assert (one.slots, one.threads, one.pipelined) == (1, 16, False)
-    shapes = [(point.slots, point.threads, point.pipelined, point.processes) for point in pipelines]
-    assert shapes == [(1, 16, True, 1), (2, 8, True, 1), (1, 4, True, 4)]
-    one, pipelines = ceilings.ceiling_points("cpu", 2)
-    assert [(point.slots, point.threads, point.processes) for point in pipelines] == [(2, 1, 1)]
-    one, pipelines = ceilings.ceiling_points("cpu", 16)
-    assert [(point.slots, point.threads, point.processes) for point in pipelines] == [(16, 1, 1), (2, 1, 8)]
 
 
 CEILING = "ceiling: one in flight / one process / all processes (req/s)"

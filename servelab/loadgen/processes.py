@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from servelab import paths
 from servelab.loadgen.load import Load
 from servelab.loadgen.runners import run_closed
 from servelab.loadgen.targets import HttpTarget
-from servelab.results import LatencySummary, RunResult
+from servelab.results import RunResult, at_once
 
 log = logging.getLogger(__name__)
 
@@ -92,27 +91,13 @@ def client_record(cpu_percent: list[float]) -> dict[str, Any]:
     }
 
 
-def combined(name: str, parts: Sequence[RunResult], connections: dict[str, int]) -> RunResult:
-    """One run of the clients' runs together: their requests and rates added up, their latencies pooled."""
-    latencies = [latency for part in parts for latency in part.latencies_ms]
-    errors: Counter[str] = Counter()
-    for part in parts:
-        errors.update(part.errors)
+def combined(name: str, parts: list[RunResult], connections: dict[str, int]) -> RunResult:
+    """The clients' runs as one (results.at_once), named `name`, with their CPU and the connections' spread."""
     cpu = [percent for part in parts for percent in (part.client or {}).get("cpu_percent", [])]
-    return RunResult(
-        name=name,
-        tool=parts[0].tool,
-        mode="closed",
-        requests=sum(part.requests for part in parts),
-        throughput_rps=sum(part.throughput_rps for part in parts),
-        latency=LatencySummary.of(latencies),
-        wall_s=max(part.wall_s for part in parts),
-        concurrency=sum(part.concurrency or 0 for part in parts),
-        errors=dict(errors),
-        latencies_ms=latencies,
-        notes=[*parts[0].notes, f"{len(parts)} client process(es), {', '.join(f'{c:.0f}%' for c in cpu)} of a core"],
-        client={**client_record(cpu), "connections_by_worker": connections},
-    )
+    notes = [*parts[0].notes, f"{len(parts)} client process(es), {', '.join(f'{c:.0f}%' for c in cpu)} of a core"]
+    run = at_once(parts, notes, client={**client_record(cpu), "connections_by_worker": connections})
+    run.name = name
+    return run
 
 
 async def one_client(

@@ -25,13 +25,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+import requests
 
 from servelab import paths, retries, service_exits
 from servelab.stack.ports import Ports, port_is_free
@@ -74,9 +73,8 @@ class ServiceSpec:
 def answers(url: str) -> bool:
     """The readiness probe: does `url` answer 200 right now?"""
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
         return False
 
 

@@ -24,7 +24,7 @@
    connections spread over the service's processes (each one's own sockets, the most seen while it
    ran). A service that answers no request of a point is not loaded at the others.
 5. Reads each service's GPU memory (its processes, as nvidia-smi lists them) while all of them are up,
-   then stops them and measures the in-process ceiling (servelab.measure.inprocess) of PyTorch on the
+   then stops them and measures the in-process ceiling (servelab.measure.ceilings) of PyTorch on the
    GPU, and of ONNX Runtime on the GPU where it has a CUDA provider (else on the CPU, where its service
    runs): one request in flight, the best pipeline in one process, and in as many processes as the
    services plan (the machine's ceiling).
@@ -61,9 +61,8 @@ Its modules, each importing only those listed after it:
 - `check`: the check itself (the steps above) and its command line, `main`, which `__main__` runs;
   it starts the services as servelab.stack.catalogue describes them, through servelab.stack.supervision,
   and loads them with servelab.loadgen.processes;
-- `report`: each service as checked, the table printed and written (servelab.report.tables), and
-  every run's table;
-- `ceilings`: the in-process ceiling of each runtime: the plans measured, and their runs;
+- `report`: each service as checked, each runtime's ceiling (servelab.measure.ceilings' sweeps on the
+  device checked), the table printed and written (servelab.report.tables), and every run's table;
 - `verdicts`: where a service runs, judged from its own report (its /health, Triton's log), and its
   load's failures;
 - `triton_alone`: Triton serving food_classifier alone, from the tritonserver found here;

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import signal
@@ -15,18 +14,17 @@ import subprocess
 import sys
 import tempfile
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import astuple, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import requests
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from servelab import paths, progress
 from servelab.bench import gpu_check
-from servelab.bench.gpu_check.ceilings import CEILING_RUNTIME, measure_ceiling
 from servelab.bench.gpu_check.machine import (
     gpu_memory_by_pid,
     look_for_gpus,
@@ -34,7 +32,7 @@ from servelab.bench.gpu_check.machine import (
     no_gpu_message,
     nvidia_smi_gpus,
 )
-from servelab.bench.gpu_check.report import Checked, every_run_table, report
+from servelab.bench.gpu_check.report import CEILING_RUNTIME, Ceiling, Checked, every_run_table, report
 from servelab.bench.gpu_check.triton_alone import TRITON_MODEL, find_tritonserver, triton_service
 from servelab.bench.gpu_check.verdicts import (
     FAIL,
@@ -47,8 +45,9 @@ from servelab.bench.gpu_check.verdicts import (
     onnx_runtime_without_gpu,
     triton_instances,
 )
-from servelab.loadgen.processes import load_point
+from servelab.loadgen.processes import last_line, load_point
 from servelab.loadgen.targets import FastAPITarget, HttpTarget
+from servelab.measure.ceilings import sweep
 from servelab.measure.resources import ResourceSampler, summarize
 from servelab.results import save_results
 from servelab.service.cores import available_cores
@@ -174,6 +173,26 @@ def check(args: argparse.Namespace) -> int:
     return EXIT_FAILED if any(service.verdict.status == FAIL for service in checked) else 0
 
 
+def measure_ceiling(runtime: str, device: str, seconds: float, warmup_s: float) -> Ceiling:
+    """`runtime`'s in-process ceiling on `device` (servelab.measure.ceilings): the sweep of one request
+    in flight, then the pipelined one; or why it was not measured."""
+    ceiling = Ceiling(runtime)
+    try:
+        for pipelined in (False, True):
+            swept = sweep(runtime, pipelined, seconds, warmup_s, device=device)
+            swept.close()
+            ceiling.runs += swept.points
+            if pipelined:
+                ceiling.one_process, ceiling.pipelined = swept.best_alone, swept.best
+            else:
+                ceiling.one_in_flight = swept.best
+    except RuntimeError as exc:
+        log.error("in-process ceiling, %s on %s: %s", runtime, device, exc)
+        ceiling.one_in_flight = ceiling.one_process = ceiling.pipelined = None
+        ceiling.note = f"not measured: {last_line(str(exc))}"
+    return ceiling
+
+
 def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_dir: Path, steps: Any) -> list[Checked]:
     """Start every service at once, wait until all have started, judge and load each in turn (a
     step of `steps` a load point; those of a service that does not run leave the total), read
@@ -234,10 +253,9 @@ SHOWN = {"naive_pt": "naive/pytorch", "triton": f"triton/{TRITON_MODEL} (http)"}
 
 
 def health_of(service: Started) -> dict[str, Any]:
-    """The service's /health, read with the standard library's client (the control plane's: a
-    bare machine has it; the load's is servelab.loadgen.http, built for speed)."""
-    with urllib.request.urlopen(service.process.spec.ready_url, timeout=10) as answer:
-        health = json.loads(answer.read())
+    """The service's /health (with requests, as the harness asks its servers; the load's client is
+    servelab.loadgen.http, built for speed)."""
+    health = requests.get(service.process.spec.ready_url, timeout=10).json()
     if not isinstance(health, dict):
         raise ValueError(f"{service.process.spec.ready_url} answered {health!r}, not an object")
     return health
@@ -256,7 +274,7 @@ def checked_service(service: Started, args: argparse.Namespace, onnx_without_gpu
     else:
         try:
             health = health_of(service)
-        except (OSError, ValueError) as exc:
+        except (requests.RequestException, ValueError) as exc:
             return Checked(service.name, Verdict(FAIL, f"its /health could not be read: {exc}"))
         if service.name == "naive_pt":
             checked = Checked(service.name, Verdict(REFERENCE, "the original lab's kind of app, never judged"))

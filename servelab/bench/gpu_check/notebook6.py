@@ -35,11 +35,12 @@ import contextlib
 import logging
 import sys
 import tempfile
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import astuple, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+import requests
 
 from servelab import paths
 from servelab.bench.gpu_check.check import add_common_options, run_stoppable
@@ -94,8 +95,8 @@ class Triton:
         return f"127.0.0.1:{self.ports[0]}"
 
     def stage_times(self) -> dict[tuple[str, str], float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[2]}/metrics", timeout=10) as answer:
-            return stats.stage_times_us(answer.read().decode(), TRITON_MODEL)
+        answer = requests.get(f"http://127.0.0.1:{self.ports[2]}/metrics", timeout=10)
+        return stats.stage_times_us(answer.text, TRITON_MODEL)
 
 
 @contextlib.contextmanager

@@ -11,13 +11,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servelab import paths
-from servelab.bench.gpu_check.ceilings import CEILING_RUNTIME, Ceiling
 from servelab.bench.gpu_check.triton_alone import TRITON_MODEL
 from servelab.bench.gpu_check.verdicts import Verdict
 from servelab.loadgen.processes import SATURATED_PERCENT, SENDERS_PER_CLIENT
 from servelab.measure.resources import summarize
 from servelab.report.tables import markdown_table, results_table
 from servelab.results import RunResult
+
+# What each service runs, as the in-process ceiling names it: Triton's food_classifier is PyTorch.
+CEILING_RUNTIME = {"fastapi_pt": "pytorch", "fastapi_onnx": "onnxruntime", "triton": "pytorch", "naive_pt": "pytorch"}
+
+
+@dataclass
+class Ceiling:
+    """A runtime's in-process ceiling as the table shows it, from servelab.measure.ceilings' sweeps:
+    one request in flight, the best pipeline in one process, and the best pipeline of all (the
+    machine's: in as many processes as a service plans); every run; or why it was not measured (`note`)."""
+
+    runtime: str
+    one_in_flight: RunResult | None = None
+    one_process: RunResult | None = None
+    pipelined: RunResult | None = None
+    runs: list[RunResult] = field(default_factory=list)
+    note: str = ""
 
 
 @dataclass
