@@ -36,7 +36,7 @@ docker-build: setup  ## only the Docker engine and the Compose project's images 
 	bash scripts/test_docker.sh --build-only
 
 # The GPU check runs with the Python that has torch: the lab's virtualenv where there is one, else the
-# machine's own (a bare GPU machine: servelab/bench/gpu_check/__init__.py says what to bring). It creates nothing.
+# machine's own (a bare GPU machine: docs/gpu-check.md says what to bring). It creates nothing.
 PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 
 test-gpu:  ## the GPU check (about 5 minutes): services and Triton on the GPU, their verdicts, speed and GPU memory; exit 2 without a GPU

@@ -39,21 +39,9 @@ the defaults. Exit code 0: every verdict passed (or is the "CPU" case above); 1:
 cannot run here (no GPU, a model file or a package missing: the message says which).
 
 On a bare GPU machine (Python 3.12 with torch, ONNX Runtime, numpy 2, Pillow, httpx, aiohttp, psutil,
-prometheus-client, grpcio, pyyaml, but none of the lab's virtualenv and no internet), nothing is
-installed for it but what travels with the working tree. On a machine with the lab's virtualenv and
-internet:
-
-    make artifacts                  # the model files, in .lab/artifacts
-    scripts/gpu_check_wheels.sh     # FastAPI, uvicorn, Triton's server and client, for Python 3.12
-
-then copy the working tree there with .lab/wheels and .lab/artifacts (about 52 MB), and there, in the
-repository root, `bash scripts/gpu_check_there.sh` (it installs them into /tmp/site, puts the model
-files in place, and runs `make test-gpu`; its arguments are the check's). Triton's row needs one more
-thing there: the wheel's Python backend misreads its inputs under numpy 2 (every request an HTTP 500,
-seen on an H200 machine), so its model takes numpy 1.x from .lab/triton-numpy (18 MB). All of it
-exceeds the 64 MiB such a copy may take on this project's GPU machines, so Triton's row ran there
-on its own, with .lab/wheels, .lab/triton-numpy and .lab/artifacts' food11.pth and manifest.json:
-`bash scripts/gpu_check_there.sh --services triton`. Without that folder the row says why it did not run.
+requests, prometheus-client, grpcio, pyyaml, but none of the lab's virtualenv and no internet) it runs
+with what travels with the working tree: docs/gpu-check.md says what to bring (the wheels of
+scripts/gpu_check_wheels.sh, the model files) and how to run it there (scripts/gpu_check_there.sh).
 
 Its modules, each importing only those listed after it:
 - `notebook6`: notebook 6's claims measured on the GPU (`make test-gpu-notebook6`) with the check's

@@ -86,7 +86,7 @@ def cannot_run(services: Sequence[str]) -> str | None:
             f"{', '.join(missing)} not installed for {sys.executable}. On a machine with internet, "
             "scripts/gpu_check_wheels.sh downloads the wheels the services need; install them here with "
             "`python3 -m pip install --no-index --no-deps --target /tmp/site .lab/wheels/*.whl` and run with "
-            "PYTHONPATH=/tmp/site (servelab/bench/gpu_check/__init__.py says more)."
+            "PYTHONPATH=/tmp/site (docs/gpu-check.md says more)."
         )
     needed = {  # the files the services serve (servelab.stack.catalogue)
         "fastapi_pt": [paths.ARTIFACTS_DIR / "food11.pth"],
@@ -98,7 +98,7 @@ def cannot_run(services: Sequence[str]) -> str | None:
     if absent:
         return (
             f"Missing: {', '.join(absent)}. Run `make artifacts` (on a machine with the lab's virtualenv), and "
-            "bring the model files along (servelab/bench/gpu_check/__init__.py lists them)."
+            "bring the model files along (docs/gpu-check.md lists them)."
         )
     return None
 
