@@ -242,15 +242,10 @@ def test_the_wheels_carried_are_those_the_services_need_beyond_a_bare_gpu_machin
     assert not {"fastapi", "uvicorn", "opentelemetry", "torch", "onnxruntime", "numpy", "aiohttp", "psutil"} & lacking
 
 
-def run_check(*args: str, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "servelab.bench.gpu_check", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def run_check(args: str, out: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """The check run with `args` (split at spaces), writing to `out`, from the repository's root."""
+    command = [sys.executable, "-m", "servelab.bench.gpu_check", *args.split(), "--out", str(out)]
+    return subprocess.run(command, cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -263,7 +258,7 @@ def test_without_a_gpu_it_stops_at_once_saying_what_each_source_saw(tmp_path, ba
     # No nvidia-smi on PATH, no NVML (a bare machine may have nvidia-ml-py: blocked here), no GPU for PyTorch.
     env = {**bare_machine, "PATH": str(tmp_path / "no-nvidia-smi"), "CUDA_VISIBLE_DEVICES": ""}
     env["BARE_MACHINE_LACKS"] += ",pynvml"
-    checked = run_check("--out", str(tmp_path / "out"), cwd=paths.REPO_ROOT, env=env, timeout=120)
+    checked = run_check("", tmp_path / "out", env, timeout=120)
     assert checked.returncode == check.EXIT_CANNOT_RUN, checked.stderr
     assert "No NVIDIA GPU here" in checked.stderr
     assert "nvidia-smi: no GPU (not on PATH)" in checked.stderr
@@ -286,21 +281,7 @@ def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(t
     out, tritonserver = tmp_path / "out", tmp_path / "tritonserver"
     tritonserver.write_text("#!/bin/sh\nexit 1\n")  # a server carried along: never started, as the next lines say
     tritonserver.chmod(0o755)
-    checked = run_check(
-        "--device",
-        "cpu",
-        "--seconds",
-        "1",
-        "--warmup",
-        "0.5",
-        "--out",
-        str(out),
-        "--tritonserver",
-        str(tritonserver),
-        cwd=paths.REPO_ROOT,
-        env=bare_machine,
-        timeout=840,
-    )
+    checked = run_check(f"--device cpu --seconds 1 --warmup 0.5 --tritonserver {tritonserver}", out, bare_machine, 840)
     assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
     assert "nothing on a GPU was checked" in checked.stdout
     rows = {row["service"]: row for row in table_of(checked.stdout)}
@@ -338,24 +319,8 @@ def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(t
 @pytest.mark.timeout(900)
 def test_triton_is_checked_where_its_tooling_and_server_are_here(tmp_path, built_artifacts):
     # One CPU instance answers one request at a time: c=16 queues it already, in a fraction of c=64's time.
-    checked = run_check(
-        "--device",
-        "cpu",
-        "--services",
-        "triton",
-        "--concurrency",
-        "1",
-        "16",
-        "--seconds",
-        "1",
-        "--warmup",
-        "0.5",
-        "--out",
-        str(tmp_path),
-        cwd=paths.REPO_ROOT,
-        env=dict(os.environ),
-        timeout=840,
-    )
+    args = "--device cpu --services triton --concurrency 1 16 --seconds 1 --warmup 0.5"
+    checked = run_check(args, tmp_path, dict(os.environ), 840)
     assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
     rows = {row["service"]: row for row in table_of(checked.stdout)}
     triton = rows["triton/food_classifier"]
@@ -392,22 +357,8 @@ def test_on_a_gpu_the_runtimes_cannot_use_pytorch_fails_saying_why_and_onnx_runt
     smi.write_text(UNUSABLE_GPU_SMI)
     smi.chmod(0o755)
     env = {**bare_machine, "PATH": f"{smi.parent}{os.pathsep}{os.environ['PATH']}"}
-    checked = run_check(
-        "--services",
-        "fastapi_pt",
-        "fastapi_onnx",
-        "--concurrency",
-        "1",
-        "--seconds",
-        "1",
-        "--warmup",
-        "0.5",
-        "--out",
-        str(tmp_path / "out"),
-        cwd=paths.REPO_ROOT,
-        env=env,
-        timeout=840,
-    )
+    args = "--services fastapi_pt fastapi_onnx --concurrency 1 --seconds 1 --warmup 0.5"
+    checked = run_check(args, tmp_path / "out", env, 840)
     assert checked.returncode == check.EXIT_FAILED, checked.stdout + checked.stderr[-4000:]
     assert "Machine: Tesla P100-PCIE-16GB (16384 MiB), driver 535.183.01" in checked.stdout
     assert "nvidia-smi: Tesla P100-PCIE-16GB (driver 535.183.01)" in checked.stdout

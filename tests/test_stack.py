@@ -189,8 +189,8 @@ def test_a_restarted_service_also_stops_when_the_process_that_started_the_stack_
     )
     parent = subprocess.Popen([sys.executable, "-c", starter], cwd=paths.REPO_ROOT)
     try:
-        leader = int(until(lambda: (tmp_path / "leader.pid").exists() and (tmp_path / "leader.pid").read_text(), 60,
-                            "the restarted service's pid"))  # fmt: skip
+        pid_file = tmp_path / "leader.pid"
+        leader = int(until(lambda: pid_file.exists() and pid_file.read_text(), 60, "the restarted service's pid"))
         assert _pid_alive(leader)
     finally:
         parent.kill()

@@ -205,10 +205,8 @@ class PointProcess:
         """`device` ("cuda" or "cpu") is the INFERENCE_DEVICE its processes get; None: this process's."""
         self.point, self.timeout_s = point, timeout_s
         env = None if device is None else {**os.environ, "INFERENCE_DEVICE": device}
-        command = [
-            sys.executable, "-m", "servelab.measure.inprocess", "--runtime", runtime, "--slots", str(point.slots),
-            "--threads", str(point.threads), "--processes", str(point.processes), "--serve",
-        ]  # fmt: skip
+        command = [sys.executable, "-m", "servelab.measure.inprocess", "--runtime", runtime, "--serve"]
+        command += ["--slots", str(point.slots), "--threads", str(point.threads), "--processes", str(point.processes)]
         command += ([] if point.pipelined else ["--one-in-flight"]) + ([] if decode else ["--inference-only"])
         self.errors = tempfile.TemporaryFile(mode="w+")  # a runtime's warnings; read back when one fails
         self.processes = [
