@@ -36,14 +36,14 @@ docker-build: setup  ## only the Docker engine and the Compose project's images 
 	bash scripts/test_docker.sh --build-only
 
 # The GPU check runs with the Python that has torch: the lab's virtualenv where there is one, else the
-# machine's own (a bare GPU machine: servelab/bench/gpu_check/__init__.py says what to bring). It creates nothing.
+# machine's own (a bare GPU machine: docs/gpu-check.md says what to bring). It creates nothing.
 PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 
 test-gpu:  ## the GPU check (about 5 minutes): services and Triton on the GPU, their verdicts, speed and GPU memory; exit 2 without a GPU
 	$(PYTHON) -m servelab.bench.gpu_check $(if $(TRITON_SERVER_BIN),--tritonserver $(TRITON_SERVER_BIN)) $(GPU_CHECK_ARGS)
 
 test-gpu-notebook6:  ## notebook 6's claims on the GPU (113 s on a 2-core CPU; not yet timed on a GPU): a batch of 16 against 1, and 1, 2, 4 Triton instances against the GPU's busy share
-	$(PYTHON) -m servelab.lessons.triton_bench.gpu_claims $(if $(TRITON_SERVER_BIN),--tritonserver $(TRITON_SERVER_BIN)) $(GPU_CHECK_ARGS)
+	$(PYTHON) -m servelab.bench.gpu_check.notebook6 $(if $(TRITON_SERVER_BIN),--tritonserver $(TRITON_SERVER_BIN)) $(GPU_CHECK_ARGS)
 
 # Standard library only, with the machine's Python where there is no virtualenv: an instructor runs it anywhere.
 check-class:  ## before class: the lock's torch and torchvision on PyTorch's CUDA 12.6 index for each image's Python, and every base image's tag in its registry; says what to change (seconds; exit 2 where they cannot be reached)

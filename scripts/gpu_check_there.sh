@@ -5,7 +5,7 @@
 # and client beside them, puts the model files where each service and Triton model loads them, and runs
 # the check with the arguments given (GPU_CHECK_ARGS' syntax), e.g.:
 #   bash scripts/gpu_check_there.sh --seconds 8 --out results
-# GPU_CHECK_TARGET=test-gpu-notebook6 runs notebook 6's claims instead (servelab/lessons/triton_bench/gpu_claims.py).
+# GPU_CHECK_TARGET=test-gpu-notebook6 runs notebook 6's claims instead (servelab/bench/gpu_check/notebook6.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -2,9 +2,10 @@
 
     lab/       what notebooks call: Lab.connect(), its Triton and Ray Serve sides, GourmetGram's
                client, running a notebook and checking its verdicts
+    bench/     the headline benchmark: its targets, the run, its report, the naive reference app;
+               the GPU check, and notebook 6's claims judged on a GPU by the lesson's checks
     lessons/   a folder per notebook: its checks, the loads it runs, its tables; and the
                expectation/verdict records the checks return
-    bench/     the headline benchmark: its targets, the run, its report, the naive reference app
     report/    figures and Markdown tables drawn from run records
     loadgen/   the load generator (closed and open loop, sequences, streams)
     measure/   CPU/GPU sampling, timelines, a service's own metrics, queueing models, the

@@ -165,6 +165,32 @@ def _load_point(run: RunResult) -> tuple:
     return (run.name, run.tool, run.mode, run.concurrency, run.batch_size)
 
 
+def at_once(parts: list[RunResult], notes: list[str], **fields: Any) -> RunResult:
+    """Runs measured at the same time (the processes of one load point, or of one in-process plan) as
+    one, named as the first: their requests and rates added up, their latencies and errors pooled,
+    the longest wall time; with `notes`, and `fields` set beside them (the load's client)."""
+    errors: dict[str, int] = {}
+    for part in parts:
+        for kind, count in part.errors.items():
+            errors[kind] = errors.get(kind, 0) + count
+    latencies = [value for part in parts for value in part.latencies_ms]
+    first = parts[0]
+    return RunResult(
+        name=first.name,
+        tool=first.tool,
+        mode=first.mode,
+        requests=sum(part.requests for part in parts),
+        throughput_rps=sum(part.throughput_rps for part in parts),
+        latency=LatencySummary.of(latencies),
+        wall_s=max(part.wall_s for part in parts),
+        concurrency=sum(part.concurrency or 1 for part in parts),
+        errors=errors,
+        latencies_ms=latencies,
+        notes=notes,
+        **fields,
+    )
+
+
 def pooled(windows: list[RunResult]) -> RunResult:
     """One closed-loop load point measured in several windows, as one result: the windows'
     requests and measured seconds added up (so its throughput is their total requests over their

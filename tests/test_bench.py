@@ -20,8 +20,8 @@ import requests
 from servelab.bench import goals, lone
 from servelab.bench import report as bench_report
 from servelab.bench import run as bench
-from servelab.bench.gpu_check.load import SATURATED_PERCENT
-from servelab.measure.inprocess import sweep_points
+from servelab.loadgen.processes import SATURATED_PERCENT
+from servelab.measure.ceilings import sweep_points
 from servelab.profiles import PROFILES
 from servelab.report import tables
 from servelab.results import LatencySummary, RunResult, load_results

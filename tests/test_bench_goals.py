@@ -8,7 +8,7 @@ import pytest
 
 from servelab.bench import goals, lone
 from servelab.bench import run as bench
-from servelab.bench.gpu_check.load import SATURATED_PERCENT
+from servelab.loadgen.processes import SATURATED_PERCENT
 from servelab.report import tables
 from servelab.results import LatencySummary, RunResult
 

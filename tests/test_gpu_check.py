@@ -17,11 +17,10 @@ import psutil
 import pytest
 
 from servelab import paths
-from servelab.bench.gpu_check import ceilings, check, machine, processes, report, verdicts
-from servelab.bench.gpu_check.ceilings import Ceiling
-from servelab.bench.gpu_check.report import Checked
+from servelab.bench.gpu_check import check, machine, report, triton_alone, verdicts
+from servelab.bench.gpu_check.report import Ceiling, Checked
 from servelab.bench.gpu_check.verdicts import CPU, FAIL, NOT_RUN, PASS, Verdict
-from tests.helpers import synthetic_run, until
+from tests.helpers import synthetic_run
 from tests.helpers.bare_machine import (
     bare_machine_environment,
     bare_machine_records,
@@ -143,18 +142,6 @@ def test_the_gpu_memory_in_use_is_the_most_the_whole_gpu_held_during_any_load_po
     assert "not read" in report.gpu_memory_in_use([Checked("fastapi_pt", Verdict(FAIL, "did not start"))])
 
 
-def test_the_ceiling_is_measured_with_one_or_two_slots_on_a_gpu_and_a_slot_per_core_on_a_cpu():
-    """And in as many processes as a service plans, where that is more than one: the machine's ceiling."""
-    one, pipelines = ceilings.ceiling_points("cuda", 16)
-    assert (one.slots, one.threads, one.pipelined) == (1, 16, False)
-    shapes = [(point.slots, point.threads, point.pipelined, point.processes) for point in pipelines]
-    assert shapes == [(1, 16, True, 1), (2, 8, True, 1), (1, 4, True, 4)]
-    one, pipelines = ceilings.ceiling_points("cpu", 2)
-    assert [(point.slots, point.threads, point.processes) for point in pipelines] == [(2, 1, 1)]
-    one, pipelines = ceilings.ceiling_points("cpu", 16)
-    assert [(point.slots, point.threads, point.processes) for point in pipelines] == [(16, 1, 1), (2, 1, 8)]
-
-
 CEILING = "ceiling: one in flight / one process / all processes (req/s)"
 
 
@@ -193,28 +180,29 @@ def test_the_table_gives_each_service_its_ceiling_ratios_and_the_total_gpu_memor
 def test_tritonserver_is_the_one_given_or_else_found_or_its_absence_said(tmp_path, monkeypatch):
     given = tmp_path / "tritonserver"
     given.write_text("#!/bin/sh\n")
-    assert processes.find_tritonserver(given) == (None, f"--tritonserver {given} is not an executable file")
+    assert triton_alone.find_tritonserver(given) == (None, f"--tritonserver {given} is not an executable file")
     given.chmod(0o755)
-    assert processes.find_tritonserver(given) == (given, "--tritonserver")
+    assert triton_alone.find_tritonserver(given) == (given, "--tritonserver")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no nvidia-pytriton wheel
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert processes.find_tritonserver(None) == (None, "no tritonserver binary here")
+    assert triton_alone.find_tritonserver(None) == (None, "no tritonserver binary here")
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert processes.find_tritonserver(None) == (given, "PATH")
+    assert triton_alone.find_tritonserver(None) == (given, "PATH")
 
 
 @pytest.mark.parametrize("device, kind", [("cuda", "KIND_GPU"), ("cpu", "KIND_CPU")])
 def test_triton_serves_food_classifier_alone_staged_for_the_device_checked(tmp_path, built_artifacts, device, kind):
-    binary, found_in = processes.find_tritonserver(None)
+    binary, found_in = triton_alone.find_tritonserver(None)
     assert binary is not None, f"the lab's virtualenv has the nvidia-pytriton wheel's server: {found_in}"
     image = paths.SAMPLE_IMAGE.read_bytes()
-    triton = processes.triton_service(binary, found_in, device, image, [8000, 8001, 8002], tmp_path)
-    assert isinstance(triton, processes.Service), triton
+    triton = triton_alone.triton_service(binary, found_in, device, image, [8000, 8001, 8002], tmp_path)
+    assert isinstance(triton, tuple), triton
+    spec, request = triton
     config = (tmp_path / "models" / "food_classifier" / "config.pbtxt").read_text()
     assert f"kind: {kind}" in config
     assert [folder.name for folder in (tmp_path / "models").iterdir()] == ["food_classifier"]
-    assert "--load-model=food_classifier" in triton.command and "--http-address=127.0.0.1" in triton.command
-    assert triton.load_url == "http://127.0.0.1:8000/v2/models/food_classifier/infer"
+    assert "--load-model=food_classifier" in spec.command and "--http-address=127.0.0.1" in spec.command
+    assert request.url == "http://127.0.0.1:8000/v2/models/food_classifier/infer"
     model_py = (tmp_path / "models" / "food_classifier" / "1" / "model.py").read_text()
     assert f"sys.path.insert(0, {str(paths.REPO_ROOT)!r})" in model_py, "servelab from the working tree"
 
@@ -222,11 +210,11 @@ def test_triton_serves_food_classifier_alone_staged_for_the_device_checked(tmp_p
 def test_triton_s_model_takes_the_folders_named_first_and_without_them_numpy_2_is_refused(
     tmp_path, built_artifacts, monkeypatch
 ):
-    binary, found_in = processes.find_tritonserver(None)
+    binary, found_in = triton_alone.find_tritonserver(None)
     image = paths.SAMPLE_IMAGE.read_bytes()
     named = ["/carried/numpy1", "/carried/more"]
-    triton = processes.triton_service(binary, found_in, "cpu", image, [8000, 8001, 8002], tmp_path / "named", named)
-    assert isinstance(triton, processes.Service), triton
+    triton = triton_alone.triton_service(binary, found_in, "cpu", image, [8000, 8001, 8002], tmp_path / "named", named)
+    assert isinstance(triton, tuple), triton
     model_py = (tmp_path / "named" / "models" / "food_classifier" / "1" / "model.py").read_text()
     first, second = model_py.index("sys.path.insert(0, '/carried/numpy1')"), model_py.index("'/carried/more'")
     assert second < first < model_py.index('"""'), "inserted last, so first on the path, before the model's code"
@@ -234,43 +222,13 @@ def test_triton_s_model_takes_the_folders_named_first_and_without_them_numpy_2_i
     import numpy
 
     monkeypatch.setattr(numpy, "__version__", "2.5.2")
-    refused = processes.triton_service(binary, found_in, "cpu", image, [8000, 8001, 8002], tmp_path / "refused")
+    refused = triton_alone.triton_service(binary, found_in, "cpu", image, [8000, 8001, 8002], tmp_path / "refused")
     assert refused == (
         f"{binary} ({found_in}) is here, but its Python backend needs numpy 1.x (the nvidia-pytriton wheel pins "
         "numpy<2) and this Python has numpy 2.5.2, under which it misreads every image sent: name a folder holding "
         "numpy 1.x with --triton-model-path (scripts/gpu_check_there.sh installs .lab/triton-numpy's wheel in one and "
         "names it)"
     )
-
-
-def toy_service(tmp_path: Path, code: str) -> processes.Service:
-    command = [sys.executable, "-c", code]
-    return processes.Service("fastapi_pt", command, tmp_path, {}, "http://127.0.0.1:9/health", "", b"")
-
-
-def test_a_service_that_exits_before_it_is_ready_is_reported_with_where_its_log_is(tmp_path):
-    running = processes.Running(
-        toy_service(tmp_path, "print('no model file'); raise SystemExit(3)"), tmp_path / "x.log"
-    )
-    try:
-        reason = running.wait_ready()
-    finally:
-        running.stop()
-    assert reason == f"exited with code 3 before it was ready (its log: {tmp_path / 'x.log'})"
-    assert "no model file" in (tmp_path / "x.log").read_text()
-
-
-def test_stopping_a_service_stops_its_children_too(tmp_path):
-    # A child that outlives its parent's SIGTERM, as Triton's backend stubs may.
-    code = (
-        "import signal, subprocess, sys, time; "
-        "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "time.sleep(600)']); time.sleep(600)"
-    )
-    running = processes.Running(toy_service(tmp_path, code), tmp_path / "x.log")
-    pids = until(lambda: len(found := running.pids()) == 2 and found, 30, "the service and its child")
-    running.stop()
-    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
 
 # ---- a bare GPU machine, simulated (tests/bare_machine.py) --------------------------------------
@@ -284,15 +242,10 @@ def test_the_wheels_carried_are_those_the_services_need_beyond_a_bare_gpu_machin
     assert not {"fastapi", "uvicorn", "opentelemetry", "torch", "onnxruntime", "numpy", "aiohttp", "psutil"} & lacking
 
 
-def run_check(*args: str, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "servelab.bench.gpu_check", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def run_check(args: str, out: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """The check run with `args` (split at spaces), writing to `out`, from the repository's root."""
+    command = [sys.executable, "-m", "servelab.bench.gpu_check", *args.split(), "--out", str(out)]
+    return subprocess.run(command, cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -305,7 +258,7 @@ def test_without_a_gpu_it_stops_at_once_saying_what_each_source_saw(tmp_path, ba
     # No nvidia-smi on PATH, no NVML (a bare machine may have nvidia-ml-py: blocked here), no GPU for PyTorch.
     env = {**bare_machine, "PATH": str(tmp_path / "no-nvidia-smi"), "CUDA_VISIBLE_DEVICES": ""}
     env["BARE_MACHINE_LACKS"] += ",pynvml"
-    checked = run_check("--out", str(tmp_path / "out"), cwd=paths.REPO_ROOT, env=env, timeout=120)
+    checked = run_check("", tmp_path / "out", env, timeout=120)
     assert checked.returncode == check.EXIT_CANNOT_RUN, checked.stderr
     assert "No NVIDIA GPU here" in checked.stderr
     assert "nvidia-smi: no GPU (not on PATH)" in checked.stderr
@@ -328,10 +281,7 @@ def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(t
     out, tritonserver = tmp_path / "out", tmp_path / "tritonserver"
     tritonserver.write_text("#!/bin/sh\nexit 1\n")  # a server carried along: never started, as the next lines say
     tritonserver.chmod(0o755)
-    checked = run_check(
-        "--device", "cpu", "--seconds", "1", "--warmup", "0.5", "--out", str(out), "--tritonserver", str(tritonserver),
-        cwd=paths.REPO_ROOT, env=bare_machine, timeout=840,
-    )  # fmt: skip
+    checked = run_check(f"--device cpu --seconds 1 --warmup 0.5 --tritonserver {tritonserver}", out, bare_machine, 840)
     assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
     assert "nothing on a GPU was checked" in checked.stdout
     rows = {row["service"]: row for row in table_of(checked.stdout)}
@@ -357,8 +307,8 @@ def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(t
     assert record["metadata"]["services"]["fastapi_pt"]["verdict"] == PASS
     # Every kind of process the check starts ran with a bare GPU machine's packages only, and has ended.
     commands = bare_machine_records(tmp_path / "imports")
-    kinds = ["-m servelab.bench.gpu_check.closed_loop", "-m uvicorn app:app", "servelab.measure.inprocess"]
-    kinds.append("-m servelab.bench.gpu_check ")  # the check itself: the space sets its closed_loop apart
+    kinds = ["-m servelab.loadgen.processes", "-m uvicorn app:app", "servelab.measure.inprocess"]
+    kinds.append("-m servelab.bench.gpu_check ")  # the check itself
     for kind in kinds:
         assert any(kind in command for command in commands), f"no process of {kind} recorded: {list(commands)}"
     left = [int(path.stem) for path in (tmp_path / "imports").glob("*.txt") if psutil.pid_exists(int(path.stem))]
@@ -369,10 +319,8 @@ def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(t
 @pytest.mark.timeout(900)
 def test_triton_is_checked_where_its_tooling_and_server_are_here(tmp_path, built_artifacts):
     # One CPU instance answers one request at a time: c=16 queues it already, in a fraction of c=64's time.
-    checked = run_check(
-        "--device", "cpu", "--services", "triton", "--concurrency", "1", "16", "--seconds", "1", "--warmup", "0.5",
-        "--out", str(tmp_path), cwd=paths.REPO_ROOT, env=dict(os.environ), timeout=840,
-    )  # fmt: skip
+    args = "--device cpu --services triton --concurrency 1 16 --seconds 1 --warmup 0.5"
+    checked = run_check(args, tmp_path, dict(os.environ), 840)
     assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
     rows = {row["service"]: row for row in table_of(checked.stdout)}
     triton = rows["triton/food_classifier"]
@@ -409,10 +357,8 @@ def test_on_a_gpu_the_runtimes_cannot_use_pytorch_fails_saying_why_and_onnx_runt
     smi.write_text(UNUSABLE_GPU_SMI)
     smi.chmod(0o755)
     env = {**bare_machine, "PATH": f"{smi.parent}{os.pathsep}{os.environ['PATH']}"}
-    checked = run_check(
-        "--services", "fastapi_pt", "fastapi_onnx", "--concurrency", "1", "--seconds", "1", "--warmup", "0.5",
-        "--out", str(tmp_path / "out"), cwd=paths.REPO_ROOT, env=env, timeout=840,
-    )  # fmt: skip
+    args = "--services fastapi_pt fastapi_onnx --concurrency 1 --seconds 1 --warmup 0.5"
+    checked = run_check(args, tmp_path / "out", env, 840)
     assert checked.returncode == check.EXIT_FAILED, checked.stdout + checked.stderr[-4000:]
     assert "Machine: Tesla P100-PCIE-16GB (16384 MiB), driver 535.183.01" in checked.stdout
     assert "nvidia-smi: Tesla P100-PCIE-16GB (driver 535.183.01)" in checked.stdout

@@ -3,7 +3,8 @@
 import psutil
 import pytest
 
-from servelab.measure.inprocess import Point, PointProcess, decoding_threads, sweep, sweep_points
+from servelab.measure.ceilings import sweep, sweep_points
+from servelab.measure.inprocess import Point, PointProcess, decoding_threads
 from servelab.results import RunResult
 from servelab.service.cores import available_cores, thread_plan
 
@@ -22,6 +23,13 @@ def test_the_sweep_tries_every_core_busy_in_one_slot_or_spread_and_threads_for_o
     assert sweep_points(1, pipelined=True) == [Point(1, 1, True)]
     # On 16 cores, also as a service of 8 processes runs: 2 slots each, on its 2 cores.
     assert sweep_points(16, pipelined=True)[-1] == Point(2, 1, True, processes=8)
+    # On a GPU (the GPU check's): one or two slots with every core decoding, and the service's processes.
+    assert sweep_points(16, pipelined=True, device="cuda") == [
+        Point(1, 16, True),
+        Point(2, 8, True),
+        Point(1, 4, True, 4),
+    ]
+    assert sweep_points(16, pipelined=False, device="cuda") == [Point(1, 16, False)]
 
 
 def test_a_pipeline_decodes_on_every_core_when_a_gpu_infers():

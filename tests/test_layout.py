@@ -16,7 +16,7 @@ from servelab.time_plan import NOTEBOOKS
 
 PACKAGE = paths.REPO_ROOT / "servelab"
 # Top to bottom, as servelab/__init__.py lists them: a folder may import any folder after it.
-LAYERS = ["lab", "lessons", "bench", "report", "loadgen", "measure", "ray", "stack", "triton", "service"]
+LAYERS = ["lab", "bench", "lessons", "report", "loadgen", "measure", "ray", "stack", "triton", "service"]
 FOUNDATION = {
     "progress",
     "paths",

@@ -70,6 +70,21 @@ def test_stack_waits_for_readiness_and_stops_the_whole_process_group(tmp_path):
     assert port_is_free(port)
 
 
+def test_a_stopped_service_s_children_are_gone_when_stop_returns_even_those_that_ignore_sigterm(tmp_path):
+    # A child that outlives its parent's SIGTERM, as Triton's backend stubs may.
+    code = (
+        "import signal, subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "time.sleep(600)']); time.sleep(600)"
+    )
+    spec = supervision.ServiceSpec("toy", [sys.executable, "-c", code], tmp_path, [], "http://127.0.0.1:9/")
+    managed = supervision.ManagedProcess(spec, tmp_path)
+    managed.start()
+    pids = until(lambda: len(found := managed.pids()) == 2 and found, 30, "the service and its child")
+    managed.stop()
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is a Linux feature (prctl)")
 def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path):
     """A notebook kernel killed before its clean-up ran must not leave its services running."""

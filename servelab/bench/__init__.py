@@ -11,5 +11,6 @@ in one run on this machine and judged against the in-process ceiling measured in
 - `gpu_check`: `make test-gpu`, the lab's GPU path checked on any machine with an NVIDIA GPU, beside
   the benchmark (a package: its docstring lists its modules).
 
-May import: report, loadgen, measure, stack, triton, service and the foundation modules.
+May import: lessons (notebook 6's checks, which gpu_check.notebook6 judges on a GPU), report, loadgen,
+measure, stack, triton, service and the foundation modules.
 """

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass
 
 from servelab.bench import setups
-from servelab.bench.gpu_check.load import SATURATED_PERCENT
 from servelab.bench.gpu_check.report import GOAL_CONCURRENCY, client_text
+from servelab.loadgen.processes import SATURATED_PERCENT
 from servelab.report import tables
 from servelab.results import RunResult
 

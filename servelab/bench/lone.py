@@ -19,6 +19,7 @@ from servelab.bench.goals import floored
 from servelab.bench.gpu_check.report import GOAL_CONCURRENCY
 from servelab.measure import inprocess
 from servelab.profiles import Profile
+from servelab.report.tables import markdown_table
 from servelab.results import RunResult
 
 LONE_GOAL = 0.8
@@ -70,11 +71,12 @@ def lone_lines(measured: dict[str, dict[str, dict[str, float]]]) -> list[str]:
 
 def lone_table(measured: dict[str, Any]) -> list[str]:
     rows = [
-        f"| {service} | {phase['fresh']['rps']:.1f} | {phase['load']['rps']:.1f} | {phase['after']['rps']:.1f} "
-        f"| {phase['loop']['rps']:.1f} | {floored(phase['after']['rps'] / phase['loop']['rps'])} |"
+        [
+            service,
+            *(f"{phase[name]['rps']:.1f}" for name in ("fresh", "load", "after", "loop")),
+            floored(phase["after"]["rps"] / phase["loop"]["rps"]),
+        ]
         for service, phase in measured.items()
     ]
-    header = (
-        f"| service | fresh, 1 client | {GOAL_CONCURRENCY} clients | 1 client after | in-process loop | after / loop |"
-    )
-    return [header, "| --- | ---: | ---: | ---: | ---: | ---: |", *rows] if rows else []
+    headings = ["service", "fresh, 1 client", f"{GOAL_CONCURRENCY} clients", "1 client after", "in-process loop"]
+    return markdown_table([*headings, "after / loop"], rows, right=range(1, 6)).splitlines() if rows else []

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from servelab.bench import lone, setups
 from servelab.bench.goals import EVERY_CORE_BUSY, GOAL_CONCURRENCY, ceiling_of, floored, goal_lines, window_fractions
-from servelab.bench.gpu_check.load import SATURATED_PERCENT
+from servelab.loadgen.processes import SATURATED_PERCENT
 from servelab.report import plots, tables
+from servelab.report.tables import markdown_table
 from servelab.results import RunResult
 
 
@@ -40,44 +41,44 @@ def cpu_table(meta: dict) -> list[str]:
     ]
     if not rows:
         return ["No server's process id was known to this run (services measured elsewhere): not measured."]
-    lines = [
-        "| service | load | event loop, of the server's CPU | load generator, of all | cap | of ceiling | cores busy |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    headings = ["service", "load", "event loop, of the server's CPU", "load generator, of all", "cap", "of ceiling"]
+    cells = [
+        [
+            name,
+            f"c={load}",
+            f"{cpu.event_loop_s / cpu.server_s:.1%}",
+            f"{cpu.load_generator_s / (cpu.server_s + cpu.load_generator_s):.1%}",
+            f"{1 - cpu.overhead_share():.1%}",
+            f"{statistics.mean(window_fractions(meta['windows_rps'][name][load])):.1%}",
+            floored(cpu.cores_busy(cores)),
+        ]
+        for name, load, cpu in rows
     ]
-    for name, load, cpu in rows:
-        fraction = statistics.mean(window_fractions(meta["windows_rps"][name][load]))
-        lines.append(
-            f"| {name} | c={load} | {cpu.event_loop_s / cpu.server_s:.1%} "
-            f"| {cpu.load_generator_s / (cpu.server_s + cpu.load_generator_s):.1%} | {1 - cpu.overhead_share():.1%} "
-            f"| {fraction:.1%} | {floored(cpu.cores_busy(cores))} |"
-        )
-    return lines
+    return markdown_table([*headings, "cores busy"], cells, right=range(2, 7)).splitlines()
 
 
 def client_table(served: list[RunResult]) -> list[str]:
     """How busy the load generator was at every load point: its share of one core over the measured windows."""
-    lines = ["| service | load | load generator, of a core | saturated |", "| --- | --- | ---: | --- |"]
+    rows = []
     for result in served:
         client = result.client or {}
         busy = ", ".join(f"{percent:.0f}%" for percent in client.get("cpu_percent", [])) or "?"
         saturated = "**yes**: not judged" if client.get("saturated") else "no"
-        lines.append(f"| {result.name} | c={result.concurrency} | {busy} | {saturated} |")
-    return lines
+        rows.append([result.name, f"c={result.concurrency}", busy, saturated])
+    return markdown_table(["service", "load", "load generator, of a core", "saturated"], rows, right=[2]).splitlines()
 
 
 def _ceiling_table(results: list[RunResult]) -> list[str]:
-    lines = ["| ceiling | plan | throughput (req/s) | p50 (ms) | best |", "| --- | --- | ---: | ---: | --- |"]
+    rows = []
     for result in results:
         if result.tool != "in-process":
             continue
         (key,) = [note.split(": ", 1)[1] for note in result.notes if note.startswith("ceiling: ")]
-        plan = result.notes[0].split(" (")[0]
-        best = key.endswith("(best)")
-        lines.append(
-            f"| {key.removesuffix(' (best)')} | {plan} | {result.throughput_rps:.1f} | {result.latency.p50_ms:.1f} "
-            f"| {'**best**' if best else ''} |"
-        )
-    return lines
+        plan, best = result.notes[0].split(" (")[0], key.endswith("(best)")
+        throughput, p50 = f"{result.throughput_rps:.1f}", f"{result.latency.p50_ms:.1f}"
+        rows.append([key.removesuffix(" (best)"), plan, throughput, p50, "**best**" if best else ""])
+    headings = ["ceiling", "plan", "throughput (req/s)", "p50 (ms)", "best"]
+    return markdown_table(headings, rows, right=[2, 3]).splitlines()
 
 
 def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
@@ -200,13 +201,22 @@ def write_report(results: list[RunResult], meta: dict, out_dir: Path) -> Path:
         "",
         *client_table(served),
         "",
-        "| tool | throughput (req/s) | p50 (ms) | CPU per request (ms) |",
-        "| --- | ---: | ---: | ---: |",
-        *(
-            f"| {tool} | {agreement[key]['throughput_rps']:.1f} | {agreement[key]['p50_ms']:.1f} "
-            f"| {agreement[key]['cpu_ms_per_request']:.2f} |"
-            for tool, key in (("servelab.loadgen", "loadgen"), ("perf_analyzer", "perf_analyzer"))
-        ),
+        *markdown_table(
+            ["tool", "throughput (req/s)", "p50 (ms)", "CPU per request (ms)"],
+            [
+                [
+                    tool,
+                    f"{figures['throughput_rps']:.1f}",
+                    f"{figures['p50_ms']:.1f}",
+                    f"{figures['cpu_ms_per_request']:.2f}",
+                ]
+                for tool, figures in (
+                    ("servelab.loadgen", agreement["loadgen"]),
+                    ("perf_analyzer", agreement["perf_analyzer"]),
+                )
+            ],
+            right=[1, 2, 3],
+        ).splitlines(),
         "",
         "## Plots",
         "",

@@ -2,7 +2,7 @@
 
     python -m servelab bench [--profile full|quick] [--out DIR]     (make bench / make bench-quick)
 
-1. The in-process ceilings (servelab.measure.inprocess): for PyTorch and ONNX Runtime, with decoding and
+1. The in-process ceilings (servelab.measure.ceilings): for PyTorch and ONNX Runtime, with decoding and
    (ONNX, as Triton's ONNX model serves it) without, the best of a small sweep of thread plans,
    for one request in flight and for many. This machine's speed drifts within minutes, even
    within one run, so each load point is measured in short windows (the profile's `windows`)
@@ -48,18 +48,19 @@ from servelab import loadgen, paths, progress
 from servelab.bench import lone
 from servelab.bench import report as bench_report
 from servelab.bench.agreement import agreement_gaps, measure_agreement  # noqa: F401 (tests read agreement_gaps here)
-from servelab.bench.gpu_check.load import client_record
 from servelab.bench.served import Endpoints, address, one_instance_per_core, runtime_versions, thread_plan_of
 from servelab.bench.setups import CEILINGS, NAIVE, SETUPS, CpuSplit, ServedSetup, ceiling_key
 from servelab.environment import machine_info
-from servelab.measure import inprocess, service_stats
+from servelab.loadgen.processes import client_record
+from servelab.measure import service_stats
+from servelab.measure.ceilings import Ceiling, sweep
 from servelab.measure.resources import ResourceSampler
 from servelab.profiles import PROFILES, Profile
 from servelab.results import RunResult, pooled, save_results
 from servelab.service.cores import available_cores
 from servelab.stack import artifacts
-from servelab.stack.catalogue import fastapi_service, triton_service
-from servelab.stack.supervision import LocalStack, Ports, ServiceSpec
+from servelab.stack.catalogue import fastapi_service, naive_service, triton_service
+from servelab.stack.supervision import LocalStack, Ports
 from servelab.triton import stats as triton_stats
 
 log = logging.getLogger(__name__)
@@ -121,15 +122,15 @@ def client_use(cpu_s: float, wall_s: float) -> dict[str, Any]:
     return client_record([round(100 * cpu_s / wall_s, 1)])
 
 
-def _ceilings(profile: Profile, steps: Any) -> dict[str, inprocess.Ceiling]:
+def _ceilings(profile: Profile, steps: Any) -> dict[str, Ceiling]:
     """Every ceiling's sweep, a step of `steps` each. Half the load points' duration each: the sweep
     has many points."""
-    found: dict[str, inprocess.Ceiling] = {}
+    found: dict[str, Ceiling] = {}
     try:
         for runtime, decode in CEILINGS:
             for in_flight, pipelined in (("one", False), ("many", True)):
                 log.info("in-process ceiling: %s", ceiling_key(runtime, decode, in_flight))
-                found[ceiling_key(runtime, decode, in_flight)] = inprocess.sweep(
+                found[ceiling_key(runtime, decode, in_flight)] = sweep(
                     runtime, pipelined, profile.duration_s / 2, profile.warmup_s, decode
                 )
                 steps.update()
@@ -141,7 +142,7 @@ def _ceilings(profile: Profile, steps: Any) -> dict[str, inprocess.Ceiling]:
 
 
 def _load_point(
-    ceilings: dict[str, inprocess.Ceiling],
+    ceilings: dict[str, Ceiling],
     served: ServedSetup,
     url: str,
     triton: str,
@@ -214,7 +215,7 @@ def _naive(
     profile: Profile,
     image: bytes,
     log_dir: Path,
-    ceilings: dict[str, inprocess.Ceiling],
+    ceilings: dict[str, Ceiling],
     windows_rps: dict,
     steps: Any,
 ) -> list[RunResult]:
@@ -224,11 +225,7 @@ def _naive(
     concurrency = max(profile.concurrencies)
     for runtime, name in NAIVE.items():
         port = Ports.found_free().fastapi_pt
-        command = [sys.executable, "-m", "uvicorn", "servelab.bench.naive_app:app", "--host", "127.0.0.1"]
-        spec = ServiceSpec(
-            name.replace("/", "_"), [*command, "--port", str(port)], paths.REPO_ROOT, [port],
-            f"http://127.0.0.1:{port}/health", env={"NAIVE_RUNTIME": runtime},
-        )  # fmt: skip
+        spec = naive_service(runtime, port)
         setup = ServedSetup(name, "fastapi", None, runtime)
         with LocalStack([spec], log_dir=log_dir) as stack:
             url = f"http://127.0.0.1:{port}"
@@ -280,7 +277,7 @@ def _measure_and_report(
     server_pids: dict[str, int],
     built: artifacts.BuiltArtifacts,
     image: bytes,
-    ceilings: dict[str, inprocess.Ceiling],
+    ceilings: dict[str, Ceiling],
     steps: Any,
 ) -> Path:
     with contextlib.ExitStack() as cleanup:

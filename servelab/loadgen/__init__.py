@@ -11,7 +11,12 @@
 - `streams`: streamed requests, one answer per step, and clients who leave midway (`run_streams`);
 - `sync`: the same from synchronous code (`closed_loop`, `open_loop`, `sequence_loop`, `stream_loop`),
   as notebooks call them;
+- `processes`: one closed-loop point in client processes of their own, their CPU and the
+  connections' spread over the server's processes (the GPU check's load);
 - `cli`: the command line.
+
+tritonclient (and the model registry, which reads configs with it) is imported where a Triton
+request is built or sent: an HTTP load runs on a machine without it (a bare GPU machine).
 
 From the shell:
 

@@ -15,7 +15,6 @@ from servelab.loadgen.load import Load, SequenceLoad
 from servelab.loadgen.runners import ARRIVALS
 from servelab.loadgen.sync import closed_loop, describe_result, open_loop, sequence_loop
 from servelab.results import RunResult, save_results
-from servelab.triton.models import ModelError
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         # A shell starts background jobs with SIGINT ignored, and Python keeps that: make Ctrl-C
         # (or `kill -INT`) stop the run cleanly in every case.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    from servelab.triton.models import ModelError  # the registry's, imported with tritonclient where it is used
+
     result: RunResult
     try:
         endpoint = Endpoint(args.target, args.address, args.model, args.image.read_bytes(), args.timeout)

@@ -10,9 +10,12 @@ make_* function refuses the kinds it cannot serve. How much load goes there is t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from servelab import paths
-from servelab.triton.models import ModelRepository
+
+if TYPE_CHECKING:  # the registry reads configs with tritonclient: imported where a model is looked up
+    from servelab.triton.models import ModelRepository
 
 TARGET_KINDS = ("fastapi", "triton-http", "triton-grpc")
 DEFAULT_TIMEOUT_S = 30.0
@@ -51,6 +54,8 @@ class Endpoint:
     @property
     def registry(self) -> ModelRepository:
         """Where the model's request is described: `models`, or the lab's registry."""
+        from servelab.triton.models import ModelRepository
+
         return self.models or ModelRepository()
 
     @property

@@ -31,9 +31,7 @@ import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-
-import tritonclient.grpc.aio as grpcclient_aio
-from tritonclient.utils import InferenceServerException
+from typing import TYPE_CHECKING, Any
 
 from servelab.loadgen.endpoint import DEFAULT_TIMEOUT_S, Endpoint
 from servelab.loadgen.http import HttpError, PreparedPost
@@ -47,7 +45,9 @@ from servelab.loadgen.targets import (
     host_port_of,
 )
 from servelab.results import SEQUENCES, LatencySummary, SequenceRunResult
-from servelab.triton.models import ModelError, ModelRequest
+
+if TYPE_CHECKING:  # the registry reads configs with tritonclient: imported where a model is looked up
+    from servelab.triton.models import ModelRequest
 
 log = logging.getLogger(__name__)
 
@@ -143,12 +143,16 @@ class TritonGrpcSequenceTarget(SequenceTarget):
         self.name = name or f"triton/{model} (grpc)"
         self.host_port, self.model, self.timeout_s = host_port_of(host_port), model, timeout_s
         self.inputs, self.outputs = grpc_tensors(request)
-        self._client: grpcclient_aio.InferenceServerClient | None = None
+        self._client: Any = None  # tritonclient's asyncio InferenceServerClient, once open
 
     async def open(self) -> None:
+        import tritonclient.grpc.aio as grpcclient_aio  # where it is used: an HTTP load runs without it
+
         self._client = grpcclient_aio.InferenceServerClient(self.host_port)
 
     async def send_frame(self, sequence_id: int, start: bool, end: bool) -> None:
+        from tritonclient.utils import InferenceServerException
+
         assert self._client is not None, "open() before sending"
         try:
             await self._client.infer(
@@ -179,6 +183,8 @@ def make_sequence_target(endpoint: Endpoint) -> SequenceTarget:
         raise ValueError(
             f"sequences go to Triton: kind is one of {', '.join(SEQUENCE_TARGET_KINDS)}, not {endpoint.kind!r}"
         )
+    from servelab.triton.models import ModelError
+
     model = endpoint.triton_model
     registered = endpoint.registry.get(model)
     if not registered.stateful:

@@ -13,7 +13,7 @@ A stream is answered (a success) when it got every step; its latency is the time
 step, and the patient senders' answers are the run's `patient_latency`. A stream its client left
 is `cancelled`. The run's `steps` record the steps each stream received. What the server computed
 for the clients who left is only the server's to say: whoever runs the loop reads it from the
-server's own counters around the run (servelab.lab.facade.Lab.streams).
+server's own counters around the run (servelab.lab.measuring.Measurer.streams).
 """
 
 from __future__ import annotations
@@ -26,12 +26,8 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import grpc
-import tritonclient.grpc.aio as grpcclient_aio
-from tritonclient.utils import InferenceServerException
 
 from servelab.loadgen.endpoint import Endpoint
 from servelab.loadgen.http import chunks, framing
@@ -39,7 +35,9 @@ from servelab.loadgen.load import Load
 from servelab.loadgen.runners import Recorder, interrupted_note, run_result
 from servelab.loadgen.targets import RequestError, grpc_tensors, host_port_of, model_request
 from servelab.results import RunResult
-from servelab.triton.models import ModelRepository
+
+if TYPE_CHECKING:
+    from servelab.triton.models import ModelRepository
 
 log = logging.getLogger(__name__)
 
@@ -140,13 +138,18 @@ class TritonGrpcStreamTarget(StreamTarget):
         self.name = name or f"triton/{model} (grpc stream)"
         self.host_port, self.model, self.timeout_s = host_port_of(host_port), model, timeout_s
         self.inputs, self.outputs = grpc_tensors(model_request(model, image_bytes, models))
-        self._client: grpcclient_aio.InferenceServerClient | None = None
+        self._client: Any = None  # tritonclient's asyncio InferenceServerClient, once open
 
     async def open(self) -> None:
+        import tritonclient.grpc.aio as grpcclient_aio  # where it is used: an HTTP stream runs without it
+
         # gRPC multiplexes every stream over the channel's one HTTP/2 connection.
         self._client = grpcclient_aio.InferenceServerClient(self.host_port)
 
     async def stream(self, steps: int) -> AsyncGenerator[dict[str, Any], None]:
+        import grpc
+        from tritonclient.utils import InferenceServerException
+
         async def one_request():
             yield {
                 "model_name": self.model,

@@ -13,14 +13,16 @@ import base64
 import json
 import logging
 from abc import ABC, abstractmethod
-
-import tritonclient.grpc as grpcclient
-import tritonclient.grpc.aio as grpcclient_aio
-from tritonclient.utils import InferenceServerException
+from typing import TYPE_CHECKING, Any
 
 from servelab.loadgen.endpoint import DEFAULT_TIMEOUT_S, Endpoint
 from servelab.loadgen.http import HttpError, PreparedPost
-from servelab.triton.models import ModelRepository, ModelRequest
+
+if TYPE_CHECKING:
+    from servelab.triton.models import ModelRepository, ModelRequest
+
+# tritonclient, and the lab's model registry that reads configs with it, are imported where a Triton
+# request is built or sent: a plain HTTP load (the GPU check's, on a bare machine) runs without them.
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ class Target(ABC):
         """Release the connections."""
 
 
-class _HttpTarget(Target):
+class HttpTarget(Target):
     """POST the same body to the same URL, over kept-alive connections (servelab.loadgen.http)."""
 
     def __init__(self, name: str, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
@@ -84,7 +86,7 @@ class _HttpTarget(Target):
         return self._post.idle_connections
 
 
-class FastAPITarget(_HttpTarget):
+class FastAPITarget(HttpTarget):
     """POST {base_url}/predict with {"image": "<base64 JPEG>"}, or {"url": image_url}: the server
     then downloads the photo itself."""
 
@@ -107,7 +109,7 @@ class FastAPITarget(_HttpTarget):
         )
 
 
-class TritonHttpTarget(_HttpTarget):
+class TritonHttpTarget(HttpTarget):
     """KServe v2 inference over HTTP, with Triton's binary tensor extension.
 
     The body is a JSON header describing the tensors, followed directly by the raw tensor
@@ -174,13 +176,17 @@ class TritonGrpcTarget(Target):
         self.model = model
         self.timeout_s = timeout_s
         self.inputs, self.outputs = grpc_tensors(model_request(model, image_bytes, models))
-        self._client: grpcclient_aio.InferenceServerClient | None = None
+        self._client: Any = None  # tritonclient's asyncio InferenceServerClient, once open
 
     async def open(self, connections: int) -> None:
+        import tritonclient.grpc.aio as grpcclient_aio
+
         # gRPC multiplexes every request over the channel's one HTTP/2 connection.
         self._client = grpcclient_aio.InferenceServerClient(self.host_port)
 
     async def send(self) -> None:
+        from tritonclient.utils import InferenceServerException
+
         assert self._client is not None, "open() before sending"
         try:
             await self._client.infer(self.model, self.inputs, outputs=self.outputs, client_timeout=self.timeout_s)
@@ -193,10 +199,10 @@ class TritonGrpcTarget(Target):
             self._client = None
 
 
-def grpc_tensors(
-    request: ModelRequest,
-) -> tuple[list[grpcclient.InferInput], list[grpcclient.InferRequestedOutput]]:
+def grpc_tensors(request: ModelRequest) -> tuple[list[Any], list[Any]]:
     """tritonclient's inputs (serialised here, once) and requested outputs for `request`."""
+    import tritonclient.grpc as grpcclient
+
     inputs = []
     for tensor in request.inputs:
         inputs.append(grpcclient.InferInput(tensor.name, list(tensor.array.shape), tensor.datatype))
@@ -204,7 +210,8 @@ def grpc_tensors(
     return inputs, [grpcclient.InferRequestedOutput(output) for output in request.outputs]
 
 
-def grpc_error_kind(exc: InferenceServerException) -> str:
+def grpc_error_kind(exc: Any) -> str:
+    """The kind a tritonclient InferenceServerException is counted under."""
     status = exc.status()  # e.g. "StatusCode.UNAVAILABLE"; None when the client itself refused
     if status is None:
         return "triton_error"
@@ -214,6 +221,8 @@ def grpc_error_kind(exc: InferenceServerException) -> str:
 
 def model_request(model: str, image_bytes: bytes, models: ModelRepository | None) -> ModelRequest:
     """The request for `model`, as the registry says to build it (an unknown model is an error)."""
+    from servelab.triton.models import ModelRepository
+
     return (models or ModelRepository()).get(model).request(image_bytes)
 
 

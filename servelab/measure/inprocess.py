@@ -18,10 +18,7 @@ One Python process does only what its interpreter lock lets through, so a point 
 several processes at once (`Point.processes`), each on its share of the cores, as a service of
 several processes runs (cores.service_plan): their figures add up to the machine's ceiling.
 
-A ceiling is the best of a small sweep over the thread plans (`sweep`), each run in a process of
-its own, so that one plan's threads never slow the next. It is reported with the plan that won,
-whose process stays to measure it again next to each service (`Ceiling.measure_now`): its model is
-already built, so measuring again costs the measurement only, not a process start.
+The ceiling itself, the best of a sweep of such points, is servelab.measure.ceilings's (`sweep`).
 
     python -m servelab.measure.inprocess --runtime pytorch --slots 2 --threads 1 --duration 10
 """
@@ -48,8 +45,8 @@ import numpy as np
 
 from food11 import decode_base64_image, preprocess
 from servelab import paths
-from servelab.results import LatencySummary, RunResult
-from servelab.service.cores import ThreadPlan, available_cores, service_plan, thread_plan
+from servelab.results import LatencySummary, RunResult, at_once
+from servelab.service.cores import ThreadPlan, available_cores, thread_plan
 from servelab.service.devices import Placement, onnx_session, torch_model
 from servelab.settings import settings
 
@@ -280,87 +277,13 @@ class PointProcess:
 
 
 def combined(runs: list[RunResult], point: Point) -> RunResult:
-    """The runs of a point's processes, measured at once, as one: their requests and throughput
-    added up, their latencies pooled."""
+    """The runs of a point's processes, measured at once, as one (results.at_once)."""
     if len(runs) == 1:
         return runs[0]
-    latencies = [value for run in runs for value in run.latencies_ms]
     first = runs[0]
-    return RunResult(
-        name=first.name,
-        tool=first.tool,
-        mode=first.mode,
-        requests=sum(run.requests for run in runs),
-        throughput_rps=sum(run.throughput_rps for run in runs),
-        latency=LatencySummary.of(latencies),
-        wall_s=max(run.wall_s for run in runs),
-        concurrency=sum(run.concurrency or 1 for run in runs),
-        latencies_ms=latencies,
-        notes=[f"{len(runs)} processes at once, their figures added up; each: {first.notes[0]}"] + first.notes[1:],
+    return at_once(
+        runs, [f"{len(runs)} processes at once, their figures added up; each: {first.notes[0]}"] + first.notes[1:]
     )
-
-
-def sweep_points(cores: int, pipelined: bool) -> list[Point]:
-    """The plans worth trying: every core busy, in one slot or spread over 2, 4... slots (and over
-    the processes of a service's plan, where it has several); for one request in flight, one slot
-    with 1, 2, 4... threads up to the cores."""
-    powers = [2**k for k in range(cores.bit_length()) if 2**k <= cores]
-    if not pipelined:
-        return [Point(1, threads, False) for threads in powers]
-    # And as a service of several processes runs on this many cores (cores.service_plan), where it does.
-    plan = service_plan(cores, on_gpu=False)
-    several = [Point(plan.slots, 1, True, plan.processes)] if plan.processes > 1 else []
-    return [Point(slots, cores // slots, True) for slots in powers] + several
-
-
-@dataclass
-class Ceiling:
-    """The best point of a sweep (`best`, measured with `plan`), and every point measured; the
-    winner's process stays until `close`, to measure it again."""
-
-    runtime: str
-    decode: bool
-    plan: Point
-    best: RunResult
-    points: list[RunResult]
-    process: PointProcess
-
-    def measure_now(self, duration_s: float, warmup_s: float) -> RunResult:
-        """The winning plan measured once more, now: the ceiling for runs made right after it (the
-        machine's speed drifts, so a service is judged against a ceiling taken next to it)."""
-        again = self.process.measure(duration_s, warmup_s)
-        self.points.append(again)
-        return again
-
-    def close(self) -> None:
-        self.process.close()
-
-
-def sweep(runtime: str, pipelined: bool, duration_s: float, warmup_s: float, decode: bool = True) -> Ceiling:
-    """Every plan worth trying (`sweep_points`), each in a process of its own, one at a time; the
-    best one's process is kept in the Ceiling, the others' end."""
-    best: tuple[Point, RunResult, PointProcess] | None = None
-    measured = []
-    for point in sweep_points(available_cores(), pipelined):
-        log.info("in-process %s%s: %s", runtime, "" if decode else " (inference only)", point.name)
-        process = PointProcess(runtime, point, decode)
-        try:
-            result = process.measure(duration_s, warmup_s)
-        except BaseException:
-            process.close()
-            if best is not None:
-                best[2].close()
-            raise
-        measured.append(result)
-        if best is None or result.throughput_rps > best[1].throughput_rps:
-            if best is not None:
-                best[2].close()
-            best = (point, result, process)
-        else:
-            process.close()
-    assert best is not None, "sweep_points gives at least one plan"
-    plan, result, process = best
-    return Ceiling(runtime, decode, plan, result, measured, process)
 
 
 def main(argv: list[str] | None = None) -> int:

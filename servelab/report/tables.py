@@ -4,7 +4,7 @@ shows one beside its figure, and the benchmark's report is made of them."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from servelab.measure.resources import summarize
@@ -12,7 +12,15 @@ from servelab.results import RunResult
 
 
 def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|")
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(headings: Sequence[str], rows: Iterable[Sequence[Any]], right: Collection[int] = ()) -> str:
+    """A Markdown table: the columns whose index is in `right` right-aligned (numbers, so their digits
+    line up), each cell's text kept on its line."""
+    rule = "|" + "|".join("---:" if index in right else "---" for index in range(len(headings))) + "|"
+    lines = ["| " + " | ".join(headings) + " |", rule]
+    return "\n".join([*lines, *("| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows)]) + "\n"
 
 
 def _number(value: float, digits: int = 1) -> str:
@@ -101,10 +109,7 @@ def results_table(
     spread = any(process_spread(result) is not None for result in results)
     if spread:
         columns.append((BY_PROCESS, "---"))
-    lines = [
-        "| " + " | ".join(heading for heading, _ in columns) + " |",
-        "|" + "|".join(alignment for _, alignment in columns) + "|",
-    ]
+    rows = []
     for result in results:
         cells = [
             result.name,
@@ -125,8 +130,9 @@ def results_table(
             cells.append(gpu_busy(result) or "-")
         if spread:
             cells.append(process_spread(result) or "-")
-        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    right = [index for index, (_, alignment) in enumerate(columns) if alignment == "---:"]
+    return markdown_table([heading for heading, _ in columns], rows, right)
 
 
 def breakdown_table(results: Mapping[str, RunResult | None]) -> str:

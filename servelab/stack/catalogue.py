@@ -12,13 +12,14 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servelab import paths
 from servelab.service.start import service_environment, uvicorn_command
 from servelab.stack.supervision import Ports, ServiceSpec, StackError
-from servelab.triton import server as triton_local
-from servelab.triton.models import ModelRepository
-from servelab.triton.server import StagingError
+
+if TYPE_CHECKING:  # Triton's tooling reads configs with tritonclient: imported where Triton is served
+    from servelab.triton import server as triton_local
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,20 @@ def fastapi_service(
         ports=[port],
         ready_url=f"http://127.0.0.1:{port}/health",
         env=served,
+    )
+
+
+def naive_service(runtime: str, port: int, env: dict[str, str] | None = None) -> ServiceSpec:
+    """The original lab's kind of app (servelab.bench.naive_app) on `runtime` ("pytorch",
+    "onnxruntime"): one uvicorn process, a synchronous handler; the reference the services beat."""
+    command = [sys.executable, "-m", "uvicorn", "servelab.bench.naive_app:app", "--host", "127.0.0.1"]
+    return ServiceSpec(
+        name="naive_pt" if runtime == "pytorch" else "naive_onnx",
+        command=[*command, "--port", str(port)],
+        cwd=paths.REPO_ROOT,
+        ports=[port],
+        ready_url=f"http://127.0.0.1:{port}/health",
+        env={"NAIVE_RUNTIME": runtime, **(env or {})},
     )
 
 
@@ -86,6 +101,8 @@ def triton_service(
     """Stage every model of `source` adapted to this machine in `work_dir` (default: the stack's,
     paths.TRITON_DIR), log what changed, and describe the server process, which loads the models
     named in `load` (default: all). A model folder that cannot be staged raises StagingError, naming it."""
+    from servelab.triton import server as triton_local
+
     work_dir = work_dir or paths.TRITON_DIR
     repository = work_dir / "models"
     backends = triton_local.build_backend_dir(work_dir / "backends")
@@ -94,7 +111,9 @@ def triton_service(
         log.info("Triton model %s, adapted for this machine:\n%s", model.name, model.changes)
     names = [model.name for model in staged]
     if unknown := sorted(set(load or ()) - set(names)):
-        raise StagingError(f"{source} has no model folder named {', '.join(unknown)}: it has {', '.join(names)}")
+        raise triton_local.StagingError(
+            f"{source} has no model folder named {', '.join(unknown)}: it has {', '.join(names)}"
+        )
     return ServiceSpec(
         name="triton",
         command=triton_local.server_command(repository, backends, ports, load or names),
@@ -115,6 +134,8 @@ def ui_backends() -> list[str]:
     """What the web UI can talk to: a service with the FastAPI contract, or a Triton model that
     classifies photos one at a time with one answer each (a stateful model takes frames of a
     sequence, not photos; a decoupled one streams its answers over gRPC, and the UI asks over HTTP)."""
+    from servelab.triton.models import ModelRepository
+
     photo_models = [
         model.name
         for model in ModelRepository()
@@ -151,6 +172,8 @@ def gourmetgram_service(port: int, backend: str, ports: Ports, urls: Mapping[str
     """GourmetGram in front of `backend` (see ui_backends), configured as in the Compose project.
     The backend is on 127.0.0.1 at its port in `ports`, unless `urls` names its address (by
     backend: a URL for fastapi_pt, fastapi_onnx and ray_serve; host:port for triton)."""
+    from servelab.triton.models import ModelRepository
+
     urls = urls or {}
     if backend in PREDICT_API_SERVICES:
         backend_env = {"FASTAPI_SERVER_URL": urls.get(backend, f"http://127.0.0.1:{getattr(ports, backend)}")}

@@ -7,9 +7,12 @@ from __future__ import annotations
 import socket
 from contextlib import closing
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from servelab.settings import Settings, settings
-from servelab.triton import server as triton_local
+
+if TYPE_CHECKING:  # Triton's tooling reads model configs with tritonclient: imported where Triton is served
+    from servelab.triton import server as triton_local
 
 _DEFAULT = Settings()
 
@@ -50,6 +53,8 @@ class Ports:
 
     @property
     def triton(self) -> triton_local.TritonPorts:
+        from servelab.triton import server as triton_local
+
         return triton_local.TritonPorts(self.triton_http, self.triton_grpc, self.triton_metrics)
 
 

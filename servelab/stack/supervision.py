@@ -25,11 +25,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
+import requests
 
 from servelab import paths, retries, service_exits
 from servelab.stack.ports import Ports, port_is_free
@@ -72,9 +73,8 @@ class ServiceSpec:
 def answers(url: str) -> bool:
     """The readiness probe: does `url` answer 200 right now?"""
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
         return False
 
 
@@ -153,6 +153,14 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def pids(self) -> list[int]:
+        """The service's process and its descendants (uvicorn's workers, Triton's stubs), those alive now."""
+        try:
+            leader = psutil.Process(self.started_process.pid)
+            return [leader.pid, *(child.pid for child in leader.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            return []
+
     def clear_group(self) -> None:
         """Kill what is left of an exited service's process group (Triton's backend stubs)."""
         _signal_group(self.started_process.pid, signal.SIGKILL)
@@ -160,6 +168,11 @@ class ManagedProcess:
     def stop(self) -> None:
         if self.process is None:
             return
+        # Its descendants as they are now: once the leader exits, an orphan is no longer its child.
+        family = []
+        for pid in self.pids():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                family.append(psutil.Process(pid))
         try:
             pgid = os.getpgid(self.process.pid)
         except ProcessLookupError:
@@ -177,7 +190,18 @@ class ManagedProcess:
             # Children (Triton's backend stubs) may outlive the leader: clear the whole group.
             _signal_group(pgid, signal.SIGKILL)
         self.process.wait()
+        # A SIGKILL is delivered, not done, when killpg returns: stopped means gone (or a zombie).
+        deadline = time.monotonic() + self.spec.stop_grace_s
+        while any(map(_still_running, family)) and time.monotonic() < deadline:
+            time.sleep(0.05)
         log.info("stopped %s", self.spec.name)
+
+
+def _still_running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)

@@ -19,7 +19,7 @@ import http.client
 import logging
 import pickle
 import shutil
-import urllib.request
+import urllib.request  # not requests: the image that builds the model files installs servelab[model-files] alone
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

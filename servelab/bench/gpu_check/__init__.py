@@ -19,12 +19,12 @@
    Triton's instances must say in its log that they run on the GPU. A service that answers any request
    of its load with an error fails.
 4. Loads each at concurrency 1, 16 and 64 (a closed loop of the 32 KB soup photo, in client processes
-   of their own, one for every 8 senders and at most a quarter of the cores: servelab.bench.gpu_check.load),
+   of their own, one for every 8 senders and at most a quarter of the cores: servelab.loadgen.processes),
    a warm-up then a window each, sampling the GPU's use, each client's CPU, and how the load's
    connections spread over the service's processes (each one's own sockets, the most seen while it
    ran). A service that answers no request of a point is not loaded at the others.
 5. Reads each service's GPU memory (its processes, as nvidia-smi lists them) while all of them are up,
-   then stops them and measures the in-process ceiling (servelab.measure.inprocess) of PyTorch on the
+   then stops them and measures the in-process ceiling (servelab.measure.ceilings) of PyTorch on the
    GPU, and of ONNX Runtime on the GPU where it has a CUDA provider (else on the CPU, where its service
    runs): one request in flight, the best pipeline in one process, and in as many processes as the
    services plan (the machine's ceiling).
@@ -39,34 +39,21 @@ the defaults. Exit code 0: every verdict passed (or is the "CPU" case above); 1:
 cannot run here (no GPU, a model file or a package missing: the message says which).
 
 On a bare GPU machine (Python 3.12 with torch, ONNX Runtime, numpy 2, Pillow, httpx, aiohttp, psutil,
-prometheus-client, grpcio, pyyaml, but none of the lab's virtualenv and no internet), nothing is
-installed for it but what travels with the working tree. On a machine with the lab's virtualenv and
-internet:
-
-    make artifacts                  # the model files, in .lab/artifacts
-    scripts/gpu_check_wheels.sh     # FastAPI, uvicorn, Triton's server and client, for Python 3.12
-
-then copy the working tree there with .lab/wheels and .lab/artifacts (about 52 MB), and there, in the
-repository root, `bash scripts/gpu_check_there.sh` (it installs them into /tmp/site, puts the model
-files in place, and runs `make test-gpu`; its arguments are the check's). Triton's row needs one more
-thing there: the wheel's Python backend misreads its inputs under numpy 2 (every request an HTTP 500,
-seen on an H200 machine), so its model takes numpy 1.x from .lab/triton-numpy (18 MB). All of it
-exceeds the 64 MiB such a copy may take on this project's GPU machines, so Triton's row ran there
-on its own, with .lab/wheels, .lab/triton-numpy and .lab/artifacts' food11.pth and manifest.json:
-`bash scripts/gpu_check_there.sh --services triton`. Without that folder the row says why it did not run.
+requests, prometheus-client, grpcio, pyyaml, but none of the lab's virtualenv and no internet) it runs
+with what travels with the working tree: docs/gpu-check.md says what to bring (the wheels of
+scripts/gpu_check_wheels.sh, the model files) and how to run it there (scripts/gpu_check_there.sh).
 
 Its modules, each importing only those listed after it:
+- `notebook6`: notebook 6's claims measured on the GPU (`make test-gpu-notebook6`) with the check's
+  parts and the lesson's own checks: a batch of 16 images against 1, and 1, 2 and 4 Triton instances;
 - `check`: the check itself (the steps above) and its command line, `main`, which `__main__` runs;
-- `report`: each service as checked, the table printed and written, and every run's table;
-- `ceilings`: the in-process ceiling of each runtime: the plans measured, and their runs;
+  it starts the services as servelab.stack.catalogue describes them, through servelab.stack.supervision,
+  and loads them with servelab.loadgen.processes;
+- `report`: each service as checked, each runtime's ceiling (servelab.measure.ceilings' sweeps on the
+  device checked), the table printed and written (servelab.report.tables), and every run's table;
 - `verdicts`: where a service runs, judged from its own report (its /health, Triton's log), and its
   load's failures;
-- `load`: one load point, its client processes together, their CPU, the connections' spread;
-- `processes`: the services as processes: their commands (FastAPI's, Triton's), start, readiness,
-  stop, /health;
-- `closed_loop`: one client of that load, a closed loop of one prepared POST in a process of its own;
+- `triton_alone`: Triton serving food_classifier alone, from the tritonserver found here;
 - `machine`: is there a GPU (what nvidia-smi, NVML and PyTorch see), GPU memory by process, the
   machine's line.
-servelab.lessons.triton_bench.gpu_claims (`make test-gpu-notebook6`) measures notebook 6's claims on
-the GPU with `processes` and `load`: a batch of 16 images against 1, and 1, 2 and 4 Triton instances.
 """

@@ -15,16 +15,16 @@ import sys
 import tempfile
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import astuple, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import requests
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from servelab import paths, progress
 from servelab.bench import gpu_check
-from servelab.bench.gpu_check.ceilings import CEILING_RUNTIME, measure_ceiling
-from servelab.bench.gpu_check.load import load_point
 from servelab.bench.gpu_check.machine import (
     gpu_memory_by_pid,
     look_for_gpus,
@@ -32,17 +32,8 @@ from servelab.bench.gpu_check.machine import (
     no_gpu_message,
     nvidia_smi_gpus,
 )
-from servelab.bench.gpu_check.processes import (
-    TRITON_MODEL,
-    Running,
-    fastapi_service,
-    find_tritonserver,
-    free_ports,
-    health_of,
-    naive_service,
-    triton_service,
-)
-from servelab.bench.gpu_check.report import Checked, every_run_table, report
+from servelab.bench.gpu_check.report import CEILING_RUNTIME, Ceiling, Checked, every_run_table, report
+from servelab.bench.gpu_check.triton_alone import TRITON_MODEL, find_tritonserver, triton_service
 from servelab.bench.gpu_check.verdicts import (
     FAIL,
     NOT_RUN,
@@ -54,9 +45,15 @@ from servelab.bench.gpu_check.verdicts import (
     onnx_runtime_without_gpu,
     triton_instances,
 )
+from servelab.loadgen.processes import last_line, load_point
+from servelab.loadgen.targets import FastAPITarget, HttpTarget
+from servelab.measure.ceilings import sweep
 from servelab.measure.resources import ResourceSampler, summarize
 from servelab.results import save_results
 from servelab.service.cores import available_cores
+from servelab.stack.catalogue import fastapi_service, naive_service
+from servelab.stack.ports import Ports
+from servelab.stack.supervision import ManagedProcess, ServiceSpec, StackError
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +61,21 @@ EXIT_FAILED = 1
 EXIT_CANNOT_RUN = 2
 CONCURRENCIES = (1, 16, 64)
 SERVICES = ("fastapi_pt", "fastapi_onnx", "naive_pt", "triton")
+READY_TIMEOUT_S = 180.0  # a FastAPI service's start: its model loaded and a first inference run on the device
+
+
+@dataclass
+class Started:
+    """A service the check started (servelab.stack.supervision), the request its load sends, and why
+    it is not ready (None once it is)."""
+
+    process: ManagedProcess
+    request: HttpTarget
+    not_ready: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.process.spec.name
 
 
 def cannot_run(services: Sequence[str]) -> str | None:
@@ -74,11 +86,11 @@ def cannot_run(services: Sequence[str]) -> str | None:
             f"{', '.join(missing)} not installed for {sys.executable}. On a machine with internet, "
             "scripts/gpu_check_wheels.sh downloads the wheels the services need; install them here with "
             "`python3 -m pip install --no-index --no-deps --target /tmp/site .lab/wheels/*.whl` and run with "
-            "PYTHONPATH=/tmp/site (servelab/bench/gpu_check/__init__.py says more)."
+            "PYTHONPATH=/tmp/site (docs/gpu-check.md says more)."
         )
-    needed = {
-        "fastapi_pt": [paths.FASTAPI_PT_DIR / "food11.pth", paths.ARTIFACTS_DIR / "food11.pth"],
-        "fastapi_onnx": [paths.FASTAPI_ONNX_DIR / "food11.onnx", paths.ARTIFACTS_DIR / "food11.onnx"],
+    needed = {  # the files the services serve (servelab.stack.catalogue)
+        "fastapi_pt": [paths.ARTIFACTS_DIR / "food11.pth"],
+        "fastapi_onnx": [paths.ARTIFACTS_DIR / "food11.onnx"],
         "triton": [paths.ARTIFACTS_DIR / "food11.pth"],
         "naive_pt": [paths.ARTIFACTS_DIR / "food11.pth"],
     }
@@ -86,7 +98,7 @@ def cannot_run(services: Sequence[str]) -> str | None:
     if absent:
         return (
             f"Missing: {', '.join(absent)}. Run `make artifacts` (on a machine with the lab's virtualenv), and "
-            "bring the model files along (servelab/bench/gpu_check/__init__.py lists them)."
+            "bring the model files along (docs/gpu-check.md lists them)."
         )
     return None
 
@@ -161,23 +173,51 @@ def check(args: argparse.Namespace) -> int:
     return EXIT_FAILED if any(service.verdict.status == FAIL for service in checked) else 0
 
 
+def measure_ceiling(runtime: str, device: str, seconds: float, warmup_s: float) -> Ceiling:
+    """`runtime`'s in-process ceiling on `device` (servelab.measure.ceilings): the sweep of one request
+    in flight, then the pipelined one; or why it was not measured."""
+    ceiling = Ceiling(runtime)
+    try:
+        for pipelined in (False, True):
+            swept = sweep(runtime, pipelined, seconds, warmup_s, device=device)
+            swept.close()
+            ceiling.runs += swept.points
+            if pipelined:
+                ceiling.one_process, ceiling.pipelined = swept.best_alone, swept.best
+            else:
+                ceiling.one_in_flight = swept.best
+    except RuntimeError as exc:
+        log.error("in-process ceiling, %s on %s: %s", runtime, device, exc)
+        ceiling.one_in_flight = ceiling.one_process = ceiling.pipelined = None
+        ceiling.note = f"not measured: {last_line(str(exc))}"
+    return ceiling
+
+
 def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_dir: Path, steps: Any) -> list[Checked]:
     """Start every service at once, wait until all have started, judge and load each in turn (a
     step of `steps` a load point; those of a service that does not run leave the total), read
     their GPU memory while all are up, and stop them all (also on Ctrl-C or a failure). No load is
     sent while a service still starts: a start loads a model and runs a first inference, which
     would take the cores from the service measured."""
-    device, image = args.device, paths.SAMPLE_IMAGE.read_bytes()
-    ports = iter(free_ports(6))
+    device, image, free = args.device, paths.SAMPLE_IMAGE.read_bytes(), iter(astuple(Ports.found_free()))
     checked = []
     with contextlib.ExitStack() as cleanup:
         work_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="gpu-check-")))
-        services = [fastapi_service(name, device, image, next(ports)) for name in args.services if "fastapi" in name]
-        if "naive_pt" in args.services:
-            services.append(naive_service(device, image, next(ports)))
+        to_start: list[tuple[ServiceSpec, HttpTarget]] = []
+        for name in args.services:
+            if name == "triton":
+                continue
+            port, env = next(free), {"INFERENCE_DEVICE": device}
+            spec = (
+                fastapi_service(name.split("_")[1], port, env)
+                if "fastapi" in name
+                else naive_service("pytorch", port, env)
+            )
+            spec.ready_timeout_s = READY_TIMEOUT_S
+            to_start.append((spec, FastAPITarget(f"http://127.0.0.1:{port}", image, name=SHOWN.get(name, name))))
         if "triton" in args.services:
             binary, found_in = find_tritonserver(args.tritonserver)
-            triton_ports = [next(ports) for _ in range(3)]
+            triton_ports = [next(free) for _ in range(3)]
             triton = (
                 triton_service(binary, found_in, device, image, triton_ports, work_dir, args.triton_model_path)
                 if binary
@@ -187,60 +227,80 @@ def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_d
                 checked.append(Checked("triton", Verdict(NOT_RUN, triton)))
                 steps.total -= len(args.concurrency)
             else:
-                services.append(triton)
-        running = []
-        for service in services:
-            log.info("starting %s: %s", service.name, " ".join(service.command))
-            running.append(Running(service, log_dir / f"{service.name}.log"))
-            cleanup.callback(running[-1].stop)
-        for process in running:
-            process.wait_ready()  # what it says when it never is, checked_service says in its row
-        measured = [checked_service(process, args, onnx_without_gpu, steps) for process in running]
+                to_start.append(triton)
+        started = []
+        for spec, request in to_start:
+            started.append(Started(ManagedProcess(spec, log_dir), request))
+            cleanup.callback(started[-1].process.stop)
+            started[-1].process.start()
+        for service in started:
+            try:
+                service.process.wait_ready()
+            except StackError as exc:  # its log's last lines are in the log; the table says where the log is
+                log.error("%s", exc)
+                service.not_ready = f"{str(exc).splitlines()[0]} (its log: {service.process.log_path})"
+        measured = [checked_service(service, args, onnx_without_gpu, steps) for service in started]
         memory = gpu_memory_by_pid() if device == "cuda" else "a CPU run"
         log.info("GPU memory (MiB) by process: %s", memory)
-        for result, process in zip(measured, running, strict=True):
-            held = [memory[pid] for pid in process.pids() if pid in memory] if isinstance(memory, dict) else []
+        for result, service in zip(measured, started, strict=True):
+            pids = service.process.pids()
+            held = [memory[pid] for pid in pids if pid in memory] if isinstance(memory, dict) else []
             result.gpu_memory_mib = sum(held) if held else None
     return sorted(checked + measured, key=lambda service: SERVICES.index(service.name))
 
 
-def checked_service(process: Running, args: argparse.Namespace, onnx_without_gpu: str | None, steps: Any) -> Checked:
-    """Wait for the service, judge where it runs, then load it at each concurrency (a step of `steps` each)."""
+SHOWN = {"naive_pt": "naive/pytorch", "triton": f"triton/{TRITON_MODEL} (http)"}
+
+
+def health_of(service: Started) -> dict[str, Any]:
+    """The service's /health (with requests, as the harness asks its servers; the load's client is
+    servelab.loadgen.http, built for speed)."""
+    health = requests.get(service.process.spec.ready_url, timeout=10).json()
+    if not isinstance(health, dict):
+        raise ValueError(f"{service.process.spec.ready_url} answered {health!r}, not an object")
+    return health
+
+
+def checked_service(service: Started, args: argparse.Namespace, onnx_without_gpu: str | None, steps: Any) -> Checked:
+    """Judge where the service runs, then load it at each concurrency (a step of `steps` each)."""
     device, seconds, warmup_s, concurrencies = args.device, args.seconds, args.warmup, args.concurrency
-    service = process.service
-    if (not_ready := process.wait_ready()) is not None:
-        return Checked(service.name, Verdict(FAIL, f"did not start: {not_ready}"))
-    if service.name == "naive_pt":
-        try:
-            health = health_of(service)
-        except (OSError, ValueError) as exc:
-            return Checked(service.name, Verdict(FAIL, f"its /health could not be read: {exc}"))
-        checked = Checked(service.name, Verdict(REFERENCE, "the original lab's kind of app, never judged"))
-        checked.device = str(health.get("device", "unknown"))
-        target = "naive/pytorch"
-    elif service.name == "triton":
-        log_text = process.log_path.read_text(errors="replace")
+    if service.not_ready is not None:
+        steps.update(len(concurrencies))
+        return Checked(service.name, Verdict(FAIL, f"did not start: {service.not_ready}"))
+    if service.name == "triton":
+        log_text = service.process.log_path.read_text(errors="replace")
         checked = Checked(service.name, judge_triton(log_text, device))
         checked.device = ", ".join(sorted({match["device"] for match in triton_instances(log_text)})) or "unknown"
-        target = f"triton/{TRITON_MODEL} (http)"
     else:
         try:
             health = health_of(service)
-        except (OSError, ValueError) as exc:
+        except (requests.RequestException, ValueError) as exc:
             return Checked(service.name, Verdict(FAIL, f"its /health could not be read: {exc}"))
-        runtime_without_gpu = onnx_without_gpu if service.name == "fastapi_onnx" else None
-        checked = Checked(service.name, judge_service(health, device, runtime_without_gpu), health=health)
+        if service.name == "naive_pt":
+            checked = Checked(service.name, Verdict(REFERENCE, "the original lab's kind of app, never judged"))
+        else:
+            runtime_without_gpu = onnx_without_gpu if service.name == "fastapi_onnx" else None
+            checked = Checked(service.name, judge_service(health, device, runtime_without_gpu), health=health)
         checked.device = str(health.get("device", "unknown"))
-        target = service.name
     log.info("%s: %s", service.name, checked.verdict)
+    request, pids = service.request, service.process.pids()
+    port = urllib.parse.urlsplit(request.url).port or 80
     for concurrency in concurrencies:
         log.info("%s at c=%d: %g s warm-up, %g s measured", service.name, concurrency, warmup_s, seconds)
-        with ResourceSampler(pids=process.pids()) as sampler:
+        with ResourceSampler(pids=pids) as sampler:
             try:
                 run = load_point(
-                    service.load_url, service.body, service.headers, target, concurrency, seconds, warmup_s,
-                    process.pids(), urllib.parse.urlsplit(service.load_url).port or 80, available_cores(),
-                )  # fmt: skip
+                    request.url,
+                    request.body,
+                    request.headers,
+                    request.name,
+                    concurrency,
+                    seconds,
+                    warmup_s,
+                    pids,
+                    port,
+                    available_cores(),
+                )
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 checked.verdict = Verdict(FAIL, f"its load at c={concurrency} failed: {exc}")
                 return checked
@@ -248,14 +308,23 @@ def checked_service(process: Running, args: argparse.Namespace, onnx_without_gpu
         checked.runs.append(run)
         steps.update()
         if run.requests and not run.latencies_ms:  # nothing answered: more load would only wait on time-outs
-            log.error("%s answered none of its %d requests at c=%d: its other points are not run; its log: %s",
-                      service.name, run.requests, concurrency, process.log_path)  # fmt: skip
+            log.error(
+                "%s answered none of its %d requests at c=%d: its other points are not run; its log: %s",
+                service.name,
+                run.requests,
+                concurrency,
+                service.process.log_path,
+            )
             steps.update(len(concurrencies) - len(checked.runs))
             break
         log.info(
-            "%s at c=%d: %.1f req/s, %d errors; %s", service.name, concurrency, run.throughput_rps, run.error_count,
+            "%s at c=%d: %.1f req/s, %d errors; %s",
+            service.name,
+            concurrency,
+            run.throughput_rps,
+            run.error_count,
             run.notes[-1],
-        )  # fmt: skip
+        )
     if device == "cuda":
         busy = [gpu["util_percent_mean"] for gpu in summarize(series)["gpus"]]
         checked.gpu_busy_percent = max(busy) if busy else None
@@ -274,14 +343,17 @@ def stopped_by_sigterm() -> Iterator[None]:
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
-    """The options the GPU check shares with notebook 6's claims (servelab.lessons.triton_bench.gpu_claims)."""
+    """The options the GPU check shares with notebook 6's claims (servelab.bench.gpu_check.notebook6)."""
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same steps on the CPU")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds before each")
     parser.add_argument("--tritonserver", type=Path, help="the tritonserver to run (default: the wheel's, or PATH's)")
     parser.add_argument(
-        "--triton-model-path", nargs="*", default=[], metavar="DIR",
+        "--triton-model-path",
+        nargs="*",
+        default=[],
+        metavar="DIR",
         help="folders Triton's model.py puts first on its path (numpy 1.x for the nvidia-pytriton wheel's backend)",
-    )  # fmt: skip
+    )
     parser.add_argument("--out", type=Path, help="where the table goes (default: results/)")
 
 

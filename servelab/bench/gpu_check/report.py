@@ -11,13 +11,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servelab import paths
-from servelab.bench.gpu_check.ceilings import CEILING_RUNTIME, Ceiling
-from servelab.bench.gpu_check.load import SATURATED_PERCENT, SENDERS_PER_CLIENT
-from servelab.bench.gpu_check.processes import TRITON_MODEL
+from servelab.bench.gpu_check.triton_alone import TRITON_MODEL
 from servelab.bench.gpu_check.verdicts import Verdict
+from servelab.loadgen.processes import SATURATED_PERCENT, SENDERS_PER_CLIENT
 from servelab.measure.resources import summarize
-from servelab.report.tables import results_table
+from servelab.report.tables import markdown_table, results_table
 from servelab.results import RunResult
+
+# What each service runs, as the in-process ceiling names it: Triton's food_classifier is PyTorch.
+CEILING_RUNTIME = {"fastapi_pt": "pytorch", "fastapi_onnx": "onnxruntime", "triton": "pytorch", "naive_pt": "pytorch"}
+
+
+@dataclass
+class Ceiling:
+    """A runtime's in-process ceiling as the table shows it, from servelab.measure.ceilings' sweeps:
+    one request in flight, the best pipeline in one process, and the best pipeline of all (the
+    machine's: in as many processes as a service plans); every run; or why it was not measured (`note`)."""
+
+    runtime: str
+    one_in_flight: RunResult | None = None
+    one_process: RunResult | None = None
+    pipelined: RunResult | None = None
+    runs: list[RunResult] = field(default_factory=list)
+    note: str = ""
 
 
 @dataclass
@@ -47,12 +63,6 @@ def ratio_said(ratio: float) -> str:
     """A ratio to its ceiling, "0.79x", rounded down: one just under its goal never reads as the goal
     itself, and the table and the goals' lines show the same figure."""
     return f"{math.floor(round(ratio * 100, 6)) / 100:.2f}x"
-
-
-def markdown_table(headings: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    cell = lambda text: str(text).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    lines = ["| " + " | ".join(headings) + " |", "|" + "|".join("---" for _ in headings) + "|"]
-    return "\n".join([*lines, *("| " + " | ".join(cell(text) for text in row) + " |" for row in rows)]) + "\n"
 
 
 def table_headings(concurrencies: Sequence[int]) -> list[str]:
@@ -216,7 +226,7 @@ def report(machine: str, args: argparse.Namespace, checked: Sequence[Checked], c
     )
     notes = [
         f"Load: closed loop of the {paths.SAMPLE_IMAGE.name} sample ({paths.SAMPLE_IMAGE.stat().st_size // 1024} KB) "
-        "from client processes of their own (servelab.bench.gpu_check.load), one for every "
+        "from client processes of their own (servelab.loadgen.processes), one for every "
         f"{SENDERS_PER_CLIENT} senders and at most a quarter of the cores, {seconds:g} s a point after its warm-up; "
         f"a client at {SATURATED_PERCENT:.0f}% of a core or more is saturated. "
         "A ratio compares a service with the in-process ceiling of its runtime on the same device (c=1 with one "

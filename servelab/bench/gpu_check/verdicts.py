@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servelab.bench.gpu_check.processes import TRITON_MODEL
+from servelab.bench.gpu_check.triton_alone import TRITON_MODEL
 from servelab.results import RunResult
 from servelab.service.devices import CUDA_PROVIDER
 

@@ -13,9 +13,8 @@ arrivals and dynamic batching).
   `batching_keeps_latency_flat`, `batch_cost`);
 - `views`: what the device did during each run (`device_use`, notebook 6), the batches that ran
   (`batches_ran`, drawn by `show_batches`), and the queueing view against M/D/1 and M/G/1
-  (`queueing_view`, drawn by `show_queueing`; notebook 7);
-- `gpu_claims`: notebook 6's batch and instance claims measured on a GPU machine, with the GPU
-  check's processes and load and these checks (`make test-gpu-notebook6`; not for the notebooks).
+  (`queueing_view`, drawn by `show_queueing`; notebook 7). Notebook 6's claims measured on a GPU
+  machine with these checks are servelab.bench.gpu_check.notebook6's (`make test-gpu-notebook6`).
 
 Every check is a function of the runs, judged on Triton's own statistics; the machine it names in
 its reason is read where it runs unless given. The notebooks call them by this folder's name

@@ -1,4 +1,4 @@
-"""The GPU check's load (servelab/bench/gpu_check/load.py): how many client processes carry a point,
+"""The load in client processes (servelab/loadgen/processes.py): how many client processes carry a point,
 their figures together, how busy each was, and each server process's own count of the connections,
 against real sockets and a real HTTP server in this process."""
 
@@ -17,8 +17,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from servelab.bench.gpu_check import check, load, processes
+from servelab.bench.gpu_check import check
 from servelab.bench.gpu_check.verdicts import FAIL
+from servelab.loadgen import processes as load
+from servelab.loadgen.targets import HttpTarget
+from servelab.stack.supervision import ManagedProcess, ServiceSpec
 from tests.helpers import synthetic_run, until
 
 
@@ -136,9 +139,8 @@ def test_a_point_of_16_senders_runs_in_two_client_processes_that_each_report_the
     service = ToyService(200, delay_s=0.02)
     try:
         run = load.load_point(
-            service.url + "/predict", b"x" * 1000, {}, "toy", 16, 1.0, 0.2, [os.getpid()], service.server_address[1],
-            cores=16,
-        )  # fmt: skip
+            service.url + "/predict", b"x" * 1000, {}, "toy", 16, 1.0, 0.2, [os.getpid()], service.server_address[1], 16
+        )
     finally:
         service.shutdown()
     assert run.concurrency == 16 and run.errors == {}
@@ -155,19 +157,21 @@ def test_a_service_that_answers_no_request_of_a_point_is_not_loaded_at_the_other
     service = ToyService(500)
     # Started as the check starts a service; what it runs is a process that only waits, while this
     # test's own ToyService answers: the load, the verdict and the early stop are the check's own.
-    waiting = processes.Service(
-        "naive_pt", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, {},
-        service.url + "/health", service.url + "/predict", b"{}",
-    )  # fmt: skip
-    running = processes.Running(waiting, tmp_path / "naive.log")
+    waiting = ServiceSpec(
+        "naive_pt", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, [], service.url + "/health"
+    )
+    running = check.Started(
+        ManagedProcess(waiting, tmp_path), HttpTarget("toy", service.url + "/predict", b"{}", {}, 5)
+    )
+    running.process.start()
     steps = SimpleNamespace(total=3, done=0)
     steps.update = lambda count=1: setattr(steps, "done", steps.done + count)
     args = SimpleNamespace(device="cpu", seconds=0.5, warmup=0.1, concurrency=[1, 16, 64])
     try:
-        until(lambda: running.pids(), 10, "the toy's process")
+        until(lambda: running.process.pids(), 10, "the toy's process")
         checked = check.checked_service(running, args, None, steps)
     finally:
-        running.stop()
+        running.process.stop()
         service.shutdown()
     assert [run.concurrency for run in checked.runs] == [1]
     assert checked.verdict.status == FAIL and "requests failed under load (http_500 x" in checked.verdict.reason

@@ -1,6 +1,6 @@
 """Notebook 6's claims measured where the lab is taught, on a GPU: `make test-gpu-notebook6` (113 s on 2 CPU cores).
 
-    python -m servelab.lessons.triton_bench.gpu_claims [--device cuda|cpu] [--seconds 8] [--warmup 2]
+    python -m servelab.bench.gpu_check.notebook6 [--device cuda|cpu] [--seconds 8] [--warmup 2]
                                                        [--instances 1 2 4] [--tritonserver PATH]
                                                        [--triton-model-path DIR...] [--out DIR]
 
@@ -17,7 +17,7 @@ with the notebook's own checks (checks_capacity, beside it) on figures of the sa
 2. Triton started again with each other count of `--instances` on GPU 0 (the `instance_group`
    typed as the notebook has a student type it; one GPU here, so the node's counts per GPU),
    8 clients each (`instances_stop_helping`, which takes three counts).
-Each run: a warm-up, then a window of the GPU check's closed loop (servelab.bench.gpu_check.load);
+Each run: a warm-up, then a window of the GPU check's closed loop (servelab.loadgen.processes);
 Triton's statistics (queue, compute infer) and model.py's stage times (decode, forward pass) are
 read over the window, and the GPU's busy share and each instance's CPU sampled during it.
 3. One table of the runs, then each claim's verdict, printed and written to
@@ -35,32 +35,29 @@ import contextlib
 import logging
 import sys
 import tempfile
-import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import requests
+
 from servelab import paths
 from servelab.bench.gpu_check.check import add_common_options, run_stoppable
-from servelab.bench.gpu_check.load import load_point
 from servelab.bench.gpu_check.machine import look_for_gpus, machine_line, no_gpu_message, nvidia_smi_gpus
-from servelab.bench.gpu_check.processes import (
-    TRITON_MODEL,
-    Running,
-    find_tritonserver,
-    free_ports,
-    triton_service,
-)
-from servelab.bench.gpu_check.report import markdown_table
+from servelab.bench.gpu_check.triton_alone import TRITON_MODEL, find_tritonserver, triton_service
 from servelab.bench.gpu_check.verdicts import FAIL, judge_triton, triton_instances
 from servelab.lessons.expectations import Expectation, machine_hardware
 from servelab.lessons.triton_bench.checks_capacity import client_batching, instances_cpu, instances_stop_helping
+from servelab.loadgen.processes import load_point
 from servelab.loadgen.targets import TritonHttpTarget
 from servelab.measure.processes import ProcessCpu, triton_instance_processes
 from servelab.measure.resources import ResourceSampler, summarize
+from servelab.report.tables import markdown_table
 from servelab.results import RunResult, save_results
 from servelab.service.cores import available_cores
+from servelab.stack.ports import Ports
+from servelab.stack.supervision import ManagedProcess, StackError
 from servelab.triton import stats
 
 log = logging.getLogger(__name__)
@@ -89,7 +86,7 @@ def instance_group(count: int) -> str:
 class Triton:
     """Triton serving food_classifier with some instances: its process and where it answers."""
 
-    running: Running
+    running: ManagedProcess
     ports: Sequence[int]  # HTTP, gRPC, metrics
     repository: Path
 
@@ -98,8 +95,8 @@ class Triton:
         return f"127.0.0.1:{self.ports[0]}"
 
     def stage_times(self) -> dict[tuple[str, str], float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[2]}/metrics", timeout=10) as answer:
-            return stats.stage_times_us(answer.read().decode(), TRITON_MODEL)
+        answer = requests.get(f"http://127.0.0.1:{self.ports[2]}/metrics", timeout=10)
+        return stats.stage_times_us(answer.text, TRITON_MODEL)
 
 
 @contextlib.contextmanager
@@ -108,18 +105,20 @@ def serving(args: argparse.Namespace, count: int, work_dir: Path, log_dir: Path)
     binary, found_in = find_tritonserver(args.tritonserver)
     if binary is None:
         raise CannotRun(found_in)
-    ports, image = free_ports(3), paths.SAMPLE_IMAGE.read_bytes()
+    ports, image = astuple(Ports.found_free())[:3], paths.SAMPLE_IMAGE.read_bytes()
     staged = work_dir / f"{count}-instances"
     service = triton_service(
         binary, found_in, args.device, image, ports, staged, args.triton_model_path, instance_group(count)
     )
     if isinstance(service, str):
         raise CannotRun(service)
-    log.info("starting Triton with %d instance(s): %s", count, " ".join(service.command))
-    running = Running(service, log_dir / f"triton-{count}-instances.log")
+    running = ManagedProcess(service[0], log_dir / f"{count}-instances")
     try:
-        if (why := running.wait_ready()) is not None:
-            raise NotServed(f"Triton with {count} instance(s) did not start: {why}")
+        running.start()
+        try:
+            running.wait_ready()
+        except StackError as exc:
+            raise NotServed(f"Triton with {count} instance(s) did not start: {exc}") from exc
         log_text = running.log_path.read_text(errors="replace")
         if (verdict := judge_triton(log_text, args.device)).status == FAIL:
             raise NotServed(f"Triton with {count} instance(s): {verdict.reason}")
@@ -140,7 +139,7 @@ def one_run(triton: Triton, name: str, concurrency: int, batch_size: int, args: 
     def load(seconds: float) -> RunResult:
         return load_point(
             request.url, request.body, request.headers, name, concurrency, seconds, 0.0, pids, port, cores
-        )  # fmt: skip
+        )
 
     log.info("%s: %g s warm-up, %g s measured", name, args.warmup, args.seconds)
     if args.warmup > 0:
@@ -197,20 +196,41 @@ def _stage(run: RunResult, stage: str) -> str:
 
 def runs_table(runs: Sequence[RunResult]) -> str:
     headings = [
-        "run", "req/s", "images/s", "p50 (ms)", "queue (ms)", "compute infer (ms)", "decode (ms)",
-        "forward pass (ms)", "GPU busy (%)", "instances' CPU (% of a core)", "client CPU (% of a core)", "errors",
-    ]  # fmt: skip
+        "run",
+        "req/s",
+        "images/s",
+        "p50 (ms)",
+        "queue (ms)",
+        "compute infer (ms)",
+        "decode (ms)",
+        "forward pass (ms)",
+        "GPU busy (%)",
+        "instances' CPU (% of a core)",
+        "client CPU (% of a core)",
+        "errors",
+    ]
     rows = []
     for run in runs:
         gpus = summarize(run.resources)["gpus"] if run.resources else []
         busy = ", ".join(f"{gpu['util_percent_mean']:.0f}" for gpu in gpus) or "-"
         cpu = instances_cpu(run)
         client = ", ".join(f"{share:.0f}" for share in (run.client or {}).get("cpu_percent", []))
-        rows.append([
-            run.name, f"{run.throughput_rps:.1f}", f"{run.images_per_s:.1f}", f"{run.latency.p50_ms:.1f}",
-            _ms(run, "avg_queue_us"), _ms(run, "avg_compute_infer_us"), _stage(run, "decode"), _stage(run, "forward"),
-            busy, "-" if cpu != cpu else f"{cpu:.0f}", client or "-", str(run.error_count),
-        ])  # fmt: skip
+        rows.append(
+            [
+                run.name,
+                f"{run.throughput_rps:.1f}",
+                f"{run.images_per_s:.1f}",
+                f"{run.latency.p50_ms:.1f}",
+                _ms(run, "avg_queue_us"),
+                _ms(run, "avg_compute_infer_us"),
+                _stage(run, "decode"),
+                _stage(run, "forward"),
+                busy,
+                "-" if cpu != cpu else f"{cpu:.0f}",
+                client or "-",
+                str(run.error_count),
+            ]
+        )
     return markdown_table(headings, rows)
 
 
@@ -287,7 +307,7 @@ def check(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     description = (__doc__ or "").split("\n\n")[0]
-    parser = argparse.ArgumentParser(prog="python -m servelab.lessons.triton_bench.gpu_claims", description=description)
+    parser = argparse.ArgumentParser(prog="python -m servelab.bench.gpu_check.notebook6", description=description)
     add_common_options(parser)
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds of each run")
     parser.add_argument("--instances", nargs=3, type=int, default=list(INSTANCES), help="three instance counts")

@@ -1,4 +1,4 @@
-"""Notebook 6's claims on a GPU machine (`make test-gpu-notebook6`, servelab/lessons/triton_bench/gpu_claims.py):
+"""Notebook 6's claims on a GPU machine (`make test-gpu-notebook6`, servelab/bench/gpu_check/notebook6.py):
 the instance groups it types, the batched request it sends, its report, and the whole run for real on
 the CPU, with only what a bare GPU machine has (and Triton's server and client, carried there)."""
 
@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from servelab import paths
+from servelab.bench.gpu_check import notebook6
 from servelab.lessons.expectations import Outcome
-from servelab.lessons.triton_bench import gpu_claims
 from servelab.lessons.triton_bench.checks_capacity import instances_stop_helping
 from servelab.loadgen.targets import TritonHttpTarget
 from servelab.service.hardware import Hardware
@@ -28,7 +28,7 @@ from tests.helpers.bare_machine import bare_machine_environment, bare_machine_re
 @pytest.mark.parametrize("gpus, kind", [(1, "KIND_GPU"), (0, "KIND_CPU")])
 def test_each_count_is_typed_as_a_student_types_a_group_and_served_as_that_many_instances(gpus, kind):
     model = ModelRepository().get("food_classifier")
-    typed = model.config.with_text(gpu_claims.instance_group(4))
+    typed = model.config.with_text(notebook6.instance_group(4))
     served = served_config(model, typed, None, Hardware(gpus=gpus, cores=2, backends=(PYTHON_BACKEND,)))
     (group,) = served.proto.instance_group
     assert group.count == 4
@@ -39,7 +39,7 @@ def test_each_count_is_typed_as_a_student_types_a_group_and_served_as_that_many_
 def test_a_request_of_16_images_carries_the_one_image_16_times_in_one_batch():
     image = paths.SAMPLE_IMAGE.read_bytes()
     one = TritonHttpTarget("127.0.0.1:8000", "food_classifier", image)
-    sixteen = TritonHttpTarget("127.0.0.1:8000", "food_classifier", image, batch_size=gpu_claims.BATCH)
+    sixteen = TritonHttpTarget("127.0.0.1:8000", "food_classifier", image, batch_size=notebook6.BATCH)
 
     def header(target: TritonHttpTarget) -> dict:
         return json.loads(target.body[: int(target.headers["Inference-Header-Content-Length"])])
@@ -54,7 +54,7 @@ def test_a_request_of_16_images_carries_the_one_image_16_times_in_one_batch():
 @pytest.mark.parametrize("counts", [["2", "4", "8"], ["1", "1", "2"]])
 def test_the_instance_counts_are_three_different_ones_and_one_of_them_is_1(counts, capsys):
     with pytest.raises(SystemExit) as exited:
-        gpu_claims.main(["--instances", *counts])
+        notebook6.main(["--instances", *counts])
     assert exited.value.code == 2
     assert "three different counts, one of them 1" in capsys.readouterr().err
 
@@ -64,7 +64,7 @@ def test_a_claims_reason_is_said_whether_it_held_or_not_and_once():
     held = instances_stop_helping({**runs, 4: synthetic_run("4", concurrency=8, throughput_rps=26)}, "a GPU", 4)
     missed = instances_stop_helping({**runs, 4: synthetic_run("4", concurrency=8, throughput_rps=40)}, "a GPU", 4)
     assert held.outcome is Outcome.HELD and missed.outcome is Outcome.NOT_HELD
-    assert gpu_claims.said(held).count(held.reason) == gpu_claims.said(missed).count(missed.reason) == 1
+    assert notebook6.said(held).count(held.reason) == notebook6.said(missed).count(missed.reason) == 1
 
 
 def read_table(stdout: str) -> dict[str, dict[str, str]]:
@@ -80,11 +80,14 @@ def read_table(stdout: str) -> dict[str, dict[str, str]]:
 def test_the_claims_are_measured_and_judged_on_the_cpu_with_what_a_bare_gpu_machine_has(tmp_path, built_artifacts):
     # tritonclient and pytriton travel to such a machine in scripts/gpu_check_wheels.sh's triton-server.tar.xz.
     env = bare_machine_environment(tmp_path, also_there=frozenset({"tritonclient", "pytriton"}))
-    checked = subprocess.run(
-        [sys.executable, "-m", "servelab.lessons.triton_bench.gpu_claims", "--device", "cpu", "--seconds", "2",
-         "--warmup", "0.5", "--out", str(tmp_path / "out")],
-        cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True, timeout=840,
-    )  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "servelab.bench.gpu_check.notebook6",
+        *"--device cpu --seconds 2 --warmup 0.5".split(),
+    ]
+    command += ["--out", str(tmp_path / "out")]
+    checked = subprocess.run(command, cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True, timeout=840)
     assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
     assert "CPU mode (--device cpu): nothing ran on a GPU." in checked.stdout
     table = read_table(checked.stdout)
@@ -116,6 +119,6 @@ def test_the_claims_are_measured_and_judged_on_the_cpu_with_what_a_bare_gpu_mach
     assert [result["batch_size"] for result in record["results"]] == [1, 16, 1, 1, 1]
     assert batched["images/s"] == f"{16 * record['results'][1]['throughput_rps']:.1f}"
     commands = bare_machine_records(tmp_path / "imports")
-    assert any("-m servelab.lessons.triton_bench.gpu_claims" in command for command in commands)
+    assert any("-m servelab.bench.gpu_check.notebook6" in command for command in commands)
     left = [int(path.stem) for path in (tmp_path / "imports").glob("*.txt") if psutil.pid_exists(int(path.stem))]
     assert [pid for pid in left if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE] == [], "every process stopped"
