@@ -233,22 +233,36 @@ def test_a_notebook_s_retries_are_listed_with_the_suite_s(tmp_path):
     assert "retries.ipynb::retries.ipynb: RETRY the toy start, after: a clash" in run.stdout
 
 
+# A whole-notebook limit counts the notebook's setup, and the first notebook's starts the session's
+# servers (the image host, both services, Triton): over a minute on a busy 2-core machine, where
+# the cells take a second. So these notebooks get the time the start may take (Triton's readiness
+# limit, 240 s, in servelab/stack/catalogue.py) and a minute for the rest; a hang is still caught,
+# in the start by each server's own readiness limit and in a cell by the notebook's.
+SERVERS_START_S = 240
+WITH_SERVERS_LIMIT_S = SERVERS_START_S + 60
+
+
 @pytest.mark.integration
+@pytest.mark.timeout(3 * WITH_SERVERS_LIMIT_S)  # the nbmake run's limit below, and its own teardown
 def test_a_notebook_gets_the_session_s_servers_and_one_that_changes_one_is_caught_and_it_is_put_back(tmp_path):
     config = "(paths.TRITON_DIR / 'models' / 'food_classifier_onnx' / 'config.pbtxt')"
     notebook(
         tmp_path / "a_finds.ipynb",  # `Lab.connect(` in its source is what asks for the servers
         "# Lab.connect()\nimport os\nassert 'SERVELAB_PORT_TRITON_HTTP' in os.environ, 'no server exported'",
+        notebook_timeout_s=WITH_SERVERS_LIMIT_S,
     )
     notebook(
         tmp_path / "b_changes.ipynb",
         f"# Lab.connect()\nfrom servelab import paths\n{config}.write_text({config}.read_text() + '# changed')",
+        notebook_timeout_s=WITH_SERVERS_LIMIT_S,
     )
-    notebook(
+    notebook(  # its setup puts Triton's model back: a load, slow too on a busy machine
         tmp_path / "c_after.ipynb",
         f"# Lab.connect()\nfrom servelab import paths\nassert '# changed' not in {config}.read_text()",
+        notebook_timeout_s=WITH_SERVERS_LIMIT_S,
     )
-    run, _ = nbmake(tmp_path, "a_finds.ipynb", "b_changes.ipynb", "c_after.ipynb", timeout_s=280)
+    notebooks = ("a_finds.ipynb", "b_changes.ipynb", "c_after.ipynb")
+    run, _ = nbmake(tmp_path, *notebooks, timeout_s=3 * WITH_SERVERS_LIMIT_S - 60)  # a minute left to stop
     assert "3 passed, 1 error" in run.stdout, run.stdout  # b_changes ran, and left a server changed
     assert "ERROR b_changes.ipynb::b_changes.ipynb" in run.stdout
     assert "the notebook left Triton's food_classifier_onnx changed" in run.stdout

@@ -29,7 +29,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from food11 import LABELS
-from servelab import paths
+from servelab import paths, retries
 from servelab.polling import settled
 from servelab.triton import stats as triton_stats
 from tests.helpers import until
@@ -271,6 +271,13 @@ def large_jpeg() -> bytes:
     return buffer.getvalue()  # decoding it takes about 0.1 s on a fast machine, seconds on a busy one
 
 
+class Spoiled(Exception):
+    """A frame was answered before the cancel's arrangement was in place: not what is tested."""
+
+
+ARRANGING_TRIES = 3
+
+
 @pytest.mark.integration
 def test_a_frame_its_grpc_client_cancelled_while_it_waited_is_never_computed(sequences, test_images):
     """A frame waits behind two large frames of another sequence (the sequence batcher puts at most
@@ -281,21 +288,44 @@ def test_a_frame_its_grpc_client_cancelled_while_it_waited_is_never_computed(seq
       sequence has no cancel to name: its next frame goes on without it, or Triton, which let the
       sequence go, refuses that frame for want of START;
     - the model, holding it in a batch, sees is_cancelled(), answers CANCELLED to nobody and drops
-      the sequence's state: its next frame is refused, naming the cancel."""
+      the sequence's state: its next frame is refused, naming the cancel.
+    The gauge cannot tell a frame that waits behind a running one from a first frame not yet taken
+    while the second has not arrived: on a busy machine the second large frame can reach Triton
+    late, the first then runs with the frame to cancel in its batch, and both are answered before
+    the gauge ever counts two waiting. That arrangement is tried again with new sequences, a retry
+    the suite lists; one that keeps failing fails the test."""
     large = large_jpeg()
+    for tried in range(1, ARRANGING_TRIES + 1):
+        try:
+            return cancel_while_waiting(sequences, test_images, large)
+        except Spoiled as spoiled:
+            if tried == ARRANGING_TRIES:
+                raise AssertionError(f"{ARRANGING_TRIES} tries, each: {spoiled}") from spoiled
+            retries.note("arranging a frame to cancel behind two large ones", spoiled)
+
+
+def cancel_while_waiting(sequences: Sequences, test_images, large: bytes) -> None:
+    """One try of the test above; Spoiled, with every frame sent answered, if its frames were."""
     blocker, victim = next(sequence_ids), next(sequence_ids)  # two states, within the state cache
     for sequence_id in (blocker, victim):
         sequences.send(sequence_id, test_images[0], sequence_start=True)
     before = sequences.events()
     outcomes: dict[str, tuple] = {}
+    sent: list[str] = []
 
     def send(name: str, sequence_id: int, image: bytes):
         answered = lambda result, error: outcomes.__setitem__(name, (result, error))  # noqa: E731
+        sent.append(name)
         return sequences.client.async_infer(MODEL, Sequences.frame(image), answered, sequence_id=sequence_id)
 
     def wait_for(waiting: int) -> None:
         triton_stats.wait_for_pending(sequences.metrics_url, MODEL, lambda count: count == waiting or outcomes)
-        assert not outcomes, f"answered before the next step (the large frames were too quick): {outcomes}"
+        if outcomes:
+            # Nothing left in flight for the next try or test: its answers all in, both sequences ended.
+            until(lambda: len(outcomes) == len(sent), 60, "the answers of the frames sent")
+            for sequence_id in (blocker, victim):
+                sequences.send(sequence_id, test_images[0], sequence_end=True)
+            raise Spoiled(f"answered before the next step: {sorted(outcomes)}")
 
     with triton_stats.counted_over(sequences.http_url, MODEL) as stats:
         for name in ("large 1", "large 2"):

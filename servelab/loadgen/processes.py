@@ -5,7 +5,7 @@ over the server's processes, read from each one's own sockets while the load run
 that saw the most of them). The GPU check and notebook 6's claims on a GPU load with it.
 
     python -m servelab.loadgen.processes --url URL --body FILE [--header "Name: value"] --name NAME \
-        --concurrency 16 --seconds 10 --warmup 2 [--start-at EPOCH]
+        --concurrency 16 --seconds 10 --warmup 2 [--start-file PATH]
 
 runs one client: it prints RESULT_MARK and its RunResult as JSON, with its own CPU time over the
 window as a share of one core (`client["cpu_percent"]`).
@@ -45,7 +45,14 @@ REQUEST_TIMEOUT_S = 60.0
 SENDERS_PER_CLIENT = 8  # one client process for every 8 senders...
 CLIENT_SHARE_OF_CORES = 4  # ...and at most a quarter of the cores: the service needs the rest
 SATURATED_PERCENT = 90.0  # a client at 90% of a core or more may have set the pace itself
-START_DELAY_S = 1.5  # time for every client process to start before the load begins
+READY_MARK = "client ready"
+# The clients begin together once all have started: a fixed delay is outlasted by a client's start
+# (its interpreter and imports) on a busy machine, and clients that do not overlap load nothing
+# together. Each checks for the start file every START_POLL_S; the moment is set START_MARGIN_S
+# ahead, for every client to have seen it.
+START_POLL_S = 0.01
+START_MARGIN_S = 0.5
+CLIENTS_START_TIMEOUT_S = 120.0
 SPREAD_EVERY_S = 0.25  # how often the connections' spread is read while the clients run
 
 
@@ -129,27 +136,27 @@ def load_point(
     port: int,
     cores: int,
 ) -> RunResult:
-    """One closed-loop point against `url`, from client processes of their own that begin together.
-    The connections' spread is read every SPREAD_EVERY_S while the clients run, and the reading
-    that saw the most is kept: on a busy machine a client may begin later than asked."""
+    """One closed-loop point against `url`, from client processes of their own that begin together,
+    once all have started. The connections' spread is read every SPREAD_EVERY_S while the clients
+    run, and the reading that saw the most is kept."""
     count = client_processes(concurrency, cores)
-    start_at = time.time() + START_DELAY_S
     with tempfile.TemporaryDirectory(prefix="loadgen-clients-") as folder:
-        body_file = Path(folder) / "body"
+        body_file, start_file = Path(folder) / "body", Path(folder) / "start"
         body_file.write_bytes(body)
         clients = []
         for index, senders in enumerate(shares(concurrency, count)):
             command = [sys.executable, "-m", __name__, "--url", url, "--body", str(body_file)]
             command += [arg for key, value in headers.items() for arg in ("--header", f"{key}: {value}")]
             command += ["--name", name, "--concurrency", str(senders), "--seconds", f"{seconds:g}"]
-            command += ["--warmup", f"{warmup_s:g}", "--start-at", f"{start_at:.3f}"]
+            command += ["--warmup", f"{warmup_s:g}", "--start-file", str(start_file)]
             # Files, not pipes: a client's result (every latency) may exceed a pipe's buffer while it is not read.
             with (
                 (Path(folder) / f"client-{index}.out").open("wb") as out,
                 (Path(folder) / f"client-{index}.err").open("wb") as err,
             ):
                 clients.append(subprocess.Popen(command, cwd=paths.REPO_ROOT, stdout=out, stderr=err))
-        deadline = time.monotonic() + START_DELAY_S + warmup_s + seconds + 180
+        started(clients, [Path(folder) / f"client-{index}.out" for index in range(count)], start_file)
+        deadline = time.monotonic() + warmup_s + seconds + 180
         connections: dict[str, int] = {}
         while any(client.poll() is None for client in clients):
             if time.monotonic() > deadline:
@@ -172,6 +179,24 @@ def load_point(
     return combined(name, parts, connections)
 
 
+def started(clients: list[subprocess.Popen], outputs: list[Path], start_file: Path) -> None:
+    """Once every client has said it is ready (in its output file), or one has ended (its error is
+    read with its result), write the moment they begin into `start_file`, atomically."""
+    deadline = time.monotonic() + CLIENTS_START_TIMEOUT_S
+    while not all(
+        client.poll() is not None or READY_MARK in out.read_text(errors="replace")
+        for client, out in zip(clients, outputs, strict=True)
+    ):
+        if time.monotonic() > deadline:
+            for client in clients:
+                client.kill()
+            raise subprocess.TimeoutExpired(clients[0].args, CLIENTS_START_TIMEOUT_S)
+        time.sleep(START_POLL_S)
+    written = start_file.with_suffix(".part")
+    written.write_text(f"{time.time() + START_MARGIN_S:.3f}")
+    written.replace(start_file)
+
+
 def last_line(text: str) -> str:
     """The last line said, for a table's cell (the whole text goes to the log)."""
     return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "nothing said")
@@ -186,11 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--warmup", type=float, default=0.0)
-    parser.add_argument("--start-at", type=float, help="when to begin, in seconds since the epoch (default: now)")
+    parser.add_argument(
+        "--start-file",
+        type=Path,
+        help="say ready, then begin at the moment (epoch seconds) written there (default: now)",
+    )
     args = parser.parse_args(argv)
     headers = dict(header.split(": ", 1) for header in args.header)
-    if args.start_at is not None:  # several clients of one load point begin together
-        time.sleep(max(0.0, args.start_at - time.time()))
+    if args.start_file is not None:  # several clients of one load point begin together
+        print(READY_MARK, flush=True)
+        while not args.start_file.exists():
+            time.sleep(START_POLL_S)
+        time.sleep(max(0.0, float(args.start_file.read_text()) - time.time()))
     result = asyncio.run(
         one_client(args.name, args.url, args.body.read_bytes(), headers, args.concurrency, args.seconds, args.warmup)
     )

@@ -26,8 +26,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import psutil
 import requests
@@ -338,13 +339,12 @@ class Supervisor(threading.Thread):
         while not self.stopping.is_set():
             recent = [at for at in self.restarted_at.get(name, []) if at > time.monotonic() - RESTART_WINDOW_S]
             if len(recent) >= MAX_RESTARTS:
-                event.outcome = service_exits.GIVEN_UP
-                event.detail = (
+                detail = (
                     f"it was restarted {len(recent)} times in the last {RESTART_WINDOW_S / 60:.0f} minutes. Its "
                     f"log is {managed.log_path}; once the cause is fixed, stop the lab and start it again"
                 )
-                log.error("%s stays down: %s", name, event.detail)
-                self._record(event)
+                log.error("%s stays down: %s", name, detail)
+                self._settle(event, outcome=service_exits.GIVEN_UP, detail=detail)
                 return
             self.restarted_at[name] = [*recent, time.monotonic()]
             try:
@@ -357,9 +357,15 @@ class Supervisor(threading.Thread):
                     log.error("restarting %s failed: %s", name, exc)
                     managed.stop()  # what is left of the attempt, before the next
         if not self.stopping.is_set():
-            event.outcome, event.back_at = service_exits.BACK, time.time()
             log.warning("%s is back (restart %d) after it %s", name, len(self.restarted_at[name]), event.cause)
-            self._record(event)
+            self._settle(event, outcome=service_exits.BACK, back_at=time.time())
+
+    def _settle(self, event: service_exits.ServiceExit, **outcome: Any) -> None:
+        """Give `event` (already in the stack's `exits`) its outcome, recorded in the events file
+        first: whoever sees the outcome in `exits` (given_up()) then finds its line there too."""
+        self._record(replace(event, **outcome))
+        for name, value in outcome.items():
+            setattr(event, name, value)
 
     def _record(self, event: service_exits.ServiceExit) -> None:
         try:

@@ -202,7 +202,9 @@ def counted_over(address: str, model: str, version: str | None = None) -> Iterat
         run_load()
     print(stats.delta.avg_batch_size)
     """
-    snapshots = Snapshots(address, model, before=fetch(address, model, version))
+    # Settled before too: a request answered just before the block is counted a moment later, and
+    # would otherwise be counted as the block's.
+    snapshots = Snapshots(address, model, before=fetch_settled(address, model, version))
     # No snapshot after an error in the block: reading the server again could hide that error.
     yield snapshots
     snapshots.after = fetch_settled(address, model, version)
