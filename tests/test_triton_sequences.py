@@ -1,10 +1,11 @@
 """The stateful `food_sequence` model against the real local Triton: state is real, sequences do
-not mix, every way a sequence loses its state is named to its next frame, cancels drop the state,
-and the sequence batcher puts frames of several sequences into one execution.
+not mix, every way a sequence loses its state is named to its next frame, and the sequence
+batcher puts frames of several sequences into one execution. Its cancels:
+test_triton_sequences_cancel.py.
 
-For these tests the session's Triton serves `food_sequence` with a tiny state cache (TINY_CACHE),
-with short timeouts for the two tests of timeouts only (QUICK_TIMEOUTS: a busy machine can hold
-a frame for seconds), then its shipped config again.
+For these tests the session's Triton serves `food_sequence` with a tiny state cache (TINY_CACHE,
+tests/helpers/triton_sequences.py), with short timeouts for the two tests of timeouts only
+(QUICK_TIMEOUTS: a busy machine can hold a frame for seconds), then its shipped config again.
 
 What Triton 2.51 itself answers, checked here: a frame without START for a sequence its batcher
 does not hold (never started, or after END, or after Triton's own idle limit) is refused before
@@ -14,34 +15,33 @@ sequence". A sequence request must have batch size 1.
 
 from __future__ import annotations
 
-import base64
-import io
-import itertools
 import json
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from food11 import LABELS
-from servelab import paths, retries
-from servelab.polling import settled
 from servelab.triton import stats as triton_stats
-from tests.helpers import until
+from tests.helpers.triton_sequences import (
+    MODEL,
+    TRITON_REFUSES,
+    Sequences,
+    load,
+    sequence_ids,
+    served_with_tiny_cache,
+    with_parameters,
+)
 
-MODEL = "food_sequence"
-TINY_CACHE = {"state_capacity": "3"}
 # The sequence timeout below the idle timeout: a sequence times out while it is not idle, and an
 # idle one has expired (the model checks idleness first). Triton's backstop is longer than both.
 QUICK_TIMEOUTS = {"idle_timeout_s": "4", "sequence_timeout_s": "2"}
 QUICK_TRITON_IDLE_US = 30_000_000  # far beyond both, so that a slow frame still meets the model's
-TRITON_REFUSES = "must specify the START flag on the first request of the sequence"
-sequence_ids = itertools.count(1000)
 
 
 def test_sequence_events_are_counted_from_the_model_log():
@@ -64,72 +64,10 @@ def test_sequence_events_are_counted_from_the_model_log():
     }
 
 
-class Sequences:
-    """gRPC calls to food_sequence, and what its log has counted so far."""
-
-    def __init__(self, grpc_url: str, http_url: str, metrics_url: str, log_path) -> None:
-        self.grpc_url, self.http_url, self.metrics_url, self.log_path = grpc_url, http_url, metrics_url, log_path
-        self.client = grpcclient.InferenceServerClient(grpc_url)
-
-    @staticmethod
-    def frame(image: bytes, module=grpcclient):
-        tensor = module.InferInput("FRAME", [1, 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[base64.b64encode(image)]], dtype=object))
-        return [tensor]
-
-    def send(self, sequence_id: int, image: bytes, client=None, **options) -> dict:
-        result = (client or self.client).infer(MODEL, self.frame(image), sequence_id=sequence_id, **options)
-        return {
-            "label": result.as_numpy("SEQUENCE_LABEL")[0, 0].decode(),
-            "probability": float(result.as_numpy("SEQUENCE_PROBABILITY")[0, 0]),
-            "probabilities": result.as_numpy("SEQUENCE_PROBABILITIES")[0],
-            "frame_label": result.as_numpy("FRAME_LABEL")[0, 0].decode(),
-            "frames_seen": int(result.as_numpy("FRAMES_SEEN")[0, 0]),
-        }
-
-    def refusal(self, sequence_id: int, image: bytes, **options) -> InferenceServerException:
-        with pytest.raises(InferenceServerException) as refused:
-            self.send(sequence_id, image, **options)
-        return refused.value
-
-    def events(self) -> dict[str, int]:
-        # The model logs before it answers, but the line reaches the server's log a moment later.
-        return settled(lambda: triton_stats.sequence_events(self.log_path.read_text(), MODEL))
-
-    def still_serving(self, image: bytes) -> None:
-        sequence_id = next(sequence_ids)
-        assert self.send(sequence_id, image, sequence_start=True, sequence_end=True)["frames_seen"] == 1
-
-
-def load(http_url: str, config: dict) -> None:
-    client = httpclient.InferenceServerClient(http_url)
-    client.load_model(MODEL, config=json.dumps(config))
-    # Its first execution builds what the model builds lazily, seconds on a busy machine: paid here,
-    # where no test's timeout (idle, sequence) is running.
-    warm_up = {"sequence_id": next(sequence_ids), "sequence_start": True, "sequence_end": True}
-    client.infer(MODEL, Sequences.frame(paths.SAMPLE_IMAGE.read_bytes(), httpclient), **warm_up)
-
-
-def with_parameters(config: dict, parameters: dict[str, str]) -> dict:
-    edited = json.loads(json.dumps(config))
-    edited["parameters"].update({key: {"string_value": value} for key, value in parameters.items()})
-    return edited
-
-
 @pytest.fixture(scope="module")
-def shipped_config(triton_http_url) -> dict:
-    return httpclient.InferenceServerClient(triton_http_url).get_model_config(MODEL)
-
-
-@pytest.fixture(scope="module")
-def sequences(shipped_config, model_servers, ports, triton_http_url, triton_grpc_url):
-    (triton,) = [managed for managed in model_servers.processes if managed.spec.name == "triton"]
-    load(triton_http_url, with_parameters(shipped_config, TINY_CACHE))
-    metrics = f"http://127.0.0.1:{ports.triton_metrics}/metrics"
-    yield Sequences(triton_grpc_url, triton_http_url, metrics, triton.log_path)
-    # Loading without a config keeps the last one given when the files did not change: give the
-    # shipped one back explicitly.
-    load(triton_http_url, shipped_config)
+def sequences(model_servers, ports, triton_http_url, triton_grpc_url) -> Iterator[Sequences]:
+    with served_with_tiny_cache(model_servers, ports, triton_http_url, triton_grpc_url) as served:
+        yield served
 
 
 def running_means(probabilities: list[np.ndarray]) -> list[np.ndarray]:
@@ -242,116 +180,6 @@ class TestTimeouts:
         assert refused.message().startswith(f"timed out: sequence {sequence_id} ran longer than the sequence timeout")
         assert sequences.events()["timed out"] - before["timed out"] == 1
         sequences.still_serving(test_images[2])
-
-
-@pytest.mark.integration
-def test_an_explicit_cancel_drops_the_state_without_computing_the_frame(sequences, test_images):
-    before = sequences.events()
-    ended, open_ = next(sequence_ids), next(sequence_ids)
-    for sequence_id in (ended, open_):
-        sequences.send(sequence_id, test_images[0], sequence_start=True)
-        sequences.send(sequence_id, test_images[1])
-    # With sequence_end, as a client should: Triton frees the sequence's slot too.
-    cancelled = sequences.refusal(ended, test_images[2], sequence_end=True, parameters={"cancel": True})
-    assert cancelled.status() == "StatusCode.CANCELLED"
-    assert cancelled.message().startswith(f"cancelled: sequence {ended} was cancelled by its client")
-    assert "(2 frame(s)) was dropped" in cancelled.message()
-    assert TRITON_REFUSES in sequences.refusal(ended, test_images[2]).message()
-    assert sequences.send(ended, test_images[2], sequence_start=True, sequence_end=True)["frames_seen"] == 1
-    # Without sequence_end the slot stays, and the model names the cancel to the next frame.
-    sequences.refusal(open_, test_images[2], parameters={"cancel": True})
-    later = sequences.refusal(open_, test_images[2], sequence_end=True)
-    assert later.status() == "StatusCode.NOT_FOUND" and later.message().startswith(f"cancelled: sequence {open_}")
-    assert sequences.events()["cancelled"] - before["cancelled"] == 2
-
-
-def large_jpeg() -> bytes:
-    buffer = io.BytesIO()
-    Image.linear_gradient("L").resize((6000, 5000)).convert("RGB").save(buffer, "JPEG")
-    return buffer.getvalue()  # decoding it takes about 0.1 s on a fast machine, seconds on a busy one
-
-
-class Spoiled(Exception):
-    """A frame was answered before the cancel's arrangement was in place: not what is tested."""
-
-
-ARRANGING_TRIES = 3
-
-
-@pytest.mark.integration
-def test_a_frame_its_grpc_client_cancelled_while_it_waited_is_never_computed(sequences, test_images):
-    """A frame waits behind two large frames of another sequence (the sequence batcher puts at most
-    one frame of a sequence in a batch, so one runs and one waits), and its client cancels it, once
-    Triton's own gauge counts it waiting. It is never computed, in one of two ways, which depend on
-    whether its batch had formed when the cancel arrived:
-    - Triton fails it before the model (a failure in its statistics); the model saw nothing, so the
-      sequence has no cancel to name: its next frame goes on without it, or Triton, which let the
-      sequence go, refuses that frame for want of START;
-    - the model, holding it in a batch, sees is_cancelled(), answers CANCELLED to nobody and drops
-      the sequence's state: its next frame is refused, naming the cancel.
-    The gauge cannot tell a frame that waits behind a running one from a first frame not yet taken
-    while the second has not arrived: on a busy machine the second large frame can reach Triton
-    late, the first then runs with the frame to cancel in its batch, and both are answered before
-    the gauge ever counts two waiting. That arrangement is tried again with new sequences, a retry
-    the suite lists; one that keeps failing fails the test."""
-    large = large_jpeg()
-    for tried in range(1, ARRANGING_TRIES + 1):
-        try:
-            return cancel_while_waiting(sequences, test_images, large)
-        except Spoiled as spoiled:
-            if tried == ARRANGING_TRIES:
-                raise AssertionError(f"{ARRANGING_TRIES} tries, each: {spoiled}") from spoiled
-            retries.note("arranging a frame to cancel behind two large ones", spoiled)
-
-
-def cancel_while_waiting(sequences: Sequences, test_images, large: bytes) -> None:
-    """One try of the test above; Spoiled, with every frame sent answered, if its frames were."""
-    blocker, victim = next(sequence_ids), next(sequence_ids)  # two states, within the state cache
-    for sequence_id in (blocker, victim):
-        sequences.send(sequence_id, test_images[0], sequence_start=True)
-    before = sequences.events()
-    outcomes: dict[str, tuple] = {}
-    sent: list[str] = []
-
-    def send(name: str, sequence_id: int, image: bytes):
-        answered = lambda result, error: outcomes.__setitem__(name, (result, error))  # noqa: E731
-        sent.append(name)
-        return sequences.client.async_infer(MODEL, Sequences.frame(image), answered, sequence_id=sequence_id)
-
-    def wait_for(waiting: int) -> None:
-        triton_stats.wait_for_pending(sequences.metrics_url, MODEL, lambda count: count == waiting or outcomes)
-        if outcomes:
-            # Nothing left in flight for the next try or test: its answers all in, both sequences ended.
-            until(lambda: len(outcomes) == len(sent), 60, "the answers of the frames sent")
-            for sequence_id in (blocker, victim):
-                sequences.send(sequence_id, test_images[0], sequence_end=True)
-            raise Spoiled(f"answered before the next step: {sorted(outcomes)}")
-
-    with triton_stats.counted_over(sequences.http_url, MODEL) as stats:
-        for name in ("large 1", "large 2"):
-            send(name, blocker, large)
-        wait_for(1)  # one large frame runs, the other waits
-        waiting = send("cancelled", victim, test_images[1])
-        wait_for(2)  # the frame waits too
-        waiting.cancel()
-        until(lambda: len(outcomes) == 3, 60, "the three answers")
-        assert outcomes["cancelled"][1].status() == "StatusCode.CANCELLED"
-        assert outcomes["large 1"][0] is not None and outcomes["large 2"][0] is not None
-        try:
-            next_frame = sequences.send(victim, test_images[2], sequence_end=True)
-        except InferenceServerException as refused:
-            next_frame = refused
-    sequences.send(blocker, test_images[0], sequence_end=True)
-    cancels = sequences.events()["cancelled"] - before["cancelled"]
-    if stats.delta.fail_count == 1:  # failed by Triton before the model
-        assert cancels == 0 and sequences.events() == before, "the model saw nothing of it"
-        assert (isinstance(next_frame, dict) and next_frame["frames_seen"] == 2) or (
-            isinstance(next_frame, InferenceServerException) and TRITON_REFUSES in next_frame.message()
-        ), next_frame
-    else:  # answered CANCELLED by the model: Triton counts that as a success
-        assert (stats.delta.fail_count, cancels) == (0, 1), stats.delta
-        assert isinstance(next_frame, InferenceServerException) and next_frame.status() == "StatusCode.NOT_FOUND"
-        assert next_frame.message().startswith(f"cancelled: sequence {victim} was cancelled by its client before")
 
 
 def run_concurrently(sequences: Sequences, test_images, count: int, frames: int) -> list[list[dict]]:
