@@ -90,12 +90,14 @@ def test_each_ceiling_is_the_best_of_its_sweep_measured_again_between_each_runs_
     for run in served:
         in_flight = "one" if run.concurrency == 1 else "many"
         around = [
-            r for r in points for turn in range(1, windows + 2)
+            r
+            for r in points
+            for turn in range(1, windows + 2)
             if any(
                 note.endswith(f", {in_flight} ({turn} of {windows + 1} around {run.name} at c={run.concurrency})")
                 for note in r.notes
             )
-        ]  # fmt: skip
+        ]
         assert len(around) == windows + 1 and all(r.throughput_rps > 0 for r in around)
         ceiling = metadata["ceilings_rps"][run.name][str(run.concurrency)]
         assert ceiling == pytest.approx(sum(r.throughput_rps for r in around) / len(around))

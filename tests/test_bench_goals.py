@@ -98,9 +98,11 @@ def test_the_spread_over_a_services_processes_is_shown_from_each_ones_own_count(
     meta = _meta({"fastapi_pt": {"16": 100.0}}, machine={"cores_available": 2})
     line = _line_of(goals.goal_lines([result], meta), "fastapi_pt at c=16")
     assert line.startswith("- reported, not judged: fastapi_pt at c=16: this run measured no CPU split")
-    assert line.endswith(f"{tables.BY_PROCESS}, each process's own count over the windows, warm-ups included (one "
-                         "listening socket hands each new connection to one process, and a kept-alive connection "
-                         "stays there): 22/500, 10/300")  # fmt: skip
+    assert line.endswith(
+        f"{tables.BY_PROCESS}, each process's own count over the windows, warm-ups included (one "
+        "listening socket hands each new connection to one process, and a kept-alive connection "
+        "stays there): 22/500, 10/300"
+    )
     # One process: nothing to spread, and no spread is said.
     result.service_stats = {"by_process": {"101": {"requests": 800, "connections": 32}}}
     assert "by process" not in _line_of(goals.goal_lines([result], meta), "fastapi_pt at c=16")

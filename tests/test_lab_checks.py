@@ -104,12 +104,16 @@ def test_a_condition_whose_premise_did_not_arise_is_not_checked_with_its_reason(
     """Nothing cancelled: "the waste is under a quarter of the cancelled" (0 < 0) would read DID NOT
     HOLD, and "at least half were dropped" (0 >= 0) HELD; both are NOT CHECKED, and say why."""
     cancelled, wasted = measured("cancelled", 0), measured("wasted", 0)
-    judged = condition("the waste is under a quarter of the cancelled", wasted.value < cancelled.value / 4,
-                       wasted, cancelled)  # fmt: skip
+    judged = condition(
+        "the waste is under a quarter of the cancelled", wasted.value < cancelled.value / 4, wasted, cancelled
+    )
     assert judged.outcome is Outcome.NOT_HELD  # judged anyway, the vacuous comparison fails
     skipped = unless(cancelled.value > 0, "no client left during the run", judged)
     assert (skipped.outcome, skipped.detail, skipped.figures) == (
-        Outcome.NOT_CHECKED, "no client left during the run", (wasted, cancelled))  # fmt: skip
+        Outcome.NOT_CHECKED,
+        "no client left during the run",
+        (wasted, cancelled),
+    )
     assert unless(True, "never shown", judged) is judged
     log = ExpectationLog()
     log.record("cancellation saves work", (skipped,))
@@ -171,11 +175,14 @@ def test_a_number_predicted_is_shown_with_the_number_measured_and_the_error_and_
     ("predicted", "estimate", "said"),
     [
         (2, None, "measures no number to compare 2 with: type True if you expect it to hold, False if not"),
-        ([2.0], Estimate("the speedup", 1.5, "x"), "[2.0] is not a number it can compare: type a number, the "
-         "speedup (a ratio, such as 1.5); or True"),
+        (
+            [2.0],
+            Estimate("the speedup", 1.5, "x"),
+            "[2.0] is not a number it can compare: type a number, the speedup (a ratio, such as 1.5); or True",
+        ),
         (float("nan"), Estimate("the queue at c=16", 20.0, "ms"), "type a number, the queue at c=16, in ms"),
     ],
-)  # fmt: skip
+)
 def test_a_prediction_in_a_form_its_check_cannot_judge_says_which_form_to_type(predicted, estimate, said):
     log = ExpectationLog()
     with pytest.raises(PredictionError, match=re.escape(said)):
@@ -188,8 +195,15 @@ def test_a_prediction_in_a_form_its_check_cannot_judge_says_which_form_to_type(p
 def test_a_verdict_not_checked_without_a_reason_is_a_problem_of_the_lab():
     run = perf_result()
     log = ExpectationLog()
-    log.append(Expectation("x", (condition("read", True, figure(run, "throughput_rps", "rate")),
-                                 Condition("silent", Outcome.NOT_CHECKED, ()))))  # fmt: skip
+    log.append(
+        Expectation(
+            "x",
+            (
+                condition("read", True, figure(run, "throughput_rps", "rate")),
+                Condition("silent", Outcome.NOT_CHECKED, ()),
+            ),
+        )
+    )
     assert verdict_problems(log, [run], [run]) == [
         "'x': 'silent' is NOT CHECKED without saying why (a check builds it with `not_checked` and the reason its "
         "premise did not arise)"

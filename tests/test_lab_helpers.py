@@ -56,9 +56,14 @@ def test_in_the_compose_project_a_service_crashed_before_its_restart_is_recorded
     between, Triton is silent and nothing says why. A measurement waits for it all the same."""
     nothing_recorded_yet = tmp_path / "restarts.jsonl"
     lab = Lab(
-        "compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models",
+        "compose",
+        profile("quick"),
+        {},
+        "triton:8000",
+        "triton:8001",
+        tmp_path / "models",
         shared_exits_file=nothing_recorded_yet,
-    )  # fmt: skip
+    )
     back_at = time.monotonic() + 1.0
     monkeypatch.setattr("servelab.lab.run_keeper.answers", lambda url: time.monotonic() >= back_at)
     monkeypatch.setattr("servelab.lab.run_keeper.time.sleep", lambda seconds: None)  # a fake clock's wait
@@ -80,10 +85,15 @@ def test_in_the_compose_project_a_notebook_without_triton_neither_waits_for_it_n
 ):
     """On the node Triton's image may still be building while notebooks 3 and 4 run (servelab.node_build)."""
     compose = {
-        "LAB_SERVICES": "compose", "FASTAPI_PT_URL": "http://fastapi_pt:8000", "FASTAPI_ONNX_URL": "http://fastapi_onnx:8000",
-        "IMAGE_HOST_URL": "http://image_host:8000", "TRITON_HTTP": "triton:8000", "TRITON_GRPC": "triton:8001",
-        "TRITON_METRICS_URL": "http://triton:8002/metrics", "TRITON_SHARED_DIR": str(tmp_path),
-    }  # fmt: skip
+        "LAB_SERVICES": "compose",
+        "FASTAPI_PT_URL": "http://fastapi_pt:8000",
+        "FASTAPI_ONNX_URL": "http://fastapi_onnx:8000",
+        "IMAGE_HOST_URL": "http://image_host:8000",
+        "TRITON_HTTP": "triton:8000",
+        "TRITON_GRPC": "triton:8001",
+        "TRITON_METRICS_URL": "http://triton:8002/metrics",
+        "TRITON_SHARED_DIR": str(tmp_path),
+    }
     monkeypatch.setattr("servelab.lab.connecting.settings", lambda: Settings.from_environ(compose))
     waited: list[str] = []
     monkeypatch.setattr("servelab.lab.connecting.wait_until_answering", lambda urls: waited.extend(urls))
@@ -190,8 +200,10 @@ def test_a_config_naming_gpus_the_server_lacks_is_served_on_the_gpus_it_has_and_
     )
     adapted = adapt_to_server(uneven, dataclasses.replace(one_gpu, gpus=2))
     assert [(group.name, group.count, list(group.gpus)) for group in adapted.proto.instance_group] == [
-        ("spread_gpu0", 2, [0]), ("spread_gpu1", 1, [1]), ("", 1, []),
-    ]  # fmt: skip
+        ("spread_gpu0", 2, [0]),
+        ("spread_gpu1", 1, [1]),
+        ("", 1, []),
+    ]
     assert adapted.instance_count() == uneven.instance_count() == 4
     # Where the server has every GPU named, the groups stay as written; without a GPU, nothing is missing.
     assert adapt_to_server(two_on_each_gpu, dataclasses.replace(one_gpu, gpus=2)).proto.instance_group[0].gpus == [0, 1]
@@ -220,12 +232,22 @@ def test_a_closed_loop_left_to_the_profile_runs_its_duration_and_never_less_than
 def sampled_gpus(*busy: list[float]) -> dict:
     """A sampler's series (servelab.measure.resources) with one GPU per list of busy percentages."""
     gpus = [
-        {"index": i, "name": "Tesla P100", "util_percent": list(u), "memory_used_mib": [900.0] * len(u),
-         "memory_total_mib": 16384.0}
+        {
+            "index": i,
+            "name": "Tesla P100",
+            "util_percent": list(u),
+            "memory_used_mib": [900.0] * len(u),
+            "memory_total_mib": 16384.0,
+        }
         for i, u in enumerate(busy)
-    ]  # fmt: skip
-    return {"t_s": [0.5, 1.0, 1.5], "cpu_percent": [50.0] * 3, "memory_percent": [10.0] * 3, "gpus": gpus,
-            "gpu_source": "nvml"}  # fmt: skip
+    ]
+    return {
+        "t_s": [0.5, 1.0, 1.5],
+        "cpu_percent": [50.0] * 3,
+        "memory_percent": [10.0] * 3,
+        "gpus": gpus,
+        "gpu_source": "nvml",
+    }
 
 
 def test_each_run_s_table_shows_how_busy_each_gpu_was_where_the_run_sampled_one():

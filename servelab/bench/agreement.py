@@ -64,17 +64,20 @@ def measure_agreement(endpoints: Endpoints, profile: Profile, image: bytes) -> d
                 progress=False,
             ),
             endpoints.triton_http,
-        )  # fmt: skip
+        )
         generator.append(result)
         generator_cpu.append(own_s / answered)
         result, answered, _, child_s = _counted(
             lambda: perf_analyzer.run(
-                endpoints.triton_http, AGREEMENT_MODEL, concurrency=AGREEMENT_CONCURRENCY,
-                measurement_interval_ms=int(profile.duration_s * 1000 / 4), stability_percentage=25,
+                endpoints.triton_http,
+                AGREEMENT_MODEL,
+                concurrency=AGREEMENT_CONCURRENCY,
+                measurement_interval_ms=int(profile.duration_s * 1000 / 4),
+                stability_percentage=25,
                 **ModelRepository().get(AGREEMENT_MODEL).perf_analyzer_input(image, paths.LAB_DIR),
             ).results[0],
             endpoints.triton_http,
-        )  # fmt: skip
+        )
         reference.append(result)
         reference_cpu.append(child_s / answered)
 

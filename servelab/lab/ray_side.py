@@ -101,8 +101,10 @@ class RayServe:
         served = self.served(config)
         if not quiet:
             shipped = self.shipped_config()
-            print(ray_local.config_diff(shipped, config).replace("served on this machine", "edited")
-                  or "serve_config.yaml: as shipped")  # fmt: skip
+            print(
+                ray_local.config_diff(shipped, config).replace("served on this machine", "edited")
+                or "serve_config.yaml: as shipped"
+            )
             if served is not config:
                 print(f"Adapted for Ray Serve's hardware ({self.hardware.describe()}):")
                 print(ray_local.config_diff(config, served).replace("serve_config.yaml", "edited"))
