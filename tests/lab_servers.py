@@ -44,6 +44,7 @@ import tritonclient.http as triton_http
 
 from servelab import paths, retries
 from servelab.lab.ray_side import RayServe, serve_at
+from servelab.lab.triton_configs import MODEL_LOAD_TIMEOUT_S
 from servelab.ray import rest as ray_rest
 from servelab.settings import settings
 from servelab.stack import artifacts
@@ -258,7 +259,8 @@ class SharedServers:
                 changed.append(f"Triton's {name}")
                 retries.note(f"loading {name} as it was served before {who}", "its config had changed")
                 (paths.TRITON_DIR / "models" / name / "config.pbtxt").write_text(file)
-                triton_http.InferenceServerClient(self.triton).load_model(name, config=config)
+                loading = triton_http.InferenceServerClient(self.triton, network_timeout=MODEL_LOAD_TIMEOUT_S)
+                loading.load_model(name, config=config)
         if "ray" in expected and now.get("ray") != expected["ray"]:
             changed.append("Ray Serve's deployment")
             retries.note(f"deploying Ray Serve's config as it was before {who}", "it had changed")

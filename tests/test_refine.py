@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from food11 import MAX_STEPS, RunningMean, Views, checked_steps, view_geometry
 from servelab import loadgen, paths
+from servelab.lab.triton_configs import MODEL_LOAD_TIMEOUT_S
 from servelab.measure import service_stats
 from servelab.stack.catalogue import fastapi_service
 from servelab.stack.supervision import LocalStack, start_on_free_ports
@@ -222,7 +223,7 @@ def logged_since(log, start: int):
 @pytest.fixture
 def refine_off(triton_http_url):
     """food_refine with abandon_on_cancel off, for the length of a test."""
-    client = httpclient.InferenceServerClient(triton_http_url)
+    client = httpclient.InferenceServerClient(triton_http_url, network_timeout=MODEL_LOAD_TIMEOUT_S)
     served = client.get_model_config(MODEL)
     parameters = {**served["parameters"], "abandon_on_cancel": {"string_value": "off"}}
     client.load_model(MODEL, config=json.dumps({**served, "parameters": parameters}))

@@ -15,6 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from servelab.lab.triton_configs import MODEL_LOAD_TIMEOUT_S
 from servelab.polling import settled
 from servelab.triton import stats as triton_stats
 
@@ -59,7 +60,7 @@ def wait_until_waiting(metrics_url: str, count: int, answers: queue.Queue) -> No
 @pytest.fixture
 def batched_model(triton_http_url):
     """`food_classifier` with one instance and dynamic batching, for the length of a test."""
-    client = httpclient.InferenceServerClient(triton_http_url)
+    client = httpclient.InferenceServerClient(triton_http_url, network_timeout=MODEL_LOAD_TIMEOUT_S)
     served = client.get_model_config(MODEL)
     config = {**served, "dynamic_batching": {}, "instance_group": [{"count": 1, "kind": "KIND_CPU"}]}
     client.load_model(MODEL, config=json.dumps(config))

@@ -16,6 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from servelab import paths
+from servelab.lab.triton_configs import MODEL_LOAD_TIMEOUT_S
 from servelab.polling import settled
 from servelab.triton import stats as triton_stats
 
@@ -63,7 +64,8 @@ class Sequences:
 
 
 def load(http_url: str, config: dict) -> None:
-    client = httpclient.InferenceServerClient(http_url)
+    # A load starts the model's Python process, which imports PyTorch: past tritonclient's 60 s on a busy machine.
+    client = httpclient.InferenceServerClient(http_url, network_timeout=MODEL_LOAD_TIMEOUT_S)
     client.load_model(MODEL, config=json.dumps(config))
     # Its first execution builds what the model builds lazily, seconds on a busy machine: paid here,
     # where no test's timeout (idle, sequence) is running.
