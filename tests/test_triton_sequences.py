@@ -215,9 +215,7 @@ def test_the_sequence_batcher_runs_frames_of_several_sequences_in_one_execution(
 
 
 @pytest.mark.integration
-def test_the_direct_strategy_answers_empty_slots_without_computing_them(
-    sequences, shipped_config, triton_http_url, test_images
-):
+def test_the_direct_strategy_answers_empty_slots_without_computing_them(sequences, triton_http_url, test_images):
     served = httpclient.InferenceServerClient(triton_http_url).get_model_config(MODEL)
     direct = json.loads(json.dumps(served))
     del direct["sequence_batching"]["oldest"]
