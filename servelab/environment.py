@@ -1,4 +1,4 @@
-"""Where the lab's services are, the Chameleon-only guard, and the machine.
+"""Where the lab's services are, and the Chameleon-only guard.
 
 LAB_SERVICES (servelab.settings) says where the services the notebooks measure are:
 - `local` (the default): the lab's services as processes on this machine (servelab.stack);
@@ -12,12 +12,6 @@ of the lab's other packages are installed.
 """
 
 from __future__ import annotations
-
-import contextlib
-import os
-import platform
-import subprocess
-from pathlib import Path
 
 from servelab.settings import settings
 
@@ -39,24 +33,3 @@ def chameleon_only(what: str) -> bool:
         return True
     print(f"[skipped with LAB_SERVICES={services}] {what}: this needs Chameleon (set LAB_SERVICES=chameleon there).")
     return False
-
-
-def machine_info() -> dict:
-    """CPU model, core count, GPUs (from nvidia-smi, when there is one) and platform."""
-    cpu_model = platform.processor() or "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    gpus = []
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        listing = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-        gpus = [line.strip() for line in listing.stdout.splitlines() if line.strip()]
-    return {"cpu": cpu_model, "cores": os.cpu_count(), "gpus": gpus or ["none"], "platform": platform.platform()}

@@ -50,7 +50,6 @@ from servelab.bench import report as bench_report
 from servelab.bench.agreement import agreement_gaps, measure_agreement  # noqa: F401 (tests read agreement_gaps here)
 from servelab.bench.served import Endpoints, address, one_instance_per_core, runtime_versions, thread_plan_of
 from servelab.bench.setups import CEILINGS, NAIVE, SETUPS, CpuSplit, ServedSetup, ceiling_key
-from servelab.environment import machine_info
 from servelab.loadgen.processes import client_record
 from servelab.measure import service_stats
 from servelab.measure.ceilings import Ceiling, sweep
@@ -58,6 +57,7 @@ from servelab.measure.resources import ResourceSampler
 from servelab.profiles import PROFILES, Profile
 from servelab.results import RunResult, pooled, save_results
 from servelab.service.cores import available_cores
+from servelab.service.hardware import machine_info
 from servelab.stack import artifacts
 from servelab.stack.catalogue import fastapi_service, naive_service, triton_service
 from servelab.stack.supervision import LocalStack, Ports

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from servelab import paths, time_plan
-from servelab.environment import machine_info
+from servelab.service.hardware import machine_info
 from servelab.settings import settings
 
 NOTEBOOKS = paths.REPO_ROOT / "notebooks"

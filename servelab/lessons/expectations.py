@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from servelab.environment import machine_info
 from servelab.lessons.predictions import (  # noqa: F401 (AnswerError, NotAsked: the checks import them from here)
     NOT_ASKED,
     AnswerError,
@@ -49,6 +48,7 @@ from servelab.lessons.predictions import (  # noqa: F401 (AnswerError, NotAsked:
 from servelab.measure.resources import summarize
 from servelab.results import RunResult, saved_fields
 from servelab.service.cores import available_cores
+from servelab.service.hardware import machine_info
 
 
 def machine_cores() -> int:

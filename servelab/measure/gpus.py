@@ -11,6 +11,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Protocol
 
+from servelab.service.hardware import nvidia_smi
+
 NO_GPU = "none (no NVIDIA GPU found)"
 NVIDIA_SMI_QUERY = "index,name,utilization.gpu,memory.used,memory.total"
 NVIDIA_SMI_TIMEOUT_S = 5.0
@@ -73,29 +75,14 @@ class NvidiaSmiReader:
 
     def __init__(self, binary: str) -> None:
         self._binary = binary
-        rows = self._query()
+        rows = nvidia_smi(NVIDIA_SMI_QUERY, binary, NVIDIA_SMI_TIMEOUT_S)
         if not rows:
             raise RuntimeError("nvidia-smi lists no GPU")
         self.gpus = [GpuInfo(int(row[0]), row[1], _number(row[4])) for row in rows]
 
-    def _query(self) -> list[list[str]]:
-        completed = subprocess.run(
-            [self._binary, f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=NVIDIA_SMI_TIMEOUT_S,
-        )
-        if completed.returncode != 0:
-            raise RuntimeError(f"nvidia-smi failed: {(completed.stderr or completed.stdout).strip()}")
-        rows = []
-        for line in completed.stdout.strip().splitlines():
-            fields = [value.strip() for value in line.split(",")]
-            # The name is the only field that could hold a comma: rejoin whatever lies between.
-            rows.append([fields[0], ",".join(fields[1:-3]), *fields[-3:]])
-        return rows
-
     def read(self) -> list[tuple[float, float]]:
-        return [(_number(row[2]), _number(row[3])) for row in self._query()]
+        rows = nvidia_smi(NVIDIA_SMI_QUERY, self._binary, NVIDIA_SMI_TIMEOUT_S)
+        return [(_number(row[2]), _number(row[3])) for row in rows]
 
     def close(self) -> None:
         pass

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
-from servelab.environment import machine_info
 from servelab.measure.gpus import NvmlReader
 from servelab.service.cores import available_cores
+from servelab.service.hardware import machine_info
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ guard is a bare name, as tests/test_notebooks_chi.py reads it.
 """
 
 from servelab import node_build, node_env, node_plan, node_setup, time_plan
-from servelab.environment import chameleon_only, current_services, machine_info
+from servelab.environment import chameleon_only, current_services
+from servelab.service.hardware import machine_info
 from servelab.settings import repository_url
 
 __all__ = [
