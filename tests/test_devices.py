@@ -29,7 +29,6 @@ from servelab.service.cores import available_cores
 from servelab.service.devices import (
     FirstInferenceFailed,
     Placement,
-    device_setting,
     onnx_session,
     torch_device,
     torch_model,
@@ -54,16 +53,6 @@ ORT_RUN_FAILURE = (
     "the device"
 )
 GPU_NAME = "Tesla P100-PCIE-16GB"
-
-
-@pytest.mark.parametrize(("value", "setting"), [(None, "auto"), ("", "auto"), (" CUDA ", "cuda"), ("cpu", "cpu")])
-def test_the_device_setting_is_auto_unless_set(value, setting):
-    assert device_setting({} if value is None else {"INFERENCE_DEVICE": value}) == setting
-
-
-def test_a_device_setting_it_does_not_know_says_what_to_use():
-    with pytest.raises(ValueError, match=r"INFERENCE_DEVICE='gpu': use auto, cuda, cpu"):
-        device_setting({"INFERENCE_DEVICE": "gpu"})
 
 
 def test_a_fallback_and_the_first_inference_are_described():

@@ -1,25 +1,16 @@
-"""Where a model runs: the device a service asks its runtime for, and the one the runtime uses.
+"""Where the in-process ceiling's model runs (servelab.measure.inprocess), decided as the services'
+app.py decide it for their own (they import nothing of servelab): the device asked for, and the one
+the runtime uses.
 
-A runtime asked for the GPU may run on the CPU instead. ONNX Runtime drops its CUDA execution
-provider when the CUDA libraries do not load (a library missing, a driver or CUDA mismatch), runs
-every inference on the CPU, and says so only on its own output; PyTorch cannot use CUDA without a
-working driver. A service that reported the device it *asked for* would then serve on the CPU
-with a GPU's thread plan (one slot), and every measurement would be labelled with the wrong
-hardware. So each service reads the device from its runtime once the model is loaded
-(`Placement`), plans its threads for that device, and says when it fell back, with the
-runtime's own reason.
+A runtime asked for the GPU may run on the CPU instead: ONNX Runtime drops its CUDA provider when the
+CUDA libraries do not load, and says so only on its own output; PyTorch cannot use CUDA without a
+working driver. A runtime on the GPU may still fail every inference there (cuDNN 9.11 and later has
+no code for a Pascal card such as the P100). So the device is read from the runtime once the model
+is loaded (`Placement`) and proved by one inference of a blank image (`first_inference`): where the
+GPU fails, the CPU, with the runtime's own reason; where the CPU fails too, no model.
 
-A runtime that says it runs on the GPU may still be unable to run the model there: a library
-without code for the GPU's architecture (cuDNN 9.11 and later on a Pascal card such as the P100)
-loads fine and fails every inference. So each service runs one inference of a blank image on its
-device at start-up (`first_inference`); where that fails on a GPU it runs on the CPU, with the
-runtime's error as the reason, and where it fails on the CPU too it does not start.
-
-INFERENCE_DEVICE chooses what to ask for: `auto` (the default: the GPU when the runtime has
-one), `cuda` (the GPU; where the runtime cannot use it, the CPU, reported as a fallback), `cpu`.
-
-No runtime is imported at module level: every service and Triton model imports this module,
-whichever runtime it runs (each image installs servelab.service with one of the two).
+INFERENCE_DEVICE (servelab.settings) chooses what to ask for: `auto` (the GPU when the runtime has
+one), `cuda` or `cpu`. No runtime is imported at module level: a caller may have only one of them.
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field, replace
@@ -45,7 +36,7 @@ if TYPE_CHECKING:
     import onnxruntime
     import torch
 
-SETTING = "INFERENCE_DEVICE"
+# What torch_model and onnx_session take: INFERENCE_DEVICE's choices (servelab.settings.DEVICES).
 CHOICES = ("auto", "cuda", "cpu")
 CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -54,14 +45,6 @@ CPU_PROVIDER = "CPUExecutionProvider"
 # Default, file.cc:12 Function] "), and the terminal colours it adds even when writing to a file.
 _ORT_LOG_PREFIX = re.compile(r"^.*?\[[VIWEF]:onnxruntime:[^\]]*\]\s*")
 _COLOURS = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def device_setting(environ: Mapping[str, str]) -> str:
-    """INFERENCE_DEVICE: auto (when unset), cuda or cpu; ValueError saying what to do otherwise."""
-    value = environ.get(SETTING, "").strip().lower() or "auto"
-    if value not in CHOICES:
-        raise ValueError(f"{SETTING}={value!r}: use {', '.join(CHOICES)} (or unset it, for auto).")
-    return value
 
 
 @dataclass(frozen=True)
