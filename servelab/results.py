@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -165,14 +166,17 @@ def _load_point(run: RunResult) -> tuple:
     return (run.name, run.tool, run.mode, run.concurrency, run.batch_size)
 
 
+def _added_errors(runs: list[RunResult]) -> dict[str, int]:
+    added: Counter[str] = Counter()
+    for run in runs:
+        added.update(run.errors)  # a kind counted 0 is kept, as in each run
+    return dict(added)
+
+
 def at_once(parts: list[RunResult], notes: list[str], **fields: Any) -> RunResult:
     """Runs measured at the same time (the processes of one load point, or of one in-process plan) as
     one, named as the first: their requests and rates added up, their latencies and errors pooled,
     the longest wall time; with `notes`, and `fields` set beside them (the load's client)."""
-    errors: dict[str, int] = {}
-    for part in parts:
-        for kind, count in part.errors.items():
-            errors[kind] = errors.get(kind, 0) + count
     latencies = [value for part in parts for value in part.latencies_ms]
     first = parts[0]
     return RunResult(
@@ -184,7 +188,7 @@ def at_once(parts: list[RunResult], notes: list[str], **fields: Any) -> RunResul
         latency=LatencySummary.of(latencies),
         wall_s=max(part.wall_s for part in parts),
         concurrency=sum(part.concurrency or 1 for part in parts),
-        errors=errors,
+        errors=_added_errors(parts),
         latencies_ms=latencies,
         notes=notes,
         **fields,
@@ -205,11 +209,8 @@ def pooled(windows: list[RunResult]) -> RunResult:
     wall_s = sum(window.wall_s for window in windows)
     answered = sum(window.throughput_rps * window.wall_s for window in windows)
     latencies = [value for window in windows for value in window.latencies_ms]
-    errors: dict[str, int] = {}
     timeline, offset_s = [], 0.0
     for window in windows:
-        for kind, count in window.errors.items():
-            errors[kind] = errors.get(kind, 0) + count
         timeline += [[offset_s + ended_s, *rest] for ended_s, *rest in window.timeline]
         offset_s += window.wall_s
     return RunResult(
@@ -222,7 +223,7 @@ def pooled(windows: list[RunResult]) -> RunResult:
         wall_s=wall_s,
         concurrency=first.concurrency,
         batch_size=first.batch_size,
-        errors=errors,
+        errors=_added_errors(windows),
         cancelled=sum(window.cancelled for window in windows),
         latencies_ms=latencies,
         timeline=timeline,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from itertools import cycle
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -30,6 +31,12 @@ from servelab.report.plots.canvas import (
     series_name,
 )
 from servelab.results import RunResult
+
+
+def _hollow(ax: Any, repeated: list[RunResult], values: list[float], marker: str, color: str) -> None:
+    """Each of the runs repeated at one concurrency, as a hollow marker (none where none was)."""
+    if repeated:
+        ax.scatter([r.concurrency for r in repeated], values, marker=marker, s=22, facecolors="none", edgecolors=color)
 
 
 def plot_latency_throughput_vs_concurrency(
@@ -56,15 +63,7 @@ def plot_latency_throughput_vs_concurrency(
             latencies = [median([r.latency_ms(p) for r in at[c]]) for c in concurrency]
             marker = PERCENTILE_MARKERS[percentile]
             ax_latency.plot(concurrency, latencies, linestyle=style, marker=marker, markersize=5, color=color)
-            if repeated:
-                ax_latency.scatter(
-                    [r.concurrency for r in repeated],
-                    [r.latency_ms(p) for r in repeated],
-                    marker=marker,
-                    s=22,
-                    facecolors="none",
-                    edgecolors=color,
-                )
+            _hollow(ax_latency, repeated, [r.latency_ms(p) for r in repeated], marker, color)
         ax_throughput.plot(
             concurrency,
             [median([r.images_per_s for r in at[c]]) for c in concurrency],
@@ -72,15 +71,7 @@ def plot_latency_throughput_vs_concurrency(
             color=color,
             label=series_name(name, tool, batch_size) + (" (median of repeated runs)" if repeated else ""),
         )
-        if repeated:
-            ax_throughput.scatter(
-                [r.concurrency for r in repeated],
-                [r.images_per_s for r in repeated],
-                marker="o",
-                s=22,
-                facecolors="none",
-                edgecolors=color,
-            )
+        _hollow(ax_throughput, repeated, [r.images_per_s for r in repeated], "o", color)
     all_concurrency = [concurrency_of(r) for r in closed]
     for ax in (ax_latency, ax_throughput):
         concurrency_axis(ax, all_concurrency)
