@@ -35,25 +35,23 @@ def test_a_container_cpu_quota_caps_the_cores(tmp_path, monkeypatch, cpu_max, ex
     assert available_cores() == (affinity if expected is None else min(affinity, expected))
 
 
-def test_the_default_on_a_cpu_is_one_slot_per_core_with_one_thread_each():
-    plan = thread_plan(cores=4, environ={})
-    assert (plan.slots, plan.threads, plan.busy_threads) == (4, 1, 4) and not plan.oversubscribed
-    assert "the defaults" in plan.describe() and "MORE THREADS" not in plan.describe()
-
-
-def test_a_single_slot_gets_every_core_and_instances_share_them_out():
-    assert thread_plan(slots=1, cores=8, environ={}).threads == 8
-    instances = thread_plan(slots=2, cores=2, environ={}, given_by="2 instances")
-    assert (instances.threads, instances.busy_threads) == (1, 2) and "set by 2 instances" in instances.describe()
-    gpu = thread_plan(device="cuda (Tesla P100)", cores=8, environ={})
-    assert (gpu.slots, gpu.threads) == (8, 1)  # beside a GPU too, a slot per core
-
-
-def test_a_fixed_plan_shares_the_cores_out_and_a_crowded_one_says_so():
-    gpu_instances = thread_plan(slots=4, device="cuda:0", cores=8, environ={}, given_by="4 instances")
-    assert (gpu_instances.threads, gpu_instances.busy_threads) == (2, 8)
-    crowded = thread_plan(slots=8, cores=2, environ={})
-    assert crowded.threads == 1 and crowded.oversubscribed  # at least one thread each
+@pytest.mark.parametrize(
+    ("given", "slots", "threads", "oversubscribed"),
+    [
+        ({"cores": 4}, 4, 1, False),  # the default on a CPU: a slot per core, one thread each
+        ({"slots": 1, "cores": 8}, 1, 8, False),  # a single slot gets every core
+        ({"device": "cuda (Tesla P100)", "cores": 8}, 8, 1, False),  # beside a GPU too, a slot per core
+        ({"slots": 2, "cores": 2, "given_by": "2 instances"}, 2, 1, False),  # instances share the cores out
+        ({"slots": 4, "device": "cuda:0", "cores": 8, "given_by": "4 instances"}, 4, 2, False),
+        ({"slots": 8, "cores": 2}, 8, 1, True),  # at least one thread each, and crowded
+    ],
+)
+def test_a_plan_shares_the_cores_out_and_a_crowded_one_says_so(given, slots, threads, oversubscribed):
+    plan = thread_plan(environ={}, **given)
+    assert (plan.slots, plan.threads, plan.busy_threads) == (slots, threads, slots * threads)
+    assert plan.oversubscribed == oversubscribed == ("MORE THREADS THAN CORES" in plan.describe())
+    chosen_by = f"set by {given.get('given_by', 'the caller')}" if "slots" in given else "the defaults"
+    assert f"({chosen_by})" in plan.describe()
 
 
 def test_environment_variables_set_the_plan_and_a_crowded_one_says_so():

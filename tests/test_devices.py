@@ -313,17 +313,6 @@ def test_the_pytorch_service_on_a_gpu_that_cannot_run_serves_on_the_cpu_and_says
     assert answer.status_code == 200 and answer.json()["prediction"] in LABELS
 
 
-def test_the_pytorch_model_is_built_for_fp32_convolutions(built_artifacts):
-    """TF32 (on by default for cuDNN on Ampere and newer GPUs) would move the answers by ~2e-4."""
-    before = torch.backends.cudnn.allow_tf32
-    try:
-        torch.backends.cudnn.allow_tf32 = True
-        torch_model(paths.ARTIFACTS_DIR / "food11.pth", "cpu")
-        assert torch.backends.cudnn.allow_tf32 is False
-    finally:
-        torch.backends.cudnn.allow_tf32 = before
-
-
 @pytest.mark.skipif(available_cores() < 2, reason="a team of one thread starts no thread to count")
 def test_the_pytorch_first_inference_leaves_the_calling_thread_no_team_of_threads(built_artifacts):
     """PyTorch's CPU ops start an OpenMP team for the thread that calls them. The first inference

@@ -32,7 +32,7 @@ def test_an_empty_environment_gives_the_defaults():
     )
     assert chosen.ports() == dataclasses.asdict(Ports())
     assert chosen.lab_dir is chosen.stack_dir is chosen.results_dir is chosen.checkpoint is None
-    assert chosen.triton_shared_dir == Path("/triton")
+    assert chosen.triton_shared_dir == Path("/triton") and chosen.progress  # progress bars are on by default
 
 
 def test_each_variable_sets_its_field_and_an_empty_one_means_the_default():
@@ -47,11 +47,12 @@ def test_each_variable_sets_its_field_and_an_empty_one_means_the_default():
         "RAY_SERVE_URL": "http://ray_serve:8000",
         "LAB_PROFILE_UNRELATED": "x",
         "SERVELAB_PORT_JUPYTER": "  ",
+        "LAB_PROGRESS": "OFF",
     }
     chosen = Settings.from_environ(given)
     assert (chosen.services, chosen.profile, chosen.results_dir) == ("compose", "quick", Path("/tmp/somewhere"))
     assert chosen.port_triton_grpc == 9201 and chosen.port_jupyter == Settings.port_jupyter
-    assert chosen.checkpoint_sha256 == "ab" * 32 and chosen.inference_device == "cpu"
+    assert chosen.checkpoint_sha256 == "ab" * 32 and chosen.inference_device == "cpu" and not chosen.progress
     assert chosen.compose("ray_serve_url") == "http://ray_serve:8000"
 
 
@@ -242,10 +243,6 @@ def test_the_settings_page_lists_exactly_the_variables_the_services_read():
     read = set().union(*map(service_variables, apps))
     assert listed == read, f"listed, not read: {sorted(listed - read)}; read, not listed: {sorted(read - listed)}"
     assert {"PREDICT_CONCURRENCY", "ABANDON_ON_DISCONNECT", "WEB_CONCURRENCY"} <= read
-
-
-def test_progress_bars_are_on_unless_turned_off():
-    assert Settings.from_environ({}).progress and not Settings.from_environ({"LAB_PROGRESS": "OFF"}).progress
 
 
 def git(folder: Path, *args: str) -> None:
