@@ -1,11 +1,5 @@
-"""Where the lab's services are, and the Chameleon-only guard.
-
-LAB_SERVICES (servelab.settings) says where the services the notebooks measure are:
-- `local` (the default): the lab's services as processes on this machine (servelab.stack);
-- `compose`: the services of the Compose project (compose.yaml), reached by their service names
-  from its Jupyter container, on the GPU node or on any Docker host (the CPU variant);
-- `chameleon`: Chameleon's own Jupyter server, where notebooks 1 and 2 reserve and set up the GPU
-  node with python-chi; the lab's services are not there.
+"""Where the lab's services are (LAB_SERVICES: local, compose or chameleon; servelab.settings says
+what each means), and the guard of the cells that run on Chameleon only.
 
 Standard library only: notebooks 0-2 import this on Chameleon's own Jupyter server, where none
 of the lab's other packages are installed.

@@ -1,20 +1,7 @@
 """Setting up the GPU node (notebooks 1 and 2, on Chameleon's Jupyter server): the checks and
-commands that make a lease's first minutes fail fast, with what to do, and its last ones keep
-the student's work.
-
-- `check_gpus`: right after boot, `nvidia-smi` must list the node's two P100s, under a driver
-  whose branch still runs Pascal (R580 is the last branch that supports it) and compiles the
-  images' PTX (560 or later: the images' build guard assumes CUDA 12.6's driver).
-- `stop_apt_updates`, `apt_get`: apt on a node that just booted finds its lock held by
-  unattended-upgrades, which its daily timers start; they are stopped for the lease before the first
-  install, and every install waits for the lock, saying who holds it, up to a limit.
-- the lease: a name unique to the user and its start (a name used twice makes python-chi's
-  lookups by name fail, or create a second lease), its id kept in the clone, where notebook 2
-  reads it to find the lease by id.
-- `docker_login`: where the images come from a private registry, the node's Docker logs in to it,
-  with a token that never lands in a file or on a command line.
-- `copy_off`: the notebooks and results copied off the node, before the lease ends, on whatever
-  Python the Jupyter server has.
+commands that make a lease's first minutes fail fast, with what to do (its GPUs and driver, apt's
+lock on a node that just booted, the lease found by id, a private registry's login), and its last
+ones keep the student's work (`copy_off`).
 
 Standard library only: Chameleon's Jupyter server has none of the lab's other packages. The
 objects it takes (python-chi's leases, fabric's connections) are passed in by the notebooks.

@@ -1,21 +1,11 @@
 """How long each notebook takes, computed from figures, never typed: what each generated notebook
 states at its top, docs/time-plan.md, and the lease plan notebook 1 prints.
 
-A notebook's minutes are the sum of:
-- reading: the words of its prose (its Markdown cells) at READING_WORDS_PER_MINUTE;
-- running: its run time in the full profile, as measured (`notebooks/run_times.json`, written by
-  `python -m servelab.lab.notebook_runs --record-times`), or for notebook 2 the node's set-up
-  (servelab.node_plan), which is what its cells wait for on the GPU node;
-- hands-on: HANDS_ON_MINUTES for each step the student types (an answer region, `### BEGIN
-  SOLUTION`, which the student's copy clears: servelab.lab.your_turn)
-  and PREDICTION_MINUTES for each prediction the student writes down (a code line that sets a
-  `predicted_...` variable, which the verdict shows beside the outcome).
-
-A code cell tagged for one kind of machine (`# %% tags=["cpu_only"]`: notebook 4's thread plans,
-which a GPU skips) does its work only there. A notebook's time counts the cells of the machine its
-part runs on (`machine_of`: part 1's is the GPU node): the steps and predictions of the others'
-cells are left out, and so are the seconds the CPU-only cells took in the recorded run (which
-`--record-times` records apart, as `cpu_only_seconds`). Such a notebook states the other
+A notebook's minutes are its reading (its Markdown's words), its running (its full-profile run
+time as `python -m servelab.lab.notebook_runs --record-times` measured it; notebook 2's, the node's
+set-up, servelab.node_plan) and its hands-on steps (answers the student types, predictions the
+student writes down). A code cell tagged for one kind of machine (`# %% tags=["cpu_only"]`) counts
+only on the machine its notebook's part runs on (`machine_of`); such a notebook states the other
 machine's minutes too.
 
     python -m servelab.time_plan    # the plan, notebook by notebook, and the two parts

@@ -2,21 +2,12 @@
 
 The same work a service does per request (base64 decode, image decode, preprocessing, a batch-1
 forward pass) runs in one process, with the model built and run as the services do it (a thread
-plan of inference slots x threads per inference, servelab/service/cores.py; the model loaded from
-an inference thread and proved by one inference at start-up, devices.py). Two kinds of run:
-
-- one request in flight: a single thread decodes, then infers, then takes the next image. No
-  server answering one request at a time (concurrency 1) can beat it;
-- a pipeline: decoding threads feed a short queue, and `slots` inference threads drain it, so
-  decoding overlaps inference, as in the best possible server under load. On a CPU there is one
-  decoding thread per slot (the inference threads need the other cores); on a GPU every core
-  decodes (the services decode on every core there too, in a slot each): the GPU does the inference,
-  decoding is the CPU's main work, and a single decoding thread would cap the "ceiling" below what a
-  service reaches.
-
-One Python process does only what its interpreter lock lets through, so a point may also run in
-several processes at once (`Point.processes`), each on its share of the cores, as a service of
-several processes runs (cores.service_plan): their figures add up to the machine's ceiling.
+plan, servelab/service/cores.py; the model proved by one inference, devices.py). Two kinds of run:
+one request in flight (one thread decodes, then infers: no server at concurrency 1 can beat it),
+and a pipeline (decoding threads feed `slots` inference threads, as in the best possible server
+under load; `decoding_threads` says how many). One Python process does only what its interpreter
+lock lets through, so a point may also run in several processes at once (`Point.processes`), as a
+service of several processes runs: their figures add up to the machine's ceiling.
 
 The ceiling itself, the best of a sweep of such points, is servelab.measure.ceilings's (`sweep`).
 
@@ -79,8 +70,9 @@ def load_model(runtime: str, plan: ThreadPlan) -> tuple[Callable[[np.ndarray], n
 
 def decoding_threads(device: str, point: Point, decode: bool = True, cores: int | None = None) -> int:
     """The threads that feed `point`'s inference threads when the model runs on `device` ("cpu"
-    or "cuda"): none for one request in flight (its one thread decodes), one per slot on a CPU,
-    every core on a GPU when they decode (with decode=False they only pass a tensor on)."""
+    or "cuda"): none for one request in flight (its one thread decodes), one per slot on a CPU (the
+    inference threads need the other cores), every core on a GPU when they decode, as the services
+    do: there decoding is the CPU's main work, and fewer threads would cap the ceiling below a service."""
     if not point.pipelined:
         return 0
     if decode and device.startswith("cuda"):

@@ -8,11 +8,10 @@ run samples the machine at a fixed interval:
         run_load()
     result.resources = sampler.series()
 
-GPUs are read through NVML (the `pynvml` module, from the `nvidia-ml-py` package) when it is
-installed, else through `nvidia-smi` (servelab.measure.gpus); on a machine with neither the series
-says so and has no GPU entries. The sampler measures the whole machine, so the client generating the load counts
-too when it runs on the same machine: pass the server's process id as `pids` to see the
-server's own share (or servelab.measure.processes' ProcessCpu, for named processes alone).
+GPUs are read as servelab.measure.gpus can (NVML or nvidia-smi); without either the series says
+why it has none. The sampler measures the whole machine, the load's client too where it runs there:
+pass the server's process id as `pids` to see the server's own share (or
+servelab.measure.processes' ProcessCpu, for named processes alone).
 """
 
 from __future__ import annotations

@@ -6,24 +6,15 @@ threads one inference spreads over (PyTorch's and ONNX Runtime's intra-op thread
 inference has its own team of threads, so the busy threads are the running inferences times
 their threads. More than the cores, and every inference is slower: the teams take turns.
 
-The defaults never exceed the cores. The FastAPI services plan their own, in their app.py: a slot
-per core of their share, one thread each. Triton's Python-backend instances are processes of their
-own, each with a fixed share of the cores (the cores divided by the instances, in their model.py).
-`thread_plan` is the lab's description of either; `service_plan` is the lab's copy of the FastAPI
-apps' rule of processes (their `python app.py`), for the in-process ceilings and notebook 4's
-expectations: a test holds the two equal (tests/test_fastapi_services.py). Beside a GPU, too, a
-service runs a slot per core: the model's inferences take turns on the GPU while the other slots
-decode. A batch-1 MobileNetV2 keeps the GPU about 10% busy: what limits it is the Python that
-launches its kernels, which shares one interpreter with the server and the decoding; hence several
-processes beside a GPU.
-
-Either knob can be set by an environment variable (PREDICT_CONCURRENCY, INFERENCE_THREADS), also
-past the cores, for the lab's experiment: the plan then says so, and the services and Triton's
-instances log it (the services in /health too).
+The defaults never exceed the cores: a slot per core of a process's share, one thread each, beside
+a GPU too (the other slots decode while one's inference runs there). The services plan their own in
+their app.py; `thread_plan` describes such a plan, and `service_plan` is the lab's copy of the apps'
+rule of processes, for the in-process ceilings and notebook 4's expectations (a test holds the two
+equal: tests/test_fastapi_services.py). Either knob can be set past the cores (PREDICT_CONCURRENCY,
+INFERENCE_THREADS), for the lab's experiment: the plan then says so.
 
 "The cores this process may use" respects CPU affinity (taskset, Docker's --cpuset-cpus) and a
-container's CPU quota (Docker's --cpus, Kubernetes limits: cgroup cpu.max), not just the number
-of cores the machine has.
+container's CPU quota (Docker's --cpus: cgroup cpu.max), not just the machine's cores.
 """
 
 from __future__ import annotations
