@@ -78,18 +78,13 @@ def _switch(variable: str, raw: str) -> bool:
     return _lower_one_of(("on", "off"))(variable, raw) == "on"
 
 
-def _sha256(variable: str, raw: str) -> str:
-    if not re.fullmatch(r"[0-9a-fA-F]{64}", raw):
-        raise SettingError(f"{variable}={raw!r}: set it to the file's SHA-256, 64 hex digits (`sha256sum FILE`).")
-    return raw.lower()
+def _digest(digits: int, what: str) -> Callable[[str, str], str]:
+    def parse(variable: str, raw: str) -> str:
+        if not re.fullmatch(f"[0-9a-fA-F]{{{digits}}}", raw):
+            raise SettingError(f"{variable}={raw!r}: set it to the file's {what.format(digits)}.")
+        return raw.lower()
 
-
-def _git_blob(variable: str, raw: str) -> str:
-    if not re.fullmatch(r"[0-9a-fA-F]{40}", raw):
-        raise SettingError(
-            f"{variable}={raw!r}: set it to the file's git blob id, 40 hex digits (`git hash-object FILE`)."
-        )
-    return raw.lower()
+    return parse
 
 
 def checkpoint_problem(checkpoint: str | None, sha256: str | None, git_blob: str | None) -> str | None:
@@ -233,14 +228,14 @@ class Settings:
         "FOOD11_CHECKPOINT_SHA256",
         None,
         "FOOD11_CHECKPOINT's SHA-256, checked before anything reads the file (or the git blob id below)",
-        _sha256,
+        _digest(64, "SHA-256, {} hex digits (`sha256sum FILE`)"),
     )
     checkpoint_git_blob: str | None = _setting(
         "FOOD11_CHECKPOINT_GIT_BLOB",
         None,
         "FOOD11_CHECKPOINT's git blob id (`git hash-object FILE`), checked before anything reads the file "
         "(or the SHA-256 above)",
-        _git_blob,
+        _digest(40, "git blob id, {} hex digits (`git hash-object FILE`)"),
     )
     image_prefix: str | None = _setting(
         "SERVELAB_IMAGE_PREFIX",
