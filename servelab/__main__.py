@@ -30,24 +30,21 @@ log = logging.getLogger("servelab")
 
 
 def _print_urls(ports: Ports, ui_backend: str, weights_info: dict, jupyter_token: str) -> None:
+    local, api = "http://127.0.0.1", "POST /predict, GET /health, /metrics"
     rows = [
-        ("JupyterLab (the notebooks)", f"http://127.0.0.1:{ports.jupyter}/lab/tree/student?token={jupyter_token}", ""),
-        ("GourmetGram web UI", f"http://127.0.0.1:{ports.gourmetgram}/", f"backend: {ui_backend}"),
-        ("FastAPI (PyTorch)", f"http://127.0.0.1:{ports.fastapi_pt}/docs", "POST /predict, GET /health, /metrics"),
-        (
-            "FastAPI (ONNX Runtime)",
-            f"http://127.0.0.1:{ports.fastapi_onnx}/docs",
-            "POST /predict, GET /health, /metrics",
-        ),
-        ("Triton HTTP (KServe v2)", f"http://127.0.0.1:{ports.triton_http}/v2", ", ".join(ModelRepository().names())),
+        ("JupyterLab (the notebooks)", f"{local}:{ports.jupyter}/lab/tree/student?token={jupyter_token}", ""),
+        ("GourmetGram web UI", f"{local}:{ports.gourmetgram}/", f"backend: {ui_backend}"),
+        ("FastAPI (PyTorch)", f"{local}:{ports.fastapi_pt}/docs", api),
+        ("FastAPI (ONNX Runtime)", f"{local}:{ports.fastapi_onnx}/docs", api),
+        ("Triton HTTP (KServe v2)", f"{local}:{ports.triton_http}/v2", ", ".join(ModelRepository().names())),
         ("Triton gRPC", f"127.0.0.1:{ports.triton_grpc}", ""),
-        ("Triton metrics", f"http://127.0.0.1:{ports.triton_metrics}/metrics", ""),
-        ("Ray Serve (ONNX Runtime)", f"http://127.0.0.1:{ports.ray_serve}/docs", "the FastAPI ONNX app, autoscaled"),
-        ("Ray dashboard", f"http://127.0.0.1:{ports.ray_dashboard}/", "Serve's REST API: /api/serve/applications/"),
-        ("Ray metrics", f"http://127.0.0.1:{ports.ray_metrics}/metrics", "Prometheus, Serve's included"),
+        ("Triton metrics", f"{local}:{ports.triton_metrics}/metrics", ""),
+        ("Ray Serve (ONNX Runtime)", f"{local}:{ports.ray_serve}/docs", "the FastAPI ONNX app, autoscaled"),
+        ("Ray dashboard", f"{local}:{ports.ray_dashboard}/", "Serve's REST API: /api/serve/applications/"),
+        ("Ray metrics", f"{local}:{ports.ray_metrics}/metrics", "Prometheus, Serve's included"),
         (
             "Image host (object store)",
-            f"http://127.0.0.1:{ports.image_host}/images/soup.jpg",
+            f"{local}:{ports.image_host}/images/soup.jpg",
             f"emulated network: {DEFAULT_IMAGE_LATENCY_MS:g} ms added per download",
         ),
     ]
