@@ -108,11 +108,6 @@ class NotebookTime:
         )
 
 
-def cells(source: str) -> list[tuple[bool, str]]:
-    """A jupytext (percent format) source's cells, in order: (is it Markdown, its lines as written)."""
-    return [(markdown, body) for markdown, _tags, body in tagged_cells(source)]
-
-
 def tagged_cells(source: str) -> list[tuple[bool, set[str], str]]:
     """A jupytext source's cells, in order: (is it Markdown, its tags, its lines as written)."""
     parts = _CELL.split(source)
@@ -142,7 +137,7 @@ def markdown_cells(source: str) -> list[str]:
     """The text of a jupytext (percent format) source's Markdown cells, without the comment marks."""
     return [
         "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
-        for markdown, body in cells(source)
+        for markdown, _tags, body in tagged_cells(source)
         if markdown
     ]
 
@@ -155,7 +150,7 @@ def prose_words(source: str) -> int:
 def title(source: str) -> str:
     """A notebook's title: the heading its first cell, a Markdown one, opens with ("6. Benchmarking
     Triton: queueing and instances")."""
-    opens_with_markdown = cells(source)[:1] and cells(source)[0][0]
+    opens_with_markdown = tagged_cells(source)[:1] and tagged_cells(source)[0][0]
     heading = markdown_cells(source)[0].strip().partition("\n")[0] if opens_with_markdown else ""
     if not heading.startswith("# "):
         raise ValueError("no title: a notebook opens with a Markdown cell whose first line is `# # <N>. <title>`")

@@ -165,6 +165,9 @@ def test_a_failed_step_stops_the_build_saying_what_failed_and_runs_again_from_th
     assert "run this cell again: the build resumes where it stopped" in message
     log = (node.repo / node_build.STATE_FOLDER / "build.log").read_text()
     assert "---- servelab: triton:build: " in log and "#7 [torch 2/5] RUN pip install torch" in log
+    # The node's Jupyter container, waiting for Triton, is told what to do too.
+    with pytest.raises(RuntimeError, match=r"failed \(exit 1\).*notebook 2 \(Chameleon's Jupyter\), run the build"):
+        node_build.wait_for_service("triton", lambda: False, node.repo)
 
     del node.env["STANDIN_FAIL"]
     assert node.ask(f"cd {node.repo.name} && python3 -m servelab.node_build start").startswith("Started the build")
@@ -228,14 +231,6 @@ def test_the_jupyter_container_waits_for_a_service_with_the_build_s_progress(nod
     )
     assert "Building Triton (notebooks 5 to 7 and 9 to 11): " in out and "Log: #7 [triton 2/5]" in out
     assert Progress(node_build.status(node.repo)).stage_done("triton") and len(sleeps) >= 3
-
-
-def test_the_jupyter_container_is_told_what_to_do_when_the_build_failed(node, capsys):
-    node.env["STANDIN_FAIL"] = "triton"
-    with pytest.raises(RuntimeError):
-        node.follow(until="triton")
-    with pytest.raises(RuntimeError, match=r"failed \(exit 1\).*notebook 2 \(Chameleon's Jupyter\), run the build"):
-        node_build.wait_for_service("triton", lambda: False, node.repo)
 
 
 # ---- a step that prints nothing: a download, or a build that stopped ----------------------------
