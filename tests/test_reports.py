@@ -14,7 +14,6 @@ from servelab.measure.resources import NO_GPU, ResourceSampler, summarize
 from servelab.report import plots, tables
 from servelab.results import LatencySummary, RunResult, load_results, pooled, save_results
 from servelab.triton import stats as triton_stats
-from servelab.triton.stats import StatsDelta
 from tests.helpers.triton_stats import snapshot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -130,19 +129,9 @@ def test_every_plot_writes_a_png(tmp_path, close_figures):
     closed, opened = _closed_results(), _open_results()
     batches = {
         "no dynamic batching": {"model": "food_classifier", "executions_by_batch_size": {1: 40}, "avg_batch_size": 1.0},
-        "dynamic batching": StatsDelta(
-            model="food_classifier",
-            inference_count=40,
-            execution_count=9,
-            success_count=40,
-            fail_count=0,
-            avg_request_us=9000.0,
-            avg_queue_us=300.0,
-            avg_compute_input_us=20.0,
-            avg_compute_infer_us=8000.0,
-            avg_compute_output_us=30.0,
-            executions_by_batch_size={1: 2, 4: 3, 5: 2, 8: 2},
-            avg_batch_size=40 / 9,
+        "dynamic batching": triton_stats.diff(
+            snapshot(inferences=0, executions=0, requests=0, ms_each=0.0, batches={}),
+            snapshot(inferences=40, executions=9, requests=40, ms_each=9.0, batches={1: 2, 4: 3, 5: 2, 8: 2}),
         ),
     }
     drawings = {
