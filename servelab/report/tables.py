@@ -79,17 +79,15 @@ def results_table(
     """A Markdown table, one row per result; with `baseline_rps` (the in-process throughput), a
     last column gives each throughput as a percentage of it. A mapping (by run name) gives each run its own
     baseline (a PyTorch service against in-process PyTorch, say), a function each row its own."""
-    # (heading, Markdown alignment): numbers are right-aligned so their digits line up.
-    columns = [
-        ("name", "---"),
-        ("tool", "---"),
-        ("load", "---"),
-        ("requests", "---:"),
-        ("throughput (req/s)", "---:"),
-        ("p50 (ms)", "---:"),
-        ("p95 (ms)", "---:"),
-        ("p99 (ms)", "---:"),
-        ("errors", "---"),
+    # (heading, right-aligned: a number, whose digits line up, and the cell of a result)
+    columns: list[tuple[str, bool, Callable[[RunResult], str]]] = [
+        ("name", False, lambda result: result.name),
+        ("tool", False, lambda result: result.tool),
+        ("load", False, _load),
+        ("requests", True, lambda result: str(result.requests)),
+        ("throughput (req/s)", True, lambda result: _number(result.throughput_rps)),
+        *((f"p{p} (ms)", True, lambda result, p=p: _number(result.latency_ms(p))) for p in (50, 95, 99)),
+        ("errors", False, _errors),
     ]
     if isinstance(baseline_rps, Mapping):
         baseline_of = lambda result: baseline_rps.get(result.name)  # noqa: E731
@@ -100,39 +98,22 @@ def results_table(
     if baseline_rps is not None:
         if any((value := baseline_of(result)) is not None and value <= 0 for result in results):
             raise ValueError("baseline_rps must be positive")
-        columns.append((baseline_heading, "---:"))
-    # Where the runs sampled a GPU, how busy it was: what a student would watch nvtop for.
-    sampled_gpus = any(gpu_busy(result) is not None for result in results)
-    if sampled_gpus:
-        columns.append((GPU_BUSY, "---:"))
-    # Where a service of several processes counted its own share: how the load spread over them.
-    spread = any(process_spread(result) is not None for result in results)
-    if spread:
-        columns.append((BY_PROCESS, "---"))
-    rows = []
-    for result in results:
-        cells = [
-            result.name,
-            result.tool,
-            _load(result),
-            str(result.requests),
-            _number(result.throughput_rps),
-            _number(result.latency_ms(50)),
-            _number(result.latency_ms(95)),
-            _number(result.latency_ms(99)),
-            _errors(result),
-        ]
-        if baseline_rps is not None:
+
+        def versus(result: RunResult) -> str:
             baseline = baseline_of(result)
             # One decimal: a ratio judged against a target (80%) must not round onto it.
-            cells.append(f"{100 * result.throughput_rps / baseline:.1f}%" if baseline else "n/a")
-        if sampled_gpus:
-            cells.append(gpu_busy(result) or "-")
-        if spread:
-            cells.append(process_spread(result) or "-")
-        rows.append(cells)
-    right = [index for index, (_, alignment) in enumerate(columns) if alignment == "---:"]
-    return markdown_table([heading for heading, _ in columns], rows, right)
+            return f"{100 * result.throughput_rps / baseline:.1f}%" if baseline else "n/a"
+
+        columns.append((baseline_heading, True, versus))
+    # Where the runs sampled a GPU, how busy it was: what a student would watch nvtop for.
+    if any(gpu_busy(result) is not None for result in results):
+        columns.append((GPU_BUSY, True, lambda result: gpu_busy(result) or "-"))
+    # Where a service of several processes counted its own share: how the load spread over them.
+    if any(process_spread(result) is not None for result in results):
+        columns.append((BY_PROCESS, False, lambda result: process_spread(result) or "-"))
+    rows = [[cell(result) for _, _, cell in columns] for result in results]
+    right = [index for index, (_, is_number, _) in enumerate(columns) if is_number]
+    return markdown_table([heading for heading, _, _ in columns], rows, right)
 
 
 def breakdown_table(results: Mapping[str, RunResult | None]) -> str:
