@@ -211,28 +211,30 @@ def test_onnx_runtime_whose_first_run_fails_on_the_gpu_runs_on_the_cpu_with_its_
     assert logits.shape == (1, len(LABELS))
 
 
-def served_in_this_process(flavor: str, **environment: str) -> tuple[dict, httpx.Response]:
-    """fastapi_<flavor>'s own app.py, with its own model and `environment`: its /health and one prediction."""
+def served_on_the_cpu(flavor: str, error: str, **environment: str) -> dict:
+    """fastapi_<flavor>'s own app.py, with its own model and `environment`, asked for a GPU whose first
+    inference fails with `error`: it serves on the CPU, with the CPU's plan, and says why; its /health."""
     model_file = {"pt": "food11.pth", "onnx": "food11.onnx"}[flavor]
     environment = {"FOOD11_MODEL_PATH": str(paths.ARTIFACTS_DIR / model_file), **environment}
     service = service_module(flavor, environment, real_model=True)
     try:
-        return asyncio.run(health_and_a_prediction(service.app))
+        health, answer = asyncio.run(health_and_a_prediction(service.app))
     finally:
         discard(service)
+    assert (health["device"], health["device_asked"]) == ("cpu", "cuda")
+    assert health["device_fallback"] == f"the model did not run on cuda: {error}"
+    assert health["first_inference_ms"] > 0
+    assert health["slots"] == available_cores()  # the CPU's plan: a slot per core
+    assert answer.status_code == 200 and answer.json()["prediction"] in LABELS
+    return health
 
 
 def test_the_onnx_service_on_a_gpu_that_cannot_run_serves_on_the_cpu_and_says_why(
     built_artifacts, onnx_runtime_on_a_gpu_that_cannot_run
 ):
     """fastapi_onnx's app (every Ray Serve replica's too), asked for the GPU by default."""
-    health, answer = served_in_this_process("onnx")
-    assert (health["device"], health["device_asked"]) == ("cpu", "cuda")
-    assert health["device_fallback"] == f"the model did not run on cuda: {ORT_RUN_FAILURE}"
+    health = served_on_the_cpu("onnx", ORT_RUN_FAILURE)
     assert health["runtime"] == f"onnxruntime {ort.__version__} (CPUExecutionProvider)"
-    assert health["first_inference_ms"] > 0
-    assert health["slots"] == available_cores()  # the CPU's plan: a slot per core
-    assert answer.status_code == 200 and answer.json()["prediction"] in LABELS
     made = onnx_runtime_on_a_gpu_that_cannot_run.made
     assert made == [["CUDAExecutionProvider"], ["CPUExecutionProvider"]], "the failed GPU is not tried again"
 
@@ -305,12 +307,8 @@ def test_pytorch_that_cannot_run_on_the_cpu_either_stops_the_start_saying_what_f
 def test_the_pytorch_service_on_a_gpu_that_cannot_run_serves_on_the_cpu_and_says_why(
     built_artifacts, pytorch_naming_a_gpu_it_cannot_use
 ):
-    health, answer = served_in_this_process("pt", INFERENCE_DEVICE="cuda")
-    assert (health["device"], health["device_asked"]) == ("cpu", "cuda")
-    assert health["device_fallback"] == f"the model did not run on cuda: {pytorch_naming_a_gpu_it_cannot_use}"
-    assert health["first_inference_ms"] > 0
-    assert health["slots"] == available_cores()  # the CPU's plan: a slot per core
-    assert answer.status_code == 200 and answer.json()["prediction"] in LABELS
+    health = served_on_the_cpu("pt", pytorch_naming_a_gpu_it_cannot_use, INFERENCE_DEVICE="cuda")
+    assert health["runtime"] == f"torch {torch.__version__}"
 
 
 @pytest.mark.skipif(available_cores() < 2, reason="a team of one thread starts no thread to count")
