@@ -131,20 +131,17 @@ def test_the_checker_catches_a_wrong_call_or_attribute(body, problem):
 
 
 @pytest.mark.parametrize(
-    "cell",
+    ("cell", "guarded"),
     [
-        'lease.get_lease("x")',
-        'if True:\n    lease.get_lease("x")',
-        'if chameleon_only("x"):\n    pass\nelse:\n    lease.get_lease("x")',
-        'found = lease.get_lease("x") if chameleon_only("x") else None',
+        ('lease.get_lease("x")', False),
+        ('if True:\n    lease.get_lease("x")', False),
+        ('if chameleon_only("x"):\n    pass\nelse:\n    lease.get_lease("x")', False),
+        ('found = lease.get_lease("x") if chameleon_only("x") else None', False),
+        ('if ready and chameleon_only("x"):\n    lease.get_lease("x")', True),
     ],
-    ids=["top level", "other condition", "else branch", "conditional expression"],
+    ids=["top level", "other condition", "else branch", "conditional expression", "an and-ed guard"],
 )
-def test_the_checker_catches_an_unguarded_call(cell):
-    uses = check_cells("unguarded", [GOOD_CELLS[0], cell])
-    assert uses and not all(use.guarded for use in uses)
-
-
-def test_an_and_ed_guard_counts_as_a_guard():
-    uses = check_cells("and", [GOOD_CELLS[0], 'if ready and chameleon_only("x"):\n    lease.get_lease("x")'])
-    assert uses and all(use.guarded for use in uses)
+def test_the_checker_catches_an_unguarded_call(cell, guarded):
+    uses = check_cells("guard", [GOOD_CELLS[0], cell])
+    calls = [use for use in uses if use.what.startswith("call ")]
+    assert calls and all(use.guarded == guarded for use in calls)
