@@ -17,6 +17,7 @@ from servelab import paths
 from servelab.stack.catalogue import gourmetgram_service
 from servelab.stack.supervision import start_on_free_ports
 from tests.helpers import make_image_bytes, until
+from tests.helpers.gourmetgram import metric
 
 pytestmark = pytest.mark.integration
 
@@ -24,11 +25,6 @@ pytestmark = pytest.mark.integration
 CONFIG = paths.GOURMETGRAM_DIR / "gunicorn.conf.py"
 UPLOADS = 8
 BURSTS = 3
-
-
-def sample(metrics: str, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)} (\S+)$", metrics, re.M)
-    return float(match.group(1)) if match else 0.0
 
 
 def test_every_worker_serves_and_metrics_add_up_whichever_worker_answers(model_servers, ports, tmp_path):
@@ -69,7 +65,7 @@ def test_every_worker_serves_and_metrics_add_up_whichever_worker_answers(model_s
         assert len(workers_counted()) >= 2, f"every upload went to one worker: {sorted(metrics_dir.iterdir())}"
         for _ in range(4):  # /metrics from whichever worker answers: the same sums
             metrics = requests.get(f"{url}/metrics", timeout=10).text
-            assert sample(metrics, 'gourmetgram_requests_total{page="predict",status="200"}') == uploads
-            assert sample(metrics, 'gourmetgram_backend_seconds_count{outcome="predicted"}') == uploads
+            assert metric(metrics, 'gourmetgram_requests_total{page="predict",status="200"}') == uploads
+            assert metric(metrics, 'gourmetgram_backend_seconds_count{outcome="predicted"}') == uploads
         health = requests.get(f"{url}/healthz", timeout=10).json()
         assert health["backend_reachable"] is True and health["backend"] == "fastapi"

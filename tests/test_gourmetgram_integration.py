@@ -15,6 +15,7 @@ from food11 import LABELS
 from servelab.stack.catalogue import gourmetgram_service
 from servelab.stack.supervision import Ports, start_on_free_ports
 from tests.helpers import make_image_bytes
+from tests.helpers.gourmetgram import metric
 
 pytestmark = pytest.mark.integration
 
@@ -79,38 +80,22 @@ def test_all_backends_give_the_same_answer_for_the_same_upload(gourmetgram):
     assert len(labels) == 1, f"backends disagree: {labels}"
 
 
-def test_non_image_upload_is_refused_and_the_app_keeps_serving(gourmetgram):
+def test_a_non_image_upload_is_refused_the_app_keeps_serving_and_metrics_count_both(gourmetgram):
     url = gourmetgram("fastapi_onnx")
-    bad = requests.post(
-        f"{url}/predict", files={"file": ("fake.jpg", b"%PDF-1.4 not an image", "image/jpeg")}, timeout=30
-    )
-    assert bad.status_code == 400 and "JPEG or PNG" in bad.text
-    good = requests.post(
-        f"{url}/predict", files={"file": ("ok.png", make_image_bytes(5, fmt="PNG"), "image/png")}, timeout=60
-    )
-    assert good.status_code == 200
-
-
-def test_metrics_count_pages_and_time_the_backend(gourmetgram):
-    url = gourmetgram("fastapi_onnx")
-
-    def sample(text: str, name: str) -> float:
-        match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-        return float(match.group(1)) if match else 0.0
-
     before = requests.get(f"{url}/metrics", timeout=10).text
-    upload = {"file": ("lunch.jpg", make_image_bytes(6), "image/jpeg")}
+    bad = {"file": ("fake.jpg", b"%PDF-1.4 not an image", "image/jpeg")}
+    refused = requests.post(f"{url}/predict", files=bad, timeout=60)
+    assert refused.status_code == 400 and "JPEG or PNG" in refused.text
+    upload = {"file": ("ok.png", make_image_bytes(5, fmt="PNG"), "image/png")}
     assert requests.post(f"{url}/predict", files=upload, timeout=60).status_code == 200
-    bad = {"file": ("fake.jpg", b"not an image", "image/jpeg")}
-    assert requests.post(f"{url}/predict", files=bad, timeout=60).status_code == 400
     after = requests.get(f"{url}/metrics", timeout=10).text
     for name, grew in (
         ('gourmetgram_requests_total{page="predict",status="200"}', 1),
         ('gourmetgram_requests_total{page="predict",status="400"}', 1),
         ('gourmetgram_backend_seconds_count{outcome="predicted"}', 1),  # the bad upload never reached it
     ):
-        assert sample(after, name) - sample(before, name) == grew, name
-    assert sample(after, 'gourmetgram_backend_seconds_sum{outcome="predicted"}') > 0
+        assert metric(after, name) - metric(before, name) == grew, name
+    assert metric(after, 'gourmetgram_backend_seconds_sum{outcome="predicted"}') > 0
 
 
 @pytest.mark.parametrize("backend", ["fastapi_pt", "food_classifier"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,8 @@ def jpeg_bytes(size: tuple[int, int] = (64, 48)) -> bytes:
 
 
 def make_app(**config: Any) -> Any:
-    return gg.create_app({"TESTING": True, **config})
+    """The app with `config` as its only backend settings (None unsets a variable of the shell's)."""
+    return gg.create_app({"TESTING": True, **dict.fromkeys(BACKEND_ENV), **config})
 
 
 BACKEND_CONFIGS = {
@@ -63,6 +65,12 @@ BACKEND_CONFIGS = {
     "triton": lambda port: {"TRITON_SERVER_URL": f"127.0.0.1:{port}"},
     "triton_onnx": lambda port: {"TRITON_SERVER_URL": f"127.0.0.1:{port}", "FOOD11_MODEL_NAME": "food_classifier_onnx"},
 }
+
+
+def metric(exposition: str, name: str) -> float:
+    """A sample of GourmetGram's /metrics, by its name and labels as written there; 0 where absent."""
+    match = re.search(rf"^{re.escape(name)} (\S+)$", exposition, re.M)
+    return float(match.group(1)) if match else 0.0
 
 
 def tensor(name: str, datatype: str, *shape: int) -> dict[str, Any]:
