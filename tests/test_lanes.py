@@ -5,35 +5,18 @@ in a pytest of its own, on a tiny test file, with the lab's root conftest.py."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 import textwrap
 
 import nbformat
 
-from servelab import paths
-
-# The lab's markers are declared in its pyproject.toml, which a run in another folder does not read.
-UNKNOWN_MARKS = "ignore::pytest.PytestUnknownMarkWarning"
+from tests.helpers import own_session
 
 
 def pytest_in(folder, source: str, *arguments: str) -> subprocess.CompletedProcess:
-    """pytest on `source` (written to folder/test_toy.py) with the lab's root conftest.py, copied
-    there, as a session of its own: none of this session's servers, and its scratch folder for the
-    stack's files at folder/stack."""
-    shutil.copy(paths.REPO_ROOT / "conftest.py", folder / "conftest.py")
+    """pytest on `source`, written to folder/test_toy.py, with the stack's files at folder/stack."""
     (folder / "test_toy.py").write_text(textwrap.dedent(source))
-    own = {name: value for name, value in os.environ.items() if not name.startswith("SERVELAB_")}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", "-W", UNKNOWN_MARKS, *arguments],
-        cwd=folder,
-        env={**own, "PYTHONPATH": str(paths.REPO_ROOT), "SERVELAB_STACK_DIR": str(folder / "stack")},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return own_session.pytest_in(folder, *arguments, SERVELAB_STACK_DIR=str(folder / "stack"))
 
 
 def test_a_test_not_marked_integration_that_uses_the_session_s_servers_fails_before_they_start(tmp_path):

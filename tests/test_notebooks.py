@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 import subprocess
-import sys
 import time
 
 import nbformat
 import pytest
 
-from servelab import paths
 from servelab.lab import Lab, run_keeper
 from servelab.lab.notebook_runs import NOTEBOOKS, judging, sources
 from servelab.lessons.expectations import Expectation, LabFault, PredictionError, condition, figure, measured
 from servelab.profiles import profile
-from tests.helpers import synthetic_run
+from tests.helpers import own_session, synthetic_run
 
 
 def judging_lab(tmp_path, monkeypatch) -> Lab:
@@ -179,26 +175,10 @@ def notebook(path, *cells: str, cell_timeout_s: int = 60, notebook_timeout_s: in
     nbformat.write(written, path)
 
 
-# The lab's markers are declared in its pyproject.toml, which a run in another folder does not read.
-UNKNOWN_MARKS = "ignore::pytest.PytestUnknownMarkWarning"
-
-
 def nbmake(folder, *notebooks: str, timeout_s: float = 120) -> tuple[subprocess.CompletedProcess, float]:
-    """`pytest --nbmake` on notebooks in `folder`, with the lab's root conftest.py (copied there, as
-    pytest loads a conftest only from the folders of what it collects), as a session of its own:
-    none of this session's servers, scratch folders or ports. Its output and duration."""
-    shutil.copy(paths.REPO_ROOT / "conftest.py", folder / "conftest.py")
-    own = {name: value for name, value in os.environ.items() if not name.startswith("SERVELAB_")}
-    command = ["--nbmake", "-ra", "-p", "no:cacheprovider", "-o", "addopts=", "-W", UNKNOWN_MARKS, *notebooks]
+    """`pytest --nbmake` on notebooks in `folder`, as a session of its own; its output and duration."""
     started = time.monotonic()
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", *command],
-        cwd=folder,
-        env={**own, "PYTHONPATH": str(paths.REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+    run = own_session.pytest_in(folder, "--nbmake", "-ra", *notebooks, timeout_s=timeout_s)
     return run, time.monotonic() - started
 
 
