@@ -92,9 +92,3 @@ def test_softmax_is_stable_for_large_logits():
     probabilities = food11.softmax(np.array([[1000.0, 999.0, -1000.0]]))
     assert np.isfinite(probabilities).all()
     assert probabilities.sum() == pytest.approx(1.0)
-
-
-def test_weights_info_missing_is_reported_as_unknown(tmp_path):
-    model_file = tmp_path / "food11.pth"
-    model_file.write_bytes(b"x")
-    assert food11.read_weights_info(model_file)["weights"] == "unknown"

@@ -76,9 +76,8 @@ def lessons_of(source) -> set[str]:
 
 
 def servelab_imports(source) -> list[str]:
-    """The servelab modules a notebook's source imports: `from servelab import paths` is
-    servelab.paths, `from servelab.lab import Lab, plots` servelab.lab (names it holds),
-    `from servelab.lab import ray_side` servelab.lab.ray_side (a module of it)."""
+    """The servelab modules a notebook's source imports (a name that is not a module counts as its
+    module's)."""
     found = []
     for node in ast.walk(ast.parse(source.read_text())):
         if isinstance(node, ast.Import):

@@ -1,8 +1,6 @@
-"""The HTTP side of both FastAPI services in this process: each one's own app.py, asked over httpx's ASGI
-transport, with a model that answers at once (tests/helpers/). Each app writes its HTTP side itself, so
-both are checked: every status POST /predict can answer, the request size limit, the URLs the server
-fetches and those it refuses, the schemas of its answers, /health. The real services, real models and
-real sockets: tests/test_fastapi_services.py and tests/test_image_url.py.
+"""The HTTP side of both FastAPI services in this process (each app writes its own), with a model that
+answers at once (tests/helpers/). Real services, models and sockets: tests/test_fastapi_services.py and
+tests/test_image_url.py.
 """
 
 from __future__ import annotations
@@ -43,13 +41,11 @@ ONE_BATCH = ((1, 3, 224, 224), np.dtype(np.float32))  # what the model gets for 
 
 @pytest.fixture(params=FLAVORS)
 def flavor(request) -> str:
-    """Each app: fastapi_pt's and fastapi_onnx's HTTP sides are each their own."""
     return request.param
 
 
 @pytest.fixture
 async def service(photo_host, flavor):
-    """The service with its default test settings, fetching from the photo host."""
     async with serving(service_settings(photo_host.address), flavor=flavor) as client:
         yield client
 
@@ -135,8 +131,6 @@ async def test_a_model_that_fails_is_a_500_that_says_so(flavor):
 
 
 class ThreadRecordingModel(InstantModel):
-    """An InstantModel that records the thread each inference ran on."""
-
     def __init__(self) -> None:
         super().__init__()
         self.threads: list[int] = []
@@ -316,10 +310,9 @@ async def test_the_api_is_documented_and_other_methods_and_paths_are_refused(ser
 
 
 async def test_health_is_503_until_every_process_of_the_service_serves(tmp_path, monkeypatch, flavor):
-    """A service of two processes where only this one has started: not ready, saying how many serve
-    (tests/test_fastapi_services.py starts two real ones); predictions are served meanwhile. Its metrics go
-    to files in PROMETHEUS_MULTIPROC_DIR, as in a process of several (prometheus_client chooses how it keeps
-    them when it is first imported: here, before the app)."""
+    """A service of two processes where only this one has started: not ready, and predictions served
+    meanwhile. Its metrics go to PROMETHEUS_MULTIPROC_DIR, as in a process of several (prometheus_client
+    chooses how it keeps them when it is first imported: here, before the app)."""
     monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     settings = service_settings(WEB_CONCURRENCY="2", PROMETHEUS_MULTIPROC_DIR=str(tmp_path))

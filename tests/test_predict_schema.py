@@ -1,13 +1,7 @@
-"""The request schema POST /predict publishes says what the server takes (issue 31).
-
-Bodies built from the service's own /openapi.json's request schema - its fields, each with a pool of
-values that covers every case it states (absent, null, empty, malformed, well-formed) - are sent to
-the service (both FastAPI services' `create_app`, in this process: tests/helpers/) and
-judged by the schema itself (`jsonschema`): a body it allows is answered, or refused only with a
-status the route documents for what the schema cannot see (bytes that are not an image, a URL the
-server does not fetch or cannot get); a body it forbids is refused with a 4xx the route documents.
-The pattern the schema gives `image` is checked against the decoder. That the real services publish
-this same schema: tests/test_fastapi_services.py.
+"""The request schema POST /predict publishes says what the server takes (issue 31): every body of a
+pool of values per field (absent, null, empty, malformed, well-formed) is sent to the service in this
+process and judged by the schema itself (`jsonschema`). That the real services publish this same
+schema: tests/test_fastapi_services.py.
 """
 
 from __future__ import annotations
