@@ -13,16 +13,10 @@ from servelab.service.cores import available_cores, service_plan
 from servelab.service.start import planned_processes
 from servelab.stack.catalogue import FASTAPI_FLAVORS, fastapi_service
 from servelab.stack.supervision import LocalStack, Ports
-from tests.helpers import check_bad_request
 
 pytestmark = pytest.mark.integration
 
 FLAVORS = ["pt", "onnx"]
-
-
-@pytest.fixture(params=FLAVORS)
-def service_url(request, fastapi_urls) -> str:
-    return fastapi_urls[request.param]
 
 
 def test_both_services_publish_the_same_api(fastapi_urls):
@@ -32,11 +26,6 @@ def test_both_services_publish_the_same_api(fastapi_urls):
         (published[0]["paths"], published[0]["components"])
     ] * 2
     assert {"/predict", "/refine", "/health"} <= set(published[0]["paths"])
-
-
-def test_bytes_that_are_not_an_image_are_refused_by_the_real_decoder_and_the_service_goes_on(service_url, image_b64):
-    not_an_image = b'{"image": "' + base64.b64encode(b"hello, I am text") + b'"}'
-    check_bad_request(service_url, image_b64, not_an_image, {"content-type": "application/json"}, 400)
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

@@ -141,29 +141,21 @@ def test_bad_settings_raise_config_error(source: dict[str, str]) -> None:
         ("triton_onnx", "triton", "TritonBackend"),
     ],
 )
-def test_create_app_builds_the_backend_from_env(
+def test_create_app_builds_the_backend_from_env_and_contacts_no_server(
     config: str, kind: str, backend_class: str, port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    forget_backend_env(monkeypatch)
-    for name, value in BACKEND_CONFIGS[config](port).items():
-        monkeypatch.setenv(name, value)
-    state = gg.create_app().extensions["gourmetgram"]
-    assert type(state.backend) is getattr(bk, backend_class)
-    assert state.settings.backend.kind == kind
-
-
-def test_create_app_contacts_no_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    forget_backend_env(monkeypatch)
-
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("create_app must not contact a server")
 
     monkeypatch.setattr(bk.requests.Session, "request", refuse)
     monkeypatch.setattr(bk.triton_http, "InferenceServerClient", refuse)
-    triton = {"TRITON_SERVER_URL": "127.0.0.1:1"}
-    for config in ({}, triton, {**triton, "FOOD11_MODEL_NAME": "any_model"}):
-        app = gg.create_app(config)
-        assert app.config["MAX_CONTENT_LENGTH"] == 8 * 1024 * 1024
+    forget_backend_env(monkeypatch)
+    for name, value in BACKEND_CONFIGS[config](port).items():
+        monkeypatch.setenv(name, value)
+    app = gg.create_app()
+    state = app.extensions["gourmetgram"]
+    assert type(state.backend) is getattr(bk, backend_class) and state.settings.backend.kind == kind
+    assert app.config["MAX_CONTENT_LENGTH"] == 8 * 1024 * 1024
     assert "_app" in vars(gg) and gg._app is None  # the module-level app is built only on demand
 
 
