@@ -169,8 +169,7 @@ def test_the_triton_image_stages_the_repository_for_its_server_and_pins_the_rele
 
 
 def test_the_jupyter_image_has_the_virtualenv_s_client_and_runs_as_the_clone_s_owner():
-    instructions = dockerfile_instructions(dockerfiles()["jupyter"])
-    assert instructions[0] == ("FROM", TORCH_CONTEXT)
+    instructions = dockerfile_instructions(dockerfiles()["jupyter"])  # FROM the torch image: test_compose_project
     runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
     # The virtualenv's notebook tools (its `lab` extra has this one): Debian 12's glibc runs the
     # perf_analyzer of tritonclient 2.51; `make test-docker` runs the notebooks here with `pytest --nbmake`.
