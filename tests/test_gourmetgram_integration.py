@@ -1,4 +1,5 @@
-"""GourmetGram as a real process, against each real backend, through real HTTP (form upload included).
+"""GourmetGram as a real process, against each real backend, through real HTTP (form upload included),
+and as its image runs it, under gunicorn.
 
 One GourmetGram per backend serves every test here (tests/lab_servers.py); each test's checks hold
 whatever the tests before it asked.
@@ -7,15 +8,17 @@ whatever the tests before it asked.
 import dataclasses
 import html
 import re
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
 from food11 import LABELS
+from servelab import paths
 from servelab.stack.catalogue import gourmetgram_service
 from servelab.stack.supervision import Ports, start_on_free_ports
-from tests.helpers import make_image_bytes
-from tests.helpers.gourmetgram import metric
+from tests.helpers import make_image_bytes, until
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +37,12 @@ def _predicted_label(page: str) -> str:
     match = re.search(r"<h1>(.*?)</h1>", page)
     assert match, "the result page has no prediction heading"
     return html.unescape(match.group(1))
+
+
+def metric(exposition: str, name: str) -> float:
+    """A sample of GourmetGram's /metrics, by its name and labels as written there; 0 where absent."""
+    match = re.search(rf"^{re.escape(name)} (\S+)$", exposition, re.M)
+    return float(match.group(1)) if match else 0.0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -135,3 +144,51 @@ def test_unknown_triton_model_gets_a_clear_error_and_the_app_keeps_serving(model
         assert (data["backend"], data["model"], data["model_input"]) == ("triton", "no_such_model", None)
         assert data["backend_reachable"] is True
         assert requests.get(f"{url}/", timeout=10).status_code == 200
+
+
+def test_under_gunicorn_every_worker_serves_and_metrics_add_up_whichever_worker_answers(model_servers, ports, tmp_path):
+    """As its image runs it: under gunicorn, with gourmetgram/gunicorn.conf.py (whose workers the image
+    runs: tests/test_dockerfiles.py). Its worker processes each build their own app; /metrics must add
+    up what every one of them served, whichever worker answers it."""
+    metrics_dir, config = tmp_path / "metrics", tmp_path / "gunicorn.conf.py"
+    # The image's settings, but workers that take one request at a time (a threaded worker may take
+    # them all), so that requests at once spread over the workers. (Gunicorn runs threads > 1 as gthread.)
+    shipped = (paths.GOURMETGRAM_DIR / "gunicorn.conf.py").read_text()
+    config.write_text(shipped + '\nworker_class = "sync"\nthreads = 1\n')
+
+    def under_gunicorn(own) -> list:
+        spec = gourmetgram_service(own.gourmetgram, "fastapi_pt", ports)
+        command = [sys.executable, "-m", "gunicorn", "--config", str(config), "app:app"]
+        return [
+            dataclasses.replace(spec, command=command, env={**spec.env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
+        ]
+
+    stack, own = start_on_free_ports(under_gunicorn, tmp_path / "logs")
+    with stack:
+        url = f"http://127.0.0.1:{own.gourmetgram}"
+        log = tmp_path / "logs" / "gourmetgram.log"
+        until(lambda: log.read_text().count("INFO gourmetgram: backend=fastapi") >= 2, 60, "both workers' apps")
+
+        def upload(seed: int) -> requests.Response:
+            files = {"file": (f"dish{seed}.jpg", make_image_bytes(seed), "image/jpeg")}
+            return requests.post(f"{url}/predict", files=files, timeout=120)
+
+        def workers_counted() -> set[str]:
+            return {path.name.split("_")[1] for path in metrics_dir.glob("counter_*.db")}
+
+        uploads, at_once = 0, 8
+        for _ in range(3):  # each a burst of uploads at once, until two workers have served
+            with ThreadPoolExecutor(at_once) as pool:
+                pages = list(pool.map(upload, range(at_once)))
+            uploads += at_once
+            assert [page.status_code for page in pages] == [200] * at_once
+            assert all(_predicted_label(page.text) in LABELS for page in pages)
+            if len(workers_counted()) >= 2:
+                break
+        assert len(workers_counted()) >= 2, f"every upload went to one worker: {sorted(metrics_dir.iterdir())}"
+        for _ in range(4):  # /metrics from whichever worker answers: the same sums
+            metrics = requests.get(f"{url}/metrics", timeout=10).text
+            assert metric(metrics, 'gourmetgram_requests_total{page="predict",status="200"}') == uploads
+            assert metric(metrics, 'gourmetgram_backend_seconds_count{outcome="predicted"}') == uploads
+        health = requests.get(f"{url}/healthz", timeout=10).json()
+        assert health["backend_reachable"] is True and health["backend"] == "fastapi"

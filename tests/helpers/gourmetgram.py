@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -65,12 +64,6 @@ BACKEND_CONFIGS = {
     "triton": lambda port: {"TRITON_SERVER_URL": f"127.0.0.1:{port}"},
     "triton_onnx": lambda port: {"TRITON_SERVER_URL": f"127.0.0.1:{port}", "FOOD11_MODEL_NAME": "food_classifier_onnx"},
 }
-
-
-def metric(exposition: str, name: str) -> float:
-    """A sample of GourmetGram's /metrics, by its name and labels as written there; 0 where absent."""
-    match = re.search(rf"^{re.escape(name)} (\S+)$", exposition, re.M)
-    return float(match.group(1)) if match else 0.0
 
 
 def tensor(name: str, datatype: str, *shape: int) -> dict[str, Any]:
