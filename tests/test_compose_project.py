@@ -303,4 +303,3 @@ def test_no_env_file_runs_the_cpu_variant_and_one_line_of_env_example_the_gpu_on
     assert [line for line in example if line and line[0] != "#"] == [], "a copy of it changes nothing until edited"
     line = f"COMPOSE_FILE=compose.yaml:{GPU_OVERRIDE.relative_to(REPO_ROOT)}"
     assert f"# {line}" in example and line in node_env.env_file("original").splitlines(), "notebook 2's line"
-    assert not (REPO_ROOT / "docker" / "compose.cpu.yaml").exists()
