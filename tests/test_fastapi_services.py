@@ -13,10 +13,9 @@ from servelab.service.cores import available_cores, service_plan
 from servelab.service.start import planned_processes
 from servelab.stack.catalogue import FASTAPI_FLAVORS, fastapi_service
 from servelab.stack.supervision import LocalStack, Ports
+from tests.helpers import FLAVORS
 
 pytestmark = pytest.mark.integration
-
-FLAVORS = ["pt", "onnx"]
 
 
 def test_both_services_publish_the_same_api(fastapi_urls):
