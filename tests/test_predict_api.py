@@ -13,7 +13,6 @@ import re
 import socket
 import threading
 
-import httpx
 import numpy as np
 import pytest
 from fastapi import HTTPException
@@ -323,35 +322,6 @@ async def test_health_is_503_until_every_process_of_the_service_serves(tmp_path,
     assert health.status_code == 503
     assert health.json()["detail"] == "Starting: 1 of 2 processes serve. Ask again in a few seconds."
     assert answer.status_code == 200 and 'predict_requests_total{status="200"} 1.0' in metrics
-
-
-async def test_a_process_counts_its_requests_and_a_connection_once_however_many_requests_it_carries(flavor):
-    """Its own share (uvicorn's workers share one socket, which balances connections): a client address it
-    has not seen lately is a new connection."""
-    service = service_module(flavor, service_settings())
-    app, process = service.app, str(os.getpid())
-
-    def client(port: int) -> httpx.AsyncClient:
-        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", port))
-        return httpx.AsyncClient(transport=transport, base_url="http://service")
-
-    def share(metrics: str) -> tuple[float, float]:
-        found = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if f'process="{process}"' in line)
-        return tuple(
-            float(found[f'{name}{{process="{process}"}}'])
-            for name in ("predict_requests_by_process", "predict_connections_by_process")
-        )
-
-    try:
-        async with app.router.lifespan_context(app), client(5000) as one, client(5001) as other:
-            idle = share((await one.get("/metrics")).text)
-            for sender in (one, one, other, one):
-                assert (await sender.post("/predict", json={"image": PHOTO})).status_code == 200
-            served = share((await one.get("/metrics")).text)
-    finally:
-        discard(service)
-    assert idle == (0.0, 0.0), "a process that served nothing shows, with 0"
-    assert served == (4.0, 2.0)
 
 
 def test_both_apps_write_the_same_http_side():
