@@ -18,15 +18,6 @@ from tests.helpers import FLAVORS
 pytestmark = pytest.mark.integration
 
 
-def test_both_services_publish_the_same_api(fastapi_urls):
-    """Each app writes its HTTP side itself: the routes, their schemas and documented statuses are one API."""
-    published = [requests.get(f"{fastapi_urls[flavor]}/openapi.json", timeout=5).json() for flavor in FLAVORS]
-    assert [(api["paths"], api["components"]) for api in published] == [
-        (published[0]["paths"], published[0]["components"])
-    ] * 2
-    assert {"/predict", "/refine", "/health"} <= set(published[0]["paths"])
-
-
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_health_reports_model_weights_runtime_device_and_the_plan_its_app_made(flavor, fastapi_urls, built_artifacts):
     """As the process's runtime reports itself once its model has run; its weights from the record

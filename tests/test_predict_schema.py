@@ -1,7 +1,6 @@
 """The request schema POST /predict publishes says what the server takes (issue 31): every body of a
 pool of values per field (absent, null, empty, malformed, well-formed) is sent to the service in this
-process and judged by the schema itself (`jsonschema`). That the real services publish this same
-schema: tests/test_fastapi_services.py.
+process and judged by the schema itself (`jsonschema`).
 """
 
 from __future__ import annotations
