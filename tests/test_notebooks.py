@@ -8,7 +8,6 @@ its cell and its error, within its time limit.
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import time
 
@@ -16,7 +15,7 @@ import nbformat
 import pytest
 
 from servelab.lab import Lab, run_keeper
-from servelab.lab.notebook_runs import NOTEBOOKS, judging, sources
+from servelab.lab.notebook_runs import NOTEBOOKS, judging
 from servelab.lessons.expectations import Expectation, LabFault, PredictionError, condition, figure, measured
 from servelab.profiles import profile
 from tests.helpers import own_session, synthetic_run
@@ -241,10 +240,3 @@ def test_a_notebook_gets_the_session_s_servers_and_one_that_changes_one_is_caugh
     assert "ERROR b_changes.ipynb::b_changes.ipynb" in run.stdout
     assert "the notebook left Triton's food_classifier_onnx changed" in run.stdout
     assert "RETRY loading food_classifier_onnx as it was served before b_changes.ipynb" in run.stdout
-
-
-def test_every_notebook_carries_the_time_limits_build_notebooks_writes():
-    limits = {"execution": {"timeout": 1200}, "servelab": {"notebook_timeout_s": 1500}}
-    for generated in sources(NOTEBOOKS, ".ipynb"):
-        metadata = json.loads(generated.read_text())["metadata"]
-        assert {key: metadata.get(key) for key in limits} == limits, f"{generated.name}: run `make notebooks`"

@@ -43,10 +43,15 @@ def test_every_notebook_has_a_recorded_run_time_for_the_time_it_states():
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
 def test_committed_notebook_is_what_make_notebooks_writes_without_outputs(source):
-    """Its source's cells, its time (a changed run time or prose changes it) and its link to the next."""
+    """Its source's cells, its time (a changed run time or prose changes it), its link to the next and
+    its time limits."""
     committed = jupytext.read(source.with_suffix(".ipynb"))
     as_pairs = lambda nb: [(cell.cell_type, cell.source.strip()) for cell in nb.cells]  # noqa: E731
     assert as_pairs(committed) == as_pairs(GENERATED[source]), f"{source.name} changed: run `make notebooks`"
+    limits = ("execution", "servelab")  # the time limits nbmake runs it under
+    assert {key: committed.metadata.get(key) for key in limits} == {
+        key: GENERATED[source].metadata[key] for key in limits
+    }
     for cell in json.loads(source.with_suffix(".ipynb").read_text())["cells"]:
         if cell["cell_type"] == "code":
             assert cell.get("outputs") == [] and cell.get("execution_count") is None
