@@ -19,13 +19,6 @@ def pytest_in(folder, source: str, *arguments: str) -> subprocess.CompletedProce
     return own_session.pytest_in(folder, *arguments, SERVELAB_STACK_DIR=str(folder / "stack"))
 
 
-def test_a_test_not_marked_integration_that_uses_the_session_s_servers_fails_before_they_start(tmp_path):
-    run = pytest_in(tmp_path, "def test_unmarked(ports):\n    assert ports\n", "test_toy.py")
-    assert run.returncode == 1 and "1 error" in run.stdout, run.stdout
-    assert "test_unmarked is not marked integration, yet it uses the session's servers (session_stack)" in run.stdout
-    assert not (tmp_path / "stack" / "logs").exists(), "a server was started"
-
-
 SERVER_FIXTURE = """
     import subprocess, sys
 
@@ -33,6 +26,10 @@ SERVER_FIXTURE = """
 
     # Prints its port once it listens, then serves until killed.
     SERVER = "import socket; s = socket.create_server(('127.0.0.1', 0)); print(s.getsockname()[1]); input()"
+
+
+    def test_ports(ports):
+        assert ports
 
 
     @pytest.fixture(scope="module")
@@ -53,9 +50,11 @@ SERVER_FIXTURE = """
 """
 
 
-def test_a_fixture_that_starts_a_server_process_fails_a_test_not_marked_integration(tmp_path):
+def test_a_test_not_marked_integration_that_uses_the_session_s_servers_or_starts_one_fails(tmp_path):
     run = pytest_in(tmp_path, SERVER_FIXTURE, "test_toy.py")
-    assert run.returncode == 1 and "1 passed" in run.stdout and "1 error" in run.stdout, run.stdout
+    assert run.returncode == 1 and "1 passed" in run.stdout and "2 errors" in run.stdout, run.stdout
+    assert "test_ports is not marked integration, yet it uses the session's servers (session_stack)" in run.stdout
+    assert not (tmp_path / "stack" / "logs").exists(), "the session's servers were started"
     assert "test_unmarked is not marked integration, yet its setup started a server: pid " in run.stdout
     assert "-c import socket;" in run.stdout and "on port(s) [" in run.stdout
 
