@@ -19,7 +19,7 @@ def pytest_in(folder, source: str, *arguments: str) -> subprocess.CompletedProce
     return own_session.pytest_in(folder, *arguments, SERVELAB_STACK_DIR=str(folder / "stack"))
 
 
-SERVER_FIXTURE = """
+TOY_TESTS = """
     import subprocess, sys
 
     import pytest
@@ -51,7 +51,7 @@ SERVER_FIXTURE = """
 
 
 def test_a_test_not_marked_integration_that_uses_the_session_s_servers_or_starts_one_fails(tmp_path):
-    run = pytest_in(tmp_path, SERVER_FIXTURE, "test_toy.py")
+    run = pytest_in(tmp_path, TOY_TESTS, "test_toy.py")
     assert run.returncode == 1 and "1 passed" in run.stdout and "2 errors" in run.stdout, run.stdout
     assert "test_ports is not marked integration, yet it uses the session's servers (session_stack)" in run.stdout
     assert not (tmp_path / "stack" / "logs").exists(), "the session's servers were started"
