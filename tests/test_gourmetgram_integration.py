@@ -69,14 +69,6 @@ def test_upload_form_classifies_an_image_through_each_backend(gourmetgram, backe
     assert (health["backend"], health["model_input"]) == (kind, model_input)
 
 
-@pytest.mark.parametrize("backend", ["fastapi_pt", "food_classifier_onnx"])
-def test_bundled_sample_route_classifies_a_sample(gourmetgram, backend):
-    url = gourmetgram(backend)
-    response = requests.get(f"{url}/test", timeout=60)
-    assert response.status_code == 200
-    assert _predicted_label(response.text) in LABELS
-
-
 def test_all_backends_give_the_same_answer_for_the_same_upload(gourmetgram):
     upload = make_image_bytes(4)
     labels = set()
