@@ -15,7 +15,6 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
@@ -24,87 +23,54 @@ from servelab import paths
 from servelab.measure import service_stats
 from servelab.stack.catalogue import fastapi_service
 from servelab.stack.supervision import start_on_free_ports
-from tests.helpers import until
+from tests.helpers import PhotoHost, until
 
 HOLD_LIMIT_S = 60  # the service's IMAGE_DOWNLOAD_TIMEOUT_S: a held download never times out in a test
 
 
-class HeldImage(ThreadingHTTPServer):
-    """GET / answers the sample photo once `released` is set; `asked` is set when a download begins."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _AnswerWhenReleased)
-        self.asked, self.released = threading.Event(), threading.Event()
-        self.photo = paths.SAMPLE_IMAGE.read_bytes()
-
-    @property
-    def host(self) -> str:
-        return f"127.0.0.1:{self.server_address[1]}"
-
-
-class _AnswerWhenReleased(BaseHTTPRequestHandler):
-    server: HeldImage
-
-    def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
-        self.server.asked.set()
-        self.server.released.wait(HOLD_LIMIT_S)
-        self.send_response(200)
-        self.send_header("Content-Type", "image/jpeg")
-        self.send_header("Content-Length", str(len(self.server.photo)))
-        self.end_headers()
-        self.wfile.write(self.server.photo)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.fixture
-def held_image(built_artifacts):  # the model files: every test here starts a service beside it
-    server = HeldImage()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server  # one_slot_service releases any held download before the service stops
-    server.shutdown()
-    server.server_close()
+def held(photo_host, built_artifacts):  # the model files: every test here starts a service beside it
+    """The photo host, whose /held answers once `held.closing` is set."""
+    return photo_host
 
 
 @contextmanager
-def one_slot_service(held: HeldImage, log_dir, abandon: str, **settings: str) -> Iterator[str]:
+def one_slot_service(held: PhotoHost, log_dir, abandon: str) -> Iterator[str]:
     """A FastAPI ONNX service with one predict slot that may download from `held`; its URL."""
     env = {
         "PREDICT_CONCURRENCY": "1",
         "INFERENCE_THREADS": "1",
         "IMAGE_DOWNLOAD_PLACEMENT": "inside_slot",
-        "IMAGE_URL_ALLOWED_HOSTS": held.host,
+        "IMAGE_URL_ALLOWED_HOSTS": held.address,
         "IMAGE_DOWNLOAD_TIMEOUT_S": str(HOLD_LIMIT_S),
         "ABANDON_ON_DISCONNECT": abandon,
-        **settings,
     }
     stack, ports = start_on_free_ports(lambda ports: [fastapi_service("onnx", ports.fastapi_onnx, env=env)], log_dir)
     try:
         yield f"http://127.0.0.1:{ports.fastapi_onnx}"
     finally:
-        held.released.set()  # a test that failed while holding the slot would keep the service from stopping
+        held.closing.set()  # a test that failed while holding the slot would keep the service from stopping
         stack.stop()
 
 
-def hold_the_slot(url: str, held: HeldImage) -> tuple[threading.Thread, list[requests.Response]]:
+def hold_the_slot(url: str, held: PhotoHost) -> tuple[threading.Thread, list[requests.Response]]:
     """A request whose image is downloaded inside the slot: the slot is busy from the moment the
-    download begins until the test sets `held.released`."""
+    download begins until the test sets `held.closing`."""
     answers: list[requests.Response] = []
     holding = threading.Thread(
         target=lambda: answers.append(
-            requests.post(f"{url}/predict", json={"url": f"http://{held.host}/"}, timeout=2 * HOLD_LIMIT_S)
+            requests.post(f"{url}/predict", json={"url": held.url("held")}, timeout=2 * HOLD_LIMIT_S)
         )
     )
     holding.start()
-    assert held.asked.wait(30), "the holder never began downloading its image inside the slot"
+    until(lambda: "/held" in held.asked, 30, "the holder to begin downloading its image inside the slot")
     return holding, answers
 
 
-def release(held: HeldImage, holding: threading.Thread, holder: list[requests.Response]) -> None:
+def release(held: PhotoHost, holding: threading.Thread, holder: list[requests.Response]) -> None:
     """Free the slot, and check the holder was still in it (not answered early, by an error)."""
     assert not holder, f"the holder was answered before the test freed the slot: {holder[0].text}"
-    held.released.set()
+    held.closing.set()
     holding.join(timeout=30)
 
 
@@ -145,15 +111,13 @@ def sample_body() -> dict[str, str]:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("abandon", ["on", "off"])
-def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unless_turned_off(
-    abandon, held_image, tmp_path
-):
-    with one_slot_service(held_image, tmp_path, abandon) as url:
+def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unless_turned_off(abandon, held, tmp_path):
+    with one_slot_service(held, tmp_path, abandon) as url:
         assert requests.get(f"{url}/health", timeout=5).json()["abandon_on_disconnect"] is (abandon == "on")
         with service_stats.counted_over(url) as stats:
-            holding, holder = hold_the_slot(url, held_image)
+            holding, holder = hold_the_slot(url, held)
             leave_once_in_flight(url, [send(url, json.dumps(sample_body()).encode())], in_flight_then=2)
-            release(held_image, holding, holder)
+            release(held, holding, holder)
             until(lambda: answered(url, stats.before) == 2, 30, "both requests answered (or abandoned)")
         assert holder and holder[0].status_code == 200, holder
         assert requests.post(f"{url}/predict", json=sample_body(), timeout=30).status_code == 200
@@ -171,16 +135,16 @@ def test_a_client_that_leaves_while_waiting_for_the_slot_costs_no_inference_unle
 
 
 @pytest.mark.integration
-def test_requests_abandoned_while_waiting_leave_the_queue_and_the_next_one_is_served(held_image, tmp_path):
+def test_requests_abandoned_while_waiting_leave_the_queue_and_the_next_one_is_served(held, tmp_path):
     # Jobs left in the slot's queue by clients who had gone would each take the slot before the next request.
-    with one_slot_service(held_image, tmp_path, "on") as url:
+    with one_slot_service(held, tmp_path, "on") as url:
         body = json.dumps(sample_body()).encode()
         with service_stats.counted_over(url) as stats:
-            holding, holder = hold_the_slot(url, held_image)
+            holding, holder = hold_the_slot(url, held)
             leavers = [send(url, body) for _ in range(3)]  # all three waiting in the slot's queue
             leave_once_in_flight(url, leavers, in_flight_then=4)
             until(lambda: answered(url, stats.before) == 3, 30, "the three leavers abandoned")
-            release(held_image, holding, holder)
+            release(held, holding, holder)
             answer = requests.post(f"{url}/predict", json=sample_body(), timeout=10)
     assert holder and holder[0].status_code == 200 and answer.status_code == 200
     assert stats.delta.abandoned_by_stage == {"slot_wait": 3}

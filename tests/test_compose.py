@@ -1,14 +1,8 @@
-"""The Compose project's own paths, from its Jupyter container: `make test-docker` runs this file
-there, beside notebooks 3 and 5 (scripts/test_docker.sh says why those).
-
-Notebooks 4 and 6 to 11 run once, in `make test`, against the local stack; in the containers they
-would measure the same lessons again for many minutes. What they do differently there is checked
-here in seconds: the lab's client of Ray Serve's own container (its REST API, its token and
-hardware in the shared volume) deploying replicas and measuring them (8), perf_analyzer in the
-Jupyter image against Triton's container and instances changed through the volume both containers
-share (6), photos fetched from the image host across the project's network (7), and cancels
-delivered to Triton's container over gRPC, counted from its log in the shared volume (9).
-Elsewhere (LAB_SERVICES=local) there is no Compose project to reach, and the module says so.
+"""The Compose project's own paths, from its Jupyter container (`make test-docker` runs this file
+there, beside notebooks 3 and 5: scripts/test_docker.sh says why those). The other notebooks run in
+`make test` against the local stack; what they do differently in the containers (Ray Serve's REST
+API and shared volume, perf_analyzer against Triton's container, the image host across the network,
+cancels over gRPC counted from Triton's log) is checked here in seconds, not in minutes of lessons.
 """
 
 from __future__ import annotations

@@ -9,18 +9,14 @@ import subprocess
 from importlib import metadata
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from servelab import paths
 from tests.helpers import lock_pins
+from tests.helpers.compose import EXTRAS, REPO_ROOT
 
-ROOT = paths.REPO_ROOT
-LOCK = ROOT / "requirements.lock"
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-EXTRAS = PYPROJECT["project"]["optional-dependencies"]
+LOCK = REPO_ROOT / "requirements.lock"
 
 
 def requirements(extra: str) -> list[Requirement]:
@@ -46,7 +42,7 @@ def test_the_lock_is_uv_s_resolution_and_pins_every_package_once():
     assert len(names) == len(set(names)) > 200
     assert all("==" in line for line in text.splitlines() if line and not line.startswith((" ", "#")))
     assert not re.search(r"^(-e|--|\S+ @ )", text, re.M), "no editable, URL or index line: pins only"
-    makefile = (ROOT / "Makefile").read_text()
+    makefile = (REPO_ROOT / "Makefile").read_text()
     assert "UV_COMPILE := .venv/bin/uv pip compile pyproject.toml" in makefile
     assert "$(UV_COMPILE) --all-extras -o requirements.lock" in makefile
 
@@ -85,18 +81,17 @@ def test_the_virtualenv_has_the_lock_s_versions():
 
 
 def test_no_part_of_the_lab_keeps_a_requirements_file_of_its_own():
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
     assert [name for name in tracked.split() if re.search(r"requirements[^/]*\.txt$", name)] == []
 
 
 def test_the_virtualenv_and_the_gpu_check_s_wheels_install_at_the_lock_s_versions():
-    bootstrap = (ROOT / "scripts" / "bootstrap.sh").read_text()
-    # One of the two locks (requirements-cpu.lock: PyTorch's CPU builds; tests/test_setup.py).
-    assert '"${pip[@]}" -c "$lock" -e ".[$EXTRA]"' in bootstrap
+    bootstrap = (REPO_ROOT / "scripts" / "bootstrap.sh").read_text()
+    # One of the two locks, the pip install constrained by it: tests/test_setup.py.
     assert set(re.findall(r"\block=(\S+)", bootstrap)) == {"requirements.lock", "requirements-cpu.lock"}
     # The stamp: pip runs again only when what it installs from changed.
     assert "cat requirements.lock requirements-cpu.lock pyproject.toml scripts/bootstrap.sh | sha256sum" in bootstrap
-    wheels = (ROOT / "scripts" / "gpu_check_wheels.sh").read_text()
+    wheels = (REPO_ROOT / "scripts" / "gpu_check_wheels.sh").read_text()
     assert "-c requirements.lock" in wheels
     listed = re.search(r"WHEELS=\(\n(.*?)\n\)", wheels, re.S).group(1).split()
     assert listed and all(canonicalize_name(name) in lock_pins() for name in listed), "names only: the lock pins"

@@ -17,7 +17,6 @@ from packaging.requirements import Requirement
 from tests.helpers.compose import (
     EXTRAS,
     GPU_LIBRARY_IMAGES,
-    GPU_OVERRIDE,
     MODEL_FILES_IN_THE_TORCH_IMAGE,
     PYTHON_BASE_IMAGE,
     REPO_ROOT,
@@ -30,6 +29,7 @@ from tests.helpers.compose import (
     dockerfiles,
     variant,
 )
+from tests.helpers.fatbins import ALLOW_LIST, cuda_arch
 
 # What the Triton image's first guard scans: the backends the lab loads, and the server's libraries.
 TRITON_TREE = ["/opt/tritonserver/backends/python", "/opt/tritonserver/backends/onnxruntime", "/opt/tritonserver/lib"]
@@ -81,7 +81,7 @@ GUARD_MOUNTS = (
 ALLOW_LIST_READ = "/tmp/cuda_arch.py --allow-file /tmp/cuda_allow.txt"
 
 
-def test_every_guard_binds_the_guard_and_its_one_allow_list_and_each_allow_says_why():
+def test_every_guard_binds_the_guard_and_its_one_allow_list():
     guards = [
         (name, args)
         for name, dockerfile in dockerfiles().items()
@@ -91,11 +91,8 @@ def test_every_guard_binds_the_guard_and_its_one_allow_list_and_each_allow_says_
     assert {name for name, _ in guards} == GPU_LIBRARY_IMAGES
     for name, args in guards:
         assert args.split(" if ")[0].split() == list(GUARD_MOUNTS), name
-    allows = [line.split(None, 1) for line in (REPO_ROOT / "docker" / "cuda_allow.txt").read_text().splitlines()]
-    allows = [allow for allow in allows if allow and not allow[0].startswith("#")]
-    assert {glob for glob, _ in allows} >= {"libcusparseLt.so*", "libcufftw.so*"}
-    for glob, why in allows:
-        assert len(why) > 40, f"docker/cuda_allow.txt: {glob} says why no lab model needs it"
+    # A line without its reason fails the guard (tests/test_cuda_arch.py).
+    assert {"libcusparseLt.so*", "libcufftw.so*"} <= set(cuda_arch.read_allow_list(ALLOW_LIST))
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES | {TORCH_IMAGE}))
@@ -172,8 +169,7 @@ def test_the_triton_image_stages_the_repository_for_its_server_and_pins_the_rele
 
 
 def test_the_jupyter_image_has_the_virtualenv_s_client_and_runs_as_the_clone_s_owner():
-    instructions = dockerfile_instructions(dockerfiles()["jupyter"])
-    assert instructions[0] == ("FROM", TORCH_CONTEXT)
+    instructions = dockerfile_instructions(dockerfiles()["jupyter"])  # FROM the torch image: test_compose_project
     runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
     # The virtualenv's notebook tools (its `lab` extra has this one): Debian 12's glibc runs the
     # perf_analyzer of tritonclient 2.51; `make test-docker` runs the notebooks here with `pytest --nbmake`.
@@ -195,22 +191,16 @@ def test_the_jupyter_image_has_the_virtualenv_s_client_and_runs_as_the_clone_s_o
 
 
 def test_the_jupyter_container_gets_nvidia_smi_on_the_node_from_the_nvidia_toolkit():
-    """Notebooks 6 and 7 run nvidia-smi beside a perf_analyzer run. The NVIDIA container toolkit mounts
-    the driver's nvidia-smi (and NVML) into a container given GPUs where its driver capabilities
-    include `utility`; unset, they are `utility,compute` (the toolkit's default). So the Jupyter
-    container has every GPU, and nothing narrows those capabilities: not the GPU reservation (Docker
-    would set NVIDIA_DRIVER_CAPABILITIES from any capability besides `gpu`), not its environment, not
-    an ENV of its image or of the PyTorch image it is built on."""
-    jupyter = variant(cpu=False)["services"]["jupyter"]
-    (device,) = jupyter["deploy"]["resources"]["reservations"]["devices"]
-    assert device == {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
-    assert "NVIDIA_DRIVER_CAPABILITIES" not in jupyter["environment"]
+    """Notebooks 6 and 7 run nvidia-smi, which the NVIDIA container toolkit mounts where the driver
+    capabilities include `utility` (its default, when unset): nothing narrows them, not the GPU
+    reservation (Docker sets them from any capability besides `gpu`), its environment, or an ENV."""
+    # Its GPU reservation (every GPU, capability `gpu` alone): test_compose_project.
+    assert "NVIDIA_DRIVER_CAPABILITIES" not in variant(cpu=False)["services"]["jupyter"]["environment"]
     for image in ("jupyter", TORCH_IMAGE):
         environment = " ".join(
             args for keyword, args in dockerfile_instructions(dockerfiles()[image]) if keyword == "ENV"
         )
         assert "NVIDIA_DRIVER_CAPABILITIES" not in environment, image
-    assert "nvidia-smi" in GPU_OVERRIDE.read_text()  # the file says why the notebooks can run it
 
 
 def test_gourmetgram_s_image_runs_gunicorn_with_the_config_that_says_how_many_workers():

@@ -1,9 +1,5 @@
 """Both FastAPI services as real processes (uvicorn, their own app.py and model) over real HTTP: what
-the in-process tests of their HTTP side (tests/test_predict_api.py, tests/test_predict_schema.py, a
-model that answers at once) cannot see. That both publish one API; the real models' answers, and a
-bad request refused by the real decoder; /health as each process reports its runtime, device and
-cores, and the processes its app plans; settings read from the process's environment, a bad one
-stopping it.
+the in-process tests of their HTTP side (tests/test_predict_api.py) cannot see.
 """
 
 import base64
@@ -17,60 +13,24 @@ from servelab.service.cores import available_cores, service_plan
 from servelab.service.start import planned_processes
 from servelab.stack.catalogue import FASTAPI_FLAVORS, fastapi_service
 from servelab.stack.supervision import LocalStack, Ports
-from tests.helpers import check_bad_request
+from tests.helpers import FLAVORS
 
 pytestmark = pytest.mark.integration
 
-FLAVORS = ["pt", "onnx"]
-
-
-@pytest.fixture(params=FLAVORS)
-def service_url(request, fastapi_urls) -> str:
-    return fastapi_urls[request.param]
-
-
-def test_predict_returns_a_label_and_a_probability(service_url, image_b64):
-    """The real model's answer, end to end."""
-    response = requests.post(f"{service_url}/predict", json={"image": image_b64}, timeout=30)
-    assert response.status_code == 200
-    body = response.json()
-    assert set(body) == {"prediction", "probability"}
-    assert body["prediction"] in LABELS
-    # Softmax over 11 classes: the top class has at least 1/11 of the mass.
-    assert 1 / 11 - 1e-6 <= body["probability"] <= 1
-
-
-def test_both_services_publish_the_same_api(fastapi_urls):
-    """Each app writes its HTTP side itself: the routes, their schemas and documented statuses are one API."""
-    published = [requests.get(f"{fastapi_urls[flavor]}/openapi.json", timeout=5).json() for flavor in FLAVORS]
-    assert [(api["paths"], api["components"]) for api in published] == [
-        (published[0]["paths"], published[0]["components"])
-    ] * 2
-    assert {"/predict", "/refine", "/health"} <= set(published[0]["paths"])
-    assert "swagger" in requests.get(f"{fastapi_urls['onnx']}/docs", timeout=5).text.lower()
-
-
-def test_bytes_that_are_not_an_image_are_refused_by_the_real_decoder_and_the_service_goes_on(service_url, image_b64):
-    not_an_image = b'{"image": "' + base64.b64encode(b"hello, I am text") + b'"}'
-    check_bad_request(service_url, image_b64, not_an_image, {"content-type": "application/json"}, 400)
-
-
-def test_health_reports_model_weights_device_and_runtime(service_url):
-    """As the process's runtime reports itself once its model has run."""
-    body = requests.get(f"{service_url}/health", timeout=5).json()
-    assert body["status"] == "ready"
-    assert body["model_file"] in ("food11.pth", "food11.onnx")
-    assert body["weights"] in ("trained", "untrained")
-    assert body["device"] == "cpu" or body["device"].startswith("cuda")
-    assert body["device_asked"] == body["device"].split()[0] and body["device_fallback"] is None  # auto: no fallback
-    assert body["runtime"].split()[0] in ("torch", "onnxruntime")
-
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_health_states_the_plan_its_app_made_and_the_default_never_crowds_the_cores(flavor, fastapi_urls):
-    """The processes `python app.py` plans for this machine (uvicorn's workers), each with a slot of one
-    thread per core of its share; the lab's own copy of the rule (cores.service_plan) agrees."""
+def test_health_reports_model_weights_runtime_device_and_the_plan_its_app_made(flavor, fastapi_urls, built_artifacts):
+    """As the process's runtime reports itself once its model has run; its weights from the record
+    `make artifacts` placed beside the model file; the processes `python app.py` plans for this machine
+    (uvicorn's workers), each with a slot of one thread per core of its share, as the lab's own copy of
+    the rule (cores.service_plan) says."""
     body = requests.get(f"{fastapi_urls[flavor]}/health", timeout=5).json()
+    assert body["status"] == "ready" and body["model_file"] == FASTAPI_FLAVORS[flavor][1]
+    assert body["weights"] == built_artifacts.weights_info["weights"]
+    assert body["weights"] == "trained" or "UNTRAINED" in body["weights_note"]
+    assert body["device"] == "cpu" or body["device"].startswith("cuda")
+    assert body["device_asked"] == body["device"].split()[0] and body["device_fallback"] is None  # auto: no fallback
+    assert body["runtime"].split()[0] == {"pt": "torch", "onnx": "onnxruntime"}[flavor]
     processes = planned_processes(FASTAPI_FLAVORS[flavor][0], "")
     cores = max(1, available_cores() // processes)
     assert (body["processes"], body["cores"], body["slots"], body["inference_threads"]) == (processes, cores, cores, 1)
@@ -160,30 +120,26 @@ def predictions_counted(exposition: str) -> float:
     return float(line.split()[-1])
 
 
-def test_a_bad_device_setting_stops_the_service_with_what_to_do(tmp_path):
+@pytest.mark.parametrize(
+    "flavor, setting, says",
+    [
+        # Its app says so as soon as it plans its processes (StackError is a RuntimeError too) ...
+        ("pt", {"INFERENCE_DEVICE": "gpu"}, "INFERENCE_DEVICE='gpu' is not one of auto, cuda, cpu"),
+        # ... or, for a setting the plan does not read, as its process starts.
+        ("onnx", {"INFERENCE_THREADS": "many"}, "INFERENCE_THREADS='many' is not a whole number"),
+    ],
+)
+def test_a_bad_setting_stops_the_service_with_what_to_do(tmp_path, flavor, setting, says):
     port = Ports.found_free().fastapi_pt
-    # Its app says so as soon as it plans its processes (StackError is a RuntimeError too).
-    with pytest.raises(RuntimeError, match="INFERENCE_DEVICE='gpu' is not one of auto, cuda, cpu"):
-        LocalStack([fastapi_service("pt", port, env={"INFERENCE_DEVICE": "gpu"})], log_dir=tmp_path).start()
+    with pytest.raises(RuntimeError, match=says):
+        LocalStack([fastapi_service(flavor, port, env=setting)], log_dir=tmp_path).start()
 
 
-def test_a_bad_thread_setting_stops_the_service_with_what_to_do(tmp_path):
-    port = Ports.found_free().fastapi_pt
-    with pytest.raises(RuntimeError, match="INFERENCE_THREADS='many' is not a whole number"):
-        LocalStack([fastapi_service("onnx", port, env={"INFERENCE_THREADS": "many"})], log_dir=tmp_path).start()
-
-
-def test_health_says_loudly_when_weights_are_untrained(service_url, built_artifacts):
-    """From the record `make artifacts` placed beside the model file each service loads."""
-    body = requests.get(f"{service_url}/health", timeout=5).json()
-    assert body["weights"] == built_artifacts.weights_info["weights"]
-    if body["weights"] == "untrained":
-        assert "UNTRAINED" in body["weights_note"]
-
-
-def test_pytorch_and_onnx_services_agree_on_every_image(fastapi_urls, test_images):
+def test_both_real_models_answer_a_label_and_a_probability_and_agree_on_every_image(fastapi_urls, test_images):
     for raw in test_images:
         payload = {"image": base64.b64encode(raw).decode()}
-        answers = [requests.post(f"{fastapi_urls[f]}/predict", json=payload, timeout=30).json() for f in FLAVORS]
-        assert answers[0]["prediction"] == answers[1]["prediction"]
-        assert answers[0]["probability"] == pytest.approx(answers[1]["probability"], abs=1e-4)
+        pt, onnx = (requests.post(f"{fastapi_urls[f]}/predict", json=payload, timeout=30).json() for f in FLAVORS)
+        assert set(pt) == {"prediction", "probability"} and pt["prediction"] in LABELS
+        assert 1 / 11 - 1e-6 <= pt["probability"] <= 1  # softmax over 11 classes: the top has at least 1/11
+        assert onnx["prediction"] == pt["prediction"]
+        assert onnx["probability"] == pytest.approx(pt["probability"], abs=1e-4)

@@ -27,11 +27,6 @@ from tests.helpers.gourmetgram import (
 )
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    forget_backend_env(monkeypatch)
-
-
 @pytest.fixture
 def port() -> int:
     return closed_port()
@@ -102,36 +97,27 @@ def test_weights_cache_asks_once_within_ttl_and_unreachable_overrides() -> None:
 # --- Backend selection -------------------------------------------------------------------------
 
 
-def test_no_url_defaults_to_local_fastapi() -> None:
-    choice = gg.select_backend({})
-    assert (choice.kind, choice.url) == ("fastapi", "http://127.0.0.1:8000")
+TRITON = "127.0.0.1:8200"
 
 
-def test_fastapi_url_is_used_and_normalised() -> None:
-    assert gg.select_backend({"FASTAPI_SERVER_URL": "http://fastapi:8100/"}).url == "http://fastapi:8100"
-    assert gg.select_backend({"FASTAPI_SERVER_URL": "fastapi:8100"}).url == "http://fastapi:8100"
-
-
-def test_triton_defaults_to_the_python_model_and_strips_scheme() -> None:
-    choice = gg.select_backend({"TRITON_SERVER_URL": "http://127.0.0.1:8200/"})
-    assert choice == bk.BackendChoice(kind="triton", url="127.0.0.1:8200", model="food_classifier")
-
-
-@pytest.mark.parametrize("model", ["food_classifier_onnx", "resnet", "a_model_added_later"])
-def test_any_triton_model_name_is_accepted_at_start_up(model: str) -> None:
-    # Whether Triton has the model, and how to call it, is only known once Triton is asked.
-    choice = gg.select_backend({"TRITON_SERVER_URL": "127.0.0.1:8200", "FOOD11_MODEL_NAME": f" {model} "})
-    assert choice == bk.BackendChoice(kind="triton", url="127.0.0.1:8200", model=model)
-
-
-def test_triton_wins_when_both_urls_are_set() -> None:
-    choice = gg.select_backend({"TRITON_SERVER_URL": "triton:8000", "FASTAPI_SERVER_URL": "http://fastapi:8000"})
-    assert choice.kind == "triton" and choice.url == "triton:8000"
-
-
-def test_model_name_is_ignored_without_triton() -> None:
-    choice = gg.select_backend({"FASTAPI_SERVER_URL": "http://f:1", "FOOD11_MODEL_NAME": "food_classifier_onnx"})
-    assert choice.kind == "fastapi"
+@pytest.mark.parametrize(
+    ("source", "choice"),
+    [
+        ({}, ("fastapi", "http://127.0.0.1:8000", "food11")),
+        ({"FASTAPI_SERVER_URL": "http://fastapi:8100/"}, ("fastapi", "http://fastapi:8100", "food11")),
+        ({"FASTAPI_SERVER_URL": "fastapi:8100"}, ("fastapi", "http://fastapi:8100", "food11")),
+        ({"FASTAPI_SERVER_URL": "http://f:1", "FOOD11_MODEL_NAME": "resnet"}, ("fastapi", "http://f:1", "food11")),
+        ({"TRITON_SERVER_URL": f"http://{TRITON}/"}, ("triton", TRITON, "food_classifier")),
+        ({"TRITON_SERVER_URL": TRITON, "FASTAPI_SERVER_URL": "http://f:1"}, ("triton", TRITON, "food_classifier")),
+        # Any name: whether Triton has the model, and how to call it, is only known once Triton is asked.
+        *[
+            ({"TRITON_SERVER_URL": TRITON, "FOOD11_MODEL_NAME": f" {model} "}, ("triton", TRITON, model))
+            for model in ("food_classifier_onnx", "resnet", "a_model_added_later")
+        ],
+    ],
+)
+def test_the_backend_is_triton_if_its_url_is_set_else_fastapi(source: dict[str, str], choice: tuple) -> None:
+    assert gg.select_backend(source) == bk.BackendChoice(*choice)
 
 
 @pytest.mark.parametrize(
@@ -155,26 +141,21 @@ def test_bad_settings_raise_config_error(source: dict[str, str]) -> None:
         ("triton_onnx", "triton", "TritonBackend"),
     ],
 )
-def test_create_app_builds_the_backend_from_env(
+def test_create_app_builds_the_backend_from_env_and_contacts_no_server(
     config: str, kind: str, backend_class: str, port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name, value in BACKEND_CONFIGS[config](port).items():
-        monkeypatch.setenv(name, value)
-    state = gg.create_app().extensions["gourmetgram"]
-    assert type(state.backend) is getattr(bk, backend_class)
-    assert state.settings.backend.kind == kind
-
-
-def test_create_app_contacts_no_server(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("create_app must not contact a server")
 
     monkeypatch.setattr(bk.requests.Session, "request", refuse)
     monkeypatch.setattr(bk.triton_http, "InferenceServerClient", refuse)
-    triton = {"TRITON_SERVER_URL": "127.0.0.1:1"}
-    for config in ({}, triton, {**triton, "FOOD11_MODEL_NAME": "any_model"}):
-        app = gg.create_app(config)
-        assert app.config["MAX_CONTENT_LENGTH"] == 8 * 1024 * 1024
+    forget_backend_env(monkeypatch)
+    for name, value in BACKEND_CONFIGS[config](port).items():
+        monkeypatch.setenv(name, value)
+    app = gg.create_app()
+    state = app.extensions["gourmetgram"]
+    assert type(state.backend) is getattr(bk, backend_class) and state.settings.backend.kind == kind
+    assert app.config["MAX_CONTENT_LENGTH"] == 8 * 1024 * 1024
     assert "_app" in vars(gg) and gg._app is None  # the module-level app is built only on demand
 
 
@@ -335,19 +316,20 @@ def test_unknown_triton_model_gets_502_naming_it_and_the_models_triton_has(
     assert client.get("/healthz").get_json()["model_input"] is None
 
 
-def test_triton_model_that_failed_to_load_is_reported_as_such(port: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeTriton(FOOD_CLASSIFIER_METADATA, unavailable=("food_classifier_onnx",))
-    response = triton_app(monkeypatch, port, "food_classifier_onnx", fake).get("/test")
-    body = html.unescape(response.get_data(as_text=True))
-    assert response.status_code == 502
-    assert "has model 'food_classifier_onnx' in its repository but cannot serve it (UNAVAILABLE: load failed)" in body
-
-
-def test_triton_model_of_another_shape_gets_502_saying_what_it_takes(
-    port: int, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("model", "fake", "says"),
+    [
+        (
+            "food_classifier_onnx",
+            FakeTriton(FOOD_CLASSIFIER_METADATA, unavailable=("food_classifier_onnx",)),
+            "has model 'food_classifier_onnx' in its repository but cannot serve it (UNAVAILABLE: load failed)",
+        ),
+        ("text_model", FakeTriton(TEXT_MODEL), "model 'text_model' takes inputs input_ids (INT64 [-1, 128])"),
+    ],
+    ids=["failed-to-load", "another-shape"],
+)
+def test_a_triton_model_the_page_cannot_call_gets_502_saying_why(
+    model: str, fake: FakeTriton, says: str, port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    response = triton_app(monkeypatch, port, "text_model", FakeTriton(TEXT_MODEL)).get("/test")
-    body = html.unescape(response.get_data(as_text=True))
-    assert response.status_code == 502
-    assert "model 'text_model' takes inputs input_ids (INT64 [-1, 128])" in body
-    assert "two kinds of model" in body
+    response = triton_app(monkeypatch, port, model, fake).get("/test")
+    assert response.status_code == 502 and says in html.unescape(response.get_data(as_text=True))

@@ -1,9 +1,6 @@
 """Images by URL, end to end: the lab's image host and a FastAPI service that downloads from it, as
-real processes on 127.0.0.1, for what needs them: the real host's emulated latency, a photo by URL
-classified by the real model, the service's /metrics scraped as the lab scrapes them, where the
-download runs (inside or outside the slot) as timed by the real service, a download slower than
-httpx's own defaults, and the 413 that Python's urllib must be able to read over a real socket.
-Every way a URL is refused, redirects and the host's failures: tests/test_predict_api.py, in process.
+real processes, for what needs them. Every way a URL is refused, redirects and the host's failures:
+tests/test_predict_api.py, in process.
 """
 
 from __future__ import annotations
@@ -31,17 +28,12 @@ LIMIT_BYTES = 1_000_000  # MAX_REQUEST_BYTES of the services here: the soup phot
 
 
 @pytest.fixture(scope="module")
-def image_folder(tmp_path_factory):
+def image_host(tmp_path_factory, built_artifacts):
     folder = tmp_path_factory.mktemp("images")
     shutil.copy(paths.SAMPLE_IMAGE, folder / "soup.jpg")
-    return folder
-
-
-@pytest.fixture(scope="module")
-def image_host(image_folder, tmp_path_factory, built_artifacts):
     port = Ports.found_free().image_host
     spec = image_host_service(port, latency_ms=0)
-    spec.command[spec.command.index("--images") + 1] = str(image_folder)
+    spec.command[spec.command.index("--images") + 1] = str(folder)
     with LocalStack([spec], log_dir=tmp_path_factory.mktemp("image-host-logs")):
         yield f"http://127.0.0.1:{port}"
 

@@ -5,51 +5,31 @@ in a pytest of its own, on a tiny test file, with the lab's root conftest.py."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 import textwrap
 
 import nbformat
 
-from servelab import paths
-
-# The lab's markers are declared in its pyproject.toml, which a run in another folder does not read.
-UNKNOWN_MARKS = "ignore::pytest.PytestUnknownMarkWarning"
+from tests.helpers import own_session
 
 
 def pytest_in(folder, source: str, *arguments: str) -> subprocess.CompletedProcess:
-    """pytest on `source` (written to folder/test_toy.py) with the lab's root conftest.py, copied
-    there, as a session of its own: none of this session's servers, and its scratch folder for the
-    stack's files at folder/stack."""
-    shutil.copy(paths.REPO_ROOT / "conftest.py", folder / "conftest.py")
+    """pytest on `source`, written to folder/test_toy.py, with the stack's files at folder/stack."""
     (folder / "test_toy.py").write_text(textwrap.dedent(source))
-    own = {name: value for name, value in os.environ.items() if not name.startswith("SERVELAB_")}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", "-W", UNKNOWN_MARKS, *arguments],
-        cwd=folder,
-        env={**own, "PYTHONPATH": str(paths.REPO_ROOT), "SERVELAB_STACK_DIR": str(folder / "stack")},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return own_session.pytest_in(folder, *arguments, SERVELAB_STACK_DIR=str(folder / "stack"))
 
 
-def test_a_test_not_marked_integration_that_uses_the_session_s_servers_fails_before_they_start(tmp_path):
-    run = pytest_in(tmp_path, "def test_unmarked(ports):\n    assert ports\n", "test_toy.py")
-    assert run.returncode == 1 and "1 error" in run.stdout, run.stdout
-    assert "test_unmarked is not marked integration, yet it uses the session's servers (session_stack)" in run.stdout
-    assert not (tmp_path / "stack" / "logs").exists(), "a server was started"
-
-
-SERVER_FIXTURE = """
+TOY_TESTS = """
     import subprocess, sys
 
     import pytest
 
     # Prints its port once it listens, then serves until killed.
     SERVER = "import socket; s = socket.create_server(('127.0.0.1', 0)); print(s.getsockname()[1]); input()"
+
+
+    def test_ports(ports):
+        assert ports
 
 
     @pytest.fixture(scope="module")
@@ -70,9 +50,11 @@ SERVER_FIXTURE = """
 """
 
 
-def test_a_fixture_that_starts_a_server_process_fails_a_test_not_marked_integration(tmp_path):
-    run = pytest_in(tmp_path, SERVER_FIXTURE, "test_toy.py")
-    assert run.returncode == 1 and "1 passed" in run.stdout and "1 error" in run.stdout, run.stdout
+def test_a_test_not_marked_integration_that_uses_the_session_s_servers_or_starts_one_fails(tmp_path):
+    run = pytest_in(tmp_path, TOY_TESTS, "test_toy.py")
+    assert run.returncode == 1 and "1 passed" in run.stdout and "2 errors" in run.stdout, run.stdout
+    assert "test_ports is not marked integration, yet it uses the session's servers (session_stack)" in run.stdout
+    assert not (tmp_path / "stack" / "logs").exists(), "the session's servers were started"
     assert "test_unmarked is not marked integration, yet its setup started a server: pid " in run.stdout
     assert "-c import socket;" in run.stdout and "on port(s) [" in run.stdout
 

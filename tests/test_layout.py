@@ -13,29 +13,12 @@ from pathlib import Path
 import pytest
 
 from servelab import paths
-from servelab.time_plan import NOTEBOOKS
 
 PACKAGE = paths.REPO_ROOT / "servelab"
-# Top to bottom, as servelab/__init__.py lists them: a folder may import any folder after it.
-LAYERS = ["lab", "bench", "lessons", "report", "loadgen", "measure", "ray", "stack", "triton", "service"]
-FOUNDATION = {
-    "progress",
-    "paths",
-    "settings",
-    "environment",
-    "node_plan",
-    "node_build",
-    "node_traffic",
-    "node_env",
-    "node_setup",
-    "time_plan",
-    "results",
-    "profiles",
-    "retries",
-    "polling",
-    "jsonl",
-    "service_exits",
-}
+DRAWN = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text())) or ""
+# Top to bottom, as servelab/__init__.py draws them: a folder may import any folder after it.
+LAYERS = re.findall(r"^    (\w+)/", DRAWN, re.M)
+FOUNDATION = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
 
 
 def module_name(path: Path) -> str:
@@ -66,35 +49,26 @@ def folder_of(module: str) -> str:
     return module.split(".")[1] if module.count(".") >= 1 else ""
 
 
-def test_every_folder_is_a_layer_and_every_top_level_module_is_a_foundation():
-    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
-    assert folders == set(LAYERS)
-    top = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
-    assert top == FOUNDATION
+def test_every_folder_is_a_layer_and_every_top_level_module_a_foundation_the_package_names():
+    assert {path.parent.name for path in PACKAGE.glob("*/__init__.py")} == set(LAYERS)
+    bottom = DRAWN.split("At the bottom", 1)[1]
+    assert sorted(module for module in FOUNDATION if not re.search(rf"\b{module}\b", bottom)) == []
 
 
-@pytest.mark.parametrize("layer", LAYERS)
-def test_a_folder_imports_only_the_folders_below_it_and_the_foundation(layer):
-    allowed = set(LAYERS[LAYERS.index(layer) :]) | FOUNDATION
-    if layer == "service":  # every image installs servelab/service alone
-        allowed = {"service"}
+@pytest.mark.parametrize("layer", [*LAYERS, "foundation"])
+def test_a_folder_imports_only_the_folders_below_it_and_the_foundation_only_itself(layer):
+    if layer == "foundation":
+        mine, allowed = FOUNDATION, FOUNDATION
+    elif layer == "service":  # every image installs servelab/service alone
+        mine, allowed = {"service"}, {"service"}
+    else:
+        mine, allowed = {layer}, set(LAYERS[LAYERS.index(layer) :]) | FOUNDATION
     upward = sorted(
         f"{module} imports {target}"
         for module, targets in GRAPH.items()
-        if folder_of(module) == layer
+        if folder_of(module) in mine
         for target in targets
         if folder_of(target) not in allowed
-    )
-    assert upward == []
-
-
-def test_the_foundation_imports_only_the_foundation():
-    upward = sorted(
-        f"{module} imports {target}"
-        for module, targets in GRAPH.items()
-        if folder_of(module) in FOUNDATION
-        for target in targets
-        if folder_of(target) not in FOUNDATION
     )
     assert upward == []
 
@@ -120,7 +94,6 @@ def test_no_module_imports_itself_back():
 def test_each_folder_says_what_it_owns(layer):
     docstring = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text())) or ""
     assert len(docstring.split()) >= 15, f"servelab/{layer}/__init__.py says too little about what it owns"
-    assert f"    {layer}/" in ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text()))
 
 
 def test_tests_share_code_through_tests_helpers_only():
@@ -153,29 +126,16 @@ def test_lessons_hold_the_shared_machinery_and_a_folder_per_lesson():
     assert LESSON_FOLDERS, "no lesson folder found"
 
 
-@pytest.mark.parametrize("notebook", sorted(NOTEBOOKS.glob("*.py")), ids=lambda path: path.stem)
-def test_a_notebooks_lesson_folder_names_the_notebook_and_each_of_its_modules(notebook):
-    """A reader finds a check by its notebook's name: the folder the notebook imports says, first
-    thing, which notebook it serves, and what each of its modules holds."""
-    tree = ast.parse(notebook.read_text())
-    imported = {
-        alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module == "servelab.lessons"
-        for alias in node.names
-    } | {  # notebooks 0-2 import names from theirs: `from servelab.lessons.node import chameleon_only`
-        node.module.split(".")[2]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("servelab.lessons.")
-    }
-    for lesson in imported:
-        assert lesson in LESSON_FOLDERS, f"{notebook.name} imports servelab.lessons.{lesson}, not a lesson folder"
-        init = LESSONS / lesson / "__init__.py"
-        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
-        assert f"notebooks/{notebook.name}" in docstring, f"{init} does not name notebooks/{notebook.name}"
-        modules = {path.stem for path in (LESSONS / lesson).glob("*.py")} - {"__init__"}
-        unnamed = sorted(module for module in modules if f"`{module}`" not in docstring)
-        assert unnamed == [], f"{init} does not say what these modules hold: {unnamed}"
+@pytest.mark.parametrize("lesson", LESSON_FOLDERS)
+def test_a_lesson_folder_names_its_notebook_and_what_each_of_its_modules_holds(lesson):
+    """A reader finds a check by its notebook's name: the folder says, first thing, which notebook it
+    serves (a notebook imports only the folder that names it: tests/test_notebooks_sources.py), and
+    what each of its modules holds."""
+    docstring = ast.get_docstring(ast.parse((LESSONS / lesson / "__init__.py").read_text())) or ""
+    assert re.search(r"notebooks/\w+\.py", docstring), f"servelab/lessons/{lesson} names no notebook"
+    modules = {path.stem for path in (LESSONS / lesson).glob("*.py")} - {"__init__"}
+    unnamed = sorted(module for module in modules if f"`{module}`" not in docstring)
+    assert unnamed == [], f"servelab/lessons/{lesson} does not say what these modules hold: {unnamed}"
 
 
 def test_a_lessons_checks_import_none_of_its_runs_or_views_and_no_lesson_another():

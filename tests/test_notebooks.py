@@ -1,32 +1,24 @@
-"""How the notebooks are checked. nbmake runs each one, as a student runs it (local services, quick
-profile), against the session's servers (`make test`, `make test-notebook NOTEBOOK=...`, or
-`pytest --nbmake notebooks/*.ipynb`; the root conftest.py and tests/lab_servers.py). A judging
-notebook checks its own verdicts in its last cells: `lab.verdicts()` raises a LabFault where a
-saved run is not the run its table shows, every field compared, a verdict's figure is not the one
-its saved run gives, or a claim about what the lab's software does (`must_hold=True`) did not
-hold. These tests check that check, and that nbmake reports a failing notebook by its cell and
-its error, within its time limit.
+"""How the notebooks are checked. nbmake runs each one, as a student runs it, against the session's
+servers (the root conftest.py and tests/lab_servers.py). A judging notebook checks its own verdicts in
+its last cells: `lab.verdicts()` raises a LabFault where its saved runs and its table differ, or a claim
+that must hold did not. These tests check that check, and that nbmake reports a failing notebook by
+its cell and its error, within its time limit.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import shutil
 import subprocess
-import sys
 import time
 
 import nbformat
 import pytest
 
-from servelab import paths
 from servelab.lab import Lab, run_keeper
-from servelab.lab.notebook_runs import NOTEBOOKS, judging, sources
+from servelab.lab.notebook_runs import NOTEBOOKS, judging
 from servelab.lessons.expectations import Expectation, LabFault, PredictionError, condition, figure, measured
 from servelab.profiles import profile
-from tests.helpers import synthetic_run
+from tests.helpers import own_session, synthetic_run
 
 
 def judging_lab(tmp_path, monkeypatch) -> Lab:
@@ -125,13 +117,10 @@ def test_a_run_saved_whole_passes_though_json_made_its_keys_strings_and_nan_equa
     assert "HELD: batches of 10 ran" in lab.verdicts()
 
 
-def test_a_notebook_with_no_verdict_read_from_a_run_raises(tmp_path, monkeypatch):
-    lab = judging_lab(tmp_path, monkeypatch)
+def test_a_notebook_with_no_expectation_raises(tmp_path, monkeypatch):
+    # One with no verdict read from a run: tests/test_lab_checks.py.
     with pytest.raises(LabFault, match="no expectation was recorded"):
-        lab.verdicts()
-    lab.expect("a claim", condition("measured here", True, measured("nodes", 2)))
-    with pytest.raises(LabFault, match="no verdict read a number from a run"):
-        lab.verdicts()
+        judging_lab(tmp_path, monkeypatch).verdicts()
 
 
 @pytest.mark.parametrize("held", [False, None], ids=["did not hold", "not checked"])
@@ -179,50 +168,26 @@ def notebook(path, *cells: str, cell_timeout_s: int = 60, notebook_timeout_s: in
     nbformat.write(written, path)
 
 
-# The lab's markers are declared in its pyproject.toml, which a run in another folder does not read.
-UNKNOWN_MARKS = "ignore::pytest.PytestUnknownMarkWarning"
-
-
 def nbmake(folder, *notebooks: str, timeout_s: float = 120) -> tuple[subprocess.CompletedProcess, float]:
-    """`pytest --nbmake` on notebooks in `folder`, with the lab's root conftest.py (copied there, as
-    pytest loads a conftest only from the folders of what it collects), as a session of its own:
-    none of this session's servers, scratch folders or ports. Its output and duration."""
-    shutil.copy(paths.REPO_ROOT / "conftest.py", folder / "conftest.py")
-    own = {name: value for name, value in os.environ.items() if not name.startswith("SERVELAB_")}
-    command = ["--nbmake", "-ra", "-p", "no:cacheprovider", "-o", "addopts=", "-W", UNKNOWN_MARKS, *notebooks]
+    """`pytest --nbmake` on notebooks in `folder`, as a session of its own; its output and duration."""
     started = time.monotonic()
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", *command],
-        cwd=folder,
-        env={**own, "PYTHONPATH": str(paths.REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+    run = own_session.pytest_in(folder, "--nbmake", "-ra", *notebooks, timeout_s=timeout_s)
     return run, time.monotonic() - started
 
 
-def test_a_failing_cell_fails_its_notebook_naming_the_cell_and_the_error(tmp_path):
+def test_a_failing_cell_or_one_past_its_limit_fails_its_notebook_and_so_does_a_notebook_past_its_own(tmp_path):
     notebook(tmp_path / "fails.ipynb", "x = 1", "ratio = x / 0  # the failing cell", "print('never run')")
-    run, _ = nbmake(tmp_path, "fails.ipynb")
-    assert run.returncode == 1, run.stdout
-    assert "1 failed" in run.stdout
-    assert "ratio = x / 0  # the failing cell" in run.stdout
-    assert "ZeroDivisionError" in run.stdout
-
-
-def test_a_cell_past_its_limit_fails_its_notebook_and_so_does_a_notebook_past_its_own(tmp_path):
     notebook(tmp_path / "slow_cell.ipynb", "import time", "time.sleep(600)", cell_timeout_s=3)
     # Each cell within its limit, the whole past the notebook's: the root conftest.py's timeout marker.
     notebook(tmp_path / "slow_notebook.ipynb", "import time", "time.sleep(600)", notebook_timeout_s=5)
-    run, took = nbmake(tmp_path, "slow_cell.ipynb", "slow_notebook.ipynb")
-    assert run.returncode == 1, run.stdout
-    assert "2 failed" in run.stdout
+    run, took = nbmake(tmp_path, "fails.ipynb", "slow_cell.ipynb", "slow_notebook.ipynb")
+    assert run.returncode == 1 and "3 failed" in run.stdout, run.stdout
+    assert "ratio = x / 0  # the failing cell" in run.stdout and "ZeroDivisionError" in run.stdout
     assert "time.sleep(600)" in run.stdout and "A cell timed out while it was being executed, after 3 seconds" in (
         run.stdout
     )
     assert "Timeout (>5.0s) from pytest-timeout. The notebook ran past its whole-notebook limit" in run.stdout
-    assert took < 90, f"the two notebooks took {took:.0f} s, past their limits of 3 s and 5 s"
+    assert took < 90, f"the notebooks took {took:.0f} s, past their limits of 3 s and 5 s"
 
 
 def test_a_notebook_s_retries_are_listed_with_the_suite_s(tmp_path):
@@ -267,10 +232,3 @@ def test_a_notebook_gets_the_session_s_servers_and_one_that_changes_one_is_caugh
     assert "ERROR b_changes.ipynb::b_changes.ipynb" in run.stdout
     assert "the notebook left Triton's food_classifier_onnx changed" in run.stdout
     assert "RETRY loading food_classifier_onnx as it was served before b_changes.ipynb" in run.stdout
-
-
-def test_every_notebook_carries_the_time_limits_build_notebooks_writes():
-    limits = {"execution": {"timeout": 1200}, "servelab": {"notebook_timeout_s": 1500}}
-    for generated in sources(NOTEBOOKS, ".ipynb"):
-        metadata = json.loads(generated.read_text())["metadata"]
-        assert {key: metadata.get(key) for key in limits} == limits, f"{generated.name}: run `make notebooks`"

@@ -11,11 +11,10 @@ import jupytext
 import pytest
 
 from servelab import paths
-from servelab.lab.notebook_runs import judging, order, sources
+from servelab.lab.notebook_runs import NOTEBOOKS, judging, order, sources
 from tests.helpers import file_module
 
-NOTEBOOKS = paths.REPO_ROOT / "notebooks"
-SOURCES = sources(NOTEBOOKS)  # the numbered lessons (10 after 9, not after 1), then the appendices
+SOURCES = sources()  # the numbered lessons (10 after 9, not after 1), then the appendices
 # What `make notebooks` writes from the sources and the recorded run times, as it would write it now.
 GENERATED, UNMEASURED = file_module(paths.REPO_ROOT / "scripts" / "build_notebooks.py").instructor_notebooks(NOTEBOOKS)
 
@@ -43,17 +42,17 @@ def test_every_notebook_has_a_recorded_run_time_for_the_time_it_states():
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
-def test_committed_notebook_is_what_make_notebooks_writes(source):
-    """Its source's cells, its time (a changed run time or prose changes it) and its link to the next."""
+def test_committed_notebook_is_what_make_notebooks_writes_without_outputs(source):
+    """Its source's cells, its time (a changed run time or prose changes it), its link to the next and
+    its time limits."""
     committed = jupytext.read(source.with_suffix(".ipynb"))
     as_pairs = lambda nb: [(cell.cell_type, cell.source.strip()) for cell in nb.cells]  # noqa: E731
     assert as_pairs(committed) == as_pairs(GENERATED[source]), f"{source.name} changed: run `make notebooks`"
-
-
-@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
-def test_committed_notebook_has_no_outputs(source):
-    notebook = json.loads(source.with_suffix(".ipynb").read_text())
-    for cell in notebook["cells"]:
+    limits = ("execution", "servelab")  # the time limits nbmake runs it under
+    assert {key: committed.metadata.get(key) for key in limits} == {
+        key: GENERATED[source].metadata[key] for key in limits
+    }
+    for cell in json.loads(source.with_suffix(".ipynb").read_text())["cells"]:
         if cell["cell_type"] == "code":
             assert cell.get("outputs") == [] and cell.get("execution_count") is None
 
@@ -82,9 +81,8 @@ def lessons_of(source) -> set[str]:
 
 
 def servelab_imports(source) -> list[str]:
-    """The servelab modules a notebook's source imports: `from servelab import paths` is
-    servelab.paths, `from servelab.lab import Lab, plots` servelab.lab (names it holds),
-    `from servelab.lab import ray_side` servelab.lab.ray_side (a module of it)."""
+    """The servelab modules a notebook's source imports (a name that is not a module counts as its
+    module's)."""
     found = []
     for node in ast.walk(ast.parse(source.read_text())):
         if isinstance(node, ast.Import):
@@ -166,35 +164,11 @@ def test_a_judging_notebook_checks_its_verdicts_after_its_last_one(name):
     assert checks and max(checks) > last_verdict, f"{source.name}: no lab.verdicts() after its last verdict"
 
 
-def test_the_two_node_claim_about_ray_serve_must_hold():
-    """A claim about what the lab's software does, not about speed: the test that checked it before
-    notebook 9 did is gone, and the notebook's check took its place (its lesson marks it must_hold)."""
-    from servelab.lessons import concurrency_target
-
-    (call,) = [
-        call
-        for call in lab_calls(NOTEBOOKS / "9_concurrency_target.py", "record")
-        if "concurrency_target.spread_over_nodes" in ast.unparse(call.args[0])
-    ]
-    report = {
-        "nodes": ["a", "b"],
-        "node_addresses": ["127.0.0.1"],
-        "statuses": {"200": 2},
-        "requests_by_node": {"a": 1, "b": 1},
-        "replicas_by_node": {"a": ["r1"], "b": ["r2"]},
-    }
-    assert call and concurrency_target.spread_over_nodes(report, 2).must_hold
-
-
-def test_each_notebook_but_the_last_ends_by_naming_the_next():
-    """The path through the lab is read in the notebooks themselves (a Trovi artifact has no README
-    in view): each generated notebook's last cell names the next notebook's file."""
-    unnamed = [
-        f"{path.stem} does not name {after.stem}.ipynb in its last cell"
-        for path, after in zip(SOURCES, SOURCES[1:], strict=False)
-        if f"`{after.stem}.ipynb`" not in json.loads(path.with_suffix(".ipynb").read_text())["cells"][-1]["source"][0]
-    ]
-    assert len(SOURCES) >= 12 and unnamed == []
+def test_notebook_9_records_the_two_node_claim_about_ray_serve():
+    """A claim about what the lab's software does, not about speed, which must hold
+    (tests/test_lessons_concurrency_target_capacity.py): the notebook's check took a test's place."""
+    recorded = [ast.unparse(call.args[0]) for call in lab_calls(NOTEBOOKS / "9_concurrency_target.py", "record")]
+    assert sum("concurrency_target.spread_over_nodes" in check for check in recorded) == 1
 
 
 @pytest.mark.parametrize("source", [s for s in SOURCES if s.stem[0].isdigit()], ids=lambda p: p.name)

@@ -1,13 +1,6 @@
-"""The request schema POST /predict publishes says what the server takes (issue 31).
-
-Bodies built from the service's own /openapi.json's request schema - its fields, each with a pool of
-values that covers every case it states (absent, null, empty, malformed, well-formed) - are sent to
-the service (both FastAPI services' `create_app`, in this process: tests/helpers/) and
-judged by the schema itself (`jsonschema`): a body it allows is answered, or refused only with a
-status the route documents for what the schema cannot see (bytes that are not an image, a URL the
-server does not fetch or cannot get); a body it forbids is refused with a 4xx the route documents.
-The pattern the schema gives `image` is checked against the decoder. That the real services publish
-this same schema: tests/test_fastapi_services.py.
+"""The request schema POST /predict publishes says what the server takes (issue 31): every body of a
+pool of values per field (absent, null, empty, malformed, well-formed) is sent to the service in this
+process and judged by the schema itself (`jsonschema`).
 """
 
 from __future__ import annotations
@@ -24,16 +17,6 @@ from servelab import paths
 from tests.helpers import service_settings, serving
 
 ABSENT = object()  # a field left out of the body
-
-
-def request_schema(openapi: dict) -> dict:
-    """POST /predict's JSON body schema, with the document's components for its references."""
-    body = openapi["paths"]["/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    return {**body, "components": openapi["components"]}
-
-
-def documented_statuses(openapi: dict) -> set[int]:
-    return {int(code) for code in openapi["paths"]["/predict"]["post"]["responses"]}
 
 
 def value_pools(schema: dict, image_b64: str, host: str) -> dict[str, list]:
@@ -67,56 +50,45 @@ def value_pools(schema: dict, image_b64: str, host: str) -> dict[str, list]:
     }
 
 
-def bodies(pools: dict[str, list]) -> list[dict]:
-    names = sorted(pools)
-    made = []
-    for values in itertools.product(*(pools[name] for name in names)):
-        made.append({name: value for name, value in zip(names, values, strict=True) if value is not ABSENT})
-    return made
-
-
 @pytest.mark.anyio
 async def test_every_body_the_schema_allows_is_served_and_every_body_it_forbids_is_refused(photo_host, image_b64):
     async with serving(service_settings(photo_host.address)) as service:
         openapi = (await service.get("/openapi.json")).json()
-        wrong, answered = await judged_by_the_schema(service, openapi, photo_host.address, image_b64)
+        route = openapi["paths"]["/predict"]["post"]
+        schema = {**route["requestBody"]["content"]["application/json"]["schema"], "components": openapi["components"]}
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        documented = {int(code) for code in route["responses"]}
+        assert {400, 403, 413, 422, 502, 504} <= documented
+        # What a body the schema allows may still get, for what the schema cannot see: bytes that are not
+        # an image, a URL the server does not fetch (403) or cannot get (502, 504). Never 422, never 500.
+        refusals_beyond_the_schema = documented - {200, 422, 500}
+        refusals = {status for status in documented if 400 <= status < 500}
+        pools = value_pools(schema, image_b64, photo_host.address)
+        # The edge cases the schema used to allow, and the two bodies every client sends.
+        assert not validator.is_valid({}) and not validator.is_valid({"image": "0"})
+        assert not validator.is_valid({"image": image_b64, "url": pools["url"][3]})
+        assert validator.is_valid({"image": image_b64}) and validator.is_valid({"url": pools["url"][3]})
+        wrong, answered = [], {True: 0, False: 0}
+        bodies = [
+            {name: value for name, value in zip(sorted(pools), values, strict=True) if value is not ABSENT}
+            for values in itertools.product(*(pools[name] for name in sorted(pools)))
+        ]
+        for body in [*bodies, {"image": image_b64, "note": "a field the schema does not name"}]:
+            allowed = validator.is_valid(body)
+            response = await service.post("/predict", json=body)
+            status = response.status_code
+            if allowed:
+                fine = status == 200 or status in refusals_beyond_the_schema
+            else:
+                fine = status in refusals and "detail" in response.json()
+            answered[allowed] += status == 200
+            if not fine:
+                shown = {key: (value[:24] + "...") if isinstance(value, str) else value for key, value in body.items()}
+                said = "allowed" if allowed else "forbidden"
+                wrong.append(f"{json.dumps(shown)}: {said} by the schema, got {status}")
     assert not wrong, "\n".join(wrong)
     assert answered[False] == 0  # nothing the schema forbids was served
     assert answered[True] >= 4  # the photo, sent or by URL, each with the other field null; and with an extra field
-
-
-async def judged_by_the_schema(service, openapi: dict, host: str, image_b64: str) -> tuple[list[str], dict]:
-    """Every body of the pools sent to the service: what it got that the schema says it must not,
-    and how many bodies the schema allows (True) and forbids (False) were served."""
-    schema = request_schema(openapi)
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    documented = documented_statuses(openapi)
-    assert {400, 403, 413, 422, 502, 504} <= documented
-    # What a body the schema allows may still get, for what the schema cannot see: bytes that are not
-    # an image, a URL the server does not fetch (403) or cannot get (502, 504). Never 422, never 500.
-    refusals_beyond_the_schema = documented - {200, 422, 500}
-    refusals = {status for status in documented if 400 <= status < 500}
-    pools = value_pools(schema, image_b64, host)
-    # The edge cases the schema used to allow, and the two bodies every client sends.
-    assert not validator.is_valid({}) and not validator.is_valid({"image": "0"})
-    assert not validator.is_valid({"image": image_b64, "url": pools["url"][3]})
-    assert validator.is_valid({"image": image_b64}) and validator.is_valid({"url": pools["url"][3]})
-
-    wrong = []
-    answered = {True: 0, False: 0}
-    for body in bodies(pools) + [{"image": image_b64, "note": "a field the schema does not name"}]:
-        allowed = validator.is_valid(body)
-        response = await service.post("/predict", json=body)
-        status = response.status_code
-        if allowed:
-            fine = status == 200 or status in refusals_beyond_the_schema
-        else:
-            fine = status in refusals and "detail" in response.json()
-        answered[allowed] += status == 200
-        if not fine:
-            shown = {name: (value[:24] + "...") if isinstance(value, str) else value for name, value in body.items()}
-            wrong.append(f"{json.dumps(shown)}: {'allowed' if allowed else 'forbidden'} by the schema, got {status}")
-    return wrong, answered
 
 
 def test_the_published_base64_pattern_is_what_the_decoder_takes():

@@ -1,7 +1,6 @@
-"""The streamed refinement (food11.py) on the three engines: the same answers
-step by step, bad input refused with a message, and a client that leaves midway stops the stream
-at the next step (unless cancellation is turned off), by each server's own account: the FastAPI
-services' and Ray Serve's /metrics, the lines the Triton model logs. Real servers, real sockets.
+"""The streamed refinement (food11.py) on the three engines: the same answers step by step, bad input
+refused with a message, and a client that leaves midway stops the stream at the next step (unless
+cancellation is turned off), by each server's own account (/metrics; the Triton model's log).
 """
 
 from __future__ import annotations
@@ -139,28 +138,20 @@ def test_a_client_that_leaves_midway_stops_the_stream_at_the_next_step_unless_tu
         before = service_stats.scrape(url)
         received = read_then_leave(url, LONG, READ)
         delta = until(lambda: stream_ended(url, before), 60, "the stream to end on the server")
-        assert len(refine_lines(url, 2)) == 2  # and it serves the next stream
+        with service_stats.counted_over(url) as next_stream:
+            assert len(refine_lines(url, 3)) == 3  # and it serves the next stream
     finally:
         stack.stop()
+    # A stream takes one slot for its steps, timed as /predict requests are: its photo decoded once,
+    # its steps each an inference, all in the one slot it waited for.
+    assert next_stream.delta.stage_counts == {"download": 0, "slot_wait": 1, "preprocess": 1, "inference": 3}
+    assert next_stream.delta.refine_steps == 3 and next_stream.delta.requests == 0  # no /predict request
     if abandon == "on":
         assert delta.refine_streams_by_outcome == {"stopped": 1}
         assert delta.refine_steps < LONG and delta.refine_steps_for_gone_clients <= 1  # the step running, at most
     else:
         assert delta.refine_streams_by_outcome == {"completed": 1} and delta.refine_steps == LONG
         assert delta.refine_steps_for_gone_clients >= LONG // 2 > received  # computed for nobody
-
-
-@pytest.mark.integration
-def test_a_stream_takes_one_slot_for_its_steps_timed_as_predict_requests_are(tmp_path):
-    # Its photo decoded once, its steps each an inference, all in the one slot it waited for.
-    stack, url = one_slot_service("on", tmp_path)
-    try:
-        with service_stats.counted_over(url) as stats:
-            assert len(refine_lines(url, 3)) == 3
-    finally:
-        stack.stop()
-    assert stats.delta.stage_counts == {"download": 0, "slot_wait": 1, "preprocess": 1, "inference": 3}
-    assert stats.delta.refine_steps == 3 and stats.delta.requests == 0  # no /predict request among them
 
 
 @pytest.mark.integration
@@ -241,22 +232,21 @@ def test_triton_s_decoupled_model_streams_the_same_answers_as_fastapi(model_serv
 
 
 @pytest.mark.integration
-def test_triton_stops_the_stream_at_the_next_step_when_the_client_cancels(model_servers, triton_grpc_url):
+@pytest.mark.parametrize("abandon", ["on", "off"])
+def test_triton_stops_the_stream_at_the_next_step_when_the_client_cancels_unless_turned_off(
+    model_servers, triton_grpc_url, abandon, request
+):
+    if abandon == "off":
+        request.getfixturevalue("refine_off")
     log = triton_log(model_servers)
     start = log.stat().st_size
     received, error = asyncio.run(triton_stream(triton_grpc_url, LONG, leave_after=READ))
     counts = until(lambda: logged_since(log, start), 60, "food_refine to log the stream's end")
     assert error is None and len(received) == READ
-    assert counts.computed < LONG and counts.for_gone_clients <= 1  # the step running when the cancel came
-
-
-@pytest.mark.integration
-def test_triton_computes_every_step_for_nobody_with_abandon_on_cancel_off(model_servers, refine_off, triton_grpc_url):
-    log = triton_log(model_servers)
-    start = log.stat().st_size
-    received, _ = asyncio.run(triton_stream(triton_grpc_url, LONG, leave_after=READ))
-    counts = until(lambda: logged_since(log, start), 60, "food_refine to log the stream's end")
-    assert len(received) == READ and counts.computed == LONG and counts.for_gone_clients >= LONG // 2
+    if abandon == "on":
+        assert counts.computed < LONG and counts.for_gone_clients <= 1  # the step running when the cancel came
+    else:
+        assert counts.computed == LONG and counts.for_gone_clients >= LONG // 2  # every step, for nobody
 
 
 @pytest.mark.integration

@@ -7,12 +7,10 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from servelab import paths
 from servelab.lab import your_turn
-from servelab.lab.notebook_runs import sources
+from servelab.lab.notebook_runs import NOTEBOOKS, sources
 
-NOTEBOOKS = paths.REPO_ROOT / "notebooks"
-SOURCES = sources(NOTEBOOKS)
+SOURCES = sources()
 STUDENT = NOTEBOOKS / "student"
 
 

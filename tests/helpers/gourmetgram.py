@@ -55,7 +55,8 @@ def jpeg_bytes(size: tuple[int, int] = (64, 48)) -> bytes:
 
 
 def make_app(**config: Any) -> Any:
-    return gg.create_app({"TESTING": True, **config})
+    """The app with `config` as its only backend settings (None unsets a variable of the shell's)."""
+    return gg.create_app({"TESTING": True, **dict.fromkeys(BACKEND_ENV), **config})
 
 
 BACKEND_CONFIGS = {

@@ -116,18 +116,13 @@ def word_budget(stem: str) -> int:
     return WORD_BUDGET_OF.get(stem, WORD_BUDGET)
 
 
-def over_budget(folder: Path = NOTEBOOKS) -> list[str]:
-    """One line for each notebook over a budget, saying by how much."""
-    lines = []
-    for path in notebook_sources(folder):
-        source = path.read_text()
-        words, names = prose_words(source), lab_names(source)
-        if words > word_budget(path.stem):
-            lines.append(f"{path.name}: {words} words of prose, over the budget of {word_budget(path.stem)}")
-        if len(names) > LAB_NAME_BUDGET:
-            lines.append(
-                f"{path.name}: {len(names)} lab names, over the budget of {LAB_NAME_BUDGET}: {', '.join(sorted(names))}"
-            )
+def over_budget(path: Path) -> list[str]:
+    """What of notebook `path` is over a budget, saying by how much."""
+    source = path.read_text()
+    words, names, budget = prose_words(source), lab_names(source), word_budget(path.stem)
+    lines = [f"{path.name}: {words} words of prose, over the budget of {budget}"] if words > budget else []
+    if len(names) > LAB_NAME_BUDGET:
+        lines.append(f"{path.name}: {len(names)} lab names, over the budget of {LAB_NAME_BUDGET}: {sorted(names)}")
     return lines
 
 
