@@ -209,7 +209,7 @@ with stateful.configured(lab.triton.config(MODEL).with_parameters(state_capacity
     for live in (CAPACITY, 2 * CAPACITY):
         before = stateful.evictions_logged()
         name = f"{MODEL}, state capacity {CAPACITY}, {live} sequences"
-        broken[live] = lab.sequences(MODEL, live, LENGTH, name=name, sequences=live)
+        broken[live] = lab.measurer.sequences(MODEL, live, LENGTH, name=name, sequences=live)
         evicted[live] = stateful.evictions_logged() - before
         print(f"  the model logged {evicted[live]:.0f} evictions; the clients' broken sequences: "
               f"{broken[live].sequences_failed or 'none'}")  # fmt: skip

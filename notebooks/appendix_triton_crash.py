@@ -68,7 +68,9 @@ predicted_triton_race = None  # before you run: True if the expectation holds fo
 probes = {}
 with cancellation.probe_server(lab, TRITON_MODEL, one_at_a_time) as triton:
     version = lab.triton.version(triton.http)
-    alone = lab.closed_loop(triton.grpc, 1, ALONE_S, name="probe, 1 client", kind="triton-grpc", model=TRITON_MODEL)
+    alone = lab.measurer.closed_loop(
+        triton.grpc, 1, ALONE_S, name="probe, 1 client", kind="triton-grpc", model=TRITON_MODEL
+    )
     s = alone.latency.p50_ms / 1000
     lessons_pace = cancellation.pacing(alone.latency.p50_ms, IMPATIENT)
     probes["the lesson's deadline"] = cancellation.cancellation_probe(

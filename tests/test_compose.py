@@ -51,7 +51,9 @@ def test_ray_serve_s_container_runs_the_replicas_a_config_asks_for_and_both_answ
         serve.apply(config)
         assert serve.replicas() == {"RUNNING": 2}
         with serve.watch() as watcher:
-            run = lab.closed_loop(serve.url, 4, 3.0, name="ray_serve, 2 replicas, 4 clients", service_stats=True)
+            run = lab.measurer.closed_loop(
+                serve.url, 4, 3.0, name="ray_serve, 2 replicas, 4 clients", service_stats=True
+            )
         assert run.errors == {} and run.throughput_rps > 0
         assert watcher.samples, "Serve's own figures were read from its container while the run went on"
     finally:

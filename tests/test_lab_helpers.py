@@ -48,7 +48,7 @@ def test_in_the_compose_project_a_triton_restart_is_back_once_triton_answers_aga
     (event,) = lab.keeper.service_exits()
     assert event.outcome == service_exits.BACK and event.back_at is not None
     assert lab.keeper.service_exits()[0].back_at == event.back_at  # first seen back, not each time asked
-    lab.wait_for_services()  # nothing left to wait for
+    lab.keeper.wait_for_services()  # nothing left to wait for
 
 
 def test_in_the_compose_project_a_service_crashed_before_its_restart_is_recorded_is_waited_for(tmp_path, monkeypatch):
@@ -67,7 +67,7 @@ def test_in_the_compose_project_a_service_crashed_before_its_restart_is_recorded
     back_at = time.monotonic() + 1.0
     monkeypatch.setattr("servelab.lab.run_keeper.answers", lambda url: time.monotonic() >= back_at)
     monkeypatch.setattr("servelab.lab.run_keeper.time.sleep", lambda seconds: None)  # a fake clock's wait
-    lab.wait_for_services()
+    lab.keeper.wait_for_services()
     assert time.monotonic() >= back_at, "it returned while Triton was silent"
 
 
@@ -223,9 +223,9 @@ def test_a_closed_loop_left_to_the_profile_runs_its_duration_and_never_less_than
     monkeypatch.setattr(loadgen, "closed_loop", lambda endpoint, load, progress: loads.append(load) or synthetic_run())
     monkeypatch.setattr(lab.keeper, "ready_to_measure", time.time)
     monkeypatch.setattr(lab.keeper, "keep", lambda result, kept_as, started: kept_as)
-    assert lab.closed_loop("http://127.0.0.1:9", 4) == "http://127.0.0.1:9, 4 client(s)"
+    assert lab.measurer.closed_loop("http://127.0.0.1:9", 4) == "http://127.0.0.1:9, 4 client(s)"
     assert loads[0].duration_s == max(profile(name).duration_s, measuring.CLOSED_LOOP_MIN_S)
-    lab.closed_loop("http://127.0.0.1:9", 4, 1.5, "a step")
+    lab.measurer.closed_loop("http://127.0.0.1:9", 4, 1.5, "a step")
     assert loads[1].duration_s == 1.5
 
 

@@ -214,6 +214,7 @@ class FakeLab:
 
     def __init__(self, log: Path | None = None) -> None:
         self.triton, self.asked = FakeTriton(log), []
+        self.measurer = self  # its sequences answer as the Lab's measurer
 
     def sequences(self, model: str, concurrency: int, length: int, **load):
         self.asked.append((model, concurrency, length, load))

@@ -1,12 +1,8 @@
-"""What a notebook measures through its Lab: the runs of the load generator against the lab's
-services, each kept by the Lab's run keeper with what it counted over it
-(servelab.lab.run_accounts), and a private FastAPI variant to measure. A FastAPI service's URL
-(`lab.fastapi_url`) also says where a browser reaches it (`ServiceURL`).
-
-`Measurer` is a part of the Lab (servelab.lab.facade: `lab.measurer`), made with the Lab's run
-keeper, its Triton side (whose statistics a run may count), its profile, its models and its image
-host; it runs loads against a service at an address, and the Lab passes the notebooks' calls on
-(`lab.concurrent("onnx", 8)` is `lab.measurer.concurrent(lab.fastapi_url("onnx"), 8, "fastapi_onnx")`).
+"""What a notebook measures through its Lab (`lab.measurer`): the runs of the load generator
+against a service at an address, each kept by the run keeper with what it counted over it
+(servelab.lab.run_accounts), and a private FastAPI variant to measure. Lab passes the notebooks'
+calls by flavor on: `lab.concurrent("onnx", 8)` is
+`lab.measurer.concurrent(lab.fastapi_url("onnx"), 8, "fastapi_onnx")`.
 """
 
 from __future__ import annotations

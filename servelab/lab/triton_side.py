@@ -1,20 +1,7 @@
-"""The lab's Triton, an object of the notebooks' Lab (`lab.triton`): perf_analyzer runs, capacity,
-and model configs.
-
-`TritonSide` takes the lab's run keeper (servelab.lab.run_keeper), which waits for the services
-before each run and keeps the run, and the Triton address; the notebooks call its methods as
-`lab.triton.perf(...)`, `lab.triton.capacity(...)`, `lab.triton.config(...)`,
-`lab.triton.apply_config(...)`, `lab.triton.write_config(...)` (where the student loads the model
-with Triton's own client, notebooks 6 and 7). A config change is made on the config as shipped
-(`lab.triton.config(model)`, a `servelab.triton.config.TritonConfig`), shown as the exact text change
-to `config.pbtxt`, and applied by reloading that one model through Triton's model-control API (the
-server runs with explicit model control, locally and in the Compose project). The edited config is
-first adapted to the server that runs it (`server`: locally the pip-installed Triton on the CPU; in
-the Compose project, what its container has), and that adaptation is printed too.
-Locally, a notebook can also start a Triton of its own for one model (`lab.triton.private_triton(...)`), for an
-experiment that must not disturb the lab's server. The served configs are a part of their own
-(`lab.triton.configs`, servelab.lab.triton_configs.ServedConfigs), which holds the Triton's address,
-repository, hardware and models; the side passes the notebooks' calls to it on.
+"""The lab's Triton (`lab.triton`): perf_analyzer runs, each kept by the run keeper
+(servelab.lab.run_keeper), capacity and the rates scaled to it, and a Triton of the notebook's
+own for one model (`private_triton`). Its served configs are a part of their own (`lab.triton.configs`,
+servelab.lab.triton_configs), to which it passes the notebooks' calls (`lab.triton.apply_config(...)`).
 """
 
 from __future__ import annotations
