@@ -123,16 +123,9 @@ def _execution_compute_ns(model_stat: dict[str, Any]) -> int:
     return sum(_duration(entry, "compute_infer")[1] for entry in model_stat.get("batch_stats", []))
 
 
-def _executions_by_batch_size(model_stat: dict[str, Any]) -> dict[int, int]:
-    return {
-        int(entry["batch_size"]): _duration(entry, "compute_infer")[0] for entry in model_stat.get("batch_stats", [])
-    }
-
-
-def _compute_ns_by_batch_size(model_stat: dict[str, Any]) -> dict[int, int]:
-    return {
-        int(entry["batch_size"]): _duration(entry, "compute_infer")[1] for entry in model_stat.get("batch_stats", [])
-    }
+def _batches(model_stat: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """Batch size -> (executions, their compute ns)."""
+    return {int(entry["batch_size"]): _duration(entry, "compute_infer") for entry in model_stat.get("batch_stats", [])}
 
 
 def diff(before: dict[str, Any], after: dict[str, Any]) -> StatsDelta:
@@ -151,15 +144,15 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> StatsDelta:
             f"statistics of '{new.get('name')}' went backwards: the model was reloaded between the snapshots"
         )
     old_infer, new_infer = old.get("inference_stats", {}), new.get("inference_stats", {})
-    old_batches = _executions_by_batch_size(old)
+    old_batches, new_batches = _batches(old), _batches(new)
     by_batch_size = {
-        size: count - old_batches.get(size, 0)
-        for size, count in sorted(_executions_by_batch_size(new).items())
-        if count > old_batches.get(size, 0)
+        size: count - old_batches.get(size, (0, 0))[0]
+        for size, (count, _) in sorted(new_batches.items())
+        if count > old_batches.get(size, (0, 0))[0]
     }
-    old_ns, new_ns = _compute_ns_by_batch_size(old), _compute_ns_by_batch_size(new)
     per_inference_by_batch_size = {
-        size: (new_ns[size] - old_ns.get(size, 0)) / 1e6 / (count * size) for size, count in by_batch_size.items()
+        size: (new_batches[size][1] - old_batches.get(size, (0, 0))[1]) / 1e6 / (count * size)
+        for size, count in by_batch_size.items()
     }
     return StatsDelta(
         model=str(new.get("name")),
