@@ -280,7 +280,7 @@ lab.record(concurrency_target.spread_over_nodes(report, TWO_NODE_REQUESTS));
 predicted_fastapi_p50_growth = None  # before you run: FastAPI's median latency with 16 clients over 4 (x)
 
 # %%
-with lab.fastapi_variant("onnx", slots=1) as url:
+with lab.measurer.fastapi_variant("onnx", slots=1) as url:
     fastapi_runs = {c: lab.concurrent("onnx", c, url=url, name="fastapi_onnx, 1 slot") for c in (4, 16)}
 lab.record(concurrency_target.fastapi_queues_inside(fastapi_runs[4], fastapi_runs[16], slots=1),
            predicted=predicted_fastapi_p50_growth);
@@ -302,12 +302,12 @@ MODEL = "food_classifier_onnx"
 triton_runs = {}
 for max_queue in (2, 0):
     policy = f"default_queue_policy {{ max_queue_size: {max_queue} }}" if max_queue else ""
-    edited = lab.triton.config(MODEL).with_text(
+    edited = lab.triton.configs.config(MODEL).with_text(
         "max_batch_size: 1  instance_group [ { count: 1, kind: KIND_GPU, gpus: [ 0 ] }, "
         "{ count: 1, kind: KIND_GPU, gpus: [ 1 ] } ]  "
         f"dynamic_batching {{ {policy} }}"
     )
-    served = lab.triton.apply_config(MODEL, edited)  # the instances Triton now runs
+    served = lab.triton.configs.apply_config(MODEL, edited)  # the instances Triton now runs
     label = f"triton/{MODEL}, {served} instances, queue {'of ' + str(max_queue) if max_queue else 'unbounded'}"
     triton_runs[max_queue] = lab.measurer.closed_loop(
         lab.triton_http, 16, name=label, kind="triton-http", model=MODEL, backoff_s=BACKOFF_S, triton_stats=True
@@ -317,7 +317,7 @@ for max_queue in (2, 0):
         f"  server: {stats['success_count']} answered, on average {stats['avg_queue_us'] / 1000:.1f} ms in the"
         f" queue and {stats['avg_compute_infer_us'] / 1000:.1f} ms computing"
     )
-lab.triton.restore_config(MODEL)
+lab.triton.configs.restore_config(MODEL)
 lab.record(concurrency_target.bounded_queue_refuses("Triton", triton_runs[2], triton_runs[0], 2),
            predicted=predicted_triton_p95_share);
 

@@ -178,8 +178,8 @@ def test_a_config_naming_gpus_the_server_lacks_is_served_on_the_gpus_it_has_and_
     lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path, triton_server=one_gpu)
     (tmp_path / "food_classifier").mkdir()
     two_per_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_GPU", "gpus": [1]}]
-    edited = lab.triton.config("food_classifier").with_instance_groups(two_per_gpu)
-    assert lab.triton.apply_config("food_classifier", edited) == 4  # the instances the server reports it runs
+    edited = lab.triton.configs.config("food_classifier").with_instance_groups(two_per_gpu)
+    assert lab.triton.configs.apply_config("food_classifier", edited) == 4  # the instances the server reports it runs
     served = TritonConfig.read(tmp_path / "food_classifier" / "config.pbtxt")
     assert [(group.count, list(group.gpus)) for group in served.proto.instance_group] == [(2, [0]), (2, [0])]
     printed = capsys.readouterr().out
@@ -189,13 +189,13 @@ def test_a_config_naming_gpus_the_server_lacks_is_served_on_the_gpus_it_has_and_
     )
     assert "-    gpus: [ 1 ]\n+    gpus: [ 0 ]\n" in printed and loaded == ["food_classifier"]
     # A group's count is per listed GPU: two on each of GPUs 0 and 1 is four on GPU 0.
-    two_on_each_gpu = lab.triton.config("food_classifier").with_instance_groups(
+    two_on_each_gpu = lab.triton.configs.config("food_classifier").with_instance_groups(
         [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]
     )
     (group,) = adapt_to_server(two_on_each_gpu, one_gpu).proto.instance_group
     assert (group.count, group.kind, list(group.gpus)) == (4, group.KIND_GPU, [0])
     # Three GPUs onto two do not spread evenly: one group per GPU, as many instances, names kept apart.
-    uneven = lab.triton.config("food_classifier").with_instance_groups(
+    uneven = lab.triton.configs.config("food_classifier").with_instance_groups(
         [{"name": "spread", "count": 1, "kind": "KIND_GPU", "gpus": [0, 1, 2]}, {"count": 1, "kind": "KIND_CPU"}]
     )
     adapted = adapt_to_server(uneven, dataclasses.replace(one_gpu, gpus=2))

@@ -13,12 +13,12 @@ LAB_SERVICES says where the lab's services are (servelab.settings, servelab.envi
 LAB_PROFILE chooses how long each measurement runs (servelab.profiles): `full` (the default) or
 `quick` (CI; every experiment still runs, with short windows).
 
-Lab finds or starts the services (servelab.lab.connecting), describes them, records the verdicts,
-and passes the notebooks' other calls to its parts (servelab.lab's docstring lists them). Its run
-keeper (`lab.keeper`) saves each run to `results/notebooks/<notebook>.jsonl` as it ends, so a crash,
-a kernel restart or a closed tab loses nothing measured (`Lab.saved_runs("10_cancellation")` loads
-them back); a run that a crash interrupted is marked (`result.interrupted_by`) and a verdict that
-reads it is NOT CHECKED.
+Lab finds or starts the services (servelab.lab.connecting), describes them and records the
+verdicts; the notebooks call its parts (servelab.lab's docstring lists them) through it or directly
+(`lab.triton.configs.apply_config(...)`). Its run keeper (`lab.keeper`) saves each run to
+`results/notebooks/<notebook>.jsonl` as it ends, so a crash, a kernel restart or a closed tab loses
+nothing measured (`Lab.saved_runs("10_cancellation")` loads them back); a run that a crash
+interrupted is marked (`result.interrupted_by`) and a verdict that reads it is NOT CHECKED.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -216,12 +215,6 @@ class Lab:
             )
         query = "" if latency_ms is None else f"?latency_ms={latency_ms:g}"
         return f"{self.image_host_url}/images/{name}{query}"
-
-    def fastapi_variant(
-        self, flavor: str, slots: int | None = None, threads: int | None = None, **variables: str
-    ) -> AbstractContextManager[str]:
-        """A private FastAPI service of `flavor`, for a `with` block (Measurer.fastapi_variant)."""
-        return self.measurer.fastapi_variant(flavor, slots, threads, **variables)
 
     def sequential(self, flavor: str, url: str | None = None, name: str | None = None) -> RunResult:
         """One request at a time against the `flavor` service, or the one at `url` (Measurer.sequential)."""

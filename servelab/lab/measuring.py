@@ -67,7 +67,7 @@ class Measurer:
         settings as environment variables, by name (IMAGE_DOWNLOAD_PLACEMENT="inside_slot"). It runs on
         127.0.0.1 of the machine this notebook runs on (locally, or in the Compose project's
         Jupyter container, next to the GPU on the node), for the `with` block:
-        `with lab.fastapi_variant("pt", 2, 1) as url:`.
+        `with lab.measurer.fastapi_variant("pt", 2, 1) as url:`.
         It fetches images by URL from this lab's image host. It runs in one process unless
         WEB_CONCURRENCY says otherwise: a variant is an experiment on what one process does."""
         env = {"WEB_CONCURRENCY": "1"} | {

@@ -79,9 +79,9 @@ class ServedConfigs:
 
     def apply_config(self, model: str, edited: TritonConfig | str) -> int:
         """Show the edit as a diff, write it where the server reads it, and reload that one model;
-        the config as shipped (`lab.triton.config(model)`) puts the model back as it was.
+        the config as shipped (`lab.triton.configs.config(model)`) puts the model back as it was.
 
-        `edited` is a TritonConfig (e.g. `lab.triton.config(model).with_text("dynamic_batching { }")`) or the
+        `edited` is a TritonConfig (e.g. `lab.triton.configs.config(model).with_text("dynamic_batching { }")`) or the
         text of one; either way it is checked against Triton's schema before Triton sees it.
         Returns how many instances of `model` Triton now serves, as it reports them (`served_instances`):
         the count a config asked for is per listed GPU, and the server may have adapted it.

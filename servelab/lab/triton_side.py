@@ -1,7 +1,7 @@
 """The lab's Triton (`lab.triton`): perf_analyzer runs, each kept by the run keeper
 (servelab.lab.run_keeper), capacity and the rates scaled to it, and a Triton of the notebook's
-own for one model (`private_triton`). Its served configs are a part of their own (`lab.triton.configs`,
-servelab.lab.triton_configs), to which it passes the notebooks' calls (`lab.triton.apply_config(...)`).
+own for one model (`private_triton`). Its served configs are a part of their own, which the
+notebooks call directly (`lab.triton.configs.apply_config(...)`, servelab.lab.triton_configs).
 """
 
 from __future__ import annotations
@@ -120,32 +120,6 @@ class TritonSide:
     grpc: str | None = None  # the lab's Triton over gRPC, host:port
     metrics_url: str | None = None  # its Prometheus metrics, http://host:port/metrics
     _capacities: dict[tuple[str, str], Capacity] = field(default_factory=dict, repr=False)
-
-    # ---- the served configs, as the notebooks change them (servelab.lab.triton_configs) -----------
-
-    def config(self, model: str) -> TritonConfig:
-        """The model's config as shipped (ServedConfigs.config)."""
-        return self.configs.config(model)
-
-    def apply_config(self, model: str, edited: TritonConfig | str) -> int:
-        """Show the edit, write it, reload the model; the instances served (ServedConfigs.apply_config)."""
-        return self.configs.apply_config(model, edited)
-
-    def restore_config(self, model: str) -> int:
-        """Back to the config as shipped (ServedConfigs.restore_config)."""
-        return self.configs.restore_config(model)
-
-    def write_config(self, config_file: Path | str, typed: str) -> Path:
-        """Write config text as typed into the file Triton reads (ServedConfigs.write_config)."""
-        return self.configs.write_config(config_file, typed)
-
-    def version(self, http: str | None = None) -> tuple[int, ...]:
-        """The release of the Triton at `http` (default: the lab's), as it reports it (ServedConfigs.version)."""
-        return self.configs.version(http)
-
-    def log_verbosity(self, level: int, http: str | None = None) -> None:
-        """Set the verbose log level of the Triton at `http` (ServedConfigs.log_verbosity)."""
-        self.configs.log_verbosity(level, http)
 
     # ---- runs -----------------------------------------------------------------------------------
 

@@ -195,11 +195,11 @@ class Experiment:
     def triton_config(self, model: str, config: TritonConfig) -> Iterator[None]:
         """The lab's Triton serves `model` with `config` for the `with` block (the edit is shown as
         a diff), then as shipped again."""
-        self.lab.triton.apply_config(model, config)
+        self.lab.triton.configs.apply_config(model, config)
         try:
             yield
         finally:
-            self.lab.triton.restore_config(model)
+            self.lab.triton.configs.restore_config(model)
 
     # -- streams --
 
@@ -293,11 +293,11 @@ def probe_server(lab: LabLike, model: str, config: TritonConfig) -> Iterator[Pro
             yield ProbeTarget(own.http, own.grpc, own.log)
         return
     assert lab.triton_http is not None and lab.triton_grpc is not None, "the Compose project runs Triton"
-    lab.triton.apply_config(model, config)
+    lab.triton.configs.apply_config(model, config)
     try:
         yield ProbeTarget(lab.triton_http, lab.triton_grpc, lab.triton.log())
     finally:
-        lab.triton.restore_config(model)
+        lab.triton.configs.restore_config(model)
 
 
 PROBE_RUN_S = 2.0  # one run of a probe: a crash ends the probe at the end of its run
@@ -318,7 +318,7 @@ def cancellation_probe(
     cancellations, the steps at which the server handled them (from its log), and the crash, or the
     hang (the same race can deadlock the server instead: it stops answering)."""
     log_start = triton.log.stat().st_size if triton.log else 0
-    lab.triton.log_verbosity(1, triton.http)
+    lab.triton.configs.log_verbosity(1, triton.http)
     cancelled, crash, begun = 0, None, time.monotonic()
     while crash is None and time.monotonic() - begun < probe_s:
         run = lab.measurer.closed_loop(
@@ -336,7 +336,7 @@ def cancellation_probe(
         crash = run.interrupted_by[0] if run.interrupted_by else None
     lab.keeper.wait_for_services()
     try:
-        lab.triton.log_verbosity(0, triton.http)  # a server restarted after a crash is back at 0 already
+        lab.triton.configs.log_verbosity(0, triton.http)  # a server restarted after a crash is back at 0 already
     except TimeoutError:
         crash = crash or "hung: it stopped answering"
     steps = triton_stats.cancellation_steps(triton_stats.log_since(triton.log, log_start)) if triton.log else {}

@@ -111,8 +111,8 @@ class StatefulModel:
     @contextlib.contextmanager
     def configured(self, config: TritonConfig) -> Iterator[None]:
         """The model served with `config` for the `with` block, its own config restored after."""
-        self.lab.triton.apply_config(self.model, config)
+        self.lab.triton.configs.apply_config(self.model, config)
         try:
             yield
         finally:
-            self.lab.triton.restore_config(self.model)
+            self.lab.triton.configs.restore_config(self.model)
