@@ -63,10 +63,7 @@ def test_stack_waits_for_readiness_and_stops_the_whole_process_group(tmp_path):
         leader = stack.processes[0].process.pid
         child = int((tmp_path / "child.pid").read_text())
         assert _pid_alive(leader) and _pid_alive(child)
-    deadline = time.monotonic() + 5
-    while _pid_alive(child) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _pid_alive(child), "the service's child process survived the stop"
+    until(lambda: not _pid_alive(child), 5, "the service's child process stopped with it")
     assert port_is_free(port)
 
 
@@ -86,39 +83,35 @@ def test_a_stopped_service_s_children_are_gone_when_stop_returns_even_those_that
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is a Linux feature (prctl)")
-def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path):
-    """A notebook kernel killed before its clean-up ran must not leave its services running."""
+@pytest.mark.parametrize("restarted", [False, True], ids=["as-started", "restarted"])
+def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path, restarted):
+    """A notebook kernel killed before its clean-up ran must not leave its services running, nor
+    one that the supervisor's thread restarted."""
     port = Ports.found_free().fastapi_pt
-    starter = textwrap.dedent(
-        f"""
-        import sys, time
-        from pathlib import Path
-        sys.path.insert(0, {str(paths.REPO_ROOT)!r})
-        from servelab.stack.supervision import LocalStack
-        from tests.helpers import toy_service
-        stack = LocalStack([toy_service(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
-        Path({str(tmp_path / "leader.pid")!r}).write_text(str(stack.processes[0].process.pid))
-        time.sleep(600)
-        """
-    )
-    parent = subprocess.Popen([sys.executable, "-c", starter], cwd=paths.REPO_ROOT)
+    starter = [
+        "import os, signal, sys, time",
+        "from pathlib import Path",
+        f"sys.path.insert(0, {str(paths.REPO_ROOT)!r})",
+        "from servelab.stack.supervision import LocalStack",
+        "from tests.helpers import toy_service, until",
+        f"stack = LocalStack([toy_service(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()",
+    ]
+    if restarted:
+        starter += [
+            "os.kill(stack.processes[0].process.pid, signal.SIGKILL)",
+            "until(lambda: stack.exits and stack.exits[0].back_at, 30, 'restarted')",
+        ]
+    leader_pid = tmp_path / "leader.pid"
+    starter += [f"Path({str(leader_pid)!r}).write_text(str(stack.processes[0].process.pid))", "time.sleep(600)"]
+    parent = subprocess.Popen([sys.executable, "-c", "\n".join(starter)], cwd=paths.REPO_ROOT)
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "leader.pid").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        leader = int((tmp_path / "leader.pid").read_text())
+        leader = int(until(lambda: leader_pid.exists() and leader_pid.read_text(), 60, "the service's pid"))
         assert _pid_alive(leader)
     finally:
         parent.kill()  # no clean-up runs: SIGKILL, as when a kernel's shutdown wait runs out
         parent.wait()
-    deadline = time.monotonic() + 10
-    while _pid_alive(leader) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _pid_alive(leader), "the service outlived the process that started it"
-    deadline = time.monotonic() + 10
-    while not port_is_free(port) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert port_is_free(port)
+    until(lambda: not _pid_alive(leader), 10, "the service stopped with its starter")
+    until(lambda: port_is_free(port), 10, "its port free")
 
 
 def test_a_service_killed_while_running_is_restarted_its_log_kept_and_its_exit_recorded(tmp_path):
@@ -166,37 +159,6 @@ def test_stopping_the_stack_while_a_restart_waits_for_readiness_returns_at_once(
     running.stop()
     assert time.monotonic() - began < 15, "stop waited out the restart's readiness timeout"
     assert not _pid_alive(restarted)
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is a Linux feature (prctl)")
-def test_a_restarted_service_also_stops_when_the_process_that_started_the_stack_is_killed(tmp_path):
-    """The supervisor's thread starts the restarted service: it too must go with the notebook's kernel."""
-    port = Ports.found_free().fastapi_pt
-    starter = textwrap.dedent(
-        f"""
-        import os, signal, sys, time
-        from pathlib import Path
-        sys.path.insert(0, {str(paths.REPO_ROOT)!r})
-        from servelab.stack.supervision import LocalStack
-        from tests.helpers import until
-        from tests.helpers import toy_service
-        stack = LocalStack([toy_service(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
-        os.kill(stack.processes[0].process.pid, signal.SIGKILL)
-        until(lambda: stack.exits and stack.exits[0].back_at, 30, "restarted")
-        Path({str(tmp_path / "leader.pid")!r}).write_text(str(stack.processes[0].process.pid))
-        time.sleep(600)
-        """
-    )
-    parent = subprocess.Popen([sys.executable, "-c", starter], cwd=paths.REPO_ROOT)
-    try:
-        leader_pid = tmp_path / "leader.pid"
-        leader = int(until(lambda: leader_pid.exists() and leader_pid.read_text(), 60, "the restarted service's pid"))
-        assert _pid_alive(leader)
-    finally:
-        parent.kill()
-        parent.wait()
-    until(lambda: not _pid_alive(leader), 10, "the restarted service stopped with its starter")
-    until(lambda: port_is_free(port), 10, "its port free")
 
 
 def test_a_taken_port_is_reported_clearly_and_nothing_is_left_running(tmp_path):
