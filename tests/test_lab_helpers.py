@@ -27,8 +27,13 @@ from tests.helpers import make_image_bytes, synthetic_run
 from tests.helpers.perf_runs import perf_result
 
 
+def compose_lab(repository, **parts) -> Lab:
+    """A Lab of the Compose project's Triton (triton:8000), loading `repository`."""
+    return Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", repository, **parts)
+
+
 def test_in_the_compose_project_triton_s_log_is_the_copy_beside_its_repository_when_there_is_one(tmp_path):
-    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models")
+    lab = compose_lab(tmp_path / "models")
     copy = tmp_path / "triton.log"
     assert lab.triton.log() is None  # the server has not written it (yet)
     copy.write_text("I1123 model.py:1] food_classifier_onnx: 2 cancelled request(s)\n")
@@ -37,9 +42,7 @@ def test_in_the_compose_project_triton_s_log_is_the_copy_beside_its_repository_w
 
 def test_in_the_compose_project_a_triton_restart_is_back_once_triton_answers_again(tmp_path, monkeypatch):
     exits = tmp_path / "restarts.jsonl"
-    lab = Lab(
-        "compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models", shared_exits_file=exits
-    )
+    lab = compose_lab(tmp_path / "models", shared_exits_file=exits)
     service_exits.record(exits, service_exits.ServiceExit("triton", time.time(), "exited", "Signal (11)"))
     monkeypatch.setattr("servelab.lab.run_keeper.answers", lambda url: False)
     (event,) = lab.keeper.service_exits()
@@ -54,16 +57,7 @@ def test_in_the_compose_project_a_triton_restart_is_back_once_triton_answers_aga
 def test_in_the_compose_project_a_service_crashed_before_its_restart_is_recorded_is_waited_for(tmp_path, monkeypatch):
     """Docker restarts a crashed container after a delay, and its start records the restart: in
     between, Triton is silent and nothing says why. A measurement waits for it all the same."""
-    nothing_recorded_yet = tmp_path / "restarts.jsonl"
-    lab = Lab(
-        "compose",
-        profile("quick"),
-        {},
-        "triton:8000",
-        "triton:8001",
-        tmp_path / "models",
-        shared_exits_file=nothing_recorded_yet,
-    )
+    lab = compose_lab(tmp_path / "models", shared_exits_file=tmp_path / "restarts.jsonl")  # nothing recorded yet
     back_at = time.monotonic() + 1.0
     monkeypatch.setattr("servelab.lab.run_keeper.answers", lambda url: time.monotonic() >= back_at)
     monkeypatch.setattr("servelab.lab.run_keeper.time.sleep", lambda seconds: None)  # a fake clock's wait
@@ -117,7 +111,7 @@ def capacity_of(rps: float) -> Capacity:
 def lab_on(server: Hardware, served_instances: list[dict], monkeypatch) -> Lab:
     """A Lab whose Triton server has `server`'s hardware and reports `served_instances` as its
     model's instance groups."""
-    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", None, triton_server=server)
+    lab = compose_lab(None, triton_server=server)
     monkeypatch.setattr(lab.triton.configs, "served_config", lambda model: {"instance_group": served_instances})
     return lab
 
@@ -175,7 +169,7 @@ def test_a_config_naming_gpus_the_server_lacks_is_served_on_the_gpus_it_has_and_
 
     monkeypatch.setattr(triton_configs.triton_http, "InferenceServerClient", Triton)
     one_gpu = Hardware(gpus=1, cores=16, backends=("onnxruntime", "python", "pytorch"))
-    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path, triton_server=one_gpu)
+    lab = compose_lab(tmp_path, triton_server=one_gpu)
     (tmp_path / "food_classifier").mkdir()
     two_per_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_GPU", "gpus": [1]}]
     edited = lab.triton.configs.config("food_classifier").with_instance_groups(two_per_gpu)
