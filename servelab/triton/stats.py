@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -296,25 +295,3 @@ def stage_mean_ms(
     for (stage, process), value in after.items():
         totals[stage] = totals.get(stage, 0.0) + value - before.get((stage, process), 0.0)
     return {stage: total / 1000 / executions for stage, total in totals.items()} if executions else {}
-
-
-def pending_requests(metrics_url: str, model: str) -> int:
-    """How many requests of `model` wait in Triton's queue right now (its scheduler's or its
-    sequence batcher's), not yet in an execution: the gauge nv_inference_pending_request_count of
-    Triton's Prometheus metrics at `metrics_url` (http://host:port/metrics)."""
-    text = requests.get(metrics_url, timeout=5).text
-    found = re.search(rf'^nv_inference_pending_request_count\{{model="{re.escape(model)}",[^}}]*\}} (\S+)$', text, re.M)
-    if found is None:
-        raise TritonStatsError(f"{metrics_url} has no pending-request gauge for {model!r}: is the model loaded?")
-    return int(float(found.group(1)))
-
-
-def wait_for_pending(metrics_url: str, model: str, reached: Callable[[int], bool], timeout_s: float = 30.0) -> int:
-    """Poll `pending_requests` until `reached(count)`; the count. A test waits on the server's own
-    state this way, never on a sleep that a busy machine can outlast."""
-    deadline = time.monotonic() + timeout_s
-    while not reached(count := pending_requests(metrics_url, model)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{model}'s pending requests at {metrics_url} stayed at {count} for {timeout_s:g} s")
-        time.sleep(0.005)
-    return count
