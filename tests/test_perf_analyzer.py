@@ -18,6 +18,7 @@ from servelab.report.summaries import shown_command, summary_line
 from servelab.results import RunResult, append_result, load_appended
 from servelab.triton import perf_analyzer
 from servelab.triton.models import ModelRepository
+from tests.helpers.perf_runs import run_stable
 
 SAMPLE_CSV = (  # a real perf_analyzer -f report
     "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
@@ -143,7 +144,7 @@ def test_impossible_sequence_options_are_refused_before_perf_analyzer_runs(monke
 
 @pytest.mark.integration
 def test_closed_loop_run_against_the_local_triton(triton_http_url):
-    run = perf_analyzer.run_stable(
+    run = run_stable(
         triton_http_url,
         "food_classifier_onnx",
         concurrency=2,
@@ -169,7 +170,7 @@ def test_closed_loop_run_against_the_local_triton(triton_http_url):
 
 @pytest.mark.integration
 def test_batched_requests_over_grpc_count_requests_and_images(triton_grpc_url):
-    (result,) = perf_analyzer.run_stable(
+    (result,) = run_stable(
         triton_grpc_url,
         "food_classifier_onnx",
         concurrency=1,
@@ -185,7 +186,7 @@ def test_batched_requests_over_grpc_count_requests_and_images(triton_grpc_url):
 
 @pytest.mark.integration
 def test_request_rate_mode_with_poisson_arrivals(triton_http_url):
-    (result,) = perf_analyzer.run_stable(
+    (result,) = run_stable(
         triton_http_url,
         "food_classifier_onnx",
         concurrency=None,
@@ -248,7 +249,7 @@ def test_a_model_the_server_does_not_have_is_a_clear_error(triton_http_url):
 def test_sequences_to_the_stateful_model(triton_http_url, tmp_path):
     """perf_analyzer finds the sequence batcher in the model's config and sends sequences of 4 frames."""
     image_input = ModelRepository().get("food_sequence").perf_analyzer_input(paths.SAMPLE_IMAGE.read_bytes(), tmp_path)
-    run = perf_analyzer.run_stable(
+    run = run_stable(
         triton_http_url,
         "food_sequence",
         concurrency=2,
