@@ -48,9 +48,10 @@ def test_csv_rows_come_in_the_order_of_their_load_levels_not_of_their_throughput
     assert [r["Request Rate"] for r in perf_analyzer.parse_csv(rates)] == [10, 20]
 
 
-def fake_perf_analyzer(monkeypatch) -> list[list[str]]:
-    """Replace the perf_analyzer process by one that writes SAMPLE_CSV where -f says; returns the
-    commands it was given."""
+@pytest.fixture
+def commands(monkeypatch) -> list[list[str]]:
+    """The perf_analyzer process replaced by one that writes SAMPLE_CSV where -f says: the commands
+    it was given."""
     commands = []
 
     def fake_run(command, **kwargs):
@@ -66,8 +67,7 @@ def _option(command: list[str], name: str) -> str:
     return command[command.index(name) + 1]
 
 
-def test_sequence_options_reach_the_command_line(monkeypatch):
-    commands = fake_perf_analyzer(monkeypatch)
+def test_sequence_options_reach_the_command_line(commands):
     (result,) = perf_analyzer.run(
         "127.0.0.1:1", "m", concurrency=4, sequence_length=8, sequence_length_variation=0, sequence_id_range=(100, 200)
     ).results
@@ -93,8 +93,7 @@ def test_sequence_options_reach_the_command_line(monkeypatch):
     assert "--sequence-length" not in command  # perf_analyzer's default
 
 
-def test_each_result_keeps_the_command_that_measured_it_and_saved_runs_keep_it_too(monkeypatch, tmp_path):
-    commands = fake_perf_analyzer(monkeypatch)
+def test_each_result_keeps_the_command_that_measured_it_and_saved_runs_keep_it_too(commands, monkeypatch, tmp_path):
     data = tmp_path / "input.json"
     data.write_text("{}")
     monkeypatch.chdir(tmp_path)
@@ -130,13 +129,12 @@ def test_a_run_s_summary_shows_its_command_under_it_with_short_paths_quoted_for_
     [
         ({"num_of_sequences": 6}, "only at a request rate"),
         ({"serial_sequences": True}, "only at a request rate"),
-        ({"sequence_length": 0}, ""),
-        ({"sequence_length_variation": 150}, ""),
-        ({"sequence_id_range": (10, 10)}, ""),
+        ({"sequence_length": 0}, "at least 1"),
+        ({"sequence_length_variation": 150}, "a percentage"),
+        ({"sequence_id_range": (10, 10)}, "1 <= start < end"),
     ],
 )
-def test_impossible_sequence_options_are_refused_before_perf_analyzer_runs(monkeypatch, option, says):
-    commands = fake_perf_analyzer(monkeypatch)
+def test_impossible_sequence_options_are_refused_before_perf_analyzer_runs(commands, option, says):
     with pytest.raises(ValueError, match=says):
         perf_analyzer.run("127.0.0.1:1", "m", concurrency=4, **option)
     assert commands == []
