@@ -73,7 +73,7 @@ predicted_waste_on_share = None  # and the waste with abandoning on, as a share 
 SETTINGS = ("off", "on")
 ### END SOLUTION
 for setting in SETTINGS:
-    with lab.fastapi_variant("onnx", slots=1, ABANDON_ON_DISCONNECT=setting) as url:
+    with lab.measurer.fastapi_variant("onnx", slots=1, ABANDON_ON_DISCONNECT=setting) as url:
         experiment.requests(f"fastapi_onnx, 1 slot, abandon {setting}", url)
 
 # %% [markdown]
@@ -89,7 +89,7 @@ predicted_triton_grpc = None  # before you run: over gRPC, the wasted inferences
 
 # %%
 one_at_a_time = (
-    lab.triton.config(TRITON_MODEL)
+    lab.triton.configs.config(TRITON_MODEL)
     .with_fields(max_batch_size=1)
     .with_instance_groups([{"count": 1, "kind": "KIND_GPU", "gpus": [0]}])  # a CPU one without a GPU
     .with_dynamic_batching()
@@ -160,7 +160,7 @@ predicted_fastapi_stream_stops = None  # before you run: FastAPI's steps compute
 
 # %%
 for setting in SETTINGS:
-    with lab.fastapi_variant("onnx", slots=1, ABANDON_ON_DISCONNECT=setting) as url:
+    with lab.measurer.fastapi_variant("onnx", slots=1, ABANDON_ON_DISCONNECT=setting) as url:
         experiment.stream("FastAPI", setting, url)
 
 # %% [markdown]
@@ -173,7 +173,8 @@ for setting in SETTINGS:
 predicted_triton_stream_stops = None  # before you run: Triton's steps computed per client who left, cancellation off
 
 # %%
-with experiment.triton_config(REFINE_MODEL, lab.triton.config(REFINE_MODEL).with_parameters(abandon_on_cancel="off")):
+refine_off = lab.triton.configs.config(REFINE_MODEL).with_parameters(abandon_on_cancel="off")
+with experiment.triton_config(REFINE_MODEL, refine_off):
     experiment.stream("Triton", "off")
 experiment.stream("Triton", "on")
 

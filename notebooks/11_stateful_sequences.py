@@ -56,7 +56,7 @@ print(f"The models run on {lab.hardware()}.")
 # Values from the configuration the server runs now.
 
 # %%
-served = lab.triton.config(MODEL).proto
+served = lab.triton.configs.config(MODEL).proto
 batcher = served.sequence_batching
 strategy = batcher.WhichOneof("strategy_choice")
 parameter = {key: value.string_value for key, value in served.parameters.items()}
@@ -138,11 +138,11 @@ N = served.max_batch_size
 LENGTH = 10
 alone = stateful.run(f"{MODEL}, {strategy}, 1 sequence at a time", 1, LENGTH)
 oldest = stateful.run(f"{MODEL}, {strategy}, {N} sequences", N, LENGTH)
-# Your turn: direct_strategy = lab.triton.config(MODEL).with_sequence_strategy(...), the direct
+# Your turn: direct_strategy = lab.triton.configs.config(MODEL).with_sequence_strategy(...), the direct
 #   strategy with a queue delay of 2,000 microseconds (its field: max_queue_delay_microseconds; Triton's
 #   model configuration guide, "Sequence Batcher", "Direct").
 ### BEGIN SOLUTION
-direct_strategy = lab.triton.config(MODEL).with_sequence_strategy("direct", max_queue_delay_microseconds=2000)
+direct_strategy = lab.triton.configs.config(MODEL).with_sequence_strategy("direct", max_queue_delay_microseconds=2000)
 ### END SOLUTION
 with stateful.configured(direct_strategy):
     direct = stateful.run(f"{MODEL}, direct, {N} sequences", N, LENGTH)
@@ -205,11 +205,11 @@ predicted_evicted = None  # before you run: how many of 2 x CAPACITY live sequen
 
 # %%
 evicted, broken = {}, {}
-with stateful.configured(lab.triton.config(MODEL).with_parameters(state_capacity=str(CAPACITY))):
+with stateful.configured(lab.triton.configs.config(MODEL).with_parameters(state_capacity=str(CAPACITY))):
     for live in (CAPACITY, 2 * CAPACITY):
         before = stateful.evictions_logged()
         name = f"{MODEL}, state capacity {CAPACITY}, {live} sequences"
-        broken[live] = lab.sequences(MODEL, live, LENGTH, name=name, sequences=live)
+        broken[live] = lab.measurer.sequences(MODEL, live, LENGTH, name=name, sequences=live)
         evicted[live] = stateful.evictions_logged() - before
         print(f"  the model logged {evicted[live]:.0f} evictions; the clients' broken sequences: "
               f"{broken[live].sequences_failed or 'none'}")  # fmt: skip
@@ -237,7 +237,7 @@ predicted_idle_and_cancelled = None  # before you run: True if the short pause i
 IDLE_S = 1.0
 photo = photos[0].read_bytes()
 next_id += 2
-with stateful.configured(lab.triton.config(MODEL).with_parameters(idle_timeout_s=str(IDLE_S))):
+with stateful.configured(lab.triton.configs.config(MODEL).with_parameters(idle_timeout_s=str(IDLE_S))):
     stateful.show("frame 1", stateful.frame(next_id, photo, start=True))
     time.sleep(IDLE_S / 2)
     after_short_pause = stateful.frame(next_id, photo)
@@ -272,7 +272,7 @@ lab.record(sequences.idle_and_cancelled_sequences(after_short_pause, after_long_
 predicted_busy_times_out = None  # before you run: True if every frame before TOTAL_S is answered and the one
 # after it is refused as `timed out` (not `expired`), else False
 TOTAL_S, IDLE_LONGER_S = 3.0, 2.0
-short_lived = lab.triton.config(MODEL).with_parameters(
+short_lived = lab.triton.configs.config(MODEL).with_parameters(
     sequence_timeout_s=str(TOTAL_S), idle_timeout_s=str(IDLE_LONGER_S)
 )
 next_id += 1

@@ -212,7 +212,7 @@ MAX_REQUEST_BYTES = "20000"
 ### END SOLUTION
 photo_body = json.dumps({"image": base64.b64encode(lab.sample_image()).decode()})
 try:
-    with lab.fastapi_variant("onnx", MAX_REQUEST_BYTES=MAX_REQUEST_BYTES) as variant_url:
+    with lab.measurer.fastapi_variant("onnx", MAX_REQUEST_BYTES=MAX_REQUEST_BYTES) as variant_url:
         told = requests.get(f"{variant_url}/health", timeout=10).json()["max_request_bytes"]
         answer = requests.post(f"{variant_url}/predict", data=photo_body, timeout=30,
                                headers={"Content-Type": "application/json"})  # fmt: skip

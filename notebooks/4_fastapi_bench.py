@@ -267,7 +267,7 @@ cores, senders = plans.cores, 4 * plans.cores  # four senders per core, here and
 # %% tags=["cpu_only"]
 alone, loaded = {}, {}
 for name, (slots, threads) in plans.threads.items():  # name -> (slots, threads); None: the default
-    with lab.fastapi_variant("pt", slots, threads) as variant_url:
+    with lab.measurer.fastapi_variant("pt", slots, threads) as variant_url:
         plan_health = requests.get(f"{variant_url}/health", timeout=10).json()
         print(f"{name}: {plan_health['threads']}")
         alone[name] = lab.sequential("pt", url=variant_url, name=f"fastapi_pt, {name}")
@@ -313,7 +313,7 @@ processes_to_try = 2
 print(f"This machine: {cores} core(s); the plan: {plans.service.describe()}")
 by_processes = {}
 for count in (1, processes_to_try):
-    with lab.fastapi_variant("onnx", WEB_CONCURRENCY=str(count)) as variant_url:
+    with lab.measurer.fastapi_variant("onnx", WEB_CONCURRENCY=str(count)) as variant_url:
         serving = requests.get(f"{variant_url}/health", timeout=10).json()["processes"]
         print(f"{count} process(es) asked for: /health says {serving}")
         by_processes[count] = lab.concurrent("onnx", senders, url=variant_url,

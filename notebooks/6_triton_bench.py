@@ -114,7 +114,7 @@ print(as_staged)
 
 # %% [markdown]
 # **Your turn.** Type an `instance_group` with two instances on each of the GPU node's two GPUs.
-# `lab.triton.write_config` writes it into that file in place of the group there, after checking
+# `lab.triton.configs.write_config` writes it into that file in place of the group there, after checking
 # it against Triton's schema (it names a misspelt field); without a GPU it writes as many CPU
 # instances. It prints the file as Triton will read it. Then `load_model` (Triton's model-control
 # API) makes Triton reread the file: it starts the new instances, then retires the old, and its
@@ -146,7 +146,7 @@ instance_group [
 ]
 """
 ### END SOLUTION
-lab.triton.write_config(config_file, two_per_gpu)
+lab.triton.configs.write_config(config_file, two_per_gpu)
 more_instances = load("food_classifier")
 by_instances = {1: python_backend["c=8"], more_instances: lab.triton.perf("food_classifier", concurrency=8)}
 
@@ -159,7 +159,7 @@ by_instances = {1: python_backend["c=8"], more_instances: lab.triton.perf("food_
 ### BEGIN SOLUTION
 four_per_gpu = "instance_group [ { count: 4, kind: KIND_GPU, gpus: [ 0 ] }, { count: 4, kind: KIND_GPU, gpus: [ 1 ] } ]"
 ### END SOLUTION
-lab.triton.write_config(config_file, four_per_gpu)
+lab.triton.configs.write_config(config_file, four_per_gpu)
 most_instances = load("food_classifier")
 
 # %% [markdown]

@@ -56,7 +56,7 @@ lab.record(triton_bench.onnx_beats_python(onnx_single, python_single), predicted
 # A config's `instance_group` says how many instances run, and where. **Your turn:** type the
 # original lab's group for this model, `count: 2` on `gpus: [ 0, 1 ]`: `count` is per listed GPU,
 # so four instances (without a GPU, `count` CPU instances, two). As in notebook 6,
-# `lab.triton.write_config` checks it and writes it into the `config.pbtxt` this Triton reads,
+# `lab.triton.configs.write_config` checks it and writes it into the `config.pbtxt` this Triton reads,
 # printing the file; `load_model` makes Triton reread it, and `get_model_config` says what it runs.
 #
 # **Expectation.** At 8 clients, the larger group serves more requests per second than one
@@ -88,7 +88,7 @@ predicted_onnx_instances = None  # before you run: how many times the requests/s
 two_on_each_gpu = "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0, 1 ] } ]"
 ### END SOLUTION
 onnx_one_busy = lab.triton.perf("food_classifier_onnx", concurrency=8)
-lab.triton.write_config(config_file, two_on_each_gpu)
+lab.triton.configs.write_config(config_file, two_on_each_gpu)
 onnx_instances = load("food_classifier_onnx")
 onnx_scaled = {
     "c=1, 1 instance": onnx_single,
@@ -217,7 +217,7 @@ dynamic_batching {
 }
 """
 ### END SOLUTION
-lab.triton.write_config(config_file, batching)
+lab.triton.configs.write_config(config_file, batching)
 load("food_classifier_onnx")
 with_batching = poisson_runs()
 lab.breakdown(with_batching);

@@ -118,7 +118,7 @@ PLACEMENTS = ("outside_slot", "inside_slot")
 runs = {}  # (latency, placement) -> concurrency -> run
 enough = {}  # latency -> the senders that keep the slot busy with the download outside it
 for placement in PLACEMENTS:
-    with lab.fastapi_variant("onnx", slots=1, IMAGE_DOWNLOAD_PLACEMENT=placement) as url:
+    with lab.measurer.fastapi_variant("onnx", slots=1, IMAGE_DOWNLOAD_PLACEMENT=placement) as url:
         for latency_ms in LATENCIES_MS:
             photo = lab.image_url("soup.jpg", latency_ms=latency_ms)
             name = f"fastapi_onnx, 1 slot, download {placement}, host latency {latency_ms} ms (emulated)"
@@ -203,7 +203,7 @@ predicted_slot_wait_ms = None  # before you run: the mean slot wait W of the 10 
 
 # %%
 SENT, SLOTS, BURST_LATENCY_MS = 10, 5, 1000
-with lab.fastapi_variant("onnx", slots=SLOTS) as url:
+with lab.measurer.fastapi_variant("onnx", slots=SLOTS) as url:
     health = requests.get(f"{url}/health", timeout=10).json()
     print(f"{health['slots']} slots: {health['threads']}")
     burst = lab.burst(

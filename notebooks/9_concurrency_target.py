@@ -100,7 +100,7 @@ food11["autoscaling_config"] = autoscaling
 serve.apply(step_config)
 
 STEPS = [(1, 2 / 3), (BETWEEN, 1), (12, 1), (1, 2)]  # (clients, length in steps of the profile's step_s)
-below_cap = serve.step_load(lab.closed_loop, STEPS, "ray_serve", autoscaling)
+below_cap = serve.step_load(lab.measurer.closed_loop, STEPS, "ray_serve", autoscaling)
 
 # %% [markdown]
 # Each step from both sides, as a table, then over time (dashed: what the replicas hold; dotted:
@@ -137,7 +137,7 @@ food11["autoscaling_config"] = at_cap_autoscaling
 serve.apply(at_cap_config)
 
 AT_CAP_STEPS = [(1, 1 / 3), (BETWEEN, 1), (12, 1)]
-at_cap = serve.step_load(lab.closed_loop, AT_CAP_STEPS, "ray_serve, target = cap", at_cap_autoscaling)
+at_cap = serve.step_load(lab.measurer.closed_loop, AT_CAP_STEPS, "ray_serve, target = cap", at_cap_autoscaling)
 serve.show_step_load(at_cap, MAX_ONGOING)
 
 # %% [markdown]
@@ -178,7 +178,7 @@ for cap in (1, PREDICT_SLOTS, MAX_ONGOING):
     serve.apply(config, quiet=cap != 1)
     label = f"ray_serve, {PREDICT_SLOTS} predict slots, max_ongoing_requests {cap}"
     with serve.watch() as watcher:
-        slot_runs[cap] = lab.closed_loop(serve.url, SLOT_CLIENTS, name=label, service_stats=True)
+        slot_runs[cap] = lab.measurer.closed_loop(serve.url, SLOT_CLIENTS, name=label, service_stats=True)
     slot_samples[cap] = watcher.samples
 
 print(concurrency_target.slot_table(slot_runs, slot_samples))
@@ -209,7 +209,7 @@ for queued in (2, -1):
     food11.update(num_replicas=1, max_ongoing_requests=2, max_queued_requests=queued)
     serve.apply(config, quiet=queued != 2)
     label = f"ray_serve, 1 replica, target 2, queue {'of 2' if queued == 2 else 'unbounded'}"
-    runs_by_queue[queued] = lab.closed_loop(serve.url, QUEUE_CLIENTS, name=label, backoff_s=BACKOFF_S)
+    runs_by_queue[queued] = lab.measurer.closed_loop(serve.url, QUEUE_CLIENTS, name=label, backoff_s=BACKOFF_S)
 
 lab.record(concurrency_target.bounded_queue_refuses("Ray Serve", runs_by_queue[2], runs_by_queue[-1], 2, "http_503"),
            predicted=predicted_serve_p95_share);
@@ -241,7 +241,8 @@ for replicas in replica_counts:
         food11["ray_actor_options"]["num_cpus"] = int(serve.hardware.cores / max(replica_counts) * 1000) / 1000
     serve.apply(config, quiet=replicas > 1)
     with serve.watch() as watcher:
-        by_replicas[replicas] = lab.closed_loop(serve.url, 8, name=f"ray_serve, {replicas} replica(s), 8 clients")
+        label = f"ray_serve, {replicas} replica(s), 8 clients"
+        by_replicas[replicas] = lab.measurer.closed_loop(serve.url, 8, name=label)
     cpu_by_replicas[replicas] = statistics.fmean(sample.cpu_percent for sample in watcher.samples)
 
 for replicas, run in by_replicas.items():
@@ -279,7 +280,7 @@ lab.record(concurrency_target.spread_over_nodes(report, TWO_NODE_REQUESTS));
 predicted_fastapi_p50_growth = None  # before you run: FastAPI's median latency with 16 clients over 4 (x)
 
 # %%
-with lab.fastapi_variant("onnx", slots=1) as url:
+with lab.measurer.fastapi_variant("onnx", slots=1) as url:
     fastapi_runs = {c: lab.concurrent("onnx", c, url=url, name="fastapi_onnx, 1 slot") for c in (4, 16)}
 lab.record(concurrency_target.fastapi_queues_inside(fastapi_runs[4], fastapi_runs[16], slots=1),
            predicted=predicted_fastapi_p50_growth);
@@ -301,14 +302,14 @@ MODEL = "food_classifier_onnx"
 triton_runs = {}
 for max_queue in (2, 0):
     policy = f"default_queue_policy {{ max_queue_size: {max_queue} }}" if max_queue else ""
-    edited = lab.triton.config(MODEL).with_text(
+    edited = lab.triton.configs.config(MODEL).with_text(
         "max_batch_size: 1  instance_group [ { count: 1, kind: KIND_GPU, gpus: [ 0 ] }, "
         "{ count: 1, kind: KIND_GPU, gpus: [ 1 ] } ]  "
         f"dynamic_batching {{ {policy} }}"
     )
-    served = lab.triton.apply_config(MODEL, edited)  # the instances Triton now runs
+    served = lab.triton.configs.apply_config(MODEL, edited)  # the instances Triton now runs
     label = f"triton/{MODEL}, {served} instances, queue {'of ' + str(max_queue) if max_queue else 'unbounded'}"
-    triton_runs[max_queue] = lab.closed_loop(
+    triton_runs[max_queue] = lab.measurer.closed_loop(
         lab.triton_http, 16, name=label, kind="triton-http", model=MODEL, backoff_s=BACKOFF_S, triton_stats=True
     )
     stats = triton_runs[max_queue].triton_stats
@@ -316,7 +317,7 @@ for max_queue in (2, 0):
         f"  server: {stats['success_count']} answered, on average {stats['avg_queue_us'] / 1000:.1f} ms in the"
         f" queue and {stats['avg_compute_infer_us'] / 1000:.1f} ms computing"
     )
-lab.triton.restore_config(MODEL)
+lab.triton.configs.restore_config(MODEL)
 lab.record(concurrency_target.bounded_queue_refuses("Triton", triton_runs[2], triton_runs[0], 2),
            predicted=predicted_triton_p95_share);
 

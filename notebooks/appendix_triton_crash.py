@@ -26,7 +26,7 @@ ALONE_S = 3  # seconds of one client at a time, to measure a request alone
 RACE_FIXED_IN = (2, 53)
 TRITON_MODEL = "food_classifier_onnx"
 one_at_a_time = (  # notebook 10's config: one instance, one request per execution, dynamic batching
-    lab.triton.config(TRITON_MODEL)
+    lab.triton.configs.config(TRITON_MODEL)
     .with_fields(max_batch_size=1)
     .with_instance_groups([{"count": 1, "kind": "KIND_GPU", "gpus": [0]}])  # a CPU one without a GPU
     .with_dynamic_batching()
@@ -67,8 +67,10 @@ predicted_triton_race = None  # before you run: True if the expectation holds fo
 # deadline races more and crashes it, the lesson's does not; fixed: neither crashes it), else False
 probes = {}
 with cancellation.probe_server(lab, TRITON_MODEL, one_at_a_time) as triton:
-    version = lab.triton.version(triton.http)
-    alone = lab.closed_loop(triton.grpc, 1, ALONE_S, name="probe, 1 client", kind="triton-grpc", model=TRITON_MODEL)
+    version = lab.triton.configs.version(triton.http)
+    alone = lab.measurer.closed_loop(
+        triton.grpc, 1, ALONE_S, name="probe, 1 client", kind="triton-grpc", model=TRITON_MODEL
+    )
     s = alone.latency.p50_ms / 1000
     lessons_pace = cancellation.pacing(alone.latency.p50_ms, IMPATIENT)
     probes["the lesson's deadline"] = cancellation.cancellation_probe(

@@ -45,7 +45,9 @@ def test_ray_serve_s_container_runs_the_replicas_a_config_asks_for_and_both_answ
         serve.apply(config)
         assert serve.replicas() == {"RUNNING": 2}
         with serve.watch() as watcher:
-            run = lab.closed_loop(serve.url, 4, 3.0, name="ray_serve, 2 replicas, 4 clients", service_stats=True)
+            run = lab.measurer.closed_loop(
+                serve.url, 4, 3.0, name="ray_serve, 2 replicas, 4 clients", service_stats=True
+            )
         assert run.errors == {} and run.throughput_rps > 0
         assert watcher.samples, "Serve's own figures were read from its container while the run went on"
     finally:
@@ -61,16 +63,16 @@ def test_perf_analyzer_in_the_jupyter_image_measures_triton_s_container(lab):
 
 
 def test_instances_typed_for_the_gpu_node_run_on_the_hardware_triton_s_container_has(lab):
-    shipped = lab.triton.config("food_classifier_onnx")
+    shipped = lab.triton.configs.config("food_classifier_onnx")
     two_gpus = "instance_group [ { count: 1, kind: KIND_GPU, gpus: [ 0 ] }, { count: 1, kind: KIND_GPU, gpus: [ 1 ] } ]"
     try:
-        lab.triton.apply_config("food_classifier_onnx", shipped.with_text(two_gpus))
+        lab.triton.configs.apply_config("food_classifier_onnx", shipped.with_text(two_gpus))
         assert lab.triton.configs.served_instances("food_classifier_onnx") == 2
         served = lab.triton.configs.served_config("food_classifier_onnx")
         kinds = {group["kind"] for group in served["instance_group"]}
         assert kinds == ({"KIND_GPU"} if lab.triton_server.gpus else {"KIND_CPU"}), served["instance_group"]
     finally:
-        lab.triton.restore_config("food_classifier_onnx")
+        lab.triton.configs.restore_config("food_classifier_onnx")
     assert lab.triton.configs.served_instances("food_classifier_onnx") == shipped.instance_count()
 
 
@@ -85,7 +87,7 @@ def test_photos_come_from_the_image_host_by_its_service_name_and_other_hosts_are
         assert refused.status_code == status, (url, refused.text)
     # A variant of notebook 8's, a process of this container, downloading across the network.
     latency_ms = 50
-    with lab.fastapi_variant("onnx", slots=1, IMAGE_DOWNLOAD_PLACEMENT="outside_slot") as url:
+    with lab.measurer.fastapi_variant("onnx", slots=1, IMAGE_DOWNLOAD_PLACEMENT="outside_slot") as url:
         run = lab.concurrent(
             "onnx",
             4,
@@ -101,7 +103,7 @@ def test_cancels_reach_triton_s_container_over_grpc_and_its_log_counts_the_steps
     model = "food_classifier_onnx"
     experiment = cancellation.Experiment(lab, patient=2, impatient=4, stream_patient=1, stream_impatient=2)
     one_at_a_time = (
-        lab.triton.config(model)
+        lab.triton.configs.config(model)
         .with_fields(max_batch_size=1)
         .with_instance_groups([{"count": 1, "kind": "KIND_GPU", "gpus": [0]}])  # a CPU one without a GPU
         .with_dynamic_batching()

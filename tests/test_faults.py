@@ -93,10 +93,10 @@ def test_a_lab_run_that_spans_a_crash_is_marked_and_saved_as_such(model_servers,
     lab = Lab("local", profile("quick"), {"onnx": url}, None, None, None, notebook="faults", stacks=[model_servers])
     managed, exits_before = service(model_servers, "fastapi_onnx"), len(model_servers.exits)
     threading.Timer(KILL_AFTER_S, os.kill, (managed.process.pid, signal.SIGKILL)).start()
-    crashed = lab.closed_loop(url, 4, LOAD_S, name="fastapi_onnx, killed")
+    crashed = lab.measurer.closed_loop(url, 4, LOAD_S, name="fastapi_onnx, killed")
     assert crashed.interrupted_by and "fastapi_onnx was killed by signal 9 (SIGKILL)" in crashed.interrupted_by[0]
     back(model_servers, "fastapi_onnx", exits_before)
-    clean = lab.closed_loop(url, 4, 2.0, name="fastapi_onnx, after")
+    clean = lab.measurer.closed_loop(url, 4, 2.0, name="fastapi_onnx, after")
     assert clean.clean and clean.error_count == 0
     saved = [run for run, _ in load_appended(tmp_path / "faults.jsonl")]
     assert [(run.name, run.clean) for run in saved] == [

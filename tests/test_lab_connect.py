@@ -39,8 +39,8 @@ def test_connect_serves_the_shipped_config_of_a_model_an_earlier_notebook_left_e
 
     earlier = connecting("6_triton_bench")
     assert "Using the lab already running on this machine" in capsys.readouterr().out, "the session's stack"
-    shipped = earlier.triton.config(MODEL)
-    earlier.triton.apply_config(MODEL, shipped.with_text("instance_group [ { count: 2, kind: KIND_CPU } ]"))
+    shipped = earlier.triton.configs.config(MODEL)
+    earlier.triton.configs.apply_config(MODEL, shipped.with_text("instance_group [ { count: 2, kind: KIND_CPU } ]"))
     assert [group["count"] for group in served()["instance_group"]] == [2]
     capsys.readouterr()
 

@@ -27,8 +27,13 @@ from tests.helpers import make_image_bytes, synthetic_run
 from tests.helpers.perf_runs import perf_result
 
 
+def compose_lab(repository, **parts) -> Lab:
+    """A Lab of the Compose project's Triton (triton:8000), loading `repository`."""
+    return Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", repository, **parts)
+
+
 def test_in_the_compose_project_triton_s_log_is_the_copy_beside_its_repository_when_there_is_one(tmp_path):
-    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models")
+    lab = compose_lab(tmp_path / "models")
     copy = tmp_path / "triton.log"
     assert lab.triton.log() is None  # the server has not written it (yet)
     copy.write_text("I1123 model.py:1] food_classifier_onnx: 2 cancelled request(s)\n")
@@ -37,9 +42,7 @@ def test_in_the_compose_project_triton_s_log_is_the_copy_beside_its_repository_w
 
 def test_in_the_compose_project_a_triton_restart_is_back_once_triton_answers_again(tmp_path, monkeypatch):
     exits = tmp_path / "restarts.jsonl"
-    lab = Lab(
-        "compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path / "models", shared_exits_file=exits
-    )
+    lab = compose_lab(tmp_path / "models", shared_exits_file=exits)
     service_exits.record(exits, service_exits.ServiceExit("triton", time.time(), "exited", "Signal (11)"))
     monkeypatch.setattr("servelab.lab.run_keeper.answers", lambda url: False)
     (event,) = lab.keeper.service_exits()
@@ -48,26 +51,17 @@ def test_in_the_compose_project_a_triton_restart_is_back_once_triton_answers_aga
     (event,) = lab.keeper.service_exits()
     assert event.outcome == service_exits.BACK and event.back_at is not None
     assert lab.keeper.service_exits()[0].back_at == event.back_at  # first seen back, not each time asked
-    lab.wait_for_services()  # nothing left to wait for
+    lab.keeper.wait_for_services()  # nothing left to wait for
 
 
 def test_in_the_compose_project_a_service_crashed_before_its_restart_is_recorded_is_waited_for(tmp_path, monkeypatch):
     """Docker restarts a crashed container after a delay, and its start records the restart: in
     between, Triton is silent and nothing says why. A measurement waits for it all the same."""
-    nothing_recorded_yet = tmp_path / "restarts.jsonl"
-    lab = Lab(
-        "compose",
-        profile("quick"),
-        {},
-        "triton:8000",
-        "triton:8001",
-        tmp_path / "models",
-        shared_exits_file=nothing_recorded_yet,
-    )
+    lab = compose_lab(tmp_path / "models", shared_exits_file=tmp_path / "restarts.jsonl")  # nothing recorded yet
     back_at = time.monotonic() + 1.0
     monkeypatch.setattr("servelab.lab.run_keeper.answers", lambda url: time.monotonic() >= back_at)
     monkeypatch.setattr("servelab.lab.run_keeper.time.sleep", lambda seconds: None)  # a fake clock's wait
-    lab.wait_for_services()
+    lab.keeper.wait_for_services()
     assert time.monotonic() >= back_at, "it returned while Triton was silent"
 
 
@@ -117,7 +111,7 @@ def capacity_of(rps: float) -> Capacity:
 def lab_on(server: Hardware, served_instances: list[dict], monkeypatch) -> Lab:
     """A Lab whose Triton server has `server`'s hardware and reports `served_instances` as its
     model's instance groups."""
-    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", None, triton_server=server)
+    lab = compose_lab(None, triton_server=server)
     monkeypatch.setattr(lab.triton.configs, "served_config", lambda model: {"instance_group": served_instances})
     return lab
 
@@ -175,11 +169,11 @@ def test_a_config_naming_gpus_the_server_lacks_is_served_on_the_gpus_it_has_and_
 
     monkeypatch.setattr(triton_configs.triton_http, "InferenceServerClient", Triton)
     one_gpu = Hardware(gpus=1, cores=16, backends=("onnxruntime", "python", "pytorch"))
-    lab = Lab("compose", profile("quick"), {}, "triton:8000", "triton:8001", tmp_path, triton_server=one_gpu)
+    lab = compose_lab(tmp_path, triton_server=one_gpu)
     (tmp_path / "food_classifier").mkdir()
     two_per_gpu = [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_GPU", "gpus": [1]}]
-    edited = lab.triton.config("food_classifier").with_instance_groups(two_per_gpu)
-    assert lab.triton.apply_config("food_classifier", edited) == 4  # the instances the server reports it runs
+    edited = lab.triton.configs.config("food_classifier").with_instance_groups(two_per_gpu)
+    assert lab.triton.configs.apply_config("food_classifier", edited) == 4  # the instances the server reports it runs
     served = TritonConfig.read(tmp_path / "food_classifier" / "config.pbtxt")
     assert [(group.count, list(group.gpus)) for group in served.proto.instance_group] == [(2, [0]), (2, [0])]
     printed = capsys.readouterr().out
@@ -189,13 +183,13 @@ def test_a_config_naming_gpus_the_server_lacks_is_served_on_the_gpus_it_has_and_
     )
     assert "-    gpus: [ 1 ]\n+    gpus: [ 0 ]\n" in printed and loaded == ["food_classifier"]
     # A group's count is per listed GPU: two on each of GPUs 0 and 1 is four on GPU 0.
-    two_on_each_gpu = lab.triton.config("food_classifier").with_instance_groups(
+    two_on_each_gpu = lab.triton.configs.config("food_classifier").with_instance_groups(
         [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]
     )
     (group,) = adapt_to_server(two_on_each_gpu, one_gpu).proto.instance_group
     assert (group.count, group.kind, list(group.gpus)) == (4, group.KIND_GPU, [0])
     # Three GPUs onto two do not spread evenly: one group per GPU, as many instances, names kept apart.
-    uneven = lab.triton.config("food_classifier").with_instance_groups(
+    uneven = lab.triton.configs.config("food_classifier").with_instance_groups(
         [{"name": "spread", "count": 1, "kind": "KIND_GPU", "gpus": [0, 1, 2]}, {"count": 1, "kind": "KIND_CPU"}]
     )
     adapted = adapt_to_server(uneven, dataclasses.replace(one_gpu, gpus=2))
@@ -223,9 +217,9 @@ def test_a_closed_loop_left_to_the_profile_runs_its_duration_and_never_less_than
     monkeypatch.setattr(loadgen, "closed_loop", lambda endpoint, load, progress: loads.append(load) or synthetic_run())
     monkeypatch.setattr(lab.keeper, "ready_to_measure", time.time)
     monkeypatch.setattr(lab.keeper, "keep", lambda result, kept_as, started: kept_as)
-    assert lab.closed_loop("http://127.0.0.1:9", 4) == "http://127.0.0.1:9, 4 client(s)"
+    assert lab.measurer.closed_loop("http://127.0.0.1:9", 4) == "http://127.0.0.1:9, 4 client(s)"
     assert loads[0].duration_s == max(profile(name).duration_s, measuring.CLOSED_LOOP_MIN_S)
-    lab.closed_loop("http://127.0.0.1:9", 4, 1.5, "a step")
+    lab.measurer.closed_loop("http://127.0.0.1:9", 4, 1.5, "a step")
     assert loads[1].duration_s == 1.5
 
 

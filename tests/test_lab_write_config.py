@@ -1,4 +1,4 @@
-"""`lab.triton.write_config`, the step of notebooks 6 and 7 between what a student types and the
+"""`lab.triton.configs.write_config`, the step of notebooks 6 and 7 between what a student types and the
 file Triton reads: the typed fields go into the model's config.pbtxt in the repository Triton
 serves from, checked and adapted to the server first; the student's own `load_model` makes Triton
 read it. Against the session's real Triton, what it serves after that load is what was written."""
@@ -58,7 +58,7 @@ def staged(built_artifacts, tmp_path) -> Path:
 def test_typed_text_the_lab_will_not_write_says_what_to_change_and_leaves_the_file(staged, typed, said, capsys):
     before = staged.read_text()
     with pytest.raises(TypedConfigError) as refused:
-        lab_with(staged.parent.parent).triton.write_config(staged, typed)
+        lab_with(staged.parent.parent).triton.configs.write_config(staged, typed)
     assert said in str(refused.value)
     assert str(refused.value).endswith(f"Nothing was written: {staged} is as it was.")
     # A notebook shows the message alone, not a traceback through the lab (IPython's hook).
@@ -72,16 +72,16 @@ def test_a_file_triton_does_not_read_is_refused_naming_those_it_does(staged, tmp
     elsewhere.write_text(staged.read_text())
     lab = lab_with(staged.parent.parent)
     with pytest.raises(TypedConfigError, match="is not a file this Triton reads: each model's is lab.repository"):
-        lab.triton.write_config(elsewhere, "instance_group [ { count: 2 } ]")
+        lab.triton.configs.write_config(elsewhere, "instance_group [ { count: 2 } ]")
     with pytest.raises(TypedConfigError, match="food_classifier, food_classifier_onnx"):
-        lab.triton.write_config(tmp_path / "nope" / "config.pbtxt", "instance_group [ { count: 2 } ]")
+        lab.triton.configs.write_config(tmp_path / "nope" / "config.pbtxt", "instance_group [ { count: 2 } ]")
 
 
 def test_typed_fields_replace_the_file_s_own_and_keep_its_other_lines(built_artifacts, tmp_path, capsys):
     staged = staged_for(TWO_GPUS, tmp_path / "models")  # as on the GPU node
     lab = lab_with(staged.parent.parent, TWO_GPUS)
     typed = "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0, 1 ] } ]"
-    assert lab.triton.write_config(staged, typed) == staged
+    assert lab.triton.configs.write_config(staged, typed) == staged
     written = TritonConfig.read(staged)
     (group,) = written.proto.instance_group
     assert (group.count, list(group.gpus)) == (2, [0, 1])
@@ -90,14 +90,14 @@ def test_typed_fields_replace_the_file_s_own_and_keep_its_other_lines(built_arti
     assert printed.startswith(f"{staged}, as Triton reads it at the next load of food_classifier:\n\n")
     assert printed.endswith(written.text + "\n") and "Adapted" not in printed  # the node's server: as typed
     # The next edit starts from the file as it is now: dynamic batching added, the two groups kept.
-    lab.triton.write_config(staged, "dynamic_batching { max_queue_delay_microseconds: 100 }")
+    lab.triton.configs.write_config(staged, "dynamic_batching { max_queue_delay_microseconds: 100 }")
     again = TritonConfig.read(staged).proto
     assert again.dynamic_batching.max_queue_delay_microseconds == 100 and again.instance_group[0].count == 2
 
 
 def test_without_a_gpu_the_file_gets_cpu_instances_and_the_student_sees_why(staged, capsys):
     lab = lab_with(staged.parent.parent, NO_GPU)
-    lab.triton.write_config(staged, "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0 ] } ]")
+    lab.triton.configs.write_config(staged, "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0 ] } ]")
     (group,) = TritonConfig.read(staged).proto.instance_group
     assert (group.count, group.kind, list(group.gpus)) == (2, group.KIND_CPU, [])
     printed = capsys.readouterr().out
@@ -118,11 +118,11 @@ def test_what_triton_serves_after_load_model_is_the_file_written(ports, capsys):
         return [(group["count"], group["kind"]) for group in triton.get_model_config(MODEL)["instance_group"]]
 
     try:
-        lab.triton.write_config(config_file, "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0 ] } ]")
+        lab.triton.configs.write_config(config_file, "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0 ] } ]")
         assert served_groups() == [(1, "KIND_CPU")], "written, not yet loaded: Triton serves what it read before"
         triton.load_model(MODEL)  # the student's call: Triton rereads the file
         assert served_groups() == [(2, "KIND_CPU")]
-        lab.triton.write_config(config_file, "dynamic_batching { preferred_batch_size: [ 4, 8 ] }")
+        lab.triton.configs.write_config(config_file, "dynamic_batching { preferred_batch_size: [ 4, 8 ] }")
         triton.load_model(MODEL)
         served = triton.get_model_config(MODEL)
         assert served["dynamic_batching"]["preferred_batch_size"] == [4, 8] and served_groups() == [(2, "KIND_CPU")]

@@ -253,8 +253,9 @@ class StandInLab:
         self.runs, self.calls = list(runs), []
         self.triton_http, self.triton_grpc = "127.0.0.1:8000", "127.0.0.1:8001"
         self.profile = SimpleNamespace(duration_s=3.0)
-        self.triton = SimpleNamespace(
-            applied=[],
+        self.measurer = self  # its closed_loop answers as the Lab's measurer
+        self.triton = SimpleNamespace(applied=[])
+        self.triton.configs = SimpleNamespace(
             apply_config=lambda model, config: self.triton.applied.append((model, config)),
             restore_config=lambda model: self.triton.applied.append((model, "shipped")),
         )

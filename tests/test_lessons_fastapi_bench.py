@@ -286,7 +286,7 @@ def test_notebook_4_on_a_gpu_runs_no_thread_plan_cell_and_its_time_counts_none()
         "predicted_crowded_rate",
         "predicted_every_core",
         "predicted_default_share",
-        'lab.fastapi_variant("pt", slots, threads)',
+        'lab.measurer.fastapi_variant("pt", slots, threads)',
         'slots x threads per inference")',
     )
     on_gpu, on_cpu = time_plan.code_cells(source, time_plan.GPU), time_plan.code_cells(source, time_plan.CPU)

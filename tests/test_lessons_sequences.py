@@ -195,6 +195,7 @@ def test_evictions_break_the_oldest_and_the_log_counts_them():
 class FakeTriton:
     def __init__(self, log: Path | None = None) -> None:
         self.log_file, self.calls = log, []
+        self.configs = self  # its apply_config and restore_config answer as the served configs'
 
     def log(self) -> Path | None:
         return self.log_file
@@ -214,6 +215,7 @@ class FakeLab:
 
     def __init__(self, log: Path | None = None) -> None:
         self.triton, self.asked = FakeTriton(log), []
+        self.measurer = self  # its sequences answer as the Lab's measurer
 
     def sequences(self, model: str, concurrency: int, length: int, **load):
         self.asked.append((model, concurrency, length, load))

@@ -104,7 +104,7 @@ def test_an_unknown_model_is_a_clear_error_everywhere(tmp_path):
     with pytest.raises(ModelError, match="no model 'nope'"):
         lab.triton.perf("nope")
     with pytest.raises(ModelError, match="no model 'nope'"):
-        lab.triton.config("nope")
+        lab.triton.configs.config("nope")
     with pytest.raises(ValueError, match="cannot use 'nope'.*food_classifier"):
         gourmetgram_service(1, "nope", Ports())
     assert (
@@ -236,17 +236,19 @@ def test_a_new_model_folder_is_served_measured_and_reconfigured_with_no_other_fi
         )
         assert len(generated.latencies_ms) == 20 and not generated.errors
 
-        edited = lab.triton.config("scale_vector").with_instance_groups([{"count": 2, "kind": "KIND_GPU", "gpus": [0]}])
-        lab.triton.apply_config("scale_vector", edited.with_dynamic_batching(max_queue_delay_microseconds=100))
+        edited = lab.triton.configs.config("scale_vector").with_instance_groups(
+            [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}]
+        )
+        lab.triton.configs.apply_config("scale_vector", edited.with_dynamic_batching(max_queue_delay_microseconds=100))
         assert lab.triton.configs.served_instances("scale_vector") == 2
         assert "dynamic_batching" in lab.triton.configs.served_config("scale_vector")
         assert lab.triton.perf("scale_vector", concurrency=4).name.endswith(", 2 instances, dynamic batching")
         with pytest.raises(ConfigError, match="between 1 and max_batch_size"):
-            lab.triton.apply_config(
+            lab.triton.configs.apply_config(
                 "scale_vector",
-                lab.triton.config("scale_vector").with_fields(max_batch_size=2).text
+                lab.triton.configs.config("scale_vector").with_fields(max_batch_size=2).text
                 + "dynamic_batching { preferred_batch_size: [ 4 ] }\n",
             )
-        lab.triton.restore_config("scale_vector")
+        lab.triton.configs.restore_config("scale_vector")
         assert lab.triton.configs.served_instances("scale_vector") == 1
     assert _tracked_changes() == before, "serving a new model changed files outside its folder"

@@ -196,8 +196,8 @@ def test_notebooks_4_to_7_hand_the_student_the_real_tools():
     for stem in ("5_triton", "6_triton_bench", "7_triton_batching"):
         made = calls(stem)
         assert {"triton.load_model", "triton.get_model_config"} <= set(made), stem
-        assert "lab.triton.apply_config" not in made, stem
+        assert "lab.triton.configs.apply_config" not in made, stem
     for stem in ("6_triton_bench", "7_triton_batching"):
         source = (NOTEBOOKS / f"{stem}.py").read_text()
-        assert "lab.triton.write_config" in calls(stem) and "config_file.write_text" in calls(stem), stem
+        assert "lab.triton.configs.write_config" in calls(stem) and "config_file.write_text" in calls(stem), stem
         assert 'shutil.which("nvidia-smi")' in source and '["nvidia-smi", *query]' in source, stem

@@ -18,6 +18,7 @@ from servelab.report.summaries import shown_command, summary_line
 from servelab.results import RunResult, append_result, load_appended
 from servelab.triton import perf_analyzer
 from servelab.triton.models import ModelRepository
+from tests.helpers.perf_runs import run_stable
 
 SAMPLE_CSV = (  # a real perf_analyzer -f report
     "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
@@ -47,9 +48,10 @@ def test_csv_rows_come_in_the_order_of_their_load_levels_not_of_their_throughput
     assert [r["Request Rate"] for r in perf_analyzer.parse_csv(rates)] == [10, 20]
 
 
-def fake_perf_analyzer(monkeypatch) -> list[list[str]]:
-    """Replace the perf_analyzer process by one that writes SAMPLE_CSV where -f says; returns the
-    commands it was given."""
+@pytest.fixture
+def commands(monkeypatch) -> list[list[str]]:
+    """The perf_analyzer process replaced by one that writes SAMPLE_CSV where -f says: the commands
+    it was given."""
     commands = []
 
     def fake_run(command, **kwargs):
@@ -65,8 +67,7 @@ def _option(command: list[str], name: str) -> str:
     return command[command.index(name) + 1]
 
 
-def test_sequence_options_reach_the_command_line(monkeypatch):
-    commands = fake_perf_analyzer(monkeypatch)
+def test_sequence_options_reach_the_command_line(commands):
     (result,) = perf_analyzer.run(
         "127.0.0.1:1", "m", concurrency=4, sequence_length=8, sequence_length_variation=0, sequence_id_range=(100, 200)
     ).results
@@ -92,8 +93,7 @@ def test_sequence_options_reach_the_command_line(monkeypatch):
     assert "--sequence-length" not in command  # perf_analyzer's default
 
 
-def test_each_result_keeps_the_command_that_measured_it_and_saved_runs_keep_it_too(monkeypatch, tmp_path):
-    commands = fake_perf_analyzer(monkeypatch)
+def test_each_result_keeps_the_command_that_measured_it_and_saved_runs_keep_it_too(commands, monkeypatch, tmp_path):
     data = tmp_path / "input.json"
     data.write_text("{}")
     monkeypatch.chdir(tmp_path)
@@ -129,13 +129,12 @@ def test_a_run_s_summary_shows_its_command_under_it_with_short_paths_quoted_for_
     [
         ({"num_of_sequences": 6}, "only at a request rate"),
         ({"serial_sequences": True}, "only at a request rate"),
-        ({"sequence_length": 0}, ""),
-        ({"sequence_length_variation": 150}, ""),
-        ({"sequence_id_range": (10, 10)}, ""),
+        ({"sequence_length": 0}, "at least 1"),
+        ({"sequence_length_variation": 150}, "a percentage"),
+        ({"sequence_id_range": (10, 10)}, "1 <= start < end"),
     ],
 )
-def test_impossible_sequence_options_are_refused_before_perf_analyzer_runs(monkeypatch, option, says):
-    commands = fake_perf_analyzer(monkeypatch)
+def test_impossible_sequence_options_are_refused_before_perf_analyzer_runs(commands, option, says):
     with pytest.raises(ValueError, match=says):
         perf_analyzer.run("127.0.0.1:1", "m", concurrency=4, **option)
     assert commands == []
@@ -143,7 +142,7 @@ def test_impossible_sequence_options_are_refused_before_perf_analyzer_runs(monke
 
 @pytest.mark.integration
 def test_closed_loop_run_against_the_local_triton(triton_http_url):
-    run = perf_analyzer.run_stable(
+    run = run_stable(
         triton_http_url,
         "food_classifier_onnx",
         concurrency=2,
@@ -169,7 +168,7 @@ def test_closed_loop_run_against_the_local_triton(triton_http_url):
 
 @pytest.mark.integration
 def test_batched_requests_over_grpc_count_requests_and_images(triton_grpc_url):
-    (result,) = perf_analyzer.run_stable(
+    (result,) = run_stable(
         triton_grpc_url,
         "food_classifier_onnx",
         concurrency=1,
@@ -185,7 +184,7 @@ def test_batched_requests_over_grpc_count_requests_and_images(triton_grpc_url):
 
 @pytest.mark.integration
 def test_request_rate_mode_with_poisson_arrivals(triton_http_url):
-    (result,) = perf_analyzer.run_stable(
+    (result,) = run_stable(
         triton_http_url,
         "food_classifier_onnx",
         concurrency=None,
@@ -248,7 +247,7 @@ def test_a_model_the_server_does_not_have_is_a_clear_error(triton_http_url):
 def test_sequences_to_the_stateful_model(triton_http_url, tmp_path):
     """perf_analyzer finds the sequence batcher in the model's config and sends sequences of 4 frames."""
     image_input = ModelRepository().get("food_sequence").perf_analyzer_input(paths.SAMPLE_IMAGE.read_bytes(), tmp_path)
-    run = perf_analyzer.run_stable(
+    run = run_stable(
         triton_http_url,
         "food_sequence",
         concurrency=2,

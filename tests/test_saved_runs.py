@@ -133,10 +133,10 @@ def test_each_run_is_saved_as_it_ends_and_a_later_session_loads_them_back(tmp_pa
         "fastapi_onnx",
         "ray_serve",
     ]
-    only_morning = Lab.saved_runs("toy", session=morning.session)
+    only_morning = Lab.saved_runs("toy", session=morning.keeper.session)
     assert [result.name for result in only_morning] == ["fastapi_pt", "fastapi_onnx"]
     assert Lab.saved_runs("never_run") == []
-    known = re.escape(morning.session)
+    known = re.escape(morning.keeper.session)
     with pytest.raises(ValueError, match=f"no session 'yesterday'.*'latest', 'all' or one of {known}"):
         Lab.saved_runs("toy", session="yesterday")
 
@@ -178,7 +178,7 @@ def test_a_measurement_waits_for_a_service_being_restarted_and_says_so(tmp_path,
 
     supervisor = threading.Thread(target=comes_back)
     supervisor.start()
-    lab.wait_for_services()
+    lab.keeper.wait_for_services()
     assert crash.back_at is not None, "it returned before the service was back"
     supervisor.join()
     printed = capsys.readouterr().out
@@ -192,8 +192,8 @@ def test_a_service_given_up_on_is_said_once_and_measuring_goes_on(tmp_path, monk
     service_exits.record(
         exits_file, ServiceExit("triton", time.time(), "exited with code 1", "", "given up", None, "why")
     )
-    lab.wait_for_services()
-    lab.wait_for_services()
+    lab.keeper.wait_for_services()
+    lab.keeper.wait_for_services()
     assert capsys.readouterr().out.count("not restarted: why") == 1
 
 
@@ -323,12 +323,12 @@ def test_a_run_measured_with_what_to_count_over_it_is_saved_whole_every_field_eq
     monkeypatch.setattr(lab.triton.configs, "served_instances", lambda model: 1)
     monkeypatch.setattr(lab.triton.configs, "served_config", lambda model: {})
 
-    grpc = lab.closed_loop(
+    grpc = lab.measurer.closed_loop(
         lab.triton_grpc, 8, 1.0, "triton, grpc", kind="triton-grpc", model="food_classifier_onnx", triton_stats=True
     )
     fastapi = lab.concurrent("onnx", 8, url="http://127.0.0.1:3", resources=ResourceSampler(interval_s=0.05))
-    ray = lab.closed_loop("http://127.0.0.1:4", 8, 1.0, "ray_serve", service_stats=True)
-    sequences = lab.sequences("food_classifier_onnx", 2, 4, "triton, sequences", triton_stats=True)
+    ray = lab.measurer.closed_loop("http://127.0.0.1:4", 8, 1.0, "ray_serve", service_stats=True)
+    sequences = lab.measurer.sequences("food_classifier_onnx", 2, 4, "triton, sequences", triton_stats=True)
     perf_run = lab.triton.perf("food_classifier_onnx", concurrency=8, triton_stats=True)
 
     assert grpc.triton_stats is not None and grpc.triton_stats["success_count"] == 8
@@ -365,7 +365,7 @@ def test_an_account_the_server_cannot_give_after_the_run_is_a_note_and_the_run_i
 
     monkeypatch.setattr(triton_stats, "fetch", crashed_under_the_load)
     monkeypatch.setattr(loadgen, "closed_loop", server.load(run("loadgen")))
-    result = lab.closed_loop(
+    result = lab.measurer.closed_loop(
         lab.triton_http, 8, 1.0, "triton", kind="triton-http", model="food_classifier_onnx", triton_stats=True
     )
     assert result.triton_stats is None

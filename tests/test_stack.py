@@ -33,6 +33,12 @@ def _pid_alive(pid: int) -> bool:
         return stat.read().split()[2] != "Z"
 
 
+@pytest.fixture
+def port() -> int:
+    """A free port on 127.0.0.1 for the test's toy service."""
+    return Ports.found_free().fastapi_pt
+
+
 # Serves, then exits with code 3 a second later: a service that crashes every time it starts.
 SERVER_THAT_EXITS = textwrap.dedent(
     """
@@ -56,17 +62,13 @@ SERVER_STUCK_ON_RESTART = textwrap.dedent(
 )
 
 
-def test_stack_waits_for_readiness_and_stops_the_whole_process_group(tmp_path):
-    port = Ports.found_free().fastapi_pt
+def test_stack_waits_for_readiness_and_stops_the_whole_process_group(tmp_path, port):
     with LocalStack([toy_service(tmp_path, port)], log_dir=tmp_path) as stack:
         assert not port_is_free(port)
         leader = stack.processes[0].process.pid
         child = int((tmp_path / "child.pid").read_text())
         assert _pid_alive(leader) and _pid_alive(child)
-    deadline = time.monotonic() + 5
-    while _pid_alive(child) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _pid_alive(child), "the service's child process survived the stop"
+    until(lambda: not _pid_alive(child), 5, "the service's child process stopped with it")
     assert port_is_free(port)
 
 
@@ -86,43 +88,37 @@ def test_a_stopped_service_s_children_are_gone_when_stop_returns_even_those_that
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is a Linux feature (prctl)")
-def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path):
-    """A notebook kernel killed before its clean-up ran must not leave its services running."""
-    port = Ports.found_free().fastapi_pt
-    starter = textwrap.dedent(
-        f"""
-        import sys, time
-        from pathlib import Path
-        sys.path.insert(0, {str(paths.REPO_ROOT)!r})
-        from servelab.stack.supervision import LocalStack
-        from tests.helpers import toy_service
-        stack = LocalStack([toy_service(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
-        Path({str(tmp_path / "leader.pid")!r}).write_text(str(stack.processes[0].process.pid))
-        time.sleep(600)
-        """
-    )
-    parent = subprocess.Popen([sys.executable, "-c", starter], cwd=paths.REPO_ROOT)
+@pytest.mark.parametrize("restarted", [False, True], ids=["as-started", "restarted"])
+def test_a_service_stops_when_the_process_that_started_it_is_killed(tmp_path, port, restarted):
+    """A notebook kernel killed before its clean-up ran must not leave its services running, nor
+    one that the supervisor's thread restarted."""
+    starter = [
+        "import os, signal, sys, time",
+        "from pathlib import Path",
+        f"sys.path.insert(0, {str(paths.REPO_ROOT)!r})",
+        "from servelab.stack.supervision import LocalStack",
+        "from tests.helpers import toy_service, until",
+        f"stack = LocalStack([toy_service(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()",
+    ]
+    if restarted:
+        starter += [
+            "os.kill(stack.processes[0].process.pid, signal.SIGKILL)",
+            "until(lambda: stack.exits and stack.exits[0].back_at, 30, 'restarted')",
+        ]
+    leader_pid = tmp_path / "leader.pid"
+    starter += [f"Path({str(leader_pid)!r}).write_text(str(stack.processes[0].process.pid))", "time.sleep(600)"]
+    parent = subprocess.Popen([sys.executable, "-c", "\n".join(starter)], cwd=paths.REPO_ROOT)
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "leader.pid").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        leader = int((tmp_path / "leader.pid").read_text())
+        leader = int(until(lambda: leader_pid.exists() and leader_pid.read_text(), 60, "the service's pid"))
         assert _pid_alive(leader)
     finally:
         parent.kill()  # no clean-up runs: SIGKILL, as when a kernel's shutdown wait runs out
         parent.wait()
-    deadline = time.monotonic() + 10
-    while _pid_alive(leader) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _pid_alive(leader), "the service outlived the process that started it"
-    deadline = time.monotonic() + 10
-    while not port_is_free(port) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert port_is_free(port)
+    until(lambda: not _pid_alive(leader), 10, "the service stopped with its starter")
+    until(lambda: port_is_free(port), 10, "its port free")
 
 
-def test_a_service_killed_while_running_is_restarted_its_log_kept_and_its_exit_recorded(tmp_path):
-    port = Ports.found_free().fastapi_pt
+def test_a_service_killed_while_running_is_restarted_its_log_kept_and_its_exit_recorded(tmp_path, port):
     with LocalStack([toy_service(tmp_path, port)], log_dir=tmp_path / "logs") as running:
         first = running.processes[0].process.pid
         first_child = int((tmp_path / "child.pid").read_text())
@@ -141,9 +137,8 @@ def test_a_service_killed_while_running_is_restarted_its_log_kept_and_its_exit_r
     assert port_is_free(port)
 
 
-def test_a_service_that_keeps_crashing_is_given_up_after_the_restart_limit(tmp_path, monkeypatch):
+def test_a_service_that_keeps_crashing_is_given_up_after_the_restart_limit(tmp_path, port, monkeypatch):
     monkeypatch.setattr(supervision, "MAX_RESTARTS", 2)
-    port = Ports.found_free().fastapi_pt
     with LocalStack([toy_service(tmp_path, port, script=SERVER_THAT_EXITS)], log_dir=tmp_path / "logs") as running:
         until(running.given_up, 30, "the supervisor gives up")
         exits = service_exits.read(tmp_path / "logs" / service_exits.EVENTS_FILE)
@@ -155,8 +150,7 @@ def test_a_service_that_keeps_crashing_is_given_up_after_the_restart_limit(tmp_p
     assert port_is_free(port)
 
 
-def test_stopping_the_stack_while_a_restart_waits_for_readiness_returns_at_once(tmp_path):
-    port = Ports.found_free().fastapi_pt
+def test_stopping_the_stack_while_a_restart_waits_for_readiness_returns_at_once(tmp_path, port):
     running = LocalStack([toy_service(tmp_path, port, script=SERVER_STUCK_ON_RESTART, timeout=120)], log_dir=tmp_path)
     running.start()
     os.kill(running.processes[0].process.pid, signal.SIGKILL)
@@ -166,37 +160,6 @@ def test_stopping_the_stack_while_a_restart_waits_for_readiness_returns_at_once(
     running.stop()
     assert time.monotonic() - began < 15, "stop waited out the restart's readiness timeout"
     assert not _pid_alive(restarted)
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is a Linux feature (prctl)")
-def test_a_restarted_service_also_stops_when_the_process_that_started_the_stack_is_killed(tmp_path):
-    """The supervisor's thread starts the restarted service: it too must go with the notebook's kernel."""
-    port = Ports.found_free().fastapi_pt
-    starter = textwrap.dedent(
-        f"""
-        import os, signal, sys, time
-        from pathlib import Path
-        sys.path.insert(0, {str(paths.REPO_ROOT)!r})
-        from servelab.stack.supervision import LocalStack
-        from tests.helpers import until
-        from tests.helpers import toy_service
-        stack = LocalStack([toy_service(Path({str(tmp_path)!r}), {port})], log_dir=Path({str(tmp_path)!r})).start()
-        os.kill(stack.processes[0].process.pid, signal.SIGKILL)
-        until(lambda: stack.exits and stack.exits[0].back_at, 30, "restarted")
-        Path({str(tmp_path / "leader.pid")!r}).write_text(str(stack.processes[0].process.pid))
-        time.sleep(600)
-        """
-    )
-    parent = subprocess.Popen([sys.executable, "-c", starter], cwd=paths.REPO_ROOT)
-    try:
-        leader_pid = tmp_path / "leader.pid"
-        leader = int(until(lambda: leader_pid.exists() and leader_pid.read_text(), 60, "the restarted service's pid"))
-        assert _pid_alive(leader)
-    finally:
-        parent.kill()
-        parent.wait()
-    until(lambda: not _pid_alive(leader), 10, "the restarted service stopped with its starter")
-    until(lambda: port_is_free(port), 10, "its port free")
 
 
 def test_a_taken_port_is_reported_clearly_and_nothing_is_left_running(tmp_path):
@@ -210,15 +173,13 @@ def test_a_taken_port_is_reported_clearly_and_nothing_is_left_running(tmp_path):
         assert stack.processes[0].process is None
 
 
-def test_a_service_that_dies_at_start_up_is_reported_with_its_log(tmp_path):
-    port = Ports.found_free().fastapi_pt
+def test_a_service_that_dies_at_start_up_is_reported_with_its_log(tmp_path, port):
     crashing = "import sys; print('model file missing: run make artifacts'); sys.exit(3)"
     with pytest.raises(StackError, match="(?s)exited with code 3.*model file missing"):
         LocalStack([toy_service(tmp_path, port, script=crashing)], log_dir=tmp_path).start()
 
 
-def test_a_service_that_never_becomes_ready_times_out_and_is_stopped(tmp_path):
-    port = Ports.found_free().fastapi_pt
+def test_a_service_that_never_becomes_ready_times_out_and_is_stopped(tmp_path, port):
     silent = "import time; print('still loading'); time.sleep(600)"
     stack = LocalStack([toy_service(tmp_path, port, script=silent, timeout=1.5)], log_dir=tmp_path)
     with pytest.raises(StackError, match="(?s)not ready.*still loading"):
@@ -344,10 +305,9 @@ def test_a_port_taken_at_start_up_is_tried_once_more_on_new_ports_and_logged(
     assert all(line.startswith("RETRY starting toy on new ports, after: port ") for line in logged), logged
 
 
-def test_a_known_transient_start_failure_is_tried_once_more_and_logged(tmp_path, caplog):
+def test_a_known_transient_start_failure_is_tried_once_more_and_logged(tmp_path, port, caplog):
     """A service whose first start fails with the words its spec names (Ray's node slow to
     register) is started once more, in the same log; any other failure is reported at once."""
-    port = Ports.found_free().fastapi_pt
     flaky = textwrap.dedent(
         """
         import http.server, pathlib, sys

@@ -18,6 +18,8 @@ import tritonclient.http as httpclient
 from servelab.lab.triton_configs import MODEL_LOAD_TIMEOUT_S
 from servelab.polling import settled
 from servelab.triton import stats as triton_stats
+from tests.helpers import until
+from tests.helpers.triton_stats import pending_requests
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +50,12 @@ def busy_with_blockers(grpc, metrics_url: str, image_b64: str, on_answer) -> Non
     the first is in the one instance, running, and the second waits behind it."""
     for _ in range(BLOCKERS):
         grpc.async_infer(MODEL, image_inputs(grpcclient, [image_b64] * 16), on_answer)
-    triton_stats.wait_for_pending(metrics_url, MODEL, lambda count: count == BLOCKERS - 1)
+    until(lambda: pending_requests(metrics_url, MODEL) == BLOCKERS - 1, 30, "one blocker waiting")
 
 
 def wait_until_waiting(metrics_url: str, count: int, answers: queue.Queue) -> None:
     """Until `count` more requests wait behind the blockers, which are not answered yet."""
-    triton_stats.wait_for_pending(metrics_url, MODEL, lambda waiting: waiting == BLOCKERS - 1 + count)
+    until(lambda: pending_requests(metrics_url, MODEL) == BLOCKERS - 1 + count, 30, f"{count} more waiting")
     assert answers.empty(), "a blocker was answered before the requests queued: it was too quick"
 
 

@@ -23,7 +23,9 @@ from servelab.triton.server import ONNX_RUNNER_SOURCE, StagingError
 @pytest.fixture
 def shared(tmp_path, monkeypatch, built_artifacts):
     monkeypatch.setattr(triton_container, "NOTEBOOK_GROUP", os.getgid())  # the notebooks' group, in the image
-    return triton_container.shared_paths(tmp_path / "triton")
+    volume = triton_container.shared_paths(tmp_path / "triton")
+    volume["models"].parent.mkdir()  # the volume, as Docker mounts it
+    return volume
 
 
 def backends(tmp_path, *names):
@@ -34,7 +36,6 @@ def backends(tmp_path, *names):
 
 
 def test_a_server_without_gpu_or_onnx_runtime_gets_cpu_instances_and_the_python_runner(shared, tmp_path):
-    shared["models"].parent.mkdir()
     triton_container.prepare(shared, "container-a", backends(tmp_path, "python"), paths.MODELS_STAGING_DIR)
     assert Hardware.read(shared["hardware"]).backends == ("python",)
     onnx = TritonConfig.read(shared["models"] / "food_classifier_onnx" / "config.pbtxt")
@@ -46,7 +47,6 @@ def test_a_server_without_gpu_or_onnx_runtime_gets_cpu_instances_and_the_python_
 
 
 def test_a_server_with_the_onnx_runtime_backend_serves_the_graph_itself(shared, tmp_path):
-    shared["models"].parent.mkdir()
     triton_container.prepare(
         shared, "container-a", backends(tmp_path, "python", "onnxruntime"), paths.MODELS_STAGING_DIR
     )
@@ -57,7 +57,6 @@ def test_a_server_with_the_onnx_runtime_backend_serves_the_graph_itself(shared, 
 
 
 def test_a_restart_of_the_same_container_keeps_what_it_served_and_is_recorded(shared, tmp_path):
-    shared["models"].parent.mkdir()
     folder = backends(tmp_path, "python")
     triton_container.prepare(shared, "container-a", folder, paths.MODELS_STAGING_DIR)
     edited = shared["models"] / "food_classifier" / "config.pbtxt"
@@ -96,7 +95,6 @@ def built_elsewhere(tmp_path, built_artifacts, note):
 
 
 def test_the_image_s_model_files_are_served_whatever_the_mounted_repository_holds(shared, tmp_path, built_artifacts):
-    shared["models"].parent.mkdir()
     built = built_elsewhere(tmp_path, built_artifacts, "built in the image")
     for shipped in (as_in_git(tmp_path), paths.MODELS_STAGING_DIR):  # a fresh clone; one that ran `make artifacts`
         triton_container.prepare(shared, f"container-{shipped.name}", backends(tmp_path, "python"), shipped, built)
@@ -107,7 +105,6 @@ def test_the_image_s_model_files_are_served_whatever_the_mounted_repository_hold
 
 
 def test_an_image_without_its_model_files_stops_the_start_saying_so(shared, tmp_path, built_artifacts):
-    shared["models"].parent.mkdir()
     built = built_elsewhere(tmp_path, built_artifacts, "built in the image")
     (built / "food11.onnx").unlink()
     with pytest.raises(StagingError, match="food11.onnx is missing: this image was built without its model files"):

@@ -22,6 +22,7 @@ from tests.helpers.triton_sequences import (
     sequence_ids,
     served_with_tiny_cache,
 )
+from tests.helpers.triton_stats import pending_requests
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def cancel_while_waiting(sequences: Sequences, test_images, large: bytes) -> Non
         return sequences.client.async_infer(MODEL, Sequences.frame(image), answered, sequence_id=sequence_id)
 
     def wait_for(waiting: int) -> None:
-        triton_stats.wait_for_pending(sequences.metrics_url, MODEL, lambda count: count == waiting or outcomes)
+        until(lambda: pending_requests(sequences.metrics_url, MODEL) == waiting or outcomes, 30, "frames waiting")
         if outcomes:
             # Nothing left in flight for the next try or test: its answers all in, both sequences ended.
             until(lambda: len(outcomes) == len(sent), 60, "the answers of the frames sent")

@@ -19,21 +19,24 @@ from servelab.service.cores import available_cores
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture
+def client(triton_http_url) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(triton_http_url)
+
+
 def _image_inputs(encoded: list[str]):
     inputs = [httpclient.InferInput("INPUT_IMAGE", [len(encoded), 1], "BYTES")]
     inputs[0].set_data_from_numpy(np.array([[item] for item in encoded], dtype=object))
     return inputs
 
 
-def test_both_models_are_ready(triton_http_url):
-    client = httpclient.InferenceServerClient(triton_http_url)
+def test_both_models_are_ready(client):
     assert client.is_server_ready()
     for model in ("food_classifier", "food_classifier_onnx"):
         assert client.is_model_ready(model)
 
 
-def test_model_metadata_shows_what_actually_serves_each_model(triton_http_url):
-    client = httpclient.InferenceServerClient(triton_http_url)
+def test_model_metadata_shows_what_actually_serves_each_model(client):
     onnx_config = client.get_model_config("food_classifier_onnx")
     # The shipped config says onnxruntime; locally the Python backend serves it, and says so.
     assert onnx_config["backend"] == "python"
@@ -46,11 +49,8 @@ def test_model_metadata_shows_what_actually_serves_each_model(triton_http_url):
         assert config["parameters"]["weights"]["string_value"] in ("trained", "untrained")
 
 
-def test_food_classifier_batches_a_multi_image_request_and_agrees_with_fastapi(
-    triton_http_url, fastapi_urls, test_images
-):
+def test_food_classifier_batches_a_multi_image_request_and_agrees_with_fastapi(client, fastapi_urls, test_images):
     encoded = [base64.b64encode(raw).decode() for raw in test_images[:4]]
-    client = httpclient.InferenceServerClient(triton_http_url)
     result = client.infer("food_classifier", _image_inputs(encoded))
     labels = [item.decode() for item in result.as_numpy("FOOD_LABEL").reshape(-1)]
     probabilities = result.as_numpy("PROBABILITY").reshape(-1)
@@ -63,12 +63,11 @@ def test_food_classifier_batches_a_multi_image_request_and_agrees_with_fastapi(
 
 
 def test_the_model_times_its_decoding_apart_from_its_forward_pass_and_the_lab_reads_both(
-    triton_http_url, ports, test_images
+    client, triton_http_url, ports, test_images
 ):
     """model.py's own clock (Triton's custom metric) read around two requests, as the lab's account of
     a run reads it: a request of 4 images decodes 4 images, one after another, where one decodes one."""
     metrics = f"http://127.0.0.1:{ports.triton_metrics}/metrics"
-    client = httpclient.InferenceServerClient(triton_http_url)
     # An instance's first decoding loads Pillow's decoder (about 10 ms here): not in either reading.
     client.infer("food_classifier", _image_inputs([base64.b64encode(test_images[0]).decode()]))
     per_request = {}
@@ -90,8 +89,7 @@ def test_the_model_times_its_decoding_apart_from_its_forward_pass_and_the_lab_re
     assert read["execution_count"] == 1 and read["stage_mean_ms"] == {}  # a model that times no stages
 
 
-def test_a_bad_image_fails_only_its_own_request(triton_http_url, image_b64):
-    client = httpclient.InferenceServerClient(triton_http_url)
+def test_a_bad_image_fails_only_its_own_request(client, image_b64):
     with pytest.raises(InferenceServerException, match="not an image"):
         client.infer("food_classifier", _image_inputs([base64.b64encode(b"no image here").decode()]))
     result = client.infer("food_classifier", _image_inputs([image_b64]))
@@ -112,15 +110,13 @@ def test_onnx_model_over_grpc_matches_the_onnx_fastapi_service(triton_grpc_url, 
         assert (answer["prediction"], answer["probability"]) == (label, pytest.approx(probability, abs=1e-4))
 
 
-def test_unknown_model_is_an_error_not_a_crash(triton_http_url):
-    client = httpclient.InferenceServerClient(triton_http_url)
+def test_unknown_model_is_an_error_not_a_crash(client):
     with pytest.raises(InferenceServerException):
         client.get_model_metadata("no_such_model")
     assert client.is_server_live()
 
 
-def test_explicit_model_control_reloads_one_model_while_the_other_serves(triton_http_url, image_b64):
-    client = httpclient.InferenceServerClient(triton_http_url)
+def test_explicit_model_control_reloads_one_model_while_the_other_serves(client, image_b64):
     client.unload_model("food_classifier_onnx")
     assert not client.is_model_ready("food_classifier_onnx")
     assert client.infer("food_classifier", _image_inputs([image_b64])).as_numpy("FOOD_LABEL").shape == (1, 1)

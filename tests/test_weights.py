@@ -69,18 +69,10 @@ def test_original_names_the_original_labs_file_at_its_commit_by_its_blob_id():
     assert source.trained and "the original lab's trained weights" in source.describe()
 
 
-@pytest.mark.parametrize(
-    "checkpoint, sha256, git_blob, says",
-    [
-        ("/x/food11.pth", None, None, "without a digest"),
-        ("/x/food11.pth", "a" * 64, "b" * 40, "two digests"),
-        ("original", None, "b" * 40, "its own git blob id"),
-        (None, "a" * 64, None, "without FOOD11_CHECKPOINT"),
-    ],
-)
-def test_a_checkpoint_takes_exactly_one_digest_and_original_none(checkpoint, sha256, git_blob, says):
-    with pytest.raises(weights.ArtifactError, match=says):
-        weights.WeightsSource(checkpoint, sha256, git_blob)
+def test_a_source_the_settings_would_refuse_is_refused_as_an_artifact_error():
+    """The rules (exactly one digest, none for `original`) are the settings' (tests/test_settings.py)."""
+    with pytest.raises(weights.ArtifactError, match="two digests"):
+        weights.WeightsSource("/x/food11.pth", "a" * 64, "b" * 40)
 
 
 @pytest.mark.integration  # builds and exports a MobileNetV2

@@ -13,22 +13,12 @@ LAB_SERVICES says where the lab's services are (servelab.settings, servelab.envi
 LAB_PROFILE chooses how long each measurement runs (servelab.profiles): `full` (the default) or
 `quick` (CI; every experiment still runs, with short windows).
 
-Lab is made of parts, each with its own public interface, and calls them:
-- `lab.keeper` (servelab.lab.run_keeper.RunKeeper) keeps every run: it appends each to
-  `results/notebooks/<notebook>.jsonl` as it ends, so a crash, a kernel restart or a closed tab
-  loses nothing measured (`Lab.saved_runs("10_cancellation")` loads them back); it says in the
-  notebook when a service crashed, waits for it to come back before the next run, and marks a run
-  that a crash interrupted (`result.interrupted_by`): its row says so, and a verdict that reads it
-  is NOT CHECKED. A run is complete when it is kept: what a notebook asks the lab to count over it
-  (servelab.lab.run_accounts) is set on it first, so the saved run is the run the notebook shows,
-  every field (`lab.verdicts()` checks it);
-- `lab.triton` (servelab.lab.triton_side.TritonSide): perf_analyzer runs, capacity, config edits
-  (`lab.triton.perf(...)`, `lab.triton.apply_config(...)`, `lab.triton.write_config(...)`, ...);
-- `lab.ray_serve()` (servelab.lab.ray_side.RayServe): the Ray Serve to edit, redeploy and watch.
-- `lab.measurer` (servelab.lab.measuring.Measurer): the runs of the load generator against a
-  service's address, which Lab's own methods pass on (`lab.concurrent(...)`, `lab.closed_loop(...)`, ...).
-Lab itself finds or starts the services (servelab.lab.connecting), describes them, and records the
-verdicts.
+Lab finds or starts the services (servelab.lab.connecting), describes them and records the
+verdicts; the notebooks call its parts (servelab.lab's docstring lists them) through it or directly
+(`lab.triton.configs.apply_config(...)`). Its run keeper (`lab.keeper`) saves each run to
+`results/notebooks/<notebook>.jsonl` as it ends, so a crash, a kernel restart or a closed tab loses
+nothing measured (`Lab.saved_runs("10_cancellation")` loads them back); a run that a crash
+interrupted is marked (`result.interrupted_by`) and a verdict that reads it is NOT CHECKED.
 """
 
 from __future__ import annotations
@@ -38,10 +28,9 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from servelab import node_build, paths
 from servelab.environment import current_services
@@ -67,7 +56,7 @@ from servelab.measure.resources import ResourceSampler
 from servelab.profiles import Profile, profile
 from servelab.report import tables
 from servelab.report.summaries import shown_path
-from servelab.results import RunResult, SequenceRunResult
+from servelab.results import RunResult
 from servelab.service.hardware import Hardware
 from servelab.settings import settings
 from servelab.stack.catalogue import gourmetgram_service
@@ -227,12 +216,6 @@ class Lab:
         query = "" if latency_ms is None else f"?latency_ms={latency_ms:g}"
         return f"{self.image_host_url}/images/{name}{query}"
 
-    def fastapi_variant(
-        self, flavor: str, slots: int | None = None, threads: int | None = None, **variables: str
-    ) -> AbstractContextManager[str]:
-        """A private FastAPI service of `flavor`, for a `with` block (Measurer.fastapi_variant)."""
-        return self.measurer.fastapi_variant(flavor, slots, threads, **variables)
-
     def sequential(self, flavor: str, url: str | None = None, name: str | None = None) -> RunResult:
         """One request at a time against the `flavor` service, or the one at `url` (Measurer.sequential)."""
         return self.measurer.sequential(url or self.fastapi_url(flavor), name or f"fastapi_{flavor}")
@@ -256,40 +239,6 @@ class Lab:
         """`requests` requests at once against the `flavor` service, or the one at `url` (Measurer.burst)."""
         return self.measurer.burst(url or self.fastapi_url(flavor), requests, name or f"fastapi_{flavor}", image_url)
 
-    def closed_loop(
-        self,
-        address: str,
-        concurrency: int,
-        duration_s: float | None = None,
-        name: str | None = None,
-        kind: str = "fastapi",
-        model: str | None = None,
-        backoff_s: float = 0.0,
-        impatient: int = 0,
-        patience_s: float | None = None,
-        service_stats: bool = False,
-        triton_stats: bool = False,
-    ) -> RunResult:
-        """`concurrency` senders against the service at `address` of `kind`, with no warm-up: a step
-        of a longer load (Measurer.closed_loop)."""
-        return self.measurer.closed_loop(
-            address,
-            concurrency,
-            duration_s,
-            name,
-            kind,
-            model,
-            backoff_s,
-            impatient,
-            patience_s,
-            service_stats,
-            triton_stats,
-        )
-
-    def sequences(self, model: str, concurrency: int, length: int, name: str, **options: Any) -> SequenceRunResult:
-        """Live sequences of `length` frames against the stateful Triton `model` (Measurer.sequences)."""
-        return self.measurer.sequences(model, concurrency, length, name, **options)
-
     # ---- the runs (lab.keeper) -------------------------------------------------------------
 
     @property
@@ -297,19 +246,10 @@ class Lab:
         """This notebook's runs, in the order they were kept."""
         return self.keeper.results
 
-    @property
-    def session(self) -> str:
-        """This Lab's session, as its saved runs name it: when it connected, and its process."""
-        return self.keeper.session
-
     @staticmethod
     def saved_runs(notebook: str, session: str = "latest") -> list[RunResult]:
         """The runs a notebook saved, oldest first: see RunKeeper.saved_runs."""
         return RunKeeper.saved_runs(notebook, session)
-
-    def wait_for_services(self) -> None:
-        """Say which services crashed since the last run, and wait for those being restarted."""
-        self.keeper.wait_for_services()
 
     def table(self, results: list[RunResult] | None = None) -> str:
         table = tables.results_table(results if results is not None else self.results)

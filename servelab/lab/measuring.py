@@ -1,12 +1,8 @@
-"""What a notebook measures through its Lab: the runs of the load generator against the lab's
-services, each kept by the Lab's run keeper with what it counted over it
-(servelab.lab.run_accounts), and a private FastAPI variant to measure. A FastAPI service's URL
-(`lab.fastapi_url`) also says where a browser reaches it (`ServiceURL`).
-
-`Measurer` is a part of the Lab (servelab.lab.facade: `lab.measurer`), made with the Lab's run
-keeper, its Triton side (whose statistics a run may count), its profile, its models and its image
-host; it runs loads against a service at an address, and the Lab passes the notebooks' calls on
-(`lab.concurrent("onnx", 8)` is `lab.measurer.concurrent(lab.fastapi_url("onnx"), 8, "fastapi_onnx")`).
+"""What a notebook measures through its Lab (`lab.measurer`): the runs of the load generator
+against a service at an address, each kept by the run keeper with what it counted over it
+(servelab.lab.run_accounts), and a private FastAPI variant to measure. Lab passes the notebooks'
+calls by flavor on: `lab.concurrent("onnx", 8)` is
+`lab.measurer.concurrent(lab.fastapi_url("onnx"), 8, "fastapi_onnx")`.
 """
 
 from __future__ import annotations
@@ -71,7 +67,7 @@ class Measurer:
         settings as environment variables, by name (IMAGE_DOWNLOAD_PLACEMENT="inside_slot"). It runs on
         127.0.0.1 of the machine this notebook runs on (locally, or in the Compose project's
         Jupyter container, next to the GPU on the node), for the `with` block:
-        `with lab.fastapi_variant("pt", 2, 1) as url:`.
+        `with lab.measurer.fastapi_variant("pt", 2, 1) as url:`.
         It fetches images by URL from this lab's image host. It runs in one process unless
         WEB_CONCURRENCY says otherwise: a variant is an experiment on what one process does."""
         env = {"WEB_CONCURRENCY": "1"} | {

@@ -7,7 +7,7 @@
     serve.deployment_options(config)["max_ongoing_requests"] = 2
     serve.apply(config)                        # shows the edit, deploys it, waits until it runs
     with serve.watch() as watcher: ...         # replicas, ongoing and queued requests over time
-    load = serve.step_load(lab.closed_loop, [(1, 1), (12, 1)], "ray_serve", autoscaling)  # steps of step_s
+    load = serve.step_load(lab.measurer.closed_loop, [(1, 1), (12, 1)], "ray_serve", autoscaling)  # steps of step_s
     serve.show_step_load(load, max_ongoing=4)  # its table and plot
 
 Where it runs:

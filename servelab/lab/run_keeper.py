@@ -127,7 +127,7 @@ class RunKeeper:
     def saved_runs(notebook: str, session: str = "latest") -> list[RunResult]:
         """The runs a notebook saved (see `saved_runs_file`), oldest first: those of its latest
         session (the kernel that connected last), of every session ("all"), or of one session
-        (as the saved metadata names it, `lab.session`)."""
+        (as the saved metadata names it, `lab.keeper.session`)."""
         saved = load_appended(saved_runs_file(notebook))
         sessions = sorted({metadata["session"] for _, metadata in saved})
         if session not in ("latest", "all", *sessions):

@@ -1,19 +1,8 @@
-"""What the lab's Triton serves, and how a notebook changes it: the config as shipped
-(`lab.triton.config(model)`), what the server reports it runs (`served_config`, `served_on`,
-`served_instances`), and an edit applied as a diff and a reload of that one model, which says
-how many instances now serve it (`apply_config`; `restore_config`, back to the config as shipped;
-`restore_shipped_configs`, every model an earlier notebook left edited, which Lab.connect calls);
-the server's release and log level.
-
-Where the student edits the file Triton reads and loads it through Triton's own client (notebooks
-6 and 7), `write_config` writes what the student typed into that config.pbtxt, checked against
-Triton's schema and adapted to the server first, and prints the file as Triton will read it; a
-typed text it cannot write is a `TypedConfigError`, which a notebook shows as its message alone.
-
-`ServedConfigs` is a part of `TritonSide` (servelab.lab.triton_side: `lab.triton.configs`), made with
-the Triton's address, the repository it loads, what its server has and the models as shipped;
-the side passes the notebooks' calls on (`lab.triton.write_config(...)`) and reads what it needs
-of these (`served_instances`, `served_on`).
+"""What the lab's Triton serves, and how a notebook changes it (`lab.triton.configs`): the
+config as shipped, what the server reports it runs, an edit shown as a diff and applied by
+reloading that one model (Triton runs with explicit model control), the config a student types
+written into the file Triton reads (`write_config`), and the server's release and log level. An
+edit is adapted to the server's hardware first, and that adaptation is printed too.
 """
 
 from __future__ import annotations
@@ -90,9 +79,9 @@ class ServedConfigs:
 
     def apply_config(self, model: str, edited: TritonConfig | str) -> int:
         """Show the edit as a diff, write it where the server reads it, and reload that one model;
-        the config as shipped (`lab.triton.config(model)`) puts the model back as it was.
+        the config as shipped (`lab.triton.configs.config(model)`) puts the model back as it was.
 
-        `edited` is a TritonConfig (e.g. `lab.triton.config(model).with_text("dynamic_batching { }")`) or the
+        `edited` is a TritonConfig (e.g. `lab.triton.configs.config(model).with_text("dynamic_batching { }")`) or the
         text of one; either way it is checked against Triton's schema before Triton sees it.
         Returns how many instances of `model` Triton now serves, as it reports them (`served_instances`):
         the count a config asked for is per listed GPU, and the server may have adapted it.

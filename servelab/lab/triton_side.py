@@ -1,20 +1,7 @@
-"""The lab's Triton, an object of the notebooks' Lab (`lab.triton`): perf_analyzer runs, capacity,
-and model configs.
-
-`TritonSide` takes the lab's run keeper (servelab.lab.run_keeper), which waits for the services
-before each run and keeps the run, and the Triton address; the notebooks call its methods as
-`lab.triton.perf(...)`, `lab.triton.capacity(...)`, `lab.triton.config(...)`,
-`lab.triton.apply_config(...)`, `lab.triton.write_config(...)` (where the student loads the model
-with Triton's own client, notebooks 6 and 7). A config change is made on the config as shipped
-(`lab.triton.config(model)`, a `servelab.triton.config.TritonConfig`), shown as the exact text change
-to `config.pbtxt`, and applied by reloading that one model through Triton's model-control API (the
-server runs with explicit model control, locally and in the Compose project). The edited config is
-first adapted to the server that runs it (`server`: locally the pip-installed Triton on the CPU; in
-the Compose project, what its container has), and that adaptation is printed too.
-Locally, a notebook can also start a Triton of its own for one model (`lab.triton.private_triton(...)`), for an
-experiment that must not disturb the lab's server. The served configs are a part of their own
-(`lab.triton.configs`, servelab.lab.triton_configs.ServedConfigs), which holds the Triton's address,
-repository, hardware and models; the side passes the notebooks' calls to it on.
+"""The lab's Triton (`lab.triton`): perf_analyzer runs, each kept by the run keeper
+(servelab.lab.run_keeper), capacity and the rates scaled to it, and a Triton of the notebook's
+own for one model (`private_triton`). Its served configs are a part of their own, which the
+notebooks call directly (`lab.triton.configs.apply_config(...)`, servelab.lab.triton_configs).
 """
 
 from __future__ import annotations
@@ -133,32 +120,6 @@ class TritonSide:
     grpc: str | None = None  # the lab's Triton over gRPC, host:port
     metrics_url: str | None = None  # its Prometheus metrics, http://host:port/metrics
     _capacities: dict[tuple[str, str], Capacity] = field(default_factory=dict, repr=False)
-
-    # ---- the served configs, as the notebooks change them (servelab.lab.triton_configs) -----------
-
-    def config(self, model: str) -> TritonConfig:
-        """The model's config as shipped (ServedConfigs.config)."""
-        return self.configs.config(model)
-
-    def apply_config(self, model: str, edited: TritonConfig | str) -> int:
-        """Show the edit, write it, reload the model; the instances served (ServedConfigs.apply_config)."""
-        return self.configs.apply_config(model, edited)
-
-    def restore_config(self, model: str) -> int:
-        """Back to the config as shipped (ServedConfigs.restore_config)."""
-        return self.configs.restore_config(model)
-
-    def write_config(self, config_file: Path | str, typed: str) -> Path:
-        """Write config text as typed into the file Triton reads (ServedConfigs.write_config)."""
-        return self.configs.write_config(config_file, typed)
-
-    def version(self, http: str | None = None) -> tuple[int, ...]:
-        """The release of the Triton at `http` (default: the lab's), as it reports it (ServedConfigs.version)."""
-        return self.configs.version(http)
-
-    def log_verbosity(self, level: int, http: str | None = None) -> None:
-        """Set the verbose log level of the Triton at `http` (ServedConfigs.log_verbosity)."""
-        self.configs.log_verbosity(level, http)
 
     # ---- runs -----------------------------------------------------------------------------------
 

@@ -25,54 +25,30 @@ From the shell:
 """
 
 from servelab.loadgen.cli import main
-from servelab.loadgen.endpoint import DEFAULT_TIMEOUT_S, TARGET_KINDS, Endpoint
+from servelab.loadgen.endpoint import DEFAULT_TIMEOUT_S, Endpoint
 from servelab.loadgen.load import Load, SequenceLoad
-from servelab.loadgen.runners import ARRIVALS, arrival_offsets, run_closed, run_open
+from servelab.loadgen.runners import arrival_offsets, run_closed, run_open
 from servelab.loadgen.sequences import (
     SEQUENCE_ERRORS,
-    SequenceTarget,
-    TritonGrpcSequenceTarget,
     TritonHttpSequenceTarget,
     make_sequence_target,
     run_sequences,
     sequence_error_kind,
 )
-from servelab.loadgen.streams import (
-    STREAM_TARGET_KINDS,
-    HttpStreamTarget,
-    StreamTarget,
-    TritonGrpcStreamTarget,
-    make_stream_target,
-    run_streams,
-)
+from servelab.loadgen.streams import HttpStreamTarget, make_stream_target, run_streams
 from servelab.loadgen.sync import closed_loop, describe_result, open_loop, sequence_loop, stream_loop
-from servelab.loadgen.targets import (
-    FastAPITarget,
-    RequestError,
-    Target,
-    TritonGrpcTarget,
-    TritonHttpTarget,
-    make_target,
-)
+from servelab.loadgen.targets import FastAPITarget, RequestError, Target, TritonHttpTarget, make_target
 
 __all__ = [
-    "ARRIVALS",
     "DEFAULT_TIMEOUT_S",
     "Endpoint",
     "SEQUENCE_ERRORS",
-    "STREAM_TARGET_KINDS",
-    "TARGET_KINDS",
     "FastAPITarget",
     "HttpStreamTarget",
     "Load",
     "RequestError",
     "SequenceLoad",
-    "SequenceTarget",
-    "StreamTarget",
     "Target",
-    "TritonGrpcSequenceTarget",
-    "TritonGrpcStreamTarget",
-    "TritonGrpcTarget",
     "TritonHttpSequenceTarget",
     "TritonHttpTarget",
     "arrival_offsets",

@@ -25,7 +25,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab import retries
 from servelab.results import LatencySummary, RunResult
 
 log = logging.getLogger(__name__)
@@ -282,14 +281,3 @@ def to_run_result(
             f"throughput is requests/s; images/s = {row['Inferences/Second']:.1f}",
         ],
     )
-
-
-def run_stable(url: str, model: str, attempts: int = 2, **options) -> PerfAnalyzerRun:
-    """`run`, tried again while perf_analyzer finds no stable measurement: on a busy machine its
-    windows can disagree for a while. Each new try is logged as a retry (servelab.retries)."""
-    for attempt in range(1, attempts):
-        try:
-            return run(url, model, **options)
-        except NoStableMeasurement as unstable:
-            retries.note(f"perf_analyzer against {model} (attempt {attempt + 1} of {attempts})", unstable.meaning)
-    return run(url, model, **options)

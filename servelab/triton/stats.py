@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -123,16 +122,9 @@ def _execution_compute_ns(model_stat: dict[str, Any]) -> int:
     return sum(_duration(entry, "compute_infer")[1] for entry in model_stat.get("batch_stats", []))
 
 
-def _executions_by_batch_size(model_stat: dict[str, Any]) -> dict[int, int]:
-    return {
-        int(entry["batch_size"]): _duration(entry, "compute_infer")[0] for entry in model_stat.get("batch_stats", [])
-    }
-
-
-def _compute_ns_by_batch_size(model_stat: dict[str, Any]) -> dict[int, int]:
-    return {
-        int(entry["batch_size"]): _duration(entry, "compute_infer")[1] for entry in model_stat.get("batch_stats", [])
-    }
+def _batches(model_stat: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """Batch size -> (executions, their compute ns)."""
+    return {int(entry["batch_size"]): _duration(entry, "compute_infer") for entry in model_stat.get("batch_stats", [])}
 
 
 def diff(before: dict[str, Any], after: dict[str, Any]) -> StatsDelta:
@@ -151,15 +143,15 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> StatsDelta:
             f"statistics of '{new.get('name')}' went backwards: the model was reloaded between the snapshots"
         )
     old_infer, new_infer = old.get("inference_stats", {}), new.get("inference_stats", {})
-    old_batches = _executions_by_batch_size(old)
+    old_batches, new_batches = _batches(old), _batches(new)
     by_batch_size = {
-        size: count - old_batches.get(size, 0)
-        for size, count in sorted(_executions_by_batch_size(new).items())
-        if count > old_batches.get(size, 0)
+        size: count - old_batches.get(size, (0, 0))[0]
+        for size, (count, _) in sorted(new_batches.items())
+        if count > old_batches.get(size, (0, 0))[0]
     }
-    old_ns, new_ns = _compute_ns_by_batch_size(old), _compute_ns_by_batch_size(new)
     per_inference_by_batch_size = {
-        size: (new_ns[size] - old_ns.get(size, 0)) / 1e6 / (count * size) for size, count in by_batch_size.items()
+        size: (new_batches[size][1] - old_batches.get(size, (0, 0))[1]) / 1e6 / (count * size)
+        for size, count in by_batch_size.items()
     }
     return StatsDelta(
         model=str(new.get("name")),
@@ -303,25 +295,3 @@ def stage_mean_ms(
     for (stage, process), value in after.items():
         totals[stage] = totals.get(stage, 0.0) + value - before.get((stage, process), 0.0)
     return {stage: total / 1000 / executions for stage, total in totals.items()} if executions else {}
-
-
-def pending_requests(metrics_url: str, model: str) -> int:
-    """How many requests of `model` wait in Triton's queue right now (its scheduler's or its
-    sequence batcher's), not yet in an execution: the gauge nv_inference_pending_request_count of
-    Triton's Prometheus metrics at `metrics_url` (http://host:port/metrics)."""
-    text = requests.get(metrics_url, timeout=5).text
-    found = re.search(rf'^nv_inference_pending_request_count\{{model="{re.escape(model)}",[^}}]*\}} (\S+)$', text, re.M)
-    if found is None:
-        raise TritonStatsError(f"{metrics_url} has no pending-request gauge for {model!r}: is the model loaded?")
-    return int(float(found.group(1)))
-
-
-def wait_for_pending(metrics_url: str, model: str, reached: Callable[[int], bool], timeout_s: float = 30.0) -> int:
-    """Poll `pending_requests` until `reached(count)`; the count. A test waits on the server's own
-    state this way, never on a sleep that a busy machine can outlast."""
-    deadline = time.monotonic() + timeout_s
-    while not reached(count := pending_requests(metrics_url, model)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{model}'s pending requests at {metrics_url} stayed at {count} for {timeout_s:g} s")
-        time.sleep(0.005)
-    return count

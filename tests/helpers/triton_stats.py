@@ -1,6 +1,11 @@
-"""A Triton statistics response, as Triton writes it, for the tests that read one without a server."""
+"""A Triton statistics response, as Triton writes it, for the tests that read one without a server;
+and the requests waiting in a real Triton's queue, which the tests of cancellation wait on."""
 
 from __future__ import annotations
+
+import re
+
+import requests
 
 
 def duration(count: int, ns: int) -> dict:
@@ -36,3 +41,14 @@ def snapshot(inferences: int, executions: int, requests: int, ms_each: float, ba
             }
         ]
     }
+
+
+def pending_requests(metrics_url: str, model: str) -> int:
+    """How many requests of `model` wait in Triton's queue (its scheduler's or its sequence
+    batcher's), not yet in an execution: the gauge nv_inference_pending_request_count of Triton's
+    metrics at `metrics_url`. A test waits on it (tests.helpers.until), never on a sleep that a busy
+    machine can outlast."""
+    text = requests.get(metrics_url, timeout=5).text
+    found = re.search(rf'^nv_inference_pending_request_count\{{model="{re.escape(model)}",[^}}]*\}} (\S+)$', text, re.M)
+    assert found, f"{metrics_url} has no pending-request gauge for {model!r}: is the model loaded?"
+    return int(float(found.group(1)))

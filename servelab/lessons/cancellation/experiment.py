@@ -42,22 +42,6 @@ class StreamRunner(Protocol):
         backoff_s: float = 0.0,
     ) -> RunResult: ...
 
-
-class LabLike(Protocol):
-    """What the machinery below uses of the notebooks' Lab (servelab.lab.facade.Lab, which this
-    layer does not import)."""
-
-    triton: Any  # servelab.lab.triton_side.TritonSide
-    measurer: StreamRunner
-    triton_http: str | None
-    triton_grpc: str | None
-    profile: Profile
-
-    @property
-    def on_compose(self) -> bool: ...
-
-    def hardware(self) -> str: ...
-
     def closed_loop(
         self,
         address: str,
@@ -73,7 +57,22 @@ class LabLike(Protocol):
         triton_stats: bool = False,
     ) -> RunResult: ...
 
-    def wait_for_services(self) -> None: ...
+
+class LabLike(Protocol):
+    """What the machinery below uses of the notebooks' Lab (servelab.lab.facade.Lab, which this
+    layer does not import)."""
+
+    triton: Any  # servelab.lab.triton_side.TritonSide
+    measurer: StreamRunner
+    keeper: Any  # servelab.lab.run_keeper.RunKeeper: `wait_for_services`
+    triton_http: str | None
+    triton_grpc: str | None
+    profile: Profile
+
+    @property
+    def on_compose(self) -> bool: ...
+
+    def hardware(self) -> str: ...
 
 
 def pacing(alone_ms: float, impatient: int) -> tuple[float, float]:
@@ -131,13 +130,15 @@ class Experiment:
     # -- requests --
 
     def _paced(self, name: str, address: str, kind: str = "fastapi", model: str | None = None) -> tuple[float, float]:
-        alone = self.lab.closed_loop(address, 1, self.alone_s, name=f"{name}, 1 client", kind=kind, model=model)
+        alone = self.lab.measurer.closed_loop(
+            address, 1, self.alone_s, name=f"{name}, 1 client", kind=kind, model=model
+        )
         patience_s, backoff_s = pacing(alone.latency.p50_ms, self.impatient)
         print(f"{name}: a request alone {alone.latency.p50_ms:.1f} ms; patience {1000 * patience_s:.0f} ms")
         return patience_s, backoff_s
 
     def _load(self, name: str, address: str, pace: tuple[float, float], **options: Any) -> RunResult:
-        return self.lab.closed_loop(
+        return self.lab.measurer.closed_loop(
             address,
             self.patient + self.impatient,
             self.duration_s,
@@ -194,11 +195,11 @@ class Experiment:
     def triton_config(self, model: str, config: TritonConfig) -> Iterator[None]:
         """The lab's Triton serves `model` with `config` for the `with` block (the edit is shown as
         a diff), then as shipped again."""
-        self.lab.triton.apply_config(model, config)
+        self.lab.triton.configs.apply_config(model, config)
         try:
             yield
         finally:
-            self.lab.triton.restore_config(model)
+            self.lab.triton.configs.restore_config(model)
 
     # -- streams --
 
@@ -292,11 +293,11 @@ def probe_server(lab: LabLike, model: str, config: TritonConfig) -> Iterator[Pro
             yield ProbeTarget(own.http, own.grpc, own.log)
         return
     assert lab.triton_http is not None and lab.triton_grpc is not None, "the Compose project runs Triton"
-    lab.triton.apply_config(model, config)
+    lab.triton.configs.apply_config(model, config)
     try:
         yield ProbeTarget(lab.triton_http, lab.triton_grpc, lab.triton.log())
     finally:
-        lab.triton.restore_config(model)
+        lab.triton.configs.restore_config(model)
 
 
 PROBE_RUN_S = 2.0  # one run of a probe: a crash ends the probe at the end of its run
@@ -317,10 +318,10 @@ def cancellation_probe(
     cancellations, the steps at which the server handled them (from its log), and the crash, or the
     hang (the same race can deadlock the server instead: it stops answering)."""
     log_start = triton.log.stat().st_size if triton.log else 0
-    lab.triton.log_verbosity(1, triton.http)
+    lab.triton.configs.log_verbosity(1, triton.http)
     cancelled, crash, begun = 0, None, time.monotonic()
     while crash is None and time.monotonic() - begun < probe_s:
-        run = lab.closed_loop(
+        run = lab.measurer.closed_loop(
             triton.grpc,
             clients,
             PROBE_RUN_S,
@@ -333,9 +334,9 @@ def cancellation_probe(
         )
         cancelled += run.cancelled
         crash = run.interrupted_by[0] if run.interrupted_by else None
-    lab.wait_for_services()
+    lab.keeper.wait_for_services()
     try:
-        lab.triton.log_verbosity(0, triton.http)  # a server restarted after a crash is back at 0 already
+        lab.triton.configs.log_verbosity(0, triton.http)  # a server restarted after a crash is back at 0 already
     except TimeoutError:
         crash = crash or "hung: it stopped answering"
     steps = triton_stats.cancellation_steps(triton_stats.log_since(triton.log, log_start)) if triton.log else {}

@@ -22,14 +22,13 @@ from servelab.lessons.sequences.views import describe
 
 class SequenceLab(Protocol):
     """What `StatefulModel` uses of the notebook's Lab (servelab.lab.facade.Lab, which this layer
-    does not import): its models, its Triton side, its profile and its sequence runs."""
+    does not import): its models, its Triton side, its profile and its measurer's sequence runs."""
 
     models: Any  # servelab.triton.models.ModelRegistry
     triton: Any  # servelab.lab.triton_side.TritonSide
     triton_grpc: str | None
     profile: Any  # servelab.profiles.Profile
-
-    def sequences(self, model: str, concurrency: int, length: int, **options: Any) -> SequenceRunResult: ...
+    measurer: Any  # servelab.lab.measuring.Measurer: its `sequences`
 
 
 # The outputs of the lab's stateful model (food_sequence) that a frame's answer shows.
@@ -84,7 +83,7 @@ class StatefulModel:
     def run(self, name: str, concurrency: int, length: int) -> SequenceRunResult:
         """`concurrency` live sequences of `length` frames for the profile's duration (after one
         unmeasured sequence), recorded as `name`, with Triton's account of the executions, printed."""
-        result = self.lab.sequences(
+        result = self.lab.measurer.sequences(
             self.model,
             concurrency,
             length,
@@ -112,8 +111,8 @@ class StatefulModel:
     @contextlib.contextmanager
     def configured(self, config: TritonConfig) -> Iterator[None]:
         """The model served with `config` for the `with` block, its own config restored after."""
-        self.lab.triton.apply_config(self.model, config)
+        self.lab.triton.configs.apply_config(self.model, config)
         try:
             yield
         finally:
-            self.lab.triton.restore_config(self.model)
+            self.lab.triton.configs.restore_config(self.model)
