@@ -188,6 +188,12 @@ def unless(premise: bool, why: str, judged: Condition) -> Condition:
     return judged if premise else not_checked(judged.text, why, *judged.figures)
 
 
+def unless_each(premise: bool, why: str, *judged: Condition, shown: Sequence[Figure] = ()) -> tuple[Condition, ...]:
+    """`unless` for conditions that share one premise; NOT CHECKED, each shows `shown` where given (the
+    figures that show the premise did not arise), else its own."""
+    return tuple(item if premise else not_checked(item.text, why, *(shown or item.figures)) for item in judged)
+
+
 @dataclass(frozen=True)
 class Expectation:
     claim: str

@@ -11,7 +11,7 @@ import math
 from typing import NamedTuple
 
 from servelab.lessons.concurrency_target.runs import SETTLE_S, Step, StepLoad, mean_of, most_of
-from servelab.lessons.expectations import Expectation, Figure, condition, figure, measured, unless
+from servelab.lessons.expectations import Expectation, Figure, condition, figure, measured, unless, unless_each
 from servelab.ray.watch import ServeSample, during, in_replica_mean_ms
 
 
@@ -254,7 +254,7 @@ def queue_in_front(load: StepLoad, max_ongoing: int) -> Expectation:
     return Expectation(
         "requests beyond the concurrency target wait in front of the replicas",
         (
-            unless(
+            *unless_each(
                 not high.clients <= replicas * max_ongoing,
                 room,
                 condition(
@@ -262,10 +262,6 @@ def queue_in_front(load: StepLoad, max_ongoing: int) -> Expectation:
                     queued.value > 0.5,
                     queued,
                 ),
-            ),
-            unless(
-                not high.clients <= replicas * max_ongoing,
-                room,
                 condition(
                     f"with {high.clients} clients, at least half the expected share of a request's time is spent "
                     "outside the replica",
@@ -275,10 +271,6 @@ def queue_in_front(load: StepLoad, max_ongoing: int) -> Expectation:
                     detail=f"outside {share:.0%}, expected about {expected:.0%} = 1 - {replicas:g} x {max_ongoing} "
                     f"/ {high.clients}",
                 ),
-            ),
-            unless(
-                not high.clients <= replicas * max_ongoing,
-                room,
                 condition(
                     f"with {first.clients} client(s), the time outside the replica (Serve's proxy only) is under a "
                     f"quarter of that with {high.clients}",

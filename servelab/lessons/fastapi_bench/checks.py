@@ -27,6 +27,7 @@ from servelab.lessons.expectations import (
     measured,
     not_checked,
     unless,
+    unless_each,
 )
 from servelab.lessons.fastapi_bench.runs import CorePlans
 from servelab.measure.resources import summarize
@@ -133,7 +134,7 @@ def queueing_under_load(alone: RunResult, loaded: RunResult, slots: int, hardwar
                 alone_rate,
                 detail=f"{busy_rate.value / alone_rate.value:.2f}x",
             ),
-            unless(
+            *unless_each(
                 can_queue,
                 room,
                 condition(
@@ -144,10 +145,6 @@ def queueing_under_load(alone: RunResult, loaded: RunResult, slots: int, hardwar
                     inference,
                     detail=f"{in_use:.2f} of {slots} slot(s) in use on average",
                 ),
-            ),
-            unless(
-                can_queue,
-                room,
                 condition(
                     "more than half of the mean latency is waiting for a slot, by the service's own timing",
                     waiting > 0.5,

@@ -16,6 +16,7 @@ from servelab.lessons.expectations import (
     figure,
     machine_hardware,
     unless,
+    unless_each,
 )
 from servelab.lessons.fastapi_bench.checks import stage
 from servelab.lessons.fastapi_bench.runs import CorePlans
@@ -49,14 +50,10 @@ def crowded_threads_are_slower(
         f"with {plans.crowded_slots} slots, {plans.cores} threads each (more busy threads than cores) are slower "
         "under load than 1 each",
         (
-            unless(
+            *unless_each(
                 not gpu,
                 gpu,
                 condition("a higher median latency", crowded_p50.value > fitting_p50.value, crowded_p50, fitting_p50),
-            ),
-            unless(
-                not gpu,
-                gpu,
                 condition("a lower throughput", crowded_rate.value < fitting_rate.value, crowded_rate, fitting_rate),
             ),
         ),
@@ -130,7 +127,7 @@ def default_near_the_best(
     return Expectation(
         "the default (a slot per core, one thread each) is within 15% of the best plan, alone and under load",
         (
-            unless(
+            *unless_each(
                 not gpu,
                 gpu,
                 condition(
@@ -140,10 +137,6 @@ def default_near_the_best(
                     best_p50,
                     detail=f"x{default_alone.value / best_p50.value:.2f}",
                 ),
-            ),
-            unless(
-                not gpu,
-                gpu,
                 condition(
                     "under load: a throughput within 15% of the best plan's",
                     default_loaded.value >= best_rate.value / 1.15,

@@ -7,7 +7,16 @@ D and S are the service's own mean download and inference times (its /metrics ar
 
 from __future__ import annotations
 
-from servelab.lessons.expectations import Estimate, Expectation, Figure, condition, figure, measured, unless
+from servelab.lessons.expectations import (
+    Estimate,
+    Expectation,
+    Figure,
+    condition,
+    figure,
+    measured,
+    unless,
+    unless_each,
+)
 from servelab.results import RunResult
 
 
@@ -160,7 +169,7 @@ def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure | floa
                 all(count.value == sent for count in counts),
                 *counts,
             ),
-            unless(
+            *unless_each(
                 sent > n,
                 nobody_waits,
                 condition(
@@ -171,10 +180,6 @@ def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure | floa
                     slots,
                     detail=f"S x {share:.2f} = {expected:.1f} ms",
                 ),
-            ),
-            unless(
-                sent > n,
-                nobody_waits,
                 condition(
                     f"they waited for inferences, not for downloads: W below (S + D / 2) x {share:.2f}",
                     wait.value < held_bound,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 from servelab.lessons.expectations import (
-    Condition,
     Estimate,
     Expectation,
     condition,
@@ -18,6 +17,7 @@ from servelab.lessons.expectations import (
     machine_cores,
     machine_hardware,
     not_checked,
+    unless_each,
 )
 from servelab.lessons.triton_bench.checks_capacity import MARGIN
 from servelab.results import RunResult
@@ -62,41 +62,33 @@ def queueing_grows(
         "generator never had a second request at the server, so nothing could queue"
     )
     shown = (figure(busiest, "throughput_rps", f"throughput at c={most}"), queue[most], infer[most])
-
-    def if_loaded(judged: Condition) -> Condition:
-        return judged if premise else not_checked(judged.text, why, *shown)
-
     # A bare `<` passes on a queue that stays at ~0 ms and differs by noise (0.01 against 0.02 ms):
     # each step adds 7 or 8 clients, about that many compute times of queue; one is the margin.
     grows = [
-        if_loaded(
-            condition(
-                f"from {low} to {high} clients, the time in Triton's queue grows by more than one compute time of "
-                "a request alone",
-                queue[high].value - queue[low].value > step.value,
-                queue[low],
-                queue[high],
-                step,
-                detail=f"+{(queue[high].value - queue[low].value) / step.value:.1f} compute times",
-            )
+        condition(
+            f"from {low} to {high} clients, the time in Triton's queue grows by more than one compute time of "
+            "a request alone",
+            queue[high].value - queue[low].value > step.value,
+            queue[low],
+            queue[high],
+            step,
+            detail=f"+{(queue[high].value - queue[low].value) / step.value:.1f} compute times",
         )
         for low, high in ((fewest, middle), (middle, most))
     ]
     spread = max(computes) / min(computes)
-    flat = if_loaded(
-        condition(
-            "compute infer stays within 50% of its lowest value",
-            spread <= 1.5,
-            *infer.values(),
-            detail=f"highest / lowest = {spread:.2f}",
-        )
+    flat = condition(
+        "compute infer stays within 50% of its lowest value",
+        spread <= 1.5,
+        *infer.values(),
+        detail=f"highest / lowest = {spread:.2f}",
     )
     waiting = busiest.throughput_rps * busiest.server_ms("queue") / 1000 if busiest is not None else math.nan
     measured_at = [count for count in runs if math.isfinite(infer[count].value)] or [fewest]
     low, high = (pick(measured_at, key=lambda count: infer[count].value) for pick in (min, max))
     return Expectation(
         "queueing delay grows with concurrency while compute infer stays about the same",
-        (*grows, flat),
+        unless_each(premise, why, *grows, flat, shown=shown),
         reason=f"perf_analyzer and the server share {hardware} ({cores} cores): compute infer ranged from "
         f"{infer[low].value:.1f} ms at c={low} to {infer[high].value:.1f} ms at c={high} (a hypothesis, not "
         "measured here: perf_analyzer's own work, the model's decoding of the images and the machine's other work "
@@ -206,28 +198,24 @@ def poisson_queues_more(
         f"{QUEUE_NOISE:.0%} of a {compute.value:.2f} ms compute time, so neither can queue more than the other"
     )
 
-    def if_queued(judged: Condition) -> Condition:
-        return judged if queued else not_checked(judged.text, why, *shown)
-
     busy = rate * compute.value / 1000
     return Expectation(
         f"at {rate:g} req/s, Poisson arrivals queue more than constant arrivals",
-        (
-            if_queued(
-                condition(
-                    f"a request waits longer in Triton's queue, by more than {QUEUE_NOISE:.0%} of a compute time",
-                    waits["poisson"].value - waits["constant"].value > noise,
-                    *shown,
-                )
+        unless_each(
+            queued,
+            why,
+            condition(
+                f"a request waits longer in Triton's queue, by more than {QUEUE_NOISE:.0%} of a compute time",
+                waits["poisson"].value - waits["constant"].value > noise,
+                *shown,
             ),
-            if_queued(
-                condition(
-                    f"the slow tail (p95) is more than {MARGIN:.0%} longer",
-                    tails["poisson"].value > (1 + MARGIN) * tails["constant"].value,
-                    *tails.values(),
-                    detail=f"x{tails['poisson'].value / tails['constant'].value:.2f}",
-                )
+            condition(
+                f"the slow tail (p95) is more than {MARGIN:.0%} longer",
+                tails["poisson"].value > (1 + MARGIN) * tails["constant"].value,
+                *tails.values(),
+                detail=f"x{tails['poisson'].value / tails['constant'].value:.2f}",
             ),
+            shown=shown,
         ),
         reason=f"at {rate / capacity_rps:.0%} of capacity (the instance computing {busy:.0%} of the time) clumps "
         f"that find it busy are rare, and the load generator shares {hardware} ({cores} cores) with the server, so "
