@@ -198,15 +198,10 @@ def ray_drops_gone_requests(ray: RunResult, wasted: float) -> Expectation:
 
 
 def stream_stops_at_the_next_step(engine: str, off: RunResult | None, on: RunResult | None) -> Expectation:
-    """Three conditions, each judged on its own figures:
-
-    1. cancellation off: the steps computed for clients who left are at least half of the steps
-       they left behind (streams left x (asked - leave_after_steps)): the server went on for nobody;
-    2. cancellation on: at most STEPS_AFTER_LEAVING steps per client who left;
-    3. the patient clients get their last step sooner with it on (p50).
-
-    Each NOT CHECKED where no client left in a run it reads.
-    """
+    """Cancellation off: the steps computed for clients who left are at least half of those they left
+    behind (streams left x (asked - leave_after_steps)); on: at most STEPS_AFTER_LEAVING per client
+    who left; and the patient clients' p50 to their last step is lower with it on. Each NOT CHECKED
+    where no client left in a run it reads."""
     wasted_off = figure(off, "steps.for_gone_clients", f"steps for clients who left, {engine}, off")
     left_off = figure(off, "cancelled", f"streams left, {engine}, off")
     asked = figure(off, "steps.asked", "steps asked per stream")

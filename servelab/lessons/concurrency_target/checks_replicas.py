@@ -97,17 +97,10 @@ def replicas_add_capacity(
 def spread_over_nodes(report: dict, requests: int) -> Expectation:
     """A two-node Ray cluster on this machine (`report`: servelab.ray.cluster's JSON), a deployment
     of two replicas at most one per node, and `requests` requests through the head node's proxy.
-    A claim about what the lab's software does, not about speed: it must hold.
-
-    1. the cluster has two nodes;
-    2. every node is on 127.0.0.1 (Ray kept on loopback);
-    3. no node holds two replicas: one on each;
-    4. every request was answered;
-    5. each node served requests.
-
-    A wrong outcome: both replicas on the head node, which then serves every request (3 and 5).
-    3 and 5 are NOT CHECKED where the cluster had fewer than two nodes: no second node to place a
-    replica on (1 says so)."""
+    A claim about what the lab's software does, not about speed: it must hold. A wrong outcome:
+    both replicas on the head node, which then serves every request. One replica per node and each
+    node serving are NOT CHECKED where the cluster had fewer than two nodes (its first condition
+    says so)."""
     nodes = report["nodes"]
     replicas = {node: len(report["replicas_by_node"].get(node, [])) for node in nodes}
     served = {node: report["requests_by_node"].get(node, 0) for node in nodes}

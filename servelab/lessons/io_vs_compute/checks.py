@@ -133,23 +133,18 @@ def queued_waits(sent: int, slots: int) -> float:
 
 def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure | float) -> Expectation:
     """`sent` requests by URL sent at once to a service with `slots` predict slots (its /health's
-    figure, or the number it said, as the figure "slots"), judged on the service's own counts and
-    means (D, decoding P, slot wait W, S). The mean W of requests that each wait for
-    floor(i / slots) inferences is S x `queued_waits` (the expected wait, E):
-
-    1. all `sent` were downloaded, preprocessed and inferred;
-    2. those beyond the slots waited for one: W is at least half of E (wrong: more than `slots`
-       inferring at once, so nobody waits);
-    3. they waited for inferences, not for downloads: W is below (S + D / 2) x `queued_waits`,
-       closer to E than to what holding the downloads behind the slots gives, (D + P + S) x
-       `queued_waits` (wrong: only `slots` downloading and preprocessing at once).
-
-    With no more requests than slots nobody has to wait: 2 and 3 are NOT CHECKED.
+    figure, or the number it said), judged on the service's own counts and means (D, decoding P,
+    slot wait W, S). Requests that each wait for floor(i / slots) inferences wait E = S x
+    `queued_waits` on average. Wrong outcomes: more than `slots` inferring at once (W under E / 2:
+    nobody waited), or only `slots` downloading and preprocessing at once (W at least (S + D / 2) x
+    `queued_waits`, toward the (D + P + S) x `queued_waits` of downloads held behind the slots).
+    With no more requests than slots nobody has to wait: both NOT CHECKED.
 
     Counts and means cannot show the peak number inferring, and W also holds the event loop's delay
     in handing decoded requests to the slots: on a busy machine that alone can come near S / 2
-    (measured on 2 shared cores: W 37 ms, S 87 ms, 10 requests on 10 slots), so 2 catches more than
-    `slots` inferring only where that delay is small; the slots' pool of `slots` threads bounds them.
+    (measured on 2 shared cores: W 37 ms, S 87 ms, 10 requests on 10 slots), so W >= E / 2 catches
+    more than `slots` inferring only where that delay is small; the slots' pool of `slots` threads
+    bounds them.
     """
     counts = [
         stage_count(burst, name, label)
