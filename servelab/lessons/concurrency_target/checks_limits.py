@@ -196,10 +196,8 @@ def bounded_queue_refuses(
         ),
         reason=f"on {hardware or machine_hardware()}, the {bounded.concurrency} clients and their refusals share the "
         f"cores with {engine}, its queue and its model, which slows the answered requests too{waited}",
-        estimate=Estimate(
-            f"the answered p95 with the queue of {queue_size}, over the unbounded one's",
-            p95s[0].value / p95s[1].value if p95s[1].value else math.nan,
-            "x",
+        estimate=Estimate.ratio(
+            f"the answered p95 with the queue of {queue_size}, over the unbounded one's", p95s[0].value, p95s[1].value
         ),
     )
 
@@ -255,9 +253,7 @@ def fastapi_queues_inside(few: RunResult, many: RunResult, slots: int) -> Expect
         reason=f"the {many.concurrency} clients, the load generator and the service share the cores: "
         f"with {many.concurrency} clients an inference took {infers[1].value:.1f} ms against "
         f"{infers[0].value:.1f} ms with {few.concurrency}",
-        estimate=Estimate(
-            f"the median latency of {many.concurrency} clients over {few.concurrency}",
-            p50s[1].value / p50s[0].value if p50s[0].value else math.nan,
-            "x",
+        estimate=Estimate.ratio(
+            f"the median latency of {many.concurrency} clients over {few.concurrency}", p50s[1].value, p50s[0].value
         ),
     )

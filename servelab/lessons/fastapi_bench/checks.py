@@ -98,8 +98,8 @@ def runtime_comparison(pytorch: RunResult, onnx: RunResult, hardware: str | None
         f"Runtime by the services' own timing, of medians of {pt_p50.value:.1f} and {onnx_p50.value:.1f} ms: "
         "the rest of a request (HTTP, JSON, base64 and JPEG decoding, preprocessing) costs the same in both, "
         "and where the model call is a small part of it, the runtime cannot change much",
-        estimate=Estimate(
-            "PyTorch's median latency over ONNX Runtime's, one request at a time", pt_p50.value / onnx_p50.value, "x"
+        estimate=Estimate.ratio(
+            "PyTorch's median latency over ONNX Runtime's, one request at a time", pt_p50.value, onnx_p50.value
         ),
     )
 
@@ -159,8 +159,8 @@ def queueing_under_load(alone: RunResult, loaded: RunResult, slots: int, hardwar
         f"{slot_wait.value:.1f} ms of the {mean.value:.1f} ms mean: where the slots idle, the decoding ahead of "
         "them (and the load generator on the same cores) did not keep up; where the wait is short, the time went "
         "to the stages themselves, stretched by sharing the cores",
-        estimate=Estimate(
-            f"the requests per second of {senders} senders, over one at a time", busy_rate.value / alone_rate.value, "x"
+        estimate=Estimate.ratio(
+            f"the requests per second of {senders} senders, over one at a time", busy_rate.value, alone_rate.value
         ),
     )
 

@@ -58,10 +58,8 @@ def crowded_threads_are_slower(
             ),
         ),
         reason=f"on {hardware}, the model on {device}, the crowded plan's extra threads found cores to run on",
-        estimate=Estimate(
-            f"the requests per second under load of {crowded}, over {fitting}",
-            crowded_rate.value / fitting_rate.value,
-            "x",
+        estimate=Estimate.ratio(
+            f"the requests per second under load of {crowded}, over {fitting}", crowded_rate.value, fitting_rate.value
         ),
     )
 
@@ -99,8 +97,8 @@ def every_core_serves_one_faster(
         reason=f"on {hardware}, the model on {device}, the model call itself took {infer[every_core]:.1f} ms with "
         f"{cores} threads and {infer[one_core]:.1f} ms with 1, by the service's own timing: where the threads "
         "gained little on one image, the rest of the request decided",
-        estimate=Estimate(
-            f"one request's median with {cores} threads, over 1 thread", all_cores.value / one_thread.value, "x"
+        estimate=Estimate.ratio(
+            f"one request's median with {cores} threads, over 1 thread", all_cores.value, one_thread.value
         ),
     )
 
@@ -149,9 +147,9 @@ def default_near_the_best(
         reason=f"the same default plan served one request at a time in {earlier_p50_ms:.1f} ms (median) earlier "
         f"in this notebook and in {default_alone.value:.1f} ms here: on {hardware}, the model on {device}, runs "
         "move that much between measurements",
-        estimate=Estimate(
+        estimate=Estimate.ratio(
             "the default plan's requests per second under load, over the best plan's",
-            default_loaded.value / best_rate.value,
-            "x",
+            default_loaded.value,
+            best_rate.value,
         ),
     )

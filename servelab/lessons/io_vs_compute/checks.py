@@ -117,10 +117,10 @@ def slot_holds_only_inference(
             else f"; on {hardware}, the downloads, the decoding and the load generator share the cores with the "
             "inference (a hypothesis: this run does not measure their share)"
         ),
-        estimate=Estimate(
+        estimate=Estimate.ratio(
             f"the requests per second of {top} senders with the download outside the slot, over inside it",
-            rate_out.value / rate_top.value,
-            "x",
+            rate_out.value,
+            rate_top.value,
         ),
     )
 

@@ -71,10 +71,8 @@ def batching_shortens_the_queue(
         reason=_why_the_queue_stayed(longer[0], without, with_batching, hardware or machine_hardware())
         if longer
         else "",
-        estimate=Estimate(
-            f"the time in the queue at {highest} with batching, as a share of it without",
-            wait_on.value / wait_off.value if wait_off.value else NOT_MEASURED,
-            "x",
+        estimate=Estimate.ratio(
+            f"the time in the queue at {highest} with batching, as a share of it without", wait_on.value, wait_off.value
         ),
     )
 

@@ -218,9 +218,9 @@ def onnx_beats_python(onnx: RunResult | None, python: RunResult | None, hardware
         f"{python_compute:.1f} ms (decoding the JPEG included) and {python_ms.value - python_compute:.1f} ms for "
         f"the Python-backend model: each ONNX request carries {ONNX_INPUT_BYTES / 1000:.0f} KB of float32 pixels "
         "instead of a compressed JPEG",
-        estimate=Estimate(
+        estimate=Estimate.ratio(
             "the ONNX model's speedup at one client (the Python mean over the ONNX mean)",
-            python_ms.value / onnx_ms.value,
-            "x",
+            python_ms.value,
+            onnx_ms.value,
         ),
     )
