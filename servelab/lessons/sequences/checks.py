@@ -6,13 +6,9 @@ and the sequences Triton or the model ends, judged on the specific refusal of a 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from servelab.lessons.expectations import Estimate, Expectation, condition, figure, measured, unless, unless_each
 from servelab.results import RunResult, SequenceRunResult
-
-if TYPE_CHECKING:
-    pass
 
 
 def batcher_merges_sequences(oldest: RunResult | None, direct: RunResult | None, sequences: int) -> Expectation:
