@@ -18,15 +18,9 @@ from servelab.ray.watch import ServeSample, during, in_replica_mean_ms
 def scales_on_the_target(load: StepLoad) -> Expectation:
     """A step load of (below the target, between the target and the replicas' cap, above both,
     below the target again), against a deployment with `load.autoscaling` (its
-    autoscaling_config): Serve's autoscaler follows the requests per replica.
-
-    1. below the target, Serve runs `min_replicas`;
-    2. in the second step, until a second replica runs, the requests per replica (inside it or
-       queued in front) are above `target_ongoing_requests`;
-    3. once the load is back below the target, Serve removes the replica it added.
-
-    When Serve added that replica, and how full the replica was then, is `scaling_rules`'s to judge.
-    """
+    autoscaling_config): Serve's autoscaler follows the requests per replica, inside it or queued in
+    front, judged in the second step until a second replica runs. When Serve added that replica,
+    and how full the replica was then, is `scaling_rules`'s to judge."""
     samples, autoscaling = load.samples, load.autoscaling
     target, fewest = autoscaling["target_ongoing_requests"], autoscaling["min_replicas"]
     low, between, *_, last = load.steps

@@ -28,18 +28,13 @@ def stage(run: RunResult | None, name: str, label: str):
 def slot_holds_only_inference(
     inside: dict[int, RunResult], outside: dict[int, RunResult], enough: int, latency_ms: float, hardware: str
 ) -> Expectation:
-    """With a download of `latency_ms`, one slot, runs by number of senders for each design:
-
-    1. inside the slot, more senders only lengthen the queue: from the fewest senders above one to
-       the most, the throughput changes by less than 15% (the slot is the limit);
-    2. outside the slot, the most senders go above 1 / (D + S), the inside design's limit;
-    3. outside the slot, `enough` senders keep the slot busy at least 70% of the time
-       (throughput x (P + S), by Little's law on the slot, which decodes its photo P, then infers S);
-    4. with the most senders, a request waits longer for the slot when the download is inside it.
-
-    2 and 4 compare the designs, and are NOT CHECKED where the download took under a tenth of an
-    inference (D < S / 10): inside or outside the slot, it then cannot move the limit.
-    """
+    """With a download of `latency_ms`, one slot, runs by number of senders for each design (inside
+    the slot, `inside`; outside it, `outside`). Inside, more senders only lengthen the queue (the
+    slot is the limit, within 15%); outside, the most senders go above the inside design's limit,
+    1 / (D + S), and `enough` senders keep the slot busy (throughput x (P + S), by Little's law on
+    the slot, which decodes its photo P, then infers S). The two comparisons of the designs are NOT
+    CHECKED where the download took under a tenth of an inference (D < S / 10): inside or outside
+    the slot, it then cannot move the limit."""
     few, top = sorted(c for c in inside if c > 1)[0], max(inside)
     rate_few, rate_top = (
         figure(inside[few], "throughput_rps", f"inside, {few}"),
