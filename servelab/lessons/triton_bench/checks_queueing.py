@@ -37,17 +37,14 @@ def queueing_grows(
     runs: dict[int, RunResult | None], hardware: str | None = None, cores: int | None = None
 ) -> Expectation:
     """The Python-backend model, one instance, at 1, 8 and 16 clients (`runs`, by client count):
-    each added client puts one more request ahead of the others, so the time in Triton's queue
-    grows from 1 to 8 clients, and again from 8 to 16, each time by more than one compute time;
-    while compute infer stays within 50% of its lowest value.
-
-    The wrong outcome it fails: the time moves into compute instead of the queue (a server that
-    runs the requests together, so that each computes longer; or perf_analyzer and the model
-    fighting over the cores), or a queue that does not grow with the clients. Its premise: at
-    the most clients, Triton held several requests at once (SEVERAL_IN_SERVER, by `in_server`).
-    Where it held fewer, the load generator never had a second request at the server, nothing
-    could queue, and every condition is NOT CHECKED, with the figures that show it; so is each
-    one whose run is missing (None)."""
+    each added client puts one more request ahead of the others, so the time in Triton's queue grows
+    by more than one compute time at each step, while compute infer stays within 50% of its lowest.
+    The wrong outcome it fails: the time moves into compute instead of the queue (a server that runs
+    the requests together; or perf_analyzer and the model fighting over the cores), or a queue that
+    does not grow. Its premise: at the most clients, Triton held several requests at once
+    (SEVERAL_IN_SERVER, by `in_server`); where it held fewer, the load generator never had a second
+    request at the server, and every condition is NOT CHECKED with the figures that show it; so is
+    each one whose run is missing."""
     hardware, cores = hardware or machine_hardware(), cores or machine_cores()
     fewest, middle, most = sorted(runs)
     queue = {count: figure(runs[count], "server_ms(queue)", f"queue at c={count}") for count in runs}
@@ -111,14 +108,11 @@ AHEAD_FACTOR = 1.5
 def queue_is_the_clients_ahead(runs: dict[int, RunResult | None], hardware: str | None = None) -> Expectation:
     """The one-instance sweep (`runs`, by client count c): a request finds the c - 1 other clients'
     requests ahead of it, so its time in Triton's queue is (c - 1) x the compute time of that run,
-    within AHEAD_FACTOR either way.
-
-    The wrong outcomes it fails: a queue near zero while compute grows (the server runs requests
-    together), or a queue far longer than the clients ahead explain. One client has nothing ahead
-    (no factor of zero can be judged): only runs of two or more clients are judged, and with none
-    the check is NOT CHECKED. Also NOT CHECKED: a run where Triton held fewer than
-    SEVERAL_IN_SERVER requests at a time (the load generator, not the server, held them), and a
-    missing run (None)."""
+    within AHEAD_FACTOR either way. The wrong outcomes it fails: a queue near zero while compute
+    grows (the server runs requests together), or a queue far longer than the clients ahead
+    explain. Only runs of two or more clients are judged (one has nothing ahead; with none, NOT
+    CHECKED), each NOT CHECKED where Triton held fewer than SEVERAL_IN_SERVER requests at a time or
+    its run is missing."""
     hardware = hardware or machine_hardware()
     crowded = {clients: run for clients, run in sorted(runs.items()) if clients > 1}
     conditions = []
