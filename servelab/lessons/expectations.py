@@ -64,8 +64,9 @@ def machine_gpus() -> tuple[str, ...]:
 
 
 def machine_hardware() -> str:
-    """What the models run on, in words, for the reasons the checks give: a check takes it as its
-    `hardware` argument where a test sets it, and reads it here where a notebook leaves it out."""
+    """What the models run on, in words, for the reasons the checks give: a check takes it (and
+    `machine_cores`) as its `hardware` (`cores`) argument where a test sets it, and reads it here
+    where a notebook leaves it out."""
     cores, gpus = machine_cores(), machine_gpus()
     if gpus:
         return f"{len(gpus)} GPU(s) ({', '.join(sorted(set(gpus)))}) and {cores} CPU cores"

@@ -4,8 +4,7 @@ GPU its use), and processes.
 
 The FastAPI services time each stage of a request themselves (their /metrics, read around a run
 into `RunResult.service_stats`), so a claim about where a request's time went is judged on the
-service's own timing (`stage`), not on the client's latency alone. A check takes the machine's
-`hardware` for its reason, read where it runs unless a test gives it.
+service's own timing (`stage`), not on the client's latency alone.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Notebook 4's checks of its thread plans (inference slots x threads per inference, the plans of
 servelab.lessons.fastapi_bench.runs.CorePlans), each plan run alone and under load: crowded threads
 are slower, every core serves one request faster, and the default is near the best.
-
-Each takes the machine's `hardware` for its reason, read where the check runs unless a test gives it.
 """
 
 from __future__ import annotations

@@ -4,10 +4,6 @@ against the Python-backend one and more instances of it (notebook 7, section 1).
 the model costs are judged on Triton's own statistics (perf_analyzer's server-side breakdown),
 never on the client's latency, which also counts uploads and the network. `MARGIN`, the noise
 between two runs of one setting, serves the other checks too.
-
-Each check's `hardware` and `cores`, which its reason names, are read from the machine where a
-notebook leaves them out (servelab.lessons.expectations.machine_hardware, machine_cores); the
-tests give them.
 """
 
 from __future__ import annotations

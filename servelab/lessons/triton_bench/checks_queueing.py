@@ -1,8 +1,7 @@
 """The checks of queueing: the time in Triton's queue as clients are added, the clients ahead of
 a request (notebook 6, section 1), and Poisson arrivals against evenly spaced ones (notebook 7,
 section 3). Judged on Triton's own statistics (perf_analyzer's server-side breakdown: queue,
-compute infer). `hardware` and `cores`, which the reasons name, are read from the machine where a
-notebook leaves them out.
+compute infer).
 """
 
 from __future__ import annotations
