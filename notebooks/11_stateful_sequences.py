@@ -211,8 +211,10 @@ with stateful.configured(lab.triton.configs.config(MODEL).with_parameters(state_
         name = f"{MODEL}, state capacity {CAPACITY}, {live} sequences"
         broken[live] = lab.measurer.sequences(MODEL, live, LENGTH, name=name, sequences=live)
         evicted[live] = stateful.evictions_logged() - before
-        print(f"  the model logged {evicted[live]:.0f} evictions; the clients' broken sequences: "
-              f"{broken[live].sequences_failed or 'none'}")  # fmt: skip
+        print(
+            f"  the model logged {evicted[live]:.0f} evictions; the clients' broken sequences: "
+            f"{broken[live].sequences_failed or 'none'}"
+        )
 at_capacity, above = broken[CAPACITY], broken[2 * CAPACITY]
 lab.record(sequences.evictions_break_the_oldest(at_capacity, above, CAPACITY, evicted[2 * CAPACITY]),
            predicted=predicted_evicted);

@@ -214,10 +214,13 @@ photo_body = json.dumps({"image": base64.b64encode(lab.sample_image()).decode()}
 try:
     with lab.measurer.fastapi_variant("onnx", MAX_REQUEST_BYTES=MAX_REQUEST_BYTES) as variant_url:
         told = requests.get(f"{variant_url}/health", timeout=10).json()["max_request_bytes"]
-        answer = requests.post(f"{variant_url}/predict", data=photo_body, timeout=30,
-                               headers={"Content-Type": "application/json"})  # fmt: skip
-        print(f"/health: max_request_bytes {told}; the sample photo, {len(photo_body)} bytes as JSON -> "
-              f"HTTP {answer.status_code}")  # fmt: skip
+        answer = requests.post(
+            f"{variant_url}/predict", data=photo_body, timeout=30, headers={"Content-Type": "application/json"}
+        )
+        print(
+            f"/health: max_request_bytes {told}; the sample photo, {len(photo_body)} bytes as JSON -> "
+            f"HTTP {answer.status_code}"
+        )
 except StackError as refused:
     print(f"The service did not start:\n{refused}")
 

@@ -246,8 +246,10 @@ for replicas in replica_counts:
     cpu_by_replicas[replicas] = statistics.fmean(sample.cpu_percent for sample in watcher.samples)
 
 for replicas, run in by_replicas.items():
-    print(f"{replicas} replica(s): {run.throughput_rps:.1f} req/s, CPU {cpu_by_replicas[replicas]:.0f}% busy"
-          f" ({run.throughput_rps / by_replicas[1].throughput_rps:.2f}x one replica's throughput)")  # fmt: skip
+    print(
+        f"{replicas} replica(s): {run.throughput_rps:.1f} req/s, CPU {cpu_by_replicas[replicas]:.0f}% busy"
+        f" ({run.throughput_rps / by_replicas[1].throughput_rps:.2f}x one replica's throughput)"
+    )
 lab.record(concurrency_target.replicas_add_capacity(by_replicas, cpu_by_replicas, serve.hardware.gpus,
                                                     serve.hardware.cores),
            predicted=predicted_replica_gain);

@@ -48,11 +48,8 @@ def test_streams_that_stop_at_the_next_step_hold_and_the_figures_are_the_runs():
 
 def test_a_server_that_keeps_computing_with_cancellation_on_fails_the_second_condition():
     off, on = streamed(20, 190, 900.0), streamed(20, 150, 500.0)
-    assert outcomes(cancellation.stream_stops_at_the_next_step("Ray Serve", off, on)) == [
-        Outcome.HELD,
-        Outcome.NOT_HELD,
-        Outcome.HELD,
-    ]
+    kept_on = cancellation.stream_stops_at_the_next_step("Ray Serve", off, on)
+    assert outcomes(kept_on) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD]
 
 
 def test_an_off_run_that_wasted_nothing_and_patients_no_faster_fail_their_conditions():
@@ -136,11 +133,8 @@ def test_triton_cancels_over_grpc_not_over_http():
     assert outcomes(heard) == [Outcome.HELD] * 3 and heard.estimate is not None and heard.estimate.value == 10.0
     # The wrong outcome: the cancels never reached Triton over gRPC either.
     deaf = request_run(40, 900, 8, triton_stats={"fail_count": 0, "cancelled_by_model": 0})
-    assert outcomes(cancellation.triton_cancels_over_grpc(http, deaf, 36, 38)) == [
-        Outcome.HELD,
-        Outcome.NOT_HELD,
-        Outcome.NOT_HELD,
-    ]
+    unheard = cancellation.triton_cancels_over_grpc(http, deaf, 36, 38)
+    assert outcomes(unheard) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_HELD]
     none_left = request_run(0, 400, 12, triton_stats={"fail_count": 0, "cancelled_by_model": 0})
     unjudged = cancellation.triton_cancels_over_grpc(request_run(0, 400, 12), none_left, 0, 0)
     assert outcomes(unjudged) == [Outcome.NOT_CHECKED] * 3
@@ -188,11 +182,8 @@ def test_the_race_fails_where_the_deadlines_reach_the_server_at_the_same_steps_o
     assert outcomes(race(lesson, at_s)) == [Outcome.NOT_HELD] * 3
     # A fixed release that crashed all the same fails its second condition.
     crashed = RaceProbe(40, {"ISSUED": 20, "COMPLETE": 20}, "triton exited (signal 11)")
-    assert outcomes(race(RaceProbe(60, {"ISSUED": 60}), crashed, FIXED)) == [
-        Outcome.HELD,
-        Outcome.NOT_HELD,
-        Outcome.HELD,
-    ]
+    fixed_crashed = race(RaceProbe(60, {"ISSUED": 60}), crashed, FIXED)
+    assert outcomes(fixed_crashed) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD]
 
 
 def test_the_race_is_not_checked_where_no_client_gave_up():
@@ -275,13 +266,15 @@ def test_a_request_load_is_paced_from_the_latency_alone_and_its_waste_accounted(
     run.latencies_ms = [1.0] * 22
     lab = StandInLab(alone, run)
     experiment = cancellation.Experiment(lab, patient=4, impatient=4)
-    assert experiment.duration_s == 8  # at least 8 s, whatever the profile
+    assert experiment.duration_s == 4  # at least 4 s, whatever the profile
     assert experiment.requests("fastapi_onnx, abandon off", "http://x") is run
     assert lab.calls[0][1:4] == (1, 3, "fastapi_onnx, abandon off, 1 client")  # a request alone, first
     _, concurrency, duration_s, _, options = lab.calls[1]
-    assert duration_s == 8 and concurrency == 8 and options["impatient"] == 4 and options["service_stats"]
+    assert duration_s == 4 and concurrency == 8 and options["impatient"] == 4 and options["service_stats"]
     assert (options["patience_s"], options["backoff_s"]) == cancellation.pacing(20.0, 4)
     assert experiment.runs == {"fastapi_onnx, abandon off": run} and experiment.wasted["fastapi_onnx, abandon off"] == 8
+    lab.profile.duration_s = 2.0  # the quick profile: a request alone is timed for as long as a run, 2 s
+    assert cancellation.Experiment(lab).alone_s == 2.0
 
 
 def test_a_triton_run_that_triton_crashed_under_is_measured_once_more_and_not_twice(capsys, monkeypatch):

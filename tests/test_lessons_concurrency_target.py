@@ -34,8 +34,7 @@ def step_load(replicas_at, ongoing_at, queued_at=lambda t: 0.0):
     return [sample(t, replicas_at(t)[0], ongoing_at(t), queued_at(t), replicas_at(t)[1]) for t in range(71)]
 
 
-def steps(clients=(1, 3, 12, 1)):
-    bounds = [(0, 10), (10, 25), (25, 40), (40, 70)]
+def steps(clients=(1, 3, 12, 1), bounds=((0, 10), (10, 25), (25, 40), (40, 70))):
     return [Step(start, end, c, synthetic_run("ray_serve", c)) for (start, end), c in zip(bounds, clients, strict=True)]
 
 
@@ -100,8 +99,7 @@ AT_CAP = {**AUTOSCALING, "target_ongoing_requests": MAX_ONGOING}
 
 
 def at_cap_steps(clients=(1, 3, 12)):
-    bounds = [(0, 5), (5, 20), (20, 35)]
-    return [Step(start, end, c, synthetic_run("ray_serve", c)) for (start, end), c in zip(bounds, clients, strict=True)]
+    return steps(clients, ((0, 5), (5, 20), (20, 35)))
 
 
 def at_cap_load(

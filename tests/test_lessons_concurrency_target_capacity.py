@@ -2,6 +2,8 @@
 FastAPI's slot; each fed the case it must pass and the cases it must fail (the checks of autoscaling
 and queues: tests/test_lessons_concurrency_target.py)."""
 
+import pytest
+
 from servelab.lessons import concurrency_target
 from servelab.lessons.expectations import Outcome
 from tests.helpers import service_stages, synthetic_run
@@ -12,24 +14,19 @@ def replicas_runs(*rates):
     return {n: synthetic_run(f"ray_serve, {n} replica(s), 8 clients", 8, rate) for n, rate in enumerate(rates, 1)}
 
 
-def test_a_second_gpu_replica_that_adds_capacity_holds():
-    held = concurrency_target.gpu_replicas_add_capacity(replicas_runs(30, 55), gpus=2, cores=16)
-    assert outcomes(held) == [Outcome.HELD], held
-    assert held.conditions[0].detail == "1.83x"
-    assert held.estimate is not None and held.estimate.value == 55 / 30
-
-
-def test_a_second_gpu_replica_that_adds_little_fails():
-    """The wrong outcome: 1.1x, the GPUs not the limit (the CPU work around them is)."""
-    failed = concurrency_target.gpu_replicas_add_capacity(replicas_runs(30, 33), gpus=2, cores=16)
-    assert outcomes(failed) == [Outcome.NOT_HELD]
-    assert "shares 16 cores" in failed.reason
-
-
-def test_two_replicas_sharing_one_gpu_are_not_checked():
-    shared = concurrency_target.gpu_replicas_add_capacity(replicas_runs(30, 31), gpus=1, cores=8)
-    assert outcomes(shared) == [Outcome.NOT_CHECKED]
-    assert shared.conditions[0].detail.startswith("this Ray has 1 GPU(s), which the two replicas share")
+@pytest.mark.parametrize(
+    "rates, gpus, outcome, said",
+    [
+        ((30, 55), 2, Outcome.HELD, "1.83x"),
+        ((30, 33), 2, Outcome.NOT_HELD, "1.10x"),  # the GPUs not the limit (the CPU work around them is)
+        ((30, 31), 1, Outcome.NOT_CHECKED, "this Ray has 1 GPU(s), which the two replicas share"),
+    ],
+)
+def test_a_second_gpu_replica_is_judged_on_its_gain_where_it_has_a_gpu_of_its_own(rates, gpus, outcome, said):
+    judged = concurrency_target.gpu_replicas_add_capacity(replicas_runs(*rates), gpus=gpus, cores=16)
+    assert outcomes(judged) == [outcome], judged
+    assert judged.conditions[0].detail.startswith(said) and "shares 16 cores" in judged.reason
+    assert judged.estimate is not None and judged.estimate.value == rates[1] / rates[0]
 
 
 def test_replicas_that_stop_adding_once_the_cores_are_full_hold():

@@ -1,6 +1,8 @@
 """Notebook 4's checks, each fed a case it must pass and one it must fail, and its thread plans, on a
 CPU and on a GPU (the machinery of its other cells: tests/test_lessons_fastapi_bench_cells.py)."""
 
+import pytest
+
 import food11
 from servelab import paths
 from servelab.lessons import fastapi_bench
@@ -89,40 +91,30 @@ def test_samples_are_not_checked_on_untrained_weights_and_say_why():
     assert all(part.detail == "untrained weights: the labels mean nothing" for part in judged.conditions)
 
 
-def test_health_under_load_is_judged_against_health_at_idle_not_against_a_prediction():
-    # 2 slots, 160 req/s x 12 ms = 1.92 in use: loaded. Idle /health 2 ms, loaded 5 ms: under 2 + 12 / 2.
-    loaded = loaded_run(160, 100, inference=12, slot_wait=80)
-    held = fastapi_bench.health_stays_out_of_the_queue([2.0] * 10, [5.0] * 50, loaded, 2, "cpu")
-    assert outcomes(held) == [Outcome.HELD] and held.conditions[0].detail == "under 8.0 ms"
-    assert held.estimate is not None and (held.estimate.value, held.estimate.unit) == (5.0, "ms")
+LOADED = loaded_run(160, 100, inference=12, slot_wait=80)  # 2 slots, 160 req/s x 12 ms = 1.92 in use: loaded
+GPU_LOADED = loaded_run(2000, 8, inference=2, slot_wait=5)  # 2000 x 2 ms = 4 slots in use
 
 
-def test_health_fails_when_it_waits_behind_the_running_inference():
-    """The wrong outcome the old rule passed: an event loop blocked by each inference holds /health
-    for the rest of the running one (here 9 ms of 12 against 2 idle), still well under one whole
-    prediction (100 ms under load, 12.5 alone)."""
-    loaded = loaded_run(160, 100, inference=12, slot_wait=80)
-    failed = fastapi_bench.health_stays_out_of_the_queue([2.0] * 10, [9.0] * 50, loaded, 2, "cpu")
-    assert outcomes(failed) == [Outcome.NOT_HELD]
-
-
-def test_health_is_not_checked_where_half_an_inference_is_within_its_own_noise_at_idle():
-    """A GPU: inferences of 2 ms, /health at idle 1 ms with a spread of 1.5 ms; a blocked event loop
-    would add a millisecond, which the interpreter's and the network's noise alone can add."""
-    gpu = loaded_run(2000, 8, inference=2, slot_wait=5)  # 2000 x 2 ms = 4 slots in use
-    idle = [1.0] * 8 + [2.5, 2.5]
-    noisy = fastapi_bench.health_stays_out_of_the_queue(idle, [2.2] * 50, gpu, 4, "1 GPU")
-    assert outcomes(noisy) == [Outcome.NOT_CHECKED]
-    assert noisy.conditions[0].detail.startswith("half an inference, 1.0 ms, is within /health's own spread at idle")
-    steady = fastapi_bench.health_stays_out_of_the_queue([1.0] * 10, [2.2] * 50, gpu, 4, "1 GPU")
-    assert outcomes(steady) == [Outcome.NOT_HELD]  # no noise at idle: the wait is seen
-
-
-def test_health_is_not_checked_where_the_slots_were_mostly_idle():
-    idle_service = loaded_run(30, 13, inference=12, slot_wait=0)  # 30 x 12 ms = 0.36 of 2 slots
-    skipped = fastapi_bench.health_stays_out_of_the_queue([2.0] * 10, [2.5] * 50, idle_service, 2, "cpu")
-    assert outcomes(skipped) == [Outcome.NOT_CHECKED]
-    assert skipped.conditions[0].detail.startswith("the 2 inference slot(s) were in use 0.36 on average")
+@pytest.mark.parametrize(
+    "idle, loaded_ms, run, slots, outcome, detail",
+    [
+        # Idle /health 2 ms, loaded 5 ms: under 2 + 12 / 2, judged against idle, not a prediction.
+        ([2.0] * 10, 5.0, LOADED, 2, Outcome.HELD, "under 8.0 ms"),
+        # The wrong outcome the old rule passed: an event loop blocked by each inference holds /health
+        # for the rest of the running one (9 ms of 12 against 2 idle), still well under one prediction.
+        ([2.0] * 10, 9.0, LOADED, 2, Outcome.NOT_HELD, ""),
+        # A GPU: inferences of 2 ms, /health at idle 1 ms with a spread of 1.5 ms; a blocked event loop
+        # would add a millisecond, which the interpreter's and the network's noise alone can add.
+        ([1.0] * 8 + [2.5, 2.5], 2.2, GPU_LOADED, 4, Outcome.NOT_CHECKED, "half an inference, 1.0 ms, is within"),
+        ([1.0] * 10, 2.2, GPU_LOADED, 4, Outcome.NOT_HELD, ""),  # no noise at idle: the wait is seen
+        # 30 x 12 ms = 0.36 of 2 slots: mostly idle, nothing could make /health wait.
+        ([2.0] * 10, 2.5, loaded_run(30, 13, inference=12, slot_wait=0), 2, Outcome.NOT_CHECKED, "the 2 inference"),
+    ],
+)
+def test_health_under_load_is_judged_against_health_at_idle(idle, loaded_ms, run, slots, outcome, detail):
+    judged = fastapi_bench.health_stays_out_of_the_queue(idle, [loaded_ms] * 50, run, slots, "cpu")
+    assert outcomes(judged) == [outcome] and judged.conditions[0].detail.startswith(detail)
+    assert judged.estimate is not None and (judged.estimate.value, judged.estimate.unit) == (loaded_ms, "ms")
 
 
 def plan_run(name, p50_ms, throughput_rps, inference=10.0):

@@ -14,6 +14,7 @@ from servelab.lessons.expectations import Outcome
 from servelab.results import LatencySummary, SequenceRunResult
 from servelab.triton.models import ModelRepository
 from tests.helpers import synthetic_run
+from tests.helpers.lessons import outcomes
 
 
 def frames(avg_batch: float, queue_us: float):
@@ -25,9 +26,9 @@ def test_the_batcher_check_holds_on_batches_and_fails_on_a_strategy_that_ran_fra
     merged = sequences.batcher_merges_sequences(frames(5.5, 900), frames(7.9, 1500), 8)
     assert merged.outcome is Outcome.HELD and merged.estimate is not None and merged.estimate.value == 5.5  # oldest's
     failed = sequences.batcher_merges_sequences(frames(5.5, 900), frames(1.1, 0), 8)
-    assert [part.outcome for part in failed.conditions] == [Outcome.HELD, Outcome.NOT_HELD]
+    assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD]
     alone = sequences.batcher_merges_sequences(frames(1.0, 900), frames(1.0, 0), 1)
-    assert [part.outcome for part in alone.conditions] == [Outcome.NOT_CHECKED] * 2
+    assert outcomes(alone) == [Outcome.NOT_CHECKED] * 2
     assert alone.conditions[0].detail == "1 sequence(s) live: no two sequences to merge"
 
 
@@ -50,10 +51,10 @@ def test_a_frame_waits_out_the_delay_alone_and_at_most_one_execution_plus_it_wit
         assert sequences.where_a_frame_waits(queued(2_180), batched, 8, 2_000).outcome is Outcome.HELD
     # Wrong: a lone frame sent at once, as if the batcher had no delay to wait out.
     sent_at_once = sequences.where_a_frame_waits(queued(60), queued(544, 90_000), 8, 2_000)
-    assert [part.outcome for part in sent_at_once.conditions] == [Outcome.NOT_HELD, Outcome.HELD]
+    assert outcomes(sent_at_once) == [Outcome.NOT_HELD, Outcome.HELD]
     # Wrong: frames held behind a backlog of three executions.
     backlog = sequences.where_a_frame_waits(queued(2_180), queued(270_000, 90_000), 8, 2_000)
-    assert [part.outcome for part in backlog.conditions] == [Outcome.HELD, Outcome.NOT_HELD]
+    assert outcomes(backlog) == [Outcome.HELD, Outcome.NOT_HELD]
     assert backlog.estimate is not None and (backlog.estimate.value, backlog.estimate.unit) == (270.0, "ms")
     assert [item.name for item in backlog.conditions[1].figures] == [
         "queue per frame, 8 sequences",
@@ -62,7 +63,7 @@ def test_a_frame_waits_out_the_delay_alone_and_at_most_one_execution_plus_it_wit
     ]
     # No delay configured: the lone wait has nothing to be judged against.
     no_delay = sequences.where_a_frame_waits(queued(40), queued(5_000, 90_000), 8, 0)
-    assert [part.outcome for part in no_delay.conditions] == [Outcome.NOT_CHECKED, Outcome.HELD]
+    assert outcomes(no_delay) == [Outcome.NOT_CHECKED, Outcome.HELD]
     assert "no max_queue_delay_microseconds" in no_delay.conditions[0].detail
 
 
@@ -84,7 +85,7 @@ NOT_STARTED = Refused(
 
 def test_idle_and_cancelled_sequences_hold_on_their_specific_refusals():
     held = sequences.idle_and_cancelled_sequences(ANSWERED, EXPIRED, CANCELLED, NOT_STARTED, 1.0)
-    assert [part.outcome for part in held.conditions] == [Outcome.HELD] * 4
+    assert outcomes(held) == [Outcome.HELD] * 4
     assert held.conditions[3].figures[0].name == "next frame refused as not started (1 yes, 0 no)"
 
 
@@ -94,22 +95,17 @@ def test_idle_and_cancelled_sequences_fail_on_any_other_error():
     down = Refused("[StatusCode.UNAVAILABLE] failed to connect to all addresses")
     evicted = Refused("evicted: sequence 7 was the least recently used")
     failed = sequences.idle_and_cancelled_sequences(EXPIRED, evicted, down, down, 1.0)
-    assert [part.outcome for part in failed.conditions] == [Outcome.NOT_HELD] * 3 + [Outcome.NOT_CHECKED]
+    assert outcomes(failed) == [Outcome.NOT_HELD] * 3 + [Outcome.NOT_CHECKED]
     assert failed.conditions[0].detail.startswith("refused: expired")
     assert failed.conditions[3].detail.startswith("the cancel was not answered CANCELLED")
     wrong_refusal = sequences.idle_and_cancelled_sequences(ANSWERED, EXPIRED, CANCELLED, down, 1.0)
-    assert [part.outcome for part in wrong_refusal.conditions] == [Outcome.HELD] * 3 + [Outcome.NOT_HELD]
+    assert outcomes(wrong_refusal) == [Outcome.HELD] * 3 + [Outcome.NOT_HELD]
     # An answer where a refusal was due fails too.
     kept = sequences.idle_and_cancelled_sequences(ANSWERED, ANSWERED, CANCELLED, ANSWERED, 1.0)
-    assert [part.outcome for part in kept.conditions] == [
-        Outcome.HELD,
-        Outcome.NOT_HELD,
-        Outcome.HELD,
-        Outcome.NOT_HELD,
-    ]
+    assert outcomes(kept) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.HELD, Outcome.NOT_HELD]
     # A cancel that was answered instead: the next frame is not judged as the refusal of a cancelled sequence.
     uncancelled = sequences.idle_and_cancelled_sequences(ANSWERED, EXPIRED, ANSWERED, NOT_STARTED, 1.0)
-    assert [part.outcome for part in uncancelled.conditions][2:] == [Outcome.NOT_HELD, Outcome.NOT_CHECKED]
+    assert outcomes(uncancelled)[2:] == [Outcome.NOT_HELD, Outcome.NOT_CHECKED]
 
 
 TIMED_OUT = Refused("timed out: sequence 11 ran longer than the sequence timeout (3 s, parameter sequence_timeout_s)")
@@ -121,13 +117,13 @@ def test_a_busy_sequence_times_out_on_its_age_and_not_on_idling():
     # Wrong: no total limit (the late frame answered), or the idle limit fired instead.
     for late in (ANSWERED, EXPIRED):
         failed = sequences.busy_sequence_times_out([ANSWERED] * 5, late, 3.0, 2.0)
-        assert [part.outcome for part in failed.conditions] == [Outcome.HELD, Outcome.NOT_HELD]
+        assert outcomes(failed) == [Outcome.HELD, Outcome.NOT_HELD]
     # Wrong: the sequence lost its state before the limit.
     early = sequences.busy_sequence_times_out([ANSWERED, ANSWERED, TIMED_OUT], TIMED_OUT, 3.0, 2.0)
-    assert [part.outcome for part in early.conditions] == [Outcome.NOT_HELD, Outcome.HELD]
+    assert outcomes(early) == [Outcome.NOT_HELD, Outcome.HELD]
     # Nothing sent before the limit: whether it lived until then is not shown.
     unseen = sequences.busy_sequence_times_out([], TIMED_OUT, 3.0, 2.0)
-    assert [part.outcome for part in unseen.conditions] == [Outcome.NOT_CHECKED, Outcome.HELD]
+    assert outcomes(unseen) == [Outcome.NOT_CHECKED, Outcome.HELD]
 
 
 def compute(avg_batch: float, ms_per_frame: float, frames_per_s: float):
@@ -141,15 +137,15 @@ def test_batching_pays_on_cheaper_frames_and_is_not_checked_where_no_batch_forme
     assert pays.outcome is Outcome.HELD and pays.estimate is not None and pays.estimate.value == 36.8 / 22.0
     # Wrong: no parallel work to spare, a batch costs its frames' sum, and throughput barely moves.
     flat = sequences.batching_pays(alone, compute(4.1, 39.0, 23.0), 8, "cpu")
-    assert [part.outcome for part in flat.conditions] == [Outcome.NOT_HELD, Outcome.NOT_HELD]
+    assert outcomes(flat) == [Outcome.NOT_HELD, Outcome.NOT_HELD]
     assert "no parallel work to spare" in flat.reason
     # A gain without cheaper compute: said to come from overlapping the work around the model.
     overlapped = sequences.batching_pays(alone, compute(4.1, 39.0, 30.0), 8, "cpu")
-    assert [part.outcome for part in overlapped.conditions] == [Outcome.NOT_HELD, Outcome.HELD]
+    assert outcomes(overlapped) == [Outcome.NOT_HELD, Outcome.HELD]
     assert "overlapping the work around the model" in overlapped.reason
     # No batch formed: nothing was batched, so neither condition can be judged.
     unbatched = sequences.batching_pays(alone, compute(1.3, 39.0, 23.0), 8, "cpu")
-    assert [part.outcome for part in unbatched.conditions] == [Outcome.NOT_CHECKED] * 2
+    assert outcomes(unbatched) == [Outcome.NOT_CHECKED] * 2
     assert "no batch formed" in unbatched.conditions[0].detail
 
 
@@ -176,17 +172,17 @@ def test_evictions_break_the_oldest_and_the_log_counts_them():
     assert held.estimate is not None and held.estimate.value == 4  # of 8 sequences, 4 evicted: the number asked
     # Wrong: an unbounded cache breaks nothing at twice the capacity.
     unbounded = sequences.evictions_break_the_oldest(live(4, 4), live(8, 8), 4, 0.0)
-    assert [part.outcome for part in unbounded.conditions] == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_CHECKED]
+    assert outcomes(unbounded) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_CHECKED]
     assert "no sequence was evicted" in unbounded.conditions[2].detail
     # Wrong: sequences broken by another error, and a model that evicts without a word in its log.
     other = sequences.evictions_break_the_oldest(live(4, 4), live(8, 2, evicted=4, expired=2), 4, 0.0)
-    assert [part.outcome for part in other.conditions] == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_HELD]
+    assert outcomes(other) == [Outcome.HELD, Outcome.NOT_HELD, Outcome.NOT_HELD]
     # Wrong: a sequence broken off at the capacity.
     tight = sequences.evictions_break_the_oldest(live(4, 3, evicted=1), live(8, 4, evicted=4), 4, 4.0)
     assert tight.conditions[0].outcome is Outcome.NOT_HELD
     # No log to read here: the count is NOT CHECKED, the rest judged.
     unread = sequences.evictions_break_the_oldest(live(4, 4), live(8, 4, evicted=4), 4, math.nan)
-    assert [part.outcome for part in unread.conditions] == [Outcome.HELD, Outcome.HELD, Outcome.NOT_CHECKED]
+    assert outcomes(unread) == [Outcome.HELD, Outcome.HELD, Outcome.NOT_CHECKED]
 
 
 # ---- StatefulModel: the notebook's frames, runs, log and configs, against fakes of Triton and the lab ----

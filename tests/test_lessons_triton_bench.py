@@ -6,7 +6,7 @@ import math
 import pytest
 
 from servelab.lessons import triton_bench
-from servelab.lessons.expectations import AnswerError, Outcome
+from servelab.lessons.expectations import AnswerError, Estimate, Outcome
 from tests.helpers.lessons import outcomes, perf_run, poisson
 
 
@@ -319,3 +319,8 @@ def test_the_queue_against_the_clients_ahead_is_not_checked_where_the_server_nev
     missing = concurrency_runs((0.1, 175, 375), (25, 26, 27), (38, 38, 38))
     missing[16] = None
     assert outcomes(triton_bench.queue_is_the_clients_ahead(missing, "cpu"))[1] is Outcome.NOT_CHECKED
+
+
+def test_a_ratio_to_predict_over_nothing_is_not_measured_rather_than_an_error():
+    assert Estimate.ratio("speedup", 30.0, 20.0).value == 1.5
+    assert math.isnan(Estimate.ratio("speedup", 30.0, 0.0).value)  # a run that served nothing

@@ -64,8 +64,9 @@ def machine_gpus() -> tuple[str, ...]:
 
 
 def machine_hardware() -> str:
-    """What the models run on, in words, for the reasons the checks give: a check takes it as its
-    `hardware` argument where a test sets it, and reads it here where a notebook leaves it out."""
+    """What the models run on, in words, for the reasons the checks give: a check takes it (and
+    `machine_cores`) as its `hardware` (`cores`) argument where a test sets it, and reads it here
+    where a notebook leaves it out."""
     cores, gpus = machine_cores(), machine_gpus()
     if gpus:
         return f"{len(gpus)} GPU(s) ({', '.join(sorted(set(gpus)))}) and {cores} CPU cores"
@@ -186,6 +187,12 @@ def unless(premise: bool, why: str, judged: Condition) -> Condition:
     """`judged` where its `premise` arose in this run; else the same condition NOT CHECKED,
     with `why` and its figures."""
     return judged if premise else not_checked(judged.text, why, *judged.figures)
+
+
+def unless_each(premise: bool, why: str, *judged: Condition, shown: Sequence[Figure] = ()) -> tuple[Condition, ...]:
+    """`unless` for conditions that share one premise; NOT CHECKED, each shows `shown` where given (the
+    figures that show the premise did not arise), else its own."""
+    return tuple(item if premise else not_checked(item.text, why, *(shown or item.figures)) for item in judged)
 
 
 @dataclass(frozen=True)

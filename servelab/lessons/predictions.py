@@ -34,6 +34,11 @@ class Estimate:
     value: float
     unit: str = ""  # "x" for a ratio, else a unit: "ms", "req/s"
 
+    @classmethod
+    def ratio(cls, what: str, over: float, under: float) -> Estimate:
+        """`over` / `under`, a ratio ("x"); NaN where `under` is 0 (nothing to divide by) or not measured."""
+        return cls(what, over / under if under else math.nan, "x")
+
     def shown(self, value: float) -> str:
         return f"x{value:.3g}" if self.unit == "x" else f"{value:.3g} {self.unit}".rstrip()
 

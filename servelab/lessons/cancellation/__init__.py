@@ -1,18 +1,7 @@
 """Notebook 10 (notebooks/10_cancellation.py): requests and streams whose client has left; and its
-appendix (notebooks/appendix_triton_crash.py): Triton 2.51's cancellation race.
-
-- `checks`: notebook 10's expectations, each a function of its runs (`waste_without_cancellation`,
-  `abandoning_cuts_the_waste`, `triton_cancels_over_grpc`, `ray_drops_gone_requests`,
-  `stream_stops_at_the_next_step`);
-- `race_checks`: the appendix's expectation (`triton_cancellation_race`), a function of what the
-  race probe saw at each deadline (`RaceProbe`);
-- `experiment`: what runs the loads: notebook 10's `Experiment` (each engine under patient and
-  impatient clients, paced by `pacing`, and the inferences it computed for nobody), and the
-  appendix's race probe (`probe_server`, `cancellation_probe`); both take the notebook's Lab
-  (`LabLike`);
-- `views`: the streams' table and the probe's, and notebook 10's plots.
-
-The notebooks call them by this folder's name (`cancellation.Experiment`, `cancellation.pacing`).
+appendix (notebooks/appendix_triton_crash.py): Triton 2.51's cancellation race. `checks` judges
+notebook 10, `race_checks` the appendix (on what the race probe saw at each deadline); `experiment`
+runs both notebooks' loads through their Lab (`LabLike`); `views` holds their tables and plots.
 """
 
 from servelab.lessons.cancellation.checks import (

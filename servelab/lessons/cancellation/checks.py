@@ -28,6 +28,7 @@ from servelab.lessons.expectations import (
     figure,
     measured,
     unless,
+    unless_each,
 )
 from servelab.results import RunResult
 
@@ -40,11 +41,10 @@ def _left(run: RunResult | None, case: str) -> Figure:
     return figure(run, "cancelled", f"cancelled, {case}")
 
 
-def _if_some_left(left: Figure, case: str, judged: Condition) -> Condition:
+def _if_some_left(left: Figure, case: str, *judged: Condition) -> tuple[Condition, ...]:
     """`judged` where some client left in the run of `left`; else NOT CHECKED, saying so."""
-    return unless(
-        not left.value == 0, f"no client left {case}: there was nothing to cancel, so nothing to judge", judged
-    )
+    why = f"no client left {case}: there was nothing to cancel, so nothing to judge"
+    return unless_each(not left.value == 0, why, *judged)
 
 
 def _wasted_share(wasted: float, left: Figure, case: str) -> Estimate:
@@ -53,7 +53,7 @@ def _wasted_share(wasted: float, left: Figure, case: str) -> Estimate:
     return Estimate(f"the wasted inferences {case}, as a share of the cancelled requests", share, "%")
 
 
-def _computed_for_nobody(run: RunResult | None, wasted: float, case: str) -> Condition:
+def _computed_for_nobody(run: RunResult | None, wasted: float, case: str) -> tuple[Condition, ...]:
     """The run wasted at least half as many inferences as its clients cancelled."""
     left = _left(run, case)
     return _if_some_left(
@@ -80,8 +80,8 @@ def waste_without_cancellation(off: RunResult, on: RunResult, wasted_off: float)
     return Expectation(
         "without cancellation, the server computes answers nobody reads, and the patient clients pay",
         (
-            _computed_for_nobody(off, wasted_off, "with abandoning off"),
-            _if_some_left(
+            *_computed_for_nobody(off, wasted_off, "with abandoning off"),
+            *_if_some_left(
                 both,
                 "in one of the two runs",
                 condition(
@@ -90,10 +90,6 @@ def waste_without_cancellation(off: RunResult, on: RunResult, wasted_off: float)
                     patient_off,
                     patient_on,
                 ),
-            ),
-            _if_some_left(
-                both,
-                "in one of the two runs",
                 condition(
                     "the goodput is lower with it off than on",
                     off.throughput_rps < on.throughput_rps,
@@ -127,7 +123,7 @@ def abandoning_cuts_the_waste(off: RunResult, on: RunResult, wasted_off: float, 
                     waste_off,
                 ),
             ),
-            _if_some_left(
+            *_if_some_left(
                 left_on,
                 "with abandoning on",
                 condition(
@@ -156,8 +152,8 @@ def triton_cancels_over_grpc(http: RunResult, grpc: RunResult, wasted_http: floa
     return Expectation(
         "Triton over HTTP computes for clients who left; over gRPC the cancels reach it",
         (
-            _computed_for_nobody(http, wasted_http, "over HTTP"),
-            _if_some_left(
+            *_computed_for_nobody(http, wasted_http, "over HTTP"),
+            *_if_some_left(
                 left,
                 "over gRPC",
                 condition(
@@ -167,10 +163,6 @@ def triton_cancels_over_grpc(http: RunResult, grpc: RunResult, wasted_http: floa
                     figure(grpc, "triton_stats.cancelled_by_model", "answered CANCELLED by the model, gRPC"),
                     left,
                 ),
-            ),
-            _if_some_left(
-                left,
-                "over gRPC",
                 condition(
                     "over gRPC, the waste is under a quarter of the cancelled requests",
                     wasted_grpc < left.value / 4,
@@ -190,7 +182,7 @@ def ray_drops_gone_requests(ray: RunResult, wasted: float) -> Expectation:
     return Expectation(
         "Ray Serve drops the requests of clients who left",
         (
-            _if_some_left(
+            *_if_some_left(
                 left,
                 "from Ray Serve",
                 condition(
@@ -206,15 +198,10 @@ def ray_drops_gone_requests(ray: RunResult, wasted: float) -> Expectation:
 
 
 def stream_stops_at_the_next_step(engine: str, off: RunResult | None, on: RunResult | None) -> Expectation:
-    """Three conditions, each judged on its own figures:
-
-    1. cancellation off: the steps computed for clients who left are at least half of the steps
-       they left behind (streams left x (asked - leave_after_steps)): the server went on for nobody;
-    2. cancellation on: at most STEPS_AFTER_LEAVING steps per client who left;
-    3. the patient clients get their last step sooner with it on (p50).
-
-    Each NOT CHECKED where no client left in a run it reads.
-    """
+    """Cancellation off: the steps computed for clients who left are at least half of those they left
+    behind (streams left x (asked - leave_after_steps)); on: at most STEPS_AFTER_LEAVING per client
+    who left; and the patient clients' p50 to their last step is lower with it on. Each NOT CHECKED
+    where no client left in a run it reads."""
     wasted_off = figure(off, "steps.for_gone_clients", f"steps for clients who left, {engine}, off")
     left_off = figure(off, "cancelled", f"streams left, {engine}, off")
     asked = figure(off, "steps.asked", "steps asked per stream")
@@ -228,7 +215,7 @@ def stream_stops_at_the_next_step(engine: str, off: RunResult | None, on: RunRes
     return Expectation(
         f"{engine}: a stream whose client left stops at the next step, and the patient clients gain",
         (
-            _if_some_left(
+            *_if_some_left(
                 left_off,
                 "with cancellation off",
                 condition(
@@ -242,7 +229,7 @@ def stream_stops_at_the_next_step(engine: str, off: RunResult | None, on: RunRes
                     detail=f"{wasted_off.value / left_off.value:.1f} per client who left" if left_off.value else "",
                 ),
             ),
-            _if_some_left(
+            *_if_some_left(
                 left_on,
                 "with cancellation on",
                 condition(
@@ -253,7 +240,7 @@ def stream_stops_at_the_next_step(engine: str, off: RunResult | None, on: RunRes
                     detail=f"{wasted_on.value / left_on.value:.2f} per client who left" if left_on.value else "",
                 ),
             ),
-            _if_some_left(
+            *_if_some_left(
                 measured("streams left, in the run with fewer", min(left_off.value, left_on.value)),
                 "in one of the two runs",
                 condition(

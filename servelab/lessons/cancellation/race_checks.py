@@ -77,22 +77,14 @@ def triton_cancellation_race(
 ) -> Expectation:
     """Triton's gRPC cancellation race (fixed in `fixed_in`), probed at two deadlines on a Triton
     of `version`: the lesson's (`lesson`: clients giving up while patient ones are queued ahead of
-    them) and the service time (`at_s`: two clients alone, giving up after the latency of a
-    request alone, `alone`'s median, as their answer is often being completed). Three conditions:
-
-    1. at the service time, a larger share of the cancellations is handled as the answer completes
-       (COMPLETE or FINISH) than at the lesson's deadline, by more than twice the standard error of
-       the two shares (`_share_noise`); the wrong outcome: the deadlines reach the server at the same
-       steps, so the probe's contrast, which the race needs, is not there;
-    2. with the race (`version` < `fixed_in`), the server crashed or hung at the service time;
-       with the fix, it did not; the wrong outcome: the race missed within `probe_s`, or a fixed
-       release crashed all the same;
-    3. it did not crash at the lesson's deadline; the wrong outcome: the lesson's own deadline
-       crashes the server too.
-
-    Each is NOT CHECKED where the deadlines it reads saw no cancellation (0 cancelled; for the
-    shares, also none handled in the server's log): then the shares are meaningless, and no crash
-    says nothing of the race."""
+    them) and the service time (`at_s`: two clients alone, giving up after `alone`'s median latency,
+    as their answer is often being completed). The shares handled as the answer completes (COMPLETE
+    or FINISH) must differ by more than twice their standard error (`_share_noise`). Wrong outcomes:
+    the deadlines reach the server at the same steps (the probe's contrast, which the race needs, is
+    not there); the race missed within `probe_s`, or a fixed release crashed all the same; the
+    lesson's own deadline crashed the server too. Each condition is NOT CHECKED where the deadlines
+    it reads saw no cancellation (for the shares, also none handled in the server's log): then the
+    shares are meaningless, and no crash says nothing of the race."""
     has_race = tuple(version) < tuple(fixed_in)
     deadlines = {"at the service time": at_s, "at the lesson's deadline": lesson}
     shares = [

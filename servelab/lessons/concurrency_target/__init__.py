@@ -1,20 +1,10 @@
 """Notebook 9 (notebooks/9_concurrency_target.py): Ray Serve's concurrency target
 (`max_ongoing_requests`), its autoscaler (`target_ongoing_requests`), its queue in front of the
-replicas, and the same limits in FastAPI and Triton.
-
-- `checks_scaling`: the step loads' expectations (`scales_on_the_target`, `scaling_rules`,
-  `queue_in_front`), judged on Serve's samples of itself;
-- `checks_limits`: the predict slots and the bounded queues (`slots_need_room`,
-  `bounded_queue_refuses`, `fastapi_queues_inside`), judged on the services' own /metrics;
-- `checks_replicas`: replicas that add capacity, or stop at full cores (`replicas_add_capacity`),
-  and two nodes (`spread_over_nodes`);
-- `runs`: what the checks read: a step load (`Step`, `StepLoad`) and the figures read from runs
-  (`busy_slots`);
-- `views`: the step load's table and the slots' table;
-- `experiment`: the two-node Ray cluster on this machine (`two_node_cluster`), its report.
-
-What runs the other loads is the notebook's Lab (servelab.lab.ray_side), which this layer does not
-import. The notebook calls them by this folder's name (`concurrency_target.scaling_rules`).
+replicas, and the same limits in FastAPI and Triton. `checks_scaling` judges the step loads on
+Serve's samples of itself, `checks_limits` the predict slots and bounded queues on the services'
+own /metrics, `checks_replicas` the replicas and the two nodes; `runs` is what they read (a step
+load), `views` the tables, `experiment` the two-node Ray cluster. What runs the other loads is the
+notebook's Lab (servelab.lab.ray_side), which this layer does not import.
 """
 
 from servelab.lessons.concurrency_target.checks_limits import (

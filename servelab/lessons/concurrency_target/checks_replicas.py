@@ -40,18 +40,12 @@ def replicas_stop_at_full_cores(
     by_replicas: dict[int, RunResult], cpu_percent: dict[int, float], cores: int
 ) -> Expectation:
     """On a CPU-only machine, the same clients against 1, 2 and 3 replicas (`cpu_percent`: the
-    machine's CPU use during each run, in % of all cores):
-
-    1. with two replicas, the CPU samples read at least 95% (the cores are full; 95, not 100: the
-       samples are means over a run, which starts and ends with the cores less busy);
-    2. the third replica's gain over two stays within what the cores have left, 100% / (CPU % with
-       two), give or take 15% (the runs' noise on a shared machine, which a bare comparison would
-       let decide).
-
-    A wrong outcome: a third replica that adds 1.5x while two already filled the cores (each
-    replica counted as a machine of its own). A condition whose run is missing (no third replica
-    ran) is NOT CHECKED, with the replicas that ran.
-    """
+    machine's CPU use during each run, in % of all cores). Full cores read 95%, not 100: the samples
+    are means over a run, which starts and ends with the cores less busy; the third replica's gain
+    may exceed what the cores have left by 15%, the runs' noise on a shared machine. A wrong
+    outcome: a third replica that adds 1.5x while two already filled the cores (each replica
+    counted as a machine of its own). A condition whose run is missing is NOT CHECKED, with the
+    replicas that ran."""
     throughputs = {n: figure(by_replicas.get(n), "throughput_rps", f"{n} replica(s)") for n in (2, 3)}
     cpu = {n: measured(f"CPU % with {n} replicas", cpu_percent.get(n, math.nan), "%") for n in (2, 3)}
     ran = ", ".join(str(n) for n in sorted(by_replicas)) or "none"
@@ -97,17 +91,10 @@ def replicas_add_capacity(
 def spread_over_nodes(report: dict, requests: int) -> Expectation:
     """A two-node Ray cluster on this machine (`report`: servelab.ray.cluster's JSON), a deployment
     of two replicas at most one per node, and `requests` requests through the head node's proxy.
-    A claim about what the lab's software does, not about speed: it must hold.
-
-    1. the cluster has two nodes;
-    2. every node is on 127.0.0.1 (Ray kept on loopback);
-    3. no node holds two replicas: one on each;
-    4. every request was answered;
-    5. each node served requests.
-
-    A wrong outcome: both replicas on the head node, which then serves every request (3 and 5).
-    3 and 5 are NOT CHECKED where the cluster had fewer than two nodes: no second node to place a
-    replica on (1 says so)."""
+    A claim about what the lab's software does, not about speed: it must hold. A wrong outcome:
+    both replicas on the head node, which then serves every request. One replica per node and each
+    node serving are NOT CHECKED where the cluster had fewer than two nodes (its first condition
+    says so)."""
     nodes = report["nodes"]
     replicas = {node: len(report["replicas_by_node"].get(node, [])) for node in nodes}
     served = {node: report["requests_by_node"].get(node, 0) for node in nodes}

@@ -4,8 +4,7 @@ GPU its use), and processes.
 
 The FastAPI services time each stage of a request themselves (their /metrics, read around a run
 into `RunResult.service_stats`), so a claim about where a request's time went is judged on the
-service's own timing (`stage`), not on the client's latency alone. A check takes the machine's
-`hardware` for its reason, read where it runs unless a test gives it.
+service's own timing (`stage`), not on the client's latency alone.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from servelab.lessons.expectations import (
     measured,
     not_checked,
     unless,
+    unless_each,
 )
 from servelab.lessons.fastapi_bench.runs import CorePlans
 from servelab.measure.resources import summarize
@@ -97,8 +97,8 @@ def runtime_comparison(pytorch: RunResult, onnx: RunResult, hardware: str | None
         f"Runtime by the services' own timing, of medians of {pt_p50.value:.1f} and {onnx_p50.value:.1f} ms: "
         "the rest of a request (HTTP, JSON, base64 and JPEG decoding, preprocessing) costs the same in both, "
         "and where the model call is a small part of it, the runtime cannot change much",
-        estimate=Estimate(
-            "PyTorch's median latency over ONNX Runtime's, one request at a time", pt_p50.value / onnx_p50.value, "x"
+        estimate=Estimate.ratio(
+            "PyTorch's median latency over ONNX Runtime's, one request at a time", pt_p50.value, onnx_p50.value
         ),
     )
 
@@ -133,7 +133,7 @@ def queueing_under_load(alone: RunResult, loaded: RunResult, slots: int, hardwar
                 alone_rate,
                 detail=f"{busy_rate.value / alone_rate.value:.2f}x",
             ),
-            unless(
+            *unless_each(
                 can_queue,
                 room,
                 condition(
@@ -144,10 +144,6 @@ def queueing_under_load(alone: RunResult, loaded: RunResult, slots: int, hardwar
                     inference,
                     detail=f"{in_use:.2f} of {slots} slot(s) in use on average",
                 ),
-            ),
-            unless(
-                can_queue,
-                room,
                 condition(
                     "more than half of the mean latency is waiting for a slot, by the service's own timing",
                     waiting > 0.5,
@@ -162,8 +158,8 @@ def queueing_under_load(alone: RunResult, loaded: RunResult, slots: int, hardwar
         f"{slot_wait.value:.1f} ms of the {mean.value:.1f} ms mean: where the slots idle, the decoding ahead of "
         "them (and the load generator on the same cores) did not keep up; where the wait is short, the time went "
         "to the stages themselves, stretched by sharing the cores",
-        estimate=Estimate(
-            f"the requests per second of {senders} senders, over one at a time", busy_rate.value / alone_rate.value, "x"
+        estimate=Estimate.ratio(
+            f"the requests per second of {senders} senders, over one at a time", busy_rate.value, alone_rate.value
         ),
     )
 

@@ -1,8 +1,6 @@
 """Notebook 4's checks of its thread plans (inference slots x threads per inference, the plans of
 servelab.lessons.fastapi_bench.runs.CorePlans), each plan run alone and under load: crowded threads
 are slower, every core serves one request faster, and the default is near the best.
-
-Each takes the machine's `hardware` for its reason, read where the check runs unless a test gives it.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from servelab.lessons.expectations import (
     figure,
     machine_hardware,
     unless,
+    unless_each,
 )
 from servelab.lessons.fastapi_bench.checks import stage
 from servelab.lessons.fastapi_bench.runs import CorePlans
@@ -49,22 +48,16 @@ def crowded_threads_are_slower(
         f"with {plans.crowded_slots} slots, {plans.cores} threads each (more busy threads than cores) are slower "
         "under load than 1 each",
         (
-            unless(
+            *unless_each(
                 not gpu,
                 gpu,
                 condition("a higher median latency", crowded_p50.value > fitting_p50.value, crowded_p50, fitting_p50),
-            ),
-            unless(
-                not gpu,
-                gpu,
                 condition("a lower throughput", crowded_rate.value < fitting_rate.value, crowded_rate, fitting_rate),
             ),
         ),
         reason=f"on {hardware}, the model on {device}, the crowded plan's extra threads found cores to run on",
-        estimate=Estimate(
-            f"the requests per second under load of {crowded}, over {fitting}",
-            crowded_rate.value / fitting_rate.value,
-            "x",
+        estimate=Estimate.ratio(
+            f"the requests per second under load of {crowded}, over {fitting}", crowded_rate.value, fitting_rate.value
         ),
     )
 
@@ -102,8 +95,8 @@ def every_core_serves_one_faster(
         reason=f"on {hardware}, the model on {device}, the model call itself took {infer[every_core]:.1f} ms with "
         f"{cores} threads and {infer[one_core]:.1f} ms with 1, by the service's own timing: where the threads "
         "gained little on one image, the rest of the request decided",
-        estimate=Estimate(
-            f"one request's median with {cores} threads, over 1 thread", all_cores.value / one_thread.value, "x"
+        estimate=Estimate.ratio(
+            f"one request's median with {cores} threads, over 1 thread", all_cores.value, one_thread.value
         ),
     )
 
@@ -130,7 +123,7 @@ def default_near_the_best(
     return Expectation(
         "the default (a slot per core, one thread each) is within 15% of the best plan, alone and under load",
         (
-            unless(
+            *unless_each(
                 not gpu,
                 gpu,
                 condition(
@@ -140,10 +133,6 @@ def default_near_the_best(
                     best_p50,
                     detail=f"x{default_alone.value / best_p50.value:.2f}",
                 ),
-            ),
-            unless(
-                not gpu,
-                gpu,
                 condition(
                     "under load: a throughput within 15% of the best plan's",
                     default_loaded.value >= best_rate.value / 1.15,
@@ -156,9 +145,9 @@ def default_near_the_best(
         reason=f"the same default plan served one request at a time in {earlier_p50_ms:.1f} ms (median) earlier "
         f"in this notebook and in {default_alone.value:.1f} ms here: on {hardware}, the model on {device}, runs "
         "move that much between measurements",
-        estimate=Estimate(
+        estimate=Estimate.ratio(
             "the default plan's requests per second under load, over the best plan's",
-            default_loaded.value / best_rate.value,
-            "x",
+            default_loaded.value,
+            best_rate.value,
         ),
     )

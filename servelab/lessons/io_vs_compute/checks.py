@@ -7,7 +7,16 @@ D and S are the service's own mean download and inference times (its /metrics ar
 
 from __future__ import annotations
 
-from servelab.lessons.expectations import Estimate, Expectation, Figure, condition, figure, measured, unless
+from servelab.lessons.expectations import (
+    Estimate,
+    Expectation,
+    Figure,
+    condition,
+    figure,
+    measured,
+    unless,
+    unless_each,
+)
 from servelab.results import RunResult
 
 
@@ -19,18 +28,13 @@ def stage(run: RunResult | None, name: str, label: str):
 def slot_holds_only_inference(
     inside: dict[int, RunResult], outside: dict[int, RunResult], enough: int, latency_ms: float, hardware: str
 ) -> Expectation:
-    """With a download of `latency_ms`, one slot, runs by number of senders for each design:
-
-    1. inside the slot, more senders only lengthen the queue: from the fewest senders above one to
-       the most, the throughput changes by less than 15% (the slot is the limit);
-    2. outside the slot, the most senders go above 1 / (D + S), the inside design's limit;
-    3. outside the slot, `enough` senders keep the slot busy at least 70% of the time
-       (throughput x (P + S), by Little's law on the slot, which decodes its photo P, then infers S);
-    4. with the most senders, a request waits longer for the slot when the download is inside it.
-
-    2 and 4 compare the designs, and are NOT CHECKED where the download took under a tenth of an
-    inference (D < S / 10): inside or outside the slot, it then cannot move the limit.
-    """
+    """With a download of `latency_ms`, one slot, runs by number of senders for each design (inside
+    the slot, `inside`; outside it, `outside`). Inside, more senders only lengthen the queue (the
+    slot is the limit, within 15%); outside, the most senders go above the inside design's limit,
+    1 / (D + S), and `enough` senders keep the slot busy (throughput x (P + S), by Little's law on
+    the slot, which decodes its photo P, then infers S). The two comparisons of the designs are NOT
+    CHECKED where the download took under a tenth of an inference (D < S / 10): inside or outside
+    the slot, it then cannot move the limit."""
     few, top = sorted(c for c in inside if c > 1)[0], max(inside)
     rate_few, rate_top = (
         figure(inside[few], "throughput_rps", f"inside, {few}"),
@@ -108,10 +112,10 @@ def slot_holds_only_inference(
             else f"; on {hardware}, the downloads, the decoding and the load generator share the cores with the "
             "inference (a hypothesis: this run does not measure their share)"
         ),
-        estimate=Estimate(
+        estimate=Estimate.ratio(
             f"the requests per second of {top} senders with the download outside the slot, over inside it",
-            rate_out.value / rate_top.value,
-            "x",
+            rate_out.value,
+            rate_top.value,
         ),
     )
 
@@ -124,23 +128,18 @@ def queued_waits(sent: int, slots: int) -> float:
 
 def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure | float) -> Expectation:
     """`sent` requests by URL sent at once to a service with `slots` predict slots (its /health's
-    figure, or the number it said, as the figure "slots"), judged on the service's own counts and
-    means (D, decoding P, slot wait W, S). The mean W of requests that each wait for
-    floor(i / slots) inferences is S x `queued_waits` (the expected wait, E):
-
-    1. all `sent` were downloaded, preprocessed and inferred;
-    2. those beyond the slots waited for one: W is at least half of E (wrong: more than `slots`
-       inferring at once, so nobody waits);
-    3. they waited for inferences, not for downloads: W is below (S + D / 2) x `queued_waits`,
-       closer to E than to what holding the downloads behind the slots gives, (D + P + S) x
-       `queued_waits` (wrong: only `slots` downloading and preprocessing at once).
-
-    With no more requests than slots nobody has to wait: 2 and 3 are NOT CHECKED.
+    figure, or the number it said), judged on the service's own counts and means (D, decoding P,
+    slot wait W, S). Requests that each wait for floor(i / slots) inferences wait E = S x
+    `queued_waits` on average. Wrong outcomes: more than `slots` inferring at once (W under E / 2:
+    nobody waited), or only `slots` downloading and preprocessing at once (W at least (S + D / 2) x
+    `queued_waits`, toward the (D + P + S) x `queued_waits` of downloads held behind the slots).
+    With no more requests than slots nobody has to wait: both NOT CHECKED.
 
     Counts and means cannot show the peak number inferring, and W also holds the event loop's delay
     in handing decoded requests to the slots: on a busy machine that alone can come near S / 2
-    (measured on 2 shared cores: W 37 ms, S 87 ms, 10 requests on 10 slots), so 2 catches more than
-    `slots` inferring only where that delay is small; the slots' pool of `slots` threads bounds them.
+    (measured on 2 shared cores: W 37 ms, S 87 ms, 10 requests on 10 slots), so W >= E / 2 catches
+    more than `slots` inferring only where that delay is small; the slots' pool of `slots` threads
+    bounds them.
     """
     counts = [
         stage_count(burst, name, label)
@@ -160,7 +159,7 @@ def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure | floa
                 all(count.value == sent for count in counts),
                 *counts,
             ),
-            unless(
+            *unless_each(
                 sent > n,
                 nobody_waits,
                 condition(
@@ -171,10 +170,6 @@ def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure | floa
                     slots,
                     detail=f"S x {share:.2f} = {expected:.1f} ms",
                 ),
-            ),
-            unless(
-                sent > n,
-                nobody_waits,
                 condition(
                     f"they waited for inferences, not for downloads: W below (S + D / 2) x {share:.2f}",
                     wait.value < held_bound,

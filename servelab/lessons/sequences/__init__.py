@@ -1,15 +1,7 @@
 """Notebook 11 (notebooks/11_stateful_sequences.py): stateful models and Triton's sequence batcher.
-
-- `checks`: the batcher's strategies and their cost (`batcher_merges_sequences`, `batching_pays`,
-  `where_a_frame_waits`, `evictions_break_the_oldest`), and the sequences that end idle,
-  cancelled or too long (`idle_and_cancelled_sequences`, `busy_sequence_times_out`, `refusal`);
-- `experiment`: `StatefulModel`, the notebook's way of talking to the stateful model (frames by
-  hand, runs of live sequences, the model's log, a config tried for a while), through the Lab
-  (`SequenceLab`);
-- `views`: a frame's answer in one line (`describe`).
-
-Each check is a function of the runs and answers, judged on Triton's statistics or the specific
-refusal. The notebook calls them by this folder's name (`sequences.batching_pays`).
+`checks` judges the batcher's strategies and the sequences that end idle, cancelled or too long, on
+Triton's statistics or the specific refusal; `experiment` is `StatefulModel`, the notebook's way of
+talking to the stateful model through its Lab (`SequenceLab`); `views` a frame's answer in one line.
 """
 
 from servelab.lessons.sequences.checks import (

@@ -6,13 +6,9 @@ and the sequences Triton or the model ends, judged on the specific refusal of a 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-from servelab.lessons.expectations import Estimate, Expectation, condition, figure, measured, unless
+from servelab.lessons.expectations import Estimate, Expectation, condition, figure, measured, unless, unless_each
 from servelab.results import RunResult, SequenceRunResult
-
-if TYPE_CHECKING:
-    pass
 
 
 def batcher_merges_sequences(oldest: RunResult | None, direct: RunResult | None, sequences: int) -> Expectation:
@@ -59,7 +55,7 @@ def batching_pays(alone: RunResult | None, batched: RunResult | None, sequences:
     return Expectation(
         "batching across sequences pays: cheaper frames in a batch, more frames per second",
         (
-            unless(
+            *unless_each(
                 not average.value < 2,
                 no_batch,
                 condition(
@@ -68,10 +64,6 @@ def batching_pays(alone: RunResult | None, batched: RunResult | None, sequences:
                     in_batch,
                     single,
                 ),
-            ),
-            unless(
-                not average.value < 2,
-                no_batch,
                 condition(
                     f"{sequences} sequences serve at least 1.2x the frames per second of one at a time",
                     gain >= 1.2,
@@ -151,15 +143,13 @@ def evictions_break_the_oldest(
 def where_a_frame_waits(
     alone: RunResult | None, batched: RunResult | None, sequences: int, max_queue_delay_us: float
 ) -> Expectation:
-    """Triton's queue time per frame (its statistics, not the client's latency) has two parts: the
-    wait for companions, up to the batcher's `max_queue_delay_us`, and the wait for the instance
-    to finish the execution running when the frame arrived. A frame of a sequence alone never gets
-    a companion, so it waits the whole delay, and no more (0.8x to 1.5x of it). With `sequences`
-    live sequences, all fitting one batch, a frame waits at most the one execution before it
-    (the compute time of a frame's execution, input to output) plus the delay: it is not held for
-    several rounds. Plausible wrong outcomes: a lone frame sent at once (the batcher ignoring its
-    delay), or frames of the batched run queued behind a backlog of executions. The bound on the
-    lone wait is NOT CHECKED where the config has no delay to wait for."""
+    """Triton's queue time per frame (its statistics, not the client's latency): the wait for companions,
+    up to the batcher's `max_queue_delay_us`, then for the execution running when the frame arrived. A
+    lone frame never gets a companion, so it waits out the whole delay (0.8x to 1.5x of it); with
+    `sequences` live sequences, all fitting one batch, a frame waits at most one execution (input to
+    output) plus the delay, not several rounds. Plausible wrong outcomes: a lone frame sent at once
+    (the batcher ignoring its delay), or frames queued behind a backlog of executions. The lone wait
+    is NOT CHECKED where the config has no delay to wait for."""
     queue_alone = figure(alone, "triton_stats.avg_queue_us", "queue per frame, 1 sequence")
     queue_batched = figure(batched, "triton_stats.avg_queue_us", f"queue per frame, {sequences} sequences")
     delay = measured("max_queue_delay_microseconds (config)", max_queue_delay_us, "us")

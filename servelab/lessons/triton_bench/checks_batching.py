@@ -14,7 +14,7 @@ from servelab.lessons.expectations import (
     machine_hardware,
     measured,
     not_checked,
-    unless,
+    unless_each,
 )
 from servelab.lessons.triton_bench.checks_capacity import NOT_MEASURED
 from servelab.results import RunResult
@@ -71,10 +71,8 @@ def batching_shortens_the_queue(
         reason=_why_the_queue_stayed(longer[0], without, with_batching, hardware or machine_hardware())
         if longer
         else "",
-        estimate=Estimate(
-            f"the time in the queue at {highest} with batching, as a share of it without",
-            wait_on.value / wait_off.value if wait_off.value else NOT_MEASURED,
-            "x",
+        estimate=Estimate.ratio(
+            f"the time in the queue at {highest} with batching, as a share of it without", wait_on.value, wait_off.value
         ),
     )
 
@@ -153,7 +151,7 @@ def batching_keeps_latency_flat(
     return Expectation(
         "with dynamic batching on, latency stays roughly flat as the rate grows",
         (
-            unless(
+            *unless_each(
                 off_at_high is None or queued,
                 why,
                 condition(
@@ -163,10 +161,6 @@ def batching_keeps_latency_flat(
                     on_high,
                     detail=f"x{growth_on:.2f}",
                 ),
-            ),
-            unless(
-                off_at_high is None or queued,
-                why,
                 condition(
                     "with batching, the mean grows less than without",
                     growth_on < growth_off,

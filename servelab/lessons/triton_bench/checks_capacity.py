@@ -4,10 +4,6 @@ against the Python-backend one and more instances of it (notebook 7, section 1).
 the model costs are judged on Triton's own statistics (perf_analyzer's server-side breakdown),
 never on the client's latency, which also counts uploads and the network. `MARGIN`, the noise
 between two runs of one setting, serves the other checks too.
-
-Each check's `hardware` and `cores`, which its reason names, are read from the machine where a
-notebook leaves them out (servelab.lessons.expectations.machine_hardware, machine_cores); the
-tests give them.
 """
 
 from __future__ import annotations
@@ -218,9 +214,9 @@ def onnx_beats_python(onnx: RunResult | None, python: RunResult | None, hardware
         f"{python_compute:.1f} ms (decoding the JPEG included) and {python_ms.value - python_compute:.1f} ms for "
         f"the Python-backend model: each ONNX request carries {ONNX_INPUT_BYTES / 1000:.0f} KB of float32 pixels "
         "instead of a compressed JPEG",
-        estimate=Estimate(
+        estimate=Estimate.ratio(
             "the ONNX model's speedup at one client (the Python mean over the ONNX mean)",
-            python_ms.value / onnx_ms.value,
-            "x",
+            python_ms.value,
+            onnx_ms.value,
         ),
     )

@@ -1,8 +1,7 @@
 """The checks of queueing: the time in Triton's queue as clients are added, the clients ahead of
 a request (notebook 6, section 1), and Poisson arrivals against evenly spaced ones (notebook 7,
 section 3). Judged on Triton's own statistics (perf_analyzer's server-side breakdown: queue,
-compute infer). `hardware` and `cores`, which the reasons name, are read from the machine where a
-notebook leaves them out.
+compute infer).
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import math
 
 from servelab.lessons.expectations import (
-    Condition,
     Estimate,
     Expectation,
     condition,
@@ -18,6 +16,7 @@ from servelab.lessons.expectations import (
     machine_cores,
     machine_hardware,
     not_checked,
+    unless_each,
 )
 from servelab.lessons.triton_bench.checks_capacity import MARGIN
 from servelab.results import RunResult
@@ -37,17 +36,14 @@ def queueing_grows(
     runs: dict[int, RunResult | None], hardware: str | None = None, cores: int | None = None
 ) -> Expectation:
     """The Python-backend model, one instance, at 1, 8 and 16 clients (`runs`, by client count):
-    each added client puts one more request ahead of the others, so the time in Triton's queue
-    grows from 1 to 8 clients, and again from 8 to 16, each time by more than one compute time;
-    while compute infer stays within 50% of its lowest value.
-
-    The wrong outcome it fails: the time moves into compute instead of the queue (a server that
-    runs the requests together, so that each computes longer; or perf_analyzer and the model
-    fighting over the cores), or a queue that does not grow with the clients. Its premise: at
-    the most clients, Triton held several requests at once (SEVERAL_IN_SERVER, by `in_server`).
-    Where it held fewer, the load generator never had a second request at the server, nothing
-    could queue, and every condition is NOT CHECKED, with the figures that show it; so is each
-    one whose run is missing (None)."""
+    each added client puts one more request ahead of the others, so the time in Triton's queue grows
+    by more than one compute time at each step, while compute infer stays within 50% of its lowest.
+    The wrong outcome it fails: the time moves into compute instead of the queue (a server that runs
+    the requests together; or perf_analyzer and the model fighting over the cores), or a queue that
+    does not grow. Its premise: at the most clients, Triton held several requests at once
+    (SEVERAL_IN_SERVER, by `in_server`); where it held fewer, the load generator never had a second
+    request at the server, and every condition is NOT CHECKED with the figures that show it; so is
+    each one whose run is missing."""
     hardware, cores = hardware or machine_hardware(), cores or machine_cores()
     fewest, middle, most = sorted(runs)
     queue = {count: figure(runs[count], "server_ms(queue)", f"queue at c={count}") for count in runs}
@@ -62,41 +58,33 @@ def queueing_grows(
         "generator never had a second request at the server, so nothing could queue"
     )
     shown = (figure(busiest, "throughput_rps", f"throughput at c={most}"), queue[most], infer[most])
-
-    def if_loaded(judged: Condition) -> Condition:
-        return judged if premise else not_checked(judged.text, why, *shown)
-
     # A bare `<` passes on a queue that stays at ~0 ms and differs by noise (0.01 against 0.02 ms):
     # each step adds 7 or 8 clients, about that many compute times of queue; one is the margin.
     grows = [
-        if_loaded(
-            condition(
-                f"from {low} to {high} clients, the time in Triton's queue grows by more than one compute time of "
-                "a request alone",
-                queue[high].value - queue[low].value > step.value,
-                queue[low],
-                queue[high],
-                step,
-                detail=f"+{(queue[high].value - queue[low].value) / step.value:.1f} compute times",
-            )
+        condition(
+            f"from {low} to {high} clients, the time in Triton's queue grows by more than one compute time of "
+            "a request alone",
+            queue[high].value - queue[low].value > step.value,
+            queue[low],
+            queue[high],
+            step,
+            detail=f"+{(queue[high].value - queue[low].value) / step.value:.1f} compute times",
         )
         for low, high in ((fewest, middle), (middle, most))
     ]
     spread = max(computes) / min(computes)
-    flat = if_loaded(
-        condition(
-            "compute infer stays within 50% of its lowest value",
-            spread <= 1.5,
-            *infer.values(),
-            detail=f"highest / lowest = {spread:.2f}",
-        )
+    flat = condition(
+        "compute infer stays within 50% of its lowest value",
+        spread <= 1.5,
+        *infer.values(),
+        detail=f"highest / lowest = {spread:.2f}",
     )
     waiting = busiest.throughput_rps * busiest.server_ms("queue") / 1000 if busiest is not None else math.nan
     measured_at = [count for count in runs if math.isfinite(infer[count].value)] or [fewest]
     low, high = (pick(measured_at, key=lambda count: infer[count].value) for pick in (min, max))
     return Expectation(
         "queueing delay grows with concurrency while compute infer stays about the same",
-        (*grows, flat),
+        unless_each(premise, why, *grows, flat, shown=shown),
         reason=f"perf_analyzer and the server share {hardware} ({cores} cores): compute infer ranged from "
         f"{infer[low].value:.1f} ms at c={low} to {infer[high].value:.1f} ms at c={high} (a hypothesis, not "
         "measured here: perf_analyzer's own work, the model's decoding of the images and the machine's other work "
@@ -119,14 +107,11 @@ AHEAD_FACTOR = 1.5
 def queue_is_the_clients_ahead(runs: dict[int, RunResult | None], hardware: str | None = None) -> Expectation:
     """The one-instance sweep (`runs`, by client count c): a request finds the c - 1 other clients'
     requests ahead of it, so its time in Triton's queue is (c - 1) x the compute time of that run,
-    within AHEAD_FACTOR either way.
-
-    The wrong outcomes it fails: a queue near zero while compute grows (the server runs requests
-    together), or a queue far longer than the clients ahead explain. One client has nothing ahead
-    (no factor of zero can be judged): only runs of two or more clients are judged, and with none
-    the check is NOT CHECKED. Also NOT CHECKED: a run where Triton held fewer than
-    SEVERAL_IN_SERVER requests at a time (the load generator, not the server, held them), and a
-    missing run (None)."""
+    within AHEAD_FACTOR either way. The wrong outcomes it fails: a queue near zero while compute
+    grows (the server runs requests together), or a queue far longer than the clients ahead
+    explain. Only runs of two or more clients are judged (one has nothing ahead; with none, NOT
+    CHECKED), each NOT CHECKED where Triton held fewer than SEVERAL_IN_SERVER requests at a time or
+    its run is missing."""
     hardware = hardware or machine_hardware()
     crowded = {clients: run for clients, run in sorted(runs.items()) if clients > 1}
     conditions = []
@@ -206,28 +191,24 @@ def poisson_queues_more(
         f"{QUEUE_NOISE:.0%} of a {compute.value:.2f} ms compute time, so neither can queue more than the other"
     )
 
-    def if_queued(judged: Condition) -> Condition:
-        return judged if queued else not_checked(judged.text, why, *shown)
-
     busy = rate * compute.value / 1000
     return Expectation(
         f"at {rate:g} req/s, Poisson arrivals queue more than constant arrivals",
-        (
-            if_queued(
-                condition(
-                    f"a request waits longer in Triton's queue, by more than {QUEUE_NOISE:.0%} of a compute time",
-                    waits["poisson"].value - waits["constant"].value > noise,
-                    *shown,
-                )
+        unless_each(
+            queued,
+            why,
+            condition(
+                f"a request waits longer in Triton's queue, by more than {QUEUE_NOISE:.0%} of a compute time",
+                waits["poisson"].value - waits["constant"].value > noise,
+                *shown,
             ),
-            if_queued(
-                condition(
-                    f"the slow tail (p95) is more than {MARGIN:.0%} longer",
-                    tails["poisson"].value > (1 + MARGIN) * tails["constant"].value,
-                    *tails.values(),
-                    detail=f"x{tails['poisson'].value / tails['constant'].value:.2f}",
-                )
+            condition(
+                f"the slow tail (p95) is more than {MARGIN:.0%} longer",
+                tails["poisson"].value > (1 + MARGIN) * tails["constant"].value,
+                *tails.values(),
+                detail=f"x{tails['poisson'].value / tails['constant'].value:.2f}",
             ),
+            shown=shown,
         ),
         reason=f"at {rate / capacity_rps:.0%} of capacity (the instance computing {busy:.0%} of the time) clumps "
         f"that find it busy are rare, and the load generator shares {hardware} ({cores} cores) with the server, so "
