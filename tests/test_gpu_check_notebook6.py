@@ -23,6 +23,7 @@ from servelab.triton.models import ModelRepository
 from servelab.triton.server import served_config
 from tests.helpers import synthetic_run
 from tests.helpers.bare_machine import bare_machine_environment, bare_machine_records
+from tests.helpers.gpu_check_table import table_of
 
 
 @pytest.mark.parametrize("gpus, kind", [(1, "KIND_GPU"), (0, "KIND_CPU")])
@@ -68,11 +69,7 @@ def test_a_claims_reason_is_said_whether_it_held_or_not_and_once():
 
 
 def read_table(stdout: str) -> dict[str, dict[str, str]]:
-    """The report's table, one dict per run by heading, by run name."""
-    lines = [line for line in stdout.splitlines() if line.startswith("|")]
-    headings = [cell.strip() for cell in lines[0].strip("|").split(" | ")]
-    rows = [dict(zip(headings, (c.strip() for c in line.strip("|").split(" | ")), strict=True)) for line in lines[2:]]
-    return {row["run"]: row for row in rows}
+    return {row["run"]: row for row in table_of(stdout)}
 
 
 @pytest.mark.integration
