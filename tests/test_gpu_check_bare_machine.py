@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -26,7 +25,7 @@ from tests.helpers.bare_machine import (
     carried_wheels,
     lacking_on_a_bare_gpu_machine,
 )
-from tests.helpers.gpu_check_table import CEILING, table_of
+from tests.helpers.gpu_check_table import CEILING, rows_by, table_of
 
 # A run of the check takes 1 to 3 minutes on 2 idle cores, more on a busy machine: the limit ends a hang.
 pytestmark = pytest.mark.timeout(900)
@@ -60,32 +59,23 @@ def test_without_a_gpu_it_stops_at_once_saying_what_each_source_saw(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@dataclass
-class CpuCheck:
-    """The whole check's one run on the CPU, and the folder that holds its output and import records."""
-
-    run: subprocess.CompletedProcess
-    folder: Path
-
-    def rows(self) -> dict[str, dict[str, str]]:
-        return {row["service"]: row for row in table_of(self.run.stdout)}
-
-
 @pytest.fixture(scope="module")
-def cpu_check(tmp_path_factory, built_artifacts) -> CpuCheck:
-    """Every service at every concurrency, as `make test-gpu` runs them, with --device cpu. tritonclient and
-    pytriton (its tritonserver) travel to such a machine in scripts/gpu_check_wheels.sh's triton-server.tar.xz."""
+def cpu_check(tmp_path_factory, built_artifacts) -> tuple[subprocess.CompletedProcess, Path]:
+    """The run, and the folder of its output and import records: every service at every concurrency, as `make
+    test-gpu` runs them, on the CPU. tritonclient and pytriton (its tritonserver) travel to a bare GPU machine
+    in scripts/gpu_check_wheels.sh's triton-server.tar.xz."""
     folder = tmp_path_factory.mktemp("cpu-check")
     env = bare_machine_environment(folder, also_there=frozenset({"tritonclient", "pytriton"}))
-    checked = run_check("--device cpu --seconds 1 --warmup 0.5", folder / "out", env, 840)
+    checked = run_check("--device cpu --seconds 0.5 --warmup 0.25", folder / "out", env, 840)
     assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
-    return CpuCheck(checked, folder)
+    return checked, folder
 
 
 @pytest.mark.integration
 def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(cpu_check):
-    assert "nothing on a GPU was checked" in cpu_check.run.stdout
-    rows = cpu_check.rows()
+    checked, folder = cpu_check
+    assert "nothing on a GPU was checked" in checked.stdout
+    rows = rows_by(checked.stdout, "service")
     assert set(rows) == {"fastapi_pt", "fastapi_onnx", "naive/pytorch", "triton/food_classifier", "all services"}
     for name in ("fastapi_pt", "fastapi_onnx"):
         assert rows[name]["runs on (its own report)"] == "cpu"
@@ -96,17 +86,16 @@ def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(c
         assert rows[name]["GPU memory (MiB)"] == "-"
     assert rows["fastapi_pt"][CEILING].startswith("pytorch: ")
     assert rows["fastapi_onnx"][CEILING].startswith("onnxruntime: ")
-    out = cpu_check.folder / "out"
-    (written,) = out.glob("gpu-check-*.md")
-    assert table_of(written.read_text().split("## Every run")[0]) == table_of(cpu_check.run.stdout)
-    record = json.loads(next(out.glob("gpu-check-*.json")).read_text())
+    (written,) = (folder / "out").glob("gpu-check-*.md")
+    assert table_of(written.read_text().split("## Every run")[0]) == table_of(checked.stdout)
+    record = json.loads(next((folder / "out").glob("gpu-check-*.json")).read_text())
     assert {result["name"] for result in record["results"]} >= {"fastapi_pt", "fastapi_onnx", "in-process/pytorch"}
     assert record["metadata"]["services"]["fastapi_pt"]["verdict"] == PASS
 
 
 @pytest.mark.integration
 def test_triton_is_checked_with_the_server_and_client_carried_there(cpu_check):
-    triton = cpu_check.rows()["triton/food_classifier"]
+    triton = rows_by(cpu_check[0].stdout, "service")["triton/food_classifier"]
     assert triton["runs on (its own report)"] == "cpu"
     assert triton["verdict"].startswith("PASS: 1 instance(s) on the CPU as asked")
     for concurrency in (1, 16, 64):
@@ -117,13 +106,13 @@ def test_triton_is_checked_with_the_server_and_client_carried_there(cpu_check):
 
 @pytest.mark.integration
 def test_every_process_the_check_starts_imports_only_a_bare_gpu_machine_s_packages_and_ends(cpu_check):
-    commands = bare_machine_records(cpu_check.folder / "imports")
+    records = cpu_check[1] / "imports"
+    commands = bare_machine_records(records)
     kinds = ["-m servelab.loadgen.processes", "-m uvicorn app:app", "servelab.measure.inprocess"]
     kinds.append("-m servelab.bench.gpu_check ")  # the check itself
     for kind in kinds:
         assert any(kind in command for command in commands), f"no process of {kind} recorded: {list(commands)}"
-    records = (cpu_check.folder / "imports").glob("*.txt")
-    assert [int(path.stem) for path in records if psutil.pid_exists(int(path.stem))] == [], "every one has ended"
+    assert [int(path.stem) for path in records.glob("*.txt") if psutil.pid_exists(int(path.stem))] == [], "all ended"
 
 
 # An NVIDIA driver's nvidia-smi with a P100 that nothing here can use: PyTorch and ONNX Runtime run on the CPU.
@@ -157,7 +146,7 @@ def test_on_a_gpu_the_runtimes_cannot_use_pytorch_fails_saying_why_and_onnx_runt
     assert "Machine: Tesla P100-PCIE-16GB (16384 MiB), driver 535.183.01" in checked.stdout
     assert "nvidia-smi: Tesla P100-PCIE-16GB (driver 535.183.01)" in checked.stdout
     assert "On the GPU." in checked.stdout
-    rows = {row["service"]: row for row in table_of(checked.stdout)}
+    rows = rows_by(checked.stdout, "service")
     assert rows["fastapi_pt"]["runs on (its own report)"] == "cpu"
     assert rows["fastapi_pt"]["verdict"].startswith("FAIL: on cpu instead of the GPU: ")
     assert rows["fastapi_onnx"]["verdict"].startswith("CPU: this ONNX Runtime has no CUDA provider")

@@ -10,3 +10,8 @@ def table_of(stdout: str) -> list[dict[str, str]]:
     lines = [line for line in stdout.splitlines() if line.startswith("|")]
     headings = [cell.strip() for cell in lines[0].strip("|").split(" | ")]
     return [dict(zip(headings, (c.strip() for c in line.strip("|").split(" | ")), strict=True)) for line in lines[2:]]
+
+
+def rows_by(stdout: str, heading: str) -> dict[str, dict[str, str]]:
+    """The table in `stdout`, each row by its cell under `heading`."""
+    return {row[heading]: row for row in table_of(stdout)}
