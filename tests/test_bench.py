@@ -32,7 +32,7 @@ from tests.helpers import until
 
 # The quick profile's steps, each half as long: every window, ceiling and agreement run still measures.
 PROFILE = replace(PROFILES["quick"], name="test", duration_s=1.0, warmup_s=0.25)
-# The benchmark, which the first test's setup runs, takes about 2 minutes on 2 idle cores and more on a
+# The benchmark, which the first test's setup runs, takes 2 to 3 minutes on 2 idle cores and more on a
 # busy machine: the limit is there to end a hang, not to judge its speed (pyproject's 300 s).
 pytestmark = pytest.mark.timeout(900)
 
