@@ -1,4 +1,4 @@
-"""The headline benchmark's quick profile, end to end against the real local services.
+"""The headline benchmark, its quick profile's steps made shorter, end to end against the real local services.
 
 This proves the pipeline works and its numbers are sane (non-zero, no errors, every row, ceiling,
 target and plot present). It asserts no speed: that is what `make bench` reports, not what a
@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import psutil
 import pytest
@@ -20,6 +21,7 @@ import requests
 from servelab.bench import goals, lone
 from servelab.bench import report as bench_report
 from servelab.bench import run as bench
+from servelab.bench.agreement import agreement_gaps
 from servelab.loadgen.processes import SATURATED_PERCENT
 from servelab.measure.ceilings import sweep_points
 from servelab.profiles import PROFILES
@@ -28,24 +30,26 @@ from servelab.results import LatencySummary, RunResult, load_results
 from servelab.service.cores import available_cores
 from tests.helpers import until
 
-# The quick benchmark, which the first test's setup runs, takes about 3 minutes on 2 idle cores and
-# more on a busy machine: the limit is there to end a hang, not to judge its speed (pyproject's 300 s).
+# The quick profile's steps, each half as long: every window, ceiling and agreement run still measures.
+PROFILE = replace(PROFILES["quick"], name="test", duration_s=1.0, warmup_s=0.25)
+# The benchmark, which the first test's setup runs, takes 2 to 3 minutes on 2 idle cores and more on a
+# busy machine: the limit is there to end a hang, not to judge its speed (pyproject's 300 s).
 pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
-def quick_report(model_servers, ports, tmp_path_factory):
+def report_dir(model_servers, ports, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("bench")
     pids = model_servers.pids()
-    return bench.run_benchmark("quick", out_dir=out_dir, endpoints=bench.Endpoints.of(ports), server_pids=pids)
+    return bench.run_benchmark(PROFILE, out_dir=out_dir, endpoints=bench.Endpoints.of(ports), server_pids=pids)
 
 
 @pytest.mark.integration
-def test_every_setup_and_reference_is_measured_without_errors(quick_report):
-    results, _ = load_results(quick_report / "results.json")
-    busiest = max(PROFILES["quick"].concurrencies)
+def test_every_setup_and_reference_is_measured_without_errors(report_dir):
+    results, _ = load_results(report_dir / "results.json")
+    busiest = max(PROFILE.concurrencies)
     served = {(r.name, r.concurrency) for r in results if r.tool == "loadgen"}
-    expected = {(t.name, c) for t in bench.SETUPS for c in PROFILES["quick"].concurrencies}
+    expected = {(t.name, c) for t in bench.SETUPS for c in PROFILE.concurrencies}
     assert served == expected | {(name, busiest) for name in bench.NAIVE.values()}
     for result in results:
         assert result.requests > 0 and result.throughput_rps > 0, result.label
@@ -70,15 +74,15 @@ def test_every_setup_and_reference_is_measured_without_errors(quick_report):
         assert sum(counts["requests"] for counts in by_process) >= result.requests, result.label
         assert sum(counts["connections"] for counts in by_process) >= result.concurrency, result.label
         spread |= len(by_process) > 1
-    assert (tables.BY_PROCESS in (quick_report / "report.md").read_text()) == spread
+    assert (tables.BY_PROCESS in (report_dir / "report.md").read_text()) == spread
 
 
 @pytest.mark.integration
-def test_each_ceiling_is_the_best_of_its_sweep_measured_again_between_each_runs_windows(quick_report):
-    results, metadata = load_results(quick_report / "results.json")
+def test_each_ceiling_is_the_best_of_its_sweep_measured_again_between_each_runs_windows(report_dir):
+    results, metadata = load_results(report_dir / "results.json")
     points = [r for r in results if r.tool == "in-process"]
     cores = available_cores()
-    windows = PROFILES["quick"].windows
+    windows = PROFILE.windows
     swept = sum(len(sweep_points(cores, pipelined)) for pipelined in (False, True)) * len(bench.CEILINGS)
     served = [r for r in results if r.tool == "loadgen"]
     # The ceiling measured again before, between and after the windows of every load point.
@@ -104,12 +108,12 @@ def test_each_ceiling_is_the_best_of_its_sweep_measured_again_between_each_runs_
         # The load point is its windows pooled: their measured seconds add up to the profile's
         # (each window ends when its last request is answered, so a little more).
         assert f"pooled from {windows} measured windows" in run.notes
-        assert run.wall_s >= 0.95 * PROFILES["quick"].duration_s
+        assert run.wall_s >= 0.95 * PROFILE.duration_s
 
 
 @pytest.mark.integration
-def test_triton_runs_one_instance_per_core_on_a_cpu_and_the_shipped_config_comes_back(quick_report, ports):
-    metadata = json.loads((quick_report / "metadata.json").read_text())
+def test_triton_runs_one_instance_per_core_on_a_cpu_and_the_shipped_config_comes_back(report_dir, ports):
+    metadata = json.loads((report_dir / "metadata.json").read_text())
     cores = available_cores()
     for setup in (s for s in bench.SETUPS if s.model):
         assert metadata["thread_plans"][setup.name].startswith(f"{cores} inference slot(s)")
@@ -123,10 +127,10 @@ def _windows_said(point: dict) -> str:
 
 
 @pytest.mark.integration
-def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick_report):
-    report = (quick_report / "report.md").read_text()
-    results, _ = load_results(quick_report / "results.json")
-    metadata = json.loads((quick_report / "metadata.json").read_text())
+def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(report_dir):
+    report = (report_dir / "report.md").read_text()
+    results, _ = load_results(report_dir / "results.json")
+    metadata = json.loads((report_dir / "metadata.json").read_text())
     assert metadata["machine"]["cores_available"] == available_cores()
     assert f"Weights: **{metadata['weights']['weights']}**" in report
     for package in ("torch", "onnxruntime", "tritonserver"):
@@ -141,7 +145,7 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
         )
         assert row and row.group(1) == f"{100 * ratio:.1f}", result.label
     section = report.split("## Goals")[1].split("##")[0]
-    measured, judged = PROFILES["quick"].concurrencies, goals.GOAL_CONCURRENCY
+    measured, judged = PROFILE.concurrencies, goals.GOAL_CONCURRENCY
     assert judged in measured and len(measured) > 1
     # Judged at c=64 alone (or not judged, saying why), the other loads reported: each goal once per load;
     # and each service against its naive app, and the two agreement goals.
@@ -180,33 +184,33 @@ def test_report_has_threads_ceilings_ratios_targets_and_the_generator_cost(quick
         assert agreement[tool]["throughput_rps"] > 0 and 0 < agreement[tool]["cpu_ms_per_request"] < 100
     assert len(agreement["runs"]["loadgen"]) == len(agreement["runs"]["perf_analyzer"]) == agreement["pairs"]
     runs = {tool: [RunResult.from_dict(run) for run in runs] for tool, runs in agreement["runs"].items()}
-    assert bench.agreement_gaps(runs["loadgen"], runs["perf_analyzer"]) == {
+    assert agreement_gaps(runs["loadgen"], runs["perf_analyzer"]) == {
         key: agreement[key] for key in ("throughput_gap", "p50_gap", "pair_ratios")
     }
     assert bench_report.pair_ratios(agreement) in report
     for plot in ("latency_throughput.png", "latency_cdf.png", "batch_sizes.png", "resources.png"):
-        image = quick_report / plot
+        image = report_dir / plot
         assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 5000
         assert f"]({plot})" in report
 
 
 @pytest.mark.integration
-def test_each_fastapi_service_s_lone_client_is_measured_before_and_after_a_load_beside_the_loop(quick_report):
-    metadata = json.loads((quick_report / "metadata.json").read_text())
+def test_each_fastapi_service_s_lone_client_is_measured_before_and_after_a_load_beside_the_loop(report_dir):
+    metadata = json.loads((report_dir / "metadata.json").read_text())
     measured = metadata["lone_after_load"]
     assert set(measured) == {setup.name for setup in bench.LONE} == {"fastapi_pt", "fastapi_onnx"}
     for phases in measured.values():
         assert list(phases) == list(lone.PHASES) and all(phase["rps"] > 0 for phase in phases.values())
         assert [phases[phase]["concurrency"] for phase in lone.PHASES] == [1, goals.GOAL_CONCURRENCY, 1, 1]
-    section = (quick_report / "report.md").read_text().split("## A lone client, before and after a load")[1]
+    section = (report_dir / "report.md").read_text().split("## A lone client, before and after a load")[1]
     section = section.split("\n## ")[0]
     assert "\n".join(lone.lone_table(measured)) in section and "\n".join(lone.lone_lines(measured)) in section
 
 
 @pytest.mark.integration
-def test_every_fastapi_point_says_where_its_cpu_went_and_the_cap_that_follows(quick_report):
-    report = (quick_report / "report.md").read_text()
-    metadata = json.loads((quick_report / "metadata.json").read_text())
+def test_every_fastapi_point_says_where_its_cpu_went_and_the_cap_that_follows(report_dir):
+    report = (report_dir / "report.md").read_text()
+    metadata = json.loads((report_dir / "metadata.json").read_text())
     section = report.split("## Where a FastAPI service's CPU goes")[1].split("##")[0]
     measured = {"fastapi_pt", "fastapi_onnx", *bench.NAIVE.values()}
     for name, by_load in metadata["windows_rps"].items():
@@ -217,7 +221,7 @@ def test_every_fastapi_point_says_where_its_cpu_went_and_the_cap_that_follows(qu
                 continue
             cpu = bench.CpuSplit(**point["cpu_s"])
             assert 0 < cpu.event_loop_s < cpu.server_s and cpu.load_generator_s > 0, (name, load)
-            assert 0 < cpu.overhead_share() < 1 and cpu.wall_s >= PROFILES["quick"].duration_s
+            assert 0 < cpu.overhead_share() < 1 and cpu.wall_s >= PROFILE.duration_s
             row = f"| {name} | c={load} | {cpu.event_loop_s / cpu.server_s:.1%} |"
             assert row in section and f"| {1 - cpu.overhead_share():.1%} |" in section
 
@@ -274,9 +278,9 @@ def test_the_tools_are_compared_pair_by_pair_so_one_slow_moment_does_not_decide(
 
     ours = [run("loadgen", 97.8, 80.0), run("loadgen", 116.2, 68.0), run("loadgen", 122.0, 65.0)]
     theirs = [run("perf_analyzer", 94.6, 83.0), run("perf_analyzer", 109.0, 72.0), run("perf_analyzer", 77.4, 100.0)]
-    gaps = bench.agreement_gaps(ours, theirs)
+    gaps = agreement_gaps(ours, theirs)
     assert [round(ratio, 3) for ratio in gaps["pair_ratios"]["throughput"]] == [1.034, 1.066, 1.576]
     assert round(gaps["throughput_gap"], 3) == 0.066 and round(gaps["p50_gap"], 3) == 0.056
     assert bench_report.pair_ratios(gaps) == "throughput 1.03, 1.07, 1.58; p50 0.96, 0.94, 0.65"
     with pytest.raises(ValueError):  # a run without its partner
-        bench.agreement_gaps(ours, theirs[:2])
+        agreement_gaps(ours, theirs[:2])

@@ -1,7 +1,7 @@
 """The GPU check (`make test-gpu`) on a bare GPU machine, simulated (tests/helpers/bare_machine.py):
-the wheels it carries, its stop without a GPU, the whole check run for real on the CPU with only
-what such a machine has importable, Triton checked where it is here, and a GPU the runtimes cannot
-use. Its verdicts and table: test_gpu_check.py."""
+the wheels it carries, its stop without a GPU, the whole check run once for real on the CPU with only
+what such a machine has importable (and Triton's server and client, carried there), read by several
+tests, and a GPU the runtimes cannot use. Its verdicts and table: test_gpu_check.py."""
 
 from __future__ import annotations
 
@@ -25,7 +25,10 @@ from tests.helpers.bare_machine import (
     carried_wheels,
     lacking_on_a_bare_gpu_machine,
 )
-from tests.helpers.gpu_check_table import CEILING, table_of
+from tests.helpers.gpu_check_table import CEILING, rows_by, table_of
+
+# A run of the check takes 1 to 3 minutes on 2 idle cores, more on a busy machine: the limit ends a hang.
+pytestmark = pytest.mark.timeout(900)
 
 
 def test_the_wheels_carried_are_those_the_services_need_beyond_a_bare_gpu_machine():
@@ -42,15 +45,9 @@ def run_check(args: str, out: Path, env: dict[str, str], timeout: float) -> subp
     return subprocess.run(command, cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture
-def bare_machine(tmp_path) -> dict[str, str]:
-    """The environment of a check whose every process imports only what a bare GPU machine has."""
-    return bare_machine_environment(tmp_path)
-
-
-def test_without_a_gpu_it_stops_at_once_saying_what_each_source_saw(tmp_path, bare_machine):
+def test_without_a_gpu_it_stops_at_once_saying_what_each_source_saw(tmp_path):
     # No nvidia-smi on PATH, no NVML (a bare machine may have nvidia-ml-py: blocked here), no GPU for PyTorch.
-    env = {**bare_machine, "PATH": str(tmp_path / "no-nvidia-smi"), "CUDA_VISIBLE_DEVICES": ""}
+    env = {**bare_machine_environment(tmp_path), "PATH": str(tmp_path / "no-nvidia-smi"), "CUDA_VISIBLE_DEVICES": ""}
     env["BARE_MACHINE_LACKS"] += ",pynvml"
     checked = run_check("", tmp_path / "out", env, timeout=120)
     assert checked.returncode == check.EXIT_CANNOT_RUN, checked.stderr
@@ -62,16 +59,24 @@ def test_without_a_gpu_it_stops_at_once_saying_what_each_source_saw(tmp_path, ba
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(900)
-def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(tmp_path, built_artifacts, bare_machine):
-    out, tritonserver = tmp_path / "out", tmp_path / "tritonserver"
-    tritonserver.write_text("#!/bin/sh\nexit 1\n")  # a server carried along: never started, as the next lines say
-    tritonserver.chmod(0o755)
-    checked = run_check(f"--device cpu --seconds 1 --warmup 0.5 --tritonserver {tritonserver}", out, bare_machine, 840)
+@pytest.fixture(scope="module")
+def cpu_check(tmp_path_factory, built_artifacts) -> tuple[subprocess.CompletedProcess, Path]:
+    """The run, and the folder of its output and import records: every service at every concurrency, as `make
+    test-gpu` runs them, on the CPU. tritonclient and pytriton (its tritonserver) travel to a bare GPU machine
+    in scripts/gpu_check_wheels.sh's triton-server.tar.xz."""
+    folder = tmp_path_factory.mktemp("cpu-check")
+    env = bare_machine_environment(folder, also_there=frozenset({"tritonclient", "pytriton"}))
+    checked = run_check("--device cpu --seconds 0.5 --warmup 0.25", folder / "out", env, 840)
     assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
+    return checked, folder
+
+
+@pytest.mark.integration
+def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(cpu_check):
+    checked, folder = cpu_check
     assert "nothing on a GPU was checked" in checked.stdout
-    rows = {row["service"]: row for row in table_of(checked.stdout)}
+    rows = rows_by(checked.stdout, "service")
+    assert set(rows) == {"fastapi_pt", "fastapi_onnx", "naive/pytorch", "triton/food_classifier", "all services"}
     for name in ("fastapi_pt", "fastapi_onnx"):
         assert rows[name]["runs on (its own report)"] == "cpu"
         assert rows[name]["verdict"].startswith("PASS: on the CPU as asked, first inference")
@@ -81,42 +86,33 @@ def test_the_whole_check_runs_on_the_cpu_with_only_what_a_bare_gpu_machine_has(t
         assert rows[name]["GPU memory (MiB)"] == "-"
     assert rows["fastapi_pt"][CEILING].startswith("pytorch: ")
     assert rows["fastapi_onnx"][CEILING].startswith("onnxruntime: ")
-    # The lab's Triton tooling needs tritonclient, which a bare GPU machine lacks: said, not failed.
-    assert rows["triton/food_classifier"]["verdict"] == (
-        f"NOT RUN: {tritonserver} (--tritonserver) is here, but the lab's Triton tooling needs tritonclient, "
-        "not installed"
-    )
-    assert "all services" in rows
-    (written,) = out.glob("gpu-check-*.md")
+    (written,) = (folder / "out").glob("gpu-check-*.md")
     assert table_of(written.read_text().split("## Every run")[0]) == table_of(checked.stdout)
-    record = json.loads(next(out.glob("gpu-check-*.json")).read_text())
+    record = json.loads(next((folder / "out").glob("gpu-check-*.json")).read_text())
     assert {result["name"] for result in record["results"]} >= {"fastapi_pt", "fastapi_onnx", "in-process/pytorch"}
     assert record["metadata"]["services"]["fastapi_pt"]["verdict"] == PASS
-    # Every kind of process the check starts ran with a bare GPU machine's packages only, and has ended.
-    commands = bare_machine_records(tmp_path / "imports")
+
+
+@pytest.mark.integration
+def test_triton_is_checked_with_the_server_and_client_carried_there(cpu_check):
+    triton = rows_by(cpu_check[0].stdout, "service")["triton/food_classifier"]
+    assert triton["runs on (its own report)"] == "cpu"
+    assert triton["verdict"].startswith("PASS: 1 instance(s) on the CPU as asked")
+    for concurrency in (1, 16, 64):
+        assert float(triton[f"c={concurrency} (req/s)"]) > 0
+        assert triton[f"c={concurrency} / ceiling"].endswith("x")
+    assert triton[CEILING].startswith("pytorch: ")
+
+
+@pytest.mark.integration
+def test_every_process_the_check_starts_imports_only_a_bare_gpu_machine_s_packages_and_ends(cpu_check):
+    records = cpu_check[1] / "imports"
+    commands = bare_machine_records(records)
     kinds = ["-m servelab.loadgen.processes", "-m uvicorn app:app", "servelab.measure.inprocess"]
     kinds.append("-m servelab.bench.gpu_check ")  # the check itself
     for kind in kinds:
         assert any(kind in command for command in commands), f"no process of {kind} recorded: {list(commands)}"
-    left = [int(path.stem) for path in (tmp_path / "imports").glob("*.txt") if psutil.pid_exists(int(path.stem))]
-    assert left == [], "every process the check started is stopped"
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(900)
-def test_triton_is_checked_where_its_tooling_and_server_are_here(tmp_path, built_artifacts):
-    # One CPU instance answers one request at a time: c=16 queues it already, in a fraction of c=64's time.
-    args = "--device cpu --services triton --concurrency 1 16 --seconds 1 --warmup 0.5"
-    checked = run_check(args, tmp_path, dict(os.environ), 840)
-    assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
-    rows = {row["service"]: row for row in table_of(checked.stdout)}
-    triton = rows["triton/food_classifier"]
-    assert triton["runs on (its own report)"] == "cpu"
-    assert triton["verdict"].startswith("PASS: 1 instance(s) on the CPU as asked")
-    assert float(triton["c=1 (req/s)"]) > 0 and float(triton["c=16 (req/s)"]) > 0
-    assert triton["c=16 / ceiling"].endswith("x")
-    assert triton[CEILING].startswith("pytorch: ")
-    assert set(rows) == {"triton/food_classifier", "all services"}
+    assert [int(path.stem) for path in records.glob("*.txt") if psutil.pid_exists(int(path.stem))] == [], "all ended"
 
 
 # An NVIDIA driver's nvidia-smi with a P100 that nothing here can use: PyTorch and ONNX Runtime run on the CPU.
@@ -135,22 +131,22 @@ UNUSABLE_GPU_SMI = textwrap.dedent(
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(900)
-def test_on_a_gpu_the_runtimes_cannot_use_pytorch_fails_saying_why_and_onnx_runtime_is_cpu(
-    tmp_path, built_artifacts, bare_machine
-):
-    smi = tmp_path / "driver" / "nvidia-smi"
-    smi.parent.mkdir()
-    smi.write_text(UNUSABLE_GPU_SMI)
-    smi.chmod(0o755)
-    env = {**bare_machine, "PATH": f"{smi.parent}{os.pathsep}{os.environ['PATH']}"}
-    args = "--services fastapi_pt fastapi_onnx --concurrency 1 --seconds 1 --warmup 0.5"
-    checked = run_check(args, tmp_path / "out", env, 840)
+def test_on_a_gpu_the_runtimes_cannot_use_pytorch_fails_saying_why_and_onnx_runtime_is_cpu(tmp_path, built_artifacts):
+    driver = tmp_path / "driver"
+    driver.mkdir()
+    (driver / "nvidia-smi").write_text(UNUSABLE_GPU_SMI)
+    # A server carried along without tritonclient: never started, as the table says.
+    (driver / "tritonserver").write_text("#!/bin/sh\nexit 1\n")
+    for tool in driver.iterdir():
+        tool.chmod(0o755)
+    env = {**bare_machine_environment(tmp_path), "PATH": f"{driver}{os.pathsep}{os.environ['PATH']}"}
+    args = f"--services fastapi_pt fastapi_onnx triton --tritonserver {driver / 'tritonserver'} --concurrency 1"
+    checked = run_check(f"{args} --seconds 1 --warmup 0.5", tmp_path / "out", env, 840)
     assert checked.returncode == check.EXIT_FAILED, checked.stdout + checked.stderr[-4000:]
     assert "Machine: Tesla P100-PCIE-16GB (16384 MiB), driver 535.183.01" in checked.stdout
     assert "nvidia-smi: Tesla P100-PCIE-16GB (driver 535.183.01)" in checked.stdout
     assert "On the GPU." in checked.stdout
-    rows = {row["service"]: row for row in table_of(checked.stdout)}
+    rows = rows_by(checked.stdout, "service")
     assert rows["fastapi_pt"]["runs on (its own report)"] == "cpu"
     assert rows["fastapi_pt"]["verdict"].startswith("FAIL: on cpu instead of the GPU: ")
     assert rows["fastapi_onnx"]["verdict"].startswith("CPU: this ONNX Runtime has no CUDA provider")
@@ -161,3 +157,8 @@ def test_on_a_gpu_the_runtimes_cannot_use_pytorch_fails_saying_why_and_onnx_runt
     assert rows["all services"]["GPU memory (MiB)"] == "200 (total)"
     assert rows["fastapi_pt"]["GPU busy at c=1 (%)"] == "7.0"
     assert "on the whole GPU: at most 1200 of 16384 MiB (Tesla P100-PCIE-16GB)" in checked.stdout
+    # The lab's Triton tooling needs tritonclient, which a bare GPU machine lacks: said, not failed.
+    assert rows["triton/food_classifier"]["verdict"] == (
+        f"NOT RUN: {driver / 'tritonserver'} (--tritonserver) is here, but the lab's Triton tooling needs "
+        "tritonclient, not installed"
+    )

@@ -23,6 +23,7 @@ from servelab.triton.models import ModelRepository
 from servelab.triton.server import served_config
 from tests.helpers import synthetic_run
 from tests.helpers.bare_machine import bare_machine_environment, bare_machine_records
+from tests.helpers.gpu_check_table import rows_by
 
 
 @pytest.mark.parametrize("gpus, kind", [(1, "KIND_GPU"), (0, "KIND_CPU")])
@@ -67,30 +68,17 @@ def test_a_claims_reason_is_said_whether_it_held_or_not_and_once():
     assert notebook6.said(held).count(held.reason) == notebook6.said(missed).count(missed.reason) == 1
 
 
-def read_table(stdout: str) -> dict[str, dict[str, str]]:
-    """The report's table, one dict per run by heading, by run name."""
-    lines = [line for line in stdout.splitlines() if line.startswith("|")]
-    headings = [cell.strip() for cell in lines[0].strip("|").split(" | ")]
-    rows = [dict(zip(headings, (c.strip() for c in line.strip("|").split(" | ")), strict=True)) for line in lines[2:]]
-    return {row["run"]: row for row in rows}
-
-
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_the_claims_are_measured_and_judged_on_the_cpu_with_what_a_bare_gpu_machine_has(tmp_path, built_artifacts):
     # tritonclient and pytriton travel to such a machine in scripts/gpu_check_wheels.sh's triton-server.tar.xz.
     env = bare_machine_environment(tmp_path, also_there=frozenset({"tritonclient", "pytriton"}))
-    command = [
-        sys.executable,
-        "-m",
-        "servelab.bench.gpu_check.notebook6",
-        *"--device cpu --seconds 2 --warmup 0.5".split(),
-    ]
-    command += ["--out", str(tmp_path / "out")]
+    args = [*"--device cpu --seconds 1 --warmup 0.5 --out".split(), str(tmp_path / "out")]
+    command = [sys.executable, "-m", "servelab.bench.gpu_check.notebook6", *args]
     checked = subprocess.run(command, cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True, timeout=840)
     assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
     assert "CPU mode (--device cpu): nothing ran on a GPU." in checked.stdout
-    table = read_table(checked.stdout)
+    table = rows_by(checked.stdout, "run")
     single, batched = (
         table["1 instance, 1 client, 1 image a request"],
         table["1 instance, 1 client, 16 images a request"],
@@ -113,7 +101,7 @@ def test_the_claims_are_measured_and_judged_on_the_cpu_with_what_a_bare_gpu_mach
     ]
     assert "16 images in" in checked.stdout and "with 4: the instances used" in checked.stdout  # the reasons
     (written,) = (tmp_path / "out").glob("notebook6-*.md")
-    assert read_table(written.read_text()) == table
+    assert rows_by(written.read_text(), "run") == table
     record = json.loads(next((tmp_path / "out").glob("notebook6-*.json")).read_text())
     assert record["metadata"]["verdicts"] == dict(claims)
     assert [result["batch_size"] for result in record["results"]] == [1, 16, 1, 1, 1]

@@ -91,10 +91,6 @@ def machine_speed(result: RunResult, meta: dict) -> float:
     return ceiling_of(result, meta["ceilings_rps"]) / meta["sweep_best_rps"][key]
 
 
-def _find(results: list[RunResult], name: str, concurrency: int) -> RunResult | None:
-    return next((r for r in results if r.name == name and r.concurrency == concurrency), None)
-
-
 def _saturated(result: RunResult) -> bool:
     return bool((result.client or {}).get("saturated"))
 
@@ -205,8 +201,9 @@ def goal_lines(results: list[RunResult], meta: dict) -> list[str]:
     the spread of a ratio's windows, which does not decide it)."""
     lines = [line for goal in GOALS for line in throughput_lines(goal, results, meta)]
     busiest = max(r.concurrency or 0 for r in results if r.tool == "loadgen")
+    at_busiest = {r.name: r for r in results if r.tool == "loadgen" and r.concurrency == busiest}
     for setup in setups.SETUPS:
-        ours, naive = _find(results, setup.name, busiest), _find(results, setups.NAIVE[setup.runtime], busiest)
+        ours, naive = at_busiest.get(setup.name), at_busiest.get(setups.NAIVE[setup.runtime])
         if ours is None or naive is None:
             lines.append(f"- NOT MEASURED: {setup.name} against {setups.NAIVE[setup.runtime]} at c={busiest}")
             continue

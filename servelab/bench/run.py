@@ -47,7 +47,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from servelab import loadgen, paths, progress
 from servelab.bench import lone
 from servelab.bench import report as bench_report
-from servelab.bench.agreement import agreement_gaps, measure_agreement  # noqa: F401 (tests read agreement_gaps here)
+from servelab.bench.agreement import measure_agreement
 from servelab.bench.served import Endpoints, address, one_instance_per_core, runtime_versions, thread_plan_of
 from servelab.bench.setups import CEILINGS, NAIVE, SETUPS, CpuSplit, ServedSetup, ceiling_key
 from servelab.loadgen.processes import client_record
@@ -153,18 +153,13 @@ def _load_point(
     server_pid: int | None = None,
     metrics_url: str | None = None,
 ) -> RunResult:
-    """`served` at `concurrency`, measured in `profile.windows` windows, each between two
-    measurements of the ceiling it is judged against (one request in flight at concurrency 1,
-    the winner for many otherwise). Returns the windows pooled, with the load generator's CPU
-    (`client_use`) and, given the `metrics_url` of a service that counts its own requests (the
-    lab's FastAPI services), its account over the windows (`service_stats`: each process's
-    connections and requests); records each window's req/s and the ceiling's before, between and
-    after them in `windows_rps[served.name][str(concurrency)]`, with the windows' CpuSplit when the
-    server's process id is given. The point is judged against the ceiling's mean: a slowdown in
-    the middle of the run slows both.
-
-    The first window warms the service up for the profile's warm-up; the later ones, and the
-    ceiling measured again, for REPEAT_WARMUP_S (the models are loaded; connections are new)."""
+    """`served` at `concurrency`, in `profile.windows` windows, each between two measurements of its
+    ceiling (one request in flight at concurrency 1, the winner for many otherwise), which it is
+    judged against on their mean: a slowdown in the middle of the run slows both. Returns the windows
+    pooled, with the load generator's CPU and, given a `metrics_url`, the FastAPI service's own count
+    of each process's connections and requests; records each window's req/s, the ceiling's around
+    them and, given the server's pid, their CpuSplit in `windows_rps[served.name][str(concurrency)]`.
+    The first window warms up for the profile's warm-up; the rest, and the ceiling's, for REPEAT_WARMUP_S."""
     key = ceiling_key(served.runtime, served.decode, "one" if concurrency == 1 else "many")
     window_s = profile.duration_s / profile.windows
 
@@ -236,7 +231,7 @@ def _naive(
 
 
 def run_benchmark(
-    profile_name: str = "full",
+    profile: Profile,
     out_dir: Path | None = None,
     endpoints: Endpoints | None = None,
     server_pids: dict[str, int] | None = None,
@@ -249,9 +244,8 @@ def run_benchmark(
     stopped after it.
     """
     server_pids = dict(server_pids or {})
-    profile = PROFILES[profile_name]
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    out_dir = out_dir or paths.RESULTS_DIR / f"bench-{stamp}-{profile_name}"
+    out_dir = out_dir or paths.RESULTS_DIR / f"bench-{stamp}-{profile.name}"
     out_dir.mkdir(parents=True, exist_ok=True)
     built = artifacts.ensure_artifacts()
     image = paths.SAMPLE_IMAGE.read_bytes()
@@ -333,11 +327,7 @@ def _measure_and_report(
         steps.update()
         meta = {
             "profile": profile.name,
-            "profile_settings": {
-                "duration_s": profile.duration_s,
-                "warmup_s": profile.warmup_s,
-                "windows": profile.windows,
-            },
+            "profile_settings": {key: getattr(profile, key) for key in ("duration_s", "warmup_s", "windows")},
             "machine": {**machine_info(), "cores_available": available_cores()},
             "versions": runtime_versions(endpoints),
             "weights": built.weights_info,
@@ -369,6 +359,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=sorted(PROFILES), default="full")
     parser.add_argument("--out", type=Path, help="report folder (default: results/bench-<time>-<profile>)")
     args = parser.parse_args(argv)
-    out_dir = run_benchmark(args.profile, args.out)
+    out_dir = run_benchmark(PROFILES[args.profile], args.out)
     print((out_dir / "report.md").read_text(), file=sys.stderr)
     return 0

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -88,13 +88,9 @@ def cannot_run(services: Sequence[str]) -> str | None:
             "`python3 -m pip install --no-index --no-deps --target /tmp/site .lab/wheels/*.whl` and run with "
             "PYTHONPATH=/tmp/site (docs/gpu-check.md says more)."
         )
-    needed = {  # the files the services serve (servelab.stack.catalogue)
-        "fastapi_pt": [paths.ARTIFACTS_DIR / "food11.pth"],
-        "fastapi_onnx": [paths.ARTIFACTS_DIR / "food11.onnx"],
-        "triton": [paths.ARTIFACTS_DIR / "food11.pth"],
-        "naive_pt": [paths.ARTIFACTS_DIR / "food11.pth"],
-    }
-    absent = sorted({str(path) for name in services for path in needed[name] if not path.is_file()})
+    # The file each service serves (servelab.stack.catalogue): fastapi_onnx the ONNX export, the others PyTorch's.
+    needed = {paths.ARTIFACTS_DIR / ("food11.onnx" if name == "fastapi_onnx" else "food11.pth") for name in services}
+    absent = sorted(str(path) for path in needed if not path.is_file())
     if absent:
         return (
             f"Missing: {', '.join(absent)}. Run `make artifacts` (on a machine with the lab's virtualenv), and "
@@ -252,15 +248,6 @@ def check_services(args: argparse.Namespace, onnx_without_gpu: str | None, log_d
 SHOWN = {"naive_pt": "naive/pytorch", "triton": f"triton/{TRITON_MODEL} (http)"}
 
 
-def health_of(service: Started) -> dict[str, Any]:
-    """The service's /health (with requests, as the harness asks its servers; the load's client is
-    servelab.loadgen.http, built for speed)."""
-    health = requests.get(service.process.spec.ready_url, timeout=10).json()
-    if not isinstance(health, dict):
-        raise ValueError(f"{service.process.spec.ready_url} answered {health!r}, not an object")
-    return health
-
-
 def checked_service(service: Started, args: argparse.Namespace, onnx_without_gpu: str | None, steps: Any) -> Checked:
     """Judge where the service runs, then load it at each concurrency (a step of `steps` each)."""
     device, seconds, warmup_s, concurrencies = args.device, args.seconds, args.warmup, args.concurrency
@@ -272,8 +259,10 @@ def checked_service(service: Started, args: argparse.Namespace, onnx_without_gpu
         checked = Checked(service.name, judge_triton(log_text, device))
         checked.device = ", ".join(sorted({match["device"] for match in triton_instances(log_text)})) or "unknown"
     else:
-        try:
-            health = health_of(service)
+        try:  # with requests, as the harness asks its servers (the load's client is built for speed)
+            health = requests.get(service.process.spec.ready_url, timeout=10).json()
+            if not isinstance(health, dict):
+                raise ValueError(f"{service.process.spec.ready_url} answered {health!r}, not an object")
         except (requests.RequestException, ValueError) as exc:
             return Checked(service.name, Verdict(FAIL, f"its /health could not be read: {exc}"))
         if service.name == "naive_pt":
@@ -332,16 +321,6 @@ def checked_service(service: Started, args: argparse.Namespace, onnx_without_gpu
     return checked
 
 
-@contextlib.contextmanager
-def stopped_by_sigterm() -> Iterator[None]:
-    """SIGTERM ends the check as Ctrl-C does: through its clean-up, which stops every service."""
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def add_common_options(parser: argparse.ArgumentParser) -> None:
     """The options the GPU check shares with notebook 6's claims (servelab.bench.gpu_check.notebook6)."""
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same steps on the CPU")
@@ -360,12 +339,14 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
 def run_stoppable(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """`run(args)`, logging to stderr, with SIGTERM and Ctrl-C ending it through its clean-up."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    with stopped_by_sigterm():
-        try:
-            return run(args)
-        except KeyboardInterrupt:  # the clean-up has run: every process started is stopped
-            print("Interrupted: every process the check started is stopped.", file=sys.stderr)
-            return 130
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        return run(args)
+    except KeyboardInterrupt:  # the clean-up has run: every process started is stopped
+        print("Interrupted: every process the check started is stopped.", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:

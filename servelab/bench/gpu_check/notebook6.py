@@ -184,14 +184,8 @@ def run_all(args: argparse.Namespace, log_dir: Path) -> ClaimRuns:
     return found
 
 
-def _ms(run: RunResult, name: str) -> str:
-    value = (run.triton_stats or {}).get(name)
-    return "-" if value is None or value != value else f"{value / 1000:.1f}"
-
-
-def _stage(run: RunResult, stage: str) -> str:
-    value = ((run.triton_stats or {}).get("stage_mean_ms") or {}).get(stage)
-    return "-" if value is None or value != value else f"{value:.1f}"
+def _ms(value: float | None, per_ms: float = 1.0) -> str:
+    return "-" if value is None or value != value else f"{value / per_ms:.1f}"
 
 
 def runs_table(runs: Sequence[RunResult]) -> str:
@@ -211,6 +205,8 @@ def runs_table(runs: Sequence[RunResult]) -> str:
     ]
     rows = []
     for run in runs:
+        triton = run.triton_stats or {}
+        stages = triton.get("stage_mean_ms") or {}
         gpus = summarize(run.resources)["gpus"] if run.resources else []
         busy = ", ".join(f"{gpu['util_percent_mean']:.0f}" for gpu in gpus) or "-"
         cpu = instances_cpu(run)
@@ -221,10 +217,10 @@ def runs_table(runs: Sequence[RunResult]) -> str:
                 f"{run.throughput_rps:.1f}",
                 f"{run.images_per_s:.1f}",
                 f"{run.latency.p50_ms:.1f}",
-                _ms(run, "avg_queue_us"),
-                _ms(run, "avg_compute_infer_us"),
-                _stage(run, "decode"),
-                _stage(run, "forward"),
+                _ms(triton.get("avg_queue_us"), per_ms=1000),
+                _ms(triton.get("avg_compute_infer_us"), per_ms=1000),
+                _ms(stages.get("decode")),
+                _ms(stages.get("forward")),
                 busy,
                 "-" if cpu != cpu else f"{cpu:.0f}",
                 client or "-",
