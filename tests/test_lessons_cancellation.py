@@ -266,11 +266,11 @@ def test_a_request_load_is_paced_from_the_latency_alone_and_its_waste_accounted(
     run.latencies_ms = [1.0] * 22
     lab = StandInLab(alone, run)
     experiment = cancellation.Experiment(lab, patient=4, impatient=4)
-    assert experiment.duration_s == 4  # at least 4 s, whatever the profile
+    assert experiment.duration_s == 6  # at least 6 s, whatever the profile
     assert experiment.requests("fastapi_onnx, abandon off", "http://x") is run
     assert lab.calls[0][1:4] == (1, 3, "fastapi_onnx, abandon off, 1 client")  # a request alone, first
     _, concurrency, duration_s, _, options = lab.calls[1]
-    assert duration_s == 4 and concurrency == 8 and options["impatient"] == 4 and options["service_stats"]
+    assert duration_s == 6 and concurrency == 8 and options["impatient"] == 4 and options["service_stats"]
     assert (options["patience_s"], options["backoff_s"]) == cancellation.pacing(20.0, 4)
     assert experiment.runs == {"fastapi_onnx, abandon off": run} and experiment.wasted["fastapi_onnx, abandon off"] == 8
     lab.profile.duration_s = 2.0  # the quick profile: a request alone is timed for as long as a run, 2 s
