@@ -13,9 +13,16 @@ from servelab.service.cores import available_cores, service_plan
 from servelab.service.start import planned_processes
 from servelab.stack.catalogue import FASTAPI_FLAVORS, fastapi_service
 from servelab.stack.supervision import LocalStack, Ports
-from tests.helpers import FLAVORS
+from tests.helpers import FLAVORS, check_bad_request
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_bytes_that_are_not_an_image_are_refused_by_the_real_process_which_goes_on(flavor, fastapi_urls, image_b64):
+    """The in-process tests send every bad request to a stand-in model; this one, to the service as it runs."""
+    not_an_image = b'{"image": "' + base64.b64encode(b"hello, I am text") + b'"}'
+    check_bad_request(fastapi_urls[flavor], image_b64, not_an_image, {"content-type": "application/json"}, 400)
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
