@@ -63,7 +63,7 @@ FIVE = measured("slots", 5)
 def test_a_burst_on_five_slots_as_predicted_holds_every_condition():
     held = io_vs_compute.burst_waits_only_for_slots(burst(28), 10, FIVE)
     assert outcomes(held) == [Outcome.HELD] * 3, held
-    assert held.conditions[1].detail == "S x 0.50 = 30.0 ms"
+    assert held.conditions[1].detail == "(S x 0.50) / 2 = 15.0 ms"
     assert held.estimate is not None and (held.estimate.value, held.estimate.unit) == (28.0, "ms")
 
 

@@ -163,12 +163,12 @@ def burst_waits_only_for_slots(burst: RunResult, sent: int, slots: Figure | floa
                 sent > n,
                 nobody_waits,
                 condition(
-                    f"the {sent - n} beyond the {n} slots waited for one: W at least half of S x {share:.2f}",
+                    f"the {sent - n} beyond the {n} slots waited for one: W at least (S x {share:.2f}) / 2",
                     wait.value >= expected / 2,
                     wait,
                     s,
                     slots,
-                    detail=f"S x {share:.2f} = {expected:.1f} ms",
+                    detail=f"(S x {share:.2f}) / 2 = {expected / 2:.1f} ms",
                 ),
                 condition(
                     f"they waited for inferences, not for downloads: W below (S + D / 2) x {share:.2f}",
