@@ -14,7 +14,7 @@ from importlib import metadata
 
 from servelab.measure.gpus import NvmlReader
 from servelab.service.cores import available_cores
-from servelab.service.hardware import machine_info
+from servelab.service.hardware import machine_info, nvidia_smi
 
 
 @dataclass(frozen=True)
@@ -41,14 +41,12 @@ def nvidia_smi_gpus() -> list[NvidiaSmiGpu] | str:
     binary = shutil.which("nvidia-smi")
     if binary is None:
         return "not on PATH"
-    query = [binary, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
     try:
-        listing = subprocess.run(query, capture_output=True, text=True, timeout=30)
+        rows = nvidia_smi("name,memory.total,driver_version", binary)
+    except RuntimeError as exc:  # nvidia-smi ran and failed: its own words
+        return str(exc)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{type(exc).__name__}: {exc}"
-    if listing.returncode != 0:
-        return (listing.stderr or listing.stdout).strip() or f"exit code {listing.returncode}"
-    rows = [[value.strip() for value in line.rsplit(",", 2)] for line in listing.stdout.splitlines()]
     return [NvidiaSmiGpu(*row) for row in rows if len(row) == 3]
 
 
